@@ -1,0 +1,56 @@
+"""Scaled dot-product attention, eq. 2.1: softmax(QKᵀ/√d_k + M)·V.
+
+One signature, two paths. The fast path calls torch's fused scaled_dot_product_attention and
+returns no weights; the explicit path computes every stage and returns the probabilities.
+Masks are boolean, True where a query may attend to a key; M is 0 there and -∞ elsewhere.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def causal_mask(n_queries: int, n_keys: int, device=None) -> Tensor:
+    """[Tq, Tk] bool: query i (the last Tq of Tk positions) sees keys j ≤ its own index."""
+    q_index = torch.arange(n_keys - n_queries, n_keys, device=device)
+    return torch.arange(n_keys, device=device)[None, :] <= q_index[:, None]
+
+
+def attention_stages(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The stages of eq. 2.1, all float32: scores S = QKᵀ·scale, masked S + M, probabilities softmax(S + M).
+
+    q [B, H, Tq, d_k], k [B, H, Tk, d_k] (same head count), allowed broadcastable to [B, H, Tq, Tk].
+    A row with no allowed key gets probabilities 0 (never NaN).
+    """
+    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+    masked = scores if allowed is None else scores.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(masked, dim=-1)
+    if allowed is not None:
+        probs = probs.nan_to_num(0.0)  # fully masked rows: softmax of all -∞
+    return scores, masked, probs
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, is_causal: bool = False,
+              scale: float | None = None, return_probs: bool = False) -> tuple[Tensor, Tensor | None]:
+    """q [B, H, Tq, d_k]; k, v [B, H_kv, Tk, d_k] with H a multiple of H_kv (grouped-query attention).
+
+    allowed: bool mask broadcastable to [B, H, Tq, Tk], or None; is_causal adds the causal mask.
+    scale: the factor on QKᵀ, 1/√d_k by default; 1.0 turns scaling off.
+    Returns the output [B, H, Tq, d_k] and, when return_probs, the probabilities [B, H, Tq, Tk] float32.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if not return_probs:
+        if is_causal and allowed is not None:
+            allowed, is_causal = allowed & causal_mask(q.shape[-2], k.shape[-2], q.device), False
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, is_causal=is_causal, scale=scale,
+                                             enable_gqa=k.shape[1] != q.shape[1])
+        return out, None
+    group = q.shape[1] // k.shape[1]
+    if group > 1:  # each key/value head serves `group` query heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    if is_causal:
+        causal = causal_mask(q.shape[-2], k.shape[-2], q.device)
+        allowed = causal if allowed is None else allowed & causal
+    _, _, probs = attention_stages(q, k, allowed, scale)
+    return probs.to(v.dtype) @ v, probs

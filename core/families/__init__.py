@@ -1,0 +1,26 @@
+"""Model families as data. Each family module defines:
+
+  MODEL_TYPES  config.json model_type values it reads
+  read_config  config.json dict → ModelConfig
+  WEIGHTS      our parameter name → checkpoint names to try, in order. `{}` stands for the layer index;
+               a tuple of names is concatenated along dim 0 (separate q, k, v → one fused matrix).
+  PREFIXES     optional prefixes that checkpoints put before every name ("model.", "transformer.", …)
+  IGNORE       regexes of checkpoint tensors that are known and not needed (buffers, tied copies, poolers)
+  TRANSFORMS   regex over our names → function applied to the loaded tensor (GPT-2's Conv1D transpose)
+"""
+from __future__ import annotations
+
+from types import ModuleType
+
+from ..config import ConfigError
+from . import bert, gpt2, llama, marian
+
+FAMILIES: dict[str, ModuleType] = {t: module for module in (gpt2, llama, bert, marian) for t in module.MODEL_TYPES}
+
+
+def family_for(raw: dict, source: str = "config.json") -> ModuleType:
+    model_type = raw.get("model_type")
+    if model_type not in FAMILIES:
+        raise ConfigError(f"{source}: unknown architecture model_type={model_type!r} "
+                          f"(architectures={raw.get('architectures')}); supported model types: {', '.join(sorted(FAMILIES))}")
+    return FAMILIES[model_type]

@@ -1,0 +1,90 @@
+"""Norms, feed-forward variants and positional encodings (sinusoidal and rotary)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+
+ACTIVATIONS = {
+    "gelu": F.gelu,                                         # exact, erf-based (BERT)
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),   # GPT-2's "gelu_new"
+    "silu": F.silu,                                         # a.k.a. swish (Llama's SwiGLU, Marian)
+    "relu": F.relu,
+}
+
+
+class Norm(nn.Module):
+    """LayerNorm (x-μ)/σ·γ+β or RMSNorm x/rms(x)·γ, over the last dimension."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.kind, self.eps = cfg.norm, cfg.norm_eps
+        self.weight = nn.Parameter(torch.empty(cfg.d_model))
+        self.bias = nn.Parameter(torch.empty(cfg.d_model)) if cfg.norm_bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.kind == "rmsnorm":
+            # normalised in float32, then scaled in the model dtype, as Llama does
+            return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
+        return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN: down(act(up(x))), or gated (SwiGLU): down(act(gate(x)) ⊙ up(x))."""
+
+    def __init__(self, cfg: ModelConfig, d_ff: int | None = None):
+        super().__init__()
+        d_ff = d_ff or cfg.d_ff
+        self.gated, self.act = cfg.gated_ffn, ACTIVATIONS[cfg.activation]
+        # gate and up share one matrix [2·d_ff, d] so a gated FFN costs one matmul going in
+        self.up = nn.Linear(cfg.d_model, (2 if self.gated else 1) * d_ff, bias=cfg.ffn_bias)
+        self.down = nn.Linear(d_ff, cfg.d_model, bias=cfg.ffn_bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.up(x)
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)
+            return self.down(self.act(gate) * up)
+        return self.down(self.act(h))
+
+
+def sinusoidal_encoding(positions: Tensor | int, d: int, interleaved: bool = True) -> Tensor:
+    """Eq. 4.1: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).
+
+    positions: an int n (positions 0..n-1) or a tensor of positions, any shape [...]. Returns [..., d] float32.
+    interleaved=False puts all sines first and all cosines after (Marian's layout); the values are the same.
+    """
+    if isinstance(positions, int):
+        positions = torch.arange(positions)
+    i = torch.arange(d // 2, dtype=torch.float64)
+    angles = positions.to(torch.float64)[..., None] / torch.pow(10000.0, 2 * i / d)  # [..., d/2]
+    sin, cos = angles.sin(), angles.cos()
+    pe = torch.stack([sin, cos], dim=-1).flatten(-2) if interleaved else torch.cat([sin, cos], dim=-1)
+    return pe.float()
+
+
+def rope_inv_freq(head_dim: int, theta: float) -> Tensor:
+    """θ_i = theta^(-2i/d_head), one frequency per pair of dimensions: [head_dim/2] float32."""
+    steps = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float()  # cpu even under a meta context
+    return 1.0 / (theta ** (steps / head_dim))
+
+
+def rope_cos_sin(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """positions [B, T] → cos, sin [B, 1, T, head_dim], angles m·θ_i repeated for both halves."""
+    angles = positions[..., None].float() * inv_freq.to(positions.device)  # [B, T, hd/2], float32
+    emb = torch.cat([angles, angles], dim=-1)[:, None]                      # [B, 1, T, hd]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rope(x: Tensor, positions: Tensor, inv_freq: Tensor) -> Tensor:
+    """Rotate each pair (x_i, x_{i+d/2}) of x [B, H, T, hd] by the angle position·θ_i (rotate-half convention)."""
+    cos, sin = rope_cos_sin(positions, inv_freq, x.dtype)
+    return x * cos + rotate_half(x) * sin
+

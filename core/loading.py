@@ -1,0 +1,179 @@
+"""Safetensors in, checked against the family's weight-name table, into a Transformer. Never unpickles."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from .config import ConfigError, ModelConfig
+from .families import family_for
+from .model import Transformer
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "source.spm", "tokenizer.model")
+
+
+class CheckpointError(ValueError):
+    """The weights in a folder do not fit the model its config.json describes."""
+
+
+def read_config(folder: Path) -> tuple[ModelConfig, ModuleType]:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{folder}: no config.json (a model folder needs config.json and *.safetensors)")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: malformed JSON ({err})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a JSON object, found {type(raw).__name__}")
+    family = family_for(raw, str(path))
+    try:
+        return family.read_config(raw), family
+    except (TypeError, ValueError, KeyError) as err:
+        if isinstance(err, ConfigError):
+            raise ConfigError(f"{path}: {err}") from None
+        raise ConfigError(f"{path}: malformed config ({type(err).__name__}: {err})") from None
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The shard files named by model.safetensors.index.json, or the folder's single *.safetensors file(s)."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as err:
+            raise CheckpointError(f"{index}: malformed shard index ({err})") from None
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"{index} names shard files that are not there: {', '.join(missing)}")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        return files
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise CheckpointError(f"{folder}: only pickle checkpoints ({', '.join(pickles)}); they are refused and "
+                              "never unpickled. Convert them to safetensors (model.safetensors) first.")
+    raise CheckpointError(f"{folder}: no *.safetensors weights found")
+
+
+class TensorSource:
+    """Every tensor of a (possibly sharded) checkpoint by name, read lazily through memory maps."""
+
+    def __init__(self, files: list[Path], prefixes: tuple[str, ...]):
+        self.handles, self.where = {}, {}
+        for file in files:
+            try:
+                handle = safe_open(str(file), framework="pt")
+            except Exception as err:  # safetensors raises its own error types on corrupt headers
+                raise CheckpointError(f"{file}: not a readable safetensors file ({err})") from None
+            self.handles[file] = handle
+            for key in handle.keys():
+                self.where[strip_prefix(key, prefixes)] = (file, key)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.where
+
+    def get(self, name: str) -> torch.Tensor:
+        file, key = self.where[name]
+        return self.handles[file].get_tensor(key)
+
+    def describe(self, name: str) -> str:
+        file, key = self.where[name]
+        return f"{file.name}: tensor {key!r}"
+
+
+def strip_prefix(key: str, prefixes: tuple[str, ...]) -> str:
+    for prefix in prefixes:
+        if key.startswith(prefix):
+            return key[len(prefix):]
+    return key
+
+
+def layer_template(name: str) -> tuple[str, str | None]:
+    """'stack.blocks.3.attn.qkv.weight' → ('stack.blocks.{}.attn.qkv.weight', '3')."""
+    match = re.search(r"\.(\d+)\.", name)
+    if match is None:
+        return name, None
+    return name[:match.start()] + ".{}." + name[match.end():], match.group(1)
+
+
+def load_weights(model: Transformer, folder: Path, family: ModuleType, device, dtype) -> None:
+    """Fill every parameter of `model` (built on the meta device) from the folder's safetensors.
+
+    Checks that each parameter has a source of the right shape and that every tensor in the files
+    is used, known as an alias of a used one, or listed in the family's IGNORE.
+    """
+    source = TensorSource(safetensors_files(folder), family.PREFIXES)
+    used: set[str] = set()
+    for name, param in list(model.named_parameters()):
+        template, layer = layer_template(name)
+        if template not in family.WEIGHTS:
+            raise CheckpointError(f"family {family.__name__.rsplit('.', 1)[-1]!r} has no weight-name entry for {template}")
+        alternatives = [alt if isinstance(alt, tuple) else (alt,) for alt in family.WEIGHTS[template]]
+        alternatives = [tuple(n.format(layer) for n in alt) for alt in alternatives]
+        chosen = next((alt for alt in alternatives if all(n in source for n in alt)), None)
+        if chosen is None:
+            wanted = " or ".join("+".join(alt) for alt in alternatives)
+            raise CheckpointError(f"{folder}: missing tensor {wanted} (needed for {name}, shape {list(param.shape)})")
+        used.update(n for alt in alternatives for n in alt if n in source)  # aliases of tied weights count as used
+        tensor = torch.cat([source.get(n) for n in chosen]) if len(chosen) > 1 else source.get(chosen[0])
+        for pattern, transform in family.TRANSFORMS.items():
+            if re.search(pattern, name):
+                tensor = transform(tensor)
+        if tensor.shape != param.shape:
+            parts = ", ".join(f"{source.describe(n)} {list(source.get(n).shape)}" for n in chosen)
+            raise CheckpointError(f"shape mismatch: {parts} gives {list(tensor.shape)} but {name} "
+                                  f"needs {list(param.shape)} by config.json")
+        module_name, _, leaf = name.rpartition(".")
+        module = model.get_submodule(module_name)
+        module._parameters[leaf] = nn.Parameter(tensor.to(device=device, dtype=dtype), requires_grad=False)
+    unexpected = [n for n in source.where if n not in used and not any(re.search(p, n) for p in family.IGNORE)]
+    if unexpected:
+        shown = ", ".join(source.describe(n) for n in unexpected[:5])
+        more = f" and {len(unexpected) - 5} more" if len(unexpected) > 5 else ""
+        raise CheckpointError(f"unexpected tensors that config.json does not account for: {shown}{more}")
+
+
+def load_tokenizer(folder: Path):
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as err:  # transformers raises many kinds here; the folder is what matters
+        raise CheckpointError(f"{folder}: tokenizer files present but unreadable ({type(err).__name__}: {err})") from None
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_model(path: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> Transformer:
+    """Build the model a folder (or a registered model name) describes and fill it from safetensors.
+
+    device None: cuda if available, else cpu. dtype None: float32 on cpu, bfloat16 on cuda.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        from .weights import ensure  # a registered name or hub id: fetch it into the weight store
+        folder = ensure(str(path))
+    device = torch.device(device) if device is not None else default_device()
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    cfg, family = read_config(folder)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    load_weights(model, folder, family, device, dtype)
+    if model.inv_freq is not None:
+        model.inv_freq = model.inv_freq.to(device)
+    model.eval()
+    model.tokenizer = load_tokenizer(folder)
+    model.folder = folder
+    return model
