@@ -1,0 +1,336 @@
+"""Plotly figures from plain arrays and token strings.
+
+Every function here takes numpy arrays (and lists of strings) and returns a
+`plotly.graph_objects.Figure`. Nothing here knows about torch, Gradio or the
+model: the service layer computes the numbers, these functions only draw them,
+so they can be tested (and reused) on their own.
+
+Size matters: a figure travels to the browser as JSON, and plotly encodes a
+float32 array as base64 (about 5.4 bytes per cell once Gradio has escaped it).
+Callers keep matrices small (the service pools long inputs); `figure_nbytes`
+measures what a figure will cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+TEMPLATE = "plotly_white"
+ATTENTION_COLORS = "Blues"
+SIGNED_COLORS = "RdBu"
+MASKED_COLOR = "#d9d9d9"  # cells that a mask removed (−∞ before softmax) are drawn in this grey
+
+
+def figure_nbytes(fig: go.Figure) -> int:
+    """Bytes of the figure's JSON, about what the browser receives for it."""
+    return len(fig.to_json().encode("utf-8"))
+
+
+def _as_f32(a: np.ndarray) -> np.ndarray:
+    # float32 halves the bytes sent compared with float64 and is what the core computes in.
+    return np.ascontiguousarray(np.asarray(a, dtype=np.float32))
+
+
+def _base_layout(fig: go.Figure, title: str, height: int | None = None) -> go.Figure:
+    fig.update_layout(
+        template=TEMPLATE,
+        title={"text": title, "x": 0.01, "xanchor": "left"},
+        margin={"l": 60, "r": 20, "t": 60, "b": 50},
+        height=height,
+    )
+    return fig
+
+
+def attention_heatmap(
+    weights: np.ndarray,
+    query_labels: Sequence[str],
+    key_labels: Sequence[str],
+    title: str,
+    zmax: float | None = None,
+    height: int = 640,
+) -> go.Figure:
+    """One attention matrix [Tq, Tk] with token labels; hovering shows query → key and the weight.
+
+    Labels must be unique (plotly merges equal category names), so callers pass
+    labels that carry the token's position, e.g. "12 the".
+    """
+    weights = _as_f32(weights)
+    if weights.ndim != 2:
+        raise ValueError(f"attention_heatmap wants a 2-D matrix [queries, keys], got shape {weights.shape}")
+    if weights.shape != (len(query_labels), len(key_labels)):
+        raise ValueError(
+            f"attention_heatmap: matrix shape {weights.shape} does not match "
+            f"{len(query_labels)} query labels × {len(key_labels)} key labels"
+        )
+    finite = weights[np.isfinite(weights)]
+    top = float(zmax) if zmax is not None else (float(finite.max()) if finite.size else 1.0)
+    fig = go.Figure(
+        go.Heatmap(
+            z=weights,
+            x=list(key_labels),
+            y=list(query_labels),
+            colorscale=ATTENTION_COLORS,
+            zmin=0.0,
+            zmax=top if top > 0 else 1.0,
+            colorbar={"title": {"text": "weight"}},
+            hovertemplate="query %{y} → key %{x}<br>weight %{z:.4f}<extra></extra>",
+            hoverongaps=False,
+        )
+    )
+    _base_layout(fig, title, height)
+    fig.update_xaxes(title_text="key (attended to)", type="category", tickangle=-60, automargin=True)
+    fig.update_yaxes(title_text="query (attending)", type="category", autorange="reversed", automargin=True)
+    fig.update_layout(plot_bgcolor=MASKED_COLOR)
+    return fig
+
+
+def pooled_heatmap(
+    weights: np.ndarray,
+    query_edges: Sequence[int],
+    key_edges: Sequence[int],
+    title: str,
+    height: int = 640,
+) -> go.Figure:
+    """A pooled attention matrix [Sq, Sk] whose cell (i, j) covers query tokens
+    query_edges[i]..query_edges[i+1]-1 and key tokens key_edges[j]..key_edges[j+1]-1."""
+    weights = _as_f32(weights)
+    if weights.shape != (len(query_edges) - 1, len(key_edges) - 1):
+        raise ValueError(
+            f"pooled_heatmap: matrix shape {weights.shape} needs {weights.shape[0] + 1} query edges and "
+            f"{weights.shape[1] + 1} key edges, got {len(query_edges)} and {len(key_edges)}"
+        )
+    q_mid = [(a + b - 1) / 2 for a, b in zip(query_edges[:-1], query_edges[1:])]
+    k_mid = [(a + b - 1) / 2 for a, b in zip(key_edges[:-1], key_edges[1:])]
+    finite = weights[np.isfinite(weights)]
+    top = float(finite.max()) if finite.size else 1.0
+    fig = go.Figure(
+        go.Heatmap(
+            z=weights,
+            x=k_mid,
+            y=q_mid,
+            colorscale=ATTENTION_COLORS,
+            zmin=0.0,
+            zmax=top if top > 0 else 1.0,
+            colorbar={"title": {"text": "weight"}},
+            # customdata would cost a string per cell; the axes already carry token positions.
+            hovertemplate="queries ≈ %{y:.0f} → keys ≈ %{x:.0f}<br>pooled weight %{z:.4f}<extra></extra>",
+            hoverongaps=False,
+        )
+    )
+    _base_layout(fig, title, height)
+    fig.update_xaxes(title_text="key position (pooled blocks)")
+    fig.update_yaxes(title_text="query position (pooled blocks)", autorange="reversed")
+    fig.update_layout(plot_bgcolor=MASKED_COLOR)
+    return fig
+
+
+def model_view(overview: np.ndarray, title: str, layer_labels: Sequence[str] | None = None) -> go.Figure:
+    """Every layer × head as a small heatmap, tiled into one mosaic figure.
+
+    overview: [L, H, S, S]. One heatmap trace (not L·H subplots) keeps the figure
+    small and fast to draw even for 30 layers × 9 heads. Each tile is scaled to
+    its own maximum so that weak and strong heads are equally readable.
+    """
+    overview = _as_f32(overview)
+    if overview.ndim != 4 or overview.shape[2] != overview.shape[3]:
+        raise ValueError(f"model_view wants [layers, heads, S, S], got shape {overview.shape}")
+    n_layers, n_heads, s, _ = overview.shape
+    gap = 1
+    cell = s + gap
+    finite = np.where(np.isfinite(overview), overview, 0.0)
+    peak = finite.max(axis=(2, 3), keepdims=True)
+    tiles = finite / np.where(peak > 0, peak, 1.0)
+    # uint8 (1 byte per cell instead of 4): the tiles are relative to their own peak anyway,
+    # and exact weights are one click away in the head view.
+    mosaic = np.zeros((n_layers * cell - gap, n_heads * cell - gap), dtype=np.uint8)
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            tile = np.rint(tiles[layer, head] * 255).astype(np.uint8)
+            mosaic[layer * cell : layer * cell + s, head * cell : head * cell + s] = tile
+    labels = list(layer_labels) if layer_labels is not None else [f"L{i}" for i in range(n_layers)]
+    fig = go.Figure(
+        go.Heatmap(
+            z=mosaic,
+            colorscale=ATTENTION_COLORS,
+            zmin=0,
+            zmax=255,
+            showscale=False,
+            hovertemplate="weight relative to this head's peak: %{z}/255<extra></extra>",
+        )
+    )
+    tile_px = max(4, min(48, 900 // max(n_heads, 1)))
+    _base_layout(fig, title, height=min(4000, 120 + n_layers * tile_px))
+    fig.update_xaxes(
+        tickmode="array",
+        tickvals=[h * cell + (s - 1) / 2 for h in range(n_heads)],
+        ticktext=[f"H{h}" for h in range(n_heads)],
+        side="top",
+        showgrid=False,
+        zeroline=False,
+    )
+    fig.update_yaxes(
+        tickmode="array",
+        tickvals=[i * cell + (s - 1) / 2 for i in range(n_layers)],
+        ticktext=labels,
+        autorange="reversed",
+        showgrid=False,
+        zeroline=False,
+        scaleanchor="x",
+    )
+    fig.update_layout(plot_bgcolor="white", meta={"layers": n_layers, "heads": n_heads, "tile": s})
+    return fig
+
+
+def stages_figure(
+    stages: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
+    query_labels: Sequence[str],
+    key_labels: Sequence[str],
+    title: str,
+) -> go.Figure:
+    """Eq. 2.1 step by step: one row per variant (e.g. "causal mask on" / "off"),
+    three columns: scaled scores QKᵀ/√d_k, scores + mask M, softmax.
+
+    Masked entries (−∞) are drawn grey; JSON has no infinity, so they travel as NaN.
+    """
+    names = list(stages)
+    columns = ("scaled scores QKᵀ/√d_k", "masked scores (+M)", "softmax → attention weights")
+    fig = make_subplots(
+        rows=len(names),
+        cols=3,
+        subplot_titles=[f"{name}: {col}" for name in names for col in columns],
+        horizontal_spacing=0.08,
+        vertical_spacing=0.14 if len(names) > 1 else 0.1,
+    )
+    all_scores = np.concatenate([_as_f32(stages[n][0]).ravel() for n in names])
+    all_scores = all_scores[np.isfinite(all_scores)]
+    bound = float(np.abs(all_scores).max()) if all_scores.size else 1.0
+    for r, name in enumerate(names, start=1):
+        scores, masked, probs = (_as_f32(a) for a in stages[name])
+        masked = np.where(np.isfinite(masked), masked, np.nan)
+        for c, (z, signed) in enumerate(((scores, True), (masked, True), (probs, False)), start=1):
+            fig.add_trace(
+                go.Heatmap(
+                    z=z,
+                    x=list(key_labels),
+                    y=list(query_labels),
+                    colorscale=SIGNED_COLORS if signed else ATTENTION_COLORS,
+                    reversescale=signed,
+                    zmid=0.0 if signed else None,
+                    zmin=-bound if signed else 0.0,
+                    zmax=bound if signed else 1.0,
+                    showscale=(r == 1 and c in (2, 3)),
+                    colorbar={"x": 0.64 if c == 2 else 1.0, "len": 0.4, "y": 0.8, "thickness": 10}
+                    if r == 1 and c in (2, 3)
+                    else None,
+                    hovertemplate="query %{y} → key %{x}<br>%{z:.3f}<extra>" + name + "</extra>",
+                    hoverongaps=False,
+                ),
+                row=r,
+                col=c,
+            )
+    _base_layout(fig, title, height=340 * len(names) + 80)
+    fig.update_xaxes(type="category", tickangle=-60, tickfont={"size": 9})
+    fig.update_yaxes(type="category", autorange="reversed", tickfont={"size": 9})
+    fig.update_layout(plot_bgcolor=MASKED_COLOR)
+    return fig
+
+
+def matrix_heatmap(
+    matrix: np.ndarray,
+    title: str,
+    x_title: str,
+    y_title: str,
+    colorscale: str = SIGNED_COLORS,
+    symmetric: bool = True,
+    x: Sequence[float] | None = None,
+    y: Sequence[float] | None = None,
+    value_name: str = "value",
+    height: int = 460,
+) -> go.Figure:
+    """A numeric matrix (positional encodings, similarity matrices, angles) as a heatmap."""
+    matrix = _as_f32(matrix)
+    if matrix.ndim != 2:
+        raise ValueError(f"matrix_heatmap wants a 2-D array, got shape {matrix.shape}")
+    finite = matrix[np.isfinite(matrix)]
+    kwargs: dict = {}
+    if symmetric and finite.size:
+        bound = float(np.abs(finite).max()) or 1.0
+        kwargs = {"zmin": -bound, "zmax": bound, "zmid": 0.0, "reversescale": True}
+    fig = go.Figure(
+        go.Heatmap(
+            z=matrix,
+            x=list(x) if x is not None else None,
+            y=list(y) if y is not None else None,
+            colorscale=colorscale,
+            colorbar={"title": {"text": value_name}},
+            hovertemplate=f"{y_title} %{{y}}, {x_title} %{{x}}<br>{value_name} %{{z:.4f}}<extra></extra>",
+            **kwargs,
+        )
+    )
+    _base_layout(fig, title, height)
+    fig.update_xaxes(title_text=x_title)
+    fig.update_yaxes(title_text=y_title, autorange="reversed")
+    return fig
+
+
+def line_figure(
+    x: np.ndarray,
+    series: Mapping[str, np.ndarray],
+    title: str,
+    x_title: str,
+    y_title: str,
+    height: int = 380,
+    reference: Mapping[str, float] | None = None,
+) -> go.Figure:
+    """Several named curves over one x axis; `reference` adds dashed horizontal lines."""
+    x = np.asarray(x)
+    fig = go.Figure()
+    for name, ys in series.items():
+        ys = np.asarray(ys, dtype=np.float64)
+        if ys.shape != x.shape:
+            raise ValueError(f"line_figure: series {name!r} has shape {ys.shape}, x has {x.shape}")
+        fig.add_trace(go.Scatter(x=x, y=ys, mode="lines+markers" if x.size <= 40 else "lines", name=name))
+    for name, value in (reference or {}).items():
+        fig.add_hline(y=value, line_dash="dash", line_color="grey", annotation_text=name, annotation_position="top left")
+    _base_layout(fig, title, height)
+    fig.update_xaxes(title_text=x_title)
+    fig.update_yaxes(title_text=y_title)
+    fig.update_layout(legend={"orientation": "h", "y": -0.25})
+    return fig
+
+
+def bar_figure(
+    categories: Sequence[str],
+    series: Mapping[str, Sequence[float]],
+    title: str,
+    y_title: str,
+    height: int = 380,
+    text_format: str = ".3f",
+) -> go.Figure:
+    """Grouped bars: one group per category, one bar per named series."""
+    fig = go.Figure()
+    for name, values in series.items():
+        values = [float(v) for v in values]
+        if len(values) != len(categories):
+            raise ValueError(f"bar_figure: series {name!r} has {len(values)} values for {len(categories)} categories")
+        fig.add_trace(
+            go.Bar(x=list(categories), y=values, name=name, text=[format(v, text_format) for v in values], textposition="outside")
+        )
+    _base_layout(fig, title, height)
+    fig.update_yaxes(title_text=y_title)
+    fig.update_layout(barmode="group", legend={"orientation": "h", "y": -0.2})
+    return fig
+
+
+def empty_figure(message: str, height: int = 200) -> go.Figure:
+    """A placeholder that says why there is nothing to plot (e.g. the model has no learned positions)."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font={"size": 14})
+    _base_layout(fig, "", height)
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
