@@ -320,6 +320,58 @@ class Transformer(nn.Module):
             cache.length = start + n
         return x
 
+    # ---- views into the model for the app: real weights, real projections ----
+
+    def queries_keys(self, input_ids: Tensor, layer: int, rotate: bool = True,
+                     attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The queries [B, H, T, d_k] and keys [B, H_kv, T, d_k] that self-attention of `layer` in the main
+        stack computes for input_ids; rotate=False gives them before RoPE."""
+        if not 0 <= layer < self.config.n_layers:
+            raise IndexError(f"layer {layer} is out of range: the model has layers 0..{self.config.n_layers - 1}")
+        if self.encoder is not None:
+            raise ValueError("queries_keys reads the self-attention of decoder-only and encoder-only models")
+        with torch.inference_mode():
+            mask = attention_mask.bool() if attention_mask is not None else None
+            x = self.run_stack(self.stack, input_ids, attention_mask, kind="self", causal=self.config.causal,
+                               padding_mask=True, scale=True, positions=True, n_layers=layer)
+            setup, _ = self.setup(self.stack, input_ids, mask, 0, causal=self.config.causal, padding_mask=True,
+                                  scale=True, positions=rotate)
+            block = self.stack.blocks[layer]
+            q, k, _ = block.attn.self_qkv(block.attn_norm(x) if block.pre_norm else x, setup)
+        return q, k
+
+    def learned_positions(self) -> Tensor | None:
+        """The learned absolute position embeddings [max_positions, d] (GPT-2, BERT), else None."""
+        table = self.stack.embed.positions
+        return None if table is None else table.weight.detach()
+
+    def rope_inv_freq(self) -> Tensor | None:
+        """RoPE's frequencies θ_i [head_dim/2], else None."""
+        return self.inv_freq
+
+    def parameter_counts(self) -> dict:
+        """Parameters per part. Attention has 4d² weights per layer (W^Q, W^K, W^V, W^O; fewer with GQA),
+        the feed-forward 2·d·d_ff (8d² at d_ff = 4d; 3·d·d_ff when gated)."""
+        def count(modules) -> int:
+            return sum(p.numel() for m in modules if m is not None for p in m.parameters())
+        stacks = [s for s in (self.encoder, self.stack) if s is not None]
+        blocks = [b for s in stacks for b in s.blocks]
+        norms = [m for b in blocks for m in (b.attn_norm, b.cross_norm, b.ffn_norm)] + [s.final_norm for s in stacks]
+        head_own = 0 if self.lm_head is None else count([self.lm_head])
+        first = self.stack.blocks[0]
+        counts = {
+            "embeddings": count([self.stack.embed] + ([self.encoder.embed] if self.encoder else [])),
+            "attention": count([m for b in blocks for m in (b.attn, b.cross)]),
+            "feed_forward": count([b.ffn for b in blocks]),
+            "norms": count(norms),
+            "lm_head": head_own,
+            "per_layer": {"attention": count([first.attn, first.cross]), "feed_forward": count([first.ffn])},
+        }
+        if self.encoder is not None:  # the shared token table is counted once
+            counts["embeddings"] -= self.encoder.embed.tokens.weight.numel()
+        counts["total"] = sum(p.numel() for p in self.parameters())
+        return counts
+
     def logits(self, hidden: Tensor) -> Tensor | None:
         return None if self.lm_head is None else self.lm_head(hidden, self.stack.embed.tokens.weight)
 
