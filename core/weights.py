@@ -152,9 +152,9 @@ def _span(progress: Progress, start: float, end: float) -> Progress:
 class TextProgressBar:
     """The CLI's bar: redrawn in place on a terminal; in a log, one line per tenth of the way."""
 
-    def __init__(self, stream=sys.stderr, width: int = 30):
-        self.stream, self.width = stream, width
-        self.tty = stream.isatty()
+    def __init__(self, stream=None, width: int = 30):
+        self.stream, self.width = stream or sys.stderr, width
+        self.tty = self.stream.isatty()
         self.last_message, self.last_tenth = None, -1
 
     def __call__(self, fraction: float, message: str) -> None:
@@ -786,6 +786,8 @@ def verify(name_or_path: str | os.PathLike) -> dict:
 
 
 def _format_size(size: int) -> str:
+    if size < 1e6:
+        return f"{size / 1e3:.1f} kB"
     return f"{size / 1e6:.1f} MB" if size < 1e9 else f"{size / 1e9:.2f} GB"
 
 
