@@ -1,0 +1,103 @@
+"""The attention explorer: a Gradio app over this repository's own Transformer core.
+
+    python app.py                       # SmolLM2-135M-Instruct on http://127.0.0.1:7860
+    python app.py --model minilm-l6     # a BERT encoder: bidirectional attention
+
+This file only builds the page from the tab modules in ui/ and launches it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr  # noqa: E402
+
+from ui import model_picker, service, tab_attention, tab_generate, tab_masks, tab_positions  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent
+CSS = ROOT / "assets" / "app.css"
+TITLE = "The attention explorer"
+QUEUE_SIZE = 32
+
+
+def build_demo(store: service.ModelStore, default_model: str) -> gr.Blocks:
+    """The whole page: model picker and card, then the four tabs. The default model must be loadable."""
+    initial = store.get(default_model)
+    with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:
+        gr.Markdown(f"# {TITLE}\nA small Transformer written from scratch in PyTorch, loaded with real weights: "
+                    "look at its attention head by head, its positional encodings, and what its masks do.")
+        picker = model_picker.build(store, default_model)
+        with gr.Tabs(selected="attention") as tabs:
+            with gr.Tab("Generate", id="generate"):
+                generate = tab_generate.build(store, picker.model, initial)
+            with gr.Tab("Attention", id="attention"):
+                attention = tab_attention.build(store, picker.model, initial)
+            with gr.Tab("Positional encoding", id="positions"):
+                tab_positions.build(store, picker.model, initial)
+            with gr.Tab("Masks", id="masks"):
+                tab_masks.build(store, picker.model, initial)
+
+        def send_to_attention(text: str):
+            if not text:
+                raise gr.Error("Generate something first; then it can be sent to the Attention tab.")
+            return text, gr.Tabs(selected="attention")
+
+        generate.send.click(send_to_attention, generate.sent, [attention.text, tabs], api_visibility="private").then(
+            **attention.run_event
+        )
+        demo.load(picker.load_card, picker.model, picker.card, api_visibility="private")
+    return demo
+
+
+def launch_options(args: argparse.Namespace) -> dict:
+    """Safe defaults: loopback only, no share link unless asked, uploads capped, no server-side rendering."""
+    return dict(
+        server_name=args.host,
+        server_port=args.port,
+        share=args.share,
+        max_file_size=f"{service.MAX_UPLOAD_BYTES // 1_000_000}mb",
+        ssr_mode=False,
+        show_error=False,
+        css_paths=[CSS] if CSS.is_file() else None,
+        theme=gr.themes.Soft(),
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=TITLE)
+    parser.add_argument("--model", default=service.DEFAULT_MODEL,
+                        help=f"registry name (python -m core.weights list) or a model folder; default {service.DEFAULT_MODEL}")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 exposes the app to the network")
+    parser.add_argument("--port", type=int, default=7860)
+    parser.add_argument("--share", action="store_true", help="also open a public gradio.live link")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    store = service.ModelStore(extra_names=[args.model])
+    bar = service.terminal_progress()
+    try:
+        # the first start pulls the default model here, with a progress bar in the terminal
+        store.get(args.model, bar)
+    except service.UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if hasattr(bar, "close"):
+            bar.close()
+    demo = build_demo(store, args.model)
+    demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)
+    demo.launch(**launch_options(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

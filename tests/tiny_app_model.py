@@ -1,0 +1,89 @@
+"""Tiny random models for the app's API and browser tests, built offline in a temporary folder.
+
+A 2-layer Llama (RoPE, grouped-query attention) and a 2-layer BERT (learned positions, bidirectional),
+saved by transformers as safetensors with config.json, plus a small byte-level BPE tokenizer trained
+here on a few sentences, so the tests need neither the hub nor the weight store. Their outputs are
+random, but every view of the app runs on them exactly as on a real model, in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+CORPUS = [
+    "The lighthouse keeper rowed out to the rocks at dawn.",
+    "When the storm passed, she climbed the stairs and lit the lamp again.",
+    "Every morning the baker opens the shop at six, and the bread is warm.",
+    "Attention lets every token look at every other token in one step.",
+    "Positions are added to the embeddings, or rotated into queries and keys.",
+    "A causal mask hides the future; a padding mask hides the filler.",
+] * 20
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_tokenizer(folder: Path, bert_style: bool = False):
+    """A byte-level BPE tokenizer (vocabulary ~400) with the special tokens each style of model expects."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] if bert_style else ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE(unk_token="[UNK]" if bert_style else None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    if bert_style:
+        cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+        tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+        fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+                                       sep_token="[SEP]", mask_token="[MASK]")
+    else:
+        fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|im_end|>",
+                                       pad_token="<|endoftext|>", additional_special_tokens=["<|im_start|>"])
+        fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(folder)
+    return fast
+
+
+def build_tiny_llama(folder: Path, max_positions: int = 2048) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(folder)
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=max_positions, tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def build_tiny_bert(folder: Path) -> Path:
+    from transformers import BertConfig, BertModel
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(folder, bert_style=True)
+    config = BertConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=128, pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = BertModel(config, add_pooling_layer=False).eval()
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+if __name__ == "__main__":
+    import sys
+
+    root = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/tiny-app-models")
+    print(build_tiny_llama(root / "tiny-llama"), build_tiny_bert(root / "tiny-bert"))

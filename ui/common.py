@@ -1,0 +1,119 @@
+"""What every tab shares: turning errors into messages in the page, a text box with an upload, progress."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+
+import gradio as gr
+
+from ui import service
+from ui.service import UserError
+
+log = logging.getLogger(__name__)
+
+ANALYSIS = "analysis"   # concurrency group of the forward-pass events: one at a time on a small CPU
+ANALYSIS_LIMIT = 1
+
+
+def _as_gradio_error(exc: Exception) -> gr.Error:
+    if isinstance(exc, gr.Error):
+        return exc
+    if isinstance(exc, UserError):
+        return gr.Error(str(exc), print_exception=False)
+    weights_error = _weights_error_type()
+    if weights_error is not None and isinstance(exc, weights_error):
+        return gr.Error(f"Model weights: {exc}", print_exception=False)
+    if isinstance(exc, MemoryError):
+        return gr.Error("Out of memory: try a shorter text or a smaller window.", print_exception=False)
+    log.exception("unexpected error in an app event")
+    return gr.Error(f"Something went wrong ({type(exc).__name__}); the server log has the details.", print_exception=False)
+
+
+def _weights_error_type():
+    try:
+        return service.weights_module().WeightsError
+    except (ImportError, AttributeError):
+        return None
+
+
+def user_errors(fn):
+    """Run an event function so that bad input becomes a clear message in the page, never a traceback."""
+    if inspect.isgeneratorfunction(fn):
+
+        @functools.wraps(fn)
+        def gen_wrapper(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - every error becomes a message
+                raise _as_gradio_error(exc) from None
+
+        return gen_wrapper
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - every error becomes a message
+            raise _as_gradio_error(exc) from None
+
+    return wrapper
+
+
+def progress_callback(progress: gr.Progress):
+    """core.weights reports (fraction, message); Gradio's bar takes the same two things."""
+
+    def report(fraction: float, message: str) -> None:
+        progress(min(max(float(fraction), 0.0), 1.0), desc=message)
+
+    return report
+
+
+@user_errors
+def load_upload(path: str | None) -> str:
+    """The uploaded file's text, for the text box next to it."""
+    return service.read_upload(path)
+
+
+def text_with_upload(label: str, value: str, lines: int = 6, api_name: str | None = None, max_lines: int = 14):
+    """A text box with a .txt/.md upload under it that fills the box. Returns (textbox, file)."""
+    text = gr.Textbox(label=label, value=value, lines=lines, max_lines=max_lines, elem_classes=["source-text"])
+    upload = gr.File(
+        label="…or upload a .txt / .md file (at most 1 MB, UTF-8)",
+        file_types=list(service.UPLOAD_SUFFIXES),
+        type="filepath",
+        height=90,
+        elem_classes=["upload"],
+    )
+    upload.upload(
+        load_upload,
+        inputs=upload,
+        outputs=text,
+        api_name=api_name,
+        api_visibility="public" if api_name else "private",
+        concurrency_limit=4,
+    )
+    return text, upload
+
+
+def read_example(name: str) -> str:
+    from pathlib import Path  # noqa: PLC0415
+
+    path = Path(__file__).resolve().parent.parent / "assets" / "examples" / name
+    return path.read_text(encoding="utf-8").strip()
+
+
+def parse_head(value, n_heads: int, allow_mean: bool = True) -> int | None:
+    """'mean of heads' → None (when allowed), else an index in range, or a UserError."""
+    if value in (None, "", "mean", "mean of heads"):
+        if allow_mean:
+            return None
+        return 0
+    try:
+        head = int(value)
+    except (TypeError, ValueError):
+        raise UserError(f"Head must be a number from 0 to {n_heads - 1}" + (" or 'mean of heads'" if allow_mean else "") + f", got {value!r}.") from None
+    if not 0 <= head < n_heads:
+        raise UserError(f"Head must be between 0 and {n_heads - 1} for this model, got {head}.")
+    return head

@@ -1,0 +1,597 @@
+"""The service layer between the Gradio tabs and the core.
+
+Plain Python over `core`: it loads models, turns text into token ids, runs the
+model, and returns numpy arrays and short notes. It never imports gradio (the
+tabs translate `UserError` into messages in the page) and never draws (ui/plots.py
+does). Nothing here holds a user's data between calls: the only shared state is
+the cache of loaded models, one per name, behind a lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from core import load_model
+from core.attention import attention_stages, causal_mask
+from core.layers import apply_rope, sinusoidal_encoding
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+MAX_UPLOAD_BYTES = 1_000_000        # the issue's limit for .txt/.md uploads
+UPLOAD_SUFFIXES = (".txt", ".md")
+MAX_ATTENTION_TOKENS = 2048         # attention capture on 2 CPU cores stays within seconds up to here
+FULL_VIEW_TOKENS = 256              # up to this many tokens a head is drawn cell by cell, with labels
+HEAD_OVERVIEW_SIZE = 256            # longer inputs: the head view is pooled to this many blocks per side
+MODEL_VIEW_CELLS = 600_000          # cells in the model-view mosaic (uint8): about 1 MB of JSON
+MAX_WINDOW = 256                    # the full-resolution window is at most this many tokens per side
+MAX_STAGE_WINDOW = 48               # the mask demo draws 6 matrices of this size
+MAX_PE_POSITIONS = 512
+MAX_PE_DIM = 512
+MAX_GENERATE_TOKENS = 512
+
+
+class UserError(ValueError):
+    """Bad input from the user: the message is shown in the page as it is."""
+
+
+ProgressFn = Callable[[float, str], None]
+
+
+# ---------------------------------------------------------------- models
+
+
+def weights_module():
+    """core.weights, imported late so the app still starts (on local folders) while it is missing."""
+    import core.weights as weights  # noqa: PLC0415
+
+    return weights
+
+
+def known_model_names() -> list[str]:
+    """Registry names first (installed or fetchable), then models installed outside the registry."""
+    try:
+        store = weights_module().WeightStore.default()
+        return list(dict.fromkeys([*store.registry, *store.installed()]))
+    except Exception:  # noqa: BLE001 - a broken registry must not stop the app from starting
+        log.exception("could not list the weight store's models")
+        return [DEFAULT_MODEL]
+
+
+def terminal_progress() -> ProgressFn | None:
+    """The weight store's text progress bar, for pulling a model before the app starts."""
+    try:
+        return weights_module().TextProgressBar()
+    except (ImportError, AttributeError):
+        return None
+
+
+class ModelStore:
+    """Loaded models, one per name, shared by all sessions (weights are read-only), at most `capacity`."""
+
+    def __init__(self, capacity: int = 2, extra_names: list[str] | None = None):
+        self.capacity = capacity
+        self.extra_names = list(extra_names or [])
+        self._models: OrderedDict[str, torch.nn.Module] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def names(self) -> list[str]:
+        return list(dict.fromkeys(self.extra_names + known_model_names()))
+
+    def is_loaded(self, name: str) -> bool:
+        return name in self._models
+
+    def get(self, name: str, progress: ProgressFn | None = None):
+        if not name:
+            raise UserError("Choose a model first.")
+        with self._lock:
+            if name in self._models:
+                self._models.move_to_end(name)
+                return self._models[name]
+            model = self._load(name, progress)
+            self._models[name] = model
+            while len(self._models) > self.capacity:
+                self._models.popitem(last=False)
+            return model
+
+    def _load(self, name: str, progress: ProgressFn | None):
+        folder = Path(name)
+        if not folder.is_dir():
+            try:
+                weights = weights_module()
+            except ImportError as exc:
+                raise UserError(f"Cannot fetch {name!r}: the weight store (core.weights) is not installed.") from exc
+            try:
+                folder = weights.ensure(name, progress=progress)
+            except getattr(weights, "WeightsUnavailable", RuntimeError) as exc:
+                raise UserError(f"Model {name!r} cannot be loaded here: {exc}") from exc
+            except getattr(weights, "WeightsError", RuntimeError) as exc:
+                raise UserError(f"Model {name!r}: {exc}") from exc
+        if progress:
+            progress(0.95, f"loading {name} into memory")
+        started = time.perf_counter()
+        model = load_model(folder, device="cpu", dtype=torch.float32)
+        model.eval()
+        log.info("loaded %s from %s in %.1f s", name, folder, time.perf_counter() - started)
+        if model.tokenizer is None:
+            raise UserError(f"Model {name!r} has no tokenizer in {folder}; the app needs one to read text.")
+        return model
+
+
+# ---------------------------------------------------------------- model card
+
+
+def parameter_table(model) -> list[list[str]]:
+    """Rows [part, measured, formula, ratio] comparing the model's counts with the theory's 4d² and 8d²."""
+    cfg = model.config
+    counts = model.parameter_counts()
+    d = cfg.d_model
+    per_layer = counts.get("per_layer", {})
+    rows = []
+    for part, formula_name, formula in (
+        ("attention", "4d²", 4 * d * d),
+        ("feed_forward", "8d²", 8 * d * d),
+    ):
+        measured = per_layer.get(part)
+        if measured is None:
+            continue
+        rows.append([f"{part.replace('_', '-')} per layer", f"{measured:,}", f"{formula_name} = {formula:,}", f"{measured / formula:.2f}"])
+    for part in ("embeddings", "attention", "feed_forward", "norms", "lm_head", "total"):
+        if part in counts:
+            rows.append([f"{part.replace('_', '-')} (all layers)" if part in ("attention", "feed_forward") else part, f"{counts[part]:,}", "", ""])
+    return rows
+
+
+def model_card(name: str, model) -> str:
+    """Markdown: the config that shapes every view, and where the parameters sit."""
+    cfg = model.config
+    d = cfg.d_model
+    kind = "encoder-decoder" if cfg.is_encoder_decoder else ("decoder (causal)" if cfg.causal else "encoder (bidirectional)")
+    gqa = f", {cfg.n_kv_heads} key/value heads (grouped-query)" if cfg.n_kv_heads != cfg.n_heads else ""
+    lines = [
+        f"### {name}",
+        f"**{cfg.family}** {kind}: {cfg.n_layers} layers, {cfg.n_heads} heads{gqa}, d = {d}, d_k = {cfg.head_dim}, "
+        f"d_ff = {cfg.d_ff}, vocabulary {cfg.vocab_size:,}, context {cfg.max_positions:,} tokens.  ",
+        f"Positions: **{cfg.positional}**; norm: {cfg.norm} ({cfg.norm_placement}-LN).",
+        "",
+        "| part | parameters | theory | measured / theory |",
+        "|---|---:|---:|---:|",
+    ]
+    lines += [f"| {' | '.join(row)} |" for row in parameter_table(model)]
+    notes = []
+    if cfg.n_kv_heads != cfg.n_heads:
+        kv = cfg.n_kv_heads * cfg.head_dim
+        notes.append(
+            f"Attention is below 4d² because keys and values have only {cfg.n_kv_heads} heads: "
+            f"2d² + 2·d·{kv} = {2 * d * d + 2 * d * kv:,} (plus biases if any)."
+        )
+    if cfg.d_ff != 4 * d or getattr(cfg, "gated_ffn", False):
+        mats = 3 if getattr(cfg, "gated_ffn", False) else 2
+        notes.append(
+            f"The feed-forward has {mats} matrices of d × d_ff = {d} × {cfg.d_ff}: {mats}·d·d_ff = {mats * d * cfg.d_ff:,}, "
+            "against 8d² for the theory's 2 matrices with d_ff = 4d."
+        )
+    if notes:
+        lines += ["", *("- " + n for n in notes)]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- text
+
+
+@dataclass
+class Encoded:
+    ids: list[int]
+    labels: list[str]            # unique per position: "12 the"
+    special: list[bool]          # True for BOS/EOS/[CLS]/chat markers
+    note: str = ""               # e.g. the truncation message
+
+
+def read_upload(path: str | Path | None) -> str:
+    """The text of an uploaded .txt/.md file, or a UserError saying what is wrong with it."""
+    if path is None:
+        raise UserError("No file was uploaded.")
+    path = Path(path)
+    if path.suffix.lower() not in UPLOAD_SUFFIXES:
+        raise UserError(f"{path.name}: only .txt and .md files can be read, not {path.suffix or 'files without a suffix'}.")
+    size = path.stat().st_size
+    if size > MAX_UPLOAD_BYTES:
+        raise UserError(f"{path.name} is {size / 1e6:.2f} MB; the limit is {MAX_UPLOAD_BYTES / 1e6:.0f} MB.")
+    if size == 0:
+        raise UserError(f"{path.name} is empty.")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"{path.name} is not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x}); save it as UTF-8 and upload it again."
+        ) from exc
+    if not text.strip():
+        raise UserError(f"{path.name} holds only whitespace.")
+    return text
+
+
+def display_token(text: str) -> str:
+    """A token as it should appear on an axis: visible whitespace, never empty."""
+    shown = text.replace("\n", "↵").replace("\t", "⇥").replace("\r", "")
+    if shown.strip() == "":
+        return "␣" * max(1, len(shown))
+    return shown.strip() if len(shown) > 1 else shown
+
+
+def encode(model, text: str, max_tokens: int | None = None, add_special_tokens: bool = True) -> Encoded:
+    """Token ids of `text`, cut to the model's context (and `max_tokens`) with a note saying how much."""
+    if text is None or not text.strip():
+        raise UserError("The text is empty: type or paste some text, or upload a .txt/.md file.")
+    tok = model.tokenizer
+    ids = tok(text, add_special_tokens=add_special_tokens)["input_ids"]
+    limit = model.config.max_positions if max_tokens is None else min(max_tokens, model.config.max_positions)
+    note = ""
+    if len(ids) > limit:
+        why = "the model's context" if limit == model.config.max_positions else f"this view's limit (the model's context is {model.config.max_positions:,})"
+        note = f"The text has {len(ids):,} tokens; only the first {limit:,} are used ({why}); {len(ids) - limit:,} were dropped."
+        ids = ids[:limit]
+    if not ids:
+        raise UserError("The text gives no tokens.")
+    special_ids = set(tok.all_special_ids)
+    pieces = [display_token(tok.decode([i])) for i in ids]
+    labels = [f"{i} {p}" for i, p in enumerate(pieces)]
+    return Encoded(ids=ids, labels=labels, special=[i in special_ids for i in ids], note=note)
+
+
+def as_batch(ids: list[int]) -> torch.Tensor:
+    return torch.tensor([ids], dtype=torch.long)
+
+
+def check_range(name: str, value, low, high) -> int:
+    """An integer setting within [low, high], or a UserError naming the setting and its range."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        raise UserError(f"{name} is missing; choose a value from {low} to {high}.")
+    value = int(value)
+    if not low <= value <= high:
+        raise UserError(f"{name} must be between {low} and {high}, got {value}.")
+    return value
+
+
+# ---------------------------------------------------------------- attention capture
+
+
+def pool_edges(n: int, blocks: int) -> np.ndarray:
+    """Block boundaries splitting n positions into min(n, blocks) nearly equal blocks."""
+    blocks = max(1, min(n, blocks))
+    return np.unique(np.linspace(0, n, blocks + 1).round().astype(int))
+
+
+def pool_attention(probs: np.ndarray, q_edges: np.ndarray, k_edges: np.ndarray) -> np.ndarray:
+    """Pool [..., Tq, Tk] attention into blocks: cell (i, j) is the mean over the queries of block i of the
+    weight they put on keys of block j. Rows still sum to 1, so a pooled row reads like a real one."""
+    summed = np.add.reduceat(probs, k_edges[:-1], axis=-1)               # [..., Tq, Sk]
+    summed = np.add.reduceat(summed, q_edges[:-1], axis=-2)              # [..., Sq, Sk]
+    counts = np.diff(q_edges).astype(np.float32)
+    return summed / counts[:, None]
+
+
+class _Recorder:
+    """Observer for the core's forward pass: pools each layer at once (so a long input never holds every
+    layer's full matrices) and keeps one layer at full resolution for the head view and the window."""
+
+    def __init__(self, kind: str, keep_layer: int, tile_edges: np.ndarray):
+        self.kind, self.keep_layer, self.tile_edges = kind, keep_layer, tile_edges
+        self.tiles: dict[int, np.ndarray] = {}
+        self.kept: np.ndarray | None = None
+
+    def wants(self, kind: str, layer: int) -> bool:
+        return kind == self.kind
+
+    def __call__(self, kind: str, layer: int, probs: torch.Tensor) -> None:
+        if kind != self.kind:
+            return
+        full = probs[0].float().numpy()                                  # [H, T, T]
+        self.tiles[layer] = pool_attention(full, self.tile_edges, self.tile_edges)
+        if layer == self.keep_layer:
+            self.kept = full.copy()
+
+
+@dataclass
+class AttentionResult:
+    tokens: Encoded
+    overview: np.ndarray               # [L, H, S, S] pooled (S = T when short)
+    tile_edges: np.ndarray
+    layer: int
+    head: int | None                   # None: mean over the layer's heads
+    head_matrix: np.ndarray            # [T, T] the chosen head (or mean), full resolution
+    seconds: float
+    kind: str                          # "self" (decoder or encoder), or "encoder" for seq2seq
+    notes: list[str] = field(default_factory=list)
+
+
+def model_view_tile(n_tokens: int, n_layers: int, n_heads: int) -> int:
+    """Tile side for the model view so the mosaic stays within MODEL_VIEW_CELLS."""
+    side = int(math.sqrt(MODEL_VIEW_CELLS / max(1, n_layers * n_heads))) - 1
+    return max(4, min(n_tokens, 64, side))
+
+
+def capture_attention(model, tokens: Encoded, layer: int, head: int | None) -> AttentionResult:
+    """Run the model once on the tokens; pool every layer for the model view and keep `layer` in full."""
+    cfg = model.config
+    kind = "encoder" if cfg.is_encoder_decoder else "self"
+    n = len(tokens.ids)
+    tile_edges = pool_edges(n, model_view_tile(n, cfg.n_layers, cfg.n_heads))
+    recorder = _Recorder(kind, layer, tile_edges)
+    started = time.perf_counter()
+    ids = as_batch(tokens.ids)
+    with torch.inference_mode():
+        model(ids, observer=recorder) if not cfg.is_encoder_decoder else model(ids, decoder_input_ids=ids[:, :1], observer=recorder)
+    seconds = time.perf_counter() - started
+    overview = np.stack([recorder.tiles[i] for i in sorted(recorder.tiles)])
+    full = recorder.kept
+    head_matrix = full.mean(axis=0) if head is None else full[head]
+    return AttentionResult(tokens, overview, tile_edges, layer, head, head_matrix, seconds, kind)
+
+
+def visible_positions(tokens: Encoded, start: int, stop: int, hide_special: bool) -> np.ndarray:
+    """Positions start..stop-1, without special tokens when asked."""
+    positions = np.arange(start, stop)
+    if hide_special:
+        positions = positions[[not tokens.special[p] for p in positions]]
+    return positions
+
+
+# ---------------------------------------------------------------- generation
+
+
+def chat_prompt(model, prompt: str) -> str:
+    """The instruct model's chat template around one user message, ready for generation."""
+    tok = model.tokenizer
+    if not getattr(tok, "chat_template", None):
+        raise UserError("This model has no chat template; switch chat mode off.")
+    return tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+
+
+@dataclass
+class GenerationUpdate:
+    prompt_text: str       # what the model read (chat template included)
+    new_text: str          # what it has written so far
+    n_new: int
+    seconds: float
+    done: bool
+    stop_reason: str = ""
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.n_new / self.seconds if self.seconds > 0 else 0.0
+
+
+def stream_generation(
+    model,
+    prompt: str,
+    chat: bool,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    seed: int | None,
+) -> Iterator[GenerationUpdate]:
+    """Yield the text as the model writes it, one update per token. Closing the iterator stops the model."""
+    if not model.config.causal and not model.config.is_encoder_decoder:
+        raise UserError(f"{model.config.family} here is an encoder: it fills in and encodes text but does not generate. Pick a decoder model.")
+    if prompt is None or not prompt.strip():
+        raise UserError("The prompt is empty.")
+    max_new_tokens = check_range("Max new tokens", max_new_tokens, 1, MAX_GENERATE_TOKENS)
+    if not 0.0 <= float(temperature) <= 5.0:
+        raise UserError(f"Temperature must be between 0 and 5, got {temperature}.")
+    if top_p is not None and not 0.0 < float(top_p) <= 1.0:
+        raise UserError(f"Top-p must be in (0, 1], got {top_p}.")
+    top_k = int(top_k) if top_k else None
+    if top_k is not None and top_k < 0:
+        raise UserError(f"Top-k must be 0 (off) or positive, got {top_k}.")
+    text = chat_prompt(model, prompt) if chat else prompt
+    tok = model.tokenizer
+    ids = tok(text, add_special_tokens=not chat)["input_ids"]
+    room = model.config.max_positions - max_new_tokens
+    if room < 1:
+        raise UserError(f"Max new tokens must be below the model's context of {model.config.max_positions}.")
+    if len(ids) > room:
+        ids = ids[-room:]  # keep the end of a long prompt: it is what the continuation follows
+        text = tok.decode(ids)
+    stream = model.stream(
+        as_batch(ids),
+        max_new_tokens,
+        temperature=float(temperature),
+        top_k=top_k,
+        top_p=float(top_p) if top_p is not None and float(top_p) < 1.0 else None,
+        seed=int(seed) if seed is not None and seed != "" else None,
+    )
+    new: list[int] = []
+    started = time.perf_counter()
+    try:
+        for token in stream:
+            new.append(int(token))
+            yield GenerationUpdate(text, tok.decode(new, skip_special_tokens=True), len(new), time.perf_counter() - started, False)
+    finally:
+        close = getattr(stream, "close", None)
+        if close:
+            close()
+    reason = "token budget reached" if len(new) >= max_new_tokens else "end of text"
+    yield GenerationUpdate(text, tok.decode(new, skip_special_tokens=True), len(new), time.perf_counter() - started, True, reason)
+
+
+# ---------------------------------------------------------------- positional encodings
+
+
+def sinusoidal(n: int, d: int) -> np.ndarray:
+    """Eq. 4.1 as [n, d] float64 (interleaved sin/cos, as the theory writes it)."""
+    return sinusoidal_encoding(n, d).double().numpy()
+
+
+def pe_shift_check(pe: np.ndarray, d: int, k: int) -> dict:
+    """PE(p + k) = R_k · PE(p) for every p, with R_k block-diagonal rotations by ω_i·k (eq. 4.1 property 3).
+
+    Returns the largest |PE(p+k) − R_k PE(p)|, how far R_k is from orthogonal, and the residual of one
+    matrix fitted by least squares to all the pairs (PE(p), PE(p+k)): a single linear map serves every p.
+    """
+    n = pe.shape[0]
+    if not 0 < k < n:
+        raise UserError(f"The offset k must be between 1 and {n - 1} for n = {n} positions.")
+    omega = 1.0 / np.power(10000.0, 2 * np.arange(d // 2) / d)
+    rot = np.zeros((d, d))
+    for i, w in enumerate(omega):
+        c, s = math.cos(w * k), math.sin(w * k)
+        # [sin(a+b), cos(a+b)] = [[cos b, sin b], [−sin b, cos b]] · [sin a, cos a]
+        rot[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = [[c, s], [-s, c]]
+    before, after = pe[: n - k], pe[k:]
+    analytic_error = float(np.abs(after - before @ rot.T).max())
+    fitted, *_ = np.linalg.lstsq(before, after, rcond=None)     # after ≈ before @ fitted
+    fit_error = float(np.abs(after - before @ fitted).max())
+    return {
+        "k": k,
+        "pairs": n - k,
+        "analytic_max_error": analytic_error,
+        "fit_max_error": fit_error,
+        "rotation_orthogonality": float(np.abs(rot @ rot.T - np.eye(d)).max()),
+    }
+
+
+def cosine_similarity(x: np.ndarray) -> np.ndarray:
+    unit = x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+    return unit @ unit.T
+
+
+def rope_scores(model, ids: list[int], layer: int, head: int, query_pos: int, key_pos: int, distances: np.ndarray, offsets: list[int]):
+    """Score of one real query/key pair (the layer's own projections, before rotation) placed at relative
+    distance Δ, for several absolute offsets m: q at position m + Δ, k at position m. RoPE makes the curves equal."""
+    cfg = model.config
+    q, k = model.queries_keys(as_batch(ids), layer, rotate=False)  # [1, H, T, hd], [1, H_kv, T, hd]
+    kv_head = head // (cfg.n_heads // cfg.n_kv_heads)
+    q_vec = q[0, head, query_pos].float()
+    k_vec = k[0, kv_head, key_pos].float()
+    inv_freq = model.rope_inv_freq()
+    scale = cfg.head_dim ** -0.5
+    curves = {}
+    for m in offsets:
+        q_pos = torch.as_tensor(m + distances, dtype=torch.long)[None]           # [1, D]
+        k_pos = torch.full_like(q_pos, m)
+        q_rot = apply_rope(q_vec.expand(1, 1, len(distances), -1).contiguous(), q_pos, inv_freq)[0, 0]
+        k_rot = apply_rope(k_vec.expand(1, 1, len(distances), -1).contiguous(), k_pos, inv_freq)[0, 0]
+        curves[m] = ((q_rot * k_rot).sum(-1) * scale).numpy()
+    return curves
+
+
+# ---------------------------------------------------------------- mask demo
+
+
+def qk_for_head(model, ids: list[int], layer: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chosen head's rotated queries and keys [T, d_k] (grouped-query heads share their key head)."""
+    cfg = model.config
+    q, k = model.queries_keys(as_batch(ids), layer, rotate=True)
+    kv_head = head // (cfg.n_heads // cfg.n_kv_heads)
+    return q[0, head].float(), k[0, kv_head].float()
+
+
+def mask_stages(q: torch.Tensor, k: torch.Tensor, head_dim: int) -> dict[str, tuple[np.ndarray, ...]]:
+    """Eq. 2.1 for one window of queries and keys, with the causal mask on and off."""
+    n = q.shape[0]
+    scale = head_dim ** -0.5
+    out = {}
+    for name, allowed in (("causal mask on", causal_mask(n, n)), ("causal mask off", None)):
+        scores, masked, probs = attention_stages(q[None, None], k[None, None], allowed, scale)
+        out[name] = (scores[0, 0].numpy(), masked[0, 0].numpy(), probs[0, 0].numpy())
+    return out
+
+
+def next_token_metrics(logits: torch.Tensor, ids: list[int]) -> tuple[float, float]:
+    """Mean cross-entropy (nats) and accuracy of predicting token t+1 from position t."""
+    target = torch.tensor(ids[1:])
+    pred = logits[0, :-1].float()
+    loss = torch.nn.functional.cross_entropy(pred, target).item()
+    acc = (pred.argmax(-1) == target).float().mean().item()
+    return loss, acc
+
+
+def row_entropy(probs: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats of each attention row, [..., Tq]."""
+    p = probs.float()
+    return -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
+
+
+def causal_effect(model, ids: list[int]) -> dict | None:
+    """Next-token loss and accuracy on the text with the causal mask on and off; None without an LM head."""
+    if len(ids) < 2:
+        raise UserError("The mask demo needs at least 2 tokens of text.")
+    batch = as_batch(ids)
+    with torch.inference_mode():
+        on = model(batch)
+        if on.logits is None:
+            return None
+        off = model(batch, causal_mask=False)
+    loss_on, acc_on = next_token_metrics(on.logits, ids)
+    loss_off, acc_off = next_token_metrics(off.logits, ids)
+    return {"loss": (loss_on, loss_off), "accuracy": (acc_on, acc_off), "predictions": len(ids) - 1}
+
+
+def pad_pair(model, ids_a: list[int], ids_b: list[int]) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """Batch two sequences, padding the shorter: on the left for causal models (so padding sits before the
+    real tokens, where a causal query can see it), on the right for encoders. Returns ids, mask [2, T], side."""
+    tok = model.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (model.config.eos_ids or [0])[0]
+    n = max(len(ids_a), len(ids_b))
+    side = "left" if model.config.causal else "right"
+    rows, masks = [], []
+    for ids in (ids_a, ids_b):
+        fill = [pad] * (n - len(ids))
+        rows.append(fill + ids if side == "left" else ids + fill)
+        real = [1] * len(ids)
+        masks.append([0] * len(fill) + real if side == "left" else real + [0] * len(fill))
+    return torch.tensor(rows), torch.tensor(masks), side
+
+
+def padding_effect(model, ids_a: list[int], ids_b: list[int]) -> dict:
+    """Two texts batched with padding, run with the padding mask on and off.
+
+    Per layer: the attention mass that the real queries of the padded row put on pad keys (mean over heads
+    and queries). And how far those real tokens' outputs move from running the short text alone."""
+    if len(ids_a) == len(ids_b):
+        raise UserError("The two padding texts have the same number of tokens, so nothing is padded; make one shorter.")
+    if len(ids_a) < len(ids_b):
+        ids_a, ids_b = ids_b, ids_a
+    batch, mask, side = pad_pair(model, ids_a, ids_b)
+    real = mask[1].bool()
+    with torch.inference_mode():
+        alone = model(as_batch(ids_b)).hidden_states[0]                   # [Tb, d]
+        results = {}
+        for name, use_mask in (("padding mask on", True), ("padding mask off", False)):
+            out = model(batch, attention_mask=mask, padding_mask=use_mask, capture_attention=True)
+            attn = out.encoder_attentions if model.config.is_encoder_decoder else out.attentions
+            pad_mass = [float(a[1][:, real][:, :, ~real].sum(-1).mean()) for a in attn]   # a: [B, H, T, T]
+            hidden = out.hidden_states[1][real]
+            change = (hidden - alone).norm(dim=-1) / alone.norm(dim=-1).clamp_min(1e-12)
+            results[name] = {"pad_mass": pad_mass, "max_change": float(change.max()), "mean_change": float(change.mean())}
+    return {"side": side, "n_pad": int((~real).sum()), "n_real": int(real.sum()), "results": results}
+
+
+def scaling_entropy(model, ids: list[int], layer: int, head: int) -> dict:
+    """Mean attention entropy per layer with and without the 1/√d_k factor, and the chosen head's entropy."""
+    batch = as_batch(ids)
+    out = {}
+    with torch.inference_mode():
+        for name, scale in (("scaled by 1/√d_k", True), ("not scaled", False)):
+            res = model(batch, scale=scale, capture_attention=True)
+            attn = res.encoder_attentions if model.config.is_encoder_decoder else res.attentions
+            per_layer = [float(row_entropy(a[0]).mean()) for a in attn]
+            out[name] = {"per_layer": per_layer, "head": float(row_entropy(attn[layer][0, head]).mean()),
+                         "head_max_weight": float(attn[layer][0, head].max(-1).values.mean())}
+    causal = model.config.causal
+    n = len(ids)
+    # the most a row can have: log(number of keys it may see), averaged over rows
+    uniform = float(np.mean(np.log(np.arange(1, n + 1)))) if causal else math.log(n)
+    return {"curves": out, "uniform": uniform, "head_dim": model.config.head_dim}

@@ -1,0 +1,128 @@
+"""Attention tab: every layer × head at a glance (model view), one head large (head view), and a
+full-resolution window into any part of a long input."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+import numpy as np
+
+from ui import plots, service
+from ui.common import ANALYSIS, ANALYSIS_LIMIT, parse_head, progress_callback, read_example, text_with_upload, user_errors
+from ui.service import UserError
+
+INTRO = """Each heatmap row is one **query** token and shows how its attention weights (softmax of eq. 2.1, summing to 1)
+are spread over the **key** tokens. Decoders show a lower triangle: the causal mask hides later tokens. Encoders
+(e.g. minilm-l6) attend in both directions. A strong weight says where a head looked, not why the model decided
+anything: attention is not an explanation."""
+
+
+def head_choices(n_heads: int) -> list[str]:
+    return ["mean of heads"] + [str(h) for h in range(n_heads)]
+
+
+@dataclass
+class AttentionTab:
+    text: gr.Textbox
+    run_event: dict     # click-event arguments (fn, inputs, outputs, …) to run the tab again from elsewhere
+
+
+def attention_view(store: service.ModelStore, name, text, layer, head, hide_special, q_start, k_start, window, progress=None):
+    """Figures of the model view, the head view and the window, plus a note; the body of the `attention` endpoint."""
+    model = store.get(name, progress)
+    cfg = model.config
+    tokens = service.encode(model, text, service.MAX_ATTENTION_TOKENS)
+    n = len(tokens.ids)
+    layer = service.check_range("Layer", layer, 0, cfg.n_layers - 1)
+    head = parse_head(head, cfg.n_heads)
+    window = service.check_range("Window size", window, 2, service.MAX_WINDOW)
+    q_start = service.check_range("Window query start", q_start, 0, max(n - 1, 0))
+    k_start = service.check_range("Window key start", k_start, 0, max(n - 1, 0))
+
+    result = service.capture_attention(model, tokens, layer, head)
+    head_name = "mean of heads" if head is None else f"head {head}"
+    side = result.overview.shape[-1]
+    direction = "bidirectional (encoder)" if not cfg.causal else "causal (decoder)"
+    model_fig = plots.model_view(
+        result.overview,
+        f"Model view: {cfg.n_layers} layers × {cfg.n_heads} heads, {direction}"
+        + ("" if side == n else f", each tile pooled to {side}×{side} blocks"),
+    )
+    matrix = result.head_matrix
+    if n <= service.FULL_VIEW_TOKENS:
+        pos = service.visible_positions(tokens, 0, n, bool(hide_special))
+        if pos.size == 0:
+            raise UserError("Every token is a special token; untick 'hide special tokens' to see them.")
+        labels = [tokens.labels[p] for p in pos]
+        head_fig = plots.attention_heatmap(matrix[np.ix_(pos, pos)], labels, labels, f"Head view: layer {layer}, {head_name}")
+    else:
+        edges = service.pool_edges(n, service.HEAD_OVERVIEW_SIZE)
+        pooled = service.pool_attention(matrix, edges, edges)
+        head_fig = plots.pooled_heatmap(
+            pooled, edges, edges, f"Head view: layer {layer}, {head_name}, {n:,} tokens pooled to {len(edges) - 1}×{len(edges) - 1} blocks"
+        )
+    q_pos = service.visible_positions(tokens, q_start, min(n, q_start + window), bool(hide_special))
+    k_pos = service.visible_positions(tokens, k_start, min(n, k_start + window), bool(hide_special))
+    if q_pos.size == 0 or k_pos.size == 0:
+        raise UserError("The window holds only special tokens; move it or untick 'hide special tokens'.")
+    window_fig = plots.attention_heatmap(
+        matrix[np.ix_(q_pos, k_pos)],
+        [tokens.labels[p] for p in q_pos],
+        [tokens.labels[p] for p in k_pos],
+        f"Window at full resolution: queries {q_pos[0]}–{q_pos[-1]}, keys {k_pos[0]}–{k_pos[-1]} (layer {layer}, {head_name})",
+        height=560,
+    )
+    notes = [f"**{n:,} tokens**, captured in {result.seconds:.2f} s."]
+    if tokens.note:
+        notes.append("⚠️ " + tokens.note)
+    if side != n:
+        notes.append(
+            f"Long input: the model view and head view are pooled (each cell is the mean, over a block of queries, of the "
+            f"weight they put on a block of keys, so rows still sum to 1). The window shows tokens exactly."
+        )
+    if hide_special and any(tokens.special):
+        notes.append("Special tokens are hidden in the head view and window (their weights are not renormalised).")
+    return "  \n".join(notes), model_fig, head_fig, window_fig
+
+
+def build(store: service.ModelStore, model: gr.Dropdown, initial) -> AttentionTab:
+    """initial: the model the page opens on, for the layer and head ranges."""
+    gr.Markdown(INTRO)
+    with gr.Row():
+        with gr.Column(scale=3):
+            text, _ = text_with_upload("Text", read_example("attention.txt"), api_name="load_text")
+        with gr.Column(scale=2):
+            with gr.Row():
+                layer = gr.Number(value=0, label=f"Layer (0–{initial.config.n_layers - 1})", precision=0, elem_id="attn-layer")
+                head = gr.Dropdown(choices=head_choices(initial.config.n_heads), value="mean of heads", label="Head",
+                                   allow_custom_value=True, elem_id="attn-head")
+            hide_special = gr.Checkbox(value=False, label="Hide special tokens (BOS, [CLS], [SEP], chat markers)")
+            with gr.Row():
+                q_start = gr.Number(value=0, label="Window: first query", precision=0)
+                k_start = gr.Number(value=0, label="Window: first key", precision=0)
+            window = gr.Slider(2, service.MAX_WINDOW, value=64, step=1, label="Window size (tokens per side)")
+            button = gr.Button("Show attention", variant="primary", elem_id="attn-run")
+    note = gr.Markdown(label="note", elem_id="attn-note")
+    with gr.Row():
+        model_fig = gr.Plot(label="Model view", elem_id="attn-model-view")
+        head_fig = gr.Plot(label="Head view", elem_id="attn-head-view")
+    window_fig = gr.Plot(label="Window", elem_id="attn-window")
+
+    @user_errors
+    def run(model_name, text_value, layer_index, head_index, hide_special_tokens, window_query_start, window_key_start, window_size,
+            progress=gr.Progress()):
+        return attention_view(store, model_name, text_value, layer_index, head_index, hide_special_tokens, window_query_start,
+                              window_key_start, window_size, progress_callback(progress))
+
+    event = dict(fn=run, inputs=[model, text, layer, head, hide_special, q_start, k_start, window],
+                 outputs=[note, model_fig, head_fig, window_fig], concurrency_id=ANALYSIS, concurrency_limit=ANALYSIS_LIMIT)
+    button.click(**event, api_name="attention")
+
+    @user_errors
+    def limits(name):
+        cfg = store.get(name).config
+        return gr.Number(value=0, label=f"Layer (0–{cfg.n_layers - 1})"), gr.Dropdown(choices=head_choices(cfg.n_heads), value="mean of heads")
+
+    model.change(limits, model, [layer, head], api_visibility="private", concurrency_id=ANALYSIS)
+    return AttentionTab(text=text, run_event={**event, "api_visibility": "private"})

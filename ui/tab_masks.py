@@ -1,0 +1,161 @@
+"""Masks tab: what the causal mask, the padding mask and the 1/√d_k factor each change, measured on the
+loaded model and the user's text."""
+
+from __future__ import annotations
+
+import gradio as gr
+import numpy as np
+
+from ui import plots, service
+from ui.common import ANALYSIS, ANALYSIS_LIMIT, parse_head, progress_callback, read_example, text_with_upload, user_errors
+
+INTRO = """Eq. 2.1 step by step for a window of tokens: scores QKᵀ/√d_k, then the mask M added (0 where attention is
+allowed, −∞ where it is not, drawn grey), then the row-wise softmax. Below, the model is run on your text with each
+safeguard switched off, to measure what it protects against."""
+
+
+def stages_figure(model, tokens: service.Encoded, layer: int, head: int, start: int, size: int):
+    n = len(tokens.ids)
+    start = service.check_range("Window start", start, 0, n - 1)
+    size = service.check_range("Window size", size, 2, service.MAX_STAGE_WINDOW)
+    stop = min(n, start + size)
+    q, k = service.qk_for_head(model, tokens.ids, layer, head)
+    stages = service.mask_stages(q[start:stop], k[start:stop], model.config.head_dim)
+    labels = tokens.labels[start:stop]
+    return plots.stages_figure(
+        stages, labels, labels,
+        f"Layer {layer}, head {head}, tokens {start}–{stop - 1} (softmax over the keys inside the window)",
+    )
+
+
+def causal_section(model, ids: list[int]):
+    effect = service.causal_effect(model, ids)
+    if effect is None:
+        reason = f"{model.config.family}: this checkpoint has no language-model head, so there is no next-token loss to measure."
+        return plots.empty_figure(reason), reason
+    (loss_on, loss_off), (acc_on, acc_off) = effect["loss"], effect["accuracy"]
+    fig = plots.bar_figure(
+        ["next-token loss (nats)", "next-token accuracy"],
+        {"causal mask on": [loss_on, acc_on], "causal mask off": [loss_off, acc_off]},
+        f"Predicting each next token of your text ({effect['predictions']} predictions)", "value",
+    )
+    if not model.config.causal:
+        text = "This model is an encoder: it never used a causal mask, so switching it off changes nothing."
+    else:
+        text = (
+            f"With the mask, loss {loss_on:.3f} and accuracy {acc_on:.1%}. Without it every position can also see the "
+            f"token it has to predict: loss {loss_off:.3f}, accuracy {acc_off:.1%}. A model trained without the mask "
+            "would learn to copy the answer and then fail when generating, where the future is not there to see."
+        )
+    return fig, text
+
+
+def padding_section(model, text_a: str, text_b: str):
+    ids_a = service.encode(model, text_a, 256).ids
+    ids_b = service.encode(model, text_b, 256).ids
+    result = service.padding_effect(model, ids_a, ids_b)
+    layers = [f"layer {i}" for i in range(len(result["results"]["padding mask on"]["pad_mass"]))]
+    fig = plots.bar_figure(
+        layers,
+        {name: r["pad_mass"] for name, r in result["results"].items()},
+        f"Attention mass that the short text's real tokens put on its {result['n_pad']} pad tokens ({result['side']} padding)",
+        "mean weight on pad keys",
+    )
+    on, off = result["results"]["padding mask on"], result["results"]["padding mask off"]
+    text = (
+        f"The shorter text ({result['n_real']} tokens) was padded with {result['n_pad']} pad tokens on the {result['side']}. "
+        f"Compared with running it alone, its real tokens' final outputs move by at most {on['max_change']:.1e} "
+        f"(relative) with the padding mask, and by up to {off['max_change']:.3f} (mean {off['mean_change']:.3f}) without it: "
+        "the filler leaks into the results."
+    )
+    return fig, text
+
+
+def entropy_section(model, ids: list[int], layer: int, head: int):
+    result = service.scaling_entropy(model, ids, layer, head)
+    curves = result["curves"]
+    n_layers = len(next(iter(curves.values()))["per_layer"])
+    fig = plots.line_figure(
+        np.arange(n_layers),
+        {name: np.array(c["per_layer"]) for name, c in curves.items()},
+        "Mean attention entropy per layer: lower means sharper, more one-hot rows",
+        "layer", "entropy (nats)",
+        reference={"uniform attention": result["uniform"]},
+    )
+    scaled, raw = curves["scaled by 1/√d_k"], curves["not scaled"]
+    text = (
+        f"Without the 1/√d_k factor the scores are √{result['head_dim']} ≈ {np.sqrt(result['head_dim']):.1f} times larger, "
+        f"so the softmax saturates. Layer {layer}, head {head}: entropy {scaled['head']:.3f} → {raw['head']:.3f} nats, "
+        f"mean largest weight per row {scaled['head_max_weight']:.3f} → {raw['head_max_weight']:.3f}."
+    )
+    return fig, text
+
+
+def mask_view(store: service.ModelStore, name, text, layer, head, start, size, text_a, text_b, progress=None):
+    """Every figure of the tab; the body of the `mask_demo` endpoint."""
+    model = store.get(name, progress)
+    cfg = model.config
+    layer = service.check_range("Layer", layer, 0, cfg.n_layers - 1)
+    head = parse_head(head, cfg.n_heads, allow_mean=False)
+    tokens = service.encode(model, text, service.MAX_ATTENTION_TOKENS // 4)
+    if len(tokens.ids) < 2:
+        raise service.UserError("The mask demo needs at least 2 tokens of text.")
+    stages = stages_figure(model, tokens, layer, head, start, size)
+    causal_fig, causal_text = causal_section(model, tokens.ids)
+    padding_fig, padding_text = padding_section(model, text_a, text_b)
+    entropy_fig, entropy_text = entropy_section(model, tokens.ids, layer, head)
+    note = f"⚠️ {tokens.note}" if tokens.note else f"{len(tokens.ids)} tokens."
+    return note, stages, causal_fig, causal_text, padding_fig, padding_text, entropy_fig, entropy_text
+
+
+def build(store: service.ModelStore, model: gr.Dropdown, initial) -> None:
+    gr.Markdown(INTRO)
+    with gr.Row():
+        with gr.Column(scale=3):
+            text, _ = text_with_upload("Text", read_example("masks.txt"), lines=4)
+        with gr.Column(scale=2):
+            with gr.Row():
+                layer = gr.Number(value=0, label=f"Layer (0–{initial.config.n_layers - 1})", precision=0)
+                head = gr.Number(value=0, label=f"Head (0–{initial.config.n_heads - 1})", precision=0)
+            with gr.Row():
+                start = gr.Number(value=0, label="Window start", precision=0)
+                size = gr.Slider(2, service.MAX_STAGE_WINDOW, value=12, step=1, label="Window size")
+    with gr.Row():
+        text_a = gr.Textbox(value=read_example("padding_long.txt"), label="Padding demo: a longer text", lines=2)
+        text_b = gr.Textbox(value=read_example("padding_short.txt"), label="…and a shorter one (it gets padded)", lines=2)
+    button = gr.Button("Run the mask demo", variant="primary", elem_id="mask-run")
+    note = gr.Markdown(label="note", elem_id="mask-note")
+    stages = gr.Plot(label="Stages of eq. 2.1", elem_id="mask-stages")
+    gr.Markdown("### Causal mask: next-token prediction with and without it")
+    with gr.Row():
+        causal_fig = gr.Plot(label="Causal mask effect", elem_id="mask-causal")
+        causal_text = gr.Markdown(label="causal mask note")
+    gr.Markdown("### Padding mask: a batch of two texts of different lengths")
+    with gr.Row():
+        padding_fig = gr.Plot(label="Padding mask effect", elem_id="mask-padding")
+        padding_text = gr.Markdown(label="padding mask note")
+    gr.Markdown("### Scaling by 1/√d_k: attention entropy")
+    with gr.Row():
+        entropy_fig = gr.Plot(label="Entropy with and without scaling", elem_id="mask-entropy")
+        entropy_text = gr.Markdown(label="scaling note")
+
+    @user_errors
+    def run(model_name, text_value, layer_index, head_index, window_start, window_size, longer_text, shorter_text, progress=gr.Progress()):
+        return mask_view(store, model_name, text_value, layer_index, head_index, window_start, window_size, longer_text, shorter_text,
+                         progress_callback(progress))
+
+    button.click(
+        run,
+        [model, text, layer, head, start, size, text_a, text_b],
+        [note, stages, causal_fig, causal_text, padding_fig, padding_text, entropy_fig, entropy_text],
+        api_name="mask_demo",
+        concurrency_id=ANALYSIS,
+        concurrency_limit=ANALYSIS_LIMIT,
+    )
+
+    @user_errors
+    def limits(name):
+        cfg = store.get(name).config
+        return gr.Number(value=0, label=f"Layer (0–{cfg.n_layers - 1})"), gr.Number(value=0, label=f"Head (0–{cfg.n_heads - 1})")
+
+    model.change(limits, model, [layer, head], api_visibility="private", concurrency_id=ANALYSIS)
