@@ -320,7 +320,7 @@ def fetch_hub(source: dict, dest: Path, progress: Progress) -> dict:
         done += sibling.size or 0
     shutil.rmtree(dest / ".cache", ignore_errors=True)  # hf_hub_download's bookkeeping
     progress(1.0, f"downloaded {len(files)} files")
-    licence = (info.card_data or {}).get("license") if info.card_data is not None else None
+    licence = info.card_data.get("license") if info.card_data else None
     return {"type": "hub", "repo": repo, "revision": info.sha, "licence_on_hub": licence}
 
 
