@@ -1,0 +1,323 @@
+"""The launched app, driven through gradio_client exactly as an API user would, on tiny random models.
+
+The server runs in this process (app.build_demo with app.launch_options, the same as `python app.py`),
+on a free loopback port, with a tiny Llama (decoder, RoPE, GQA) and a tiny BERT (encoder, learned
+positions). One test also starts `python app.py` itself as a subprocess.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+os.environ["HF_HUB_OFFLINE"] = "1"  # a hub-only model must fail fast and clearly, never hang
+
+from gradio_client import Client, handle_file  # noqa: E402
+from gradio_client.exceptions import AppError  # noqa: E402
+
+import app  # noqa: E402
+from tiny_app_model import build_tiny_bert, build_tiny_llama  # noqa: E402
+from ui import service  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_FIGURE_BYTES = 2_000_000
+TEXT = "The lighthouse keeper rowed out to the rocks at dawn. When the storm passed, she lit the lamp again."
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny-app-models")
+    return {"llama": str(build_tiny_llama(root / "tiny-llama")), "bert": str(build_tiny_bert(root / "tiny-bert"))}
+
+
+@pytest.fixture(scope="session")
+def server(tiny_models):
+    store = service.ModelStore(extra_names=[tiny_models["llama"], tiny_models["bert"]])
+    demo = app.build_demo(store, tiny_models["llama"])
+    demo.queue(max_size=app.QUEUE_SIZE, default_concurrency_limit=1)
+    args = Namespace(host="127.0.0.1", port=free_port(), share=False)
+    _, url, _ = demo.launch(**app.launch_options(args), prevent_thread_lock=True, quiet=True)
+    yield url
+    demo.close()
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    return Client(server, verbose=False)
+
+
+def figure(plot: dict) -> dict:
+    """The plotly figure dict that a gr.Plot output carries, checked for size on the way."""
+    assert plot["type"] == "plotly"
+    assert len(plot["plot"].encode()) < MAX_FIGURE_BYTES
+    return json.loads(plot["plot"])
+
+
+def array(value) -> np.ndarray:
+    """A plotly array: a list, or the base64 typed array that plotly uses for numpy data."""
+    if isinstance(value, dict) and "bdata" in value:
+        data = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+        shape = [int(s) for s in str(value.get("shape", len(data))).split(",")]
+        return data.reshape(shape)
+    return np.asarray(value, dtype=np.float64)
+
+
+def attention(client, model, text=TEXT, layer=0, head="mean of heads", hide=False, q0=0, k0=0, window=64):
+    return client.predict(model, text, layer, head, hide, q0, k0, window, api_name="/attention")
+
+
+def test_every_endpoint_is_named_in_the_api(client):
+    names = set(client.view_api(return_format="dict", print_info=False)["named_endpoints"])
+    assert {"/generate", "/attention", "/positional_encoding", "/mask_demo", "/load_text", "/load_model"} <= names
+
+
+def test_model_card_compares_parameter_counts_with_4d2_and_8d2(client, tiny_models):
+    card = client.predict(tiny_models["llama"], api_name="/load_model")
+    assert "2 layers, 4 heads, 2 key/value heads" in card
+    assert "4d² = 4,096" in card and "8d² = 8,192" in card  # d = 32
+    assert "rope" in card
+
+
+def test_attention_on_a_decoder_gives_model_view_head_view_and_window(client, tiny_models):
+    note, model_view, head_view, window = attention(client, tiny_models["llama"], head="1", window=5, q0=3, k0=1)
+    assert "tokens" in note
+    mv = figure(model_view)
+    assert mv["layout"]["meta"]["layers"] == 2 and mv["layout"]["meta"]["heads"] == 4
+    hv = figure(head_view)["data"][0]
+    z = array(hv["z"])
+    n = len(hv["x"])
+    assert z.shape == (n, n) and n > 10
+    assert hv["x"][0].startswith("0 ") and hv["y"][1].startswith("1 ")
+    np.testing.assert_allclose(z.sum(1), 1.0, atol=1e-5)      # each query's weights sum to 1
+    assert np.all(z[np.triu_indices(n, 1)] == 0)               # causal: nothing above the diagonal
+    assert "query %{y} → key %{x}" in hv["hovertemplate"]
+    win = figure(window)["data"][0]
+    wz = array(win["z"])
+    assert wz.shape == (5, 5)
+    assert win["y"][0].startswith("3 ") and win["x"][0].startswith("1 ")
+    np.testing.assert_allclose(wz, z[3:8, 1:6], atol=1e-6)     # the window is the same matrix, unpooled
+
+
+def test_attention_on_an_encoder_is_bidirectional_and_can_hide_special_tokens(client, tiny_models):
+    _, _, head_view, _ = attention(client, tiny_models["bert"])
+    hv = figure(head_view)["data"][0]
+    z = array(hv["z"])
+    assert z[np.triu_indices(len(z), 1)].max() > 0.01           # queries see later keys too
+    assert hv["x"][0] == "0 [CLS]" and hv["x"][-1].endswith("[SEP]")
+    _, _, hidden, _ = attention(client, tiny_models["bert"], hide=True)
+    labels = figure(hidden)["data"][0]["x"]
+    assert len(labels) == len(hv["x"]) - 2 and not any("[CLS]" in t or "[SEP]" in t for t in labels)
+
+
+def test_long_input_is_pooled_truncated_with_a_note_and_every_figure_stays_under_2_mb(client, tiny_models):
+    text = " ".join([TEXT] * 150)  # ~3,000 tokens for the tiny tokenizer; the view's limit is 2,048
+    started = time.perf_counter()
+    note, model_view, head_view, window = attention(client, tiny_models["llama"], text=text, q0=1500, k0=1400, window=256)
+    seconds = time.perf_counter() - started
+    assert "only the first 2,048 are used" in note and "were dropped" in note
+    assert "pooled" in note
+    total = sum(len(p["plot"].encode()) for p in (model_view, head_view, window))
+    hv = figure(head_view)["data"][0]
+    assert array(hv["z"]).shape == (service.HEAD_OVERVIEW_SIZE, service.HEAD_OVERVIEW_SIZE)
+    win = figure(window)["data"][0]
+    assert array(win["z"]).shape == (256, 256) and win["y"][0].startswith("1500 ")
+    tile = figure(model_view)["layout"]["meta"]["tile"]
+    assert tile < 2048
+    print(f"\n2,048 tokens: figures {total:,} bytes in all, answered in {seconds:.1f} s")
+
+
+def test_generate_streams_tokens_and_reports_speed(client, tiny_models):
+    job = client.submit(tiny_models["llama"], "The storm", False, 12, 0.0, 0, 1.0, 0, api_name="/generate")
+    outputs = list(job)  # every streamed update
+    final_text, final_stats = job.result()
+    assert len(outputs) >= 3, "the text should arrive in several updates, not at once"
+    assert len(outputs[0][0]) <= len(final_text)
+    assert "tokens/s" in final_stats and "**12** tokens" in final_stats
+
+
+def test_seeded_sampling_repeats_and_chat_mode_uses_the_template(client, tiny_models):
+    args = (tiny_models["llama"], "The storm", True, 10, 1.0, 20, 0.9, 1234)
+    first = client.predict(*args, api_name="/generate")[0]
+    second = client.predict(*args, api_name="/generate")[0]
+    assert first == second
+
+
+def test_positional_encoding_endpoint(client, tiny_models):
+    out = client.predict(tiny_models["llama"], 64, 16, 3, 5, 1, 2, TEXT, api_name="/positional_encoding")
+    heat, dots, sim, check, learned, learned_sim, angles, scores, rope_note = out
+    pe = array(figure(heat)["data"][0]["z"])
+    assert pe.shape == (64, 16)
+    np.testing.assert_allclose(pe[1, 2], np.sin(1 / 10000 ** (2 / 16)), atol=1e-6)   # eq. 4.1, i = 1
+    curves = figure(dots)["data"]
+    np.testing.assert_allclose(array(curves[0]["y"]), array(curves[1]["y"]), atol=1e-5)  # depends on k only
+    assert array(figure(sim)["data"][0]["z"]).shape == (64, 64)
+    assert "is a rotation of PE(p)" in check
+    error = float(check.split("R_k·PE(p)| = ")[1].split(" ")[0])
+    assert error < 1e-5
+    assert "no learned position table" in figure(learned)["layout"]["annotations"][0]["text"]
+    assert array(figure(angles)["data"][0]["z"]).shape == (4, 64)   # head_dim 8 → 4 frequency pairs
+    score_curves = [array(t["y"]) for t in figure(scores)["data"]]
+    np.testing.assert_allclose(score_curves[0], score_curves[1], atol=1e-4)  # RoPE: relative distance only
+    assert "depends only on the distance" in rope_note
+
+
+def test_positional_encoding_shows_an_encoders_learned_positions(client, tiny_models):
+    out = client.predict(tiny_models["bert"], 32, 8, 0, 1, 0, 0, TEXT, api_name="/positional_encoding")
+    learned, learned_sim, angles = out[4], out[5], out[6]
+    assert array(figure(learned)["data"][0]["z"]).shape == (32, 32)      # 32 positions × d = 32
+    sim = array(figure(learned_sim)["data"][0]["z"])
+    np.testing.assert_allclose(np.diag(sim), 1.0, atol=1e-5)
+    assert "not RoPE" in figure(angles)["layout"]["annotations"][0]["text"]
+
+
+def test_mask_demo_endpoint(client, tiny_models):
+    out = client.predict(tiny_models["llama"], TEXT, 1, 3, 2, 6, "The river flows past the old mill and into the valley.",
+                         "Rain again.", api_name="/mask_demo")
+    note, stages, causal, causal_note, padding, padding_note, entropy, entropy_note = out
+    traces = figure(stages)["data"]
+    assert len(traces) == 6
+    masked_on = array(traces[1]["z"]).astype(np.float64)
+    probs_on, probs_off = array(traces[2]["z"]), array(traces[5]["z"])
+    assert masked_on.shape == (6, 6)
+    assert np.isnan(masked_on[np.triu_indices(6, 1)]).all()          # −∞ above the diagonal travels as a gap
+    assert np.all(probs_on[np.triu_indices(6, 1)] == 0) and probs_off[0, 1:].sum() > 0.1
+    bars = figure(causal)["data"]
+    assert [b["name"] for b in bars] == ["causal mask on", "causal mask off"]
+    pad_mass = {b["name"]: array(b["y"]) for b in figure(padding)["data"]}
+    assert np.all(pad_mass["padding mask on"] == 0) and np.all(pad_mass["padding mask off"] > 0)
+    assert "left" in padding_note
+    on_change = float(padding_note.split("move by at most ")[1].split(" ")[0])
+    assert on_change < 1e-4
+    assert len(figure(entropy)["data"]) == 2 and "√8" in entropy_note
+
+
+def test_mask_demo_on_an_encoder_explains_what_is_missing(client, tiny_models):
+    out = client.predict(tiny_models["bert"], TEXT, 0, 0, 0, 8, "A longer sentence than the other one.", "Short.",
+                         api_name="/mask_demo")
+    assert "no language-model head" in out[3]
+    assert "right" in out[5]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (dict(text="   "), "The text is empty"),
+        (dict(layer=2), "Layer must be between 0 and 1, got 2"),
+        (dict(head="9"), "Head must be between 0 and 3"),
+        (dict(window=1000), "greater than maximum value 256"),   # the slider's own check, before our code
+        (dict(q0=5000), "Window query start must be between 0 and"),
+    ],
+)
+def test_attention_rejects_bad_input_with_a_clear_message(client, tiny_models, args, message):
+    with pytest.raises(AppError, match=message):
+        attention(client, tiny_models["llama"], **args)
+
+
+def test_other_endpoints_reject_bad_settings(client, tiny_models):
+    with pytest.raises(AppError, match="Dimensions d must be even"):
+        client.predict(tiny_models["llama"], 64, 15, 0, 1, 0, 0, TEXT, api_name="/positional_encoding")
+    with pytest.raises(AppError, match="greater than maximum value 512"):  # the slider's own check
+        client.predict(tiny_models["llama"], 5000, 16, 0, 1, 0, 0, TEXT, api_name="/positional_encoding")
+    with pytest.raises(AppError, match="same number of tokens"):
+        client.predict(tiny_models["llama"], TEXT, 0, 0, 0, 6, "Rain.", "Rain.", api_name="/mask_demo")
+    with pytest.raises(AppError, match="The prompt is empty"):
+        client.predict(tiny_models["llama"], "", False, 5, 0.0, 0, 1.0, 0, api_name="/generate")
+    with pytest.raises(AppError, match="greater than maximum value 2.0"):  # the temperature slider's own check
+        client.predict(tiny_models["llama"], "Hi", False, 5, 9.0, 0, 1.0, 0, api_name="/generate")
+    with pytest.raises(AppError, match="Top-k must be 0 \\(off\\) or positive"):
+        client.predict(tiny_models["llama"], "Hi", False, 5, 1.0, -3, 1.0, 0, api_name="/generate")
+    with pytest.raises(AppError, match="encoder"):
+        client.predict(tiny_models["bert"], "Hi", False, 5, 0.0, 0, 1.0, 0, api_name="/generate")
+
+
+def test_a_model_that_cannot_be_fetched_gives_a_clear_message(client):
+    started = time.perf_counter()
+    with pytest.raises(AppError, match=r"(?s)Model 'gpt2' cannot be loaded here: .*Hub.*HF_HUB_OFFLINE"):
+        client.predict("gpt2", api_name="/load_model")
+    assert time.perf_counter() - started < 30
+
+
+def test_uploads_are_read_as_utf8_text_and_bad_files_are_refused(client, tmp_path):
+    good = tmp_path / "notes.md"
+    good.write_text("# Title\nÜber attention: ✓", encoding="utf-8")
+    assert client.predict(handle_file(str(good)), api_name="/load_text") == "# Title\nÜber attention: ✓"
+    cases = {
+        "latin1.txt": ("Caf\xe9 cr\xe8me".encode("latin-1"), "not UTF-8 text"),
+        "empty.txt": (b"", "is empty"),
+        "blank.txt": (b" \n\t ", "only whitespace"),
+        "paper.pdf": (b"%PDF-1.4", r"Invalid file type.*\.txt"),   # Gradio's own check of file_types
+    }
+    for name, (data, message) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(Exception, match=message):
+            client.predict(handle_file(str(path)), api_name="/load_text")
+
+
+def test_a_file_over_1_mb_is_refused(client, tmp_path):
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"a " * 600_000)  # 1.2 MB
+    with pytest.raises(Exception, match=r"(?i)(too large|exceeds|max.*size|1 MB)"):
+        client.predict(handle_file(str(big)), api_name="/load_text")
+
+
+def test_a_1_mb_upload_feeds_the_attention_tab(client, tiny_models, tmp_path):
+    path = tmp_path / "book.txt"
+    sentence = (TEXT + " ").encode()
+    path.write_bytes(sentence * (990_000 // len(sentence)))
+    assert 900_000 < path.stat().st_size <= 1_000_000
+    text = client.predict(handle_file(str(path)), api_name="/load_text")
+    assert len(text) > 900_000
+    note, model_view, head_view, window = attention(client, tiny_models["llama"], text=text)
+    assert "only the first 2,048 are used" in note
+    assert figure(head_view)["data"][0]["z"]
+
+
+def test_python_app_py_binds_loopback_and_serves_the_page(tiny_models):
+    port = free_port()
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "app.py", "--model", tiny_models["llama"], "--port", str(port)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        lines = []
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                break
+            lines.append(line)
+            if "Running on local URL" in line:
+                break
+        log = "".join(lines)
+        assert f"http://127.0.0.1:{port}" in log, log
+        assert "gradio.live" not in log
+        api = Client(f"http://127.0.0.1:{port}/", verbose=False).view_api(return_format="dict", print_info=False)
+        assert "/attention" in api["named_endpoints"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_app_py_reports_an_unfetchable_model_and_exits(tmp_path):
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "app.py", "--model", "opus-mt-en-de", "--port", str(free_port())],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "opus-mt-en-de" in done.stderr and "Traceback" not in done.stderr
