@@ -15,6 +15,36 @@ ACTIVATIONS = {
 }
 
 
+class Linear(nn.Module):
+    """y = x·W + b with W stored [in, out]: a one-token decode step then reads W in memory order, which
+    makes the matrix-vector product about twice as fast on a CPU as nn.Linear's [out, in] layout."""
+
+    stored_transposed = True  # checkpoints hold nn.Linear's [out, in]; loading transposes
+
+    def __init__(self, d_in: int, d_out: int, bias: bool = True):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(d_in, d_out))
+        self.bias = nn.Parameter(torch.empty(d_out)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = x @ self.weight
+        return y if self.bias is None else y + self.bias
+
+
+class TokenEmbedding(nn.Module):
+    """The token table, stored [d, vocab] for the same reason as Linear: a tied LM head multiplies by it
+    at every step, and this layout is the fast one. Looking a token up reads one column."""
+
+    stored_transposed = True
+
+    def __init__(self, vocab_size: int, d_model: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(d_model, vocab_size))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.weight.t()[ids]  # [..., d]
+
+
 class Norm(nn.Module):
     """LayerNorm (x-μ)/σ·γ+β or RMSNorm x/rms(x)·γ, over the last dimension."""
 
@@ -39,8 +69,8 @@ class FeedForward(nn.Module):
         d_ff = d_ff or cfg.d_ff
         self.gated, self.act = cfg.gated_ffn, ACTIVATIONS[cfg.activation]
         # gate and up share one matrix [2·d_ff, d] so a gated FFN costs one matmul going in
-        self.up = nn.Linear(cfg.d_model, (2 if self.gated else 1) * d_ff, bias=cfg.ffn_bias)
-        self.down = nn.Linear(d_ff, cfg.d_model, bias=cfg.ffn_bias)
+        self.up = Linear(cfg.d_model, (2 if self.gated else 1) * d_ff, bias=cfg.ffn_bias)
+        self.down = Linear(d_ff, cfg.d_model, bias=cfg.ffn_bias)
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.up(x)

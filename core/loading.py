@@ -128,13 +128,18 @@ def load_weights(model: Transformer, folder: Path, family: ModuleType, device, d
         for pattern, transform in family.TRANSFORMS.items():
             if re.search(pattern, name):
                 tensor = transform(tensor)
-        if tensor.shape != param.shape:
-            parts = ", ".join(f"{source.describe(n)} {list(source.get(n).shape)}" for n in chosen)
-            raise CheckpointError(f"shape mismatch: {parts} gives {list(tensor.shape)} but {name} "
-                                  f"needs {list(param.shape)} by config.json")
         module_name, _, leaf = name.rpartition(".")
         module = model.get_submodule(module_name)
-        module._parameters[leaf] = nn.Parameter(tensor.to(device=device, dtype=dtype), requires_grad=False)
+        transposed = leaf == "weight" and getattr(module, "stored_transposed", False)
+        expected = param.shape[::-1] if transposed else param.shape  # checkpoints hold [out, in]
+        if tensor.shape != expected:
+            parts = ", ".join(f"{source.describe(n)} {list(source.get(n).shape)}" for n in chosen)
+            raise CheckpointError(f"shape mismatch: {parts} gives {list(tensor.shape)} but {name} "
+                                  f"needs {list(expected)} by config.json")
+        if transposed:
+            tensor = tensor.t()  # see core.layers.Linear
+        tensor = tensor.to(device=device, dtype=dtype).contiguous()
+        module._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
     unexpected = [n for n in source.where if n not in used and not any(re.search(p, n) for p in family.IGNORE)]
     if unexpected:
         shown = ", ".join(source.describe(n) for n in unexpected[:5])

@@ -12,9 +12,10 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from . import generate as generation
 from .attention import attention, causal_mask as causal_matrix
 from .config import ModelConfig
-from .layers import ACTIVATIONS, FeedForward, Norm, rope_cos_sin, rope_inv_freq, rotate_half, sinusoidal_encoding
+from .layers import ACTIVATIONS, FeedForward, Linear, Norm, TokenEmbedding, rope_cos_sin, rope_inv_freq, rotate_half, sinusoidal_encoding
 
 # An observer sees attention probabilities as they are computed: observer(kind, layer, probs [B, H, Tq, Tk]).
 # kind is "self" (the main stack), "encoder" or "cross". `observer.wants(kind, layer)` picks the layers
@@ -88,11 +89,11 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
         if cross:
-            self.q = nn.Linear(cfg.d_model, q_dim, bias=cfg.qkv_bias)
-            self.kv = nn.Linear(cfg.d_model, 2 * kv_dim, bias=cfg.qkv_bias)
+            self.q = Linear(cfg.d_model, q_dim, bias=cfg.qkv_bias)
+            self.kv = Linear(cfg.d_model, 2 * kv_dim, bias=cfg.qkv_bias)
         else:
-            self.qkv = nn.Linear(cfg.d_model, q_dim + 2 * kv_dim, bias=cfg.qkv_bias)
-        self.out = nn.Linear(q_dim, cfg.d_model, bias=cfg.out_bias)
+            self.qkv = Linear(cfg.d_model, q_dim + 2 * kv_dim, bias=cfg.qkv_bias)
+        self.out = Linear(q_dim, cfg.d_model, bias=cfg.out_bias)
 
     def heads(self, x: Tensor, n: int) -> Tensor:
         """[B, T, n·d_k] → [B, n, T, d_k]"""
@@ -162,7 +163,7 @@ class Embeddings(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.tokens = TokenEmbedding(cfg.vocab_size, cfg.d_model)
         self.positions = nn.Embedding(cfg.max_positions, cfg.d_model) if cfg.positional == "learned" else None
         self.token_types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
         self.norm = Norm(cfg) if cfg.embed_norm else None
@@ -203,16 +204,20 @@ class LMHead(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.dense = nn.Linear(cfg.d_model, cfg.d_model) if cfg.lm_head_transform else None
+        self.dense = Linear(cfg.d_model, cfg.d_model) if cfg.lm_head_transform else None
         self.norm = Norm(cfg) if cfg.lm_head_transform else None
         self.act = cfg.activation
-        self.weight = None if cfg.tie_word_embeddings else nn.Parameter(torch.empty(cfg.vocab_size, cfg.d_model))
+        self.weight = None if cfg.tie_word_embeddings else nn.Parameter(torch.empty(cfg.d_model, cfg.vocab_size))
         self.bias = nn.Parameter(torch.empty(cfg.vocab_size)) if cfg.lm_head_bias else None
 
+    stored_transposed = True  # [d, vocab], like TokenEmbedding
+
     def forward(self, h: Tensor, embedding: Tensor) -> Tensor:
+        """h [B, T, d], embedding [d, vocab] (the token table, used when tied) → logits [B, T, vocab]."""
         if self.dense is not None:  # BERT's MLM transform
             h = self.norm(ACTIVATIONS[self.act](self.dense(h)))
-        return nn.functional.linear(h, embedding if self.weight is None else self.weight, self.bias)
+        logits = h @ (embedding if self.weight is None else self.weight)
+        return logits if self.bias is None else logits + self.bias
 
 
 def encoder_config(cfg: ModelConfig) -> ModelConfig:
@@ -371,6 +376,25 @@ class Transformer(nn.Module):
             counts["embeddings"] -= self.encoder.embed.tokens.weight.numel()
         counts["total"] = sum(p.numel() for p in self.parameters())
         return counts
+
+    # ---- generation (core/generate.py) ----
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        cfg = self.config
+        return KVCache(cfg.n_layers, batch, cfg.n_kv_heads, max_len, cfg.head_dim, self.dtype, self.device)
+
+    def generate(self, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
+                 top_p: float | None = None, repetition_penalty: float = 1.0, seed: int | None = None,
+                 stop: list[str] | str | None = None, attention_mask: Tensor | None = None) -> Tensor:
+        return generation.generate(self, input_ids, max_new_tokens, temperature, top_k, top_p, repetition_penalty,
+                                 seed, stop, attention_mask)
+
+    def stream(self, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
+               top_p: float | None = None, repetition_penalty: float = 1.0, seed: int | None = None,
+               stop: list[str] | str | None = None, attention_mask: Tensor | None = None,
+               capture_attention: bool = False):
+        return generation.stream(self, input_ids, max_new_tokens, temperature, top_k, top_p, repetition_penalty,
+                               seed, stop, attention_mask, capture_attention)
 
     def logits(self, hidden: Tensor) -> Tensor | None:
         return None if self.lm_head is None else self.lm_head(hidden, self.stack.embed.tokens.weight)

@@ -34,8 +34,9 @@ def save(model: torch.nn.Module, folder: str | None = None) -> str:
 
 
 def gpt2(**kw):
-    cfg = tf.GPT2Config(vocab_size=VOCAB, n_embd=48, n_layer=2, n_head=4, n_positions=128,
-                        bos_token_id=1, eos_token_id=2, attn_implementation="eager", **kw)
+    base = dict(vocab_size=VOCAB, n_embd=48, n_layer=2, n_head=4, n_positions=128, bos_token_id=1, eos_token_id=2,
+                attn_implementation="eager")
+    cfg = tf.GPT2Config(**{**base, **kw})
     return spread_weights(tf.GPT2LMHeadModel(cfg))
 
 
@@ -56,8 +57,9 @@ def bert(mlm: bool = True, **kw):
 
 
 def marian(**kw):
-    cfg = tf.MarianConfig(vocab_size=VOCAB, d_model=48, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                          decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=64, max_position_embeddings=128,
-                          pad_token_id=VOCAB - 1, decoder_start_token_id=VOCAB - 1, eos_token_id=2,
-                          scale_embedding=True, attn_implementation="eager", **kw)
+    base = dict(vocab_size=VOCAB, d_model=48, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=64, max_position_embeddings=128,
+                pad_token_id=VOCAB - 1, decoder_start_token_id=VOCAB - 1, eos_token_id=2, scale_embedding=True,
+                attn_implementation="eager")
+    cfg = tf.MarianConfig(**{**base, **kw})
     return spread_weights(tf.MarianMTModel(cfg))

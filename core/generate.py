@@ -1,0 +1,204 @@
+"""Generation: a preallocated KV cache, one prefill step, then one-token decode steps; sampling; streaming.
+
+Without the cache every new token would recompute keys and values for the whole prefix (quadratic work);
+with it, a decode step computes one query, one key and one value per layer and reads the rest from memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Sampling:
+    temperature: float = 0.0          # 0: greedy (argmax)
+    top_k: int | None = None          # keep the k most likely tokens
+    top_p: float | None = None        # keep the smallest set whose probability reaches p (nucleus)
+    repetition_penalty: float = 1.0   # > 1 makes tokens already in the text less likely
+    seed: int | None = None
+
+    def check(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be ≥ 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be ≥ 1, got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+
+def penalise_repeats(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
+    """Divide positive (multiply negative) logits of tokens already seen by `penalty`. seen: [B, V] bool."""
+    if penalty == 1.0:
+        return logits
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalised, logits)
+
+
+def filter_top_k(logits: Tensor, k: int) -> Tensor:
+    kth = torch.topk(logits, min(k, logits.shape[-1]), dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def filter_top_p(logits: Tensor, p: float) -> Tensor:
+    """Keep the most likely tokens until their probability reaches p; the first one always stays."""
+    sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = probs.cumsum(-1) - probs
+    drop_sorted = mass_before >= p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def next_token(logits: Tensor, sampling: Sampling, seen: Tensor | None, generator: torch.Generator | None) -> Tensor:
+    """logits [B, V] → token ids [B]."""
+    logits = logits.float()
+    if seen is not None:
+        logits = penalise_repeats(logits, seen, sampling.repetition_penalty)
+    if sampling.temperature == 0:
+        return logits.argmax(-1)
+    logits = logits / sampling.temperature
+    if sampling.top_k is not None:
+        logits = filter_top_k(logits, sampling.top_k)
+    if sampling.top_p is not None and sampling.top_p < 1:
+        logits = filter_top_p(logits, sampling.top_p)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+class RowRecorder:
+    """Observer that keeps the last query's attention row of every layer: what the model looked at while
+    it computed the next token. rows[layer] is [B, H, Tk]."""
+
+    def __init__(self):
+        self.rows: dict[int, Tensor] = {}
+
+    def __call__(self, kind: str, layer: int, probs: Tensor) -> None:
+        if kind == "self":
+            self.rows[layer] = probs[:, :, -1].to(torch.float16)
+
+    def take(self) -> Tensor:
+        rows = torch.stack([self.rows[i] for i in sorted(self.rows)], dim=1)  # [B, L, H, Tk]
+        self.rows = {}
+        return rows
+
+
+def token_budget(model, prompt_len: int, max_new_tokens: int) -> int:
+    """How many new tokens fit in the model's positions after a prompt of prompt_len."""
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be ≥ 0, got {max_new_tokens}")
+    room = model.config.max_positions - prompt_len
+    if room <= 0 and not model.config.is_encoder_decoder:
+        raise ValueError(f"the prompt has {prompt_len} tokens but the model has only {model.config.max_positions} "
+                         "positions; shorten the prompt")
+    return max_new_tokens if model.config.is_encoder_decoder else min(max_new_tokens, room)
+
+
+def steps(model, input_ids: Tensor, max_new_tokens: int, sampling: Sampling, attention_mask: Tensor | None = None,
+          stop: list[str] | str | None = None, capture_attention: bool = False) -> Iterator[tuple[Tensor, Tensor | None]]:
+    """Yield (tokens [B], attention rows [B, L, H, Tk] or None) for each new token, until every row has
+    produced an end-of-sequence token, a stop string appeared, or the budget is spent."""
+    sampling.check()
+    if input_ids.ndim != 2 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be [batch, tokens] with at least one token, got shape {list(input_ids.shape)}")
+    cfg, device = model.config, model.device
+    input_ids = input_ids.to(device)
+    attention_mask = attention_mask.to(device) if attention_mask is not None else None
+    batch, prompt_len = input_ids.shape
+    budget = token_budget(model, prompt_len, max_new_tokens)
+    if budget == 0:
+        return
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if stops and model.tokenizer is None:
+        raise ValueError("stop strings need a tokenizer; this model folder has none")
+    generator = None
+    if sampling.seed is not None:
+        generator = torch.Generator(device=device).manual_seed(sampling.seed)
+    eos = torch.tensor(cfg.eos_ids or [-1], device=device)
+    recorder = RowRecorder() if capture_attention else None
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    generated: list[Tensor] = []
+    with torch.inference_mode():
+        if cfg.is_encoder_decoder:
+            # the encoder runs once; each decoder layer caches its cross-attention keys/values on the first step
+            memory = model.run_stack(model.encoder, input_ids, attention_mask, kind="encoder", causal=False,
+                                     padding_mask=True, scale=True, positions=True)
+            cache = model.new_cache(batch, budget + 1)
+            tokens = torch.full((batch, 1), cfg.decoder_start_token_id, device=device)
+            context = dict(memory=memory, memory_mask=attention_mask)
+            decoder_mask = None
+        else:
+            cache = model.new_cache(batch, prompt_len + budget)
+            tokens, context, decoder_mask = input_ids, {}, attention_mask
+        seen = None
+        if sampling.repetition_penalty != 1.0:
+            seen = torch.zeros(batch, cfg.vocab_size, dtype=torch.bool, device=device)
+            seen.scatter_(1, tokens if cfg.is_encoder_decoder else input_ids, True)
+    for _ in range(budget):
+        with torch.inference_mode():
+            # prefill on the first pass (the whole prompt), then decode one token at a time
+            hidden = model.run_stack(model.stack, tokens, decoder_mask, kind="self", causal=cfg.causal,
+                                     padding_mask=True, scale=True, positions=True, cache=cache,
+                                     observer=recorder, **context)
+            logits = model.logits(hidden[:, -1:])[:, -1]
+            token = next_token(logits, sampling, seen, generator)
+            if cfg.eos_ids:
+                token = torch.where(done, eos[0], token)  # finished rows keep emitting end-of-sequence
+            if seen is not None:
+                seen.scatter_(1, token[:, None], True)
+            rows = recorder.take() if recorder is not None else None
+            tokens = token[:, None]
+            if decoder_mask is not None:
+                decoder_mask = torch.ones(batch, 1, dtype=decoder_mask.dtype, device=device)
+            generated.append(token)
+            done |= torch.isin(token, eos)
+        yield token, rows
+        if bool(done.all()):
+            return
+        if stops and any(s in model.tokenizer.decode(torch.stack(generated, 1)[0, -64:]) for s in stops):
+            return
+
+
+def generate(model, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
+             top_p: float | None = None, repetition_penalty: float = 1.0, seed: int | None = None,
+             stop: list[str] | str | None = None, attention_mask: Tensor | None = None) -> Tensor:
+    """The prompt followed by the new tokens: [B, T + new] (for seq2seq: decoder start token + new tokens)."""
+    sampling = Sampling(temperature, top_k, top_p, repetition_penalty, seed)
+    new = [token for token, _ in steps(model, input_ids, max_new_tokens, sampling, attention_mask, stop)]
+    device = model.device
+    if model.config.is_encoder_decoder:
+        start = torch.full((input_ids.shape[0], 1), model.config.decoder_start_token_id, device=device)
+        return torch.cat([start] + [t[:, None] for t in new], dim=1)
+    return torch.cat([input_ids.to(device)] + [t[:, None] for t in new], dim=1)
+
+
+def stream(model, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
+           top_p: float | None = None, repetition_penalty: float = 1.0, seed: int | None = None,
+           stop: list[str] | str | None = None, attention_mask: Tensor | None = None,
+           capture_attention: bool = False) -> Iterator:
+    """Yield each new token id (an int) as soon as it is made; a batch yields tensors [B].
+    With capture_attention, yield (token, rows) where rows [L, H, Tk] float16 is the attention of the
+    query that produced this token, per layer and head, over the context so far."""
+    sampling = Sampling(temperature, top_k, top_p, repetition_penalty, seed)
+    single = input_ids.shape[0] == 1
+    for token, rows in steps(model, input_ids, max_new_tokens, sampling, attention_mask, stop, capture_attention):
+        out = int(token[0]) if single else token
+        if capture_attention:
+            yield out, (rows[0] if single else rows)
+        else:
+            yield out
+
+
+def chat_ids(tokenizer, prompt: str | list[dict], system: str | None = None) -> Tensor:
+    """Token ids [1, T] of a prompt wrapped in the tokenizer's chat template, ready for the assistant's turn."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("this model's tokenizer has no chat template; use plain text")
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    if system:
+        messages = [{"role": "system", "content": system}] + messages
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids

@@ -1,0 +1,183 @@
+"""Generation: the KV cache changes no number, greedy decoding equals transformers', sampling obeys its settings."""
+import pytest
+import torch
+
+from core import load_model
+from core.generate import Sampling, filter_top_k, filter_top_p, next_token
+from tests import tiny
+
+# no end-of-sequence token, so that greedy runs compare all 64 tokens
+DECODERS = {
+    "gpt2": lambda: tiny.gpt2(eos_token_id=None),
+    "llama-gqa": lambda: tiny.llama(num_key_value_heads=2, eos_token_id=None),
+    "llama-mqa": lambda: tiny.llama(num_key_value_heads=1, head_dim=16, tie_word_embeddings=False, eos_token_id=None),
+    "qwen2": lambda: tiny.llama("qwen2", num_key_value_heads=2, eos_token_id=None),
+}
+SEQ2SEQ = {"marian": lambda: tiny.marian(eos_token_id=tiny.VOCAB - 2, forced_eos_token_id=None)}
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    """name → (transformers model, our model on the same weights)"""
+    made = {}
+    for name, build in {**DECODERS, **SEQ2SEQ}.items():
+        hf = build()
+        made[name] = (hf, load_model(tiny.save(hf), device="cpu"))
+    return made
+
+
+def prompt(batch=1, n=7, seed=0):
+    return torch.randint(3, tiny.VOCAB - 1, (batch, n), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", list(DECODERS))
+@pytest.mark.parametrize("padded", [False, True])
+def test_cached_logits_equal_uncached(pairs, name, padded):
+    _, model = pairs[name]
+    ids = prompt(batch=2, n=12)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, :3] = 0
+    full = model(ids, attention_mask=mask).logits
+    cache = model.new_cache(2, 12)
+    split = 5  # prefill 5 tokens, then decode the rest one at a time
+    chunks = [(0, split)] + [(i, i + 1) for i in range(split, 12)]
+    with torch.inference_mode():
+        for a, b in chunks:
+            hidden = model.run_stack(model.stack, ids[:, a:b], mask[:, :b], kind="self", causal=True, padding_mask=True,
+                                     scale=True, positions=True, cache=cache)
+            step = model.logits(hidden)
+            real = mask[:, a:b].bool()
+            diff = (step - full[:, a:b])[real].abs().max().item()
+            assert diff <= 1e-5, f"positions {a}..{b}: cached logits differ by {diff:.3g}"
+
+
+def test_cached_seq2seq_decoder_equals_uncached(pairs):
+    _, model = pairs["marian"]
+    src, dec = prompt(batch=2, n=9), prompt(batch=2, n=6, seed=1)
+    full = model(src, decoder_input_ids=dec).logits
+    cache = model.new_cache(2, 6)
+    with torch.inference_mode():
+        memory = model.run_stack(model.encoder, src, None, kind="encoder", causal=False, padding_mask=True, scale=True,
+                                 positions=True)
+        for i in range(6):
+            hidden = model.run_stack(model.stack, dec[:, i:i + 1], None, kind="self", causal=True, padding_mask=True,
+                                     scale=True, positions=True, cache=cache, memory=memory)
+            assert (model.logits(hidden)[:, 0] - full[:, i]).abs().max() <= 1e-5
+    assert all(kv is not None for kv in cache.cross), "cross-attention keys/values are cached once per layer"
+
+
+@pytest.mark.parametrize("name", list(DECODERS) + ["marian"])
+def test_greedy_equals_transformers_generate(pairs, name):
+    hf, model = pairs[name]
+    ids = prompt(n=6, seed=3)
+    ours = model.generate(ids, 64)
+    with torch.no_grad():
+        ref = hf.generate(ids, max_new_tokens=64, do_sample=False, num_beams=1)
+    assert ours.shape[1] == (1 if name in SEQ2SEQ else ids.shape[1]) + 64
+    assert torch.equal(ours, ref), f"\nours {ours.tolist()}\nref  {ref.tolist()}"
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama-gqa"])
+def test_greedy_left_padded_batch_equals_transformers(pairs, name):
+    hf, model = pairs[name]
+    ids = prompt(batch=2, n=8, seed=4)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    ids[0, :3] = 0
+    ours = model.generate(ids, 24, attention_mask=mask)
+    with torch.no_grad():
+        ref = hf.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=2)
+    width = min(ours.shape[1], ref.shape[1])
+    assert torch.equal(ours[:, :width], ref[:, :width])
+
+
+def test_stream_yields_what_generate_returns(pairs):
+    _, model = pairs["llama-gqa"]
+    ids = prompt()
+    streamed = list(model.stream(ids, 20))
+    assert all(isinstance(t, int) for t in streamed)
+    assert streamed == model.generate(ids, 20)[0, ids.shape[1]:].tolist()
+
+
+def test_stream_captures_each_tokens_attention_row(pairs):
+    _, model = pairs["llama-gqa"]
+    ids = prompt()
+    steps = list(model.stream(ids, 5, capture_attention=True))
+    tokens = [t for t, _ in steps]
+    for i, (_, rows) in enumerate(steps):
+        context = ids.shape[1] + i
+        assert rows.shape == (model.config.n_layers, model.config.n_heads, context)
+        torch.testing.assert_close(rows.float().sum(-1), torch.ones(rows.shape[:2]), atol=2e-3, rtol=0)
+    # the row that produced the last token equals the last row of a full forward's attention
+    full = torch.cat([ids, torch.tensor([tokens[:-1]])], dim=1)
+    reference = torch.stack(model(full, capture_attention=True).attentions)[:, 0, :, -1]
+    torch.testing.assert_close(steps[-1][1].float(), reference, atol=1e-3, rtol=0)
+
+
+def test_seeded_sampling_repeats_exactly(pairs):
+    _, model = pairs["gpt2"]
+    ids = prompt()
+    kw = dict(temperature=1.3, top_k=20, top_p=0.95, seed=1234)
+    a, b = model.generate(ids, 30, **kw), model.generate(ids, 30, **kw)
+    assert torch.equal(a, b)
+    others = [model.generate(ids, 30, **{**kw, "seed": s}) for s in (1, 2, 3)]
+    assert any(not torch.equal(a, o) for o in others), "different seeds should give different samples"
+
+
+def test_top_k_never_leaves_its_set():
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    allowed = torch.topk(logits, 5).indices
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(200):
+        token = next_token(logits, Sampling(temperature=2.0, top_k=5), None, gen)
+        assert all(token[b] in allowed[b] for b in range(4))
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    probs = torch.tensor([[0.5, 0.25, 0.15, 0.06, 0.04]])
+    kept = torch.isfinite(filter_top_p(probs.log(), 0.8))
+    assert kept.tolist() == [[True, True, True, False, False]]  # 0.5 + 0.25 < 0.8 ≤ 0.5 + 0.25 + 0.15
+    assert torch.isfinite(filter_top_p(probs.log(), 0.01)).sum() == 1
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(300):
+        token = next_token(probs.log(), Sampling(temperature=1.0, top_p=0.8), None, gen)
+        assert token.item() in (0, 1, 2)
+    assert torch.isfinite(filter_top_k(probs.log(), 2)).sum() == 2
+
+
+def test_repetition_penalty_discourages_seen_tokens():
+    logits = torch.tensor([[2.0, 1.9, -1.0]])
+    seen = torch.tensor([[True, False, True]])
+    assert next_token(logits, Sampling(repetition_penalty=1.0), seen, None).item() == 0
+    assert next_token(logits, Sampling(repetition_penalty=1.2), seen, None).item() == 1
+
+
+def test_stop_string_and_budget(pairs):
+    _, model = pairs["gpt2"]
+
+    class Digits:  # a stand-in tokenizer: token id i decodes to "<i>"
+        def decode(self, ids):
+            return "".join(f"<{int(i)}>" for i in ids)
+
+    model.tokenizer = Digits()
+    ids = prompt()
+    free = model.generate(ids, 12)[0, ids.shape[1]:].tolist()
+    stop_at = free[3]
+    stopped = model.generate(ids, 12, stop=f"<{stop_at}>")[0, ids.shape[1]:].tolist()
+    assert stopped == free[:free.index(stop_at) + 1]
+    model.tokenizer = None
+    with pytest.raises(ValueError, match="stop strings need a tokenizer"):
+        model.generate(ids, 3, stop="x")
+    # learned positions end at max_positions: the budget shrinks, it does not crash
+    long = torch.randint(3, 90, (1, model.config.max_positions - 2))
+    assert model.generate(long, 10).shape[1] <= model.config.max_positions
+    with pytest.raises(ValueError, match="only 128 positions"):
+        model.generate(torch.randint(3, 90, (1, 130)), 1)
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_k=0), dict(top_p=1.5), dict(repetition_penalty=0)])
+def test_bad_sampling_settings_are_named(pairs, bad):
+    _, model = pairs["gpt2"]
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        model.generate(prompt(), 3, **bad)
