@@ -465,6 +465,7 @@ def test_unreachable_hub_fails_within_the_timeout_with_the_reason(tmp_path, monk
     from huggingface_hub import constants
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # read at import, perhaps while another test set it
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
     store = WeightStore(root=tmp_path / "weights", registry=load_registry())
     start = time.monotonic()
