@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import time
-from argparse import Namespace
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +25,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # a hub-only model must fail fast and clearl
 from gradio_client import Client, handle_file  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
-import app  # noqa: E402
-from tiny_app_model import build_tiny_bert, build_tiny_llama  # noqa: E402
+from tiny_app_model import build_tiny_bert, build_tiny_llama, launch_app  # noqa: E402
 from ui import service  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,11 +47,7 @@ def tiny_models(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def server(tiny_models):
-    store = service.ModelStore(extra_names=[tiny_models["llama"], tiny_models["bert"]])
-    demo = app.build_demo(store, tiny_models["llama"])
-    demo.queue(max_size=app.QUEUE_SIZE, default_concurrency_limit=1)
-    args = Namespace(host="127.0.0.1", port=free_port(), share=False)
-    _, url, _ = demo.launch(**app.launch_options(args), prevent_thread_lock=True, quiet=True)
+    demo, url = launch_app([tiny_models["llama"], tiny_models["bert"]], tiny_models["llama"])
     yield url
     demo.close()
 

@@ -42,11 +42,11 @@ def test_model_view_tiles_every_layer_and_head_into_one_trace():
     assert len(fig.data) == 1
     mosaic = np.asarray(fig.data[0].z)
     assert mosaic.dtype == np.uint8
-    assert mosaic.shape == (3 * 6 - 1, 4 * 6 - 1)  # tiles of 5 with a 1-cell gap
-    assert list(fig.layout.xaxis.ticktext) == ["H0", "H1", "H2", "H3"]
-    assert list(fig.layout.yaxis.ticktext) == ["L0", "L1", "L2"]
+    assert mosaic.shape == (4 * 6 - 1, 3 * 6 - 1)  # heads down, layers across, tiles of 5 with a 1-cell gap
+    assert list(fig.layout.xaxis.ticktext) == ["L0", "L1", "L2"]
+    assert list(fig.layout.yaxis.ticktext) == ["H0", "H1", "H2", "H3"]
     # tile (layer 2, head 3) is that head scaled to its own peak
-    tile = mosaic[12:17, 18:23].astype(np.float32) / 255
+    tile = mosaic[18:23, 12:17].astype(np.float32) / 255
     np.testing.assert_allclose(tile, overview[2, 3] / overview[2, 3].max(), atol=1 / 255)
     assert fig.layout.meta == {"layers": 3, "heads": 4, "tile": 5}
 

@@ -87,3 +87,23 @@ if __name__ == "__main__":
 
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/tiny-app-models")
     print(build_tiny_llama(root / "tiny-llama"), build_tiny_bert(root / "tiny-bert"))
+
+
+def launch_app(model_names: list[str], default: str):
+    """Start the app in this process on a free loopback port, with the options `python app.py` uses.
+    Returns (demo, url); call demo.close() when done."""
+    import socket
+    from argparse import Namespace
+
+    import app
+    from ui import service
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = service.ModelStore(extra_names=model_names)
+    demo = app.build_demo(store, default)
+    demo.queue(max_size=app.QUEUE_SIZE, default_concurrency_limit=1)
+    args = Namespace(host="127.0.0.1", port=port, share=False)
+    _, url, _ = demo.launch(**app.launch_options(args), prevent_thread_lock=True, quiet=True)
+    return demo, url

@@ -38,7 +38,7 @@ def _as_f32(a: np.ndarray) -> np.ndarray:
 def _base_layout(fig: go.Figure, title: str, height: int | None = None) -> go.Figure:
     fig.update_layout(
         template=TEMPLATE,
-        title={"text": title, "x": 0.01, "xanchor": "left"},
+        title={"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 14}},
         margin={"l": 60, "r": 20, "t": 60, "b": 50},
         height=height,
     )
@@ -129,7 +129,7 @@ def pooled_heatmap(
 
 
 def model_view(overview: np.ndarray, title: str, layer_labels: Sequence[str] | None = None) -> go.Figure:
-    """Every layer × head as a small heatmap, tiled into one mosaic figure.
+    """Every layer × head as a small heatmap, tiled into one mosaic figure (layers across, heads down).
 
     overview: [L, H, S, S]. One heatmap trace (not L·H subplots) keeps the figure
     small and fast to draw even for 30 layers × 9 heads. Each tile is scaled to
@@ -146,11 +146,12 @@ def model_view(overview: np.ndarray, title: str, layer_labels: Sequence[str] | N
     tiles = finite / np.where(peak > 0, peak, 1.0)
     # uint8 (1 byte per cell instead of 4): the tiles are relative to their own peak anyway,
     # and exact weights are one click away in the head view.
-    mosaic = np.zeros((n_layers * cell - gap, n_heads * cell - gap), dtype=np.uint8)
+    # layers run left to right and heads top to bottom: deep models (30 layers) then fit a wide screen
+    mosaic = np.zeros((n_heads * cell - gap, n_layers * cell - gap), dtype=np.uint8)
     for layer in range(n_layers):
         for head in range(n_heads):
             tile = np.rint(tiles[layer, head] * 255).astype(np.uint8)
-            mosaic[layer * cell : layer * cell + s, head * cell : head * cell + s] = tile
+            mosaic[head * cell : head * cell + s, layer * cell : layer * cell + s] = tile
     labels = list(layer_labels) if layer_labels is not None else [f"L{i}" for i in range(n_layers)]
     fig = go.Figure(
         go.Heatmap(
@@ -162,24 +163,26 @@ def model_view(overview: np.ndarray, title: str, layer_labels: Sequence[str] | N
             hovertemplate="weight relative to this head's peak: %{z}/255<extra></extra>",
         )
     )
-    tile_px = max(4, min(48, 900 // max(n_heads, 1)))
-    _base_layout(fig, title, height=min(4000, 120 + n_layers * tile_px))
+    tile_px = max(12, min(90, 1200 // max(n_layers, 1)))
+    _base_layout(fig, title, height=min(1200, 110 + n_heads * tile_px))
     fig.update_xaxes(
-        tickmode="array",
-        tickvals=[h * cell + (s - 1) / 2 for h in range(n_heads)],
-        ticktext=[f"H{h}" for h in range(n_heads)],
-        side="top",
-        showgrid=False,
-        zeroline=False,
-    )
-    fig.update_yaxes(
         tickmode="array",
         tickvals=[i * cell + (s - 1) / 2 for i in range(n_layers)],
         ticktext=labels,
+        side="top",
+        showgrid=False,
+        zeroline=False,
+        constrain="domain",
+    )
+    fig.update_yaxes(
+        tickmode="array",
+        tickvals=[h * cell + (s - 1) / 2 for h in range(n_heads)],
+        ticktext=[f"H{h}" for h in range(n_heads)],
         autorange="reversed",
         showgrid=False,
         zeroline=False,
         scaleanchor="x",
+        constrain="domain",
     )
     fig.update_layout(plot_bgcolor="white", meta={"layers": n_layers, "heads": n_heads, "tile": s})
     return fig
@@ -297,7 +300,8 @@ def line_figure(
     for name, value in (reference or {}).items():
         fig.add_hline(y=value, line_dash="dash", line_color="grey", annotation_text=name, annotation_position="top left")
     _base_layout(fig, title, height)
-    fig.update_xaxes(title_text=x_title)
+    integer_x = np.issubdtype(x.dtype, np.integer)
+    fig.update_xaxes(title_text=x_title, tickformat="d" if integer_x else None, dtick=1 if integer_x and x.size <= 12 else None)
     fig.update_yaxes(title_text=y_title)
     fig.update_layout(legend={"orientation": "h", "y": -0.25})
     return fig
@@ -318,11 +322,12 @@ def bar_figure(
         if len(values) != len(categories):
             raise ValueError(f"bar_figure: series {name!r} has {len(values)} values for {len(categories)} categories")
         fig.add_trace(
-            go.Bar(x=list(categories), y=values, name=name, text=[format(v, text_format) for v in values], textposition="outside")
+            go.Bar(x=list(categories), y=values, name=name, text=[format(v, text_format) for v in values], textposition="outside",
+                   cliponaxis=False)
         )
     _base_layout(fig, title, height)
     fig.update_yaxes(title_text=y_title)
-    fig.update_layout(barmode="group", legend={"orientation": "h", "y": -0.2})
+    fig.update_layout(barmode="group", legend={"orientation": "h", "y": -0.2}, margin={"t": 80})
     return fig
 
 

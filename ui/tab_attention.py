@@ -46,8 +46,7 @@ def attention_view(store: service.ModelStore, name, text, layer, head, hide_spec
     direction = "bidirectional (encoder)" if not cfg.causal else "causal (decoder)"
     model_fig = plots.model_view(
         result.overview,
-        f"Model view: {cfg.n_layers} layers × {cfg.n_heads} heads, {direction}"
-        + ("" if side == n else f", each tile pooled to {side}×{side} blocks"),
+        f"{cfg.n_layers} layers × {cfg.n_heads} heads, {direction}" + ("" if side == n else f", tiles pooled to {side}×{side}"),
     )
     matrix = result.head_matrix
     if n <= service.FULL_VIEW_TOKENS:
@@ -55,12 +54,12 @@ def attention_view(store: service.ModelStore, name, text, layer, head, hide_spec
         if pos.size == 0:
             raise UserError("Every token is a special token; untick 'hide special tokens' to see them.")
         labels = [tokens.labels[p] for p in pos]
-        head_fig = plots.attention_heatmap(matrix[np.ix_(pos, pos)], labels, labels, f"Head view: layer {layer}, {head_name}")
+        head_fig = plots.attention_heatmap(matrix[np.ix_(pos, pos)], labels, labels, f"Layer {layer}, {head_name}")
     else:
         edges = service.pool_edges(n, service.HEAD_OVERVIEW_SIZE)
         pooled = service.pool_attention(matrix, edges, edges)
         head_fig = plots.pooled_heatmap(
-            pooled, edges, edges, f"Head view: layer {layer}, {head_name}, {n:,} tokens pooled to {len(edges) - 1}×{len(edges) - 1} blocks"
+            pooled, edges, edges, f"Layer {layer}, {head_name}: {n:,} tokens pooled to {len(edges) - 1}×{len(edges) - 1}"
         )
     q_pos = service.visible_positions(tokens, q_start, min(n, q_start + window), bool(hide_special))
     k_pos = service.visible_positions(tokens, k_start, min(n, k_start + window), bool(hide_special))
@@ -70,16 +69,17 @@ def attention_view(store: service.ModelStore, name, text, layer, head, hide_spec
         matrix[np.ix_(q_pos, k_pos)],
         [tokens.labels[p] for p in q_pos],
         [tokens.labels[p] for p in k_pos],
-        f"Window at full resolution: queries {q_pos[0]}–{q_pos[-1]}, keys {k_pos[0]}–{k_pos[-1]} (layer {layer}, {head_name})",
+        f"Queries {q_pos[0]}–{q_pos[-1]} × keys {k_pos[0]}–{k_pos[-1]}, full resolution",
         height=560,
     )
     notes = [f"**{n:,} tokens**, captured in {result.seconds:.2f} s."]
     if tokens.note:
         notes.append("⚠️ " + tokens.note)
-    if side != n:
+    pooled = [view for view, is_pooled in (("model view", side != n), ("head view", n > service.FULL_VIEW_TOKENS)) if is_pooled]
+    if pooled:
         notes.append(
-            f"Long input: the model view and head view are pooled (each cell is the mean, over a block of queries, of the "
-            f"weight they put on a block of keys, so rows still sum to 1). The window shows tokens exactly."
+            f"The {' and '.join(pooled)} {'is' if len(pooled) == 1 else 'are'} pooled: each cell is the mean, over a block of queries, "
+            "of the weight they put on a block of keys, so rows still sum to 1. The window shows single tokens exactly."
         )
     if hide_special and any(tokens.special):
         notes.append("Special tokens are hidden in the head view and window (their weights are not renormalised).")
@@ -91,7 +91,7 @@ def build(store: service.ModelStore, model: gr.Dropdown, initial) -> AttentionTa
     gr.Markdown(INTRO)
     with gr.Row():
         with gr.Column(scale=3):
-            text, _ = text_with_upload("Text", read_example("attention.txt"), api_name="load_text")
+            text, _ = text_with_upload("Text", read_example("attention.txt"), "attn", api_name="load_text")
         with gr.Column(scale=2):
             with gr.Row():
                 layer = gr.Number(value=0, label=f"Layer (0–{initial.config.n_layers - 1})", precision=0, elem_id="attn-layer")
@@ -104,10 +104,10 @@ def build(store: service.ModelStore, model: gr.Dropdown, initial) -> AttentionTa
             window = gr.Slider(2, service.MAX_WINDOW, value=64, step=1, label="Window size (tokens per side)")
             button = gr.Button("Show attention", variant="primary", elem_id="attn-run")
     note = gr.Markdown(label="note", elem_id="attn-note")
+    model_fig = gr.Plot(label="Model view: every layer and head (each tile scaled to its own peak)", elem_id="attn-model-view")
     with gr.Row():
-        model_fig = gr.Plot(label="Model view", elem_id="attn-model-view")
         head_fig = gr.Plot(label="Head view", elem_id="attn-head-view")
-    window_fig = gr.Plot(label="Window", elem_id="attn-window")
+        window_fig = gr.Plot(label="Window", elem_id="attn-window")
 
     @user_errors
     def run(model_name, text_value, layer_index, head_index, hide_special_tokens, window_query_start, window_key_start, window_size,

@@ -26,7 +26,7 @@ def build(store: service.ModelStore, model: gr.Dropdown, initial) -> GenerateTab
     )
     with gr.Row():
         with gr.Column(scale=3):
-            prompt, _ = text_with_upload("Prompt", read_example("generate.txt"), lines=4)
+            prompt, _ = text_with_upload("Prompt", read_example("generate.txt"), "gen", lines=4)
             chat = gr.Checkbox(value=True, label="Chat mode (wrap the prompt in the model's chat template)",
                                elem_id="gen-chat")
         with gr.Column(scale=2):

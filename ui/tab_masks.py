@@ -112,7 +112,7 @@ def build(store: service.ModelStore, model: gr.Dropdown, initial) -> None:
     gr.Markdown(INTRO)
     with gr.Row():
         with gr.Column(scale=3):
-            text, _ = text_with_upload("Text", read_example("masks.txt"), lines=4)
+            text, _ = text_with_upload("Text", read_example("masks.txt"), "mask", lines=4)
         with gr.Column(scale=2):
             with gr.Row():
                 layer = gr.Number(value=0, label=f"Layer (0–{initial.config.n_layers - 1})", precision=0)

@@ -1,0 +1,157 @@
+"""The app in a real browser: Debian's Chromium, headless, driven by Playwright.
+
+Opens each tab on a tiny random model, runs it, checks that the heatmaps and plots are drawn (plotly's
+own SVG/canvas elements, not just our containers), hovers a heatmap cell, uploads a file, sends generated
+text to the Attention tab, and saves a screenshot of each tab under tests/screenshots/ (git-ignored).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+SHOTS = Path(__file__).resolve().parent / "screenshots"
+RUN_TIMEOUT_MS = 60_000
+
+if not Path(CHROMIUM).is_file() or shutil.which(CHROMIUM) is None:
+    pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's package (apt-get install chromium), as .ci/run does",
+                allow_module_level=True)
+
+from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
+
+from tiny_app_model import build_tiny_bert, build_tiny_llama, launch_app  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    root = tmp_path_factory.mktemp("browser-models")
+    llama, bert = str(build_tiny_llama(root / "tiny-llama")), str(build_tiny_bert(root / "tiny-bert"))
+    demo, url = launch_app([llama, bert], llama)
+    yield url
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser, app_url):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(app_url)
+    expect(page.locator("#model-card table")).to_be_visible(timeout=RUN_TIMEOUT_MS)
+    yield page
+    context.close()
+    assert not errors, f"JavaScript errors in the page: {errors}"
+
+
+def open_tab(page: Page, name: str) -> None:
+    page.get_by_role("tab", name=name).click()
+
+
+def expect_plot(page: Page, elem_id: str, kind: str = "heatmap") -> None:
+    """Plotly has drawn the figure: a heatmap layer (an image) or the traces of a line/bar chart."""
+    selector = {"heatmap": f"#{elem_id} .js-plotly-plot .hm image", "line": f"#{elem_id} .js-plotly-plot .scatterlayer .trace",
+                "bar": f"#{elem_id} .js-plotly-plot .barlayer .trace"}[kind]
+    expect(page.locator(selector).first).to_be_attached(timeout=RUN_TIMEOUT_MS)
+
+
+def shot(page: Page, name: str) -> None:
+    SHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=SHOTS / f"{name}.png", full_page=True)
+
+
+def test_page_opens_with_the_model_card_and_four_tabs(page):
+    assert page.title() == "The attention explorer"
+    tabs = page.get_by_role("tab").all_inner_texts()
+    assert tabs == ["Generate", "Attention", "Positional encoding", "Masks"]
+    expect(page.locator("#model-card")).to_contain_text("4d²")
+
+
+def test_attention_tab_draws_model_view_head_view_and_window_with_hover(page):
+    open_tab(page, "Attention")
+    page.locator("#attn-run").click()
+    for elem_id in ("attn-model-view", "attn-head-view", "attn-window"):
+        expect_plot(page, elem_id)
+    expect(page.locator("#attn-note")).to_contain_text("tokens")
+    # hover the middle of the head view: plotly shows "query … → key …" and the weight
+    plot_area = page.locator("#attn-head-view .js-plotly-plot .nsewdrag").first
+    plot_area.scroll_into_view_if_needed()
+    box = plot_area.bounding_box()
+    plot_area.hover(position={"x": box["width"] * 0.3, "y": box["height"] * 0.8})
+    expect(page.locator("#attn-head-view .hoverlayer .hovertext").first).to_contain_text("→ key", timeout=10_000)
+    shot(page, "attention")
+
+
+def test_attention_tab_reads_an_uploaded_file(page, tmp_path):
+    open_tab(page, "Attention")
+    path = tmp_path / "story.txt"
+    path.write_text("Upload test: the keeper lit the lamp. " * 5, encoding="utf-8")
+    page.locator("#attn-upload input[type=file]").set_input_files(str(path))
+    textbox = page.locator("#attn-text textarea")
+    expect(textbox).to_have_value(path.read_text(encoding="utf-8"), timeout=RUN_TIMEOUT_MS)
+    page.locator("#attn-run").click()
+    expect_plot(page, "attn-head-view")
+    expect(page.locator("#attn-head-view")).to_contain_text("0 U")  # the first token of the file
+
+
+def test_empty_text_shows_a_message_not_a_traceback(page):
+    open_tab(page, "Attention")
+    page.locator("#attn-text textarea").fill("")
+    page.locator("#attn-run").click()
+    toast = page.locator(".toast-body").first
+    expect(toast).to_contain_text("The text is empty", timeout=RUN_TIMEOUT_MS)
+    assert "Traceback" not in page.content()
+
+
+def test_generate_tab_streams_and_sends_its_text_to_the_attention_tab(page):
+    open_tab(page, "Generate")
+    page.locator("#gen-run").click()
+    expect(page.locator("#gen-stats")).to_contain_text("done", timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#gen-stats")).to_contain_text("tokens/s")
+    generated = page.locator("#gen-output textarea").input_value()
+    assert generated
+    shot(page, "generate")
+    page.locator("#gen-send").click()
+    expect(page.get_by_role("tab", name="Attention")).to_have_attribute("aria-selected", "true", timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#attn-text textarea")).to_have_value(re.compile(re.escape(generated[:40])), timeout=RUN_TIMEOUT_MS)
+    expect_plot(page, "attn-head-view")
+
+
+def test_positional_tab_draws_sinusoids_similarity_and_rope(page):
+    open_tab(page, "Positional encoding")
+    page.locator("#pe-run").click()
+    expect_plot(page, "pe-heatmap")
+    expect_plot(page, "pe-similarity")
+    expect_plot(page, "pe-dots", "line")
+    expect_plot(page, "pe-rope-angles")
+    expect_plot(page, "pe-rope-scores", "line")
+    expect(page.locator("#pe-check")).to_contain_text("is a rotation of PE(p)")
+    shot(page, "positional-encoding")
+
+
+def test_masks_tab_draws_stages_and_the_three_measurements(page):
+    open_tab(page, "Masks")
+    page.locator("#mask-run").click()
+    expect_plot(page, "mask-stages")
+    expect_plot(page, "mask-causal", "bar")
+    expect_plot(page, "mask-padding", "bar")
+    expect_plot(page, "mask-entropy", "line")
+    assert page.locator("#mask-stages .js-plotly-plot .hm image").count() == 6
+    shot(page, "masks")
