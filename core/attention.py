@@ -31,6 +31,17 @@ def attention_stages(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float)
     return scores, masked, probs
 
 
+def attention_probs(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float) -> Tensor:
+    """softmax(QKᵀ·scale + M) in float32, in place where it can be: the same numbers as attention_stages
+    with one [B, H, Tq, Tk] buffer fewer, which matters when every layer of a long text is captured."""
+    scores = (q.float() @ k.float().transpose(-1, -2)).mul_(scale)
+    if allowed is not None:
+        scores.masked_fill_(~allowed, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    del scores
+    return probs.nan_to_num_(0.0) if allowed is not None else probs
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, is_causal: bool = False,
               scale: float | None = None, return_probs: bool = False) -> tuple[Tensor, Tensor | None]:
     """q [B, H, Tq, d_k]; k, v [B, H_kv, Tk, d_k] with H a multiple of H_kv (grouped-query attention).
@@ -52,5 +63,5 @@ def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, is
     if is_causal:
         causal = causal_mask(q.shape[-2], k.shape[-2], q.device)
         allowed = causal if allowed is None else allowed & causal
-    _, _, probs = attention_stages(q, k, allowed, scale)
+    probs = attention_probs(q, k, allowed, scale)
     return probs.to(v.dtype) @ v, probs

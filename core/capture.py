@@ -1,0 +1,112 @@
+"""Attention capture that scales to long texts.
+
+Capturing every layer and head of n tokens as float32 costs L·H·n²·4 bytes (4.5 GB for SmolLM2 at 2048
+tokens), which is what transformers' output_attentions=True holds. This module keeps instead:
+  - overview: every layer × head, block-averaged to at most overview_size² (the app's model view);
+  - full resolution in float16 for every layer and head while n ≤ keep_full_up_to (the head view);
+  - above that, full resolution of one layer recomputed on demand (a forward pass up to that layer only).
+One layer's float32 probabilities exist at a time while the pass runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+class OverviewObserver:
+    """Pools each layer's probabilities [1, H, n, n] as they are computed; optionally keeps them in float16."""
+
+    def __init__(self, size: int, keep_full: bool, kind: str = "self"):
+        self.size, self.keep_full, self.kind = size, keep_full, kind
+        self.pooled: dict[int, Tensor] = {}
+        self.full: dict[int, Tensor] = {}
+
+    def wants(self, kind: str, layer: int) -> bool:
+        return kind == self.kind
+
+    def __call__(self, kind: str, layer: int, probs: Tensor) -> None:
+        maps = probs[0]  # [H, n, n]
+        n = maps.shape[-1]
+        self.pooled[layer] = maps if n <= self.size else F.adaptive_avg_pool2d(maps, self.size)
+        if self.keep_full:
+            self.full[layer] = maps.to(torch.float16)
+
+
+class LayerObserver:
+    """Keeps the full float32 probabilities of one layer."""
+
+    def __init__(self, layer: int, kind: str = "self"):
+        self.layer, self.kind, self.probs = layer, kind, None
+
+    def wants(self, kind: str, layer: int) -> bool:
+        return kind == self.kind and layer == self.layer
+
+    def __call__(self, kind: str, layer: int, probs: Tensor) -> None:
+        self.probs = probs[0]
+
+
+@dataclass
+class AttentionMaps:
+    """Every layer's and head's attention over one text of n tokens (kind "self": the main stack)."""
+    overview: np.ndarray              # [L, H, S, S] float32, S = min(n, overview_size), block-averaged
+    n_tokens: int
+    model: object = field(repr=False)
+    inputs: dict = field(repr=False)
+    full: dict[int, Tensor] = field(default_factory=dict, repr=False)  # layer → [H, n, n] float16
+
+    @property
+    def block(self) -> float:
+        """How many tokens one overview cell averages along each axis."""
+        return self.n_tokens / self.overview.shape[-1]
+
+    def layer(self, layer: int) -> Tensor:
+        """[H, n, n] float32 probabilities of one layer, kept or recomputed."""
+        n_layers = self.overview.shape[0]
+        if not 0 <= layer < n_layers:
+            raise IndexError(f"layer {layer} is out of range: the model has layers 0..{n_layers - 1}")
+        if layer in self.full:
+            return self.full[layer].float()
+        observer = LayerObserver(layer)
+        model = self.model
+        with torch.inference_mode():
+            model.run_stack(model.stack, observer=observer, n_layers=layer + 1, **self.inputs)
+        return observer.probs
+
+    def head(self, layer: int, head: int | None = None, queries: tuple[int, int] | None = None,
+             keys: tuple[int, int] | None = None) -> np.ndarray:
+        """Full-resolution probabilities of one head (None: the mean over the layer's heads), optionally a
+        window: rows queries[0]:queries[1], columns keys[0]:keys[1]."""
+        maps = self.layer(layer)
+        if head is not None and not 0 <= head < maps.shape[0]:
+            raise IndexError(f"head {head} is out of range: layer {layer} has heads 0..{maps.shape[0] - 1}")
+        grid = maps.mean(0) if head is None else maps[head]
+        q0, q1 = queries or (0, self.n_tokens)
+        k0, k1 = keys or (0, self.n_tokens)
+        return grid[q0:q1, k0:k1].float().cpu().numpy()
+
+
+def capture(model, input_ids: Tensor, attention_mask: Tensor | None = None, overview_size: int = 128,
+            keep_full_up_to: int = 512, causal_mask: bool = True, padding_mask: bool = True, scale: bool = True,
+            positions: bool = True) -> AttentionMaps:
+    """One pass over input_ids [1, n] that records the attention of every layer and head of the main stack.
+    Works for decoders and encoders; for seq2seq models use model(..., capture_attention=True)."""
+    if input_ids.ndim != 2 or input_ids.shape[0] != 1:
+        raise ValueError(f"capture takes one text, input_ids [1, n]; got shape {list(input_ids.shape)}")
+    if model.encoder is not None:
+        raise ValueError("capture reads decoder-only and encoder-only models; use model(..., capture_attention=True)")
+    n = input_ids.shape[1]
+    if n > model.config.max_positions:
+        raise ValueError(f"{n} tokens exceed the model's {model.config.max_positions} positions")
+    inputs = dict(input_ids=input_ids.to(model.device),
+                  attention_mask=None if attention_mask is None else attention_mask.to(model.device),
+                  kind="self", causal=causal_mask and model.config.causal, padding_mask=padding_mask, scale=scale,
+                  positions=positions)
+    observer = OverviewObserver(overview_size, keep_full=n <= keep_full_up_to)
+    with torch.inference_mode():
+        model.run_stack(model.stack, observer=observer, **inputs)
+    overview = torch.stack([observer.pooled[i] for i in sorted(observer.pooled)]).float().cpu().numpy()
+    return AttentionMaps(overview=overview, n_tokens=n, model=model, inputs=inputs, full=observer.full)

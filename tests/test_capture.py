@@ -1,0 +1,51 @@
+"""Long-text capture: the pooled overview and the on-demand full resolution equal the plain capture."""
+import numpy as np
+import pytest
+import torch
+
+from core import load_model
+from core.capture import capture
+from tests import tiny
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(tiny.save(tiny.llama(max_position_embeddings=512)), device="cpu")
+
+
+def ids(n):
+    return torch.randint(3, tiny.VOCAB - 1, (1, n), generator=torch.Generator().manual_seed(n))
+
+
+@pytest.mark.parametrize("keep_full_up_to", [512, 0])  # kept in float16, or recomputed per layer
+def test_full_resolution_equals_plain_capture(model, keep_full_up_to):
+    x = ids(40)
+    maps = capture(model, x, keep_full_up_to=keep_full_up_to)
+    reference = model(x, capture_attention=True).attentions
+    tol = 1e-3 if keep_full_up_to else 1e-6  # float16 storage, or the same float32 computation
+    for layer, probs in enumerate(reference):
+        np.testing.assert_allclose(maps.head(layer, 1), probs[0, 1].numpy(), atol=tol)
+        np.testing.assert_allclose(maps.head(layer), probs[0].mean(0).numpy(), atol=tol)
+    window = maps.head(1, 2, queries=(30, 40), keys=(0, 10))
+    np.testing.assert_allclose(window, reference[1][0, 2, 30:40, :10].numpy(), atol=tol)
+
+
+def test_overview_is_block_mean(model):
+    x = ids(300)
+    maps = capture(model, x, overview_size=100)
+    assert maps.overview.shape == (2, 4, 100, 100) and maps.block == 3
+    reference = model(x, capture_attention=True).attentions[1][0, 3]
+    pooled = reference.reshape(100, 3, 100, 3).mean((1, 3))
+    np.testing.assert_allclose(maps.overview[1, 3], pooled.numpy(), atol=1e-6)
+    # rows of the pooled map still sum to one (each averages whole rows)
+    np.testing.assert_allclose(maps.overview.sum(-1) * maps.block, 1.0, atol=1e-4)
+
+
+def test_bad_requests_are_named(model):
+    maps = capture(model, ids(20))
+    with pytest.raises(IndexError, match="layer 5 is out of range"):
+        maps.head(5)
+    with pytest.raises(IndexError, match="head 9 is out of range"):
+        maps.head(0, 9)
+    with pytest.raises(ValueError, match="exceed the model's 512 positions"):
+        capture(model, ids(513))
