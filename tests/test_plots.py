@@ -45,9 +45,9 @@ def test_model_view_tiles_every_layer_and_head_into_one_trace():
     assert mosaic.shape == (4 * 6 - 1, 3 * 6 - 1)  # heads down, layers across, tiles of 5 with a 1-cell gap
     assert list(fig.layout.xaxis.ticktext) == ["L0", "L1", "L2"]
     assert list(fig.layout.yaxis.ticktext) == ["H0", "H1", "H2", "H3"]
-    # tile (layer 2, head 3) is that head scaled to its own peak
+    # tile (layer 2, head 3) is that head scaled to its own peak, on a square-root scale
     tile = mosaic[18:23, 12:17].astype(np.float32) / 255
-    np.testing.assert_allclose(tile, overview[2, 3] / overview[2, 3].max(), atol=1 / 255)
+    np.testing.assert_allclose(tile, np.sqrt(overview[2, 3] / overview[2, 3].max()), atol=1 / 255)
     assert fig.layout.meta == {"layers": 3, "heads": 4, "tile": 5}
 
 

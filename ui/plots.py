@@ -143,7 +143,9 @@ def model_view(overview: np.ndarray, title: str, layer_labels: Sequence[str] | N
     cell = s + gap
     finite = np.where(np.isfinite(overview), overview, 0.0)
     peak = finite.max(axis=(2, 3), keepdims=True)
-    tiles = finite / np.where(peak > 0, peak, 1.0)
+    # colour ∝ √(weight / peak): many heads park most weight on the first token (an "attention sink"),
+    # and a linear scale would leave the rest of the tile white
+    tiles = np.sqrt(finite / np.where(peak > 0, peak, 1.0))
     # uint8 (1 byte per cell instead of 4): the tiles are relative to their own peak anyway,
     # and exact weights are one click away in the head view.
     # layers run left to right and heads top to bottom: deep models (30 layers) then fit a wide screen
@@ -160,7 +162,7 @@ def model_view(overview: np.ndarray, title: str, layer_labels: Sequence[str] | N
             zmin=0,
             zmax=255,
             showscale=False,
-            hovertemplate="weight relative to this head's peak: %{z}/255<extra></extra>",
+            hovertemplate="√(weight / this head's peak) = %{z}/255<extra></extra>",
         )
     )
     tile_px = max(12, min(90, 1200 // max(n_layers, 1)))

@@ -104,7 +104,7 @@ def build(store: service.ModelStore, model: gr.Dropdown, initial) -> AttentionTa
             window = gr.Slider(2, service.MAX_WINDOW, value=64, step=1, label="Window size (tokens per side)")
             button = gr.Button("Show attention", variant="primary", elem_id="attn-run")
     note = gr.Markdown(label="note", elem_id="attn-note")
-    model_fig = gr.Plot(label="Model view: every layer and head (each tile scaled to its own peak)", elem_id="attn-model-view")
+    model_fig = gr.Plot(label="Model view: every layer and head (each tile scaled to its own peak, colour ∝ √weight)", elem_id="attn-model-view")
     with gr.Row():
         head_fig = gr.Plot(label="Head view", elem_id="attn-head-view")
         window_fig = gr.Plot(label="Window", elem_id="attn-window")
