@@ -126,7 +126,7 @@ def test_long_input_is_pooled_truncated_with_a_note_and_every_figure_stays_under
     note, model_view, head_view, window = attention(client, tiny_models["llama"], text=text, q0=1500, k0=1400, window=256)
     seconds = time.perf_counter() - started
     assert "only the first 2,048 are used" in note and "were dropped" in note
-    assert "pooled" in note
+    assert "Model view: each tile averages" in note and "Head view: each cell is the mean" in note
     total = sum(len(p["plot"].encode()) for p in (model_view, head_view, window))
     hv = figure(head_view)["data"][0]
     assert array(hv["z"]).shape == (service.HEAD_OVERVIEW_SIZE, service.HEAD_OVERVIEW_SIZE)
@@ -135,6 +135,10 @@ def test_long_input_is_pooled_truncated_with_a_note_and_every_figure_stays_under
     tile = figure(model_view)["layout"]["meta"]["tile"]
     assert tile < 2048
     print(f"\n2,048 tokens: figures {total:,} bytes in all, answered in {seconds:.1f} s")
+    # the same session moving its window over the same text keeps the all-layer pass
+    note, _, _, window = attention(client, tiny_models["llama"], text=text, layer=1, q0=10, k0=0, window=32)
+    assert "layer 1 recomputed" in note and "kept from the last run" in note
+    assert figure(window)["data"][0]["y"][0].startswith("10 ")
 
 
 def test_generate_streams_tokens_and_reports_speed(client, tiny_models):

@@ -281,38 +281,41 @@ def pool_attention(probs: np.ndarray, q_edges: np.ndarray, k_edges: np.ndarray) 
     return summed / counts[:, None]
 
 
-class _Recorder:
-    """Observer for the core's forward pass: pools each layer at once (so a long input never holds every
-    layer's full matrices) and keeps one layer at full resolution for the head view and the window."""
+class _Seq2SeqMaps:
+    """The encoder's self-attention of an encoder-decoder model, with the interface of core.capture's
+    AttentionMaps. core.capture reads decoder-only and encoder-only stacks; seq2seq texts here are short."""
 
-    def __init__(self, kind: str, keep_layer: int, tile_edges: np.ndarray):
-        self.kind, self.keep_layer, self.tile_edges = kind, keep_layer, tile_edges
-        self.tiles: dict[int, np.ndarray] = {}
-        self.kept: np.ndarray | None = None
+    def __init__(self, model, input_ids: torch.Tensor, overview_size: int):
+        with torch.inference_mode():
+            out = model(input_ids, decoder_input_ids=input_ids[:, :1], capture_attention=True)
+        self.layers = [a[0].to(torch.float16) for a in out.encoder_attentions]       # [H, n, n] each
+        self.n_tokens = input_ids.shape[1]
+        edges = pool_edges(self.n_tokens, overview_size)
+        self.overview = np.stack([pool_attention(a.float().numpy(), edges, edges) for a in self.layers])
 
-    def wants(self, kind: str, layer: int) -> bool:
-        return kind == self.kind
-
-    def __call__(self, kind: str, layer: int, probs: torch.Tensor) -> None:
-        if kind != self.kind:
-            return
-        full = probs[0].float().numpy()                                  # [H, T, T]
-        self.tiles[layer] = pool_attention(full, self.tile_edges, self.tile_edges)
-        if layer == self.keep_layer:
-            self.kept = full.copy()
+    def head(self, layer: int, head: int | None = None) -> np.ndarray:
+        maps = self.layers[layer].float()
+        return (maps.mean(0) if head is None else maps[head]).numpy()
 
 
 @dataclass
 class AttentionResult:
     tokens: Encoded
-    overview: np.ndarray               # [L, H, S, S] pooled (S = T when short)
-    tile_edges: np.ndarray
+    overview: np.ndarray               # [L, H, S, S] block-averaged (S = n when short)
     layer: int
     head: int | None                   # None: mean over the layer's heads
-    head_matrix: np.ndarray            # [T, T] the chosen head (or mean), full resolution
+    head_matrix: np.ndarray            # [n, n] the chosen head (or mean), full resolution
     seconds: float
-    kind: str                          # "self" (decoder or encoder), or "encoder" for seq2seq
-    notes: list[str] = field(default_factory=list)
+    reused: bool                       # the all-layer pass was kept from the previous call on the same text
+    capture: "CaptureCache"
+
+
+@dataclass
+class CaptureCache:
+    """One session's last capture, kept so that moving the window or changing layer on the same text skips
+    the pass over every layer. Small: the pooled overview, no full-resolution maps."""
+    key: tuple
+    maps: object
 
 
 def model_view_tile(n_tokens: int, n_layers: int, n_heads: int) -> int:
@@ -321,22 +324,31 @@ def model_view_tile(n_tokens: int, n_layers: int, n_heads: int) -> int:
     return max(4, min(n_tokens, 64, side))
 
 
-def capture_attention(model, tokens: Encoded, layer: int, head: int | None) -> AttentionResult:
-    """Run the model once on the tokens; pool every layer for the model view and keep `layer` in full."""
+def capture_attention(model, model_name: str, tokens: Encoded, layer: int, head: int | None,
+                      previous: CaptureCache | None = None) -> AttentionResult:
+    """Every layer × head pooled for the model view (core.capture), and one layer at full resolution.
+
+    Which view gets which resolution: the model view gets block averages (tile side from model_view_tile);
+    the head view and the window get the chosen layer exactly, recomputed by a pass up to that layer."""
     cfg = model.config
-    kind = "encoder" if cfg.is_encoder_decoder else "self"
     n = len(tokens.ids)
-    tile_edges = pool_edges(n, model_view_tile(n, cfg.n_layers, cfg.n_heads))
-    recorder = _Recorder(kind, layer, tile_edges)
+    key = (model_name, n, hash(tuple(tokens.ids)))
     started = time.perf_counter()
-    ids = as_batch(tokens.ids)
-    with torch.inference_mode():
-        model(ids, observer=recorder) if not cfg.is_encoder_decoder else model(ids, decoder_input_ids=ids[:, :1], observer=recorder)
+    reused = previous is not None and previous.key == key
+    if reused:
+        maps = previous.maps
+    else:
+        tile = model_view_tile(n, cfg.n_layers, cfg.n_heads)
+        if model.encoder is not None:
+            maps = _Seq2SeqMaps(model, as_batch(tokens.ids), tile)
+        else:
+            from core.capture import capture  # noqa: PLC0415
+
+            # keep nothing at full resolution: one layer is recomputed below, and the session keeps only the overview
+            maps = capture(model, as_batch(tokens.ids), overview_size=tile, keep_full_up_to=0)
+    head_matrix = maps.head(layer, head)
     seconds = time.perf_counter() - started
-    overview = np.stack([recorder.tiles[i] for i in sorted(recorder.tiles)])
-    full = recorder.kept
-    head_matrix = full.mean(axis=0) if head is None else full[head]
-    return AttentionResult(tokens, overview, tile_edges, layer, head, head_matrix, seconds, kind)
+    return AttentionResult(tokens, maps.overview, layer, head, head_matrix, seconds, reused, CaptureCache(key, maps))
 
 
 def visible_positions(tokens: Encoded, start: int, stop: int, hide_special: bool) -> np.ndarray:

@@ -12,6 +12,8 @@ from ui import plots, service
 from ui.common import ANALYSIS, ANALYSIS_LIMIT, parse_head, progress_callback, read_example, text_with_upload, user_errors
 from ui.service import UserError
 
+CAPTURE_TTL_S = 1800  # a session's kept capture is dropped after half an hour
+
 INTRO = """Each heatmap row is one **query** token and shows how its attention weights (softmax of eq. 2.1, summing to 1)
 are spread over the **key** tokens. Decoders show a lower triangle: the causal mask hides later tokens. Encoders
 (e.g. minilm-l6) attend in both directions. A strong weight says where a head looked, not why the model decided
@@ -28,8 +30,10 @@ class AttentionTab:
     run_event: dict     # click-event arguments (fn, inputs, outputs, …) to run the tab again from elsewhere
 
 
-def attention_view(store: service.ModelStore, name, text, layer, head, hide_special, q_start, k_start, window, progress=None):
-    """Figures of the model view, the head view and the window, plus a note; the body of the `attention` endpoint."""
+def attention_view(store: service.ModelStore, name, text, layer, head, hide_special, q_start, k_start, window, progress=None,
+                   previous: service.CaptureCache | None = None):
+    """Figures of the model view, the head view and the window, a note, and the capture to keep for the next
+    call of this session; the body of the `attention` endpoint."""
     model = store.get(name, progress)
     cfg = model.config
     tokens = service.encode(model, text, service.MAX_ATTENTION_TOKENS)
@@ -40,7 +44,7 @@ def attention_view(store: service.ModelStore, name, text, layer, head, hide_spec
     q_start = service.check_range("Window query start", q_start, 0, max(n - 1, 0))
     k_start = service.check_range("Window key start", k_start, 0, max(n - 1, 0))
 
-    result = service.capture_attention(model, tokens, layer, head)
+    result = service.capture_attention(model, name, tokens, layer, head, previous)
     head_name = "mean of heads" if head is None else f"head {head}"
     side = result.overview.shape[-1]
     direction = "bidirectional (encoder)" if not cfg.causal else "causal (decoder)"
@@ -72,18 +76,20 @@ def attention_view(store: service.ModelStore, name, text, layer, head, hide_spec
         f"Queries {q_pos[0]}–{q_pos[-1]} × keys {k_pos[0]}–{k_pos[-1]}, full resolution",
         height=560,
     )
-    notes = [f"**{n:,} tokens**, captured in {result.seconds:.2f} s."]
+    notes = [f"**{n:,} tokens**, " + (f"layer {layer} recomputed in {result.seconds:.2f} s (the other layers were kept from the last run)."
+                                       if result.reused else f"captured in {result.seconds:.2f} s.")]
     if tokens.note:
         notes.append("⚠️ " + tokens.note)
-    pooled = [view for view, is_pooled in (("model view", side != n), ("head view", n > service.FULL_VIEW_TOKENS)) if is_pooled]
-    if pooled:
+    if side != n:
+        notes.append(f"Model view: each tile averages blocks of about {n / side:.1f} × {n / side:.1f} tokens.")
+    if n > service.FULL_VIEW_TOKENS:
         notes.append(
-            f"The {' and '.join(pooled)} {'is' if len(pooled) == 1 else 'are'} pooled: each cell is the mean, over a block of queries, "
-            "of the weight they put on a block of keys, so rows still sum to 1. The window shows single tokens exactly."
+            "Head view: each cell is the mean, over a block of queries, of the weight they put on a block of keys, so rows "
+            "still sum to 1. The window below shows single tokens exactly; move it to see any part."
         )
     if hide_special and any(tokens.special):
         notes.append("Special tokens are hidden in the head view and window (their weights are not renormalised).")
-    return "  \n".join(notes), model_fig, head_fig, window_fig
+    return "  \n".join(notes), model_fig, head_fig, window_fig, result.capture
 
 
 def build(store: service.ModelStore, model: gr.Dropdown, initial) -> AttentionTab:
@@ -111,12 +117,15 @@ def build(store: service.ModelStore, model: gr.Dropdown, initial) -> AttentionTa
 
     @user_errors
     def run(model_name, text_value, layer_index, head_index, hide_special_tokens, window_query_start, window_key_start, window_size,
-            progress=gr.Progress()):
+            previous, progress=gr.Progress()):
         return attention_view(store, model_name, text_value, layer_index, head_index, hide_special_tokens, window_query_start,
-                              window_key_start, window_size, progress_callback(progress))
+                              window_key_start, window_size, progress_callback(progress), previous)
 
-    event = dict(fn=run, inputs=[model, text, layer, head, hide_special, q_start, k_start, window],
-                 outputs=[note, model_fig, head_fig, window_fig], concurrency_id=ANALYSIS, concurrency_limit=ANALYSIS_LIMIT)
+    # per session: the last capture, so a new window or layer on the same text skips the all-layer pass
+    last_capture = gr.State(None, time_to_live=CAPTURE_TTL_S)
+    event = dict(fn=run, inputs=[model, text, layer, head, hide_special, q_start, k_start, window, last_capture],
+                 outputs=[note, model_fig, head_fig, window_fig, last_capture], concurrency_id=ANALYSIS,
+                 concurrency_limit=ANALYSIS_LIMIT)
     button.click(**event, api_name="attention")
 
     @user_errors
