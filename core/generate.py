@@ -5,6 +5,7 @@ with it, a decode step computes one query, one key and one value per layer and r
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -98,8 +99,24 @@ def token_budget(model, prompt_len: int, max_new_tokens: int) -> int:
     return max_new_tokens if model.config.is_encoder_decoder else min(max_new_tokens, room)
 
 
+def decode_step(model, tokens: Tensor, mask: Tensor | None, cache, observer=None, **context) -> Tensor:
+    """New tokens [B, T] through the decoder with the cache → logits of the last position [B, vocab]."""
+    hidden = model.run_stack(model.stack, tokens, mask, kind="self", causal=model.config.causal, padding_mask=True,
+                             scale=True, positions=True, cache=cache, observer=observer, **context)
+    return model.logits(hidden[:, -1:])[:, -1]
+
+
+def compiled_decode_step(model):
+    """decode_step through torch.compile, built once per model. Compiling takes minutes on a small CPU, so
+    it is asked for (compile=True), not the default; where it fails, generation carries on uncompiled."""
+    if getattr(model, "_compiled_decode", None) is None:
+        model._compiled_decode = torch.compile(decode_step, dynamic=True)
+    return model._compiled_decode
+
+
 def steps(model, input_ids: Tensor, max_new_tokens: int, sampling: Sampling, attention_mask: Tensor | None = None,
-          stop: list[str] | str | None = None, capture_attention: bool = False) -> Iterator[tuple[Tensor, Tensor | None]]:
+          stop: list[str] | str | None = None, capture_attention: bool = False,
+          compile: bool = False) -> Iterator[tuple[Tensor, Tensor | None]]:
     """Yield (tokens [B], attention rows [B, L, H, Tk] or None) for each new token, until every row has
     produced an end-of-sequence token, a stop string appeared, or the budget is spent."""
     sampling.check()
@@ -138,13 +155,20 @@ def steps(model, input_ids: Tensor, max_new_tokens: int, sampling: Sampling, att
         if sampling.repetition_penalty != 1.0:
             seen = torch.zeros(batch, cfg.vocab_size, dtype=torch.bool, device=device)
             seen.scatter_(1, tokens if cfg.is_encoder_decoder else input_ids, True)
-    for _ in range(budget):
+    step_fn = decode_step
+    for index in range(budget):
         with torch.inference_mode():
             # prefill on the first pass (the whole prompt), then decode one token at a time
-            hidden = model.run_stack(model.stack, tokens, decoder_mask, kind="self", causal=cfg.causal,
-                                     padding_mask=True, scale=True, positions=True, cache=cache,
-                                     observer=recorder, **context)
-            logits = model.logits(hidden[:, -1:])[:, -1]
+            if compile and index == 1 and recorder is None:
+                step_fn = compiled_decode_step(model)
+            try:
+                logits = step_fn(model, tokens, decoder_mask, cache, recorder, **context)
+            except Exception as err:  # a compiler failure: fall back to the eager step, once
+                if step_fn is decode_step:
+                    raise
+                warnings.warn(f"compiled decode step failed ({type(err).__name__}: {err}); continuing uncompiled")
+                model._compiled_decode, step_fn = None, decode_step  # the cache is rewritten from the same position
+                logits = decode_step(model, tokens, decoder_mask, cache, recorder, **context)
             token = next_token(logits, sampling, seen, generator)
             if cfg.eos_ids:
                 token = torch.where(done, eos[0], token)  # finished rows keep emitting end-of-sequence
@@ -165,10 +189,12 @@ def steps(model, input_ids: Tensor, max_new_tokens: int, sampling: Sampling, att
 
 def generate(model, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, repetition_penalty: float = 1.0, seed: int | None = None,
-             stop: list[str] | str | None = None, attention_mask: Tensor | None = None) -> Tensor:
-    """The prompt followed by the new tokens: [B, T + new] (for seq2seq: decoder start token + new tokens)."""
+             stop: list[str] | str | None = None, attention_mask: Tensor | None = None, compile: bool = False) -> Tensor:
+    """The prompt followed by the new tokens: [B, T + new] (for seq2seq: decoder start token + new tokens).
+    compile=True runs the one-token decode step through torch.compile (for GPUs; see compiled_decode_step)."""
     sampling = Sampling(temperature, top_k, top_p, repetition_penalty, seed)
-    new = [token for token, _ in steps(model, input_ids, max_new_tokens, sampling, attention_mask, stop)]
+    new = [token for token, _ in steps(model, input_ids, max_new_tokens, sampling, attention_mask, stop,
+                                       compile=compile)]
     device = model.device
     if model.config.is_encoder_decoder:
         start = torch.full((input_ids.shape[0], 1), model.config.decoder_start_token_id, device=device)
@@ -179,13 +205,14 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, temperature: float =
 def stream(model, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
            top_p: float | None = None, repetition_penalty: float = 1.0, seed: int | None = None,
            stop: list[str] | str | None = None, attention_mask: Tensor | None = None,
-           capture_attention: bool = False) -> Iterator:
+           capture_attention: bool = False, compile: bool = False) -> Iterator:
     """Yield each new token id (an int) as soon as it is made; a batch yields tensors [B].
     With capture_attention, yield (token, rows) where rows [L, H, Tk] float16 is the attention of the
     query that produced this token, per layer and head, over the context so far."""
     sampling = Sampling(temperature, top_k, top_p, repetition_penalty, seed)
     single = input_ids.shape[0] == 1
-    for token, rows in steps(model, input_ids, max_new_tokens, sampling, attention_mask, stop, capture_attention):
+    for token, rows in steps(model, input_ids, max_new_tokens, sampling, attention_mask, stop, capture_attention,
+                             compile):
         out = int(token[0]) if single else token
         if capture_attention:
             yield out, (rows[0] if single else rows)

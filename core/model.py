@@ -383,18 +383,14 @@ class Transformer(nn.Module):
         cfg = self.config
         return KVCache(cfg.n_layers, batch, cfg.n_kv_heads, max_len, cfg.head_dim, self.dtype, self.device)
 
-    def generate(self, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
-                 top_p: float | None = None, repetition_penalty: float = 1.0, seed: int | None = None,
-                 stop: list[str] | str | None = None, attention_mask: Tensor | None = None) -> Tensor:
-        return generation.generate(self, input_ids, max_new_tokens, temperature, top_k, top_p, repetition_penalty,
-                                 seed, stop, attention_mask)
+    def generate(self, input_ids: Tensor, max_new_tokens: int, **options) -> Tensor:
+        """Prompt + new tokens. options: temperature=0.0, top_k, top_p, repetition_penalty=1.0, seed, stop,
+        attention_mask, compile (see core.generate.generate)."""
+        return generation.generate(self, input_ids, max_new_tokens, **options)
 
-    def stream(self, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
-               top_p: float | None = None, repetition_penalty: float = 1.0, seed: int | None = None,
-               stop: list[str] | str | None = None, attention_mask: Tensor | None = None,
-               capture_attention: bool = False):
-        return generation.stream(self, input_ids, max_new_tokens, temperature, top_k, top_p, repetition_penalty,
-                               seed, stop, attention_mask, capture_attention)
+    def stream(self, input_ids: Tensor, max_new_tokens: int, **options):
+        """Token ids as they are made; the same options, plus capture_attention (see core.generate.stream)."""
+        return generation.stream(self, input_ids, max_new_tokens, **options)
 
     def logits(self, hidden: Tensor) -> Tensor | None:
         return None if self.lm_head is None else self.lm_head(hidden, self.stack.embed.tokens.weight)

@@ -181,3 +181,19 @@ def test_bad_sampling_settings_are_named(pairs, bad):
     _, model = pairs["gpt2"]
     with pytest.raises(ValueError, match=next(iter(bad))):
         model.generate(prompt(), 3, **bad)
+
+
+def test_compile_falls_back_cleanly_when_the_compiler_fails(pairs, monkeypatch):
+    _, model = pairs["llama-gqa"]
+    ids = prompt()
+    expected = model.generate(ids, 12)
+
+    def broken_compile(fn, **kw):
+        def fails(*args, **kwargs):
+            raise RuntimeError("no compiler here")
+        return fails
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    model._compiled_decode = None
+    with pytest.warns(UserWarning, match="compiled decode step failed .*no compiler here"):
+        assert torch.equal(model.generate(ids, 12, compile=True), expected)
