@@ -134,6 +134,23 @@ def test_generate_tab_streams_and_sends_its_text_to_the_attention_tab(page):
     expect_plot(page, "attn-head-view")
 
 
+def test_stop_button_ends_a_long_generation(page):
+    open_tab(page, "Generate")
+    page.locator("#gen-chat input").uncheck()
+    slider = page.locator("#gen-max-new input[type=number]")
+    slider.fill("512")
+    slider.press("Enter")
+    page.locator("#gen-run").click()
+    stats = page.locator("#gen-stats")
+    expect(stats).to_contain_text("writing", timeout=RUN_TIMEOUT_MS)
+    page.locator("#gen-stop").click()
+    expect(stats).to_contain_text("stopped", timeout=10_000)
+    text = page.locator("#gen-output textarea").input_value()
+    page.wait_for_timeout(1500)
+    assert page.locator("#gen-output textarea").input_value() == text, "text kept growing after Stop"
+    assert "done" not in stats.inner_text()
+
+
 def test_positional_tab_draws_sinusoids_similarity_and_rope(page):
     open_tab(page, "Positional encoding")
     page.locator("#pe-run").click()

@@ -30,7 +30,7 @@ def build(store: service.ModelStore, model: gr.Dropdown, initial) -> GenerateTab
             chat = gr.Checkbox(value=True, label="Chat mode (wrap the prompt in the model's chat template)",
                                elem_id="gen-chat")
         with gr.Column(scale=2):
-            max_new = gr.Slider(1, service.MAX_GENERATE_TOKENS, value=64, step=1, label="Max new tokens")
+            max_new = gr.Slider(1, service.MAX_GENERATE_TOKENS, value=64, step=1, label="Max new tokens", elem_id="gen-max-new")
             temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
             with gr.Row():
                 top_k = gr.Number(value=0, label="Top-k (0 = off)", precision=0)
@@ -63,7 +63,7 @@ def build(store: service.ModelStore, model: gr.Dropdown, initial) -> GenerateTab
         concurrency_id=GENERATE,
         concurrency_limit=GENERATE_LIMIT,
     )
-    stop.click(None, None, None, cancels=[event], api_visibility="private")
+    stop.click(mark_stopped, stats, stats, cancels=[event], api_visibility="private", queue=False)
 
     @user_errors
     def chat_default(name):
@@ -72,6 +72,10 @@ def build(store: service.ModelStore, model: gr.Dropdown, initial) -> GenerateTab
 
     model.change(chat_default, model, chat, api_visibility="private")
     return GenerateTab(sent=sent, send=send)
+
+
+def mark_stopped(stats: str) -> str:
+    return stats.replace("writing…", "stopped") if "writing…" in stats else stats
 
 
 def stats_line(update: service.GenerationUpdate) -> str:
