@@ -305,7 +305,7 @@ class Transformer(nn.Module):
 
         attention_mask: [B, T] for the new tokens, or [B, cached + T] (1 = real token, 0 = padding).
         """
-        batch, n = input_ids.shape
+        n = input_ids.shape[1]
         start = cache.length if cache is not None else 0
         key_mask = None
         if cache is not None:

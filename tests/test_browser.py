@@ -111,6 +111,16 @@ def test_attention_tab_reads_an_uploaded_file(page, tmp_path):
     expect(page.locator("#attn-head-view")).to_contain_text("0 U")  # the first token of the file
 
 
+def test_a_file_over_1_mb_is_refused_in_the_page(page, tmp_path):
+    open_tab(page, "Attention")
+    before = page.locator("#attn-text textarea").input_value()
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"word " * 240_000)  # 1.2 MB
+    page.locator("#attn-upload input[type=file]").set_input_files(str(big))
+    expect(page.locator(".toast-body").first).to_contain_text(re.compile(r"(exceed|too large|max|1 ?MB)", re.IGNORECASE), timeout=RUN_TIMEOUT_MS)
+    assert page.locator("#attn-text textarea").input_value() == before  # nothing typed is lost
+
+
 def test_empty_text_shows_a_message_not_a_traceback(page):
     open_tab(page, "Attention")
     page.locator("#attn-text textarea").fill("")
