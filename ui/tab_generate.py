@@ -27,7 +27,7 @@ def build(store: service.ModelStore, model: gr.Dropdown, initial) -> GenerateTab
     with gr.Row():
         with gr.Column(scale=3):
             prompt, _ = text_with_upload("Prompt", read_example("generate.txt"), "gen", lines=4)
-            chat = gr.Checkbox(value=True, label="Chat mode (wrap the prompt in the model's chat template)",
+            chat = gr.Checkbox(value=bool(getattr(initial.tokenizer, "chat_template", None)), label="Chat mode (wrap the prompt in the model's chat template)",
                                elem_id="gen-chat")
         with gr.Column(scale=2):
             max_new = gr.Slider(1, service.MAX_GENERATE_TOKENS, value=64, step=1, label="Max new tokens", elem_id="gen-max-new")
@@ -63,7 +63,9 @@ def build(store: service.ModelStore, model: gr.Dropdown, initial) -> GenerateTab
         concurrency_id=GENERATE,
         concurrency_limit=GENERATE_LIMIT,
     )
-    stop.click(mark_stopped, stats, stats, cancels=[event], api_visibility="private", queue=False)
+    # cancel first, then relabel: an update still in flight from the stream must not overwrite "stopped"
+    stop.click(None, None, None, cancels=[event], api_visibility="private").then(
+        mark_stopped, stats, stats, api_visibility="private", queue=False)
 
     @user_errors
     def chat_default(name):

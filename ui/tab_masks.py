@@ -95,6 +95,9 @@ def mask_view(store: service.ModelStore, name, text, layer, head, start, size, t
     """Every figure of the tab; the body of the `mask_demo` endpoint."""
     model = store.get(name, progress)
     cfg = model.config
+    if cfg.is_encoder_decoder:
+        raise service.UserError(f"The mask demo reads decoder-only and encoder-only models; {name} is an encoder-decoder. "
+                                "Pick smollm2-135m-instruct or minilm-l6.")
     layer = service.check_range("Layer", layer, 0, cfg.n_layers - 1)
     head = parse_head(head, cfg.n_heads, allow_mean=False)
     tokens = service.encode(model, text, service.MAX_ATTENTION_TOKENS // 4)

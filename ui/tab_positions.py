@@ -47,7 +47,9 @@ def sinusoid_figures(n: int, d: int, p: int, k: int):
 def learned_figures(model, n: int):
     table = model.learned_positions()
     if table is None:
-        reason = f"{model.config.family} uses {model.config.positional} positions: it has no learned position table."
+        reason = (f"{model.config.family} adds the fixed sinusoids shown above: it has no learned position table."
+                  if model.config.positional == "sinusoidal"
+                  else f"{model.config.family} uses {model.config.positional} positions: it has no learned position table.")
         return plots.empty_figure(reason), plots.empty_figure(reason)
     table = table.float().numpy()
     rows = min(table.shape[0], max(2, n), max(2, MAX_LEARNED_CELLS // table.shape[1]))
