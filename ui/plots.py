@@ -316,18 +316,21 @@ def bar_figure(
     y_title: str,
     height: int = 380,
     text_format: str = ".3f",
+    x_title: str | None = None,
 ) -> go.Figure:
-    """Grouped bars: one group per category, one bar per named series."""
+    """Grouped bars: one group per category, one bar per named series (values printed when there are few)."""
     fig = go.Figure()
+    show_values = len(categories) <= 8
     for name, values in series.items():
         values = [float(v) for v in values]
         if len(values) != len(categories):
             raise ValueError(f"bar_figure: series {name!r} has {len(values)} values for {len(categories)} categories")
         fig.add_trace(
-            go.Bar(x=list(categories), y=values, name=name, text=[format(v, text_format) for v in values], textposition="outside",
-                   cliponaxis=False)
+            go.Bar(x=list(categories), y=values, name=name, text=[format(v, text_format) for v in values] if show_values else None,
+                   textposition="outside", cliponaxis=False)
         )
     _base_layout(fig, title, height)
+    fig.update_xaxes(title_text=x_title, type="category")
     fig.update_yaxes(title_text=y_title)
     fig.update_layout(barmode="group", legend={"orientation": "h", "y": -0.2}, margin={"t": 80})
     return fig

@@ -77,19 +77,20 @@ def terminal_progress() -> ProgressFn | None:
 
 
 class ModelStore:
-    """Loaded models, one per name, shared by all sessions (weights are read-only), at most `capacity`."""
+    """Loaded models, one per name, shared by all sessions (weights are read-only), at most `capacity`.
+
+    A model being pulled or loaded holds only its own name's lock, so users of models already in memory
+    never wait behind someone else's download."""
 
     def __init__(self, capacity: int = 2, extra_names: list[str] | None = None):
         self.capacity = capacity
         self.extra_names = list(extra_names or [])
         self._models: OrderedDict[str, torch.nn.Module] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()                       # guards _models and _loading
+        self._loading: dict[str, threading.Lock] = {}
 
     def names(self) -> list[str]:
         return list(dict.fromkeys(self.extra_names + known_model_names()))
-
-    def is_loaded(self, name: str) -> bool:
-        return name in self._models
 
     def get(self, name: str, progress: ProgressFn | None = None):
         if not name:
@@ -98,10 +99,17 @@ class ModelStore:
             if name in self._models:
                 self._models.move_to_end(name)
                 return self._models[name]
+            name_lock = self._loading.setdefault(name, threading.Lock())
+        with name_lock:
+            with self._lock:
+                if name in self._models:  # loaded by another session while this one waited
+                    return self._models[name]
             model = self._load(name, progress)
-            self._models[name] = model
-            while len(self._models) > self.capacity:
-                self._models.popitem(last=False)
+            with self._lock:
+                self._models[name] = model
+                while len(self._models) > self.capacity:
+                    self._models.popitem(last=False)
+                self._loading.pop(name, None)
             return model
 
     def _load(self, name: str, progress: ProgressFn | None):

@@ -54,12 +54,13 @@ def padding_section(model, text_a: str, text_b: str):
     ids_a = service.encode(model, text_a, 256).ids
     ids_b = service.encode(model, text_b, 256).ids
     result = service.padding_effect(model, ids_a, ids_b)
-    layers = [f"layer {i}" for i in range(len(result["results"]["padding mask on"]["pad_mass"]))]
+    layers = [str(i) for i in range(len(result["results"]["padding mask on"]["pad_mass"]))]
     fig = plots.bar_figure(
         layers,
         {name: r["pad_mass"] for name, r in result["results"].items()},
-        f"Attention mass that the short text's real tokens put on its {result['n_pad']} pad tokens ({result['side']} padding)",
+        f"Weight the short text puts on its {result['n_pad']} pad tokens ({result['side']} padding)",
         "mean weight on pad keys",
+        x_title="layer",
     )
     on, off = result["results"]["padding mask on"], result["results"]["padding mask off"]
     text = (

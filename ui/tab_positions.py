@@ -84,8 +84,7 @@ def rope_figures(model, text: str, layer: int, head: int, n: int):
     series = {f"key at position {m}, query at {m}+Δ": curves[m] for m in offsets}
     score_fig = plots.line_figure(
         distances, series,
-        f"Score q·k/√d_k of one real pair (layer {layer}, head {head}: query = '{tokens.labels[query_pos]}', key = '{tokens.labels[key_pos]}') "
-        "against relative distance Δ",
+        f"Score q·k/√d_k vs distance Δ (layer {layer}, head {head}; q of '{tokens.labels[query_pos]}', k of '{tokens.labels[key_pos]}')",
         "relative distance Δ (tokens)", "score",
     )
     spread = max(float(np.abs(curves[m] - curves[0]).max()) for m in offsets)

@@ -1,0 +1,101 @@
+"""ui/service.py without Gradio: model cache, text handling, pooling, the positional and mask measurements."""
+
+from __future__ import annotations
+
+import ast
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tiny_app_model import build_tiny_llama
+from ui import service
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    return str(build_tiny_llama(tmp_path_factory.mktemp("service-models") / "tiny-llama", max_positions=64))
+
+
+def test_service_imports_no_gradio():
+    tree = ast.parse(Path(service.__file__).read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert "gradio" not in imported
+
+
+def test_model_store_loads_each_name_once_even_when_sessions_ask_together(tiny_llama, monkeypatch):
+    store = service.ModelStore()
+    loads = []
+    real_load = store._load
+    monkeypatch.setattr(store, "_load", lambda name, progress: loads.append(name) or real_load(name, progress))
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(store.get(tiny_llama))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert loads == [tiny_llama]
+    assert len({id(m) for m in results}) == 1
+
+
+def test_model_store_evicts_the_least_recently_used(tiny_llama, tmp_path):
+    other = str(build_tiny_llama(tmp_path / "other", max_positions=32))
+    store = service.ModelStore(capacity=1)
+    first = store.get(tiny_llama)
+    store.get(other)
+    assert store.get(tiny_llama) is not first  # evicted, loaded again
+
+
+def test_encode_cuts_long_text_and_says_how_much(tiny_llama):
+    model = service.ModelStore().get(tiny_llama)
+    enc = service.encode(model, "the lamp at dawn " * 100, max_tokens=1000)
+    assert len(enc.ids) == 64  # the model's context, smaller than the view's limit
+    assert "only the first 64 are used (the model's context)" in enc.note
+    assert enc.labels[0].startswith("0 ") and len(set(enc.labels)) == len(enc.labels)
+    with pytest.raises(service.UserError, match="The text is empty"):
+        service.encode(model, " \n ")
+
+
+def test_pool_attention_keeps_rows_summing_to_one():
+    rng = np.random.default_rng(0)
+    probs = rng.random((3, 37, 37)).astype(np.float32)
+    probs /= probs.sum(-1, keepdims=True)
+    edges = service.pool_edges(37, 8)
+    pooled = service.pool_attention(probs, edges, edges)
+    assert pooled.shape == (3, 8, 8)
+    np.testing.assert_allclose(pooled.sum(-1), 1.0, atol=1e-5)
+    assert edges[0] == 0 and edges[-1] == 37
+
+
+def test_sinusoidal_shift_is_a_rotation():
+    pe = service.sinusoidal(100, 32)
+    np.testing.assert_allclose(pe[1, 2], np.sin(1 / 10000 ** (2 / 32)), atol=1e-7)  # eq. 4.1
+    check = service.pe_shift_check(pe, 32, 7)
+    assert check["analytic_max_error"] < 1e-5 and check["rotation_orthogonality"] < 1e-12
+    assert check["fit_max_error"] < 1e-5
+    with pytest.raises(service.UserError, match="offset k"):
+        service.pe_shift_check(pe, 32, 100)
+
+
+def test_read_upload_messages(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"\xef\xbb\xbfhello")  # a UTF-8 BOM is dropped
+    assert service.read_upload(tmp_path / "a.txt") == "hello"
+    (tmp_path / "big.md").write_bytes(b"x" * (service.MAX_UPLOAD_BYTES + 1))
+    with pytest.raises(service.UserError, match="the limit is 1 MB"):
+        service.read_upload(tmp_path / "big.md")
+    (tmp_path / "b.txt").write_bytes(b"ok \xff")
+    with pytest.raises(service.UserError, match=r"not UTF-8 text \(byte 3 is 0xff\)"):
+        service.read_upload(tmp_path / "b.txt")
+
+
+def test_padding_mask_keeps_real_outputs_and_its_absence_moves_them(tiny_llama):
+    model = service.ModelStore().get(tiny_llama)
+    long_ids = service.encode(model, "The keeper rowed out to the rocks at dawn.").ids
+    short_ids = service.encode(model, "At dawn.").ids
+    result = service.padding_effect(model, long_ids, short_ids)
+    on, off = result["results"]["padding mask on"], result["results"]["padding mask off"]
+    assert result["side"] == "left" and result["n_pad"] == len(long_ids) - len(short_ids)
+    assert max(on["pad_mass"]) == 0 and min(off["pad_mass"]) > 0
+    assert on["max_change"] < 1e-4 < off["max_change"]
