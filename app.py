@@ -35,13 +35,13 @@ def build_demo(store: service.ModelStore, default_model: str) -> gr.Blocks:
         picker = model_picker.build(store, default_model)
         with gr.Tabs(selected="attention") as tabs:
             with gr.Tab("Generate", id="generate"):
-                generate = tab_generate.build(store, picker.model, initial)
+                generate = tab_generate.build(store, picker, initial)
             with gr.Tab("Attention", id="attention"):
-                attention = tab_attention.build(store, picker.model, initial)
+                attention = tab_attention.build(store, picker, initial)
             with gr.Tab("Positional encoding", id="positions"):
-                tab_positions.build(store, picker.model, initial)
+                tab_positions.build(store, picker, initial)
             with gr.Tab("Masks", id="masks"):
-                tab_masks.build(store, picker.model, initial)
+                tab_masks.build(store, picker, initial)
 
         def send_to_attention(text: str):
             if not text:

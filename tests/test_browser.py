@@ -99,6 +99,27 @@ def test_attention_tab_draws_model_view_head_view_and_window_with_hover(page):
     shot(page, "attention")
 
 
+def test_switching_to_an_encoder_updates_the_card_and_shows_attention_both_ways(page, app_url):
+    page.locator("#model-picker input").click()
+    page.get_by_role("option", name=re.compile("tiny-bert")).click()
+    expect(page.locator("#model-card")).to_contain_text("encoder (bidirectional)", timeout=RUN_TIMEOUT_MS)
+    open_tab(page, "Attention")
+    expect(page.locator("#attn-layer")).to_contain_text("Layer (0–1)")
+    page.locator("#attn-run").click()
+    expect_plot(page, "attn-head-view")
+    expect(page.locator("#attn-model-view")).to_contain_text("bidirectional (encoder)")
+    expect(page.locator("#attn-head-view")).to_contain_text("[CLS]")
+
+
+def test_a_model_that_cannot_be_fetched_gives_one_clear_message(page):
+    page.locator("#model-picker input").click()
+    page.get_by_role("option", name="gpt2", exact=True).click()
+    toast = page.locator(".toast-body")
+    expect(toast.first).to_contain_text("Model 'gpt2' cannot be loaded here", timeout=RUN_TIMEOUT_MS)
+    page.wait_for_timeout(1000)
+    assert toast.count() == 1, "one failed load should give one message, not one per tab"
+
+
 def test_attention_tab_reads_an_uploaded_file(page, tmp_path):
     open_tab(page, "Attention")
     path = tmp_path / "story.txt"

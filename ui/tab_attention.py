@@ -10,6 +10,7 @@ import numpy as np
 
 from ui import plots, service
 from ui.common import ANALYSIS, ANALYSIS_LIMIT, parse_head, progress_callback, read_example, text_with_upload, user_errors
+from ui.model_picker import Picker
 from ui.service import UserError
 
 CAPTURE_TTL_S = 1800  # a session's kept capture is dropped after half an hour
@@ -92,8 +93,9 @@ def attention_view(store: service.ModelStore, name, text, layer, head, hide_spec
     return "  \n".join(notes), model_fig, head_fig, window_fig, result.capture
 
 
-def build(store: service.ModelStore, model: gr.Dropdown, initial) -> AttentionTab:
+def build(store: service.ModelStore, picker: Picker, initial) -> AttentionTab:
     """initial: the model the page opens on, for the layer and head ranges."""
+    model = picker.model
     gr.Markdown(INTRO)
     with gr.Row():
         with gr.Column(scale=3):
@@ -133,5 +135,5 @@ def build(store: service.ModelStore, model: gr.Dropdown, initial) -> AttentionTa
         cfg = store.get(name).config
         return gr.Number(value=0, label=f"Layer (0–{cfg.n_layers - 1})"), gr.Dropdown(choices=head_choices(cfg.n_heads), value="mean of heads")
 
-    model.change(limits, model, [layer, head], api_visibility="private", concurrency_id=ANALYSIS)
+    picker.loaded.success(limits, model, [layer, head], api_visibility="private")
     return AttentionTab(text=text, run_event={**event, "api_visibility": "private"})

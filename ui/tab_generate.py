@@ -8,6 +8,7 @@ import gradio as gr
 
 from ui import service
 from ui.common import progress_callback, read_example, text_with_upload, user_errors
+from ui.model_picker import Picker
 
 GENERATE = "generate"
 GENERATE_LIMIT = 2  # two users can generate at once; each stream yields the CPU between tokens
@@ -19,7 +20,8 @@ class GenerateTab:
     send: gr.Button
 
 
-def build(store: service.ModelStore, model: gr.Dropdown, initial) -> GenerateTab:
+def build(store: service.ModelStore, picker: Picker, initial) -> GenerateTab:
+    model = picker.model
     gr.Markdown(
         "The model extends the prompt one token at a time. Greedy (temperature 0) always picks the most likely "
         "token; higher temperatures, top-k and top-p sample. A seed makes sampling repeat exactly."
@@ -72,7 +74,7 @@ def build(store: service.ModelStore, model: gr.Dropdown, initial) -> GenerateTab
         tok = store.get(name).tokenizer
         return gr.Checkbox(value=bool(getattr(tok, "chat_template", None)))
 
-    model.change(chat_default, model, chat, api_visibility="private")
+    picker.loaded.success(chat_default, model, chat, api_visibility="private")
     return GenerateTab(sent=sent, send=send)
 
 

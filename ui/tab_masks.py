@@ -8,6 +8,7 @@ import numpy as np
 
 from ui import plots, service
 from ui.common import ANALYSIS, ANALYSIS_LIMIT, parse_head, progress_callback, read_example, text_with_upload, user_errors
+from ui.model_picker import Picker
 
 INTRO = """Eq. 2.1 step by step for a window of tokens: scores QKᵀ/√d_k, then the mask M added (0 where attention is
 allowed, −∞ where it is not, drawn grey), then the row-wise softmax. Below, the model is run on your text with each
@@ -112,7 +113,8 @@ def mask_view(store: service.ModelStore, name, text, layer, head, start, size, t
     return note, stages, causal_fig, causal_text, padding_fig, padding_text, entropy_fig, entropy_text
 
 
-def build(store: service.ModelStore, model: gr.Dropdown, initial) -> None:
+def build(store: service.ModelStore, picker: Picker, initial) -> None:
+    model = picker.model
     gr.Markdown(INTRO)
     with gr.Row():
         with gr.Column(scale=3):
@@ -162,4 +164,4 @@ def build(store: service.ModelStore, model: gr.Dropdown, initial) -> None:
         cfg = store.get(name).config
         return gr.Number(value=0, label=f"Layer (0–{cfg.n_layers - 1})"), gr.Number(value=0, label=f"Head (0–{cfg.n_heads - 1})")
 
-    model.change(limits, model, [layer, head], api_visibility="private", concurrency_id=ANALYSIS)
+    picker.loaded.success(limits, model, [layer, head], api_visibility="private")

@@ -8,6 +8,7 @@ import gradio as gr
 
 from ui import plots, service
 from ui.common import ANALYSIS, ANALYSIS_LIMIT, parse_head, progress_callback, read_example, user_errors
+from ui.model_picker import Picker
 
 INTRO = """Attention alone ignores order (permuting the tokens permutes the output), so position has to be put in.
 The original Transformer **adds** fixed sinusoids (eq. 4.1: PE(pos, 2i) = sin(pos / 10000^(2i/d)),
@@ -113,7 +114,8 @@ def positional_view(store: service.ModelStore, name, n, d, p, k, layer, head, te
     return heat, dot_fig, sim_fig, check_text, learned_heat, learned_sim, angle_fig, score_fig, rope_text
 
 
-def build(store: service.ModelStore, model: gr.Dropdown, initial) -> None:
+def build(store: service.ModelStore, picker: Picker, initial) -> None:
+    model = picker.model
     gr.Markdown(INTRO)
     with gr.Row():
         n = gr.Slider(2, service.MAX_PE_POSITIONS, value=128, step=1, label="Positions n")
@@ -161,4 +163,4 @@ def build(store: service.ModelStore, model: gr.Dropdown, initial) -> None:
         return (gr.Number(value=0, label=f"Layer (RoPE scores; 0–{cfg.n_layers - 1})"),
                 gr.Number(value=0, label=f"Head (RoPE scores; 0–{cfg.n_heads - 1})"))
 
-    model.change(limits, model, [layer, head], api_visibility="private", concurrency_id=ANALYSIS)
+    picker.loaded.success(limits, model, [layer, head], api_visibility="private")
