@@ -73,16 +73,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=TITLE)
     parser.add_argument("--model", default=service.DEFAULT_MODEL,
                         help=f"registry name (python -m core.weights list) or a model folder; default {service.DEFAULT_MODEL}")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 exposes the app to the network")
-    parser.add_argument("--port", type=int, default=7860)
+    # Hugging Face Spaces (and docker setups) say where to listen through Gradio's own variables
+    parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+                        help="address to bind (default 127.0.0.1, or $GRADIO_SERVER_NAME); 0.0.0.0 exposes the app to the network")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
+                        help="port (default 7860, or $GRADIO_SERVER_PORT)")
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link")
+    parser.add_argument("--device", default=None, help="cpu or cuda; default: cuda (bfloat16) when there is a GPU, else cpu (float32)")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
-    store = service.ModelStore(extra_names=[args.model])
+    store = service.ModelStore(extra_names=[args.model], device=args.device)
     bar = service.terminal_progress()
     try:
         # the first start pulls the default model here, with a progress bar in the terminal

@@ -48,13 +48,23 @@ def tiny_models(tmp_path_factory):
 @pytest.fixture(scope="session")
 def server(tiny_models):
     demo, url = launch_app([tiny_models["llama"], tiny_models["bert"]], tiny_models["llama"])
-    yield url
+    yield demo, url
     demo.close()
 
 
 @pytest.fixture(scope="session")
 def client(server):
-    return Client(server, verbose=False)
+    return Client(server[1], verbose=False)
+
+
+def test_every_event_is_queued_with_a_concurrency_limit(server):
+    demo, _ = server
+    fns = {fn.api_name: fn for fn in demo.fns.values() if fn.api_name}
+    for name in ("generate", "attention", "positional_encoding", "mask_demo"):
+        assert fns[name].queue, name
+        assert isinstance(fns[name].concurrency_limit, int) and fns[name].concurrency_limit <= 2, name
+    # the forward-pass events share one slot: two users' long captures never run at once on a small CPU
+    assert fns["attention"].concurrency_id == fns["mask_demo"].concurrency_id == fns["positional_encoding"].concurrency_id
 
 
 def figure(plot: dict) -> dict:
@@ -288,9 +298,24 @@ def test_a_1_mb_upload_feeds_the_attention_tab(client, tiny_models, tmp_path):
     assert figure(head_view)["data"][0]["z"]
 
 
+def test_launch_defaults_are_safe(monkeypatch):
+    import app
+
+    monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
+    monkeypatch.delenv("GRADIO_SERVER_PORT", raising=False)
+    args = app.parse_args([])
+    assert (args.host, args.port, args.share, args.model) == ("127.0.0.1", 7860, False, "smollm2-135m-instruct")
+    options = app.launch_options(args)
+    assert options["server_name"] == "127.0.0.1" and options["share"] is False
+    assert options["ssr_mode"] is False and options["show_error"] is False and options["max_file_size"] == "1mb"
+    monkeypatch.setenv("GRADIO_SERVER_NAME", "0.0.0.0")  # what a Hugging Face Space sets
+    assert app.parse_args([]).host == "0.0.0.0"
+
+
 def test_python_app_py_binds_loopback_and_serves_the_page(tiny_models):
     port = free_port()
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
+    env = {k: v for k, v in os.environ.items() if k not in ("GRADIO_SERVER_NAME", "GRADIO_SERVER_PORT")}
+    env.update(GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1")
     proc = subprocess.Popen([sys.executable, "app.py", "--model", tiny_models["llama"], "--port", str(port)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -82,8 +82,8 @@ class ModelStore:
     A model being pulled or loaded holds only its own name's lock, so users of models already in memory
     never wait behind someone else's download."""
 
-    def __init__(self, capacity: int = 2, extra_names: list[str] | None = None):
-        self.capacity = capacity
+    def __init__(self, capacity: int = 2, extra_names: list[str] | None = None, device: str | None = None):
+        self.capacity, self.device = capacity, device
         self.extra_names = list(extra_names or [])
         self._models: OrderedDict[str, torch.nn.Module] = OrderedDict()
         self._lock = threading.Lock()                       # guards _models and _loading
@@ -128,7 +128,7 @@ class ModelStore:
         if progress:
             progress(0.95, f"loading {name} into memory")
         started = time.perf_counter()
-        model = load_model(folder, device="cpu", dtype=torch.float32)
+        model = load_model(folder, device=self.device)  # cuda (bfloat16) when there is a GPU, else cpu (float32)
         model.eval()
         log.info("loaded %s from %s in %.1f s", name, folder, time.perf_counter() - started)
         if model.tokenizer is None:
@@ -257,8 +257,14 @@ def encode(model, text: str, max_tokens: int | None = None, add_special_tokens: 
     return Encoded(ids=ids, labels=labels, special=[i in special_ids for i in ids], note=note)
 
 
-def as_batch(ids: list[int]) -> torch.Tensor:
-    return torch.tensor([ids], dtype=torch.long)
+def as_batch(ids: list[int], device: torch.device | str | None = None) -> torch.Tensor:
+    """One sequence as input_ids [1, T] on the model's device."""
+    return torch.tensor([ids], dtype=torch.long, device=device)
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """float32 numpy from any device and dtype (bfloat16 on a GPU has no numpy type)."""
+    return t.detach().float().cpu().numpy()
 
 
 def check_range(name: str, value, low, high) -> int:
@@ -299,11 +305,11 @@ class _Seq2SeqMaps:
         self.layers = [a[0].to(torch.float16) for a in out.encoder_attentions]       # [H, n, n] each
         self.n_tokens = input_ids.shape[1]
         edges = pool_edges(self.n_tokens, overview_size)
-        self.overview = np.stack([pool_attention(a.float().numpy(), edges, edges) for a in self.layers])
+        self.overview = np.stack([pool_attention(to_numpy(a), edges, edges) for a in self.layers])
 
     def head(self, layer: int, head: int | None = None) -> np.ndarray:
         maps = self.layers[layer].float()
-        return (maps.mean(0) if head is None else maps[head]).numpy()
+        return to_numpy(maps.mean(0) if head is None else maps[head])
 
 
 @dataclass
@@ -348,12 +354,12 @@ def capture_attention(model, model_name: str, tokens: Encoded, layer: int, head:
     else:
         tile = model_view_tile(n, cfg.n_layers, cfg.n_heads)
         if model.encoder is not None:
-            maps = _Seq2SeqMaps(model, as_batch(tokens.ids), tile)
+            maps = _Seq2SeqMaps(model, as_batch(tokens.ids, model.device), tile)
         else:
             from core.capture import capture  # noqa: PLC0415
 
             # keep nothing at full resolution: one layer is recomputed below, and the session keeps only the overview
-            maps = capture(model, as_batch(tokens.ids), overview_size=tile, keep_full_up_to=0)
+            maps = capture(model, as_batch(tokens.ids, model.device), overview_size=tile, keep_full_up_to=0)
     head_matrix = maps.head(layer, head)
     seconds = time.perf_counter() - started
     return AttentionResult(tokens, maps.overview, layer, head, head_matrix, seconds, reused, CaptureCache(key, maps))
@@ -425,7 +431,7 @@ def stream_generation(
         ids = ids[-room:]  # keep the end of a long prompt: it is what the continuation follows
         text = tok.decode(ids)
     stream = model.stream(
-        as_batch(ids),
+        as_batch(ids, model.device),
         max_new_tokens,
         temperature=float(temperature),
         top_k=top_k,
@@ -451,7 +457,7 @@ def stream_generation(
 
 def sinusoidal(n: int, d: int) -> np.ndarray:
     """Eq. 4.1 as [n, d] float64 (interleaved sin/cos, as the theory writes it)."""
-    return sinusoidal_encoding(n, d).double().numpy()
+    return sinusoidal_encoding(n, d).double().cpu().numpy()
 
 
 def pe_shift_check(pe: np.ndarray, d: int, k: int) -> dict:
@@ -491,7 +497,7 @@ def rope_scores(model, ids: list[int], layer: int, head: int, query_pos: int, ke
     """Score of one real query/key pair (the layer's own projections, before rotation) placed at relative
     distance Δ, for several absolute offsets m: q at position m + Δ, k at position m. RoPE makes the curves equal."""
     cfg = model.config
-    q, k = model.queries_keys(as_batch(ids), layer, rotate=False)  # [1, H, T, hd], [1, H_kv, T, hd]
+    q, k = model.queries_keys(as_batch(ids, model.device), layer, rotate=False)  # [1, H, T, hd], [1, H_kv, T, hd]
     kv_head = head // (cfg.n_heads // cfg.n_kv_heads)
     q_vec = q[0, head, query_pos].float()
     k_vec = k[0, kv_head, key_pos].float()
@@ -499,11 +505,11 @@ def rope_scores(model, ids: list[int], layer: int, head: int, query_pos: int, ke
     scale = cfg.head_dim ** -0.5
     curves = {}
     for m in offsets:
-        q_pos = torch.as_tensor(m + distances, dtype=torch.long)[None]           # [1, D]
+        q_pos = torch.as_tensor(m + distances, dtype=torch.long, device=q_vec.device)[None]   # [1, D]
         k_pos = torch.full_like(q_pos, m)
         q_rot = apply_rope(q_vec.expand(1, 1, len(distances), -1).contiguous(), q_pos, inv_freq)[0, 0]
         k_rot = apply_rope(k_vec.expand(1, 1, len(distances), -1).contiguous(), k_pos, inv_freq)[0, 0]
-        curves[m] = ((q_rot * k_rot).sum(-1) * scale).numpy()
+        curves[m] = to_numpy((q_rot * k_rot).sum(-1) * scale)
     return curves
 
 
@@ -513,7 +519,7 @@ def rope_scores(model, ids: list[int], layer: int, head: int, query_pos: int, ke
 def qk_for_head(model, ids: list[int], layer: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The chosen head's rotated queries and keys [T, d_k] (grouped-query heads share their key head)."""
     cfg = model.config
-    q, k = model.queries_keys(as_batch(ids), layer, rotate=True)
+    q, k = model.queries_keys(as_batch(ids, model.device), layer, rotate=True)
     kv_head = head // (cfg.n_heads // cfg.n_kv_heads)
     return q[0, head].float(), k[0, kv_head].float()
 
@@ -523,15 +529,15 @@ def mask_stages(q: torch.Tensor, k: torch.Tensor, head_dim: int) -> dict[str, tu
     n = q.shape[0]
     scale = head_dim ** -0.5
     out = {}
-    for name, allowed in (("causal mask on", causal_mask(n, n)), ("causal mask off", None)):
+    for name, allowed in (("causal mask on", causal_mask(n, n, q.device)), ("causal mask off", None)):
         scores, masked, probs = attention_stages(q[None, None], k[None, None], allowed, scale)
-        out[name] = (scores[0, 0].numpy(), masked[0, 0].numpy(), probs[0, 0].numpy())
+        out[name] = (to_numpy(scores[0, 0]), to_numpy(masked[0, 0]), to_numpy(probs[0, 0]))
     return out
 
 
 def next_token_metrics(logits: torch.Tensor, ids: list[int]) -> tuple[float, float]:
     """Mean cross-entropy (nats) and accuracy of predicting token t+1 from position t."""
-    target = torch.tensor(ids[1:])
+    target = torch.tensor(ids[1:], device=logits.device)
     pred = logits[0, :-1].float()
     loss = torch.nn.functional.cross_entropy(pred, target).item()
     acc = (pred.argmax(-1) == target).float().mean().item()
@@ -548,7 +554,7 @@ def causal_effect(model, ids: list[int]) -> dict | None:
     """Next-token loss and accuracy on the text with the causal mask on and off; None without an LM head."""
     if len(ids) < 2:
         raise UserError("The mask demo needs at least 2 tokens of text.")
-    batch = as_batch(ids)
+    batch = as_batch(ids, model.device)
     with torch.inference_mode():
         on = model(batch)
         if on.logits is None:
@@ -572,7 +578,7 @@ def pad_pair(model, ids_a: list[int], ids_b: list[int]) -> tuple[torch.Tensor, t
         rows.append(fill + ids if side == "left" else ids + fill)
         real = [1] * len(ids)
         masks.append([0] * len(fill) + real if side == "left" else real + [0] * len(fill))
-    return torch.tensor(rows), torch.tensor(masks), side
+    return torch.tensor(rows, device=model.device), torch.tensor(masks, device=model.device), side
 
 
 def padding_effect(model, ids_a: list[int], ids_b: list[int]) -> dict:
@@ -587,13 +593,13 @@ def padding_effect(model, ids_a: list[int], ids_b: list[int]) -> dict:
     batch, mask, side = pad_pair(model, ids_a, ids_b)
     real = mask[1].bool()
     with torch.inference_mode():
-        alone = model(as_batch(ids_b)).hidden_states[0]                   # [Tb, d]
+        alone = model(as_batch(ids_b, model.device)).hidden_states[0].float()   # [Tb, d]
         results = {}
         for name, use_mask in (("padding mask on", True), ("padding mask off", False)):
             out = model(batch, attention_mask=mask, padding_mask=use_mask, capture_attention=True)
             attn = out.encoder_attentions if model.config.is_encoder_decoder else out.attentions
             pad_mass = [float(a[1][:, real][:, :, ~real].sum(-1).mean()) for a in attn]   # a: [B, H, T, T]
-            hidden = out.hidden_states[1][real]
+            hidden = out.hidden_states[1][real].float()
             change = (hidden - alone).norm(dim=-1) / alone.norm(dim=-1).clamp_min(1e-12)
             results[name] = {"pad_mass": pad_mass, "max_change": float(change.max()), "mean_change": float(change.mean())}
     return {"side": side, "n_pad": int((~real).sum()), "n_real": int(real.sum()), "results": results}
@@ -601,7 +607,7 @@ def padding_effect(model, ids_a: list[int], ids_b: list[int]) -> dict:
 
 def scaling_entropy(model, ids: list[int], layer: int, head: int) -> dict:
     """Mean attention entropy per layer with and without the 1/√d_k factor, and the chosen head's entropy."""
-    batch = as_batch(ids)
+    batch = as_batch(ids, model.device)
     out = {}
     with torch.inference_mode():
         for name, scale in (("scaled by 1/√d_k", True), ("not scaled", False)):

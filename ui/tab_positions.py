@@ -52,7 +52,7 @@ def learned_figures(model, n: int):
                   if model.config.positional == "sinusoidal"
                   else f"{model.config.family} uses {model.config.positional} positions: it has no learned position table.")
         return plots.empty_figure(reason), plots.empty_figure(reason)
-    table = table.float().numpy()
+    table = service.to_numpy(table)
     rows = min(table.shape[0], max(2, n), max(2, MAX_LEARNED_CELLS // table.shape[1]))
     shown = table[:rows]
     heat = plots.matrix_heatmap(shown, f"This model's learned position embeddings (first {rows} of {table.shape[0]})", "dimension", "position",
@@ -68,7 +68,7 @@ def rope_figures(model, text: str, layer: int, head: int, n: int):
     if inv_freq is None:
         reason = f"{cfg.family} uses {cfg.positional} positions, not RoPE."
         return plots.empty_figure(reason), plots.empty_figure(reason), ""
-    freqs = inv_freq.double().numpy()                                          # θ_i, [head_dim/2]
+    freqs = inv_freq.double().cpu().numpy()                                        # θ_i, [head_dim/2]
     positions = np.arange(n)
     angles = np.mod(freqs[:, None] * positions[None, :], 2 * np.pi)             # [pairs, n]
     angle_fig = plots.matrix_heatmap(
