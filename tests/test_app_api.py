@@ -296,6 +296,13 @@ def test_a_1_mb_upload_feeds_the_attention_tab(client, tiny_models, tmp_path):
     note, model_view, head_view, window = attention(client, tiny_models["llama"], text=text)
     assert "only the first 2,048 are used" in note
     assert figure(head_view)["data"][0]["z"]
+    # the other tabs take the same text
+    out = client.predict(tiny_models["llama"], text, 0, 0, 0, 8, text, "Short.", api_name="/mask_demo")
+    assert "only the first 512 are used" in out[0] and len(figure(out[1])["data"]) == 6
+    out = client.predict(tiny_models["llama"], 64, 16, 0, 1, 0, 0, text, api_name="/positional_encoding")
+    assert "depends only on the distance" in out[8]
+    continuation, stats = client.predict(tiny_models["llama"], text, False, 4, 0.0, 0, 1.0, 0, api_name="/generate")
+    assert "**4** tokens" in stats and "only its last 2,044 are used" in stats
 
 
 def test_launch_defaults_are_safe(monkeypatch):

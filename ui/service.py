@@ -39,6 +39,7 @@ MAX_STAGE_WINDOW = 48               # the mask demo draws 6 matrices of this siz
 MAX_PE_POSITIONS = 512
 MAX_PE_DIM = 512
 MAX_GENERATE_TOKENS = 512
+MAX_PROMPT_TOKENS = 2048            # longer prompts keep their end: prefill of 8k tokens takes too long on a small CPU
 
 
 class UserError(ValueError):
@@ -392,6 +393,7 @@ class GenerationUpdate:
     seconds: float
     done: bool
     stop_reason: str = ""
+    note: str = ""         # e.g. how much of a long prompt was cut
 
     @property
     def tokens_per_second(self) -> float:
@@ -424,10 +426,12 @@ def stream_generation(
     text = chat_prompt(model, prompt) if chat else prompt
     tok = model.tokenizer
     ids = tok(text, add_special_tokens=not chat)["input_ids"]
-    room = model.config.max_positions - max_new_tokens
+    room = min(model.config.max_positions - max_new_tokens, MAX_PROMPT_TOKENS)
     if room < 1:
         raise UserError(f"Max new tokens must be below the model's context of {model.config.max_positions}.")
+    note = ""
     if len(ids) > room:
+        note = f"The prompt has {len(ids):,} tokens; only its last {room:,} are used ({len(ids) - room:,} dropped from the start)."
         ids = ids[-room:]  # keep the end of a long prompt: it is what the continuation follows
         text = tok.decode(ids)
     stream = model.stream(
@@ -443,13 +447,15 @@ def stream_generation(
     try:
         for token in stream:
             new.append(int(token))
-            yield GenerationUpdate(text, tok.decode(new, skip_special_tokens=True), len(new), time.perf_counter() - started, False)
+            yield GenerationUpdate(text, tok.decode(new, skip_special_tokens=True), len(new), time.perf_counter() - started, False,
+                                   note=note)
     finally:
         close = getattr(stream, "close", None)
         if close:
             close()
     reason = "token budget reached" if len(new) >= max_new_tokens else "end of text"
-    yield GenerationUpdate(text, tok.decode(new, skip_special_tokens=True), len(new), time.perf_counter() - started, True, reason)
+    yield GenerationUpdate(text, tok.decode(new, skip_special_tokens=True), len(new), time.perf_counter() - started, True, reason,
+                           note)
 
 
 # ---------------------------------------------------------------- positional encodings

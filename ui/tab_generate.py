@@ -84,4 +84,5 @@ def mark_stopped(stats: str) -> str:
 
 def stats_line(update: service.GenerationUpdate) -> str:
     state = f"done ({update.stop_reason})" if update.done else "writing…"
-    return f"**{update.n_new}** tokens in {update.seconds:.2f} s, **{update.tokens_per_second:.1f} tokens/s**; {state}"
+    line = f"**{update.n_new}** tokens in {update.seconds:.2f} s, **{update.tokens_per_second:.1f} tokens/s**; {state}"
+    return line + (f"  \n⚠️ {update.note}" if update.note else "")

@@ -7,7 +7,7 @@ import numpy as np
 import gradio as gr
 
 from ui import plots, service
-from ui.common import ANALYSIS, ANALYSIS_LIMIT, parse_head, progress_callback, read_example, user_errors
+from ui.common import ANALYSIS, ANALYSIS_LIMIT, parse_head, progress_callback, read_example, text_with_upload, user_errors
 from ui.model_picker import Picker
 
 INTRO = """Attention alone ignores order (permuting the tokens permutes the output), so position has to be put in.
@@ -125,7 +125,9 @@ def build(store: service.ModelStore, picker: Picker, initial) -> None:
     with gr.Row():
         layer = gr.Number(value=0, label=f"Layer (RoPE scores; 0–{initial.config.n_layers - 1})", precision=0)
         head = gr.Number(value=0, label=f"Head (RoPE scores; 0–{initial.config.n_heads - 1})", precision=0)
-        text = gr.Textbox(value=read_example("attention.txt"), label="Text whose first and last tokens give the query/key pair", lines=2)
+        with gr.Column(scale=2):
+            text, _ = text_with_upload("Text whose first and last tokens (of its first 256) give the query/key pair",
+                                       read_example("attention.txt"), "pe", lines=2)
     button = gr.Button("Show positional encodings", variant="primary", elem_id="pe-run")
     gr.Markdown("### Sinusoidal (eq. 4.1)")
     with gr.Row():
