@@ -30,8 +30,10 @@ def build_demo(store: service.ModelStore, default_model: str) -> gr.Blocks:
     """The whole page: model picker and card, then the four tabs. The default model must be loadable."""
     initial = store.get(default_model)
     with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:
-        gr.Markdown(f"# {TITLE}\nA small Transformer written from scratch in PyTorch, loaded with real weights: "
-                    "look at its attention head by head, its positional encodings, and what its masks do.")
+        gr.Markdown(
+            f"# {TITLE}\nA small Transformer written from scratch in PyTorch, loaded with real weights: "
+            "look at its attention head by head, its positional encodings, and what its masks do."
+        )
         picker = model_picker.build(store, default_model)
         with gr.Tabs(selected="attention") as tabs:
             with gr.Tab("Generate", id="generate"):
@@ -71,15 +73,27 @@ def launch_options(args: argparse.Namespace) -> dict:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=TITLE)
-    parser.add_argument("--model", default=service.DEFAULT_MODEL,
-                        help=f"registry name (python -m core.weights list) or a model folder; default {service.DEFAULT_MODEL}")
+    parser.add_argument(
+        "--model",
+        default=service.DEFAULT_MODEL,
+        help=f"registry name (python -m core.weights list) or a model folder; default {service.DEFAULT_MODEL}",
+    )
     # Hugging Face Spaces (and docker setups) say where to listen through Gradio's own variables
-    parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
-                        help="address to bind (default 127.0.0.1, or $GRADIO_SERVER_NAME); 0.0.0.0 exposes the app to the network")
-    parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
-                        help="port (default 7860, or $GRADIO_SERVER_PORT)")
+    parser.add_argument(
+        "--host",
+        default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+        help="address to bind (default 127.0.0.1, or $GRADIO_SERVER_NAME); 0.0.0.0 exposes the app to the network",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
+        help="port (default 7860, or $GRADIO_SERVER_PORT)",
+    )
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link")
-    parser.add_argument("--device", default=None, help="cpu or cuda; default: cuda (bfloat16) when there is a GPU, else cpu (float32)")
+    parser.add_argument(
+        "--device", default=None, help="cpu or cuda; default: cuda (bfloat16) when there is a GPU, else cpu (float32)"
+    )
     return parser.parse_args(argv)
 
 

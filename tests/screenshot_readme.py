@@ -34,8 +34,14 @@ def main() -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
-    server = subprocess.Popen([sys.executable, "app.py", "--model", args.model, "--port", str(port)], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "app.py", "--model", args.model, "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         for line in server.stdout:
             if "Running on local URL" in line:
@@ -44,7 +50,9 @@ def main() -> int:
             print("the app did not start", file=sys.stderr)
             return 1
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=os.environ.get("CHROMIUM", "/usr/bin/chromium"), args=CHROMIUM_ARGS)
+            browser = p.chromium.launch(
+                executable_path=os.environ.get("CHROMIUM", "/usr/bin/chromium"), args=CHROMIUM_ARGS
+            )
             page = browser.new_page(viewport={"width": 1360, "height": 900}, device_scale_factor=1)
             page.goto(f"http://127.0.0.1:{port}/")
             expect(page.locator("#model-card table")).to_be_visible(timeout=120_000)
@@ -56,10 +64,17 @@ def main() -> int:
             expect(page.locator("#attn-head-view .js-plotly-plot .hm image")).to_be_attached(timeout=120_000)
             time.sleep(1.0)  # let plotly finish laying out the colour bars
             # page coordinates (bounding_box is relative to the viewport, which scrolls)
-            top = page.evaluate("document.querySelector('[role=tablist]').getBoundingClientRect().top + window.scrollY") - 10
-            bottom = page.evaluate("(() => { const r = document.querySelector('#attn-head-view').getBoundingClientRect();"
-                                   " return r.bottom + window.scrollY; })()")
-            page.screenshot(path=args.out, full_page=True, clip={"x": 0, "y": top, "width": 1360, "height": bottom - top + 10})
+            top = (
+                page.evaluate("document.querySelector('[role=tablist]').getBoundingClientRect().top + window.scrollY")
+                - 10
+            )
+            bottom = page.evaluate(
+                "(() => { const r = document.querySelector('#attn-head-view').getBoundingClientRect();"
+                " return r.bottom + window.scrollY; })()"
+            )
+            page.screenshot(
+                path=args.out, full_page=True, clip={"x": 0, "y": top, "width": 1360, "height": bottom - top + 10}
+            )
             browser.close()
         print(args.out)
         return 0

@@ -64,7 +64,9 @@ def test_every_event_is_queued_with_a_concurrency_limit(server):
         assert fns[name].queue, name
         assert isinstance(fns[name].concurrency_limit, int) and fns[name].concurrency_limit <= 2, name
     # the forward-pass events share one slot: two users' long captures never run at once on a small CPU
-    assert fns["attention"].concurrency_id == fns["mask_demo"].concurrency_id == fns["positional_encoding"].concurrency_id
+    assert (
+        fns["attention"].concurrency_id == fns["mask_demo"].concurrency_id == fns["positional_encoding"].concurrency_id
+    )
 
 
 def figure(plot: dict) -> dict:
@@ -109,21 +111,21 @@ def test_attention_on_a_decoder_gives_model_view_head_view_and_window(client, ti
     n = len(hv["x"])
     assert z.shape == (n, n) and n > 10
     assert hv["x"][0].startswith("0 ") and hv["y"][1].startswith("1 ")
-    np.testing.assert_allclose(z.sum(1), 1.0, atol=1e-5)      # each query's weights sum to 1
-    assert np.all(z[np.triu_indices(n, 1)] == 0)               # causal: nothing above the diagonal
+    np.testing.assert_allclose(z.sum(1), 1.0, atol=1e-5)  # each query's weights sum to 1
+    assert np.all(z[np.triu_indices(n, 1)] == 0)  # causal: nothing above the diagonal
     assert "query %{y} → key %{x}" in hv["hovertemplate"]
     win = figure(window)["data"][0]
     wz = array(win["z"])
     assert wz.shape == (5, 5)
     assert win["y"][0].startswith("3 ") and win["x"][0].startswith("1 ")
-    np.testing.assert_allclose(wz, z[3:8, 1:6], atol=1e-6)     # the window is the same matrix, unpooled
+    np.testing.assert_allclose(wz, z[3:8, 1:6], atol=1e-6)  # the window is the same matrix, unpooled
 
 
 def test_attention_on_an_encoder_is_bidirectional_and_can_hide_special_tokens(client, tiny_models):
     _, _, head_view, _ = attention(client, tiny_models["bert"])
     hv = figure(head_view)["data"][0]
     z = array(hv["z"])
-    assert z[np.triu_indices(len(z), 1)].max() > 0.01           # queries see later keys too
+    assert z[np.triu_indices(len(z), 1)].max() > 0.01  # queries see later keys too
     assert hv["x"][0] == "0 [CLS]" and hv["x"][-1].endswith("[SEP]")
     _, _, hidden, _ = attention(client, tiny_models["bert"], hide=True)
     labels = figure(hidden)["data"][0]["x"]
@@ -133,7 +135,9 @@ def test_attention_on_an_encoder_is_bidirectional_and_can_hide_special_tokens(cl
 def test_long_input_is_pooled_truncated_with_a_note_and_every_figure_stays_under_2_mb(client, tiny_models):
     text = " ".join([TEXT] * 150)  # ~3,000 tokens for the tiny tokenizer; the view's limit is 2,048
     started = time.perf_counter()
-    note, model_view, head_view, window = attention(client, tiny_models["llama"], text=text, q0=1500, k0=1400, window=256)
+    note, model_view, head_view, window = attention(
+        client, tiny_models["llama"], text=text, q0=1500, k0=1400, window=256
+    )
     seconds = time.perf_counter() - started
     assert "only the first 2,048 are used" in note and "were dropped" in note
     assert "Model view: each tile averages" in note and "Head view: each cell is the mean" in note
@@ -172,7 +176,7 @@ def test_positional_encoding_endpoint(client, tiny_models):
     heat, dots, sim, check, learned, learned_sim, angles, scores, rope_note = out
     pe = array(figure(heat)["data"][0]["z"])
     assert pe.shape == (64, 16)
-    np.testing.assert_allclose(pe[1, 2], np.sin(1 / 10000 ** (2 / 16)), atol=1e-6)   # eq. 4.1, i = 1
+    np.testing.assert_allclose(pe[1, 2], np.sin(1 / 10000 ** (2 / 16)), atol=1e-6)  # eq. 4.1, i = 1
     curves = figure(dots)["data"]
     np.testing.assert_allclose(array(curves[0]["y"]), array(curves[1]["y"]), atol=1e-5)  # depends on k only
     assert array(figure(sim)["data"][0]["z"]).shape == (64, 64)
@@ -180,7 +184,7 @@ def test_positional_encoding_endpoint(client, tiny_models):
     error = float(check.split("R_k·PE(p)| = ")[1].split(" ")[0])
     assert error < 1e-5
     assert "no learned position table" in figure(learned)["layout"]["annotations"][0]["text"]
-    assert array(figure(angles)["data"][0]["z"]).shape == (4, 64)   # head_dim 8 → 4 frequency pairs
+    assert array(figure(angles)["data"][0]["z"]).shape == (4, 64)  # head_dim 8 → 4 frequency pairs
     score_curves = [array(t["y"]) for t in figure(scores)["data"]]
     np.testing.assert_allclose(score_curves[0], score_curves[1], atol=1e-4)  # RoPE: relative distance only
     assert "depends only on the distance" in rope_note
@@ -189,22 +193,31 @@ def test_positional_encoding_endpoint(client, tiny_models):
 def test_positional_encoding_shows_an_encoders_learned_positions(client, tiny_models):
     out = client.predict(tiny_models["bert"], 32, 8, 0, 1, 0, 0, TEXT, api_name="/positional_encoding")
     learned, learned_sim, angles = out[4], out[5], out[6]
-    assert array(figure(learned)["data"][0]["z"]).shape == (32, 32)      # 32 positions × d = 32
+    assert array(figure(learned)["data"][0]["z"]).shape == (32, 32)  # 32 positions × d = 32
     sim = array(figure(learned_sim)["data"][0]["z"])
     np.testing.assert_allclose(np.diag(sim), 1.0, atol=1e-5)
     assert "not RoPE" in figure(angles)["layout"]["annotations"][0]["text"]
 
 
 def test_mask_demo_endpoint(client, tiny_models):
-    out = client.predict(tiny_models["llama"], TEXT, 1, 3, 2, 6, "The river flows past the old mill and into the valley.",
-                         "Rain again.", api_name="/mask_demo")
+    out = client.predict(
+        tiny_models["llama"],
+        TEXT,
+        1,
+        3,
+        2,
+        6,
+        "The river flows past the old mill and into the valley.",
+        "Rain again.",
+        api_name="/mask_demo",
+    )
     note, stages, causal, causal_note, padding, padding_note, entropy, entropy_note = out
     traces = figure(stages)["data"]
     assert len(traces) == 6
     masked_on = array(traces[1]["z"]).astype(np.float64)
     probs_on, probs_off = array(traces[2]["z"]), array(traces[5]["z"])
     assert masked_on.shape == (6, 6)
-    assert np.isnan(masked_on[np.triu_indices(6, 1)]).all()          # −∞ above the diagonal travels as a gap
+    assert np.isnan(masked_on[np.triu_indices(6, 1)]).all()  # −∞ above the diagonal travels as a gap
     assert np.all(probs_on[np.triu_indices(6, 1)] == 0) and probs_off[0, 1:].sum() > 0.1
     bars = figure(causal)["data"]
     assert [b["name"] for b in bars] == ["causal mask on", "causal mask off"]
@@ -217,8 +230,9 @@ def test_mask_demo_endpoint(client, tiny_models):
 
 
 def test_mask_demo_on_an_encoder_explains_what_is_missing(client, tiny_models):
-    out = client.predict(tiny_models["bert"], TEXT, 0, 0, 0, 8, "A longer sentence than the other one.", "Short.",
-                         api_name="/mask_demo")
+    out = client.predict(
+        tiny_models["bert"], TEXT, 0, 0, 0, 8, "A longer sentence than the other one.", "Short.", api_name="/mask_demo"
+    )
     assert "no language-model head" in out[3]
     assert "right" in out[5]
 
@@ -229,7 +243,7 @@ def test_mask_demo_on_an_encoder_explains_what_is_missing(client, tiny_models):
         (dict(text="   "), "The text is empty"),
         (dict(layer=2), "Layer must be between 0 and 1, got 2"),
         (dict(head="9"), "Head must be between 0 and 3"),
-        (dict(window=1000), "greater than maximum value 256"),   # the slider's own check, before our code
+        (dict(window=1000), "greater than maximum value 256"),  # the slider's own check, before our code
         (dict(q0=5000), "Window query start must be between 0 and"),
     ],
 )
@@ -270,7 +284,7 @@ def test_uploads_are_read_as_utf8_text_and_bad_files_are_refused(client, tmp_pat
         "latin1.txt": ("Caf\xe9 cr\xe8me".encode("latin-1"), "not UTF-8 text"),
         "empty.txt": (b"", "is empty"),
         "blank.txt": (b" \n\t ", "only whitespace"),
-        "paper.pdf": (b"%PDF-1.4", r"Invalid file type.*\.txt"),   # Gradio's own check of file_types
+        "paper.pdf": (b"%PDF-1.4", r"Invalid file type.*\.txt"),  # Gradio's own check of file_types
     }
     for name, (data, message) in cases.items():
         path = tmp_path / name
@@ -323,8 +337,14 @@ def test_python_app_py_binds_loopback_and_serves_the_page(tiny_models):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("GRADIO_SERVER_NAME", "GRADIO_SERVER_PORT")}
     env.update(GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1")
-    proc = subprocess.Popen([sys.executable, "app.py", "--model", tiny_models["llama"], "--port", str(port)],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "app.py", "--model", tiny_models["llama"], "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         lines = []
@@ -347,7 +367,13 @@ def test_python_app_py_binds_loopback_and_serves_the_page(tiny_models):
 
 def test_app_py_reports_an_unfetchable_model_and_exits(tmp_path):
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "app.py", "--model", "opus-mt-en-de", "--port", str(free_port())],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "app.py", "--model", "opus-mt-en-de", "--port", str(free_port())],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1
     assert "opus-mt-en-de" in done.stderr and "Traceback" not in done.stderr

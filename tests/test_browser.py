@@ -23,8 +23,10 @@ SHOTS = Path(__file__).resolve().parent / "screenshots"
 RUN_TIMEOUT_MS = 60_000
 
 if not Path(CHROMIUM).is_file() or shutil.which(CHROMIUM) is None:
-    pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's package (apt-get install chromium), as .ci/run does",
-                allow_module_level=True)
+    pytest.skip(
+        f"no Chromium at {CHROMIUM}: install Debian's package (apt-get install chromium), as .ci/run does",
+        allow_module_level=True,
+    )
 
 from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
 
@@ -67,8 +69,11 @@ def open_tab(page: Page, name: str) -> None:
 
 def expect_plot(page: Page, elem_id: str, kind: str = "heatmap") -> None:
     """Plotly has drawn the figure: a heatmap layer (an image) or the traces of a line/bar chart."""
-    selector = {"heatmap": f"#{elem_id} .js-plotly-plot .hm image", "line": f"#{elem_id} .js-plotly-plot .scatterlayer .trace",
-                "bar": f"#{elem_id} .js-plotly-plot .barlayer .trace"}[kind]
+    selector = {
+        "heatmap": f"#{elem_id} .js-plotly-plot .hm image",
+        "line": f"#{elem_id} .js-plotly-plot .scatterlayer .trace",
+        "bar": f"#{elem_id} .js-plotly-plot .barlayer .trace",
+    }[kind]
     expect(page.locator(selector).first).to_be_attached(timeout=RUN_TIMEOUT_MS)
 
 
@@ -138,7 +143,9 @@ def test_a_file_over_1_mb_is_refused_in_the_page(page, tmp_path):
     big = tmp_path / "big.txt"
     big.write_bytes(b"word " * 240_000)  # 1.2 MB
     page.locator("#attn-upload input[type=file]").set_input_files(str(big))
-    expect(page.locator(".toast-body").first).to_contain_text(re.compile(r"(exceed|too large|max|1 ?MB)", re.IGNORECASE), timeout=RUN_TIMEOUT_MS)
+    expect(page.locator(".toast-body").first).to_contain_text(
+        re.compile(r"(exceed|too large|max|1 ?MB)", re.IGNORECASE), timeout=RUN_TIMEOUT_MS
+    )
     assert page.locator("#attn-text textarea").input_value() == before  # nothing typed is lost
 
 
@@ -161,7 +168,9 @@ def test_generate_tab_streams_and_sends_its_text_to_the_attention_tab(page):
     shot(page, "generate")
     page.locator("#gen-send").click()
     expect(page.get_by_role("tab", name="Attention")).to_have_attribute("aria-selected", "true", timeout=RUN_TIMEOUT_MS)
-    expect(page.locator("#attn-text textarea")).to_have_value(re.compile(re.escape(generated[:40])), timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#attn-text textarea")).to_have_value(
+        re.compile(re.escape(generated[:40])), timeout=RUN_TIMEOUT_MS
+    )
     expect_plot(page, "attn-head-view")
 
 

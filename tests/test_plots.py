@@ -75,7 +75,9 @@ def test_stages_figure_draws_three_stages_per_variant_and_sends_masked_cells_as_
     scores = np.arange(16, dtype=np.float32).reshape(4, 4)
     masked = np.where(np.tril(np.ones((n, n))) > 0, scores, -np.inf)
     probs = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
-    fig = plots.stages_figure({"on": (scores, masked, probs), "off": (scores, scores, probs)}, LABELS[:4], LABELS[:4], "stages")
+    fig = plots.stages_figure(
+        {"on": (scores, masked, probs), "off": (scores, scores, probs)}, LABELS[:4], LABELS[:4], "stages"
+    )
     assert len(fig.data) == 6
     masked_sent = np.asarray(fig.data[1].z, dtype=np.float32)
     assert np.isnan(masked_sent[0, 1]) and not np.isinf(masked_sent).any()

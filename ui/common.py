@@ -13,7 +13,7 @@ from ui.service import UserError
 
 log = logging.getLogger(__name__)
 
-ANALYSIS = "analysis"   # concurrency group of the forward-pass events: one at a time on a small CPU
+ANALYSIS = "analysis"  # concurrency group of the forward-pass events: one at a time on a small CPU
 ANALYSIS_LIMIT = 1
 
 
@@ -28,7 +28,9 @@ def _as_gradio_error(exc: Exception) -> gr.Error:
     if isinstance(exc, MemoryError):
         return gr.Error("Out of memory: try a shorter text or a smaller window.", print_exception=False)
     log.exception("unexpected error in an app event")
-    return gr.Error(f"Something went wrong ({type(exc).__name__}); the server log has the details.", print_exception=False)
+    return gr.Error(
+        f"Something went wrong ({type(exc).__name__}); the server log has the details.", print_exception=False
+    )
 
 
 def _weights_error_type():
@@ -76,7 +78,9 @@ def load_upload(path: str | None) -> str:
     return service.read_upload(path)
 
 
-def text_with_upload(label: str, value: str, prefix: str, lines: int = 6, api_name: str | None = None, max_lines: int = 14):
+def text_with_upload(
+    label: str, value: str, prefix: str, lines: int = 6, api_name: str | None = None, max_lines: int = 14
+):
     """A text box (elem_id prefix-text) with a .txt/.md upload (prefix-upload) that fills it. Returns (textbox, file)."""
     text = gr.Textbox(label=label, value=value, lines=lines, max_lines=max_lines, elem_id=f"{prefix}-text")
     upload = gr.File(
@@ -114,7 +118,11 @@ def parse_head(value, n_heads: int, allow_mean: bool = True) -> int | None:
     try:
         head = int(value)
     except (TypeError, ValueError):
-        raise UserError(f"Head must be a number from 0 to {n_heads - 1}" + (" or 'mean of heads'" if allow_mean else "") + f", got {value!r}.") from None
+        raise UserError(
+            f"Head must be a number from 0 to {n_heads - 1}"
+            + (" or 'mean of heads'" if allow_mean else "")
+            + f", got {value!r}."
+        ) from None
     if not 0 <= head < n_heads:
         raise UserError(f"Head must be between 0 and {n_heads - 1} for this model, got {head}.")
     return head

@@ -15,8 +15,8 @@ from ui.common import ANALYSIS, ANALYSIS_LIMIT, progress_callback, user_errors
 class Picker:
     model: gr.Dropdown
     card: gr.Markdown
-    load_card: Callable   # name → card markdown; app.py runs it when a page opens
-    loaded: object        # the event of a successful model change: tabs chain their updates on it with .success
+    load_card: Callable  # name → card markdown; app.py runs it when a page opens
+    loaded: object  # the event of a successful model change: tabs chain their updates on it with .success
 
 
 def build(store: service.ModelStore, default_model: str) -> Picker:
@@ -37,5 +37,7 @@ def build(store: service.ModelStore, default_model: str) -> Picker:
         model_obj = store.get(model_name, progress_callback(progress))
         return service.model_card(model_name, model_obj)
 
-    loaded = model.change(load_card, model, card, api_name="load_model", concurrency_id=ANALYSIS, concurrency_limit=ANALYSIS_LIMIT)
+    loaded = model.change(
+        load_card, model, card, api_name="load_model", concurrency_id=ANALYSIS, concurrency_limit=ANALYSIS_LIMIT
+    )
     return Picker(model, card, load_card, loaded)

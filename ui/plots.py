@@ -300,10 +300,14 @@ def line_figure(
             raise ValueError(f"line_figure: series {name!r} has shape {ys.shape}, x has {x.shape}")
         fig.add_trace(go.Scatter(x=x, y=ys, mode="lines+markers" if x.size <= 40 else "lines", name=name))
     for name, value in (reference or {}).items():
-        fig.add_hline(y=value, line_dash="dash", line_color="grey", annotation_text=name, annotation_position="top left")
+        fig.add_hline(
+            y=value, line_dash="dash", line_color="grey", annotation_text=name, annotation_position="top left"
+        )
     _base_layout(fig, title, height)
     integer_x = np.issubdtype(x.dtype, np.integer)
-    fig.update_xaxes(title_text=x_title, tickformat="d" if integer_x else None, dtick=1 if integer_x and x.size <= 12 else None)
+    fig.update_xaxes(
+        title_text=x_title, tickformat="d" if integer_x else None, dtick=1 if integer_x and x.size <= 12 else None
+    )
     fig.update_yaxes(title_text=y_title)
     fig.update_layout(legend={"orientation": "h", "y": -0.25})
     return fig
@@ -326,8 +330,14 @@ def bar_figure(
         if len(values) != len(categories):
             raise ValueError(f"bar_figure: series {name!r} has {len(values)} values for {len(categories)} categories")
         fig.add_trace(
-            go.Bar(x=list(categories), y=values, name=name, text=[format(v, text_format) for v in values] if show_values else None,
-                   textposition="outside", cliponaxis=False)
+            go.Bar(
+                x=list(categories),
+                y=values,
+                name=name,
+                text=[format(v, text_format) for v in values] if show_values else None,
+                textposition="outside",
+                cliponaxis=False,
+            )
         )
     _base_layout(fig, title, height)
     fig.update_xaxes(title_text=x_title, type="category")

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,18 +28,18 @@ from core.layers import apply_rope, sinusoidal_encoding
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-MAX_UPLOAD_BYTES = 1_000_000        # the issue's limit for .txt/.md uploads
+MAX_UPLOAD_BYTES = 1_000_000  # the issue's limit for .txt/.md uploads
 UPLOAD_SUFFIXES = (".txt", ".md")
-MAX_ATTENTION_TOKENS = 2048         # attention capture on 2 CPU cores stays within seconds up to here
-FULL_VIEW_TOKENS = 256              # up to this many tokens a head is drawn cell by cell, with labels
-HEAD_OVERVIEW_SIZE = 256            # longer inputs: the head view is pooled to this many blocks per side
-MODEL_VIEW_CELLS = 600_000          # cells in the model-view mosaic (uint8): about 1 MB of JSON
-MAX_WINDOW = 256                    # the full-resolution window is at most this many tokens per side
-MAX_STAGE_WINDOW = 48               # the mask demo draws 6 matrices of this size
+MAX_ATTENTION_TOKENS = 2048  # attention capture on 2 CPU cores stays within seconds up to here
+FULL_VIEW_TOKENS = 256  # up to this many tokens a head is drawn cell by cell, with labels
+HEAD_OVERVIEW_SIZE = 256  # longer inputs: the head view is pooled to this many blocks per side
+MODEL_VIEW_CELLS = 600_000  # cells in the model-view mosaic (uint8): about 1 MB of JSON
+MAX_WINDOW = 256  # the full-resolution window is at most this many tokens per side
+MAX_STAGE_WINDOW = 48  # the mask demo draws 6 matrices of this size
 MAX_PE_POSITIONS = 512
 MAX_PE_DIM = 512
 MAX_GENERATE_TOKENS = 512
-MAX_PROMPT_TOKENS = 2048            # longer prompts keep their end: prefill of 8k tokens takes too long on a small CPU
+MAX_PROMPT_TOKENS = 2048  # longer prompts keep their end: prefill of 8k tokens takes too long on a small CPU
 
 
 class UserError(ValueError):
@@ -87,7 +87,7 @@ class ModelStore:
         self.capacity, self.device = capacity, device
         self.extra_names = list(extra_names or [])
         self._models: OrderedDict[str, torch.nn.Module] = OrderedDict()
-        self._lock = threading.Lock()                       # guards _models and _loading
+        self._lock = threading.Lock()  # guards _models and _loading
         self._loading: dict[str, threading.Lock] = {}
 
     def names(self) -> list[str]:
@@ -154,10 +154,24 @@ def parameter_table(model) -> list[list[str]]:
         measured = per_layer.get(part)
         if measured is None:
             continue
-        rows.append([f"{part.replace('_', '-')} per layer", f"{measured:,}", f"{formula_name} = {formula:,}", f"{measured / formula:.2f}"])
+        rows.append(
+            [
+                f"{part.replace('_', '-')} per layer",
+                f"{measured:,}",
+                f"{formula_name} = {formula:,}",
+                f"{measured / formula:.2f}",
+            ]
+        )
     for part in ("embeddings", "attention", "feed_forward", "norms", "lm_head", "total"):
         if part in counts:
-            rows.append([f"{part.replace('_', '-')} (all layers)" if part in ("attention", "feed_forward") else part, f"{counts[part]:,}", "", ""])
+            rows.append(
+                [
+                    f"{part.replace('_', '-')} (all layers)" if part in ("attention", "feed_forward") else part,
+                    f"{counts[part]:,}",
+                    "",
+                    "",
+                ]
+            )
     return rows
 
 
@@ -165,7 +179,11 @@ def model_card(name: str, model) -> str:
     """Markdown: the config that shapes every view, and where the parameters sit."""
     cfg = model.config
     d = cfg.d_model
-    kind = "encoder-decoder" if cfg.is_encoder_decoder else ("decoder (causal)" if cfg.causal else "encoder (bidirectional)")
+    kind = (
+        "encoder-decoder"
+        if cfg.is_encoder_decoder
+        else ("decoder (causal)" if cfg.causal else "encoder (bidirectional)")
+    )
     gqa = f", {cfg.n_kv_heads} key/value heads (grouped-query)" if cfg.n_kv_heads != cfg.n_heads else ""
     lines = [
         f"### {name}",
@@ -187,7 +205,8 @@ def model_card(name: str, model) -> str:
     if cfg.d_ff != 4 * d or getattr(cfg, "gated_ffn", False):
         mats = 3 if getattr(cfg, "gated_ffn", False) else 2
         notes.append(
-            f"The feed-forward has {mats} matrices of d × d_ff = {d} × {cfg.d_ff}: {mats}·d·d_ff = {mats * d * cfg.d_ff:,}, "
+            f"The feed-forward has {mats} matrices of d × d_ff = {d} × {cfg.d_ff}: {mats}·d·d_ff = "
+            f"{mats * d * cfg.d_ff:,}, "
             "against 8d² for the theory's 2 matrices with d_ff = 4d."
         )
     if notes:
@@ -201,9 +220,9 @@ def model_card(name: str, model) -> str:
 @dataclass
 class Encoded:
     ids: list[int]
-    labels: list[str]            # unique per position: "12 the"
-    special: list[bool]          # True for BOS/EOS/[CLS]/chat markers
-    note: str = ""               # e.g. the truncation message
+    labels: list[str]  # unique per position: "12 the"
+    special: list[bool]  # True for BOS/EOS/[CLS]/chat markers
+    note: str = ""  # e.g. the truncation message
 
 
 def read_upload(path: str | Path | None) -> str:
@@ -212,7 +231,9 @@ def read_upload(path: str | Path | None) -> str:
         raise UserError("No file was uploaded.")
     path = Path(path)
     if path.suffix.lower() not in UPLOAD_SUFFIXES:
-        raise UserError(f"{path.name}: only .txt and .md files can be read, not {path.suffix or 'files without a suffix'}.")
+        raise UserError(
+            f"{path.name}: only .txt and .md files can be read, not {path.suffix or 'files without a suffix'}."
+        )
     size = path.stat().st_size
     if size > MAX_UPLOAD_BYTES:
         raise UserError(f"{path.name} is {size / 1e6:.2f} MB; the limit is {MAX_UPLOAD_BYTES / 1e6:.0f} MB.")
@@ -223,7 +244,8 @@ def read_upload(path: str | Path | None) -> str:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise UserError(
-            f"{path.name} is not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x}); save it as UTF-8 and upload it again."
+            f"{path.name} is not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x}); save it "
+            "as UTF-8 and upload it again."
         ) from exc
     if not text.strip():
         raise UserError(f"{path.name} holds only whitespace.")
@@ -247,8 +269,15 @@ def encode(model, text: str, max_tokens: int | None = None, add_special_tokens: 
     limit = model.config.max_positions if max_tokens is None else min(max_tokens, model.config.max_positions)
     note = ""
     if len(ids) > limit:
-        why = "the model's context" if limit == model.config.max_positions else f"this view's limit (the model's context is {model.config.max_positions:,})"
-        note = f"The text has {len(ids):,} tokens; only the first {limit:,} are used ({why}); {len(ids) - limit:,} were dropped."
+        why = (
+            "the model's context"
+            if limit == model.config.max_positions
+            else f"this view's limit (the model's context is {model.config.max_positions:,})"
+        )
+        note = (
+            f"The text has {len(ids):,} tokens; only the first {limit:,} are used ({why}); "
+            f"{len(ids) - limit:,} were dropped."
+        )
         ids = ids[:limit]
     if not ids:
         raise UserError("The text gives no tokens.")
@@ -290,8 +319,8 @@ def pool_edges(n: int, blocks: int) -> np.ndarray:
 def pool_attention(probs: np.ndarray, q_edges: np.ndarray, k_edges: np.ndarray) -> np.ndarray:
     """Pool [..., Tq, Tk] attention into blocks: cell (i, j) is the mean over the queries of block i of the
     weight they put on keys of block j. Rows still sum to 1, so a pooled row reads like a real one."""
-    summed = np.add.reduceat(probs, k_edges[:-1], axis=-1)               # [..., Tq, Sk]
-    summed = np.add.reduceat(summed, q_edges[:-1], axis=-2)              # [..., Sq, Sk]
+    summed = np.add.reduceat(probs, k_edges[:-1], axis=-1)  # [..., Tq, Sk]
+    summed = np.add.reduceat(summed, q_edges[:-1], axis=-2)  # [..., Sq, Sk]
     counts = np.diff(q_edges).astype(np.float32)
     return summed / counts[:, None]
 
@@ -303,7 +332,7 @@ class _Seq2SeqMaps:
     def __init__(self, model, input_ids: torch.Tensor, overview_size: int):
         with torch.inference_mode():
             out = model(input_ids, decoder_input_ids=input_ids[:, :1], capture_attention=True)
-        self.layers = [a[0].to(torch.float16) for a in out.encoder_attentions]       # [H, n, n] each
+        self.layers = [a[0].to(torch.float16) for a in out.encoder_attentions]  # [H, n, n] each
         self.n_tokens = input_ids.shape[1]
         edges = pool_edges(self.n_tokens, overview_size)
         self.overview = np.stack([pool_attention(to_numpy(a), edges, edges) for a in self.layers])
@@ -316,12 +345,12 @@ class _Seq2SeqMaps:
 @dataclass
 class AttentionResult:
     tokens: Encoded
-    overview: np.ndarray               # [L, H, S, S] block-averaged (S = n when short)
+    overview: np.ndarray  # [L, H, S, S] block-averaged (S = n when short)
     layer: int
-    head: int | None                   # None: mean over the layer's heads
-    head_matrix: np.ndarray            # [n, n] the chosen head (or mean), full resolution
+    head: int | None  # None: mean over the layer's heads
+    head_matrix: np.ndarray  # [n, n] the chosen head (or mean), full resolution
     seconds: float
-    reused: bool                       # the all-layer pass was kept from the previous call on the same text
+    reused: bool  # the all-layer pass was kept from the previous call on the same text
     capture: "CaptureCache"
 
 
@@ -329,6 +358,7 @@ class AttentionResult:
 class CaptureCache:
     """One session's last capture, kept so that moving the window or changing layer on the same text skips
     the pass over every layer. Small: the pooled overview, no full-resolution maps."""
+
     key: tuple
     maps: object
 
@@ -339,8 +369,9 @@ def model_view_tile(n_tokens: int, n_layers: int, n_heads: int) -> int:
     return max(4, min(n_tokens, 64, side))
 
 
-def capture_attention(model, model_name: str, tokens: Encoded, layer: int, head: int | None,
-                      previous: CaptureCache | None = None) -> AttentionResult:
+def capture_attention(
+    model, model_name: str, tokens: Encoded, layer: int, head: int | None, previous: CaptureCache | None = None
+) -> AttentionResult:
     """Every layer × head pooled for the model view (core.capture), and one layer at full resolution.
 
     Which view gets which resolution: the model view gets block averages (tile side from model_view_tile);
@@ -387,13 +418,13 @@ def chat_prompt(model, prompt: str) -> str:
 
 @dataclass
 class GenerationUpdate:
-    prompt_text: str       # what the model read (chat template included)
-    new_text: str          # what it has written so far
+    prompt_text: str  # what the model read (chat template included)
+    new_text: str  # what it has written so far
     n_new: int
     seconds: float
     done: bool
     stop_reason: str = ""
-    note: str = ""         # e.g. how much of a long prompt was cut
+    note: str = ""  # e.g. how much of a long prompt was cut
 
     @property
     def tokens_per_second(self) -> float:
@@ -412,7 +443,10 @@ def stream_generation(
 ) -> Iterator[GenerationUpdate]:
     """Yield the text as the model writes it, one update per token. Closing the iterator stops the model."""
     if not model.config.causal and not model.config.is_encoder_decoder:
-        raise UserError(f"{model.config.family} here is an encoder: it fills in and encodes text but does not generate. Pick a decoder model.")
+        raise UserError(
+            f"{model.config.family} here is an encoder: it fills in and encodes text but does not "
+            f"generate. Pick a decoder model."
+        )
     if prompt is None or not prompt.strip():
         raise UserError("The prompt is empty.")
     max_new_tokens = check_range("Max new tokens", max_new_tokens, 1, MAX_GENERATE_TOKENS)
@@ -431,7 +465,10 @@ def stream_generation(
         raise UserError(f"Max new tokens must be below the model's context of {model.config.max_positions}.")
     note = ""
     if len(ids) > room:
-        note = f"The prompt has {len(ids):,} tokens; only its last {room:,} are used ({len(ids) - room:,} dropped from the start)."
+        note = (
+            f"The prompt has {len(ids):,} tokens; only its last {room:,} are used "
+            f"({len(ids) - room:,} dropped from the start)."
+        )
         ids = ids[-room:]  # keep the end of a long prompt: it is what the continuation follows
         text = tok.decode(ids)
     stream = model.stream(
@@ -447,15 +484,22 @@ def stream_generation(
     try:
         for token in stream:
             new.append(int(token))
-            yield GenerationUpdate(text, tok.decode(new, skip_special_tokens=True), len(new), time.perf_counter() - started, False,
-                                   note=note)
+            yield GenerationUpdate(
+                text,
+                tok.decode(new, skip_special_tokens=True),
+                len(new),
+                time.perf_counter() - started,
+                False,
+                note=note,
+            )
     finally:
         close = getattr(stream, "close", None)
         if close:
             close()
     reason = "token budget reached" if len(new) >= max_new_tokens else "end of text"
-    yield GenerationUpdate(text, tok.decode(new, skip_special_tokens=True), len(new), time.perf_counter() - started, True, reason,
-                           note)
+    yield GenerationUpdate(
+        text, tok.decode(new, skip_special_tokens=True), len(new), time.perf_counter() - started, True, reason, note
+    )
 
 
 # ---------------------------------------------------------------- positional encodings
@@ -483,7 +527,7 @@ def pe_shift_check(pe: np.ndarray, d: int, k: int) -> dict:
         rot[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = [[c, s], [-s, c]]
     before, after = pe[: n - k], pe[k:]
     analytic_error = float(np.abs(after - before @ rot.T).max())
-    fitted, *_ = np.linalg.lstsq(before, after, rcond=None)     # after ≈ before @ fitted
+    fitted, *_ = np.linalg.lstsq(before, after, rcond=None)  # after ≈ before @ fitted
     fit_error = float(np.abs(after - before @ fitted).max())
     return {
         "k": k,
@@ -499,7 +543,16 @@ def cosine_similarity(x: np.ndarray) -> np.ndarray:
     return unit @ unit.T
 
 
-def rope_scores(model, ids: list[int], layer: int, head: int, query_pos: int, key_pos: int, distances: np.ndarray, offsets: list[int]):
+def rope_scores(
+    model,
+    ids: list[int],
+    layer: int,
+    head: int,
+    query_pos: int,
+    key_pos: int,
+    distances: np.ndarray,
+    offsets: list[int],
+):
     """Score of one real query/key pair (the layer's own projections, before rotation) placed at relative
     distance Δ, for several absolute offsets m: q at position m + Δ, k at position m. RoPE makes the curves equal."""
     cfg = model.config
@@ -508,10 +561,10 @@ def rope_scores(model, ids: list[int], layer: int, head: int, query_pos: int, ke
     q_vec = q[0, head, query_pos].float()
     k_vec = k[0, kv_head, key_pos].float()
     inv_freq = model.rope_inv_freq()
-    scale = cfg.head_dim ** -0.5
+    scale = cfg.head_dim**-0.5
     curves = {}
     for m in offsets:
-        q_pos = torch.as_tensor(m + distances, dtype=torch.long, device=q_vec.device)[None]   # [1, D]
+        q_pos = torch.as_tensor(m + distances, dtype=torch.long, device=q_vec.device)[None]  # [1, D]
         k_pos = torch.full_like(q_pos, m)
         q_rot = apply_rope(q_vec.expand(1, 1, len(distances), -1).contiguous(), q_pos, inv_freq)[0, 0]
         k_rot = apply_rope(k_vec.expand(1, 1, len(distances), -1).contiguous(), k_pos, inv_freq)[0, 0]
@@ -533,7 +586,7 @@ def qk_for_head(model, ids: list[int], layer: int, head: int) -> tuple[torch.Ten
 def mask_stages(q: torch.Tensor, k: torch.Tensor, head_dim: int) -> dict[str, tuple[np.ndarray, ...]]:
     """Eq. 2.1 for one window of queries and keys, with the causal mask on and off."""
     n = q.shape[0]
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     out = {}
     for name, allowed in (("causal mask on", causal_mask(n, n, q.device)), ("causal mask off", None)):
         scores, masked, probs = attention_stages(q[None, None], k[None, None], allowed, scale)
@@ -599,15 +652,19 @@ def padding_effect(model, ids_a: list[int], ids_b: list[int]) -> dict:
     batch, mask, side = pad_pair(model, ids_a, ids_b)
     real = mask[1].bool()
     with torch.inference_mode():
-        alone = model(as_batch(ids_b, model.device)).hidden_states[0].float()   # [Tb, d]
+        alone = model(as_batch(ids_b, model.device)).hidden_states[0].float()  # [Tb, d]
         results = {}
         for name, use_mask in (("padding mask on", True), ("padding mask off", False)):
             out = model(batch, attention_mask=mask, padding_mask=use_mask, capture_attention=True)
             attn = out.encoder_attentions if model.config.is_encoder_decoder else out.attentions
-            pad_mass = [float(a[1][:, real][:, :, ~real].sum(-1).mean()) for a in attn]   # a: [B, H, T, T]
+            pad_mass = [float(a[1][:, real][:, :, ~real].sum(-1).mean()) for a in attn]  # a: [B, H, T, T]
             hidden = out.hidden_states[1][real].float()
             change = (hidden - alone).norm(dim=-1) / alone.norm(dim=-1).clamp_min(1e-12)
-            results[name] = {"pad_mass": pad_mass, "max_change": float(change.max()), "mean_change": float(change.mean())}
+            results[name] = {
+                "pad_mass": pad_mass,
+                "max_change": float(change.max()),
+                "mean_change": float(change.mean()),
+            }
     return {"side": side, "n_pad": int((~real).sum()), "n_real": int(real.sum()), "results": results}
 
 
@@ -620,8 +677,11 @@ def scaling_entropy(model, ids: list[int], layer: int, head: int) -> dict:
             res = model(batch, scale=scale, capture_attention=True)
             attn = res.encoder_attentions if model.config.is_encoder_decoder else res.attentions
             per_layer = [float(row_entropy(a[0]).mean()) for a in attn]
-            out[name] = {"per_layer": per_layer, "head": float(row_entropy(attn[layer][0, head]).mean()),
-                         "head_max_weight": float(attn[layer][0, head].max(-1).values.mean())}
+            out[name] = {
+                "per_layer": per_layer,
+                "head": float(row_entropy(attn[layer][0, head]).mean()),
+                "head_max_weight": float(attn[layer][0, head].max(-1).values.mean()),
+            }
     causal = model.config.causal
     n = len(ids)
     # the most a row can have: log(number of keys it may see), averaged over rows

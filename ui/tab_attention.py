@@ -9,7 +9,15 @@ import gradio as gr
 import numpy as np
 
 from ui import plots, service
-from ui.common import ANALYSIS, ANALYSIS_LIMIT, parse_head, progress_callback, read_example, text_with_upload, user_errors
+from ui.common import (
+    ANALYSIS,
+    ANALYSIS_LIMIT,
+    parse_head,
+    progress_callback,
+    read_example,
+    text_with_upload,
+    user_errors,
+)
 from ui.model_picker import Picker
 from ui.service import UserError
 
@@ -28,11 +36,22 @@ def head_choices(n_heads: int) -> list[str]:
 @dataclass
 class AttentionTab:
     text: gr.Textbox
-    run_event: dict     # click-event arguments (fn, inputs, outputs, …) to run the tab again from elsewhere
+    run_event: dict  # click-event arguments (fn, inputs, outputs, …) to run the tab again from elsewhere
 
 
-def attention_view(store: service.ModelStore, name, text, layer, head, hide_special, q_start, k_start, window, progress=None,
-                   previous: service.CaptureCache | None = None):
+def attention_view(
+    store: service.ModelStore,
+    name,
+    text,
+    layer,
+    head,
+    hide_special,
+    q_start,
+    k_start,
+    window,
+    progress=None,
+    previous: service.CaptureCache | None = None,
+):
     """Figures of the model view, the head view and the window, a note, and the capture to keep for the next
     call of this session; the body of the `attention` endpoint."""
     model = store.get(name, progress)
@@ -51,7 +70,8 @@ def attention_view(store: service.ModelStore, name, text, layer, head, hide_spec
     direction = "bidirectional (encoder)" if not cfg.causal else "causal (decoder)"
     model_fig = plots.model_view(
         result.overview,
-        f"{cfg.n_layers} layers × {cfg.n_heads} heads, {direction}" + ("" if side == n else f", tiles pooled to {side}×{side}"),
+        f"{cfg.n_layers} layers × {cfg.n_heads} heads, {direction}"
+        + ("" if side == n else f", tiles pooled to {side}×{side}"),
     )
     matrix = result.head_matrix
     if n <= service.FULL_VIEW_TOKENS:
@@ -64,7 +84,10 @@ def attention_view(store: service.ModelStore, name, text, layer, head, hide_spec
         edges = service.pool_edges(n, service.HEAD_OVERVIEW_SIZE)
         pooled = service.pool_attention(matrix, edges, edges)
         head_fig = plots.pooled_heatmap(
-            pooled, edges, edges, f"Layer {layer}, {head_name}: {n:,} tokens pooled to {len(edges) - 1}×{len(edges) - 1}"
+            pooled,
+            edges,
+            edges,
+            f"Layer {layer}, {head_name}: {n:,} tokens pooled to {len(edges) - 1}×{len(edges) - 1}",
         )
     q_pos = service.visible_positions(tokens, q_start, min(n, q_start + window), bool(hide_special))
     k_pos = service.visible_positions(tokens, k_start, min(n, k_start + window), bool(hide_special))
@@ -77,15 +100,22 @@ def attention_view(store: service.ModelStore, name, text, layer, head, hide_spec
         f"Queries {q_pos[0]}–{q_pos[-1]} × keys {k_pos[0]}–{k_pos[-1]}, full resolution",
         height=560,
     )
-    notes = [f"**{n:,} tokens**, " + (f"layer {layer} recomputed in {result.seconds:.2f} s (the other layers were kept from the last run)."
-                                       if result.reused else f"captured in {result.seconds:.2f} s.")]
+    notes = [
+        f"**{n:,} tokens**, "
+        + (
+            f"layer {layer} recomputed in {result.seconds:.2f} s (the other layers were kept from the last run)."
+            if result.reused
+            else f"captured in {result.seconds:.2f} s."
+        )
+    ]
     if tokens.note:
         notes.append("⚠️ " + tokens.note)
     if side != n:
         notes.append(f"Model view: each tile averages blocks of about {n / side:.1f} × {n / side:.1f} tokens.")
     if n > service.FULL_VIEW_TOKENS:
         notes.append(
-            "Head view: each cell is the mean, over a block of queries, of the weight they put on a block of keys, so rows "
+            "Head view: each cell is the mean, over a block of queries, of the weight they put on a "
+            "block of keys, so rows "
             "still sum to 1. The window below shows single tokens exactly; move it to see any part."
         )
     if hide_special and any(tokens.special):
@@ -102,9 +132,16 @@ def build(store: service.ModelStore, picker: Picker, initial) -> AttentionTab:
             text, _ = text_with_upload("Text", read_example("attention.txt"), "attn", api_name="load_text")
         with gr.Column(scale=2):
             with gr.Row():
-                layer = gr.Number(value=0, label=f"Layer (0–{initial.config.n_layers - 1})", precision=0, elem_id="attn-layer")
-                head = gr.Dropdown(choices=head_choices(initial.config.n_heads), value="mean of heads", label="Head",
-                                   allow_custom_value=True, elem_id="attn-head")
+                layer = gr.Number(
+                    value=0, label=f"Layer (0–{initial.config.n_layers - 1})", precision=0, elem_id="attn-layer"
+                )
+                head = gr.Dropdown(
+                    choices=head_choices(initial.config.n_heads),
+                    value="mean of heads",
+                    label="Head",
+                    allow_custom_value=True,
+                    elem_id="attn-head",
+                )
             hide_special = gr.Checkbox(value=False, label="Hide special tokens (BOS, [CLS], [SEP], chat markers)")
             with gr.Row():
                 q_start = gr.Number(value=0, label="Window: first query", precision=0)
@@ -112,28 +149,58 @@ def build(store: service.ModelStore, picker: Picker, initial) -> AttentionTab:
             window = gr.Slider(2, service.MAX_WINDOW, value=64, step=1, label="Window size (tokens per side)")
             button = gr.Button("Show attention", variant="primary", elem_id="attn-run")
     note = gr.Markdown(label="note", elem_id="attn-note")
-    model_fig = gr.Plot(label="Model view: every layer and head (each tile scaled to its own peak, colour ∝ √weight)", elem_id="attn-model-view")
+    model_fig = gr.Plot(
+        label="Model view: every layer and head (each tile scaled to its own peak, colour ∝ √weight)",
+        elem_id="attn-model-view",
+    )
     with gr.Row():
         head_fig = gr.Plot(label="Head view", elem_id="attn-head-view")
         window_fig = gr.Plot(label="Window", elem_id="attn-window")
 
     @user_errors
-    def run(model_name, text_value, layer_index, head_index, hide_special_tokens, window_query_start, window_key_start, window_size,
-            previous, progress=gr.Progress()):
-        return attention_view(store, model_name, text_value, layer_index, head_index, hide_special_tokens, window_query_start,
-                              window_key_start, window_size, progress_callback(progress), previous)
+    def run(
+        model_name,
+        text_value,
+        layer_index,
+        head_index,
+        hide_special_tokens,
+        window_query_start,
+        window_key_start,
+        window_size,
+        previous,
+        progress=gr.Progress(),
+    ):
+        return attention_view(
+            store,
+            model_name,
+            text_value,
+            layer_index,
+            head_index,
+            hide_special_tokens,
+            window_query_start,
+            window_key_start,
+            window_size,
+            progress_callback(progress),
+            previous,
+        )
 
     # per session: the last capture, so a new window or layer on the same text skips the all-layer pass
     last_capture = gr.State(None, time_to_live=CAPTURE_TTL_S)
-    event = dict(fn=run, inputs=[model, text, layer, head, hide_special, q_start, k_start, window, last_capture],
-                 outputs=[note, model_fig, head_fig, window_fig, last_capture], concurrency_id=ANALYSIS,
-                 concurrency_limit=ANALYSIS_LIMIT)
+    event = dict(
+        fn=run,
+        inputs=[model, text, layer, head, hide_special, q_start, k_start, window, last_capture],
+        outputs=[note, model_fig, head_fig, window_fig, last_capture],
+        concurrency_id=ANALYSIS,
+        concurrency_limit=ANALYSIS_LIMIT,
+    )
     button.click(**event, api_name="attention")
 
     @user_errors
     def limits(name):
         cfg = store.get(name).config
-        return gr.Number(value=0, label=f"Layer (0–{cfg.n_layers - 1})"), gr.Dropdown(choices=head_choices(cfg.n_heads), value="mean of heads")
+        return gr.Number(value=0, label=f"Layer (0–{cfg.n_layers - 1})"), gr.Dropdown(
+            choices=head_choices(cfg.n_heads), value="mean of heads"
+        )
 
     picker.loaded.success(limits, model, [layer, head], api_visibility="private")
     return AttentionTab(text=text, run_event={**event, "api_visibility": "private"})

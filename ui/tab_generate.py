@@ -16,7 +16,7 @@ GENERATE_LIMIT = 2  # two users can generate at once; each stream yields the CPU
 
 @dataclass
 class GenerateTab:
-    sent: gr.State          # prompt + continuation as the model read it, for the Attention tab
+    sent: gr.State  # prompt + continuation as the model read it, for the Attention tab
     send: gr.Button
 
 
@@ -29,10 +29,15 @@ def build(store: service.ModelStore, picker: Picker, initial) -> GenerateTab:
     with gr.Row():
         with gr.Column(scale=3):
             prompt, _ = text_with_upload("Prompt", read_example("generate.txt"), "gen", lines=4)
-            chat = gr.Checkbox(value=bool(getattr(initial.tokenizer, "chat_template", None)), label="Chat mode (wrap the prompt in the model's chat template)",
-                               elem_id="gen-chat")
+            chat = gr.Checkbox(
+                value=bool(getattr(initial.tokenizer, "chat_template", None)),
+                label="Chat mode (wrap the prompt in the model's chat template)",
+                elem_id="gen-chat",
+            )
         with gr.Column(scale=2):
-            max_new = gr.Slider(1, service.MAX_GENERATE_TOKENS, value=64, step=1, label="Max new tokens", elem_id="gen-max-new")
+            max_new = gr.Slider(
+                1, service.MAX_GENERATE_TOKENS, value=64, step=1, label="Max new tokens", elem_id="gen-max-new"
+            )
             temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
             with gr.Row():
                 top_k = gr.Number(value=0, label="Top-k (0 = off)", precision=0)
@@ -47,12 +52,22 @@ def build(store: service.ModelStore, picker: Picker, initial) -> GenerateTab:
     sent = gr.State("")
 
     @user_errors
-    def generate(model_name, prompt_text, chat_mode, max_new_tokens, temperature_value, top_k_value, top_p_value, seed_value,
-                 progress=gr.Progress()):
+    def generate(
+        model_name,
+        prompt_text,
+        chat_mode,
+        max_new_tokens,
+        temperature_value,
+        top_k_value,
+        top_p_value,
+        seed_value,
+        progress=gr.Progress(),
+    ):
         model_obj = store.get(model_name, progress_callback(progress))
         update = None
-        for update in service.stream_generation(model_obj, prompt_text, chat_mode, max_new_tokens, temperature_value, top_k_value,
-                                                top_p_value, seed_value):
+        for update in service.stream_generation(
+            model_obj, prompt_text, chat_mode, max_new_tokens, temperature_value, top_k_value, top_p_value, seed_value
+        ):
             yield update.new_text, stats_line(update), update.prompt_text + update.new_text
         if update is None:
             yield "", "Nothing was generated.", ""
@@ -67,7 +82,8 @@ def build(store: service.ModelStore, picker: Picker, initial) -> GenerateTab:
     )
     # cancel first, then relabel: an update still in flight from the stream must not overwrite "stopped"
     stop.click(None, None, None, cancels=[event], api_visibility="private").then(
-        mark_stopped, stats, stats, api_visibility="private", queue=False)
+        mark_stopped, stats, stats, api_visibility="private", queue=False
+    )
 
     @user_errors
     def chat_default(name):

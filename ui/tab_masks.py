@@ -7,7 +7,15 @@ import gradio as gr
 import numpy as np
 
 from ui import plots, service
-from ui.common import ANALYSIS, ANALYSIS_LIMIT, parse_head, progress_callback, read_example, text_with_upload, user_errors
+from ui.common import (
+    ANALYSIS,
+    ANALYSIS_LIMIT,
+    parse_head,
+    progress_callback,
+    read_example,
+    text_with_upload,
+    user_errors,
+)
 from ui.model_picker import Picker
 
 INTRO = """Eq. 2.1 step by step for a window of tokens: scores QKᵀ/√d_k, then the mask M added (0 where attention is
@@ -24,7 +32,9 @@ def stages_figure(model, tokens: service.Encoded, layer: int, head: int, start: 
     stages = service.mask_stages(q[start:stop], k[start:stop], model.config.head_dim)
     labels = tokens.labels[start:stop]
     return plots.stages_figure(
-        stages, labels, labels,
+        stages,
+        labels,
+        labels,
         f"Layer {layer}, head {head}, tokens {start}–{stop - 1} (softmax over the keys inside the window)",
     )
 
@@ -32,13 +42,17 @@ def stages_figure(model, tokens: service.Encoded, layer: int, head: int, start: 
 def causal_section(model, ids: list[int]):
     effect = service.causal_effect(model, ids)
     if effect is None:
-        reason = f"{model.config.family}: this checkpoint has no language-model head, so there is no next-token loss to measure."
+        reason = (
+            f"{model.config.family}: this checkpoint has no language-model head, so there is "
+            f"no next-token loss to measure."
+        )
         return plots.empty_figure(reason), reason
     (loss_on, loss_off), (acc_on, acc_off) = effect["loss"], effect["accuracy"]
     fig = plots.bar_figure(
         ["next-token loss (nats)", "next-token accuracy"],
         {"causal mask on": [loss_on, acc_on], "causal mask off": [loss_off, acc_off]},
-        f"Predicting each next token of your text ({effect['predictions']} predictions)", "value",
+        f"Predicting each next token of your text ({effect['predictions']} predictions)",
+        "value",
     )
     if not model.config.causal:
         text = "This model is an encoder: it never used a causal mask, so switching it off changes nothing."
@@ -65,9 +79,11 @@ def padding_section(model, text_a: str, text_b: str):
     )
     on, off = result["results"]["padding mask on"], result["results"]["padding mask off"]
     text = (
-        f"The shorter text ({result['n_real']} tokens) was padded with {result['n_pad']} pad tokens on the {result['side']}. "
+        f"The shorter text ({result['n_real']} tokens) was padded with {result['n_pad']} pad tokens "
+        f"on the {result['side']}. "
         f"Compared with running it alone, its real tokens' final outputs move by at most {on['max_change']:.1e} "
-        f"(relative) with the padding mask, and by up to {off['max_change']:.3f} (mean {off['mean_change']:.3f}) without it: "
+        f"(relative) with the padding mask, and by up to {off['max_change']:.3f} (mean "
+        f"{off['mean_change']:.3f}) without it: "
         "the filler leaks into the results."
     )
     return fig, text
@@ -81,12 +97,14 @@ def entropy_section(model, ids: list[int], layer: int, head: int):
         np.arange(n_layers),
         {name: np.array(c["per_layer"]) for name, c in curves.items()},
         "Mean attention entropy per layer: lower means sharper, more one-hot rows",
-        "layer", "entropy (nats)",
+        "layer",
+        "entropy (nats)",
         reference={"uniform attention": result["uniform"]},
     )
     scaled, raw = curves["scaled by 1/√d_k"], curves["not scaled"]
     text = (
-        f"Without the 1/√d_k factor the scores are √{result['head_dim']} ≈ {np.sqrt(result['head_dim']):.1f} times larger, "
+        f"Without the 1/√d_k factor the scores are √{result['head_dim']} ≈ "
+        f"{np.sqrt(result['head_dim']):.1f} times larger, "
         f"so the softmax saturates. Layer {layer}, head {head}: entropy {scaled['head']:.3f} → {raw['head']:.3f} nats, "
         f"mean largest weight per row {scaled['head_max_weight']:.3f} → {raw['head_max_weight']:.3f}."
     )
@@ -98,8 +116,10 @@ def mask_view(store: service.ModelStore, name, text, layer, head, start, size, t
     model = store.get(name, progress)
     cfg = model.config
     if cfg.is_encoder_decoder:
-        raise service.UserError(f"The mask demo reads decoder-only and encoder-only models; {name} is an encoder-decoder. "
-                                "Pick smollm2-135m-instruct or minilm-l6.")
+        raise service.UserError(
+            f"The mask demo reads decoder-only and encoder-only models; {name} is an encoder-decoder. "
+            "Pick smollm2-135m-instruct or minilm-l6."
+        )
     layer = service.check_range("Layer", layer, 0, cfg.n_layers - 1)
     head = parse_head(head, cfg.n_heads, allow_mean=False)
     tokens = service.encode(model, text, service.MAX_ATTENTION_TOKENS // 4)
@@ -128,7 +148,9 @@ def build(store: service.ModelStore, picker: Picker, initial) -> None:
                 size = gr.Slider(2, service.MAX_STAGE_WINDOW, value=12, step=1, label="Window size")
     with gr.Row():
         text_a = gr.Textbox(value=read_example("padding_long.txt"), label="Padding demo: a longer text", lines=2)
-        text_b = gr.Textbox(value=read_example("padding_short.txt"), label="…and a shorter one (it gets padded)", lines=2)
+        text_b = gr.Textbox(
+            value=read_example("padding_short.txt"), label="…and a shorter one (it gets padded)", lines=2
+        )
     button = gr.Button("Run the mask demo", variant="primary", elem_id="mask-run")
     note = gr.Markdown(label="note", elem_id="mask-note")
     stages = gr.Plot(label="Stages of eq. 2.1", elem_id="mask-stages")
@@ -146,9 +168,29 @@ def build(store: service.ModelStore, picker: Picker, initial) -> None:
         entropy_text = gr.Markdown(label="scaling note")
 
     @user_errors
-    def run(model_name, text_value, layer_index, head_index, window_start, window_size, longer_text, shorter_text, progress=gr.Progress()):
-        return mask_view(store, model_name, text_value, layer_index, head_index, window_start, window_size, longer_text, shorter_text,
-                         progress_callback(progress))
+    def run(
+        model_name,
+        text_value,
+        layer_index,
+        head_index,
+        window_start,
+        window_size,
+        longer_text,
+        shorter_text,
+        progress=gr.Progress(),
+    ):
+        return mask_view(
+            store,
+            model_name,
+            text_value,
+            layer_index,
+            head_index,
+            window_start,
+            window_size,
+            longer_text,
+            shorter_text,
+            progress_callback(progress),
+        )
 
     button.click(
         run,
@@ -162,6 +204,8 @@ def build(store: service.ModelStore, picker: Picker, initial) -> None:
     @user_errors
     def limits(name):
         cfg = store.get(name).config
-        return gr.Number(value=0, label=f"Layer (0–{cfg.n_layers - 1})"), gr.Number(value=0, label=f"Head (0–{cfg.n_heads - 1})")
+        return gr.Number(value=0, label=f"Layer (0–{cfg.n_layers - 1})"), gr.Number(
+            value=0, label=f"Head (0–{cfg.n_heads - 1})"
+        )
 
     picker.loaded.success(limits, model, [layer, head], api_visibility="private")

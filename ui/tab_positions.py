@@ -7,7 +7,15 @@ import numpy as np
 import gradio as gr
 
 from ui import plots, service
-from ui.common import ANALYSIS, ANALYSIS_LIMIT, parse_head, progress_callback, read_example, text_with_upload, user_errors
+from ui.common import (
+    ANALYSIS,
+    ANALYSIS_LIMIT,
+    parse_head,
+    progress_callback,
+    read_example,
+    text_with_upload,
+    user_errors,
+)
 from ui.model_picker import Picker
 
 INTRO = """Attention alone ignores order (permuting the tokens permutes the output), so position has to be put in.
@@ -15,27 +23,39 @@ The original Transformer **adds** fixed sinusoids (eq. 4.1: PE(pos, 2i) = sin(po
 PE(pos, 2i+1) = cos(pos / 10000^(2i/d))); GPT-2 and BERT **learn** one vector per position; Llama-style models
 **rotate** queries and keys (RoPE) so that a query·key score depends on how far apart the tokens are."""
 
-MAX_LEARNED_CELLS = 200_000   # learned-position heatmap: positions × d cells sent to the browser
+MAX_LEARNED_CELLS = 200_000  # learned-position heatmap: positions × d cells sent to the browser
 
 
 def sinusoid_figures(n: int, d: int, p: int, k: int):
     """Figures and the rotation check for the sinusoidal encoding with n positions and d dimensions."""
-    pe = service.sinusoidal(n, d)                                              # [n, d]
-    heat = plots.matrix_heatmap(pe, f"Sinusoidal encoding, eq. 4.1 (n = {n}, d = {d})", "dimension", "position", value_name="PE")
+    pe = service.sinusoidal(n, d)  # [n, d]
+    heat = plots.matrix_heatmap(
+        pe, f"Sinusoidal encoding, eq. 4.1 (n = {n}, d = {d})", "dimension", "position", value_name="PE"
+    )
     offsets = np.arange(0, n - p)
     dots = {f"PE({p})·PE({p}+k)": (pe[p] * pe[p + offsets]).sum(-1)}
     if p != 0:
         dots["PE(0)·PE(k)"] = (pe[0] * pe[offsets]).sum(-1)
     dot_fig = plots.line_figure(
-        offsets, dots, "Dot product against offset k: it depends on k only, not on where you start", "offset k", "dot product",
+        offsets,
+        dots,
+        "Dot product against offset k: it depends on k only, not on where you start",
+        "offset k",
+        "dot product",
         reference={"d/2 (k = 0)": d / 2},
     )
-    sim = pe @ pe.T / (d / 2)                                                  # |PE(p)|² = d/2, so this is the cosine
-    sim_fig = plots.matrix_heatmap(sim, "Cosine similarity PE(p)·PE(q) / (d/2): near positions look alike", "position q", "position p",
-                                   value_name="cosine")
+    sim = pe @ pe.T / (d / 2)  # |PE(p)|² = d/2, so this is the cosine
+    sim_fig = plots.matrix_heatmap(
+        sim,
+        "Cosine similarity PE(p)·PE(q) / (d/2): near positions look alike",
+        "position q",
+        "position p",
+        value_name="cosine",
+    )
     check = service.pe_shift_check(pe, d, k)
     text = (
-        f"**PE(p + {k}) is a rotation of PE(p)**, checked on all {check['pairs']} positions p: each (sin, cos) pair i turns by "
+        f"**PE(p + {k}) is a rotation of PE(p)**, checked on all {check['pairs']} positions p: each "
+        f"(sin, cos) pair i turns by "
         f"the angle k·ω_i with ω_i = 1/10000^(2i/d).  \n"
         f"max |PE(p+k) − R_k·PE(p)| = {check['analytic_max_error']:.1e} (R_k built from the formula; "
         f"max |R_k·R_kᵀ − I| = {check['rotation_orthogonality']:.1e}, so R_k is a rotation).  \n"
@@ -48,17 +68,29 @@ def sinusoid_figures(n: int, d: int, p: int, k: int):
 def learned_figures(model, n: int):
     table = model.learned_positions()
     if table is None:
-        reason = (f"{model.config.family} adds the fixed sinusoids shown above: it has no learned position table."
-                  if model.config.positional == "sinusoidal"
-                  else f"{model.config.family} uses {model.config.positional} positions: it has no learned position table.")
+        reason = (
+            f"{model.config.family} adds the fixed sinusoids shown above: it has no learned position table."
+            if model.config.positional == "sinusoidal"
+            else f"{model.config.family} uses {model.config.positional} positions: it has no learned position table."
+        )
         return plots.empty_figure(reason), plots.empty_figure(reason)
     table = service.to_numpy(table)
     rows = min(table.shape[0], max(2, n), max(2, MAX_LEARNED_CELLS // table.shape[1]))
     shown = table[:rows]
-    heat = plots.matrix_heatmap(shown, f"This model's learned position embeddings (first {rows} of {table.shape[0]})", "dimension", "position",
-                                value_name="value")
-    sim = plots.matrix_heatmap(service.cosine_similarity(shown), "Cosine similarity of the learned positions", "position q", "position p",
-                               value_name="cosine")
+    heat = plots.matrix_heatmap(
+        shown,
+        f"This model's learned position embeddings (first {rows} of {table.shape[0]})",
+        "dimension",
+        "position",
+        value_name="value",
+    )
+    sim = plots.matrix_heatmap(
+        service.cosine_similarity(shown),
+        "Cosine similarity of the learned positions",
+        "position q",
+        "position p",
+        value_name="cosine",
+    )
     return heat, sim
 
 
@@ -68,12 +100,17 @@ def rope_figures(model, text: str, layer: int, head: int, n: int):
     if inv_freq is None:
         reason = f"{cfg.family} uses {cfg.positional} positions, not RoPE."
         return plots.empty_figure(reason), plots.empty_figure(reason), ""
-    freqs = inv_freq.double().cpu().numpy()                                        # θ_i, [head_dim/2]
+    freqs = inv_freq.double().cpu().numpy()  # θ_i, [head_dim/2]
     positions = np.arange(n)
-    angles = np.mod(freqs[:, None] * positions[None, :], 2 * np.pi)             # [pairs, n]
+    angles = np.mod(freqs[:, None] * positions[None, :], 2 * np.pi)  # [pairs, n]
     angle_fig = plots.matrix_heatmap(
-        angles, f"RoPE rotation angle m·θ_i mod 2π (θ_i = {cfg.rope_theta:g}^(−2i/d_k), d_k = {cfg.head_dim})",
-        "position m", "frequency pair i", colorscale="Twilight", symmetric=False, value_name="angle (rad)",
+        angles,
+        f"RoPE rotation angle m·θ_i mod 2π (θ_i = {cfg.rope_theta:g}^(−2i/d_k), d_k = {cfg.head_dim})",
+        "position m",
+        "frequency pair i",
+        colorscale="Twilight",
+        symmetric=False,
+        value_name="angle (rad)",
     )
     tokens = service.encode(model, text, max_tokens=256)
     if len(tokens.ids) < 2:
@@ -84,9 +121,12 @@ def rope_figures(model, text: str, layer: int, head: int, n: int):
     curves = service.rope_scores(model, tokens.ids, layer, head, query_pos, key_pos, distances, offsets)
     series = {f"key at position {m}, query at {m}+Δ": curves[m] for m in offsets}
     score_fig = plots.line_figure(
-        distances, series,
-        f"Score q·k/√d_k vs distance Δ (layer {layer}, head {head}; q of '{tokens.labels[query_pos]}', k of '{tokens.labels[key_pos]}')",
-        "relative distance Δ (tokens)", "score",
+        distances,
+        series,
+        f"Score q·k/√d_k vs distance Δ (layer {layer}, head {head}; q of "
+        f"'{tokens.labels[query_pos]}', k of '{tokens.labels[key_pos]}')",
+        "relative distance Δ (tokens)",
+        "score",
     )
     spread = max(float(np.abs(curves[m] - curves[0]).max()) for m in offsets)
     text_out = (
@@ -126,8 +166,12 @@ def build(store: service.ModelStore, picker: Picker, initial) -> None:
         layer = gr.Number(value=0, label=f"Layer (RoPE scores; 0–{initial.config.n_layers - 1})", precision=0)
         head = gr.Number(value=0, label=f"Head (RoPE scores; 0–{initial.config.n_heads - 1})", precision=0)
         with gr.Column(scale=2):
-            text, _ = text_with_upload("Text whose first and last tokens (of its first 256) give the query/key pair",
-                                       read_example("attention.txt"), "pe", lines=2)
+            text, _ = text_with_upload(
+                "Text whose first and last tokens (of its first 256) give the query/key pair",
+                read_example("attention.txt"),
+                "pe",
+                lines=2,
+            )
     button = gr.Button("Show positional encodings", variant="primary", elem_id="pe-run")
     gr.Markdown("### Sinusoidal (eq. 4.1)")
     with gr.Row():
@@ -146,9 +190,29 @@ def build(store: service.ModelStore, picker: Picker, initial) -> None:
     rope_text = gr.Markdown(label="RoPE note", elem_id="pe-rope-note")
 
     @user_errors
-    def run(model_name, n_positions, d_model, start_position, offset, layer_index, head_index, text_value, progress=gr.Progress()):
-        return positional_view(store, model_name, n_positions, d_model, start_position, offset, layer_index, head_index, text_value,
-                               progress_callback(progress))
+    def run(
+        model_name,
+        n_positions,
+        d_model,
+        start_position,
+        offset,
+        layer_index,
+        head_index,
+        text_value,
+        progress=gr.Progress(),
+    ):
+        return positional_view(
+            store,
+            model_name,
+            n_positions,
+            d_model,
+            start_position,
+            offset,
+            layer_index,
+            head_index,
+            text_value,
+            progress_callback(progress),
+        )
 
     button.click(
         run,
@@ -162,7 +226,9 @@ def build(store: service.ModelStore, picker: Picker, initial) -> None:
     @user_errors
     def limits(name):
         cfg = store.get(name).config
-        return (gr.Number(value=0, label=f"Layer (RoPE scores; 0–{cfg.n_layers - 1})"),
-                gr.Number(value=0, label=f"Head (RoPE scores; 0–{cfg.n_heads - 1})"))
+        return (
+            gr.Number(value=0, label=f"Layer (RoPE scores; 0–{cfg.n_layers - 1})"),
+            gr.Number(value=0, label=f"Head (RoPE scores; 0–{cfg.n_heads - 1})"),
+        )
 
     picker.loaded.success(limits, model, [layer, head], api_visibility="private")
