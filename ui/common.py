@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+from pathlib import Path
 
 import gradio as gr
 
@@ -15,6 +16,7 @@ log = logging.getLogger(__name__)
 
 ANALYSIS = "analysis"  # concurrency group of the forward-pass events: one at a time on a small CPU
 ANALYSIS_LIMIT = 1
+EXAMPLES = Path(__file__).resolve().parent.parent / "assets" / "examples"
 
 
 def _as_gradio_error(exc: Exception) -> gr.Error:
@@ -103,18 +105,16 @@ def text_with_upload(
 
 
 def read_example(name: str) -> str:
-    from pathlib import Path  # noqa: PLC0415
-
-    path = Path(__file__).resolve().parent.parent / "assets" / "examples" / name
-    return path.read_text(encoding="utf-8").strip()
+    """One of the example texts in assets/examples/, shown in the text boxes when the page opens."""
+    return (EXAMPLES / name).read_text(encoding="utf-8").strip()
 
 
 def parse_head(value, n_heads: int, allow_mean: bool = True) -> int | None:
     """'mean of heads' → None (when allowed), else an index in range, or a UserError."""
-    if value in (None, "", "mean", "mean of heads"):
-        if allow_mean:
-            return None
-        return 0
+    if value in (None, ""):
+        raise UserError(f"Head is missing; choose one from 0 to {n_heads - 1}.")
+    if value in ("mean", "mean of heads") and allow_mean:
+        return None
     try:
         head = int(value)
     except (TypeError, ValueError):

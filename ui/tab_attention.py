@@ -114,9 +114,8 @@ def attention_view(
         notes.append(f"Model view: each tile averages blocks of about {n / side:.1f} × {n / side:.1f} tokens.")
     if n > service.FULL_VIEW_TOKENS:
         notes.append(
-            "Head view: each cell is the mean, over a block of queries, of the weight they put on a "
-            "block of keys, so rows "
-            "still sum to 1. The window below shows single tokens exactly; move it to see any part."
+            "Head view: each cell is the mean, over a block of queries, of the weight they put on a block of keys, "
+            "so rows still sum to 1. The window below shows single tokens exactly; move it to see any part."
         )
     if hide_special and any(tokens.special):
         notes.append("Special tokens are hidden in the head view and window (their weights are not renormalised).")

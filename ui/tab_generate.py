@@ -11,7 +11,7 @@ from ui.common import progress_callback, read_example, text_with_upload, user_er
 from ui.model_picker import Picker
 
 GENERATE = "generate"
-GENERATE_LIMIT = 2  # two users can generate at once; each stream yields the CPU between tokens
+GENERATE_LIMIT = 2  # two users can generate at once; more wait in the queue
 
 
 @dataclass
