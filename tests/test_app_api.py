@@ -47,7 +47,7 @@ def tiny_models(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def server(tiny_models):
-    demo, url = launch_app([tiny_models["llama"], tiny_models["bert"]], tiny_models["llama"])
+    demo, url, _ = launch_app([tiny_models["llama"], tiny_models["bert"]], tiny_models["llama"])
     yield demo, url
     demo.close()
 

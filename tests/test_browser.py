@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -34,12 +35,17 @@ from tiny_app_model import build_tiny_bert, build_tiny_llama, launch_app  # noqa
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
+def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("browser-models")
     llama, bert = str(build_tiny_llama(root / "tiny-llama")), str(build_tiny_bert(root / "tiny-bert"))
-    demo, url = launch_app([llama, bert], llama)
-    yield url
+    demo, url, store = launch_app([llama, bert], llama)
+    yield url, store.get(llama)
     demo.close()
+
+
+@pytest.fixture(scope="module")
+def app_url(served):
+    return served[0]
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +180,17 @@ def test_generate_tab_streams_and_sends_its_text_to_the_attention_tab(page):
     expect_plot(page, "attn-head-view")
 
 
-def test_stop_button_ends_a_long_generation(page):
+def test_stop_button_ends_a_long_generation(page, served, monkeypatch):
+    # the tiny model writes 512 tokens in about a second, faster than a click; pace it like a real model
+    model = served[1]
+    real_stream = model.stream
+
+    def paced_stream(*args, **kwargs):
+        for token in real_stream(*args, **kwargs):
+            time.sleep(0.02)
+            yield token
+
+    monkeypatch.setattr(model, "stream", paced_stream)
     open_tab(page, "Generate")
     page.locator("#gen-chat input").uncheck()
     slider = page.locator("#gen-max-new input[type=number]")

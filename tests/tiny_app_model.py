@@ -123,7 +123,7 @@ if __name__ == "__main__":
 
 def launch_app(model_names: list[str], default: str):
     """Start the app in this process on a free loopback port, with the options `python app.py` uses.
-    Returns (demo, url); call demo.close() when done."""
+    Returns (demo, url, store); call demo.close() when done."""
     import socket
     from argparse import Namespace
 
@@ -138,4 +138,4 @@ def launch_app(model_names: list[str], default: str):
     demo.queue(max_size=app.QUEUE_SIZE, default_concurrency_limit=1)
     args = Namespace(host="127.0.0.1", port=port, share=False)
     _, url, _ = demo.launch(**app.launch_options(args), prevent_thread_lock=True, quiet=True)
-    return demo, url
+    return demo, url, store
