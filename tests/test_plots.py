@@ -99,6 +99,14 @@ def test_matrix_heatmap_is_symmetric_around_zero_for_signed_data():
     assert fig.data[0].zmin == -2.0 and fig.data[0].zmax == 2.0
 
 
+def test_matrix_heatmap_can_clip_outliers_out_of_the_colour_scale():
+    data = np.full((10, 10), 0.1)
+    data[0, 0] = 50.0
+    fig = plots.matrix_heatmap(data, "learned", "dim", "pos", clip_quantile=0.9)
+    assert fig.data[0].zmax == pytest.approx(0.1)
+    assert np.asarray(fig.data[0].z).max() == 50.0  # the data itself is untouched
+
+
 def test_empty_figure_says_why():
     fig = plots.empty_figure("no learned positions")
     assert fig.layout.annotations[0].text == "no learned positions"

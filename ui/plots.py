@@ -255,15 +255,19 @@ def matrix_heatmap(
     y: Sequence[float] | None = None,
     value_name: str = "value",
     height: int = 460,
+    clip_quantile: float = 1.0,
 ) -> go.Figure:
-    """A numeric matrix (positional encodings, similarity matrices, angles) as a heatmap."""
+    """A numeric matrix (positional encodings, similarity matrices, angles) as a heatmap.
+
+    clip_quantile < 1 bounds a symmetric colour scale by that quantile of |value|, so that a few outlying
+    entries (learned embeddings often have some) do not wash out the rest; hover still shows true values."""
     matrix = _as_f32(matrix)
     if matrix.ndim != 2:
         raise ValueError(f"matrix_heatmap wants a 2-D array, got shape {matrix.shape}")
     finite = matrix[np.isfinite(matrix)]
     kwargs: dict = {}
     if symmetric and finite.size:
-        bound = float(np.abs(finite).max()) or 1.0
+        bound = float(np.quantile(np.abs(finite), clip_quantile)) or float(np.abs(finite).max()) or 1.0
         kwargs = {"zmin": -bound, "zmax": bound, "zmid": 0.0, "reversescale": True}
     fig = go.Figure(
         go.Heatmap(

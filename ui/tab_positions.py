@@ -79,10 +79,12 @@ def learned_figures(model, n: int):
     shown = table[:rows]
     heat = plots.matrix_heatmap(
         shown,
-        f"This model's learned position embeddings (first {rows} of {table.shape[0]})",
+        f"This model's learned position embeddings (first {rows} of {table.shape[0]}; colours clipped at the 99th "
+        "percentile)",
         "dimension",
         "position",
         value_name="value",
+        clip_quantile=0.99,
     )
     sim = plots.matrix_heatmap(
         service.cosine_similarity(shown),
