@@ -94,13 +94,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--device", default=None, help="cpu or cuda; default: cuda (bfloat16) when there is a GPU, else cpu (float32)"
     )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=service.MAX_ATTENTION_TOKENS,
+        help=f"longest text the Attention tab reads (default {service.MAX_ATTENTION_TOKENS}; the model's context "
+        "caps it too); raise it on a GPU",
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
-    store = service.ModelStore(extra_names=[args.model], device=args.device)
+    if args.max_tokens < 2:
+        print(f"error: --max-tokens must be at least 2, got {args.max_tokens}", file=sys.stderr)
+        return 2
+    store = service.ModelStore(extra_names=[args.model], device=args.device, max_attention_tokens=args.max_tokens)
     bar = service.terminal_progress()
     try:
         # the first start pulls the default model here, with a progress bar in the terminal

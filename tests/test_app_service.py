@@ -99,3 +99,13 @@ def test_padding_mask_keeps_real_outputs_and_its_absence_moves_them(tiny_llama):
     assert result["side"] == "left" and result["n_pad"] == len(long_ids) - len(short_ids)
     assert max(on["pad_mass"]) == 0 and min(off["pad_mass"]) > 0
     assert on["max_change"] < 1e-4 < off["max_change"]
+
+
+def test_the_attention_cap_is_a_setting_of_the_store(tiny_llama):
+    from ui.tab_attention import attention_view
+
+    store = service.ModelStore(max_attention_tokens=20)
+    note, _, head_view, _, capture = attention_view(store, tiny_llama, "the lamp at dawn " * 20, 0, "0", False, 0, 0, 8)
+    assert "only the first 20 are used (this view's limit" in note
+    assert len(head_view.data[0].x) == 20
+    assert capture.maps.overview.shape[-1] == 20

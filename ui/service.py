@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL = "smollm2-135m-instruct"
 MAX_UPLOAD_BYTES = 1_000_000  # the issue's limit for .txt/.md uploads
 UPLOAD_SUFFIXES = (".txt", ".md")
-MAX_ATTENTION_TOKENS = 2048  # attention capture on 2 CPU cores stays within seconds up to here
+MAX_ATTENTION_TOKENS = 2048  # default cap of the Attention tab: a capture on 2 CPU cores stays within seconds
+MAX_MASK_TOKENS = 512  # the mask demo runs the model six times on its text
 FULL_VIEW_TOKENS = 256  # up to this many tokens a head is drawn cell by cell, with labels
 HEAD_OVERVIEW_SIZE = 256  # longer inputs: the head view is pooled to this many blocks per side
 MODEL_VIEW_CELLS = 600_000  # cells in the model-view mosaic (uint8): about 1 MB of JSON
@@ -83,8 +84,15 @@ class ModelStore:
     A model being pulled or loaded holds only its own name's lock, so users of models already in memory
     never wait behind someone else's download."""
 
-    def __init__(self, capacity: int = 2, extra_names: list[str] | None = None, device: str | None = None):
+    def __init__(
+        self,
+        capacity: int = 2,
+        extra_names: list[str] | None = None,
+        device: str | None = None,
+        max_attention_tokens: int = MAX_ATTENTION_TOKENS,
+    ):
         self.capacity, self.device = capacity, device
+        self.max_attention_tokens = max_attention_tokens  # the Attention tab's cap, below the model's context
         self.extra_names = list(extra_names or [])
         self._models: OrderedDict[str, torch.nn.Module] = OrderedDict()
         self._lock = threading.Lock()  # guards _models and _loading

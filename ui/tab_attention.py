@@ -56,7 +56,7 @@ def attention_view(
     call of this session; the body of the `attention` endpoint."""
     model = store.get(name, progress)
     cfg = model.config
-    tokens = service.encode(model, text, service.MAX_ATTENTION_TOKENS)
+    tokens = service.encode(model, text, store.max_attention_tokens)
     n = len(tokens.ids)
     layer = service.check_range("Layer", layer, 0, cfg.n_layers - 1)
     head = parse_head(head, cfg.n_heads)

@@ -122,7 +122,7 @@ def mask_view(store: service.ModelStore, name, text, layer, head, start, size, t
         )
     layer = service.check_range("Layer", layer, 0, cfg.n_layers - 1)
     head = parse_head(head, cfg.n_heads, allow_mean=False)
-    tokens = service.encode(model, text, service.MAX_ATTENTION_TOKENS // 4)
+    tokens = service.encode(model, text, service.MAX_MASK_TOKENS)
     if len(tokens.ids) < 2:
         raise service.UserError("The mask demo needs at least 2 tokens of text.")
     stages = stages_figure(model, tokens, layer, head, start, size)
