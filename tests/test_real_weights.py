@@ -154,18 +154,22 @@ def test_smollm2_padded_batch_logits_equal_transformers(smollm_pair):
     assert delta <= 1e-4
 
 
-def test_smollm2_greedy_32_tokens_identical_to_transformers(smollm_pair):
+@pytest.mark.parametrize("question, n_tokens", [
+    ("Name three primary colours.", 32),                              # issue 3
+    ("Explain in detail how attention works in a transformer.", 64),  # issue 4
+])
+def test_smollm2_greedy_tokens_identical_to_transformers(smollm_pair, question, n_tokens):
     ours, theirs = smollm_pair
-    chat = [{"role": "user", "content": "Name three primary colours."}]
+    chat = [{"role": "user", "content": question}]
     text = ours.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     ids = ours.tokenizer(text, return_tensors="pt")["input_ids"]
     expected = theirs.generate(
-        ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_tokens, do_sample=False,
         pad_token_id=ours.tokenizer.pad_token_id,
     )
-    got = ours.generate(ids, max_new_tokens=32, temperature=0.0)
+    got = ours.generate(ids, max_new_tokens=n_tokens, temperature=0.0)
     print("SmolLM2 greedy:", repr(ours.tokenizer.decode(got[0, ids.shape[1]:])))
-    assert got.shape[1] == expected.shape[1] == ids.shape[1] + 32  # this prompt reaches no end-of-turn token
+    assert got.shape[1] == expected.shape[1] == ids.shape[1] + n_tokens  # these prompts reach no end-of-turn token
     assert got.tolist() == expected.tolist()
 
 
