@@ -107,6 +107,12 @@ def test_attention_tab_draws_model_view_head_view_and_window_with_hover(page):
     box = plot_area.bounding_box()
     plot_area.hover(position={"x": box["width"] * 0.3, "y": box["height"] * 0.8})
     expect(page.locator("#attn-head-view .hoverlayer .hovertext").first).to_contain_text("→ key", timeout=10_000)
+    # hover a tile of the model view: it names its layer and head
+    mosaic = page.locator("#attn-model-view .js-plotly-plot .nsewdrag").first
+    mosaic.scroll_into_view_if_needed()
+    box = mosaic.bounding_box()
+    mosaic.hover(position={"x": box["width"] * 0.9, "y": box["height"] * 0.9})  # the last layer's last head
+    expect(page.locator("#attn-model-view .hoverlayer .hovertext").first).to_contain_text("layer 1, head 3", timeout=10_000)
     shot(page, "attention")
 
 

@@ -39,7 +39,8 @@ def test_model_view_tiles_every_layer_and_head_into_one_trace():
     rng = np.random.default_rng(1)
     overview = rng.random((3, 4, 5, 5)).astype(np.float32)
     fig = plots.model_view(overview, "all heads")
-    assert len(fig.data) == 1
+    assert [t.type for t in fig.data] == ["heatmap", "scatter"]  # the mosaic, and one hover marker per tile
+    assert len(fig.data[1].x) == 3 * 4 and fig.data[1].text[4 * 2 + 3] == "layer 2, head 3"
     mosaic = np.asarray(fig.data[0].z)
     assert mosaic.dtype == np.uint8
     assert mosaic.shape == (4 * 6 - 1, 3 * 6 - 1)  # heads down, layers across, tiles of 5 with a 1-cell gap

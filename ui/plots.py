@@ -162,7 +162,24 @@ def model_view(overview: np.ndarray, title: str, layer_labels: Sequence[str] | N
             zmin=0,
             zmax=255,
             showscale=False,
-            hovertemplate="√(weight / this head's peak) = %{z}/255<extra></extra>",
+            hoverinfo="skip",
+        )
+    )
+    # one invisible marker per tile names it on hover (L·H points: far cheaper than a label per cell)
+    centres = [
+        (layer * cell + (s - 1) / 2, head * cell + (s - 1) / 2) for layer in range(n_layers) for head in range(n_heads)
+    ]
+    peaks = peak.reshape(n_layers, n_heads)
+    fig.add_trace(
+        go.Scatter(
+            x=[c[0] for c in centres],
+            y=[c[1] for c in centres],
+            mode="markers",
+            marker={"size": 1, "opacity": 0},
+            text=[f"layer {layer}, head {head}" for layer in range(n_layers) for head in range(n_heads)],
+            customdata=[float(peaks[layer, head]) for layer in range(n_layers) for head in range(n_heads)],
+            hovertemplate="%{text}<br>peak weight %{customdata:.3f}<extra></extra>",
+            showlegend=False,
         )
     )
     tile_px = max(12, min(90, 1200 // max(n_layers, 1)))
@@ -186,7 +203,12 @@ def model_view(overview: np.ndarray, title: str, layer_labels: Sequence[str] | N
         scaleanchor="x",
         constrain="domain",
     )
-    fig.update_layout(plot_bgcolor="white", meta={"layers": n_layers, "heads": n_heads, "tile": s})
+    fig.update_layout(
+        plot_bgcolor="white",
+        meta={"layers": n_layers, "heads": n_heads, "tile": s},
+        hovermode="closest",
+        hoverdistance=200,  # anywhere in a tile is nearer its own centre than any other
+    )
     return fig
 
 
