@@ -109,3 +109,9 @@ def test_the_attention_cap_is_a_setting_of_the_store(tiny_llama):
     assert "only the first 20 are used (this view's limit" in note
     assert len(head_view.data[0].x) == 20
     assert capture.maps.overview.shape[-1] == 20
+
+
+def test_a_folder_that_is_not_a_model_gives_a_clear_message(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(service.UserError, match="cannot be loaded: .*malformed JSON"):
+        service.ModelStore().get(str(tmp_path))

@@ -112,7 +112,8 @@ def test_attention_tab_draws_model_view_head_view_and_window_with_hover(page):
     mosaic.scroll_into_view_if_needed()
     box = mosaic.bounding_box()
     mosaic.hover(position={"x": box["width"] * 0.9, "y": box["height"] * 0.9})  # the last layer's last head
-    expect(page.locator("#attn-model-view .hoverlayer .hovertext").first).to_contain_text("layer 1, head 3", timeout=10_000)
+    hover = page.locator("#attn-model-view .hoverlayer .hovertext").first
+    expect(hover).to_contain_text("layer 1, head 3", timeout=10_000)
     shot(page, "attention")
 
 

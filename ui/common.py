@@ -83,7 +83,8 @@ def load_upload(path: str | None) -> str:
 def text_with_upload(
     label: str, value: str, prefix: str, lines: int = 6, api_name: str | None = None, max_lines: int = 14
 ):
-    """A text box (elem_id prefix-text) with a .txt/.md upload (prefix-upload) that fills it. Returns (textbox, file)."""
+    """A text box (elem_id prefix-text) with a .txt/.md upload (prefix-upload) that fills it.
+    Returns (textbox, file)."""
     text = gr.Textbox(label=label, value=value, lines=lines, max_lines=max_lines, elem_id=f"{prefix}-text")
     upload = gr.File(
         label="…or upload a .txt / .md file (at most 1 MB, UTF-8)",

@@ -35,7 +35,7 @@ def build(store: service.ModelStore, default_model: str) -> Picker:
     @user_errors
     def load_card(model_name: str, progress=gr.Progress()):
         model_obj = store.get(model_name, progress_callback(progress))
-        return service.model_card(model_name, model_obj)
+        return service.model_card(model_name, model_obj, store.source(model_name))
 
     loaded = model.change(
         load_card, model, card, api_name="load_model", concurrency_id=ANALYSIS, concurrency_limit=ANALYSIS_LIMIT

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from core import load_model
+from core import CheckpointError, ConfigError, load_model
 from core.attention import attention_stages, causal_mask
 from core.layers import apply_rope, sinusoidal_encoding
 
@@ -97,6 +97,10 @@ class ModelStore:
         self._models: OrderedDict[str, torch.nn.Module] = OrderedDict()
         self._lock = threading.Lock()  # guards _models and _loading
         self._loading: dict[str, threading.Lock] = {}
+        self._sources: dict[str, str] = {}  # name → where its weights came from, for the model card
+
+    def source(self, name: str) -> str:
+        return self._sources.get(name, "")
 
     def names(self) -> list[str]:
         return list(dict.fromkeys(self.extra_names + known_model_names()))
@@ -137,8 +141,12 @@ class ModelStore:
         if progress:
             progress(0.95, f"loading {name} into memory")
         started = time.perf_counter()
-        model = load_model(folder, device=self.device)  # cuda (bfloat16) when there is a GPU, else cpu (float32)
+        try:
+            model = load_model(folder, device=self.device)  # cuda (bfloat16) when there is a GPU, else cpu (float32)
+        except (ConfigError, CheckpointError) as exc:
+            raise UserError(f"Model {name!r} cannot be loaded: {exc}") from exc
         model.eval()
+        self._sources[name] = weights_provenance(Path(folder))
         log.info("loaded %s from %s in %.1f s", name, folder, time.perf_counter() - started)
         if model.tokenizer is None:
             raise UserError(f"Model {name!r} has no tokenizer in {folder}; the app needs one to read text.")
@@ -146,6 +154,18 @@ class ModelStore:
 
 
 # ---------------------------------------------------------------- model card
+
+
+def weights_provenance(folder: Path) -> str:
+    """One line from the weight store's manifest: where the files came from, their licence, when installed."""
+    try:
+        weights = weights_module()
+        manifest = weights.read_manifest(folder)
+        source = weights.describe_source(manifest["source"])
+    except Exception:  # noqa: BLE001 - a folder made by hand has no manifest; the card just says less
+        return f"Weights: {folder}"
+    licence, created = manifest.get("licence", "unknown"), manifest.get("created", "?")[:10]
+    return f"Weights: {source}, licence {licence}, installed {created}."
 
 
 def parameter_table(model) -> list[list[str]]:
@@ -183,7 +203,7 @@ def parameter_table(model) -> list[list[str]]:
     return rows
 
 
-def model_card(name: str, model) -> str:
+def model_card(name: str, model, source: str = "") -> str:
     """Markdown: the config that shapes every view, and where the parameters sit."""
     cfg = model.config
     d = cfg.d_model
@@ -197,7 +217,8 @@ def model_card(name: str, model) -> str:
         f"### {name}",
         f"**{cfg.family}** {kind}: {cfg.n_layers} layers, {cfg.n_heads} heads{gqa}, d = {d}, d_k = {cfg.head_dim}, "
         f"d_ff = {cfg.d_ff}, vocabulary {cfg.vocab_size:,}, context {cfg.max_positions:,} tokens.  ",
-        f"Positions: **{cfg.positional}**; norm: {cfg.norm} ({cfg.norm_placement}-LN).",
+        f"Positions: **{cfg.positional}**; norm: {cfg.norm} ({cfg.norm_placement}-LN).  ",
+        source,
         "",
         "| part | parameters | theory | measured / theory |",
         "|---|---:|---:|---:|",
