@@ -24,9 +24,9 @@ from ui.service import UserError
 CAPTURE_TTL_S = 1800  # a session's kept capture is dropped after half an hour
 
 INTRO = """Each heatmap row is one **query** token and shows how its attention weights (softmax of eq. 2.1,
-summing to 1) are spread over the **key** tokens. Decoders show a lower triangle: the causal mask hides later tokens. Encoders
-(e.g. minilm-l6) attend in both directions. A strong weight says where a head looked, not why the model decided
-anything: attention is not an explanation."""
+summing to 1) are spread over the **key** tokens. Decoders show a lower triangle: the causal mask hides later
+tokens. Encoders (e.g. minilm-l6) attend in both directions. A strong weight says where a head looked, not why
+the model decided anything: attention is not an explanation."""
 
 
 def head_choices(n_heads: int) -> list[str]:
