@@ -115,3 +115,13 @@ def test_a_folder_that_is_not_a_model_gives_a_clear_message(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(service.UserError, match="cannot be loaded: .*malformed JSON"):
         service.ModelStore().get(str(tmp_path))
+
+
+def test_settings_out_of_range_or_not_numbers_are_named_in_the_message():
+    assert service.check_range("Layer", 3.0, 0, 5) == 3
+    with pytest.raises(service.UserError, match="Layer must be between 0 and 5, got 9"):
+        service.check_range("Layer", 9, 0, 5)
+    with pytest.raises(service.UserError, match="Layer is missing"):
+        service.check_range("Layer", None, 0, 5)
+    with pytest.raises(service.UserError, match="Layer must be a whole number from 0 to 5, got 'two'"):
+        service.check_range("Layer", "two", 0, 5)

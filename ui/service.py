@@ -328,9 +328,12 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 
 def check_range(name: str, value, low, high) -> int:
     """An integer setting within [low, high], or a UserError naming the setting and its range."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None or value == "" or (isinstance(value, float) and math.isnan(value)):
         raise UserError(f"{name} is missing; choose a value from {low} to {high}.")
-    value = int(value)
+    try:
+        value = int(float(value))
+    except (TypeError, ValueError):
+        raise UserError(f"{name} must be a whole number from {low} to {high}, got {value!r}.") from None
     if not low <= value <= high:
         raise UserError(f"{name} must be between {low} and {high}, got {value}.")
     return value
