@@ -190,17 +190,23 @@ def parameter_table(model) -> list[list[str]]:
                 f"{measured / formula:.2f}",
             ]
         )
+    names = {
+        "attention": "attention (all layers)",
+        "feed_forward": "feed-forward (all layers)",
+        "lm_head": "LM head" + lm_head_note(model, counts.get("lm_head", 0)),
+    }
     for part in ("embeddings", "attention", "feed_forward", "norms", "lm_head", "total"):
         if part in counts:
-            rows.append(
-                [
-                    f"{part.replace('_', '-')} (all layers)" if part in ("attention", "feed_forward") else part,
-                    f"{counts[part]:,}",
-                    "",
-                    "",
-                ]
-            )
+            rows.append([names.get(part, part), f"{counts[part]:,}", "", ""])
     return rows
+
+
+def lm_head_note(model, own_parameters: int) -> str:
+    if not model.config.has_lm_head:
+        return " (none: this checkpoint is an encoder without one)"
+    if own_parameters == 0 or model.config.tie_word_embeddings:
+        return " (tied: it reuses the token embeddings)"
+    return ""
 
 
 def model_card(name: str, model, source: str = "") -> str:
