@@ -29,7 +29,8 @@ QUEUE_SIZE = 32
 def build_demo(store: service.ModelStore, default_model: str) -> gr.Blocks:
     """The whole page: model picker and card, then the four tabs. The default model must be loadable."""
     initial = store.get(default_model)
-    with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:
+    # uploaded files are deleted an hour after upload: a public Space must not collect users' texts
+    with gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
         gr.Markdown(
             f"# {TITLE}\nA small Transformer written from scratch in PyTorch, loaded with real weights: "
             "look at its attention head by head, its positional encodings, and what its masks do."
