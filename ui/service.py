@@ -147,6 +147,8 @@ class ModelStore:
             raise UserError(f"Model {name!r} cannot be loaded: {exc}") from exc
         model.eval()
         self._sources[name] = weights_provenance(Path(folder))
+        if progress:
+            progress(1.0, f"{name} ready")
         log.info("loaded %s from %s in %.1f s", name, folder, time.perf_counter() - started)
         if model.tokenizer is None:
             raise UserError(f"Model {name!r} has no tokenizer in {folder}; the app needs one to read text.")
