@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tiny_app_model import build_tiny_llama
+from tiny_app_model import build_tiny_llama, build_tiny_marian
 from ui import service
 
 
@@ -125,3 +125,23 @@ def test_settings_out_of_range_or_not_numbers_are_named_in_the_message():
         service.check_range("Layer", None, 0, 5)
     with pytest.raises(service.UserError, match="Layer must be a whole number from 0 to 5, got 'two'"):
         service.check_range("Layer", "two", 0, 5)
+
+
+def test_an_encoder_decoder_shows_its_encoder_attention_and_says_what_it_cannot_show(tmp_path):
+    from ui.tab_attention import attention_view
+    from ui.tab_masks import mask_view
+    from ui.tab_positions import positional_view
+
+    folder = str(build_tiny_marian(tmp_path / "tiny-marian"))
+    store = service.ModelStore()
+    note, model_view, head_view, _, _ = attention_view(store, folder, "The lamp at dawn.", 1, "2", False, 0, 0, 8)
+    z = np.asarray(head_view.data[0].z)
+    assert z[np.triu_indices(len(z), 1)].max() > 0  # the encoder reads both ways
+    assert "encoder's self-attention" in model_view.layout.title.text
+    assert "two attention blocks" in service.model_card("marian", store.get(folder))
+    learned = positional_view(store, folder, 32, 8, 0, 1, 0, 0, "The lamp")[4]
+    assert "adds the fixed sinusoids" in learned.layout.annotations[0].text
+    with pytest.raises(service.UserError, match="encoder-decoder"):
+        mask_view(store, folder, "The lamp at dawn.", 0, 0, 0, 4, "The lamp at dawn.", "Dawn.")
+    updates = list(service.stream_generation(store.get(folder), "The lamp", False, 5, 0.0, None, None, 0))
+    assert updates[-1].done and updates[-1].n_new >= 1

@@ -121,6 +121,35 @@ if __name__ == "__main__":
     print(build_tiny_llama(root / "tiny-llama"), build_tiny_bert(root / "tiny-bert"))
 
 
+def build_tiny_marian(folder: Path) -> Path:
+    """An encoder-decoder (the original Transformer's shape: sinusoidal positions, Post-LN, cross-attention)."""
+    from transformers import MarianConfig, MarianMTModel
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(folder)
+    tok.chat_template = None
+    tok.save_pretrained(folder)
+    config = MarianConfig(
+        vocab_size=len(tok),
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=256,
+        pad_token_id=tok.pad_token_id,
+        decoder_start_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        scale_embedding=True,
+    )
+    torch.manual_seed(0)
+    model = MarianMTModel(config).eval()
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
 def launch_app(model_names: list[str], default: str):
     """Start the app in this process on a free loopback port, with the options `python app.py` uses.
     Returns (demo, url, store); call demo.close() when done."""

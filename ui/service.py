@@ -233,6 +233,11 @@ def model_card(name: str, model, source: str = "") -> str:
     ]
     lines += [f"| {' | '.join(row)} |" for row in parameter_table(model)]
     notes = []
+    if cfg.is_encoder_decoder:
+        notes.append(
+            "Per layer means one decoder layer here: it has two attention blocks (self-attention and "
+            "cross-attention into the encoder), so about 2 × 4d²."
+        )
     if cfg.n_kv_heads != cfg.n_heads:
         kv = cfg.n_kv_heads * cfg.head_dim
         notes.append(

@@ -67,7 +67,10 @@ def attention_view(
     result = service.capture_attention(model, name, tokens, layer, head, previous)
     head_name = "mean of heads" if head is None else f"head {head}"
     side = result.overview.shape[-1]
-    direction = "bidirectional (encoder)" if not cfg.causal else "causal (decoder)"
+    if cfg.is_encoder_decoder:
+        direction = "the encoder's self-attention (bidirectional)"
+    else:
+        direction = "bidirectional (encoder)" if not cfg.causal else "causal (decoder)"
     model_fig = plots.model_view(
         result.overview,
         f"{cfg.n_layers} layers × {cfg.n_heads} heads, {direction}"
