@@ -20,8 +20,10 @@ from torch import Tensor
 class OverviewObserver:
     """Pools each layer's probabilities [1, H, n, n] as they are computed; optionally keeps them in float16."""
 
-    def __init__(self, size: int, keep_full: bool, kind: str = "self"):
-        self.size, self.keep_full, self.kind = size, keep_full, kind
+    def __init__(self, size: int, keep_full: bool, keep_layers=(), progress=None, n_layers: int = 0,
+                 kind: str = "self"):
+        self.size, self.keep_full, self.keep_layers, self.kind = size, keep_full, set(keep_layers), kind
+        self.progress, self.n_layers = progress, n_layers
         self.pooled: dict[int, Tensor] = {}
         self.full: dict[int, Tensor] = {}
 
@@ -32,8 +34,12 @@ class OverviewObserver:
         maps = probs[0]  # [H, n, n]
         n = maps.shape[-1]
         self.pooled[layer] = maps if n <= self.size else F.adaptive_avg_pool2d(maps, self.size)
-        if self.keep_full:
+        if layer in self.keep_layers:
+            self.full[layer] = maps.clone()  # exact float32, asked for by name
+        elif self.keep_full:
             self.full[layer] = maps.to(torch.float16)
+        if self.progress is not None:
+            self.progress(layer + 1, self.n_layers)
 
 
 class LayerObserver:
@@ -90,10 +96,13 @@ class AttentionMaps:
 
 
 def capture(model, input_ids: Tensor, attention_mask: Tensor | None = None, overview_size: int = 128,
-            keep_full_up_to: int = 512, causal_mask: bool = True, padding_mask: bool = True, scale: bool = True,
-            positions: bool = True) -> AttentionMaps:
+            keep_full_up_to: int = 512, keep_layers=(), progress=None, causal_mask: bool = True,
+            padding_mask: bool = True, scale: bool = True, positions: bool = True) -> AttentionMaps:
     """One pass over input_ids [1, n] that records the attention of every layer and head of the main stack.
-    Works for decoders and encoders; for seq2seq models use model(..., capture_attention=True)."""
+    Works for decoders and encoders; for seq2seq models use model(..., capture_attention=True).
+
+    keep_layers: layers kept at full float32 resolution whatever n is (so a view of them needs no second pass).
+    progress: called as progress(layers_done, n_layers) after each layer."""
     if input_ids.ndim != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"capture takes one text, input_ids [1, n]; got shape {list(input_ids.shape)}")
     if model.encoder is not None:
@@ -105,7 +114,8 @@ def capture(model, input_ids: Tensor, attention_mask: Tensor | None = None, over
                   attention_mask=None if attention_mask is None else attention_mask.to(model.device),
                   kind="self", causal=causal_mask and model.config.causal, padding_mask=padding_mask, scale=scale,
                   positions=positions)
-    observer = OverviewObserver(overview_size, keep_full=n <= keep_full_up_to)
+    observer = OverviewObserver(overview_size, keep_full=n <= keep_full_up_to, keep_layers=keep_layers,
+                                progress=progress, n_layers=model.config.n_layers)
     with torch.inference_mode():
         model.run_stack(model.stack, observer=observer, **inputs)
     overview = torch.stack([observer.pooled[i] for i in sorted(observer.pooled)]).float().cpu().numpy()

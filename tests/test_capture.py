@@ -49,3 +49,13 @@ def test_bad_requests_are_named(model):
         maps.head(0, 9)
     with pytest.raises(ValueError, match="exceed the model's 512 positions"):
         capture(model, ids(513))
+
+
+def test_kept_layers_need_no_second_pass_and_progress_counts_layers(model, monkeypatch):
+    x = ids(60)
+    seen = []
+    maps = capture(model, x, keep_full_up_to=0, keep_layers={1}, progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(1, 2), (2, 2)]
+    reference = model(x, capture_attention=True).attentions[1][0]
+    monkeypatch.setattr(model, "run_stack", None)  # any recomputation would now fail
+    np.testing.assert_array_equal(maps.head(1, 3), reference[3].numpy())

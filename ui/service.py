@@ -420,7 +420,8 @@ def capture_attention(
     """Every layer × head pooled for the model view (core.capture), and one layer at full resolution.
 
     Which view gets which resolution: the model view gets block averages (tile side from model_view_tile);
-    the head view and the window get the chosen layer exactly, recomputed by a pass up to that layer."""
+    the head view and the window get the chosen layer exactly: kept from the same pass on a new text, recomputed
+    by a pass up to that layer when only the layer or window changes."""
     cfg = model.config
     n = len(tokens.ids)
     key = (model_name, n, hash(tuple(tokens.ids)))
@@ -435,9 +436,12 @@ def capture_attention(
         else:
             from core.capture import capture  # noqa: PLC0415
 
-            # keep nothing at full resolution: one layer is recomputed below, and the session keeps only the overview
-            maps = capture(model, as_batch(tokens.ids, model.device), overview_size=tile, keep_full_up_to=0)
+            # the chosen layer at full resolution in the same pass; other layers are recomputed when asked for
+            maps = capture(model, as_batch(tokens.ids, model.device), overview_size=tile, keep_full_up_to=0,
+                           keep_layers={layer})
     head_matrix = maps.head(layer, head)
+    if hasattr(maps, "full"):
+        maps.full.clear()  # the session keeps only the overview
     seconds = time.perf_counter() - started
     return AttentionResult(tokens, maps.overview, layer, head, head_matrix, seconds, reused, CaptureCache(key, maps))
 
