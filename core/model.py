@@ -100,11 +100,12 @@ class Attention(nn.Module):
         return x.view(x.shape[0], x.shape[1], n, self.head_dim).transpose(1, 2)
 
     def self_qkv(self, x: Tensor, setup: AttentionSetup) -> tuple[Tensor, Tensor, Tensor]:
-        q, k, v = self.heads(self.qkv(x), self.n_heads + 2 * self.n_kv_heads).split(
-            [self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)
-        if setup.rope is not None:  # rotary positions act on queries and keys only
+        qk, v = self.heads(self.qkv(x), self.n_heads + 2 * self.n_kv_heads).split(
+            [self.n_heads + self.n_kv_heads, self.n_kv_heads], dim=1)
+        if setup.rope is not None:  # rotary positions act on queries and keys only (both in one go)
             cos, sin = setup.rope
-            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+            qk = qk * cos + rotate_half(qk) * sin
+        q, k = qk.split([self.n_heads, self.n_kv_heads], dim=1)
         return q, k, v
 
     def forward(self, x: Tensor, setup: AttentionSetup, layer: int, cross: bool = False) -> tuple[Tensor, Tensor | None]:
