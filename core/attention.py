@@ -6,6 +6,8 @@ Masks are boolean, True where a query may attend to a key; M is 0 there and -∞
 """
 from __future__ import annotations
 
+from typing import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -40,6 +42,39 @@ def attention_probs(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float) 
     probs = torch.softmax(scores, dim=-1)
     del scores
     return probs.nan_to_num_(0.0) if allowed is not None else probs
+
+
+def attention_rows(q: Tensor, k: Tensor, allowed: Tensor | None, is_causal: bool, scale: float,
+                   rows: int) -> Iterator[tuple[int, Tensor]]:
+    """softmax(QKᵀ·scale + M) a block of query rows at a time: yields (first row, probs [B, H, rows, Tk]
+    float32). A block of a long text stays in the CPU's cache through every stage instead of streaming an
+    n × n matrix through memory once per stage; under a causal mask the keys after a block's last query are
+    never scored (their probabilities are exactly 0). Same arguments as `attention`.
+    """
+    batch, n_heads, n_queries, d_k = q.shape
+    n_kv, n_keys = k.shape[1], k.shape[-2]
+    group = n_heads // n_kv
+    for start in range(0, n_queries, rows):
+        stop = min(start + rows, n_queries)
+        width = n_keys - n_queries + stop if is_causal else n_keys  # keys any query of this block may see
+        # each key/value head scores its group of query heads in one matmul, without copying keys
+        q_block = q[:, :, start:stop].reshape(batch, n_kv, group * (stop - start), d_k)
+        scores = (q_block.float() @ k[:, :, :width].float().transpose(-1, -2)).mul_(scale)
+        scores = scores.view(batch, n_heads, stop - start, width)
+        mask = None
+        if allowed is not None:
+            mask = allowed[..., start:stop, :width] if allowed.shape[-2] > 1 else allowed[..., :width]
+        if is_causal:
+            causal = causal_mask(stop - start, width, q.device)
+            mask = causal if mask is None else mask & causal
+        if mask is not None:
+            scores.masked_fill_(~mask, float("-inf"))
+        block = torch.softmax(scores, dim=-1)
+        if allowed is not None:
+            block.nan_to_num_(0.0)
+        if width < n_keys:
+            block = F.pad(block, (0, n_keys - width))
+        yield start, block
 
 
 def one_query_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:

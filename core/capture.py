@@ -5,7 +5,8 @@ tokens), which is what transformers' output_attentions=True holds. This module k
   - overview: every layer × head, block-averaged to at most overview_size² (the app's model view);
   - full resolution in float16 for every layer and head while n ≤ keep_full_up_to (the head view);
   - above that, full resolution of one layer recomputed on demand (a forward pass up to that layer only).
-One layer's float32 probabilities exist at a time while the pass runs.
+Probabilities are computed a block of 256 query rows at a time (core.attention.attention_rows), so no
+n × n float32 matrix exists while the pass runs unless a full map is kept.
 """
 from __future__ import annotations
 
@@ -17,8 +18,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
+def pool_last(x: Tensor, size: int) -> Tensor:
+    """Block means along the last dimension down to `size` (adaptive average pooling); unchanged if shorter."""
+    return x if x.shape[-1] <= size else F.adaptive_avg_pool1d(x, size)
+
+
 class OverviewObserver:
-    """Pools each layer's probabilities [1, H, n, n] as they are computed; optionally keeps them in float16."""
+    """Pools each layer's probabilities as they are computed, a block of query rows at a time: keys first
+    ([H, rows, n] → [H, rows, S]), then queries once the layer is done. Averaging over rectangles is separable,
+    so this equals 2-D adaptive average pooling. Optionally keeps full maps (float16, or float32 for keep_layers)."""
+
+    rows_per_block = 256
 
     def __init__(self, size: int, keep_full: bool, keep_layers=(), progress=None, n_layers: int = 0,
                  kind: str = "self"):
@@ -30,20 +40,27 @@ class OverviewObserver:
     def wants(self, kind: str, layer: int) -> bool:
         return kind == self.kind
 
-    def __call__(self, kind: str, layer: int, probs: Tensor) -> None:
-        maps = probs[0]  # [H, n, n]
-        n = maps.shape[-1]
-        self.pooled[layer] = maps if n <= self.size else F.adaptive_avg_pool2d(maps, self.size)
-        if layer in self.keep_layers:
-            self.full[layer] = maps.clone()  # exact float32, asked for by name
-        elif self.keep_full:
-            self.full[layer] = maps.to(torch.float16)
-        if self.progress is not None:
-            self.progress(layer + 1, self.n_layers)
+    def __call__(self, kind: str, layer: int, probs: Tensor, start: int = 0) -> None:
+        block = probs[0]                                   # [H, rows, n]
+        heads, rows, n = block.shape
+        if start == 0:
+            self.columns = block.new_empty(heads, n, min(n, self.size))
+            if layer in self.keep_layers or self.keep_full:
+                dtype = torch.float32 if layer in self.keep_layers else torch.float16
+                self.full[layer] = block.new_empty(heads, n, n, dtype=dtype)
+        self.columns[:, start:start + rows] = pool_last(block, self.size)
+        if layer in self.full:
+            self.full[layer][:, start:start + rows] = block
+        if start + rows == n:                              # the layer's last block
+            self.pooled[layer] = pool_last(self.columns.transpose(1, 2), self.size).transpose(1, 2)
+            if self.progress is not None:
+                self.progress(layer + 1, self.n_layers)
 
 
 class LayerObserver:
-    """Keeps the full float32 probabilities of one layer."""
+    """Keeps the full float32 probabilities of one layer, filled a block of rows at a time."""
+
+    rows_per_block = 256
 
     def __init__(self, layer: int, kind: str = "self"):
         self.layer, self.kind, self.probs = layer, kind, None
@@ -51,8 +68,11 @@ class LayerObserver:
     def wants(self, kind: str, layer: int) -> bool:
         return kind == self.kind and layer == self.layer
 
-    def __call__(self, kind: str, layer: int, probs: Tensor) -> None:
-        self.probs = probs[0]
+    def __call__(self, kind: str, layer: int, probs: Tensor, start: int = 0) -> None:
+        block = probs[0]
+        if start == 0:
+            self.probs = block.new_empty(block.shape[0], block.shape[-1], block.shape[-1])
+        self.probs[:, start:start + block.shape[1]] = block
 
 
 @dataclass

@@ -13,13 +13,15 @@ import torch
 from torch import Tensor, nn
 
 from . import generate as generation
-from .attention import attention, causal_mask as causal_matrix
+from .attention import attention, attention_rows, causal_mask as causal_matrix
 from .config import ModelConfig
 from .layers import ACTIVATIONS, FeedForward, Linear, Norm, TokenEmbedding, rope_cos_sin, rope_inv_freq, rotate_half, sinusoidal_encoding
 
 # An observer sees attention probabilities as they are computed: observer(kind, layer, probs [B, H, Tq, Tk]).
 # kind is "self" (the main stack), "encoder" or "cross". `observer.wants(kind, layer)` picks the layers
-# that take the explicit path; the others keep the fused fast path.
+# that take the explicit path; the others keep the fused fast path. An observer with `rows_per_block`
+# receives the rows in blocks instead, observer(kind, layer, probs [B, H, rows, Tk], first_row), while
+# the layer's output comes from the fast path: this is how long texts are captured (core/capture.py).
 Observer = Callable[[str, int, Tensor], None]
 
 
@@ -126,9 +128,16 @@ class Attention(nn.Module):
                 k, v = cache.update(layer, k, v)
             allowed, is_causal = setup.allowed, setup.is_causal
         want = setup.wants_probs(kind, layer)
-        out, probs = attention(q, k, v, allowed, is_causal, setup.scale, return_probs=want)
-        if want:
-            setup.observer(kind, layer, probs)
+        rows = getattr(setup.observer, "rows_per_block", None) if want else None
+        if rows:  # an observer that takes probabilities block by block: the output comes from the fast path
+            out, probs = attention(q, k, v, allowed, is_causal, setup.scale)
+            scale = self.head_dim ** -0.5 if setup.scale is None else setup.scale
+            for start, block in attention_rows(q, k, allowed, is_causal, scale, rows):
+                setup.observer(kind, layer, block, start)
+        else:
+            out, probs = attention(q, k, v, allowed, is_causal, setup.scale, return_probs=want)
+            if want:
+                setup.observer(kind, layer, probs)
         out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.n_heads * self.head_dim)
         return self.out(out), probs
 

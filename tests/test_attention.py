@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from core import load_model
-from core.attention import attention, attention_stages, causal_mask
+from core.attention import attention, attention_rows, attention_stages, causal_mask
 from core.layers import apply_rope, rope_inv_freq, sinusoidal_encoding
 from tests import tiny
 
@@ -133,3 +133,17 @@ def test_rope_matches_transformers():
     inv = rope_inv_freq(16, 500.0)
     torch.testing.assert_close(apply_rope(q, pos, inv), ref_q, atol=1e-6, rtol=0)
     torch.testing.assert_close(apply_rope(k, pos, inv), ref_k, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_row_blocks_equal_the_explicit_path(causal):
+    """attention_rows (used for long captures) gives the explicit path's probabilities, block by block,
+    with grouped-query heads, a padding mask and more keys than queries (a cache)."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = torch.randn(2, 6, 11, 8, generator=gen), torch.randn(2, 3, 14, 8, generator=gen), torch.randn(2, 3, 14, 8, generator=gen)
+    allowed = torch.ones(2, 1, 1, 14, dtype=torch.bool)
+    allowed[1, ..., :4] = False
+    _, expected = attention(q, k, v, allowed, causal, scale=0.3, return_probs=True)
+    blocks = list(attention_rows(q, k, allowed, causal, 0.3, rows=4))
+    assert [start for start, _ in blocks] == [0, 4, 8]
+    torch.testing.assert_close(torch.cat([b for _, b in blocks], dim=2), expected, atol=1e-6, rtol=1e-5)
