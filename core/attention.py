@@ -44,12 +44,12 @@ def attention_probs(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float) 
     return probs.nan_to_num_(0.0) if allowed is not None else probs
 
 
-def attention_rows(q: Tensor, k: Tensor, allowed: Tensor | None, is_causal: bool, scale: float,
-                   rows: int) -> Iterator[tuple[int, Tensor]]:
-    """softmax(QKᵀ·scale + M) a block of query rows at a time: yields (first row, probs [B, H, rows, Tk]
-    float32). A block of a long text stays in the CPU's cache through every stage instead of streaming an
-    n × n matrix through memory once per stage; under a causal mask the keys after a block's last query are
-    never scored (their probabilities are exactly 0). Same arguments as `attention`.
+def attention_rows(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_causal: bool, scale: float,
+                   rows: int) -> Iterator[tuple[int, Tensor, Tensor]]:
+    """Eq. 2.1 a block of query rows at a time: yields (first row, probs [B, H, rows, Tk] float32,
+    output [B, H, rows, d_k] = probs·V). A block of a long text stays in the CPU's cache through every stage
+    instead of streaming an n × n matrix through memory once per stage; under a causal mask the keys after
+    a block's last query are never scored (their probabilities are exactly 0). Same arguments as `attention`.
     """
     batch, n_heads, n_queries, d_k = q.shape
     n_kv, n_keys = k.shape[1], k.shape[-2]
@@ -72,9 +72,11 @@ def attention_rows(q: Tensor, k: Tensor, allowed: Tensor | None, is_causal: bool
         block = torch.softmax(scores, dim=-1)
         if allowed is not None:
             block.nan_to_num_(0.0)
+        grouped = block.view(batch, n_kv, group * (stop - start), width).to(v.dtype)
+        out = (grouped @ v[:, :, :width]).view(batch, n_heads, stop - start, v.shape[-1])
         if width < n_keys:
             block = F.pad(block, (0, n_keys - width))
-        yield start, block
+        yield start, block, out
 
 
 def one_query_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:

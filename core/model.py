@@ -20,8 +20,8 @@ from .layers import ACTIVATIONS, FeedForward, Linear, Norm, TokenEmbedding, rope
 # An observer sees attention probabilities as they are computed: observer(kind, layer, probs [B, H, Tq, Tk]).
 # kind is "self" (the main stack), "encoder" or "cross". `observer.wants(kind, layer)` picks the layers
 # that take the explicit path; the others keep the fused fast path. An observer with `rows_per_block`
-# receives the rows in blocks instead, observer(kind, layer, probs [B, H, rows, Tk], first_row), while
-# the layer's output comes from the fast path: this is how long texts are captured (core/capture.py).
+# receives the rows in blocks instead, observer(kind, layer, probs [B, H, rows, Tk], first_row), and
+# the layer's output is computed from those same blocks: how long texts are captured (core/capture.py).
 Observer = Callable[[str, int, Tensor], None]
 
 
@@ -129,10 +129,11 @@ class Attention(nn.Module):
             allowed, is_causal = setup.allowed, setup.is_causal
         want = setup.wants_probs(kind, layer)
         rows = getattr(setup.observer, "rows_per_block", None) if want else None
-        if rows:  # an observer that takes probabilities block by block: the output comes from the fast path
-            out, probs = attention(q, k, v, allowed, is_causal, setup.scale)
+        if rows:  # an observer that takes the probabilities a block of query rows at a time
+            probs, out = None, q.new_empty(q.shape[0], self.n_heads, q.shape[2], self.head_dim)
             scale = self.head_dim ** -0.5 if setup.scale is None else setup.scale
-            for start, block in attention_rows(q, k, allowed, is_causal, scale, rows):
+            for start, block, out_block in attention_rows(q, k, v, allowed, is_causal, scale, rows):
+                out[:, :, start:start + block.shape[2]] = out_block
                 setup.observer(kind, layer, block, start)
         else:
             out, probs = attention(q, k, v, allowed, is_causal, setup.scale, return_probs=want)

@@ -143,7 +143,8 @@ def test_row_blocks_equal_the_explicit_path(causal):
     q, k, v = torch.randn(2, 6, 11, 8, generator=gen), torch.randn(2, 3, 14, 8, generator=gen), torch.randn(2, 3, 14, 8, generator=gen)
     allowed = torch.ones(2, 1, 1, 14, dtype=torch.bool)
     allowed[1, ..., :4] = False
-    _, expected = attention(q, k, v, allowed, causal, scale=0.3, return_probs=True)
-    blocks = list(attention_rows(q, k, allowed, causal, 0.3, rows=4))
-    assert [start for start, _ in blocks] == [0, 4, 8]
-    torch.testing.assert_close(torch.cat([b for _, b in blocks], dim=2), expected, atol=1e-6, rtol=1e-5)
+    out, expected = attention(q, k, v, allowed, causal, scale=0.3, return_probs=True)
+    blocks = list(attention_rows(q, k, v, allowed, causal, 0.3, rows=4))
+    assert [start for start, _, _ in blocks] == [0, 4, 8]
+    torch.testing.assert_close(torch.cat([b for _, b, _ in blocks], dim=2), expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(torch.cat([o for _, _, o in blocks], dim=2), out, atol=1e-6, rtol=1e-5)
