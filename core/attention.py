@@ -46,10 +46,11 @@ def attention_probs(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float) 
 
 def attention_rows(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_causal: bool, scale: float,
                    rows: int) -> Iterator[tuple[int, Tensor, Tensor]]:
-    """Eq. 2.1 a block of query rows at a time: yields (first row, probs [B, H, rows, Tk] float32,
+    """Eq. 2.1 a block of query rows at a time: yields (first row, probs [B, H, rows, width] float32,
     output [B, H, rows, d_k] = probs·V). A block of a long text stays in the CPU's cache through every stage
-    instead of streaming an n × n matrix through memory once per stage; under a causal mask the keys after
-    a block's last query are never scored (their probabilities are exactly 0). Same arguments as `attention`.
+    instead of streaming an n × n matrix through memory once per stage. Under a causal mask the keys after a
+    block's last query are never scored: `width` stops there, and the probabilities of later keys are 0.
+    Same arguments as `attention`.
     """
     batch, n_heads, n_queries, d_k = q.shape
     n_kv, n_keys = k.shape[1], k.shape[-2]
@@ -61,21 +62,19 @@ def attention_rows(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_c
         q_block = q[:, :, start:stop].reshape(batch, n_kv, group * (stop - start), d_k)
         scores = (q_block.float() @ k[:, :, :width].float().transpose(-1, -2)).mul_(scale)
         scores = scores.view(batch, n_heads, stop - start, width)
-        mask = None
         if allowed is not None:
             mask = allowed[..., start:stop, :width] if allowed.shape[-2] > 1 else allowed[..., :width]
-        if is_causal:
-            causal = causal_mask(stop - start, width, q.device)
-            mask = causal if mask is None else mask & causal
-        if mask is not None:
+            if is_causal:
+                mask = mask & causal_mask(stop - start, width, q.device)
             scores.masked_fill_(~mask, float("-inf"))
+        elif is_causal:  # only the last (stop - start) keys can lie ahead of a query of this block
+            diagonal = scores[..., width - (stop - start):]
+            diagonal.masked_fill_(~causal_mask(stop - start, stop - start, q.device), float("-inf"))
         block = torch.softmax(scores, dim=-1)
         if allowed is not None:
             block.nan_to_num_(0.0)
         grouped = block.view(batch, n_kv, group * (stop - start), width).to(v.dtype)
         out = (grouped @ v[:, :, :width]).view(batch, n_heads, stop - start, v.shape[-1])
-        if width < n_keys:
-            block = F.pad(block, (0, n_keys - width))
         yield start, block, out
 
 

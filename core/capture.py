@@ -23,6 +23,28 @@ def pool_last(x: Tensor, size: int) -> Tensor:
     return x if x.shape[-1] <= size else F.adaptive_avg_pool1d(x, size)
 
 
+def pool_columns(block: Tensor, n: int, size: int) -> Tensor:
+    """Adaptive average pooling of [..., width] to [..., size] as if the row went on with zeros up to n:
+    bin j averages columns floor(j·n/size) .. ceil((j+1)·n/size) - 1, read off a running sum."""
+    width = block.shape[-1]
+    if n <= size:
+        return F.pad(block, (0, n - width))
+    step = n // size
+    if n % size == 0 and width % step == 0:  # equal bins that the block fills whole: a reshape and a mean
+        pooled = block.view(*block.shape[:-1], width // step, step).mean(-1)
+        return F.pad(pooled, (0, size - width // step))
+    j = torch.arange(size, device=block.device)
+    starts, ends = (j * n) // size, ((j + 1) * n + size - 1) // size
+    running = F.pad(block.cumsum(-1), (1, 0))                                  # [..., width + 1]
+    sums = running[..., ends.clamp(max=width)] - running[..., starts.clamp(max=width)]
+    return sums / (ends - starts).to(block.dtype)
+
+
+def store_rows(full: Tensor, block: Tensor, start: int) -> None:
+    """Write a block of rows [H, rows, width] into a zero-filled [H, n, n] map."""
+    full[:, start:start + block.shape[1], :block.shape[-1]] = block
+
+
 class OverviewObserver:
     """Pools each layer's probabilities as they are computed, a block of query rows at a time: keys first
     ([H, rows, n] → [H, rows, S]), then queries once the layer is done. Averaging over rectangles is separable,
@@ -40,17 +62,18 @@ class OverviewObserver:
     def wants(self, kind: str, layer: int) -> bool:
         return kind == self.kind
 
-    def __call__(self, kind: str, layer: int, probs: Tensor, start: int = 0) -> None:
-        block = probs[0]                                   # [H, rows, n]
-        heads, rows, n = block.shape
+    def __call__(self, kind: str, layer: int, probs: Tensor, start: int = 0, n: int | None = None) -> None:
+        block = probs[0]                                   # [H, rows, width ≤ n]
+        heads, rows, width = block.shape
+        n = n or width
         if start == 0:
             self.columns = block.new_empty(heads, n, min(n, self.size))
             if layer in self.keep_layers or self.keep_full:
                 dtype = torch.float32 if layer in self.keep_layers else torch.float16
-                self.full[layer] = block.new_empty(heads, n, n, dtype=dtype)
-        self.columns[:, start:start + rows] = pool_last(block, self.size)
+                self.full[layer] = block.new_zeros(heads, n, n, dtype=dtype)
+        self.columns[:, start:start + rows] = pool_columns(block, n, self.size)
         if layer in self.full:
-            self.full[layer][:, start:start + rows] = block
+            store_rows(self.full[layer], block, start)
         if start + rows == n:                              # the layer's last block
             self.pooled[layer] = pool_last(self.columns.transpose(1, 2), self.size).transpose(1, 2)
             if self.progress is not None:
@@ -68,11 +91,12 @@ class LayerObserver:
     def wants(self, kind: str, layer: int) -> bool:
         return kind == self.kind and layer == self.layer
 
-    def __call__(self, kind: str, layer: int, probs: Tensor, start: int = 0) -> None:
+    def __call__(self, kind: str, layer: int, probs: Tensor, start: int = 0, n: int | None = None) -> None:
         block = probs[0]
+        n = n or block.shape[-1]
         if start == 0:
-            self.probs = block.new_empty(block.shape[0], block.shape[-1], block.shape[-1])
-        self.probs[:, start:start + block.shape[1]] = block
+            self.probs = block.new_zeros(block.shape[0], n, n)
+        store_rows(self.probs, block, start)
 
 
 @dataclass

@@ -20,8 +20,9 @@ from .layers import ACTIVATIONS, FeedForward, Linear, Norm, TokenEmbedding, rope
 # An observer sees attention probabilities as they are computed: observer(kind, layer, probs [B, H, Tq, Tk]).
 # kind is "self" (the main stack), "encoder" or "cross". `observer.wants(kind, layer)` picks the layers
 # that take the explicit path; the others keep the fused fast path. An observer with `rows_per_block`
-# receives the rows in blocks instead, observer(kind, layer, probs [B, H, rows, Tk], first_row), and
-# the layer's output is computed from those same blocks: how long texts are captured (core/capture.py).
+# receives the rows in blocks instead, observer(kind, layer, probs [B, H, rows, width], first_row, Tk)
+# (keys from width on have probability 0), and the layer's output is computed from those same blocks:
+# this is how long texts are captured (core/capture.py).
 Observer = Callable[[str, int, Tensor], None]
 
 
@@ -134,7 +135,7 @@ class Attention(nn.Module):
             scale = self.head_dim ** -0.5 if setup.scale is None else setup.scale
             for start, block, out_block in attention_rows(q, k, v, allowed, is_causal, scale, rows):
                 out[:, :, start:start + block.shape[2]] = out_block
-                setup.observer(kind, layer, block, start)
+                setup.observer(kind, layer, block, start, k.shape[-2])
         else:
             out, probs = attention(q, k, v, allowed, is_causal, setup.scale, return_probs=want)
             if want:

@@ -135,16 +135,20 @@ def test_rope_matches_transformers():
     torch.testing.assert_close(apply_rope(k, pos, inv), ref_k, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("padded", [True, False])
 @pytest.mark.parametrize("causal", [True, False])
-def test_row_blocks_equal_the_explicit_path(causal):
+def test_row_blocks_equal_the_explicit_path(causal, padded):
     """attention_rows (used for long captures) gives the explicit path's probabilities, block by block,
     with grouped-query heads, a padding mask and more keys than queries (a cache)."""
     gen = torch.Generator().manual_seed(5)
     q, k, v = torch.randn(2, 6, 11, 8, generator=gen), torch.randn(2, 3, 14, 8, generator=gen), torch.randn(2, 3, 14, 8, generator=gen)
     allowed = torch.ones(2, 1, 1, 14, dtype=torch.bool)
     allowed[1, ..., :4] = False
+    allowed = allowed if padded else None
     out, expected = attention(q, k, v, allowed, causal, scale=0.3, return_probs=True)
     blocks = list(attention_rows(q, k, v, allowed, causal, 0.3, rows=4))
     assert [start for start, _, _ in blocks] == [0, 4, 8]
-    torch.testing.assert_close(torch.cat([b for _, b, _ in blocks], dim=2), expected, atol=1e-6, rtol=1e-5)
+    padded_blocks = [torch.nn.functional.pad(b, (0, 14 - b.shape[-1])) for _, b, _ in blocks]
+    assert not causal or [b.shape[-1] for _, b, _ in blocks] == [7, 11, 14]  # keys after a block are not scored
+    torch.testing.assert_close(torch.cat(padded_blocks, dim=2), expected, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(torch.cat([o for _, _, o in blocks], dim=2), out, atol=1e-6, rtol=1e-5)

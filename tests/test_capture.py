@@ -59,3 +59,15 @@ def test_kept_layers_need_no_second_pass_and_progress_counts_layers(model, monke
     reference = model(x, capture_attention=True).attentions[1][0]
     monkeypatch.setattr(model, "run_stack", None)  # any recomputation would now fail
     np.testing.assert_allclose(maps.head(1, 3), reference[3].numpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize("n, width, size", [(301, 301, 37), (301, 120, 37), (50, 20, 64), (2048, 1792, 128),
+                                            (2048, 1800, 128)])
+def test_column_pooling_equals_adaptive_pooling_of_the_zero_padded_row(n, width, size):
+    import torch.nn.functional as F
+    from core.capture import pool_columns
+    block = torch.rand(3, 5, width, generator=torch.Generator().manual_seed(n + width))
+    expected = F.pad(block, (0, n - width))
+    if n > size:
+        expected = F.adaptive_avg_pool1d(expected, size)
+    torch.testing.assert_close(pool_columns(block, n, size), expected, atol=1e-5, rtol=1e-5)
