@@ -101,7 +101,7 @@ class LayerObserver:
 
 @dataclass
 class AttentionMaps:
-    """Every layer's and head's attention over one text of n tokens (kind "self": the main stack)."""
+    """Every layer's and head's attention over one text of n tokens: the main stack's, or a seq2seq encoder's."""
     overview: np.ndarray              # [L, H, S, S] float32, S = min(n, overview_size), block-averaged
     n_tokens: int
     model: object = field(repr=False)
@@ -120,10 +120,9 @@ class AttentionMaps:
             raise IndexError(f"layer {layer} is out of range: the model has layers 0..{n_layers - 1}")
         if layer in self.full:
             return self.full[layer].float()
-        observer = LayerObserver(layer)
-        model = self.model
+        observer = LayerObserver(layer, self.inputs["kind"])
         with torch.inference_mode():
-            model.run_stack(model.stack, observer=observer, n_layers=layer + 1, **self.inputs)
+            self.model.run_stack(observer=observer, n_layers=layer + 1, **self.inputs)
         return observer.probs
 
     def head(self, layer: int, head: int | None = None, queries: tuple[int, int] | None = None,
@@ -142,25 +141,24 @@ class AttentionMaps:
 def capture(model, input_ids: Tensor, attention_mask: Tensor | None = None, overview_size: int = 128,
             keep_full_up_to: int = 512, keep_layers=(), progress=None, causal_mask: bool = True,
             padding_mask: bool = True, scale: bool = True, positions: bool = True) -> AttentionMaps:
-    """One pass over input_ids [1, n] that records the attention of every layer and head of the main stack.
-    Works for decoders and encoders; for seq2seq models use model(..., capture_attention=True).
+    """One pass over input_ids [1, n] that records the attention of every layer and head of the main stack
+    (decoder-only and encoder-only models) or of the encoder (encoder-decoder models).
 
     keep_layers: layers kept at full float32 resolution whatever n is (so a view of them needs no second pass).
     progress: called as progress(layers_done, n_layers) after each layer."""
     if input_ids.ndim != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"capture takes one text, input_ids [1, n]; got shape {list(input_ids.shape)}")
-    if model.encoder is not None:
-        raise ValueError("capture reads decoder-only and encoder-only models; use model(..., capture_attention=True)")
     n = input_ids.shape[1]
     if n > model.config.max_positions:
         raise ValueError(f"{n} tokens exceed the model's {model.config.max_positions} positions")
-    inputs = dict(input_ids=input_ids.to(model.device),
+    stack, kind = (model.encoder, "encoder") if model.encoder is not None else (model.stack, "self")
+    inputs = dict(stack=stack, input_ids=input_ids.to(model.device),
                   attention_mask=None if attention_mask is None else attention_mask.to(model.device),
-                  kind="self", causal=causal_mask and model.config.causal, padding_mask=padding_mask, scale=scale,
+                  kind=kind, causal=causal_mask and stack.cfg.causal, padding_mask=padding_mask, scale=scale,
                   positions=positions)
     observer = OverviewObserver(overview_size, keep_full=n <= keep_full_up_to, keep_layers=keep_layers,
-                                progress=progress, n_layers=model.config.n_layers)
+                                progress=progress, n_layers=stack.cfg.n_layers, kind=kind)
     with torch.inference_mode():
-        model.run_stack(model.stack, observer=observer, **inputs)
+        model.run_stack(observer=observer, **inputs)
     overview = torch.stack([observer.pooled[i] for i in sorted(observer.pooled)]).float().cpu().numpy()
     return AttentionMaps(overview=overview, n_tokens=n, model=model, inputs=inputs, full=observer.full)

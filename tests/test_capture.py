@@ -71,3 +71,14 @@ def test_column_pooling_equals_adaptive_pooling_of_the_zero_padded_row(n, width,
     if n > size:
         expected = F.adaptive_avg_pool1d(expected, size)
     torch.testing.assert_close(pool_columns(block, n, size), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_seq2seq_capture_reads_the_encoder():
+    model = load_model(tiny.save(tiny.marian()), device="cpu")
+    x = ids(30)
+    maps = capture(model, x, keep_full_up_to=0)
+    reference = model(x, capture_attention=True).encoder_attentions
+    assert maps.overview.shape == (2, 4, 30, 30)
+    for layer, probs in enumerate(reference):
+        np.testing.assert_allclose(maps.head(layer, 2), probs[0, 2].numpy(), atol=1e-6)
+    assert (maps.head(0)[0, 1:] > 0).all(), "the encoder attends both ways"

@@ -373,7 +373,7 @@ def bar_figure(
 
 
 def empty_figure(message: str, height: int = 200) -> go.Figure:
-    """A placeholder that says why there is nothing to plot (e.g. the model has no learned positions)."""
+    """An empty figure that says why there is nothing to plot (e.g. the model has no learned positions)."""
     fig = go.Figure()
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font={"size": 14})
     _base_layout(fig, "", height)

@@ -370,23 +370,6 @@ def pool_attention(probs: np.ndarray, q_edges: np.ndarray, k_edges: np.ndarray) 
     return summed / counts[:, None]
 
 
-class _Seq2SeqMaps:
-    """The encoder's self-attention of an encoder-decoder model, with the interface of core.capture's
-    AttentionMaps. core.capture reads decoder-only and encoder-only stacks; seq2seq texts here are short."""
-
-    def __init__(self, model, input_ids: torch.Tensor, overview_size: int):
-        with torch.inference_mode():
-            out = model(input_ids, decoder_input_ids=input_ids[:, :1], capture_attention=True)
-        self.layers = [a[0].to(torch.float16) for a in out.encoder_attentions]  # [H, n, n] each
-        self.n_tokens = input_ids.shape[1]
-        edges = pool_edges(self.n_tokens, overview_size)
-        self.overview = np.stack([pool_attention(to_numpy(a), edges, edges) for a in self.layers])
-
-    def head(self, layer: int, head: int | None = None) -> np.ndarray:
-        maps = self.layers[layer].float()
-        return to_numpy(maps.mean(0) if head is None else maps[head])
-
-
 @dataclass
 class AttentionResult:
     tokens: Encoded
@@ -431,17 +414,14 @@ def capture_attention(
         maps = previous.maps
     else:
         tile = model_view_tile(n, cfg.n_layers, cfg.n_heads)
-        if model.encoder is not None:
-            maps = _Seq2SeqMaps(model, as_batch(tokens.ids, model.device), tile)
-        else:
-            from core.capture import capture  # noqa: PLC0415
+        from core.capture import capture  # noqa: PLC0415
 
-            # the chosen layer at full resolution in the same pass; other layers are recomputed when asked for
-            maps = capture(model, as_batch(tokens.ids, model.device), overview_size=tile, keep_full_up_to=0,
-                           keep_layers={layer})
+        # the chosen layer at full resolution in the same pass (a seq2seq model: its encoder's); other layers
+        # are recomputed when asked for
+        maps = capture(model, as_batch(tokens.ids, model.device), overview_size=tile, keep_full_up_to=0,
+                       keep_layers={layer})
     head_matrix = maps.head(layer, head)
-    if hasattr(maps, "full"):
-        maps.full.clear()  # the session keeps only the overview
+    maps.full.clear()  # the session keeps only the overview
     seconds = time.perf_counter() - started
     return AttentionResult(tokens, maps.overview, layer, head, head_matrix, seconds, reused, CaptureCache(key, maps))
 
