@@ -78,16 +78,6 @@ def attention_rows(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_c
         yield start, block, out
 
 
-def one_query_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
-    """The decode step's case, one query per sequence and no mask, as three small matmuls. Each key/value
-    head serves its group of query heads through a reshape, without copying keys or values; on a CPU this
-    beats the fused kernel, whose start-up cost dominates at this size."""
-    batch, n_heads, _, d_k = q.shape
-    q = q.reshape(batch, k.shape[1], n_heads // k.shape[1], d_k)        # [B, H_kv, group, d_k]
-    probs = torch.softmax((q @ k.transpose(-1, -2)).float() * scale, dim=-1).to(v.dtype)  # [B, H_kv, group, Tk]
-    return (probs @ v).reshape(batch, n_heads, 1, d_k)
-
-
 def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, is_causal: bool = False,
               scale: float | None = None, return_probs: bool = False) -> tuple[Tensor, Tensor | None]:
     """q [B, H, Tq, d_k]; k, v [B, H_kv, Tk, d_k] with H a multiple of H_kv (grouped-query attention).
@@ -97,8 +87,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, is
     Returns the output [B, H, Tq, d_k] and, when return_probs, the probabilities [B, H, Tq, Tk] float32.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if not return_probs and q.shape[-2] == 1 and allowed is None and not q.is_cuda:
-        return one_query_attention(q, k, v, scale), None
     if not return_probs:
         if is_causal and allowed is not None:
             allowed, is_causal = allowed & causal_mask(q.shape[-2], k.shape[-2], q.device), False
