@@ -97,7 +97,7 @@ def sinusoidal_encoding(positions: Tensor | int, d: int, interleaved: bool = Tru
     """
     if isinstance(positions, int):
         positions = torch.arange(positions)
-    i = torch.arange(d // 2, dtype=torch.float64)
+    i = torch.arange(d // 2, dtype=torch.float64, device=positions.device)
     angles = positions.to(torch.float64)[..., None] / torch.pow(10000.0, 2 * i / d)  # [..., d/2]
     sin, cos = angles.sin(), angles.cos()
     pe = torch.stack([sin, cos], dim=-1).flatten(-2) if interleaved else torch.cat([sin, cos], dim=-1)

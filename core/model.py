@@ -247,7 +247,8 @@ def positions_from_mask(key_mask: Tensor | None, start: int, n: int, batch: int,
     return (key_mask[:, :start + n].long().cumsum(-1) - 1).clamp(min=0)[:, start:]
 
 
-def self_attention_mask(key_mask: Tensor | None, start: int, n: int, causal: bool) -> tuple[Tensor | None, bool]:
+def self_attention_mask(key_mask: Tensor | None, start: int, n: int, causal: bool,
+                        device: torch.device | None = None) -> tuple[Tensor | None, bool]:
     """The mask for n new queries over start + n keys: (allowed [B, 1, n, start+n] or None, is_causal).
 
     key_mask: [B, ≥ start+n] bool, False on padding, or None when nothing is padded.
@@ -260,7 +261,7 @@ def self_attention_mask(key_mask: Tensor | None, start: int, n: int, causal: boo
             return None, False
         if start == 0:
             return None, True
-        return causal_matrix(n, n_keys, key_mask.device if key_mask is not None else None)[None, None], False
+        return causal_matrix(n, n_keys, device)[None, None], False
     allowed = key_mask[:, None, None, :n_keys]                         # [B, 1, 1, Tk]
     if causal:
         allowed = allowed & causal_matrix(n, n_keys, key_mask.device)  # [B, 1, n, Tk]
@@ -301,7 +302,8 @@ class Transformer(nn.Module):
         """Masks, position ids and rotary angles for n new tokens after `start` cached ones.
         Positions always skip padding; the padding_mask switch only changes what attention may see."""
         batch, n = input_ids.shape
-        allowed, is_causal = self_attention_mask(key_mask if padding_mask else None, start, n, causal)
+        allowed, is_causal = self_attention_mask(key_mask if padding_mask else None, start, n, causal,
+                                                 input_ids.device)
         position_ids = positions_from_mask(key_mask, start, n, batch, input_ids.device)
         rope = None
         if positions and stack.cfg.positional == "rope":
