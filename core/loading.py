@@ -130,14 +130,14 @@ def load_weights(model: Transformer, folder: Path, family: ModuleType, device, d
                 tensor = transform(tensor)
         module_name, _, leaf = name.rpartition(".")
         module = model.get_submodule(module_name)
-        transposed = leaf == "weight" and getattr(module, "stored_transposed", False)
-        expected = param.shape[::-1] if transposed else param.shape  # checkpoints hold [out, in]
+        pack = getattr(module, "pack", None) if leaf == "weight" else None  # a layout of our own: core.layers
+        expected = torch.Size(module.checkpoint_shape) if pack else param.shape
         if tensor.shape != expected:
             parts = ", ".join(f"{source.describe(n)} {list(source.get(n).shape)}" for n in chosen)
             raise CheckpointError(f"shape mismatch: {parts} gives {list(tensor.shape)} but {name} "
                                   f"needs {list(expected)} by config.json")
-        if transposed:
-            tensor = tensor.t()  # see core.layers.Linear
+        if pack is not None:
+            tensor = pack(tensor)
         tensor = tensor.to(device=device, dtype=dtype).contiguous()
         module._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
     unexpected = [n for n in source.where if n not in used and not any(re.search(p, n) for p in family.IGNORE)]

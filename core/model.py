@@ -15,7 +15,8 @@ from torch import Tensor, nn
 from . import generate as generation
 from .attention import attention, attention_rows, causal_mask as causal_matrix
 from .config import ModelConfig
-from .layers import ACTIVATIONS, FeedForward, Linear, Norm, TokenEmbedding, rope_cos_sin, rope_inv_freq, rotate_half, sinusoidal_encoding
+from .layers import (ACTIVATIONS, FeedForward, Linear, Norm, TokenEmbedding, column_blocks, rope_cos_sin,
+                     rope_inv_freq, rotate_half, sinusoidal_encoding, split_columns, times_blocks)
 
 # An observer sees attention probabilities as they are computed: observer(kind, layer, probs [B, H, Tq, Tk]).
 # kind is "self" (the main stack), "encoder" or "cross". `observer.wants(kind, layer)` picks the layers
@@ -219,16 +220,20 @@ class LMHead(nn.Module):
         self.dense = Linear(cfg.d_model, cfg.d_model) if cfg.lm_head_transform else None
         self.norm = Norm(cfg) if cfg.lm_head_transform else None
         self.act = cfg.activation
-        self.weight = None if cfg.tie_word_embeddings else nn.Parameter(torch.empty(cfg.d_model, cfg.vocab_size))
+        self.checkpoint_shape = (cfg.vocab_size, cfg.d_model)
+        blocks = column_blocks(cfg.vocab_size)
+        self.weight = None if cfg.tie_word_embeddings else nn.Parameter(
+            torch.empty(blocks, cfg.d_model, cfg.vocab_size // blocks))  # laid out like TokenEmbedding
         self.bias = nn.Parameter(torch.empty(cfg.vocab_size)) if cfg.lm_head_bias else None
 
-    stored_transposed = True  # [d, vocab], like TokenEmbedding
+    def pack(self, w: Tensor) -> Tensor:
+        return split_columns(w.t(), self.weight.shape[0])
 
     def forward(self, h: Tensor, embedding: Tensor) -> Tensor:
-        """h [B, T, d], embedding [d, vocab] (the token table, used when tied) → logits [B, T, vocab]."""
+        """h [B, T, d], embedding: the token table (used when tied) → logits [B, T, vocab]."""
         if self.dense is not None:  # BERT's MLM transform
             h = self.norm(ACTIVATIONS[self.act](self.dense(h)))
-        logits = h @ (embedding if self.weight is None else self.weight)
+        logits = times_blocks(h, embedding if self.weight is None else self.weight)
         return logits if self.bias is None else logits + self.bias
 
 
