@@ -13,7 +13,7 @@ import zipfile
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 import core.weights as weights
 from core.weights import (

@@ -45,6 +45,14 @@ def _base_layout(fig: go.Figure, title: str, height: int | None = None) -> go.Fi
     return fig
 
 
+def weight_trace(weights: np.ndarray, x, y, zmax: float | None, hovertemplate: str) -> go.Heatmap:
+    """The heatmap trace of attention weights: 0 to zmax (default: the largest finite weight) in ATTENTION_COLORS."""
+    finite = weights[np.isfinite(weights)]
+    top = float(zmax) if zmax is not None else (float(finite.max()) if finite.size else 1.0)
+    return go.Heatmap(z=weights, x=x, y=y, colorscale=ATTENTION_COLORS, zmin=0.0, zmax=top if top > 0 else 1.0,
+                      colorbar={"title": {"text": "weight"}}, hovertemplate=hovertemplate, hoverongaps=False)
+
+
 def attention_heatmap(
     weights: np.ndarray,
     query_labels: Sequence[str],
@@ -66,21 +74,8 @@ def attention_heatmap(
             f"attention_heatmap: matrix shape {weights.shape} does not match "
             f"{len(query_labels)} query labels × {len(key_labels)} key labels"
         )
-    finite = weights[np.isfinite(weights)]
-    top = float(zmax) if zmax is not None else (float(finite.max()) if finite.size else 1.0)
-    fig = go.Figure(
-        go.Heatmap(
-            z=weights,
-            x=list(key_labels),
-            y=list(query_labels),
-            colorscale=ATTENTION_COLORS,
-            zmin=0.0,
-            zmax=top if top > 0 else 1.0,
-            colorbar={"title": {"text": "weight"}},
-            hovertemplate="query %{y} → key %{x}<br>weight %{z:.4f}<extra></extra>",
-            hoverongaps=False,
-        )
-    )
+    fig = go.Figure(weight_trace(weights, list(key_labels), list(query_labels), zmax,
+                                 "query %{y} → key %{x}<br>weight %{z:.4f}<extra></extra>"))
     _base_layout(fig, title, height)
     fig.update_xaxes(title_text="key (attended to)", type="category", tickangle=-60, automargin=True)
     fig.update_yaxes(title_text="query (attending)", type="category", autorange="reversed", automargin=True)
@@ -105,22 +100,9 @@ def pooled_heatmap(
         )
     q_mid = [(a + b - 1) / 2 for a, b in zip(query_edges[:-1], query_edges[1:])]
     k_mid = [(a + b - 1) / 2 for a, b in zip(key_edges[:-1], key_edges[1:])]
-    finite = weights[np.isfinite(weights)]
-    top = float(finite.max()) if finite.size else 1.0
-    fig = go.Figure(
-        go.Heatmap(
-            z=weights,
-            x=k_mid,
-            y=q_mid,
-            colorscale=ATTENTION_COLORS,
-            zmin=0.0,
-            zmax=top if top > 0 else 1.0,
-            colorbar={"title": {"text": "weight"}},
-            # customdata would cost a string per cell; the axes already carry token positions.
-            hovertemplate="queries ≈ %{y:.0f} → keys ≈ %{x:.0f}<br>pooled weight %{z:.4f}<extra></extra>",
-            hoverongaps=False,
-        )
-    )
+    # customdata would cost a string per cell; the axes already carry token positions.
+    fig = go.Figure(weight_trace(weights, k_mid, q_mid, None,
+                                 "queries ≈ %{y:.0f} → keys ≈ %{x:.0f}<br>pooled weight %{z:.4f}<extra></extra>"))
     _base_layout(fig, title, height)
     fig.update_xaxes(title_text="key position (pooled blocks)")
     fig.update_yaxes(title_text="query position (pooled blocks)", autorange="reversed")
