@@ -19,29 +19,27 @@ def causal_mask(n_queries: int, n_keys: int, device=None) -> Tensor:
     return torch.arange(n_keys, device=device)[None, :] <= q_index[:, None]
 
 
-def attention_stages(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """The stages of eq. 2.1, all float32: scores S = QKᵀ·scale, masked S + M, probabilities softmax(S + M).
+def padding_or_none(mask: Tensor | None) -> Tensor | None:
+    """An attention mask [B, T], or None when it marks every token real (so the fused causal kernel can run).
+    Reads the mask on the host once: for whole passes, never inside a decode step."""
+    return None if mask is None or bool(mask.all()) else mask
 
-    q [B, H, Tq, d_k], k [B, H, Tk, d_k] (same head count), allowed broadcastable to [B, H, Tq, Tk].
-    A row with no allowed key gets probabilities 0 (never NaN).
-    """
+
+def masked_softmax_(scores: Tensor, allowed: Tensor | None) -> Tensor:
+    """softmax(S + M) over the last dimension, writing into `scores` (one n × n buffer, not two).
+    M is -∞ where `allowed` is False; a row with no allowed key gets probabilities 0 (never NaN)."""
+    if allowed is None:
+        return torch.softmax(scores, dim=-1)
+    probs = torch.softmax(scores.masked_fill_(~allowed, float("-inf")), dim=-1)
+    return probs.nan_to_num_(0.0)
+
+
+def attention_stages(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The stages of eq. 2.1 kept apart for display, all float32: scores S = QKᵀ·scale, masked S + M,
+    probabilities softmax(S + M). q [B, H, Tq, d_k], k [B, H, Tk, d_k], allowed broadcastable to [B, H, Tq, Tk]."""
     scores = (q.float() @ k.float().transpose(-1, -2)) * scale
     masked = scores if allowed is None else scores.masked_fill(~allowed, float("-inf"))
-    probs = torch.softmax(masked, dim=-1)
-    if allowed is not None:
-        probs = probs.nan_to_num(0.0)  # fully masked rows: softmax of all -∞
-    return scores, masked, probs
-
-
-def attention_probs(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float) -> Tensor:
-    """softmax(QKᵀ·scale + M) in float32, in place where it can be: the same numbers as attention_stages
-    with one [B, H, Tq, Tk] buffer fewer, which matters when every layer of a long text is captured."""
-    scores = (q.float() @ k.float().transpose(-1, -2)).mul_(scale)
-    if allowed is not None:
-        scores.masked_fill_(~allowed, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    del scores
-    return probs.nan_to_num_(0.0) if allowed is not None else probs
+    return scores, masked, masked_softmax_(masked.clone(), allowed)
 
 
 def attention_rows(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_causal: bool, scale: float,
@@ -62,17 +60,15 @@ def attention_rows(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_c
         q_block = q[:, :, start:stop].reshape(batch, n_kv, group * (stop - start), d_k)
         scores = (q_block.float() @ k[:, :, :width].float().transpose(-1, -2)).mul_(scale)
         scores = scores.view(batch, n_heads, stop - start, width)
+        mask = None
         if allowed is not None:
             mask = allowed[..., start:stop, :width] if allowed.shape[-2] > 1 else allowed[..., :width]
             if is_causal:
                 mask = mask & causal_mask(stop - start, width, q.device)
-            scores.masked_fill_(~mask, float("-inf"))
         elif is_causal:  # only the last (stop - start) keys can lie ahead of a query of this block
             diagonal = scores[..., width - (stop - start):]
             diagonal.masked_fill_(~causal_mask(stop - start, stop - start, q.device), float("-inf"))
-        block = torch.softmax(scores, dim=-1)
-        if allowed is not None:
-            block.nan_to_num_(0.0)
+        block = masked_softmax_(scores, mask)
         grouped = block.view(batch, n_kv, group * (stop - start), width).to(v.dtype)
         out = (grouped @ v[:, :, :width]).view(batch, n_heads, stop - start, v.shape[-1])
         yield start, block, out
@@ -99,5 +95,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, is
     if is_causal:
         causal = causal_mask(q.shape[-2], k.shape[-2], q.device)
         allowed = causal if allowed is None else allowed & causal
-    probs = attention_probs(q, k, allowed, scale)
+    scores = (q.float() @ k.float().transpose(-1, -2)).mul_(scale)   # [B, H, Tq, Tk] float32
+    probs = masked_softmax_(scores, allowed)
     return probs.to(v.dtype) @ v, probs

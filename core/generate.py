@@ -12,6 +12,8 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
+from .attention import padding_or_none
+
 
 @dataclass
 class Sampling:
@@ -99,18 +101,31 @@ def token_budget(model, prompt_len: int, max_new_tokens: int) -> int:
     return max_new_tokens if model.config.is_encoder_decoder else min(max_new_tokens, room)
 
 
-def decode_step(model, tokens: Tensor, mask: Tensor | None, cache, observer=None, **context) -> Tensor:
-    """New tokens [B, T] through the decoder with the cache → logits of the last position [B, vocab]."""
-    hidden = model.run_stack(model.stack, tokens, mask, kind="self", causal=model.config.causal, padding_mask=True,
-                             scale=True, positions=True, cache=cache, observer=observer, **context)
+def prefill(model, tokens: Tensor, mask: Tensor | None, cache, observer=None, **context) -> Tensor:
+    """The prompt [B, T] through the decoder, written to the cache → logits of the last position [B, vocab]."""
+    hidden = model.run_stack(model.stack, tokens, mask, kind="self", causal=model.config.causal, cache=cache,
+                             observer=observer, **context)
     return model.logits(hidden[:, -1:])[:, -1]
 
 
-def compiled_decode_step(model):
-    """decode_step through torch.compile, built once per model. Compiling takes minutes on a small CPU, so
-    it is asked for (compile=True), not the default; where it fails, generation carries on uncompiled."""
+def decode_step(model, tokens: Tensor, cache, observer=None, **context) -> Tensor:
+    """One new token per row [B, 1] at cache.slot → logits [B, vocab]. Every shape is fixed and nothing is
+    read back to the host, so torch.compile makes it one graph (CUDA graphs on a GPU); the caller advances
+    the cache afterwards."""
+    hidden = model.run_stack(model.stack, tokens, None, kind="self", cache=cache, static=True, observer=observer,
+                             **context)
+    return model.logits(hidden)[:, -1]
+
+
+def compiled_decode_step(model, cache):
+    """decode_step through torch.compile (CUDA graphs on a GPU: mode "reduce-overhead"), built once per model.
+    The cache's tensors are marked as fixed addresses, as a CUDA graph reads them in place. Compiling takes
+    minutes on a small CPU, so it is asked for (compile=True), not the default."""
+    for t in cache.keys + cache.values + [cache.key_mask, cache.slot, cache.next_position]:
+        torch._dynamo.mark_static_address(t)
     if getattr(model, "_compiled_decode", None) is None:
-        model._compiled_decode = torch.compile(decode_step, dynamic=True)
+        mode = "reduce-overhead" if model.device.type == "cuda" else None
+        model._compiled_decode = torch.compile(decode_step, mode=mode, fullgraph=True)
     return model._compiled_decode
 
 
@@ -124,7 +139,7 @@ def steps(model, input_ids: Tensor, max_new_tokens: int, sampling: Sampling, att
         raise ValueError(f"input_ids must be [batch, tokens] with at least one token, got shape {list(input_ids.shape)}")
     cfg, device = model.config, model.device
     input_ids = input_ids.to(device)
-    attention_mask = attention_mask.to(device) if attention_mask is not None else None
+    attention_mask = padding_or_none(attention_mask.to(device) if attention_mask is not None else None)
     batch, prompt_len = input_ids.shape
     budget = token_budget(model, prompt_len, max_new_tokens)
     if budget == 0:
@@ -142,42 +157,40 @@ def steps(model, input_ids: Tensor, max_new_tokens: int, sampling: Sampling, att
     with torch.inference_mode():
         if cfg.is_encoder_decoder:
             # the encoder runs once; each decoder layer caches its cross-attention keys/values on the first step
-            memory = model.run_stack(model.encoder, input_ids, attention_mask, kind="encoder", causal=False,
-                                     padding_mask=True, scale=True, positions=True)
+            memory = model.run_stack(model.encoder, input_ids, attention_mask, kind="encoder", causal=False)
             cache = model.new_cache(batch, budget + 1)
             tokens = torch.full((batch, 1), cfg.decoder_start_token_id, device=device)
             context = dict(memory=memory, memory_mask=attention_mask)
-            decoder_mask = None
+            prompt_mask = None
         else:
             cache = model.new_cache(batch, prompt_len + budget)
-            tokens, context, decoder_mask = input_ids, {}, attention_mask
+            tokens, context, prompt_mask = input_ids, {}, attention_mask
         seen = None
         if sampling.repetition_penalty != 1.0:
             seen = torch.zeros(batch, cfg.vocab_size, dtype=torch.bool, device=device)
             seen.scatter_(1, tokens if cfg.is_encoder_decoder else input_ids, True)
-    step_fn = decode_step
+    step_fn = compiled_decode_step(model, cache) if compile and recorder is None else decode_step
     for index in range(budget):
         with torch.inference_mode():
-            # prefill on the first pass (the whole prompt), then decode one token at a time
-            if compile and index == 1 and recorder is None:
-                step_fn = compiled_decode_step(model)
-            try:
-                logits = step_fn(model, tokens, decoder_mask, cache, recorder, **context)
-            except Exception as err:  # a compiler failure: fall back to the eager step, once
-                if step_fn is decode_step:
-                    raise
-                warnings.warn(f"compiled decode step failed ({type(err).__name__}: {err}); continuing uncompiled")
-                model._compiled_decode, step_fn = None, decode_step  # the cache is rewritten from the same position
-                logits = decode_step(model, tokens, decoder_mask, cache, recorder, **context)
+            if index == 0:
+                logits = prefill(model, tokens, prompt_mask, cache, recorder, **context)
+            else:
+                try:
+                    logits = step_fn(model, tokens, cache, recorder, **context)
+                except Exception as err:  # the compiler failed: fall back to the eager step, once
+                    if step_fn is decode_step:
+                        raise
+                    warnings.warn(f"compiled decode step failed ({type(err).__name__}: {err}); continuing uncompiled")
+                    model._compiled_decode, step_fn = None, decode_step  # the same slot is written again
+                    logits = decode_step(model, tokens, cache, recorder, **context)
+                cache.advance(1)
             token = next_token(logits, sampling, seen, generator)
             if cfg.eos_ids:
                 token = torch.where(done, eos[0], token)  # finished rows keep emitting end-of-sequence
             if seen is not None:
                 seen.scatter_(1, token[:, None], True)
-            rows = recorder.take() if recorder is not None else None
+            rows = recorder.take()[..., :cache.length] if recorder is not None else None
             tokens = token[:, None]
-            if decoder_mask is not None:
-                decoder_mask = torch.ones(batch, 1, dtype=decoder_mask.dtype, device=device)
             generated.append(token)
             done |= torch.isin(token, eos)
         yield token, rows

@@ -15,73 +15,6 @@ ACTIVATIONS = {
 }
 
 
-def column_blocks(n_columns: int) -> int:
-    """How many column blocks an input-major matrix is cut into: one per CPU thread, when they divide evenly."""
-    threads = torch.get_num_threads()
-    return threads if n_columns % threads == 0 else 1
-
-
-def split_columns(w: Tensor, blocks: int) -> Tensor:
-    """[in, out] → [blocks, in, out / blocks]: each block of columns contiguous on its own."""
-    return w.reshape(w.shape[0], blocks, -1).permute(1, 0, 2).contiguous()
-
-
-def times_blocks(x: Tensor, w: Tensor) -> Tensor:
-    """x [..., in] · W, W stored as column blocks [blocks, in, out / blocks] → [..., out].
-
-    A batched product over the blocks lets each CPU thread stream its own block: a one-token step then
-    reads W at 22–30 GB/s on this project's 2-core CPU, against 15–20 for one [in, out] matrix and 11 for
-    nn.Linear's [out, in]."""
-    flat = x.reshape(1, -1, x.shape[-1]).expand(w.shape[0], -1, -1)   # [blocks, N, in]
-    y = torch.bmm(flat, w)                                              # [blocks, N, out / blocks]
-    return y.permute(1, 0, 2).reshape(*x.shape[:-1], -1)
-
-
-class Linear(nn.Module):
-    """y = x·Wᵀ + b, with W laid out for the one-token decode step, where reading W is the whole cost.
-
-    When out ≥ in, W is stored input-major as column blocks (see times_blocks); otherwise as nn.Linear's
-    [out, in], which streams faster for tall matrices such as the feed-forward's down projection (15.5 GB/s
-    against 11.5 input-major). Checkpoints hold [out, in]; `pack` turns that into the stored layout.
-    """
-
-    def __init__(self, d_in: int, d_out: int, bias: bool = True):
-        super().__init__()
-        self.input_major = d_out >= d_in
-        self.checkpoint_shape = (d_out, d_in)
-        blocks = column_blocks(d_out)
-        self.weight = nn.Parameter(torch.empty((blocks, d_in, d_out // blocks) if self.input_major else (d_out, d_in)))
-        self.bias = nn.Parameter(torch.empty(d_out)) if bias else None
-
-    def pack(self, w: Tensor) -> Tensor:
-        """A checkpoint's [out, in] weight in this module's layout."""
-        return split_columns(w.t(), self.weight.shape[0]) if self.input_major else w
-
-    def forward(self, x: Tensor) -> Tensor:
-        if not self.input_major:
-            return F.linear(x, self.weight, self.bias)
-        y = times_blocks(x, self.weight)
-        return y if self.bias is None else y + self.bias
-
-
-class TokenEmbedding(nn.Module):
-    """The token table, stored input-major as column blocks [blocks, d, vocab / blocks] for the same reason as
-    Linear: a tied LM head multiplies by it at every step. Looking a token up reads one column."""
-
-    def __init__(self, vocab_size: int, d_model: int):
-        super().__init__()
-        self.checkpoint_shape = (vocab_size, d_model)
-        blocks = column_blocks(vocab_size)
-        self.weight = nn.Parameter(torch.empty(blocks, d_model, vocab_size // blocks))
-
-    def pack(self, w: Tensor) -> Tensor:
-        return split_columns(w.t(), self.weight.shape[0])
-
-    def forward(self, ids: Tensor) -> Tensor:
-        per_block = self.weight.shape[-1]
-        return self.weight[ids // per_block, :, ids % per_block]  # [..., d]
-
-
 class Norm(nn.Module):
     """LayerNorm (x-μ)/σ·γ+β or RMSNorm x/rms(x)·γ, over the last dimension."""
 
@@ -93,8 +26,7 @@ class Norm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.kind == "rmsnorm":
-            # x / √(mean(x²) + ε) in float32, then scaled in the model dtype, as Llama does. Written out:
-            # for one token, four small ops beat the fused kernel's start-up cost on a CPU.
+            # x / √(mean(x²) + ε) in float32, then scaled in the model dtype, as Llama does
             h = x.float()
             h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
             return self.weight * h.to(x.dtype)
@@ -108,9 +40,9 @@ class FeedForward(nn.Module):
         super().__init__()
         d_ff = d_ff or cfg.d_ff
         self.gated, self.act = cfg.gated_ffn, ACTIVATIONS[cfg.activation]
-        # gate and up share one matrix [2·d_ff, d] so a gated FFN costs one matmul going in
-        self.up = Linear(cfg.d_model, (2 if self.gated else 1) * d_ff, bias=cfg.ffn_bias)
-        self.down = Linear(d_ff, cfg.d_model, bias=cfg.ffn_bias)
+        # gate and up share one [2·d_ff, d] matrix (gate rows first) so a gated FFN costs one matmul going in
+        self.up = nn.Linear(cfg.d_model, (2 if self.gated else 1) * d_ff, bias=cfg.ffn_bias)
+        self.down = nn.Linear(d_ff, cfg.d_model, bias=cfg.ffn_bias)
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.up(x)
@@ -148,13 +80,14 @@ def rope_cos_sin(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tup
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def rotate_half(x: Tensor) -> Tensor:
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate each pair (x_i, x_{i+d/2}) of x [B, H, T, hd] by its angle (rotate-half convention)."""
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 def apply_rope(x: Tensor, positions: Tensor, inv_freq: Tensor) -> Tensor:
-    """Rotate each pair (x_i, x_{i+d/2}) of x [B, H, T, hd] by the angle position·θ_i (rotate-half convention)."""
+    """RoPE: x [B, H, T, hd] at position ids [B, T], each pair rotated by position·θ_i."""
     cos, sin = rope_cos_sin(positions, inv_freq, x.dtype)
-    return x * cos + rotate_half(x) * sin
+    return rotate(x, cos, sin)
 

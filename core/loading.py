@@ -128,17 +128,13 @@ def load_weights(model: Transformer, folder: Path, family: ModuleType, device, d
         for pattern, transform in family.TRANSFORMS.items():
             if re.search(pattern, name):
                 tensor = transform(tensor)
-        module_name, _, leaf = name.rpartition(".")
-        module = model.get_submodule(module_name)
-        pack = getattr(module, "pack", None) if leaf == "weight" else None  # a layout of our own: core.layers
-        expected = torch.Size(module.checkpoint_shape) if pack else param.shape
-        if tensor.shape != expected:
+        if tensor.shape != param.shape:
             parts = ", ".join(f"{source.describe(n)} {list(source.get(n).shape)}" for n in chosen)
             raise CheckpointError(f"shape mismatch: {parts} gives {list(tensor.shape)} but {name} "
-                                  f"needs {list(expected)} by config.json")
-        if pack is not None:
-            tensor = pack(tensor)
+                                  f"needs {list(param.shape)} by config.json")
         tensor = tensor.to(device=device, dtype=dtype).contiguous()
+        module_name, _, leaf = name.rpartition(".")
+        module = model.get_submodule(module_name)
         module._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
     unexpected = [n for n in source.where if n not in used and not any(re.search(p, n) for p in family.IGNORE)]
     if unexpected:
@@ -168,7 +164,7 @@ def load_model(path: str | Path, device: str | torch.device | None = None, dtype
     """
     folder = Path(path)
     if not folder.is_dir():
-        from .weights import ensure  # a registered name or hub id: fetch it into the weight store
+        from .store import ensure  # a registered name or hub id: fetch it into the weight store
         folder = ensure(str(path))
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
@@ -176,9 +172,7 @@ def load_model(path: str | Path, device: str | torch.device | None = None, dtype
     with torch.device("meta"):
         model = Transformer(cfg)
     load_weights(model, folder, family, device, dtype)
-    if model.inv_freq is not None:
-        model.inv_freq = model.inv_freq.to(device)
+    model.to(device)  # buffers (RoPE's θ_i) follow the weights
     model.eval()
     model.tokenizer = load_tokenizer(folder)
-    model.folder = folder
     return model

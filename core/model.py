@@ -1,22 +1,27 @@
 """The Transformer: embeddings, Pre-LN / Post-LN blocks, encoder and decoder stacks, LM head.
 
 Every family (GPT-2, Llama, BERT, Marian) is this one model with a different ModelConfig;
-core/families/ holds only config readers and weight-name tables.
+core/families/ holds only config readers and weight-name tables. Parameters keep the checkpoint's layout
+(nn.Linear's [out, in]), with q/k/v fused into one matrix and gate/up into another (rows concatenated).
+
+One forward pass can also record internals by stable names and remove chosen heads (see Probe), return the
+logit lens, and let gradients reach the token embeddings.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import generate as generation
-from .attention import attention, attention_rows, causal_mask as causal_matrix
+from .attention import attention, attention_rows, causal_mask as causal_matrix, padding_or_none
 from .config import ModelConfig
-from .layers import (ACTIVATIONS, FeedForward, Linear, Norm, TokenEmbedding, column_blocks, rope_cos_sin,
-                     rope_inv_freq, rotate_half, sinusoidal_encoding, split_columns, times_blocks)
+from .layers import ACTIVATIONS, FeedForward, Norm, rope_cos_sin, rope_inv_freq, rotate, sinusoidal_encoding
 
 # An observer sees attention probabilities as they are computed: observer(kind, layer, probs [B, H, Tq, Tk]).
 # kind is "self" (the main stack), "encoder" or "cross". `observer.wants(kind, layer)` picks the layers
@@ -25,6 +30,83 @@ from .layers import (ACTIVATIONS, FeedForward, Linear, Norm, TokenEmbedding, col
 # (keys from width on have probability 0), and the layer's output is computed from those same blocks:
 # this is how long texts are captured (core/capture.py).
 Observer = Callable[[str, int, Tensor], None]
+
+# What a forward pass can record, per layer (TransformerLens's names, without "hook_"). [B, T, d] unless noted.
+RECORDABLE = (
+    "resid_pre",    # the block's input
+    "attn_in",      # what self-attention reads: norm(resid_pre) in Pre-LN blocks, resid_pre in Post-LN ones
+    "q", "k", "v",  # per head [B, T, H (k, v: H_kv), d_head], queries and keys after RoPE
+    "pattern",      # attention probabilities [B, H, Tq, Tk] float32
+    "z",            # per-head outputs softmax(QKᵀ/√d_k)·V before W^O [B, T, H, d_head] (after any ablation)
+    "attn_out",     # the self-attention sublayer's output, W^O·z + b
+    "cross_in", "cross_out",  # the cross-attention sublayer (decoder of an encoder-decoder model)
+    "mlp_in", "mlp_out",      # the feed-forward sublayer
+    "resid_post",   # the block's output
+)
+
+
+class Probe:
+    """What one forward pass records and changes. Names are RECORDABLE for the main stack and "encoder."
+    + name for the encoder of an encoder-decoder model; `records[name][layer]` holds the values.
+
+    ablate_heads: (layer, head) pairs of the main stack's self-attention whose output is removed before W^O:
+    set to 0 (ablation="zero") or to the head's mean output over the input's real positions ("mean")."""
+
+    def __init__(self, record: Iterable[str] = (), ablate_heads: Iterable[tuple[int, int]] = (),
+                 ablation: str = "zero", cfg: ModelConfig | None = None):
+        self.record = set(record)
+        unknown = sorted(n for n in self.record if n.removeprefix("encoder.") not in RECORDABLE)
+        if unknown:
+            raise ValueError(f"cannot record {', '.join(unknown)}; names are {', '.join(RECORDABLE)} "
+                             "(prefixed 'encoder.' for a seq2seq encoder)")
+        if ablation not in ("zero", "mean"):
+            raise ValueError(f"ablation must be 'zero' or 'mean', got {ablation!r}")
+        self.ablation, self.ablate = ablation, {}
+        for layer, head in ablate_heads:
+            if cfg is not None and not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
+                raise IndexError(f"cannot ablate head ({layer}, {head}): the model has layers 0..{cfg.n_layers - 1} "
+                                 f"and heads 0..{cfg.n_heads - 1}")
+            self.ablate.setdefault(layer, []).append(head)
+        self.records: dict[str, dict[int, Tensor]] = {}
+
+    @staticmethod
+    def full_name(kind: str, name: str) -> str:
+        return f"encoder.{name}" if kind == "encoder" else name
+
+    def wants(self, kind: str, name: str) -> bool:
+        return self.full_name(kind, name) in self.record
+
+    def keep(self, kind: str, name: str, layer: int, value: Tensor) -> None:
+        full = self.full_name(kind, name)
+        if full in self.record:
+            self.records.setdefault(full, {})[layer] = value
+
+    def ablated(self, kind: str, layer: int, z: Tensor, query_mask: Tensor | None) -> Tensor:
+        """z [B, H, T, d_head] with the chosen heads of this layer removed."""
+        heads = self.ablate.get(layer) if kind == "self" else None
+        if not heads:
+            return z
+        z = z.clone()
+        if self.ablation == "zero":
+            z[:, heads] = 0
+        else:  # each head's output averaged over the real positions of its row
+            weight = torch.ones(z.shape[0], z.shape[2], device=z.device) if query_mask is None else query_mask.float()
+            weight = (weight / weight.sum(-1, keepdim=True))[:, None, :, None].to(z.dtype)   # [B, 1, T, 1]
+            z[:, heads] = (z[:, heads] * weight).sum(2, keepdim=True).expand_as(z[:, heads])
+        return z
+
+    def layers(self, name: str) -> tuple[Tensor, ...]:
+        found = self.records.get(name, {})
+        return tuple(found[i] for i in sorted(found))
+
+
+@dataclass
+class LogitLens:
+    """Each layer's residual stream read as a prediction: final norm (where the stack has one), then the
+    LM head. values [L, B, T, k]: the k largest logits, indices their token ids; with top_k None, values
+    holds every logit [L, B, T, vocab] and indices is None. The last layer's row equals the model's logits."""
+    values: Tensor
+    indices: Tensor | None
 
 
 @dataclass
@@ -35,6 +117,24 @@ class ModelOutput:
     encoder_attentions: tuple[Tensor, ...] | None = None
     cross_attentions: tuple[Tensor, ...] | None = None
     encoder_hidden_states: Tensor | None = None
+    records: dict[str, tuple[Tensor, ...]] | None = None  # name → one tensor per layer (see RECORDABLE)
+    logit_lens: LogitLens | None = None
+    token_embeddings: Tensor | None = None      # [B, T, d], the leaf that gradients reach (grad=True)
+
+
+@dataclass
+class HeadWeights:
+    """One attention layer's weights split by head (TransformerLens's convention): views of the parameters.
+    Head h computes q = x·W_Q[h] + b_Q[h], k and v likewise (query head h reads key/value head
+    h // (H / H_kv)), z = softmax(qkᵀ/√d_k + M)·v, and the layer's output is Σ_h z_h·W_O[h] + b_O."""
+    W_Q: Tensor                 # [H, d_model, d_head]
+    W_K: Tensor                 # [H_kv, d_model, d_head]
+    W_V: Tensor                 # [H_kv, d_model, d_head]
+    W_O: Tensor                 # [H, d_head, d_model]
+    b_Q: Tensor | None          # [H, d_head]
+    b_K: Tensor | None          # [H_kv, d_head]
+    b_V: Tensor | None          # [H_kv, d_head]
+    b_O: Tensor | None          # [d_model]
 
 
 @dataclass
@@ -46,11 +146,16 @@ class AttentionSetup:
     rope: tuple[Tensor, Tensor] | None  # cos, sin [B, 1, T, d_k]
     kind: str = "self"
     observer: Observer | None = None
+    probe: Probe | None = None
+    query_mask: Tensor | None = None        # bool [B, Tq], False on padding (mean ablation averages the rest)
     cache: "KVCache | None" = None
+    slot: Tensor | None = None              # [1] long: the cache position a one-token static step writes
     memory: Tensor | None = None            # encoder output for cross-attention [B, S, d]
     memory_allowed: Tensor | None = None    # bool [B, 1, 1, S]: the encoder's real tokens
 
     def wants_probs(self, kind: str, layer: int) -> bool:
+        if self.probe is not None and kind != "cross" and self.probe.wants(kind, "pattern"):
+            return True
         if self.observer is None:
             return False
         wants = getattr(self.observer, "wants", None)
@@ -58,34 +163,57 @@ class AttentionSetup:
 
 
 class KVCache:
-    """Preallocated keys and values for every layer, indexed by position: [layers, B, H_kv, max_len, d_k].
+    """Preallocated keys and values, one [B, H_kv, max_len, d_k] tensor per layer, indexed by position.
 
-    `length` counts the filled positions; `key_mask` [B, max_len] marks real tokens (False on padding).
+    A prompt (or any chunk) is written after the filled positions; a one-token decode step writes at the
+    device-side index `slot` and reads the whole cache under a mask, so its shapes never change (what CUDA
+    graphs and torch.compile need) and it never waits for the host. `key_mask` [B, max_len] is False on padding.
     For seq2seq, `cross` holds each decoder layer's keys and values of the encoder output, computed once.
     """
 
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str):
-        shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (batch, n_kv_heads, max_len, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.key_mask = torch.ones(batch, max_len, dtype=torch.bool, device=device)
-        self.length, self.max_len = 0, max_len
+        self.max_len = max_len
+        self.length = 0                                                     # filled positions, on the host
+        self.slot = torch.zeros(1, dtype=torch.long, device=device)          # the same count, on the device
+        self.next_position = torch.zeros(batch, dtype=torch.long, device=device)  # position id of the next token
         self.cross: list[tuple[Tensor, Tensor] | None] = [None] * n_layers
 
-    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write the new k, v [B, H_kv, T, d_k] after the filled positions; return all filled so far."""
+    def write(self, layer: int, k: Tensor, v: Tensor, slot: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Store the new k, v [B, H_kv, T, d_k]; return the keys and values attention reads."""
+        keys, values = self.keys[layer], self.values[layer]
+        if slot is not None:  # one token at a device-side index; the mask hides the unfilled rest
+            keys.index_copy_(2, slot, k)
+            values.index_copy_(2, slot, v)
+            return keys, values
         end = self.length + k.shape[2]
-        self.keys[layer, :, :, self.length:end] = k
-        self.values[layer, :, :, self.length:end] = v
-        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+        keys[:, :, self.length:end] = k
+        values[:, :, self.length:end] = v
+        return keys[:, :, :end], values[:, :, :end]
+
+    def advance(self, n: int) -> None:
+        """After n tokens were written: the host count, its device copy, and each row's next position id
+        (the count of its real tokens, as positions skip padding). No host sync."""
+        self.length += n
+        self.slot.fill_(self.length)
+        self.next_position.copy_(self.key_mask[:, :self.length].sum(-1))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated for keys and values (cross-attention's included)."""
+        tensors = self.keys + self.values + [t for kv in self.cross if kv is not None for t in kv]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
 
 class Attention(nn.Module):
     """Multi-head attention, eq. 3.1: W^O · concat_i(Attention(X W_i^Q, X W_i^K, X W_i^V)).
 
     Self-attention keeps W^Q, W^K, W^V in one matrix ([H + 2·H_kv]·d_k rows) so projecting is one matmul;
-    cross-attention projects queries from the decoder and keys/values from the encoder output.
+    cross-attention projects queries from the decoder and keys/values (one matrix) from the encoder output.
     """
 
     def __init__(self, cfg: ModelConfig, cross: bool = False):
@@ -93,28 +221,40 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
         if cross:
-            self.q = Linear(cfg.d_model, q_dim, bias=cfg.qkv_bias)
-            self.kv = Linear(cfg.d_model, 2 * kv_dim, bias=cfg.qkv_bias)
+            self.q = nn.Linear(cfg.d_model, q_dim, bias=cfg.qkv_bias)
+            self.kv = nn.Linear(cfg.d_model, 2 * kv_dim, bias=cfg.qkv_bias)
         else:
-            self.qkv = Linear(cfg.d_model, q_dim + 2 * kv_dim, bias=cfg.qkv_bias)
-        self.out = Linear(q_dim, cfg.d_model, bias=cfg.out_bias)
+            self.qkv = nn.Linear(cfg.d_model, q_dim + 2 * kv_dim, bias=cfg.qkv_bias)
+        self.out = nn.Linear(q_dim, cfg.d_model, bias=cfg.out_bias)
 
     def heads(self, x: Tensor, n: int) -> Tensor:
         """[B, T, n·d_k] → [B, n, T, d_k]"""
         return x.view(x.shape[0], x.shape[1], n, self.head_dim).transpose(1, 2)
 
-    def self_qkv(self, x: Tensor, setup: AttentionSetup) -> tuple[Tensor, Tensor, Tensor]:
+    def self_qkv(self, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
+        """q [B, H, T, d_k], k and v [B, H_kv, T, d_k]; RoPE rotates queries and keys (in one go)."""
         qk, v = self.heads(self.qkv(x), self.n_heads + 2 * self.n_kv_heads).split(
             [self.n_heads + self.n_kv_heads, self.n_kv_heads], dim=1)
-        if setup.rope is not None:  # rotary positions act on queries and keys only (both in one go)
-            cos, sin = setup.rope
-            qk = qk * cos + rotate_half(qk) * sin
+        if rope is not None:
+            qk = rotate(qk, *rope)
         q, k = qk.split([self.n_heads, self.n_kv_heads], dim=1)
         return q, k, v
 
-    def forward(self, x: Tensor, setup: AttentionSetup, layer: int, cross: bool = False) -> tuple[Tensor, Tensor | None]:
-        kind = "cross" if cross else setup.kind
-        cache = setup.cache
+    def head_weights(self) -> HeadWeights:
+        d, hd, h, h_kv = self.out.weight.shape[0], self.head_dim, self.n_heads, self.n_kv_heads
+        if hasattr(self, "qkv"):
+            w, b = self.qkv.weight, self.qkv.bias
+        else:  # cross-attention: the same rows, in two matrices
+            w = torch.cat([self.q.weight, self.kv.weight])
+            b = None if self.q.bias is None else torch.cat([self.q.bias, self.kv.bias])
+        sizes = [h * hd, h_kv * hd, h_kv * hd]
+        W_Q, W_K, W_V = (m.view(-1, hd, d).transpose(1, 2) for m in w.split(sizes))   # [heads, d, d_head]
+        b_Q, b_K, b_V = (None,) * 3 if b is None else (m.view(-1, hd) for m in b.split(sizes))
+        W_O = self.out.weight.view(d, h, hd).permute(1, 2, 0)                           # [H, d_head, d]
+        return HeadWeights(W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, self.out.bias)
+
+    def forward(self, x: Tensor, setup: AttentionSetup, layer: int, cross: bool = False) -> Tensor:
+        kind, cache, probe = ("cross" if cross else setup.kind), setup.cache, setup.probe
         if cross:
             q = self.heads(self.q(x), self.n_heads)
             if cache is not None and cache.cross[layer] is not None:
@@ -125,31 +265,46 @@ class Attention(nn.Module):
                     cache.cross[layer] = (k, v)
             allowed, is_causal = setup.memory_allowed, False
         else:
-            q, k, v = self.self_qkv(x, setup)
+            q, k, v = self.self_qkv(x, setup.rope)
+            if probe is not None:
+                for name, t in (("q", q), ("k", k), ("v", v)):
+                    probe.keep(kind, name, layer, t.transpose(1, 2))
             if cache is not None:
-                k, v = cache.update(layer, k, v)
+                k, v = cache.write(layer, k, v, setup.slot)
             allowed, is_causal = setup.allowed, setup.is_causal
+        z = self.attend(q, k, v, allowed, is_causal, setup, kind, layer)      # [B, H, T, d_k]
+        if probe is not None and not cross:
+            z = probe.ablated(kind, layer, z, setup.query_mask)
+            probe.keep(kind, "z", layer, z.transpose(1, 2))
+        z = z.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.n_heads * self.head_dim)
+        return self.out(z)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_causal: bool,
+               setup: AttentionSetup, kind: str, layer: int) -> Tensor:
+        """Eq. 2.1 on the fast path, or on the explicit one when the probabilities are wanted."""
         want = setup.wants_probs(kind, layer)
         rows = getattr(setup.observer, "rows_per_block", None) if want else None
-        if rows:  # an observer that takes the probabilities a block of query rows at a time
-            probs, out = None, q.new_empty(q.shape[0], self.n_heads, q.shape[2], self.head_dim)
+        if rows and not (setup.probe is not None and setup.probe.wants(kind, "pattern")):
+            # an observer that takes the probabilities a block of query rows at a time
+            out = q.new_empty(q.shape[0], self.n_heads, q.shape[2], self.head_dim)
             scale = self.head_dim ** -0.5 if setup.scale is None else setup.scale
             for start, block, out_block in attention_rows(q, k, v, allowed, is_causal, scale, rows):
                 out[:, :, start:start + block.shape[2]] = out_block
                 setup.observer(kind, layer, block, start, k.shape[-2])
-        else:
-            out, probs = attention(q, k, v, allowed, is_causal, setup.scale, return_probs=want)
-            if want:
+            return out
+        out, probs = attention(q, k, v, allowed, is_causal, setup.scale, return_probs=want)
+        if want:
+            if setup.probe is not None and kind != "cross":
+                setup.probe.keep(kind, "pattern", layer, probs)
+            wants = getattr(setup.observer, "wants", None)
+            if setup.observer is not None and (wants is None or wants(kind, layer)):
                 setup.observer(kind, layer, probs)
-        out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.n_heads * self.head_dim)
-        return self.out(out), probs
+        return out
 
 
 class Block(nn.Module):
-    """One Transformer layer. Pre-LN: x + f(norm(x)). Post-LN (eqs. 5.1–5.4): norm(x + f(x)).
-
-    Sublayers in order: self-attention, cross-attention (decoder of seq2seq only), feed-forward.
-    """
+    """One Transformer layer. Sublayers in order: self-attention, cross-attention (decoder of seq2seq only),
+    feed-forward; each wrapped as Pre-LN x + f(norm(x)) or Post-LN (eqs. 5.1–5.4) norm(x + f(x))."""
 
     def __init__(self, cfg: ModelConfig, cross: bool = False):
         super().__init__()
@@ -158,16 +313,26 @@ class Block(nn.Module):
         self.cross_norm, self.cross = (Norm(cfg), Attention(cfg, cross=True)) if cross else (None, None)
         self.ffn_norm, self.ffn = Norm(cfg), FeedForward(cfg)
 
-    def residual(self, x: Tensor, sublayer, norm: Norm, *args) -> Tensor:
-        if self.pre_norm:
-            return x + sublayer(norm(x), *args)
-        return norm(x + sublayer(x, *args))
+    def sublayer(self, x: Tensor, name: str, f: Callable[[Tensor], Tensor], norm: Norm, setup: AttentionSetup,
+                 layer: int) -> Tensor:
+        h = norm(x) if self.pre_norm else x
+        out = f(h)
+        if setup.probe is not None:
+            setup.probe.keep(setup.kind, f"{name}_in", layer, h)
+            setup.probe.keep(setup.kind, f"{name}_out", layer, out)
+        return x + out if self.pre_norm else norm(x + out)
 
     def forward(self, x: Tensor, setup: AttentionSetup, layer: int) -> Tensor:
-        x = self.residual(x, lambda h: self.attn(h, setup, layer)[0], self.attn_norm)
+        if setup.probe is not None:
+            setup.probe.keep(setup.kind, "resid_pre", layer, x)
+        x = self.sublayer(x, "attn", lambda h: self.attn(h, setup, layer), self.attn_norm, setup, layer)
         if self.cross is not None:
-            x = self.residual(x, lambda h: self.cross(h, setup, layer, cross=True)[0], self.cross_norm)
-        return self.residual(x, self.ffn, self.ffn_norm)
+            x = self.sublayer(x, "cross", lambda h: self.cross(h, setup, layer, cross=True), self.cross_norm,
+                              setup, layer)
+        x = self.sublayer(x, "mlp", self.ffn, self.ffn_norm, setup, layer)
+        if setup.probe is not None:
+            setup.probe.keep(setup.kind, "resid_post", layer, x)
+        return x
 
 
 class Embeddings(nn.Module):
@@ -176,13 +341,15 @@ class Embeddings(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.tokens = TokenEmbedding(cfg.vocab_size, cfg.d_model)
+        self.tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.positions = nn.Embedding(cfg.max_positions, cfg.d_model) if cfg.positional == "learned" else None
         self.token_types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
         self.norm = Norm(cfg) if cfg.embed_norm else None
 
-    def forward(self, input_ids: Tensor, positions: Tensor, token_type_ids: Tensor | None, use_positions: bool) -> Tensor:
-        x = self.tokens(input_ids)
+    def forward(self, input_ids: Tensor, positions: Tensor, token_type_ids: Tensor | None, use_positions: bool,
+                token_embeddings: Tensor | None = None) -> Tensor:
+        """token_embeddings [B, T, d], when given, stand in for the looked-up rows (before embed_scale)."""
+        x = self.tokens(input_ids) if token_embeddings is None else token_embeddings
         if self.cfg.embed_scale != 1.0:
             x = x * self.cfg.embed_scale
         if self.token_types is not None:
@@ -213,28 +380,21 @@ class Stack(nn.Module):
 
 
 class LMHead(nn.Module):
-    """Hidden states → vocabulary logits; tied heads reuse the token embedding matrix."""
+    """Hidden states → vocabulary logits; a tied head reuses the token embedding matrix [vocab, d]."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.dense = Linear(cfg.d_model, cfg.d_model) if cfg.lm_head_transform else None
+        self.dense = nn.Linear(cfg.d_model, cfg.d_model) if cfg.lm_head_transform else None
         self.norm = Norm(cfg) if cfg.lm_head_transform else None
         self.act = cfg.activation
-        self.checkpoint_shape = (cfg.vocab_size, cfg.d_model)
-        blocks = column_blocks(cfg.vocab_size)
-        self.weight = None if cfg.tie_word_embeddings else nn.Parameter(
-            torch.empty(blocks, cfg.d_model, cfg.vocab_size // blocks))  # laid out like TokenEmbedding
+        self.weight = None if cfg.tie_word_embeddings else nn.Parameter(torch.empty(cfg.vocab_size, cfg.d_model))
         self.bias = nn.Parameter(torch.empty(cfg.vocab_size)) if cfg.lm_head_bias else None
-
-    def pack(self, w: Tensor) -> Tensor:
-        return split_columns(w.t(), self.weight.shape[0])
 
     def forward(self, h: Tensor, embedding: Tensor) -> Tensor:
         """h [B, T, d], embedding: the token table (used when tied) → logits [B, T, vocab]."""
         if self.dense is not None:  # BERT's MLM transform
             h = self.norm(ACTIVATIONS[self.act](self.dense(h)))
-        logits = times_blocks(h, embedding if self.weight is None else self.weight)
-        return logits if self.bias is None else logits + self.bias
+        return F.linear(h, embedding if self.weight is None else self.weight, self.bias)
 
 
 def encoder_config(cfg: ModelConfig) -> ModelConfig:
@@ -261,7 +421,7 @@ def self_attention_mask(key_mask: Tensor | None, start: int, n: int, causal: boo
     so no row is empty; its output is never used.
     """
     n_keys = start + n
-    if key_mask is None or bool(key_mask[:, :n_keys].all()):
+    if key_mask is None:
         if not causal or n == 1:
             return None, False
         if start == 0:
@@ -272,11 +432,8 @@ def self_attention_mask(key_mask: Tensor | None, start: int, n: int, causal: boo
         allowed = allowed & causal_matrix(n, n_keys, key_mask.device)  # [B, 1, n, Tk]
     else:
         allowed = allowed.expand(-1, -1, n, -1)
-    empty = ~allowed.any(-1, keepdim=True)
-    if bool(empty.any()):
-        own = torch.arange(n_keys, device=key_mask.device) == torch.arange(start, n_keys, device=key_mask.device)[:, None]
-        allowed = allowed | (empty & own)
-    return allowed, False
+    own = torch.arange(n_keys, device=key_mask.device) == torch.arange(start, n_keys, device=key_mask.device)[:, None]
+    return allowed | (~allowed.any(-1, keepdim=True) & own), False
 
 
 class Transformer(nn.Module):
@@ -291,7 +448,10 @@ class Transformer(nn.Module):
         if self.encoder is not None:
             self.stack.embed.tokens = self.encoder.embed.tokens
         self.lm_head = LMHead(cfg) if cfg.has_lm_head else None
-        self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta) if cfg.positional == "rope" else None
+        if cfg.positional == "rope":  # θ_i, moved with the model but not a weight: not in state_dict
+            self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
+        else:
+            self.inv_freq = None
         self.tokenizer = None  # set by load_model
 
     @property
@@ -302,6 +462,18 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.stack.embed.tokens.weight.dtype
 
+    def head_weights(self, layer: int, kind: str = "self") -> HeadWeights:
+        """W_Q, W_K, W_V [heads, d_model, d_head] and W_O [H, d_head, d_model] of one layer's attention:
+        kind "self" (the main stack), "encoder" or "cross" (a seq2seq decoder's cross-attention)."""
+        stack = self.encoder if kind == "encoder" else self.stack
+        if stack is None or (kind == "cross" and self.encoder is None) or kind not in ("self", "encoder", "cross"):
+            raise ValueError(f"no {kind!r} attention in this model (kinds: self"
+                             f"{', encoder, cross' if self.encoder is not None else ''})")
+        if not 0 <= layer < len(stack.blocks):
+            raise IndexError(f"layer {layer} is out of range: the model has layers 0..{len(stack.blocks) - 1}")
+        block = stack.blocks[layer]
+        return (block.cross if kind == "cross" else block.attn).head_weights()
+
     def setup(self, stack: Stack, input_ids: Tensor, key_mask: Tensor | None, start: int, *, causal: bool,
               padding_mask: bool, scale: bool, positions: bool) -> tuple[AttentionSetup, Tensor]:
         """Masks, position ids and rotary angles for n new tokens after `start` cached ones.
@@ -310,91 +482,60 @@ class Transformer(nn.Module):
         allowed, is_causal = self_attention_mask(key_mask if padding_mask else None, start, n, causal,
                                                  input_ids.device)
         position_ids = positions_from_mask(key_mask, start, n, batch, input_ids.device)
-        rope = None
-        if positions and stack.cfg.positional == "rope":
-            rope = rope_cos_sin(position_ids, self.inv_freq, self.dtype)
-        setup = AttentionSetup(allowed=allowed, is_causal=is_causal, scale=None if scale else 1.0, rope=rope)
+        setup = AttentionSetup(allowed=allowed, is_causal=is_causal, scale=None if scale else 1.0,
+                               rope=self.rope(stack, position_ids, positions))
+        if key_mask is not None:
+            setup.query_mask = key_mask[:, start:start + n]
         return setup, position_ids
 
+    def static_setup(self, stack: Stack, cache: KVCache) -> tuple[AttentionSetup, Tensor]:
+        """One new token per row at cache.slot, attending over the whole cache: every shape fixed."""
+        keys = torch.arange(cache.max_len, device=cache.slot.device)
+        allowed = (cache.key_mask & (keys <= cache.slot))[:, None, None, :]   # [B, 1, 1, max_len]
+        position_ids = cache.next_position[:, None]                             # [B, 1]
+        setup = AttentionSetup(allowed=allowed, is_causal=False, scale=None, rope=self.rope(stack, position_ids, True),
+                               slot=cache.slot)
+        return setup, position_ids
+
+    def rope(self, stack: Stack, position_ids: Tensor, positions: bool) -> tuple[Tensor, Tensor] | None:
+        if positions and stack.cfg.positional == "rope":
+            return rope_cos_sin(position_ids, self.inv_freq, self.dtype)
+        return None
+
     def run_stack(self, stack: Stack, input_ids: Tensor, attention_mask: Tensor | None, *, kind: str,
-                  causal: bool, padding_mask: bool, scale: bool, positions: bool, token_type_ids: Tensor | None = None,
-                  observer: Observer | None = None, cache: KVCache | None = None, memory: Tensor | None = None,
-                  memory_mask: Tensor | None = None, n_layers: int | None = None) -> Tensor:
+                  causal: bool = True, padding_mask: bool = True, scale: bool = True, positions: bool = True,
+                  token_type_ids: Tensor | None = None, observer: Observer | None = None, probe: Probe | None = None,
+                  cache: KVCache | None = None, static: bool = False, memory: Tensor | None = None,
+                  memory_mask: Tensor | None = None, n_layers: int | None = None,
+                  token_embeddings: Tensor | None = None) -> Tensor:
         """Embed input_ids [B, T] and run them through `stack`; returns hidden states [B, T, d].
 
         attention_mask: [B, T] for the new tokens, or [B, cached + T] (1 = real token, 0 = padding).
+        With a cache, the tokens follow the cached ones and are written to it; static=True is the one-token
+        decode step at cache.slot (see KVCache), which leaves advancing the cache to the caller.
         """
         n = input_ids.shape[1]
-        start = cache.length if cache is not None else 0
-        key_mask = None
-        if cache is not None:
-            if attention_mask is not None:
-                cache.key_mask[:, start:start + n] = attention_mask[:, -n:].bool()
-            key_mask = cache.key_mask
-        elif attention_mask is not None:
-            key_mask = attention_mask.bool()
-        setup, position_ids = self.setup(stack, input_ids, key_mask, start, causal=causal,
-                                         padding_mask=padding_mask, scale=scale, positions=positions)
-        setup.kind, setup.observer, setup.cache, setup.memory = kind, observer, cache, memory
+        if static:
+            setup, position_ids = self.static_setup(stack, cache)
+        else:
+            start = cache.length if cache is not None else 0
+            key_mask = None
+            if cache is not None:
+                if attention_mask is not None:
+                    cache.key_mask[:, start:start + n] = attention_mask[:, -n:].bool()
+                    key_mask = cache.key_mask
+            elif attention_mask is not None:
+                key_mask = attention_mask.bool()
+            setup, position_ids = self.setup(stack, input_ids, key_mask, start, causal=causal,
+                                             padding_mask=padding_mask, scale=scale, positions=positions)
+        setup.kind, setup.observer, setup.probe, setup.cache, setup.memory = kind, observer, probe, cache, memory
         if memory is not None and memory_mask is not None and padding_mask:
             setup.memory_allowed = memory_mask.bool()[:, None, None, :]
-        x = stack.embed(input_ids, position_ids, token_type_ids, positions)
+        x = stack.embed(input_ids, position_ids, token_type_ids, positions, token_embeddings)
         x = stack(x, setup, n_layers)
-        if cache is not None:
-            cache.length = start + n
+        if cache is not None and not static:
+            cache.advance(n)
         return x
-
-    # ---- views into the model for the app: real weights, real projections ----
-
-    def queries_keys(self, input_ids: Tensor, layer: int, rotate: bool = True,
-                     attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """The queries [B, H, T, d_k] and keys [B, H_kv, T, d_k] that self-attention of `layer` in the main
-        stack computes for input_ids; rotate=False gives them before RoPE."""
-        if not 0 <= layer < self.config.n_layers:
-            raise IndexError(f"layer {layer} is out of range: the model has layers 0..{self.config.n_layers - 1}")
-        if self.encoder is not None:
-            raise ValueError("queries_keys reads the self-attention of decoder-only and encoder-only models")
-        with torch.inference_mode():
-            mask = attention_mask.bool() if attention_mask is not None else None
-            x = self.run_stack(self.stack, input_ids, attention_mask, kind="self", causal=self.config.causal,
-                               padding_mask=True, scale=True, positions=True, n_layers=layer)
-            setup, _ = self.setup(self.stack, input_ids, mask, 0, causal=self.config.causal, padding_mask=True,
-                                  scale=True, positions=rotate)
-            block = self.stack.blocks[layer]
-            q, k, _ = block.attn.self_qkv(block.attn_norm(x) if block.pre_norm else x, setup)
-        return q, k
-
-    def learned_positions(self) -> Tensor | None:
-        """The learned absolute position embeddings [max_positions, d] (GPT-2, BERT), else None."""
-        table = self.stack.embed.positions
-        return None if table is None else table.weight.detach()
-
-    def rope_inv_freq(self) -> Tensor | None:
-        """RoPE's frequencies θ_i [head_dim/2], else None."""
-        return self.inv_freq
-
-    def parameter_counts(self) -> dict:
-        """Parameters per part. Attention has 4d² weights per layer (W^Q, W^K, W^V, W^O; fewer with GQA),
-        the feed-forward 2·d·d_ff (8d² at d_ff = 4d; 3·d·d_ff when gated)."""
-        def count(modules) -> int:
-            return sum(p.numel() for m in modules if m is not None for p in m.parameters())
-        stacks = [s for s in (self.encoder, self.stack) if s is not None]
-        blocks = [b for s in stacks for b in s.blocks]
-        norms = [m for b in blocks for m in (b.attn_norm, b.cross_norm, b.ffn_norm)] + [s.final_norm for s in stacks]
-        head_own = 0 if self.lm_head is None else count([self.lm_head])
-        first = self.stack.blocks[0]
-        counts = {
-            "embeddings": count([self.stack.embed] + ([self.encoder.embed] if self.encoder else [])),
-            "attention": count([m for b in blocks for m in (b.attn, b.cross)]),
-            "feed_forward": count([b.ffn for b in blocks]),
-            "norms": count(norms),
-            "lm_head": head_own,
-            "per_layer": {"attention": count([first.attn, first.cross]), "feed_forward": count([first.ffn])},
-        }
-        if self.encoder is not None:  # the shared token table is counted once
-            counts["embeddings"] -= self.encoder.embed.tokens.weight.numel()
-        counts["total"] = sum(p.numel() for p in self.parameters())
-        return counts
 
     # ---- generation (core/generate.py) ----
 
@@ -417,34 +558,80 @@ class Transformer(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, decoder_input_ids: Tensor | None = None,
                 capture_attention: bool = False, causal_mask: bool = True, padding_mask: bool = True,
                 scale: bool = True, positions: bool = True, token_type_ids: Tensor | None = None,
-                decoder_attention_mask: Tensor | None = None, observer: Observer | None = None) -> ModelOutput:
-        """One full forward pass. The four switches (causal_mask, padding_mask, scale, positions) exist
-        for the demos: each removes exactly what its name says. capture_attention returns every layer's
-        probabilities as float32 [B, H, Tq, Tk]; `observer` receives them instead, layer by layer."""
+                decoder_attention_mask: Tensor | None = None, observer: Observer | None = None, *,
+                record: Iterable[str] = (), ablate_heads: Iterable[tuple[int, int]] = (), ablation: str = "zero",
+                logit_lens: bool = False, logit_lens_top_k: int | None = 10, grad: bool = False,
+                token_embeddings: Tensor | None = None) -> ModelOutput:
+        """One full forward pass. Runs in whatever autograd mode the caller chose (parameters of a loaded model
+        do not require gradients, so no graph is kept unless something asks for one).
+
+        The four switches (causal_mask, padding_mask, scale, positions) exist for the demos: each removes exactly
+        what its name says. capture_attention returns every layer's probabilities as float32 [B, H, Tq, Tk];
+        `observer` receives them instead, layer by layer.
+        record: names from RECORDABLE → out.records; ablate_heads / ablation: see Probe.
+        logit_lens: out.logit_lens, each layer's residual stream through the final norm and the LM head
+        (top logit_lens_top_k per position, or all with None).
+        grad: gradients reach out.token_embeddings [B, T, d] (the input of the main stack, or of the encoder),
+        even inside torch.inference_mode. token_embeddings: rows to use instead of looking input_ids up (for
+        integrated gradients), before embed_scale, positions and token types.
+        """
+        cfg = self.config
+        asked = {record} if isinstance(record, str) else set(record)
+        probe = None
+        if asked or ablate_heads or logit_lens:  # the lens reads each layer's output
+            probe = Probe(asked | ({"resid_post"} if logit_lens else set()), ablate_heads, ablation, cfg)
+        attention_mask, decoder_attention_mask = padding_or_none(attention_mask), padding_or_none(decoder_attention_mask)
         recorder = AttentionRecorder() if capture_attention and observer is None else None
         observer = observer or recorder
-        switches = dict(padding_mask=padding_mask, scale=scale, positions=positions, observer=observer)
-        memory = None
-        with torch.inference_mode():
+        switches = dict(padding_mask=padding_mask, scale=scale, positions=positions, observer=observer, probe=probe)
+        mode = torch.inference_mode(False) if grad else contextlib.nullcontext()
+        with mode, (torch.enable_grad() if grad else contextlib.nullcontext()):
+            if grad:  # a leaf of our own, outside any inference mode the inputs were made in
+                input_ids = input_ids.clone()
+                if token_embeddings is None:
+                    token_embeddings = (self.encoder or self.stack).embed.tokens(input_ids).detach()
+                token_embeddings = token_embeddings.clone().requires_grad_(True)
+            memory = None
             if self.encoder is not None:
                 memory = self.run_stack(self.encoder, input_ids, attention_mask, kind="encoder", causal=False,
-                                        **switches)
+                                        token_embeddings=token_embeddings, **switches)
                 if decoder_input_ids is None:
-                    start = self.config.decoder_start_token_id
+                    start = cfg.decoder_start_token_id
                     decoder_input_ids = torch.full((input_ids.shape[0], 1), start, device=input_ids.device)
                 hidden = self.run_stack(self.stack, decoder_input_ids, decoder_attention_mask, kind="self",
-                                        causal=causal_mask and self.config.causal, memory=memory,
+                                        causal=causal_mask and cfg.causal, memory=memory,
                                         memory_mask=attention_mask, **switches)
             else:
                 hidden = self.run_stack(self.stack, input_ids, attention_mask, kind="self",
-                                        causal=causal_mask and self.config.causal, token_type_ids=token_type_ids,
-                                        **switches)
-            out = ModelOutput(logits=self.logits(hidden), hidden_states=hidden, encoder_hidden_states=memory)
+                                        causal=causal_mask and cfg.causal, token_type_ids=token_type_ids,
+                                        token_embeddings=token_embeddings, **switches)
+            out = ModelOutput(logits=self.logits(hidden), hidden_states=hidden, encoder_hidden_states=memory,
+                              token_embeddings=token_embeddings if grad else None)
+            if logit_lens:
+                out.logit_lens = self.read_logit_lens(probe.layers("resid_post"), logit_lens_top_k)
         if recorder is not None:
             out.attentions = recorder.layers("self")
             out.encoder_attentions = recorder.layers("encoder") if self.encoder is not None else None
             out.cross_attentions = recorder.layers("cross") if self.encoder is not None else None
+        if probe is not None:
+            out.records = {name: probe.layers(name) for name in sorted(probe.records) if name in asked}
         return out
+
+    def read_logit_lens(self, residuals: tuple[Tensor, ...], top_k: int | None) -> LogitLens:
+        """The logit lens over each layer's output [B, T, d] of the main stack."""
+        if self.lm_head is None:
+            raise ValueError("the logit lens needs an LM head; this model has none")
+        final = self.stack.final_norm
+        values, indices = [], []
+        for h in residuals:
+            logits = self.logits(final(h) if final is not None else h)
+            if top_k is None:
+                values.append(logits)
+            else:
+                top = logits.topk(min(top_k, logits.shape[-1]), dim=-1)
+                values.append(top.values)
+                indices.append(top.indices)
+        return LogitLens(torch.stack(values), torch.stack(indices) if indices else None)
 
 
 class AttentionRecorder:

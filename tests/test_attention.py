@@ -6,6 +6,7 @@ import torch
 
 from core import load_model
 from core.attention import attention, attention_rows, attention_stages, causal_mask
+from core.inspect import queries_keys
 from core.layers import apply_rope, rope_inv_freq, sinusoidal_encoding
 from tests import tiny
 
@@ -101,7 +102,7 @@ def test_without_positions_attention_is_permutation_equivariant(models, name):
 def test_scale_switch_changes_only_the_factor(models):
     model = models["llama"]
     x = ids(batch=1)
-    q, k = model.queries_keys(x, layer=0)
+    q, k = queries_keys(model, x, layer=0)
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     allowed = causal_mask(x.shape[1], x.shape[1])

@@ -23,6 +23,7 @@ import torch
 
 from core import CheckpointError, ConfigError, load_model
 from core.attention import attention_stages, causal_mask
+from core.inspect import parameter_counts, queries_keys, rope_frequencies
 from core.layers import apply_rope, sinusoidal_encoding
 
 log = logging.getLogger(__name__)
@@ -173,7 +174,7 @@ def weights_provenance(folder: Path) -> str:
 def parameter_table(model) -> list[list[str]]:
     """Rows [part, measured, formula, ratio] comparing the model's counts with the theory's 4d² and 8d²."""
     cfg = model.config
-    counts = model.parameter_counts()
+    counts = parameter_counts(model)
     d = cfg.d_model
     per_layer = counts.get("per_layer", {})
     rows = []
@@ -585,11 +586,11 @@ def rope_scores(
     """Score of one real query/key pair (the layer's own projections, before rotation) placed at relative
     distance Δ, for several absolute offsets m: q at position m + Δ, k at position m. RoPE makes the curves equal."""
     cfg = model.config
-    q, k = model.queries_keys(as_batch(ids, model.device), layer, rotate=False)  # [1, H, T, hd], [1, H_kv, T, hd]
+    q, k = queries_keys(model, as_batch(ids, model.device), layer, rotate=False)  # [1, H, T, hd], [1, H_kv, T, hd]
     kv_head = head // (cfg.n_heads // cfg.n_kv_heads)
     q_vec = q[0, head, query_pos].float()
     k_vec = k[0, kv_head, key_pos].float()
-    inv_freq = model.rope_inv_freq()
+    inv_freq = rope_frequencies(model)
     scale = cfg.head_dim**-0.5
     curves = {}
     for m in offsets:
@@ -607,7 +608,7 @@ def rope_scores(
 def qk_for_head(model, ids: list[int], layer: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The chosen head's rotated queries and keys [T, d_k] (grouped-query heads share their key head)."""
     cfg = model.config
-    q, k = model.queries_keys(as_batch(ids, model.device), layer, rotate=True)
+    q, k = queries_keys(model, as_batch(ids, model.device), layer, rotate=True)
     kv_head = head // (cfg.n_heads // cfg.n_kv_heads)
     return q[0, head].float(), k[0, kv_head].float()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import gradio as gr
 
+from core.inspect import learned_positions, rope_frequencies
 from ui import plots, service
 from ui.common import (
     ANALYSIS,
@@ -66,7 +67,7 @@ def sinusoid_figures(n: int, d: int, p: int, k: int):
 
 
 def learned_figures(model, n: int):
-    table = model.learned_positions()
+    table = learned_positions(model)
     if table is None:
         reason = (
             f"{model.config.family} adds the fixed sinusoids shown above: it has no learned position table."
@@ -98,7 +99,7 @@ def learned_figures(model, n: int):
 
 def rope_figures(model, text: str, layer: int, head: int, n: int):
     cfg = model.config
-    inv_freq = model.rope_inv_freq()
+    inv_freq = rope_frequencies(model)
     if inv_freq is None:
         reason = f"{cfg.family} uses {cfg.positional} positions, not RoPE."
         return plots.empty_figure(reason), plots.empty_figure(reason), ""

@@ -1,0 +1,61 @@
+"""Views into a loaded model for the app's pages: parameter counts, queries and keys, position tables.
+
+Each is a small function of the model's real weights and one recorded forward pass; none changes the model.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def parameter_counts(model) -> dict:
+    """Parameters per part. Attention has 4d² weights per layer (W^Q, W^K, W^V, W^O; fewer with GQA),
+    the feed-forward 2·d·d_ff (8d² at d_ff = 4d; 3·d·d_ff when gated)."""
+    def count(modules) -> int:
+        return sum(p.numel() for m in modules if m is not None for p in m.parameters())
+    stacks = [s for s in (model.encoder, model.stack) if s is not None]
+    blocks = [b for s in stacks for b in s.blocks]
+    norms = [m for b in blocks for m in (b.attn_norm, b.cross_norm, b.ffn_norm)] + [s.final_norm for s in stacks]
+    first = model.stack.blocks[0]
+    counts = {
+        "embeddings": count([model.stack.embed] + ([model.encoder.embed] if model.encoder else [])),
+        "attention": count([m for b in blocks for m in (b.attn, b.cross)]),
+        "feed_forward": count([b.ffn for b in blocks]),
+        "norms": count(norms),
+        "lm_head": 0 if model.lm_head is None else count([model.lm_head]),
+        "per_layer": {"attention": count([first.attn, first.cross]), "feed_forward": count([first.ffn])},
+    }
+    if model.encoder is not None:  # the shared token table is counted once
+        counts["embeddings"] -= model.encoder.embed.tokens.weight.numel()
+    counts["total"] = sum(p.numel() for p in model.parameters())
+    return counts
+
+
+def queries_keys(model, input_ids: Tensor, layer: int, rotate: bool = True,
+                 attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The queries [B, H, T, d_k] and keys [B, H_kv, T, d_k] that self-attention of `layer` in the main stack
+    computes for input_ids; rotate=False gives them before RoPE (x·W_Q + b_Q from the per-head weights)."""
+    if model.encoder is not None:
+        raise ValueError("queries_keys reads the self-attention of decoder-only and encoder-only models")
+    weights = model.head_weights(layer)  # checks the layer
+    with torch.inference_mode():
+        out = model(input_ids, attention_mask=attention_mask, record=("attn_in", "q", "k"))
+        if rotate:
+            return out.records["q"][layer].transpose(1, 2), out.records["k"][layer].transpose(1, 2)
+        x = out.records["attn_in"][layer]                                   # [B, T, d]
+        q = torch.einsum("btd,hde->bhte", x, weights.W_Q)
+        k = torch.einsum("btd,hde->bhte", x, weights.W_K)
+        if weights.b_Q is not None:
+            q, k = q + weights.b_Q[:, None], k + weights.b_K[:, None]
+    return q, k
+
+
+def learned_positions(model) -> Tensor | None:
+    """The learned absolute position embeddings [max_positions, d] (GPT-2, BERT), else None."""
+    table = model.stack.embed.positions
+    return None if table is None else table.weight.detach()
+
+
+def rope_frequencies(model) -> Tensor | None:
+    """RoPE's frequencies θ_i [head_dim/2], else None."""
+    return model.inv_freq
