@@ -77,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--model",
         default=service.DEFAULT_MODEL,
-        help=f"registry name (python -m core.weights list) or a model folder; default {service.DEFAULT_MODEL}",
+        help=f"registry name (python -m core.store list) or a model folder; default {service.DEFAULT_MODEL}",
     )
     # Hugging Face Spaces (and docker setups) say where to listen through Gradio's own variables
     parser.add_argument(
@@ -120,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
-        if hasattr(bar, "close"):
-            bar.close()
+        bar.close()
     demo = build_demo(store, args.model)
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)
     demo.launch(**launch_options(args))

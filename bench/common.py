@@ -11,7 +11,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core import load_model  # noqa: E402
-from core.weights import ensure  # noqa: E402
+from core.store import ensure  # noqa: E402
 
 TEXT = (Path(__file__).resolve().parent.parent / "assets" / "examples" / "attention.txt")
 

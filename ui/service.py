@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import core.store as weight_store
 from core import CheckpointError, ConfigError, load_model
 from core.attention import attention_stages, causal_mask
 from core.inspect import parameter_counts, queries_keys, rope_frequencies
@@ -54,29 +55,18 @@ ProgressFn = Callable[[float, str], None]
 # ---------------------------------------------------------------- models
 
 
-def weights_module():
-    """core.weights, imported late so the app still starts (on local folders) while it is missing."""
-    import core.weights as weights  # noqa: PLC0415
-
-    return weights
-
-
 def known_model_names() -> list[str]:
     """Registry names first (installed or fetchable), then models installed outside the registry."""
     try:
-        store = weights_module().WeightStore.default()
-        return list(dict.fromkeys([*store.registry, *store.installed()]))
+        return weight_store.known_model_names()
     except Exception:  # noqa: BLE001 - a broken registry must not stop the app from starting
         log.exception("could not list the weight store's models")
         return [DEFAULT_MODEL]
 
 
-def terminal_progress() -> ProgressFn | None:
-    """The weight store's text progress bar, for pulling a model before the app starts."""
-    try:
-        return weights_module().TextProgressBar()
-    except (ImportError, AttributeError):
-        return None
+def terminal_progress() -> weight_store.TerminalProgress:
+    """The weight store's terminal progress bar, for pulling a model before the app starts; close() it after."""
+    return weight_store.TerminalProgress()
 
 
 class ModelStore:
@@ -130,14 +120,10 @@ class ModelStore:
         folder = Path(name)
         if not folder.is_dir():
             try:
-                weights = weights_module()
-            except ImportError as exc:
-                raise UserError(f"Cannot fetch {name!r}: the weight store (core.weights) is not installed.") from exc
-            try:
-                folder = weights.ensure(name, progress=progress)
-            except getattr(weights, "WeightsUnavailable", RuntimeError) as exc:
+                folder = weight_store.ensure(name, progress=progress)
+            except weight_store.WeightsUnavailable as exc:
                 raise UserError(f"Model {name!r} cannot be loaded here: {exc}") from exc
-            except getattr(weights, "WeightsError", RuntimeError) as exc:
+            except weight_store.WeightsError as exc:
                 raise UserError(f"Model {name!r}: {exc}") from exc
         if progress:
             progress(0.95, f"loading {name} into memory")
@@ -162,9 +148,8 @@ class ModelStore:
 def weights_provenance(folder: Path) -> str:
     """One line from the weight store's manifest: where the files came from, their licence, when installed."""
     try:
-        weights = weights_module()
-        manifest = weights.read_manifest(folder)
-        source = weights.describe_source(manifest["source"])
+        manifest = weight_store.read_manifest(folder)
+        source = weight_store.describe_source(manifest["source"])
     except Exception:  # noqa: BLE001 - a folder made by hand has no manifest; the card just says less
         return f"Weights: {folder}"
     licence, created = manifest.get("licence", "unknown"), manifest.get("created", "?")[:10]
