@@ -1,7 +1,7 @@
 """The model config: one dataclass that every family's config reader fills from config.json."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class ConfigError(ValueError):
@@ -48,7 +48,6 @@ class ModelConfig:
     eos_token_id: int | list[int] | None = None
     decoder_start_token_id: int | None = None
     model_type: str = ""
-    extra: dict = field(default_factory=dict)  # family-specific facts kept for display
 
     @property
     def eos_ids(self) -> list[int]:
