@@ -117,6 +117,19 @@ def decode_step(model, tokens: Tensor, cache, observer=None, **context) -> Tenso
     return model.logits(hidden)[:, -1]
 
 
+def new_cache(model, batch: int, max_len: int, compile: bool):
+    """A KV cache for one generation. The compiled step keeps one per model, its length rounded up to a multiple
+    of 256, so that other prompt lengths reuse the same graph and the same addresses (a CUDA graph reads them)."""
+    if not compile:
+        return model.new_cache(batch, max_len)
+    max_len = -(-max_len // 256) * 256
+    cache = getattr(model, "_static_cache", None)
+    if cache is None or cache.key_mask.shape != (batch, max_len) or cache.keys[0].dtype != model.dtype:
+        cache = model._static_cache = model.new_cache(batch, max_len)
+    cache.reset()
+    return cache
+
+
 def compiled_decode_step(model, cache):
     """decode_step through torch.compile (CUDA graphs on a GPU: mode "reduce-overhead"), built once per model.
     The cache's tensors are marked as fixed addresses, as a CUDA graph reads them in place. Compiling takes
@@ -158,12 +171,12 @@ def steps(model, input_ids: Tensor, max_new_tokens: int, sampling: Sampling, att
         if cfg.is_encoder_decoder:
             # the encoder runs once; each decoder layer caches its cross-attention keys/values on the first step
             memory = model.run_stack(model.encoder, input_ids, attention_mask, kind="encoder", causal=False)
-            cache = model.new_cache(batch, budget + 1)
+            cache = new_cache(model, batch, budget + 1, compile)
             tokens = torch.full((batch, 1), cfg.decoder_start_token_id, device=device)
             context = dict(memory=memory, memory_mask=attention_mask)
             prompt_mask = None
         else:
-            cache = model.new_cache(batch, prompt_len + budget)
+            cache = new_cache(model, batch, prompt_len + budget, compile)
             tokens, context, prompt_mask = input_ids, {}, attention_mask
         seen = None
         if sampling.repetition_penalty != 1.0:

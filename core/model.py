@@ -195,6 +195,14 @@ class KVCache:
         values[:, :, self.length:end] = v
         return keys[:, :, :end], values[:, :, :end]
 
+    def reset(self) -> None:
+        """Empty again, keeping the same tensors (old keys stay but are masked until overwritten)."""
+        self.key_mask.fill_(True)
+        self.length = 0
+        self.slot.zero_()
+        self.next_position.zero_()
+        self.cross = [None] * len(self.keys)
+
     def advance(self, n: int) -> None:
         """After n tokens were written: the host count, its device copy, and each row's next position id
         (the count of its real tokens, as positions skip padding). No host sync."""

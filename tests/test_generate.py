@@ -197,3 +197,15 @@ def test_compile_falls_back_cleanly_when_the_compiler_fails(pairs, monkeypatch):
     model._compiled_decode = None
     with pytest.warns(UserWarning, match="compiled decode step failed .*no compiler here"):
         assert torch.equal(model.generate(ids, 12, compile=True), expected)
+
+
+def test_compiled_decode_step_gives_the_same_tokens(pairs):
+    """The real compiler (inductor's C++ back end on a CPU): one compile, then other prompt lengths reuse it."""
+    _, model = pairs["gpt2"]
+    model._compiled_decode = None
+    for n in (6, 11):
+        ids = prompt(batch=2, n=n, seed=n)
+        mask = torch.ones_like(ids)
+        mask[1, :2] = 0  # left padding goes through the static step's mask
+        expected = model.generate(ids, 10, attention_mask=mask)
+        assert torch.equal(model.generate(ids, 10, attention_mask=mask, compile=True), expected)
