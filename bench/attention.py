@@ -5,7 +5,10 @@ fresh process so that peak memory (resident set size, sampled every 5 ms) belong
 This core's capture (core/capture.py): every layer × head pooled to ≤ 128² for the overview, full resolution
 in float16 up to 512 tokens, above that one layer recomputed on demand (its time is printed too).
 transformers: all L·H·n² probabilities in float32, as output_attentions returns them.
-Usage: python bench/attention.py [--model smollm2-135m-instruct] [--lengths 512 1024 2048]
+Times are medians (and ranges) of alternating runs, each in a fresh process. On a GPU, peak memory is
+torch's peak allocation on the device. Usage:
+    python bench/attention.py [--model smollm2-135m-instruct] [--lengths 512 1024 2048] [--device cpu|cuda]
+                              [--repeats 5] [--random-weights]
 """
 from __future__ import annotations
 
@@ -44,12 +47,13 @@ class PeakRSS:
         self.peak = max(self.peak, self.process.memory_info().rss)
 
 
-def measure(impl: str, model_name: str, length: int) -> dict:
+def measure(impl: str, model_name: str, length: int, device: str = "cpu", random_weights: bool = False) -> dict:
     """Run in a child process: load, warm up, then capture once while sampling memory."""
-    from common import load_both, long_ids
+    from common import load_both, long_ids, sync
     from core.capture import capture
-    ours, theirs, _ = load_both(model_name, "cpu", torch.float32, attn_implementation="eager")
-    ids = long_ids(ours.tokenizer, length)
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    ours, theirs, _ = load_both(model_name, device, dtype, attn_implementation="eager", random_weights=random_weights)
+    ids = long_ids(ours.tokenizer, length).to(device)
     if impl == "ours":
         del theirs
         capture(ours, ids[:, :64])  # warm-up
@@ -62,21 +66,27 @@ def measure(impl: str, model_name: str, length: int) -> dict:
     import gc
     gc.collect()
     before = psutil.Process().memory_info().rss
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
     with torch.inference_mode(), PeakRSS() as rss:
+        sync(device)
         start = time.perf_counter()
         result = run()
+        sync(device)
         seconds = time.perf_counter() - start
-    out = {"seconds": seconds, "peak": rss.peak, "before": before}
+    peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else rss.peak
+    out = {"seconds": seconds, "peak": peak, "before": before}
     if impl == "ours":
         start = time.perf_counter()
         result.head(ours.config.n_layers - 1, 0)
+        sync(device)
         out["one_layer_on_demand"] = time.perf_counter() - start
     return out
 
 
-def child(impl: str, model_name: str, length: int) -> dict:
+def child(impl: str, model_name: str, length: int, device: str, random_weights: bool) -> dict:
     code = (f"import json, sys; sys.path.insert(0, 'bench'); from attention import measure; "
-            f"print('RESULT', json.dumps(measure({impl!r}, {model_name!r}, {length})))")
+            f"print('RESULT', json.dumps(measure({impl!r}, {model_name!r}, {length}, {device!r}, {random_weights})))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -85,24 +95,42 @@ def child(impl: str, model_name: str, length: int) -> dict:
 
 
 def main() -> None:
+    from common import median
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--random-weights", action="store_true",
+                        help="the model's shapes with seeded random weights (bench/configs/), for machines without it")
     args = parser.parse_args()
     gib = 1024 ** 3
-    print(f"model {args.model}, cpu, float32, threads {torch.get_num_threads()}")
-    print(f"{'tokens':<8}{'ours s':>9}{'theirs s':>10}{'speed-up':>10}{'ours peak':>12}{'theirs peak':>13}{'mem ratio':>11}"
-          f"{'one layer':>11}")
+    dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
+    where = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"
+    print(f"model {args.model}{' (random weights)' if args.random_weights else ''}, {where}, {dtype}, "
+          f"threads {torch.get_num_threads()}, medians (ranges) of {args.repeats} alternating runs")
+    print(f"{'tokens':<8}{'ours s':>20}{'theirs s':>22}{'speed-up':>10}{'ours peak':>12}{'theirs peak':>13}"
+          f"{'mem ratio':>11}{'one layer':>11}")
     summary = []
     for n in args.lengths:
-        ours, theirs = child("ours", args.model, n), child("theirs", args.model, n)
-        speed = theirs["seconds"] / ours["seconds"]
-        mem = ours["peak"] / theirs["peak"]
-        print(f"{n:<8}{ours['seconds']:>9.2f}{theirs['seconds']:>10.2f}{speed:>9.2f}x{ours['peak'] / gib:>10.2f}GB"
-              f"{theirs['peak'] / gib:>11.2f}GB{mem:>11.2f}{ours['one_layer_on_demand']:>10.2f}s")
+        runs = {"ours": [], "theirs": []}
+        for _ in range(args.repeats):
+            for impl in runs:
+                runs[impl].append(child(impl, args.model, n, args.device, args.random_weights))
+        secs = {k: [r["seconds"] for r in v] for k, v in runs.items()}
+        peaks = {k: median([r["peak"] for r in v]) for k, v in runs.items()}
+        speed = median(secs["theirs"]) / median(secs["ours"])
+        mem = peaks["ours"] / peaks["theirs"]
+        one_layer = median([r["one_layer_on_demand"] for r in runs["ours"]])
+        cells = [f"{median(v):.2f} ({min(v):.2f}–{max(v):.2f})" for v in (secs["ours"], secs["theirs"])]
+        print(f"{n:<8}{cells[0]:>20}{cells[1]:>22}{speed:>9.2f}x{peaks['ours'] / gib:>10.2f}GB"
+              f"{peaks['theirs'] / gib:>11.2f}GB{mem:>11.2f}{one_layer:>10.2f}s")
         summary.append(f"{n}: {speed:.2f}x faster, {mem:.2f} of the memory")
-    print("peak = the process's highest resident memory during the capture, model weights included")
-    print("SUMMARY attention capture vs transformers output_attentions: " + "; ".join(summary) +
+    if args.device.startswith("cuda"):
+        print("peak = torch's highest allocation on the GPU during the capture, model weights included")
+    else:
+        print("peak = the process's highest resident memory during the capture, model weights included")
+    print(f"SUMMARY attention capture vs transformers output_attentions ({where}, {dtype}): " + "; ".join(summary) +
           " (target at 2048: ≥ 3x faster, ≤ 0.33 of the memory)")
 
 

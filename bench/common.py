@@ -1,8 +1,10 @@
 """Shared by the benchmark scripts: loading both implementations on the same weights, timing, printing."""
 from __future__ import annotations
 
+import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -11,21 +13,46 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core import load_model  # noqa: E402
-from core.store import ensure  # noqa: E402
-
 TEXT = (Path(__file__).resolve().parent.parent / "assets" / "examples" / "attention.txt")
+CONFIGS = Path(__file__).resolve().parent / "configs"
 
 
-def load_both(name: str, device: str, dtype: torch.dtype, attn_implementation: str = "sdpa"):
+def random_weights_folder(name: str) -> Path:
+    """A folder with the model's config.json (bench/configs/NAME.json) and seeded random weights: the same
+    shapes, so the same speed, where the real weights cannot be had (a GPU machine with no network)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    path = CONFIGS / f"{name}.json"
+    if not path.is_file():
+        raise SystemExit(f"no config for {name!r} in {CONFIGS}; random weights need one")
+    folder = Path(tempfile.gettempdir()) / f"attention-explorer-random-{name}"
+    if (folder / "model.safetensors").is_file():  # made by an earlier run: the same seed, the same weights
+        return folder
+    raw = json.loads(path.read_text())
+    raw.pop("eos_token_id", None)  # random weights may stop anywhere; the timings want every token
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(raw))
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).save_pretrained(folder)
+    return folder
+
+
+def load_both(name: str, device: str, dtype: torch.dtype, attn_implementation: str = "sdpa",
+              random_weights: bool = False):
     from transformers import AutoModelForCausalLM
-    folder = ensure(name)
+    if random_weights:
+        folder = random_weights_folder(name)
+    else:
+        from core.store import ensure
+        folder = ensure(name)
     ours = load_model(folder, device=device, dtype=dtype)
     theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation)
     return ours, theirs.to(device).eval(), folder
 
 
 def long_ids(tokenizer, n: int) -> torch.Tensor:
-    """n real tokens of English text (the example text repeated), [1, n]."""
+    """n real tokens of English text (the example text repeated), [1, n]; seeded random ids without a tokenizer."""
+    if tokenizer is None:
+        return torch.randint(3, 1000, (1, n), generator=torch.Generator().manual_seed(n))
     text = TEXT.read_text(encoding="utf-8") if TEXT.is_file() else "Attention lets every token look at every other token. "
     ids = tokenizer(text, add_special_tokens=False).input_ids
     while len(ids) < n:
@@ -48,6 +75,11 @@ def timed(fn, device: str) -> tuple[float, object]:
 
 def median(values) -> float:
     return statistics.median(values)
+
+
+def spread(values, digits: int = 1) -> str:
+    """The median and the range of repeated runs, e.g. '28.3 (27.1–29.0)'."""
+    return f"{median(values):.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
 
 
 def row(*cells, widths=(34, 16, 16, 10)) -> str:

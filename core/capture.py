@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .attention import padding_or_none
+
 
 def pool_last(x: Tensor, size: int) -> Tensor:
     """Block means along the last dimension down to `size` (adaptive average pooling); unchanged if shorter."""
@@ -153,7 +155,7 @@ def capture(model, input_ids: Tensor, attention_mask: Tensor | None = None, over
         raise ValueError(f"{n} tokens exceed the model's {model.config.max_positions} positions")
     stack, kind = (model.encoder, "encoder") if model.encoder is not None else (model.stack, "self")
     inputs = dict(stack=stack, input_ids=input_ids.to(model.device),
-                  attention_mask=None if attention_mask is None else attention_mask.to(model.device),
+                  attention_mask=padding_or_none(None if attention_mask is None else attention_mask.to(model.device)),
                   kind=kind, causal=causal_mask and stack.cfg.causal, padding_mask=padding_mask, scale=scale,
                   positions=positions)
     observer = OverviewObserver(overview_size, keep_full=n <= keep_full_up_to, keep_layers=keep_layers,
