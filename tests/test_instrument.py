@@ -247,3 +247,13 @@ def test_decode_step_is_one_graph_without_breaks(pairs, name):
         explained = torch._dynamo.explain(decode_step)(model, x[:, :1], cache, None, **context)
     assert explained.graph_break_count == 0, explained.break_reasons
     assert explained.graph_count == 1
+
+
+def test_recorded_pattern_is_the_captured_attention(pairs):
+    _, _, model = pairs["llama-gqa"]
+    x = ids()
+    out = model(x, record="pattern", capture_attention=True)
+    assert len(out.records["pattern"]) == model.config.n_layers
+    for recorded, captured in zip(out.records["pattern"], out.attentions):
+        assert torch.equal(recorded, captured)
+    torch.testing.assert_close(out.records["pattern"][0].sum(-1), torch.ones(2, 4, 10))
