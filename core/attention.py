@@ -31,7 +31,7 @@ def masked_softmax_(scores: Tensor, allowed: Tensor | None) -> Tensor:
     if allowed is None:
         return torch.softmax(scores, dim=-1)
     probs = torch.softmax(scores.masked_fill_(~allowed, float("-inf")), dim=-1)
-    return probs.nan_to_num_(0.0)
+    return probs.nan_to_num(0.0) if probs.requires_grad else probs.nan_to_num_(0.0)  # autograd keeps softmax's output
 
 
 def attention_stages(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float) -> tuple[Tensor, Tensor, Tensor]:

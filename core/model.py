@@ -50,9 +50,10 @@ class Probe:
     + name for the encoder of an encoder-decoder model; `records[name][layer]` holds the values.
 
     ablate_heads: (layer, head) pairs of the main stack's self-attention whose output is removed before W^O:
-    set to 0 (ablation="zero") or to the head's mean output over the input's real positions ("mean")."""
+    set to 0 (ablation="zero") or to the head's mean output over the input's real positions ("mean"); or a bool
+    tensor [B, L, H] that picks heads per row of the batch (a sweep ablates a different head in each row)."""
 
-    def __init__(self, record: Iterable[str] = (), ablate_heads: Iterable[tuple[int, int]] = (),
+    def __init__(self, record: Iterable[str] = (), ablate_heads: Iterable[tuple[int, int]] | Tensor = (),
                  ablation: str = "zero", cfg: ModelConfig | None = None):
         self.record = set(record)
         unknown = sorted(n for n in self.record if n.removeprefix("encoder.") not in RECORDABLE)
@@ -61,7 +62,13 @@ class Probe:
                              "(prefixed 'encoder.' for a seq2seq encoder)")
         if ablation not in ("zero", "mean"):
             raise ValueError(f"ablation must be 'zero' or 'mean', got {ablation!r}")
-        self.ablation, self.ablate = ablation, {}
+        self.ablation, self.ablate, self.ablate_rows = ablation, {}, None
+        if isinstance(ablate_heads, Tensor):
+            if cfg is not None and tuple(ablate_heads.shape[1:]) != (cfg.n_layers, cfg.n_heads):
+                raise ValueError(f"ablate_heads as a tensor must be bool [batch, {cfg.n_layers}, {cfg.n_heads}], "
+                                 f"got {list(ablate_heads.shape)}")
+            self.ablate_rows = ablate_heads.bool()
+            ablate_heads = ()
         for layer, head in ablate_heads:
             if cfg is not None and not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
                 raise IndexError(f"cannot ablate head ({layer}, {head}): the model has layers 0..{cfg.n_layers - 1} "
@@ -83,17 +90,21 @@ class Probe:
 
     def ablated(self, kind: str, layer: int, z: Tensor, query_mask: Tensor | None) -> Tensor:
         """z [B, H, T, d_head] with the chosen heads of this layer removed."""
-        heads = self.ablate.get(layer) if kind == "self" else None
-        if not heads:
+        if kind != "self" or (self.ablate_rows is None and layer not in self.ablate):
             return z
-        z = z.clone()
         if self.ablation == "zero":
-            z[:, heads] = 0
+            replacement = torch.zeros_like(z)
         else:  # each head's output averaged over the real positions of its row
             weight = torch.ones(z.shape[0], z.shape[2], device=z.device) if query_mask is None else query_mask.float()
             weight = (weight / weight.sum(-1, keepdim=True))[:, None, :, None].to(z.dtype)   # [B, 1, T, 1]
-            z[:, heads] = (z[:, heads] * weight).sum(2, keepdim=True).expand_as(z[:, heads])
-        return z
+            replacement = (z * weight).sum(2, keepdim=True).expand_as(z)
+        if self.ablate_rows is not None:
+            chosen = self.ablate_rows[:, layer].to(z.device)                                  # [B, H]
+        else:
+            chosen = torch.zeros(z.shape[1], dtype=torch.bool, device=z.device)
+            chosen[self.ablate[layer]] = True
+            chosen = chosen.expand(z.shape[0], -1)
+        return torch.where(chosen[:, :, None, None], replacement, z)
 
     def layers(self, name: str) -> tuple[Tensor, ...]:
         found = self.records.get(name, {})
@@ -103,10 +114,14 @@ class Probe:
 @dataclass
 class LogitLens:
     """Each layer's residual stream read as a prediction: final norm (where the stack has one), then the
-    LM head. values [L, B, T, k]: the k largest logits, indices their token ids; with top_k None, values
-    holds every logit [L, B, T, vocab] and indices is None. The last layer's row equals the model's logits."""
+    LM head. values [L, B, T, k]: the k largest logits, indices their token ids, probs their probabilities;
+    with top_k None, values holds every logit [L, B, T, vocab] and indices and probs are None.
+    final_probs [L, B, T]: the probability each layer gives to the last layer's top token.
+    The last layer's row equals the model's logits."""
     values: Tensor
     indices: Tensor | None
+    probs: Tensor | None
+    final_probs: Tensor
 
 
 @dataclass
@@ -153,13 +168,15 @@ class AttentionSetup:
     memory: Tensor | None = None            # encoder output for cross-attention [B, S, d]
     memory_allowed: Tensor | None = None    # bool [B, 1, 1, S]: the encoder's real tokens
 
-    def wants_probs(self, kind: str, layer: int) -> bool:
-        if self.probe is not None and kind != "cross" and self.probe.wants(kind, "pattern"):
-            return True
+    def observes(self, kind: str, layer: int) -> bool:
+        """The observer takes this layer's probabilities."""
         if self.observer is None:
             return False
         wants = getattr(self.observer, "wants", None)
         return wants is None or wants(kind, layer)
+
+    def records_pattern(self, kind: str) -> bool:
+        return self.probe is not None and kind != "cross" and self.probe.wants(kind, "pattern")
 
 
 class KVCache:
@@ -290,23 +307,20 @@ class Attention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_causal: bool,
                setup: AttentionSetup, kind: str, layer: int) -> Tensor:
         """Eq. 2.1 on the fast path, or on the explicit one when the probabilities are wanted."""
-        want = setup.wants_probs(kind, layer)
-        rows = getattr(setup.observer, "rows_per_block", None) if want else None
-        if rows and not (setup.probe is not None and setup.probe.wants(kind, "pattern")):
-            # an observer that takes the probabilities a block of query rows at a time
+        observe, keep = setup.observes(kind, layer), setup.records_pattern(kind)
+        rows = getattr(setup.observer, "rows_per_block", None) if observe and not keep else None
+        if rows:  # an observer that takes the probabilities a block of query rows at a time
             out = q.new_empty(q.shape[0], self.n_heads, q.shape[2], self.head_dim)
             scale = self.head_dim ** -0.5 if setup.scale is None else setup.scale
             for start, block, out_block in attention_rows(q, k, v, allowed, is_causal, scale, rows):
                 out[:, :, start:start + block.shape[2]] = out_block
                 setup.observer(kind, layer, block, start, k.shape[-2])
             return out
-        out, probs = attention(q, k, v, allowed, is_causal, setup.scale, return_probs=want)
-        if want:
-            if setup.probe is not None and kind != "cross":
-                setup.probe.keep(kind, "pattern", layer, probs)
-            wants = getattr(setup.observer, "wants", None)
-            if setup.observer is not None and (wants is None or wants(kind, layer)):
-                setup.observer(kind, layer, probs)
+        out, probs = attention(q, k, v, allowed, is_causal, setup.scale, return_probs=observe or keep)
+        if keep:
+            setup.probe.keep(kind, "pattern", layer, probs)
+        if observe:
+            setup.observer(kind, layer, probs)
         return out
 
 
@@ -567,7 +581,7 @@ class Transformer(nn.Module):
                 capture_attention: bool = False, causal_mask: bool = True, padding_mask: bool = True,
                 scale: bool = True, positions: bool = True, token_type_ids: Tensor | None = None,
                 decoder_attention_mask: Tensor | None = None, observer: Observer | None = None, *,
-                record: Iterable[str] = (), ablate_heads: Iterable[tuple[int, int]] = (), ablation: str = "zero",
+                record: Iterable[str] = (), ablate_heads: Iterable[tuple[int, int]] | Tensor = (), ablation: str = "zero",
                 logit_lens: bool = False, logit_lens_top_k: int | None = 10, grad: bool = False,
                 token_embeddings: Tensor | None = None) -> ModelOutput:
         """One full forward pass. Runs in whatever autograd mode the caller chose (parameters of a loaded model
@@ -586,7 +600,8 @@ class Transformer(nn.Module):
         cfg = self.config
         asked = {record} if isinstance(record, str) else set(record)
         probe = None
-        if asked or ablate_heads or logit_lens:  # the lens reads each layer's output
+        ablating = isinstance(ablate_heads, Tensor) or bool(ablate_heads)
+        if asked or ablating or logit_lens:  # the lens reads each layer's output
             probe = Probe(asked | ({"resid_post"} if logit_lens else set()), ablate_heads, ablation, cfg)
         attention_mask, decoder_attention_mask = padding_or_none(attention_mask), padding_or_none(decoder_attention_mask)
         recorder = AttentionRecorder() if capture_attention and observer is None else None
@@ -630,16 +645,22 @@ class Transformer(nn.Module):
         if self.lm_head is None:
             raise ValueError("the logit lens needs an LM head; this model has none")
         final = self.stack.final_norm
-        values, indices = [], []
-        for h in residuals:
-            logits = self.logits(final(h) if final is not None else h)
+        answer = None
+        values, indices, probs, final_probs = [], [], [], []
+        for h in reversed(residuals):  # the last layer first: its top token is the final answer
+            logits = self.logits(final(h) if final is not None else h)   # one layer's [B, T, vocab] at a time
+            p = logits.float().softmax(-1)
+            answer = logits.argmax(-1, keepdim=True) if answer is None else answer
+            final_probs.append(p.gather(-1, answer)[..., 0])
             if top_k is None:
                 values.append(logits)
             else:
                 top = logits.topk(min(top_k, logits.shape[-1]), dim=-1)
                 values.append(top.values)
                 indices.append(top.indices)
-        return LogitLens(torch.stack(values), torch.stack(indices) if indices else None)
+                probs.append(p.gather(-1, top.indices))
+        flip = lambda ts: torch.stack(ts[::-1]) if ts else None  # noqa: E731
+        return LogitLens(flip(values), flip(indices), flip(probs), flip(final_probs))
 
 
 class AttentionRecorder:

@@ -1,0 +1,362 @@
+"""What each head does, and whether it matters: attention-pattern scores, the induction probe, head ablation,
+attribution for one prediction, the logit lens and per-token surprisal. Pure PyTorch on top of the model.
+
+A score is a number per layer × head measured on a text. Attention scores say where a head looks; ablation
+says whether the output depends on it; attributions say which inputs the prediction is sensitive to. The
+three need not agree, which is the point of measuring them side by side.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+LOCAL_WINDOW = 3  # |i - j| ≤ 3 counts as local
+SCORES = {  # name → (what it measures, threshold for naming a head, the name)
+    "previous_token": ("mean weight on the key just before the query (i − 1)", 0.5, "previous-token head"),
+    "first_token": ("mean weight on the first position (the sink)", 0.75, "sink head"),
+    "local": (f"mean weight within |i − j| ≤ {LOCAL_WINDOW}", 0.85, "local head"),
+    "entropy": ("mean entropy of a row, in nats (low: focused)", None, None),
+    "duplicate_token": ("mean weight on earlier copies of the query's own token", 0.5, "duplicate-token head"),
+    "induction": ("on the repeated probe, mean weight on the token after the earlier copy", 0.4, "induction head"),
+}
+CAUSAL_ONLY = ("induction",)  # needs a model that predicts the next token from the left
+
+
+def row_scores(probs: Tensor, ids: Tensor) -> dict[str, Tensor]:
+    """The attention-pattern scores of one layer: probs [H, T, T] (rows sum to 1), ids [T] → name → [H].
+
+    Rows that cannot have the pattern are left out: the first query for previous-token (it has no key before
+    it), queries whose token occurs for the first time for duplicate-token."""
+    heads, n, _ = probs.shape
+    p = probs.float()
+    i = torch.arange(n, device=p.device)
+    out = {
+        "previous_token": p[:, i[1:], i[1:] - 1].mean(-1) if n > 1 else p.new_zeros(heads),
+        "first_token": p[:, :, 0].mean(-1),
+        "local": (p * ((i[:, None] - i[None, :]).abs() <= LOCAL_WINDOW)).sum(-1).mean(-1),
+        "entropy": -(p * p.clamp_min(1e-30).log()).sum(-1).mean(-1),
+    }
+    same = (ids[:, None] == ids[None, :]) & (i[None, :] < i[:, None])          # [T, T]: earlier copies
+    rows = same.any(-1)
+    if rows.any():
+        out["duplicate_token"] = (p * same).sum(-1)[:, rows].mean(-1)
+    else:
+        out["duplicate_token"] = p.new_zeros(heads)
+    return out
+
+
+class ScoreObserver:
+    """Scores every layer of the main stack as its probabilities are computed; never keeps an n × n map."""
+
+    def __init__(self, ids: Tensor, kind: str = "self"):
+        self.ids, self.kind = ids, kind
+        self.layers: dict[int, dict[str, Tensor]] = {}
+
+    def wants(self, kind: str, layer: int) -> bool:
+        return kind == self.kind
+
+    def __call__(self, kind: str, layer: int, probs: Tensor) -> None:
+        self.layers[layer] = row_scores(probs[0], self.ids)
+
+    def table(self) -> dict[str, Tensor]:
+        """name → [L, H]"""
+        names = self.layers[0].keys()
+        return {name: torch.stack([self.layers[i][name] for i in sorted(self.layers)]) for name in names}
+
+
+def pattern_scores(model, ids: Tensor) -> dict[str, Tensor]:
+    """Every head's attention-pattern scores on one text ids [1, T] (the encoder's, for seq2seq): name → [L, H]."""
+    stack, kind = (model.encoder, "encoder") if model.encoder is not None else (model.stack, "self")
+    observer = ScoreObserver(ids[0].to(model.device), kind)
+    with torch.inference_mode():
+        model.run_stack(stack, ids.to(model.device), None, kind=kind, causal=stack.cfg.causal, observer=observer)
+    return {name: t.cpu() for name, t in observer.table().items()}
+
+
+def induction_probe(vocab_size: int, length: int = 100, seed: int = 0, bos: int | None = None,
+                    avoid: tuple[int, ...] = ()) -> Tensor:
+    """A seeded sequence of `length` random tokens repeated twice, [1, 2·length (+1 with BOS)]: the second copy
+    is predictable only by looking back at the first."""
+    gen = torch.Generator().manual_seed(seed)
+    allowed = torch.ones(vocab_size, dtype=torch.bool)
+    allowed[list(avoid)] = False
+    pool = allowed.nonzero().squeeze(-1)
+    half = pool[torch.randint(len(pool), (length,), generator=gen)]
+    parts = ([torch.tensor([bos])] if bos is not None else []) + [half, half]
+    return torch.cat(parts)[None]
+
+
+@dataclass
+class InductionResult:
+    scores: Tensor          # [L, H]: mean weight from each second-copy token to the token after its earlier copy
+    loss_first: float       # mean next-token loss (nats) over the first copy
+    loss_second: float      # ... and over the second: far lower when the model has induction heads
+    ids: Tensor             # the probe [1, n]
+
+
+def induction(model, length: int = 100, seed: int = 0) -> InductionResult:
+    """The induction probe through the model (decoders only)."""
+    if not model.config.causal or model.lm_head is None:
+        raise ValueError("the induction probe needs a model that predicts the next token (a decoder with an LM head)")
+    tok = model.tokenizer
+    special = tuple(tok.all_special_ids) if tok is not None else ()
+    bos = model.config.bos_token_id
+    ids = induction_probe(model.config.vocab_size, length, seed, bos, special).to(model.device)
+    offset = 0 if bos is None else 1
+    n = ids.shape[1]
+    second = torch.arange(offset + length + 1, n, device=model.device)   # second-copy queries with a copy before
+    target = second - length + 1                                          # the token after the earlier copy
+    scores = {}
+
+    def observe(kind: str, layer: int, probs: Tensor) -> None:
+        scores[layer] = probs[0][:, second, target].float().mean(-1)     # [H]
+    observe.wants = lambda kind, layer: kind == "self"
+    with torch.inference_mode():
+        logits = model(ids, observer=observe).logits[0].float()
+        losses = token_losses(logits, ids[0])                             # [n - 1]
+    first_span = slice(offset, offset + length - 1)                       # predicting tokens 2..length of copy 1
+    second_span = slice(offset + length, n - 1)
+    return InductionResult(torch.stack([scores[i] for i in sorted(scores)]).cpu(),
+                           losses[first_span].mean().item(), losses[second_span].mean().item(), ids.cpu())
+
+
+def token_losses(logits: Tensor, ids: Tensor) -> Tensor:
+    """Next-token loss in nats at each position: logits [T, V], ids [T] → [T - 1] (position t predicts t + 1)."""
+    return torch.nn.functional.cross_entropy(logits[:-1].float(), ids[1:], reduction="none")
+
+
+def named_heads(scores: dict[str, Tensor]) -> dict[str, list[tuple[int, int, float]]]:
+    """Heads whose score passes its naming threshold: name → [(layer, head, score)], strongest first."""
+    named = {}
+    for key, table in scores.items():
+        threshold = SCORES[key][1]
+        if threshold is None:
+            continue
+        hits = (table >= threshold).nonzero().tolist()
+        named[key] = sorted(((l, h, table[l, h].item()) for l, h in hits), key=lambda t: -t[2])
+    return named
+
+
+def top_heads(table: Tensor, k: int = 5, largest: bool = True) -> list[tuple[int, int, float]]:
+    """The k heads with the highest (or lowest) score: [(layer, head, score)]."""
+    flat = table.flatten()
+    order = flat.topk(min(k, flat.numel()), largest=largest).indices
+    return [(int(i) // table.shape[1], int(i) % table.shape[1], flat[i].item()) for i in order]
+
+
+# ---- ablation ----
+
+@dataclass
+class AblationResult:
+    clean_loss: Tensor      # [T - 1] per-token next-token loss without ablation
+    ablated_loss: Tensor    # [T - 1] with the heads removed
+    clean_top: Tensor       # [T] the top next token at each position
+    ablated_top: Tensor     # [T]
+
+    @property
+    def delta(self) -> Tensor:
+        return self.ablated_loss - self.clean_loss
+
+    @property
+    def changed(self) -> Tensor:
+        """Positions whose top next-token prediction changed."""
+        return (self.clean_top != self.ablated_top).nonzero().squeeze(-1)
+
+
+def ablate(model, ids: Tensor, heads, ablation: str = "zero") -> AblationResult:
+    """The per-token loss with and without the chosen (layer, head) pairs (main stack's self-attention)."""
+    ids = ids.to(model.device)
+    with torch.inference_mode():
+        clean = model(ids).logits[0].float()
+        ablated = model(ids, ablate_heads=heads, ablation=ablation).logits[0].float()
+    return AblationResult(token_losses(clean, ids[0]).cpu(), token_losses(ablated, ids[0]).cpu(),
+                          clean.argmax(-1).cpu(), ablated.argmax(-1).cpu())
+
+
+def ablation_sweep(model, ids: Tensor, ablation: str = "zero", batch: int = 16, progress=None) -> Tensor:
+    """Mean loss increase when each head alone is removed: [L, H]. Heads go through `batch` at a time, one per
+    copy of the text (each row of the batch ablates a different head). progress(done, total) after each batch."""
+    cfg = model.config
+    ids = ids.to(model.device)
+    heads = [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
+    with torch.inference_mode():
+        clean = token_losses(model(ids).logits[0], ids[0]).mean()
+        increase = torch.zeros(len(heads))
+        for start in range(0, len(heads), batch):
+            chunk = heads[start:start + batch]
+            rows = torch.zeros(len(chunk), cfg.n_layers, cfg.n_heads, dtype=torch.bool, device=model.device)
+            for r, (l, h) in enumerate(chunk):
+                rows[r, l, h] = True
+            logits = model(ids.expand(len(chunk), -1), ablate_heads=rows, ablation=ablation).logits.float()
+            target = ids[0, 1:].expand(len(chunk), -1)
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), target, reduction="none")
+            increase[start:start + len(chunk)] = (loss.mean(-1) - clean).cpu()
+            if progress is not None:
+                progress(min(start + batch, len(heads)), len(heads))
+    return increase.view(cfg.n_layers, cfg.n_heads)
+
+
+def rank_correlation(a: Tensor, b: Tensor) -> float:
+    """Spearman's ρ of two equally shaped tensors (ranks with ties averaged)."""
+    ra, rb = ranks(a.flatten().double()), ranks(b.flatten().double())
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    denominator = (ra.norm() * rb.norm()).item()
+    return float("nan") if denominator == 0 else (ra @ rb).item() / denominator
+
+
+def ranks(x: Tensor) -> Tensor:
+    order = x.argsort()
+    r = torch.empty_like(x)
+    r[order] = torch.arange(len(x), dtype=x.dtype)
+    for value in x.unique():  # ties share their mean rank
+        tie = x == value
+        if tie.sum() > 1:
+            r[tie] = r[tie].mean()
+    return r
+
+
+# ---- attribution for one prediction ----
+
+@dataclass
+class Attribution:
+    position: int           # the query position whose next-token prediction is explained
+    target: int             # the predicted token id (the model's top choice there)
+    head: Tensor            # [position + 1] the chosen head's attention row
+    head_mean: Tensor       # [position + 1] the mean over the chosen layer's heads
+    rollout: Tensor         # [position + 1] attention rollout over all layers
+    grad_input: Tensor      # [position + 1] gradient × input, summed over d
+    integrated: Tensor      # [position + 1] integrated gradients, summed over d
+    completeness_error: float  # |Σ integrated − (logit(x) − logit(baseline))|, shrinking as steps grow
+    logit_difference: float    # logit(x) − logit(baseline)
+
+    def correlations(self) -> dict[str, dict[str, float]]:
+        views = {"head": self.head, "head mean": self.head_mean, "rollout": self.rollout,
+                 "gradient × input": self.grad_input, "integrated gradients": self.integrated}
+        return {a: {b: rank_correlation(x, y) for b, y in views.items()} for a, x in views.items()}
+
+
+def baseline_embeddings(model, embeds: Tensor) -> Tensor:
+    """Integrated gradients' starting point [T, d]: the padding (else end-of-text) token's row at every position."""
+    cfg = model.config
+    token = cfg.pad_token_id if cfg.pad_token_id is not None else (cfg.eos_ids or [None])[0]
+    if token is None:
+        return torch.zeros_like(embeds)
+    row = model.stack.embed.tokens.weight[token].detach()
+    return row.expand_as(embeds)
+
+
+def rollout(attentions: list[Tensor]) -> Tensor:
+    """Attention rollout (Abnar & Zuidema 2020): per layer the mean over heads plus the residual identity,
+    rows renormalised, multiplied from the first layer up. attentions: per layer [H, T, T] → [T, T]."""
+    n = attentions[0].shape[-1]
+    eye = torch.eye(n, device=attentions[0].device)
+    flow = eye
+    for probs in attentions:
+        a = 0.5 * probs.float().mean(0) + 0.5 * eye
+        flow = (a / a.sum(-1, keepdim=True)) @ flow
+    return flow
+
+
+def attribute(model, ids: Tensor, position: int | None = None, layer: int = 0, head: int = 0,
+              steps: int = 32) -> Attribution:
+    """Four answers to "which input tokens does the prediction at `position` depend on?" for a decoder or an
+    encoder with an LM head: the chosen head's attention, rollout, gradient × input and integrated gradients
+    (`steps` points of the straight path from a baseline, midpoint rule). The baseline is every token replaced by
+    the padding token (else end-of-text, else zeros), positions kept: a zero baseline would put the path's whole
+    change in a jump at its very start, where a final RMSNorm or LayerNorm turns an all-zero stream into any
+    stream at all, and no number of steps would capture it."""
+    cfg = model.config
+    if model.encoder is not None or model.lm_head is None:
+        raise ValueError("attribution explains a next-token (or masked-token) prediction: it needs a model with "
+                         "an LM head and no separate encoder")
+    n = ids.shape[1]
+    position = n - 1 if position is None else position
+    if not 0 <= position < n:
+        raise IndexError(f"position {position} is out of range: the text has positions 0..{n - 1}")
+    if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
+        raise IndexError(f"head ({layer}, {head}) is out of range: layers 0..{cfg.n_layers - 1}, "
+                         f"heads 0..{cfg.n_heads - 1}")
+    if steps < 1:
+        raise ValueError(f"steps must be ≥ 1, got {steps}")
+    ids = ids[:, :position + 1].to(model.device) if cfg.causal else ids.to(model.device)
+    out = model(ids, grad=True, capture_attention=True)
+    logits = out.logits[0, position]
+    target = int(logits.argmax())
+    logits[target].backward()
+    embeds = out.token_embeddings.detach()[0]                                  # [T, d]
+    grad_input = (out.token_embeddings.grad[0] * embeds).sum(-1)
+
+    baseline = baseline_embeddings(model, embeds)                                  # [T, d]
+    alphas = (torch.arange(steps, device=model.device, dtype=embeds.dtype) + 0.5) / steps   # midpoints
+    path = baseline[None] + alphas[:, None, None] * (embeds - baseline)[None]  # [steps, T, d]
+    walked = model(ids.expand(steps, -1), grad=True, token_embeddings=path)
+    walked.logits[:, position, target].sum().backward()
+    integrated = (walked.token_embeddings.grad.mean(0) * (embeds - baseline)).sum(-1)
+    with torch.inference_mode():
+        at_baseline = model(ids, token_embeddings=baseline[None]).logits[0, position, target]
+    difference = (logits[target] - at_baseline).item()
+    attentions = [a[0] for a in out.attentions]
+    keep = slice(0, position + 1) if cfg.causal else slice(None)
+    return Attribution(
+        position=position, target=target,
+        head=attentions[layer][head, position, keep].detach().cpu(),
+        head_mean=attentions[layer][:, position, keep].mean(0).detach().cpu(),
+        rollout=rollout(attentions)[position, keep].detach().cpu(),
+        grad_input=grad_input[keep].detach().cpu(), integrated=integrated[keep].detach().cpu(),
+        completeness_error=abs(integrated.sum().item() - difference), logit_difference=difference)
+
+
+# ---- the logit lens and surprisal ----
+
+@dataclass
+class LensTable:
+    top: Tensor             # [L, T] each layer's top next token at each position
+    top_prob: Tensor        # [L, T] its probability there
+    final_prob: Tensor      # [L, T] the probability each layer gives to the final layer's top token
+    settles: Tensor         # [T] the first layer from which the final top token stays top-1
+
+
+def logit_lens(model, ids: Tensor) -> LensTable:
+    """Each layer's residual stream read as a next-token prediction (see ModelOutput.logit_lens)."""
+    if model.lm_head is None:
+        raise ValueError("this model has no LM head, so its residual stream cannot be read as predictions")
+    with torch.inference_mode():
+        lens = model(ids.to(model.device), logit_lens=True, logit_lens_top_k=1).logit_lens
+    top = lens.indices[:, 0, :, 0].cpu()                                       # [L, T]
+    agrees = top == top[-1]
+    # the first layer after the last disagreement: from there on the answer stays the final one
+    later_disagreement = torch.flip(torch.cumsum(torch.flip(~agrees, [0]).int(), 0), [0]) > 0   # [L, T]
+    settles = later_disagreement.sum(0)
+    return LensTable(top, lens.probs[:, 0, :, 0].cpu(), lens.final_probs[:, 0].cpu(), settles)
+
+
+@dataclass
+class Surprisal:
+    loss: Tensor            # [T - 1] nats for each token after the first
+    alternatives: Tensor    # [T - 1, k] the k most likely tokens at each step
+    probs: Tensor           # [T - 1, k] their probabilities
+
+    @property
+    def mean(self) -> float:
+        return self.loss.mean().item()
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.mean)
+
+
+def surprisal(model, ids: Tensor, k: int = 5) -> Surprisal:
+    """How surprised the model is by each token of the text, given the ones before it."""
+    if not model.config.causal or model.lm_head is None:
+        raise ValueError("surprisal needs a model that predicts the next token (a decoder with an LM head)")
+    if ids.shape[1] < 2:
+        raise ValueError("surprisal needs at least two tokens")
+    with torch.inference_mode():
+        logits = model(ids.to(model.device)).logits[0, :-1].float()
+    probs = logits.softmax(-1)
+    top = probs.topk(min(k, probs.shape[-1]), dim=-1)
+    loss = torch.nn.functional.cross_entropy(logits, ids[0, 1:].to(logits.device), reduction="none")
+    return Surprisal(loss.cpu(), top.indices.cpu(), top.values.cpu())
