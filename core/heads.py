@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .model import Probe
+
 LOCAL_WINDOW = 3  # |i - j| ≤ 3 counts as local
 SCORES = {  # name → (what it measures, threshold for naming a head, the name)
     "previous_token": ("mean weight on the key just before the query (i − 1)", 0.5, "previous-token head"),
@@ -128,6 +130,21 @@ def token_losses(logits: Tensor, ids: Tensor) -> Tensor:
     return torch.nn.functional.cross_entropy(logits[:-1].float(), ids[1:], reduction="none")
 
 
+def prediction_losses(model, logits: Tensor, ids: Tensor) -> Tensor:
+    """The loss ablation measures, per position: logits [B, T, V], ids [B, T] → [B, T - 1] for a decoder (the next
+    token), [B, T] for a masked-language-model encoder (each token from its own position, nothing masked)."""
+    logits = logits.float()
+    if not model.config.causal:
+        return torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids, reduction="none")
+    return torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+
+
+def check_loss_model(model) -> None:
+    if model.encoder is not None or model.lm_head is None:
+        raise ValueError("ablation measures the model's loss on the text: it needs an LM head (a decoder, or an "
+                         "encoder with its masked-language-model head) and no separate encoder")
+
+
 def named_heads(scores: dict[str, Tensor]) -> dict[str, list[tuple[int, int, float]]]:
     """Heads whose score passes its naming threshold: name → [(layer, head, score)], strongest first."""
     named = {}
@@ -151,8 +168,8 @@ def top_heads(table: Tensor, k: int = 5, largest: bool = True) -> list[tuple[int
 
 @dataclass
 class AblationResult:
-    clean_loss: Tensor      # [T - 1] per-token next-token loss without ablation
-    ablated_loss: Tensor    # [T - 1] with the heads removed
+    clean_loss: Tensor      # [T - 1] per-token next-token loss without ablation ([T] for an encoder's MLM head)
+    ablated_loss: Tensor    # the same with the heads removed
     clean_top: Tensor       # [T] the top next token at each position
     ablated_top: Tensor     # [T]
 
@@ -168,31 +185,39 @@ class AblationResult:
 
 def ablate(model, ids: Tensor, heads, ablation: str = "zero") -> AblationResult:
     """The per-token loss with and without the chosen (layer, head) pairs (main stack's self-attention)."""
+    check_loss_model(model)
     ids = ids.to(model.device)
     with torch.inference_mode():
-        clean = model(ids).logits[0].float()
-        ablated = model(ids, ablate_heads=heads, ablation=ablation).logits[0].float()
-    return AblationResult(token_losses(clean, ids[0]).cpu(), token_losses(ablated, ids[0]).cpu(),
-                          clean.argmax(-1).cpu(), ablated.argmax(-1).cpu())
+        clean = model(ids).logits
+        ablated = model(ids, ablate_heads=heads, ablation=ablation).logits
+    return AblationResult(prediction_losses(model, clean, ids)[0].cpu(), prediction_losses(model, ablated, ids)[0].cpu(),
+                          clean[0].argmax(-1).cpu(), ablated[0].argmax(-1).cpu())
 
 
 def ablation_sweep(model, ids: Tensor, ablation: str = "zero", batch: int = 16, progress=None) -> Tensor:
     """Mean loss increase when each head alone is removed: [L, H]. Heads go through `batch` at a time, one per
-    copy of the text (each row of the batch ablates a different head). progress(done, total) after each batch."""
+    copy of the text (each row of the batch ablates a different head), and each batch resumes from the clean
+    residual stream entering its first layer: the blocks before it are the same as without ablation.
+    progress(done, total) after each batch."""
     cfg = model.config
+    check_loss_model(model)
     ids = ids.to(model.device)
     heads = [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
     with torch.inference_mode():
-        clean = token_losses(model(ids).logits[0], ids[0]).mean()
+        out = model(ids, record="resid_pre")
+        clean = prediction_losses(model, out.logits, ids).mean()
         increase = torch.zeros(len(heads))
         for start in range(0, len(heads), batch):
             chunk = heads[start:start + batch]
             rows = torch.zeros(len(chunk), cfg.n_layers, cfg.n_heads, dtype=torch.bool, device=model.device)
             for r, (l, h) in enumerate(chunk):
                 rows[r, l, h] = True
-            logits = model(ids.expand(len(chunk), -1), ablate_heads=rows, ablation=ablation).logits.float()
-            target = ids[0, 1:].expand(len(chunk), -1)
-            loss = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), target, reduction="none")
+            first = chunk[0][0]
+            probe = Probe(ablate_heads=rows, ablation=ablation, cfg=cfg)
+            tokens = ids.expand(len(chunk), -1)
+            hidden = model.run_stack(model.stack, tokens, None, kind="self", causal=cfg.causal, probe=probe,
+                                     start_layer=first, resid=out.records["resid_pre"][first].expand(len(chunk), -1, -1))
+            loss = prediction_losses(model, model.logits(hidden), tokens)
             increase[start:start + len(chunk)] = (loss.mean(-1) - clean).cpu()
             if progress is not None:
                 progress(min(start + batch, len(heads)), len(heads))

@@ -393,9 +393,10 @@ class Stack(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, cross) for _ in range(cfg.n_layers))
         self.final_norm = Norm(cfg) if cfg.final_norm else None
 
-    def forward(self, x: Tensor, setup: AttentionSetup, n_layers: int | None = None) -> Tensor:
-        for i, block in enumerate(self.blocks[:n_layers]):
-            x = block(x, setup, i)
+    def forward(self, x: Tensor, setup: AttentionSetup, n_layers: int | None = None, start: int = 0) -> Tensor:
+        """x: the embeddings, or with start > 0 the residual stream entering block `start`."""
+        for i in range(start, len(self.blocks) if n_layers is None else n_layers):
+            x = self.blocks[i](x, setup, i)
         if self.final_norm is not None and n_layers is None:
             x = self.final_norm(x)
         return x
@@ -529,12 +530,15 @@ class Transformer(nn.Module):
                   token_type_ids: Tensor | None = None, observer: Observer | None = None, probe: Probe | None = None,
                   cache: KVCache | None = None, static: bool = False, memory: Tensor | None = None,
                   memory_mask: Tensor | None = None, n_layers: int | None = None,
-                  token_embeddings: Tensor | None = None) -> Tensor:
+                  token_embeddings: Tensor | None = None, start_layer: int = 0,
+                  resid: Tensor | None = None) -> Tensor:
         """Embed input_ids [B, T] and run them through `stack`; returns hidden states [B, T, d].
 
         attention_mask: [B, T] for the new tokens, or [B, cached + T] (1 = real token, 0 = padding).
         With a cache, the tokens follow the cached ones and are written to it; static=True is the one-token
         decode step at cache.slot (see KVCache), which leaves advancing the cache to the caller.
+        resid [B, T, d], with start_layer: resume from the residual stream entering that block (as recorded by
+        resid_pre), skipping the embeddings and the blocks before it.
         """
         n = input_ids.shape[1]
         if static:
@@ -553,8 +557,11 @@ class Transformer(nn.Module):
         setup.kind, setup.observer, setup.probe, setup.cache, setup.memory = kind, observer, probe, cache, memory
         if memory is not None and memory_mask is not None and padding_mask:
             setup.memory_allowed = memory_mask.bool()[:, None, None, :]
-        x = stack.embed(input_ids, position_ids, token_type_ids, positions, token_embeddings)
-        x = stack(x, setup, n_layers)
+        if resid is None:
+            x = stack.embed(input_ids, position_ids, token_type_ids, positions, token_embeddings)
+        else:
+            x = resid
+        x = stack(x, setup, n_layers, start_layer)
         if cache is not None and not static:
             cache.advance(n)
         return x

@@ -202,3 +202,15 @@ def test_smollm2_lens_ends_at_the_logits_and_gradient_x_input_equals_transformer
     expected = (embeds.grad[0] * embeds[0].detach()).sum(-1)
     torch.testing.assert_close(result.grad_input, expected, atol=1e-3, rtol=1e-3)
     assert abs(result.integrated.sum().item() - result.logit_difference) == pytest.approx(result.completeness_error)
+
+
+def test_ablating_an_mlm_encoder_measures_its_own_tokens():
+    bert = load_model(tiny.save(tiny.bert()), device="cpu")
+    ids = torch.randint(3, tiny.VOCAB - 1, (1, 9), generator=torch.Generator().manual_seed(5))
+    result = heads.ablate(bert, ids, [(1, 0)])
+    logits = bert(ids, ablate_heads=[(1, 0)]).logits[0]
+    torch.testing.assert_close(result.ablated_loss, torch.nn.functional.cross_entropy(logits, ids[0], reduction="none"))
+    sweep = heads.ablation_sweep(bert, ids, batch=5)
+    assert sweep[1, 0].item() == pytest.approx(result.delta.mean().item(), abs=1e-5)
+    with pytest.raises(ValueError, match="needs an LM head"):
+        heads.ablate(load_model(tiny.save(tiny.bert(mlm=False)), device="cpu"), ids, [(0, 0)])
