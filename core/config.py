@@ -19,7 +19,7 @@ class ModelConfig:
     d_ff: int                        # feed-forward width
     vocab_size: int
     max_positions: int
-    positional: str                  # "learned" | "sinusoidal" | "rope"
+    positional: str                  # "learned" | "sinusoidal" | "rope" | "none" (a lab model without positions)
     norm: str                        # "layernorm" | "rmsnorm"
     norm_placement: str              # "pre" (x + f(norm(x))) | "post" (norm(x + f(x)))
     causal: bool                     # the main stack masks future positions
@@ -48,6 +48,8 @@ class ModelConfig:
     eos_token_id: int | list[int] | None = None
     decoder_start_token_id: int | None = None
     model_type: str = ""
+    scale_attention: bool = True     # QKᵀ/√d_k; False only for a lab model trained without it
+    dropout: float = 0.0             # on each sublayer's output and on the embeddings, in training only
 
     @property
     def eos_ids(self) -> list[int]:

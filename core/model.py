@@ -334,11 +334,14 @@ class Block(nn.Module):
         self.attn_norm, self.attn = Norm(cfg), Attention(cfg)
         self.cross_norm, self.cross = (Norm(cfg), Attention(cfg, cross=True)) if cross else (None, None)
         self.ffn_norm, self.ffn = Norm(cfg), FeedForward(cfg)
+        self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else None  # on sublayer outputs, as in the paper
 
     def sublayer(self, x: Tensor, name: str, f: Callable[[Tensor], Tensor], norm: Norm, setup: AttentionSetup,
                  layer: int) -> Tensor:
         h = norm(x) if self.pre_norm else x
         out = f(h)
+        if self.dropout is not None:
+            out = self.dropout(out)
         if setup.probe is not None:
             setup.probe.keep(setup.kind, f"{name}_in", layer, h)
             setup.probe.keep(setup.kind, f"{name}_out", layer, out)
@@ -367,6 +370,7 @@ class Embeddings(nn.Module):
         self.positions = nn.Embedding(cfg.max_positions, cfg.d_model) if cfg.positional == "learned" else None
         self.token_types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
         self.norm = Norm(cfg) if cfg.embed_norm else None
+        self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else None
 
     def forward(self, input_ids: Tensor, positions: Tensor, token_type_ids: Tensor | None, use_positions: bool,
                 token_embeddings: Tensor | None = None) -> Tensor:
@@ -380,7 +384,8 @@ class Embeddings(nn.Module):
             x = x + self.positions(positions)
         if use_positions and self.cfg.positional == "sinusoidal":
             x = x + sinusoidal_encoding(positions, self.cfg.d_model, interleaved=False).to(x.dtype)
-        return self.norm(x) if self.norm is not None else x
+        x = self.norm(x) if self.norm is not None else x
+        return self.dropout(x) if self.dropout is not None else x
 
 
 class Stack(nn.Module):
@@ -505,7 +510,8 @@ class Transformer(nn.Module):
         allowed, is_causal = self_attention_mask(key_mask if padding_mask else None, start, n, causal,
                                                  input_ids.device)
         position_ids = positions_from_mask(key_mask, start, n, batch, input_ids.device)
-        setup = AttentionSetup(allowed=allowed, is_causal=is_causal, scale=None if scale else 1.0,
+        scaled = scale and self.config.scale_attention
+        setup = AttentionSetup(allowed=allowed, is_causal=is_causal, scale=None if scaled else 1.0,
                                rope=self.rope(stack, position_ids, positions))
         if key_mask is not None:
             setup.query_mask = key_mask[:, start:start + n]
@@ -516,7 +522,8 @@ class Transformer(nn.Module):
         keys = torch.arange(cache.max_len, device=cache.slot.device)
         allowed = (cache.key_mask & (keys <= cache.slot))[:, None, None, :]   # [B, 1, 1, max_len]
         position_ids = cache.next_position[:, None]                             # [B, 1]
-        setup = AttentionSetup(allowed=allowed, is_causal=False, scale=None, rope=self.rope(stack, position_ids, True),
+        scale = None if self.config.scale_attention else 1.0
+        setup = AttentionSetup(allowed=allowed, is_causal=False, scale=scale, rope=self.rope(stack, position_ids, True),
                                slot=cache.slot)
         return setup, position_ids
 

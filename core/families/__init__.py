@@ -7,6 +7,7 @@
   PREFIXES     optional prefixes that checkpoints put before every name ("model.", "transformer.", …)
   IGNORE       regexes of checkpoint tensors that are known and not needed (buffers, tied copies, poolers)
   TRANSFORMS   regex over our names → function applied to the loaded tensor (GPT-2's Conv1D transpose)
+  TO_CHECKPOINT  optional: the inverse of TRANSFORMS, for saving in the checkpoint's own layout
 """
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ PREFIXES = ("transformer.",)
 IGNORE = (r"^h\.\d+\.attn\.(masked_)?bias$", r"^lm_head\.weight$")
 # Conv1D stores [in, out]; nn.Linear wants [out, in]
 TRANSFORMS = {r"\.(attn\.qkv|attn\.out|ffn\.up|ffn\.down)\.weight$": lambda w: w.t()}
+TO_CHECKPOINT = TRANSFORMS  # a transpose undoes itself
 
 B = "stack.blocks.{}"
 WEIGHTS = {

@@ -9,6 +9,7 @@ MODEL_TYPES = ("marian",)
 PREFIXES = ("model.",)
 IGNORE = (r"embed_positions\.weight$", r"^lm_head\.weight$")
 TRANSFORMS = {r"^lm_head\.bias$": lambda b: b.reshape(-1)}  # final_logits_bias is stored [1, vocab]
+TO_CHECKPOINT = {r"^lm_head\.bias$": lambda b: b.reshape(1, -1)}
 
 E, D = "encoder.layers.{}", "decoder.layers.{}"
 
@@ -37,6 +38,9 @@ WEIGHTS = {
     "stack.embed.tokens.weight": ["shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight"],
     **sublayers("encoder.blocks.{}", E, cross=False),
     **sublayers("stack.blocks.{}", D, cross=True),
+    # only lab models trained as Pre-LN have these (core/train.py); the names are those of MBart's final norms
+    **rows("encoder.final_norm", "encoder.layer_norm"),
+    **rows("stack.final_norm", "decoder.layer_norm"),
     "lm_head.weight": ["lm_head.weight"],
     "lm_head.bias": ["final_logits_bias"],
 }

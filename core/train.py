@@ -1,0 +1,458 @@
+"""Train a small Transformer from scratch on a toy task: the training lab's engine, and its command line.
+
+    python -m core.train --task reverse --family marian --steps 600 --seed 0 [--no-causal-mask]
+                         [--no-positions] [--no-scale] [--norm post|pre] [--out weights/NAME]
+
+Tasks are generated on the fly from a seed, character by character, with a held-out split (a fixed tenth of
+all sources, by hash). Each is a sequence-to-sequence task (the Marian layout: the original Transformer's
+encoder, decoder and cross-attention) or a decoder-only one (Llama layout: <bos> source <sep> target <eos>,
+loss on the target). Models are the core's own Transformer; the switches change exactly one thing each.
+"""
+from __future__ import annotations
+
+import argparse
+import calendar
+import json
+import math
+import random
+import re
+import sys
+import time
+import zlib
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .config import ModelConfig
+from .model import Transformer
+
+# ---- the vocabulary: characters, and four special tokens ----
+PAD, BOS, EOS, SEP = 0, 1, 2, 3
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<sep>"]
+CHARS = list("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ -+=")
+VOCAB = SPECIALS + CHARS
+INDEX = {c: i for i, c in enumerate(VOCAB)}
+
+
+def encode(text: str) -> list[int]:
+    return [INDEX[c] for c in text]
+
+
+def decode(ids) -> str:
+    """Characters up to the first <eos>; other special tokens are dropped."""
+    out = []
+    for i in ids:
+        if i == EOS:
+            break
+        if i >= len(SPECIALS):
+            out.append(VOCAB[i])
+    return "".join(out)
+
+
+# ---- tasks ----
+
+def letters(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(n))
+
+
+def date_example(rng: random.Random) -> tuple[str, str]:
+    year, month = rng.randint(1900, 2099), rng.randint(1, 12)
+    day = rng.randint(1, calendar.monthrange(year, month)[1])
+    return f"{year}-{month:02d}-{day:02d}", f"{day} {calendar.month_name[month]} {year}"
+
+
+TASKS: dict[str, Callable[[random.Random, int, int], tuple[str, str]]] = {
+    "copy": lambda rng, lo, hi: (s := letters(rng, rng.randint(lo, hi)), s),
+    "reverse": lambda rng, lo, hi: (s := letters(rng, rng.randint(lo, hi)), s[::-1]),
+    "sort": lambda rng, lo, hi: (s := "".join(rng.choice("0123456789") for _ in range(rng.randint(lo, hi))),
+                                 "".join(sorted(s))),
+    "add": lambda rng, lo, hi: (f"{(a := rng.randint(0, 10 ** rng.randint(1, 4)))}+{(b := rng.randint(0, 10 ** rng.randint(1, 4)))}",
+                                str(a + b)),
+    "dates": lambda rng, lo, hi: date_example(rng),
+}
+
+
+def held_out(source: str) -> bool:
+    """A fixed tenth of all sources, whatever the seed: never trained on, used for evaluation."""
+    return zlib.crc32(source.encode()) % 10 == 0
+
+
+def examples(task: str, seed: int, n: int, held: bool, lengths: tuple[int, int]) -> list[tuple[str, str]]:
+    """n (source, target) pairs from the training part (held=False) or the held-out part of the task."""
+    make, rng, out = TASKS[task], random.Random(f"{task}-{seed}-{held}"), []
+    for _ in range(200 * n):
+        source, target = make(rng, *lengths)
+        if held_out(source) == held:
+            out.append((source, target))
+            if len(out) == n:
+                return out
+    raise ValueError(f"task {task!r} has too few {'held-out' if held else 'training'} examples for {n}")
+
+
+# ---- models ----
+
+@dataclass
+class LabConfig:
+    task: str = "reverse"
+    family: str = "marian"          # "marian": encoder-decoder (Post-LN, sinusoids); "llama": decoder only (Pre-LN, RoPE)
+    n_layers: int = 2
+    d_model: int = 128
+    n_heads: int = 4
+    d_ff: int = 256
+    dropout: float = 0.0
+    positions: str | None = None    # None: the family's own; "sinusoidal" | "learned" | "rope" | "none"
+    norm: str | None = None         # None: the family's own; "pre" | "post"
+    causal_mask: bool = True        # in the decoder, while training
+    scale: bool = True              # 1/√d_k
+    steps: int = 600
+    batch: int = 64
+    lr: float = 1e-3
+    warmup: int = 100
+    seed: int = 0
+    lengths: tuple[int, int] = (8, 12)
+    eval_every: int = 100
+    eval_examples: int = 200
+    time_budget: float | None = None  # seconds; the run stops after it
+
+    def check(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"unknown task {self.task!r}; tasks: {', '.join(TASKS)}")
+        if self.family not in ("marian", "llama"):
+            raise ValueError(f"family must be 'marian' (encoder-decoder) or 'llama' (decoder only), got {self.family!r}")
+        for name, value, lo, hi in (("n_layers", self.n_layers, 1, 4), ("d_model", self.d_model, 16, 512),
+                                    ("n_heads", self.n_heads, 1, 16), ("d_ff", self.d_ff, 1, 4096),
+                                    ("steps", self.steps, 1, 100_000), ("batch", self.batch, 1, 1024)):
+            if not lo <= value <= hi:
+                raise ValueError(f"{name} must be between {lo} and {hi}, got {value}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})")
+        if self.positions not in (None, "sinusoidal", "learned", "rope", "none"):
+            raise ValueError(f"positions must be sinusoidal, learned, rope or none, got {self.positions!r}")
+        if self.positions == "rope" and (self.d_model // self.n_heads) % 2:
+            raise ValueError("rotary positions need an even head size (d_model / n_heads)")
+        if self.norm not in (None, "pre", "post"):
+            raise ValueError(f"norm must be 'pre' or 'post', got {self.norm!r}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a positive number, got {self.lr}")
+
+    @property
+    def max_len(self) -> int:
+        return 64  # longest sequence any task makes here, with its special tokens
+
+
+def model_config(lab: LabConfig) -> ModelConfig:
+    """The core's ModelConfig for a lab run."""
+    head_dim = lab.d_model // lab.n_heads
+    if lab.family == "marian":
+        cfg = ModelConfig(
+            family="marian", model_type="marian", n_layers=lab.n_layers, n_heads=lab.n_heads, n_kv_heads=lab.n_heads,
+            d_model=lab.d_model, head_dim=head_dim, d_ff=lab.d_ff, vocab_size=len(VOCAB), max_positions=lab.max_len,
+            positional="sinusoidal", norm="layernorm", norm_placement="post", causal=True, is_encoder_decoder=True,
+            activation="relu", final_norm=False, embed_scale=lab.d_model ** 0.5, lm_head_bias=True,
+            n_encoder_layers=lab.n_layers, encoder_d_ff=lab.d_ff, encoder_n_heads=lab.n_heads, pad_token_id=PAD,
+            eos_token_id=EOS, bos_token_id=BOS, decoder_start_token_id=BOS)
+    else:
+        cfg = ModelConfig(
+            family="llama", model_type="llama", n_layers=lab.n_layers, n_heads=lab.n_heads, n_kv_heads=lab.n_heads,
+            d_model=lab.d_model, head_dim=head_dim, d_ff=lab.d_ff, vocab_size=len(VOCAB), max_positions=lab.max_len,
+            positional="rope", norm="rmsnorm", norm_placement="pre", causal=True, is_encoder_decoder=False,
+            activation="silu", gated_ffn=True, qkv_bias=False, out_bias=False, ffn_bias=False, norm_bias=False,
+            tie_word_embeddings=True, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS)
+    return replace(cfg, positional=lab.positions or cfg.positional, norm_placement=lab.norm or cfg.norm_placement,
+                   final_norm=(lab.norm or cfg.norm_placement) == "pre", scale_attention=lab.scale,
+                   dropout=lab.dropout)
+
+
+def build_model(lab: LabConfig) -> Transformer:
+    """A freshly initialised model: N(0, 0.02) weights (embeddings N(0, d^-½)), zero biases, unit norm gains."""
+    torch.manual_seed(lab.seed)
+    model = Transformer(model_config(lab))
+    for name, p in model.named_parameters():
+        if name.endswith("embed.tokens.weight"):
+            torch.nn.init.normal_(p, std=lab.d_model ** -0.5)
+        elif p.ndim >= 2:
+            torch.nn.init.normal_(p, std=0.02)
+        elif "norm" in name and name.endswith("weight"):
+            torch.nn.init.ones_(p)
+        else:
+            torch.nn.init.zeros_(p)
+    model.tokenizer = None
+    return model
+
+
+# ---- batches ----
+
+def pad(rows: list[list[int]], left: bool = False) -> tuple[Tensor, Tensor]:
+    """Token rows → ids [B, T] padded with <pad>, and the mask [B, T] (1 on real tokens)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), PAD)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        span = slice(width - len(r), width) if left else slice(0, len(r))
+        ids[i, span], mask[i, span] = torch.tensor(r), 1
+    return ids, mask
+
+
+@dataclass
+class Batch:
+    inputs: dict          # keyword arguments of the model's forward pass
+    labels: Tensor        # [B, T] target ids, -100 where no loss is taken
+    n_tokens: int
+
+
+def make_batch(pairs: list[tuple[str, str]], seq2seq: bool) -> Batch:
+    if seq2seq:  # encoder: source <eos>; decoder: <bos> target, predicting target <eos>
+        src, src_mask = pad([encode(s) + [EOS] for s, _ in pairs])
+        dec, _ = pad([[BOS] + encode(t) for _, t in pairs])
+        labels, label_mask = pad([encode(t) + [EOS] for _, t in pairs])
+        labels = labels.masked_fill(label_mask == 0, -100)
+        return Batch(dict(input_ids=src, attention_mask=src_mask, decoder_input_ids=dec), labels,
+                     int(src_mask.sum() + label_mask.sum()))
+    rows = [[BOS] + encode(s) + [SEP] + encode(t) + [EOS] for s, t in pairs]
+    ids, mask = pad(rows)
+    labels = torch.full_like(ids, -100)  # position i predicts token i + 1, only inside the target
+    for i, (s, _) in enumerate(pairs):
+        start = len(s) + 1                               # the <sep> position predicts the target's first token
+        labels[i, start:len(rows[i]) - 1] = ids[i, start + 1:len(rows[i])]
+    return Batch(dict(input_ids=ids, attention_mask=mask), labels, int(mask.sum()))
+
+
+def loss_of(model: Transformer, batch: Batch, lab: LabConfig) -> Tensor:
+    logits = model(**batch.inputs, causal_mask=lab.causal_mask).logits
+    return F.cross_entropy(logits.flatten(0, 1).float(), batch.labels.flatten(), ignore_index=-100)
+
+
+def exact_match(model: Transformer, pairs: list[tuple[str, str]], seq2seq: bool) -> float:
+    """Free-running greedy generation with the KV cache: the share of held-out targets reproduced exactly."""
+    longest = max(len(t) for _, t in pairs) + 1
+    if seq2seq:
+        src, mask = pad([encode(s) + [EOS] for s, _ in pairs])
+        out = model.generate(src, longest, attention_mask=mask)[:, 1:]
+    else:
+        prompts, mask = pad([[BOS] + encode(s) + [SEP] for s, _ in pairs], left=True)
+        out = model.generate(prompts, longest, attention_mask=mask)[:, prompts.shape[1]:]
+    return sum(decode(row.tolist()) == t for row, (_, t) in zip(out, pairs)) / len(pairs)
+
+
+# ---- training ----
+
+@dataclass
+class Progress:
+    step: int
+    train_loss: float
+    held_loss: float | None = None
+    exact_match: float | None = None
+    tokens_per_s: float = 0.0
+    seconds: float = 0.0
+
+
+@dataclass
+class Run:
+    lab: LabConfig
+    model: Transformer
+    history: list[Progress] = field(default_factory=list)
+    stopped: bool = False
+
+    @property
+    def final(self) -> Progress | None:
+        evaluated = [p for p in self.history if p.exact_match is not None]
+        return evaluated[-1] if evaluated else None
+
+
+def learning_rate(step: int, lab: LabConfig) -> float:
+    """Linear warm-up to lr, then cosine decay to a tenth of it."""
+    if step < lab.warmup:
+        return lab.lr * (step + 1) / lab.warmup
+    done = (step - lab.warmup) / max(1, lab.steps - lab.warmup)
+    return lab.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, done))))
+
+
+def train(lab: LabConfig, stop: Callable[[], bool] | None = None) -> Iterator[tuple[Run, Progress]]:
+    """Train a fresh model; yields (run, progress) after every step, with held-out loss and exact match every
+    eval_every steps and at the end. stop() is asked before every step."""
+    lab.check()
+    seq2seq = lab.family == "marian"
+    model = build_model(lab)
+    run = Run(lab, model)
+    held = examples(lab.task, lab.seed, lab.eval_examples, True, lab.lengths)
+    held_batch = make_batch(held, seq2seq)
+    rng = random.Random(f"{lab.task}-{lab.seed}-train")
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
+    rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
+                                  lr=lab.lr, betas=(0.9, 0.98), eps=1e-9)
+    started, tokens = time.perf_counter(), 0
+    for step in range(lab.steps):
+        if (stop is not None and stop()) or (lab.time_budget and time.perf_counter() - started > lab.time_budget):
+            run.stopped = True
+            break
+        pairs = []
+        while len(pairs) < lab.batch:
+            source, target = TASKS[lab.task](rng, *lab.lengths)
+            if not held_out(source):
+                pairs.append((source, target))
+        batch = make_batch(pairs, seq2seq)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, lab)
+        model.train()
+        loss = loss_of(model, batch, lab)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        tokens += batch.n_tokens
+        elapsed = time.perf_counter() - started
+        progress = Progress(step + 1, loss.item(), tokens_per_s=tokens / elapsed, seconds=elapsed)
+        if (step + 1) % lab.eval_every == 0 or step + 1 == lab.steps:
+            evaluate(run, progress, held, held_batch)
+        run.history.append(progress)
+        yield run, progress
+    if run.stopped and run.history and run.history[-1].exact_match is None:
+        evaluate(run, run.history[-1], held, held_batch)
+        yield run, run.history[-1]
+    model.eval()
+
+
+def evaluate(run: Run, progress: Progress, held, held_batch: Batch) -> None:
+    model = run.model
+    model.eval()
+    with torch.inference_mode():
+        progress.held_loss = loss_of(model, held_batch, run.lab).item()
+        progress.exact_match = exact_match(model, held, run.lab.family == "marian")
+
+
+# ---- saving: the weight store's layout, readable by transformers where the family allows ----
+
+def standard(lab: LabConfig) -> bool:
+    """Whether transformers' own class for the family computes what this model computes."""
+    family_norm = "post" if lab.family == "marian" else "pre"
+    family_positions = "sinusoidal" if lab.family == "marian" else "rope"
+    return lab.scale and (lab.norm or family_norm) == family_norm and (lab.positions or family_positions) == family_positions
+
+
+def hf_config(lab: LabConfig) -> dict:
+    cfg = model_config(lab)
+    common = dict(vocab_size=cfg.vocab_size, max_position_embeddings=cfg.max_positions, pad_token_id=PAD,
+                  bos_token_id=BOS, eos_token_id=EOS, tie_word_embeddings=True)
+    if lab.family == "marian":
+        raw = dict(model_type="marian", architectures=["MarianMTModel"], d_model=cfg.d_model,
+                   encoder_layers=cfg.n_layers, decoder_layers=cfg.n_layers, encoder_attention_heads=cfg.n_heads,
+                   decoder_attention_heads=cfg.n_heads, encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
+                   activation_function="relu", scale_embedding=True, decoder_start_token_id=BOS,
+                   share_encoder_decoder_embeddings=True, forced_eos_token_id=None, **common)
+    else:
+        raw = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=cfg.d_model,
+                   intermediate_size=cfg.d_ff, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+                   num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, hidden_act="silu",
+                   rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta, attention_bias=False, mlp_bias=False, **common)
+    if not standard(lab):  # what the family's own reader would get wrong; core.loading applies it
+        raw["attention_explorer"] = dict(positional=cfg.positional, norm_placement=cfg.norm_placement,
+                                         scale_attention=cfg.scale_attention)
+    return raw
+
+
+def checkpoint_tensors(model: Transformer, family_module) -> dict[str, Tensor]:
+    """Our parameters under the checkpoint's names (the family's weight table read backwards): fused q/k/v and
+    gate/up rows split again, the family's prefix put back where its checkpoints have it."""
+    prefix = family_module.PREFIXES[0]
+    out = {}
+    for name, param in model.named_parameters():  # each tensor once: a shared table under its first name
+        template = re.sub(r"\.(\d+)\.", ".{}.", name, count=1)
+        layer = re.search(r"\.(\d+)\.", name)
+        theirs = family_module.WEIGHTS[template][0]
+        names = [n.format(layer.group(1) if layer else "") for n in (theirs if isinstance(theirs, tuple) else (theirs,))]
+        for pattern, transform in getattr(family_module, "TO_CHECKPOINT", {}).items():
+            if re.search(pattern, name):
+                param = transform(param)
+        parts = param.split(split_sizes(model, name, len(names))) if len(names) > 1 else [param]
+        for n, t in zip(names, parts):
+            top_level = n.startswith("lm_head") or n == "final_logits_bias"
+            out[n if top_level else prefix + n] = t.detach().contiguous().clone()
+    return out
+
+
+def split_sizes(model: Transformer, name: str, n: int) -> list[int]:
+    cfg = model.config
+    if ".attn.qkv." in name:
+        return [cfg.n_heads * cfg.head_dim] + [cfg.n_kv_heads * cfg.head_dim] * 2
+    size = model.get_parameter(name).shape[0]
+    return [size // n] * n
+
+
+def write_tokenizer(folder: Path) -> None:
+    """A character-level tokenizer that transformers' AutoTokenizer reads (tokenizer.json)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    tokenizer = Tokenizer(models.WordLevel({t: i for i, t in enumerate(VOCAB)}, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(dict(
+        tokenizer_class="PreTrainedTokenizerFast", pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
+        sep_token="<sep>")))
+
+
+def save(run: Run, folder: str | Path) -> Path:
+    """The run as a model folder: config.json, model.safetensors, tokenizer files and a manifest."""
+    from safetensors.torch import save_file
+    from .families import family_for
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = hf_config(run.lab)
+    save_file(checkpoint_tensors(run.model, family_for(raw)), str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(raw, indent=2))
+    write_tokenizer(folder)
+    final = run.final
+    (folder / "manifest.json").write_text(json.dumps(dict(
+        source=dict(type="trained", task=run.lab.task, seed=run.lab.seed),
+        lab=asdict(run.lab), steps=run.history[-1].step if run.history else 0,
+        exact_match=final.exact_match if final else None, transformers_compatible=standard(run.lab),
+        trained=time.strftime("%Y-%m-%d")), indent=2))
+    return folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m core.train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default="reverse", choices=list(TASKS))
+    parser.add_argument("--family", default="marian", choices=["marian", "llama"])
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--d-ff", type=int, default=256)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--positions", choices=["sinusoidal", "learned", "rope", "none"])
+    parser.add_argument("--no-positions", action="store_true", help="the same as --positions none")
+    parser.add_argument("--no-causal-mask", action="store_true")
+    parser.add_argument("--no-scale", action="store_true")
+    parser.add_argument("--norm", choices=["pre", "post"])
+    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--out", help="save the trained model to this folder")
+    args = parser.parse_args(argv)
+    lab = LabConfig(task=args.task, family=args.family, steps=args.steps, seed=args.seed, n_layers=args.layers,
+                    d_model=args.d_model, n_heads=args.heads, d_ff=args.d_ff, lr=args.lr,
+                    positions="none" if args.no_positions else args.positions, norm=args.norm,
+                    causal_mask=not args.no_causal_mask, scale=not args.no_scale, eval_every=args.eval_every)
+    try:
+        lab.check()
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    run = None
+    for run, p in train(lab):
+        if p.exact_match is not None:
+            print(f"step {p.step:>5}  train loss {p.train_loss:.4f}  held-out loss {p.held_loss:.4f}  "
+                  f"exact match {p.exact_match:.1%}  {p.tokens_per_s:,.0f} tokens/s  {p.seconds:.1f} s", flush=True)
+    if args.out and run is not None:
+        print(f"saved to {save(run, args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
