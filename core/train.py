@@ -117,6 +117,7 @@ class LabConfig:
     eval_every: int = 100
     eval_examples: int = 200
     time_budget: float | None = None  # seconds; the run stops after it
+    snapshot_steps: tuple[int, ...] = ()  # after these steps, keep the attention on the first held-out example
 
     def check(self) -> None:
         if self.task not in TASKS:
@@ -253,11 +254,25 @@ class Progress:
 
 
 @dataclass
+class LabAttention:
+    """Every layer's and head's attention on one example, float32. Encoder-decoder: encoder [L, H, S, S] over the
+    source, decoder [L, H, T, T] over the target so far, cross [L, H, T, S] (each target position over the source).
+    Decoder only: decoder [L, H, N, N] over <bos> source <sep> target, encoder and cross None."""
+    source_tokens: list[str]
+    target_tokens: list[str]
+    decoder: Tensor
+    encoder: Tensor | None = None
+    cross: Tensor | None = None
+
+
+@dataclass
 class Run:
     lab: LabConfig
     model: Transformer
     history: list[Progress] = field(default_factory=list)
     stopped: bool = False
+    initial_entropy: list[float] = field(default_factory=list)  # mean attention entropy per layer before training
+    snapshots: dict[int, LabAttention] = field(default_factory=dict)
 
     @property
     def final(self) -> Progress | None:
@@ -287,6 +302,7 @@ def train(lab: LabConfig, stop: Callable[[], bool] | None = None) -> Iterator[tu
     rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
                                   lr=lab.lr, betas=(0.9, 0.98), eps=1e-9)
+    run.initial_entropy = attention_entropy(model, held_batch, lab)
     started, tokens = time.perf_counter(), 0
     for step in range(lab.steps):
         if (stop is not None and stop()) or (lab.time_budget and time.perf_counter() - started > lab.time_budget):
@@ -311,6 +327,9 @@ def train(lab: LabConfig, stop: Callable[[], bool] | None = None) -> Iterator[tu
         progress = Progress(step + 1, loss.item(), tokens_per_s=tokens / elapsed, seconds=elapsed)
         if (step + 1) % lab.eval_every == 0 or step + 1 == lab.steps:
             evaluate(run, progress, held, held_batch)
+        if step + 1 in lab.snapshot_steps:
+            model.eval()
+            run.snapshots[step + 1] = lab_attention(model, lab.family, held[0][0], held[0][1])
         run.history.append(progress)
         yield run, progress
     if run.stopped and run.history and run.history[-1].exact_match is None:
@@ -325,6 +344,54 @@ def evaluate(run: Run, progress: Progress, held, held_batch: Batch) -> None:
     with torch.inference_mode():
         progress.held_loss = loss_of(model, held_batch, run.lab).item()
         progress.exact_match = exact_match(model, held, run.lab.family == "marian")
+
+
+def attention_entropy(model: Transformer, batch: Batch, lab: LabConfig) -> list[float]:
+    """Mean entropy (nats) of the decoder's self-attention rows per layer, on real query rows."""
+    was_training = model.training
+    model.eval()
+    with torch.inference_mode():
+        out = model(**batch.inputs, causal_mask=lab.causal_mask, capture_attention=True)
+    model.train(was_training)
+    rows = (batch.labels != -100) if lab.family == "marian" else batch.inputs["attention_mask"].bool()
+    return [(-(p * p.clamp_min(1e-30).log()).sum(-1).mean(1)[rows].mean()).item() for p in out.attentions]
+
+
+def lab_attention(model: Transformer, family: str, source: str, target: str | None = None) -> LabAttention:
+    """The attention of a lab model on one source and its target (the model's own greedy answer by default)."""
+    unknown = sorted(set(source + (target or "")) - set(CHARS))
+    if unknown:
+        raise ValueError(f"characters outside the lab's vocabulary: {''.join(unknown)!r}; it has {''.join(CHARS)!r}")
+    if not source or len(source) > 40:
+        raise ValueError(f"the source must have 1 to 40 characters, got {len(source)}")
+    seq2seq = family == "marian"
+    model.eval()
+    with torch.inference_mode():
+        if target is None:
+            src = torch.tensor([encode(source) + [EOS]])
+            if seq2seq:
+                target = decode(model.generate(src, 40)[0, 1:].tolist())
+            else:
+                prompt = torch.tensor([[BOS] + encode(source) + [SEP]])
+                target = decode(model.generate(prompt, 40)[0, prompt.shape[1]:].tolist())
+        batch = make_batch([(source, target)], seq2seq)
+        out = model(**batch.inputs, capture_attention=True)
+    stack = lambda maps: torch.stack([m[0] for m in maps]) if maps else None  # noqa: E731
+    if seq2seq:
+        return LabAttention(list(source) + ["<eos>"], ["<bos>"] + list(target), stack(out.attentions),
+                            stack(out.encoder_attentions), stack(out.cross_attentions))
+    tokens = ["<bos>"] + list(source) + ["<sep>"] + list(target) + ["<eos>"]
+    return LabAttention(tokens, tokens, stack(out.attentions))
+
+
+def alignment(maps: LabAttention, expected) -> float:
+    """The share of target positions whose cross-attention (last layer, mean over heads) peaks on the source
+    position `expected(i)` says, for the target's characters (i = 0, 1, ...)."""
+    if maps.cross is None:
+        raise ValueError("alignment reads cross-attention: an encoder-decoder model's")
+    peaks = maps.cross[-1].mean(0).argmax(-1)                     # [T]: rows <bos>, c0, c1, ...
+    n = len(maps.target_tokens) - 1
+    return sum(int(peaks[i]) == expected(i) for i in range(n)) / max(1, n)
 
 
 # ---- saving: the weight store's layout, readable by transformers where the family allows ----

@@ -87,3 +87,35 @@ def test_command_line(tmp_path, capsys):
     assert (tmp_path / "m" / "model.safetensors").is_file()
     assert lab.main(["--heads", "3"]) == 2
     assert "multiple of n_heads" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ["marian", "llama"])
+def test_snapshots_and_attention_maps_of_a_lab_model(family):
+    result = run(6, family=family, snapshot_steps=(2, 6))
+    assert sorted(result.snapshots) == [2, 6] and len(result.initial_entropy) == 2
+    maps = lab.lab_attention(result.model, family, "abcd", "dcba")
+    for m in (maps.decoder, maps.encoder, maps.cross):
+        if m is not None:
+            torch.testing.assert_close(m.sum(-1), torch.ones(m.shape[:-1]))
+    if family == "marian":
+        assert maps.cross.shape == (2, 4, 5, 5) and maps.encoder.shape == (2, 4, 5, 5)  # abcd<eos>, <bos>dcba
+        assert maps.source_tokens[-1] == "<eos>" and maps.target_tokens[0] == "<bos>"
+        assert 0 <= lab.alignment(maps, lambda i: 3 - i) <= 1
+    else:
+        assert maps.cross is None and maps.decoder.shape[-1] == 11   # <bos> abcd <sep> dcba <eos>
+        assert torch.equal(maps.decoder, maps.decoder.tril()), "the decoder's attention stays causal"
+    with pytest.raises(ValueError, match="outside the lab's vocabulary"):
+        lab.lab_attention(result.model, family, "abc!")
+
+
+def test_reverse_learns_the_anti_diagonal():
+    """On reverse, each output character of a trained encoder-decoder looks at its mirror in the source
+    (the default config, as the lab runs it)."""
+    config = lab.LabConfig(steps=600, eval_every=600, eval_examples=100)
+    for result, _ in lab.train(config):
+        pass
+    assert result.final.exact_match >= 0.9
+    source = "abcdefghij"
+    maps = lab.lab_attention(result.model, "marian", source)
+    assert "".join(maps.target_tokens[1:]) == source[::-1]
+    assert lab.alignment(maps, lambda i: len(source) - 1 - i) >= 0.7
