@@ -1,4 +1,5 @@
-"""What every tab shares: turning errors into messages in the page, a text box with an upload, progress."""
+"""What every tab shares: turning errors into messages in the page, a text box with an upload, progress,
+one head's map over a whole text."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import logging
 from pathlib import Path
 
 import gradio as gr
+import numpy as np
 
 from core.store import WeightsError
-from ui import service
+from ui import plots, service
 from ui.service import UserError
 
 log = logging.getLogger(__name__)
@@ -120,3 +122,20 @@ def parse_head(value, n_heads: int, allow_mean: bool = True) -> int | None:
     if not 0 <= head < n_heads:
         raise UserError(f"Head must be between 0 and {n_heads - 1} for this model, got {head}.")
     return head
+
+
+def head_figure(tokens: service.Encoded, matrix: np.ndarray, title: str, hide_special: bool = False):
+    """One head's map [n, n] over the whole text: cell by cell with token labels up to FULL_VIEW_TOKENS, else
+    pooled to HEAD_OVERVIEW_SIZE blocks per side (rows still sum to 1)."""
+    n = len(tokens.ids)
+    if n <= service.FULL_VIEW_TOKENS:
+        pos = service.visible_positions(tokens, 0, n, hide_special)
+        if pos.size == 0:
+            raise UserError("Every token is a special token; untick 'hide special tokens' to see them.")
+        labels = [tokens.labels[p] for p in pos]
+        return plots.attention_heatmap(matrix[np.ix_(pos, pos)], labels, labels, title)
+    edges = service.pool_edges(n, service.HEAD_OVERVIEW_SIZE)
+    pooled = service.pool_attention(matrix, edges, edges)
+    return plots.pooled_heatmap(
+        pooled, edges, edges, f"{title}: {n:,} tokens pooled to {len(edges) - 1}×{len(edges) - 1}"
+    )

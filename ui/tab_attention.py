@@ -12,6 +12,7 @@ from ui import plots, service
 from ui.common import (
     ANALYSIS,
     ANALYSIS_LIMIT,
+    head_figure,
     parse_head,
     progress_callback,
     read_example,
@@ -77,21 +78,7 @@ def attention_view(
         + ("" if side == n else f", tiles pooled to {side}×{side}"),
     )
     matrix = result.head_matrix
-    if n <= service.FULL_VIEW_TOKENS:
-        pos = service.visible_positions(tokens, 0, n, bool(hide_special))
-        if pos.size == 0:
-            raise UserError("Every token is a special token; untick 'hide special tokens' to see them.")
-        labels = [tokens.labels[p] for p in pos]
-        head_fig = plots.attention_heatmap(matrix[np.ix_(pos, pos)], labels, labels, f"Layer {layer}, {head_name}")
-    else:
-        edges = service.pool_edges(n, service.HEAD_OVERVIEW_SIZE)
-        pooled = service.pool_attention(matrix, edges, edges)
-        head_fig = plots.pooled_heatmap(
-            pooled,
-            edges,
-            edges,
-            f"Layer {layer}, {head_name}: {n:,} tokens pooled to {len(edges) - 1}×{len(edges) - 1}",
-        )
+    head_fig = head_figure(tokens, matrix, f"Layer {layer}, {head_name}", bool(hide_special))
     q_pos = service.visible_positions(tokens, q_start, min(n, q_start + window), bool(hide_special))
     k_pos = service.visible_positions(tokens, k_start, min(n, k_start + window), bool(hide_special))
     if q_pos.size == 0 or k_pos.size == 0:
