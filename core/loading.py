@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 from pathlib import Path
 from types import ModuleType
@@ -15,6 +16,7 @@ from .config import ConfigError, ModelConfig
 from .families import family_for
 from .model import Transformer
 
+log = logging.getLogger(__name__)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "source.spm", "tokenizer.model")
 
@@ -180,10 +182,16 @@ def load_model(path: str | Path, device: str | torch.device | None = None, dtype
 
     device None: cuda if available, else cpu. dtype None: float32 on cpu, bfloat16 on cuda.
     """
+    from . import store  # a registered name or hub id is fetched into the weight store; a folder is checked
     folder = Path(path)
-    if not folder.is_dir():
-        from .store import ensure  # a registered name or hub id: fetch it into the weight store
-        folder = ensure(str(path))
+    if folder.is_dir():
+        try:
+            if not store.check_folder(folder):
+                log.info("%s has no manifest.json: its files are not verified", folder)
+        except store.WeightsError as err:
+            raise CheckpointError(str(err)) from None
+    else:
+        folder = store.ensure(str(path))
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     cfg, family = read_config(folder)

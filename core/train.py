@@ -464,9 +464,11 @@ def write_tokenizer(folder: Path) -> None:
 
 
 def save(run: Run, folder: str | Path) -> Path:
-    """The run as a model folder: config.json, model.safetensors, tokenizer files and a manifest."""
+    """The run as a model folder in the weight store's layout: config.json, model.safetensors, tokenizer files and
+    the store's manifest.json, whose source records the task, the seed and the lab config."""
     from safetensors.torch import save_file
     from .families import family_for
+    from .store.manifest import write_manifest
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     raw = hf_config(run.lab)
@@ -475,11 +477,10 @@ def save(run: Run, folder: str | Path) -> Path:
     (folder / "config.json").write_text(json.dumps(raw, indent=2))
     write_tokenizer(folder)
     final = run.final
-    (folder / "manifest.json").write_text(json.dumps(dict(
-        source=dict(type="trained", task=run.lab.task, seed=run.lab.seed),
-        lab=asdict(run.lab), steps=run.history[-1].step if run.history else 0,
-        exact_match=final.exact_match if final else None, transformers_compatible=standard(run.lab),
-        trained=time.strftime("%Y-%m-%d")), indent=2))
+    source = dict(type="trained", task=run.lab.task, seed=run.lab.seed, lab=asdict(run.lab),
+                  steps=run.history[-1].step if run.history else 0, exact_match=final.exact_match if final else None,
+                  transformers_compatible=standard(run.lab))
+    write_manifest(folder, folder.name, source, licence="trained here; yours")
     return folder
 
 

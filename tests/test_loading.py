@@ -125,3 +125,17 @@ def test_parameter_counts_add_up(family):
     if c.n_kv_heads == c.n_heads and c.head_dim * c.n_heads == d and not c.is_encoder_decoder:
         biases = 4 * d if c.qkv_bias else 0
         assert counts["per_layer"]["attention"] == 4 * d * d + biases  # W^Q, W^K, W^V, W^O
+
+
+def test_a_folder_given_by_path_is_checked_against_its_manifest(llama_folder, tmp_path):
+    from core.store.manifest import write_manifest
+    folder = tmp_path / "copy"
+    shutil.copytree(llama_folder, folder)
+    write_manifest(folder, "copy", {"type": "local", "path": str(folder)}, "test")
+    load_model(folder)  # intact: loads
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-10] ^= 0xFF  # one flipped byte inside the last tensor
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"does not match its manifest:\n  - model\.safetensors: sha256"):
+        load_model(folder)

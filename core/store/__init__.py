@@ -21,19 +21,30 @@ from pathlib import Path
 
 from .errors import ChecksumMismatch, UnknownModel, WeightsError, WeightsUnavailable
 from .folders import WeightStore
-from .manifest import MANIFEST, read_manifest
+from .manifest import MANIFEST, raise_if_corrupt, read_manifest
 from .progress import Progress, TerminalProgress
 from .registry import describe_source, load_registry
 
 __all__ = [
     "MANIFEST", "ChecksumMismatch", "Progress", "TerminalProgress", "UnknownModel", "WeightStore", "WeightsError",
-    "WeightsUnavailable", "describe_source", "ensure", "known_model_names", "load_registry", "read_manifest", "verify",
+    "WeightsUnavailable", "check_folder", "describe_source", "ensure", "known_model_names", "load_registry", "read_manifest", "verify",
 ]  # fmt: skip
 
 
 def ensure(name_or_path: str | os.PathLike, progress: Progress | None = None) -> Path:
     """A ready model folder from the default store (weights/ or $ATTN_WEIGHTS_DIR); see WeightStore.ensure."""
     return WeightStore.default().ensure(name_or_path, progress)
+
+
+def check_folder(folder: Path) -> bool:
+    """Check a model folder against its manifest.json, however it was named: sizes always, sha256 of the files
+    changed since the manifest was written. True when checked, False when the folder has no manifest;
+    raises ChecksumMismatch naming each bad file."""
+    if not (folder / MANIFEST).is_file():
+        return False
+    manifest = read_manifest(folder)
+    raise_if_corrupt(folder, manifest, full=False, name=manifest.get("name", folder.name))
+    return True
 
 
 def verify(name_or_path: str | os.PathLike) -> dict:

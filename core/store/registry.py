@@ -55,4 +55,6 @@ def describe_source(source: dict) -> str:
         return f"PyPI {source['package']}=={source['version']} ({source['kind']})"
     if kind == "local":
         return f"a folder placed by hand ({source.get('path', '?')})"
+    if kind == "trained":
+        return f"trained in the lab on {source.get('task', '?')} (seed {source.get('seed', '?')})"
     return str(kind)
