@@ -111,3 +111,76 @@ def test_matrix_heatmap_can_clip_outliers_out_of_the_colour_scale():
 def test_empty_figure_says_why():
     fig = plots.empty_figure("no learned positions")
     assert fig.layout.annotations[0].text == "no learned positions"
+
+
+def test_head_score_map_puts_layers_across_and_names_each_tile_on_hover():
+    scores = np.arange(12, dtype=np.float32).reshape(3, 4) / 12  # [layers, heads]
+    fig = plots.head_score_map(scores, "previous-token", "score", zmax=1.0, marked=[(2, 1)])
+    heat, ring = fig.data
+    np.testing.assert_array_equal(np.asarray(heat.z), scores.T)  # heads down, layers across
+    assert list(heat.x) == [0, 1, 2] and list(heat.y) == [0, 1, 2, 3]  # a click reads back layer and head
+    assert "layer %{x}, head %{y}" in heat.hovertemplate and "score %{z" in heat.hovertemplate
+    assert heat.zmin == 0 and heat.zmax == 1.0
+    assert (list(ring.x), list(ring.y)) == ([2], [1])
+    assert fig.layout.xaxis.range == (-0.5, 2.5) and fig.layout.yaxis.range == (3.5, -0.5)  # head 0 on top
+    with pytest.raises(ValueError, match="layers, heads"):
+        plots.head_score_map(np.zeros(4), "x", "score")
+
+
+def test_paired_head_maps_draw_a_signed_map_beside_a_score_map():
+    increase = np.array([[0.5, -0.1], [0.0, 0.2], [-0.3, 0.1]])
+    score = np.array([[0.9, 0.1], [0.2, 0.3], [0.0, 0.4]])
+    fig = plots.paired_head_maps(increase, score, ("loss", "score"), ("Δ loss", "score"), "sweep")
+    left, right = fig.data
+    assert np.asarray(left.z).shape == np.asarray(right.z).shape == (2, 3)
+    assert (left.zmin, left.zmax, left.zmid) == (-0.5, 0.5, 0.0)  # symmetric around no change
+    assert right.zmin == 0 and right.xaxis == "x2"
+    with pytest.raises(ValueError, match="one shape"):
+        plots.paired_head_maps(increase, score[:2], ("a", "b"), ("a", "b"), "x")
+
+
+def test_loss_change_bars_are_ablated_minus_clean_with_both_on_hover():
+    clean, ablated = np.array([1.0, 2.0, 3.0]), np.array([1.5, 1.0, 3.0])
+    fig = plots.loss_change_figure(LABELS[1:4], clean, ablated, "ablation")
+    bars = fig.data[0]
+    np.testing.assert_allclose(np.asarray(bars.y), [0.5, -1.0, 0.0])
+    np.testing.assert_allclose(np.asarray(bars.customdata), np.stack([clean, ablated], -1))
+    assert "clean %{customdata[0]" in bars.hovertemplate and list(bars.x) == LABELS[1:4]
+    with pytest.raises(ValueError, match="labels"):
+        plots.loss_change_figure(LABELS[:2], clean, ablated, "x")
+
+
+def test_attribution_figure_scales_each_view_to_its_peak_and_keeps_raw_values_on_hover():
+    views = {"head": np.array([0.1, 0.7, 0.2]), "gradient × input": np.array([2.0, -4.0, 1.0])}
+    fig = plots.attribution_figure(LABELS[:3], views, "why")
+    head, grad = fig.data
+    np.testing.assert_allclose(np.asarray(head.y), [1 / 7, 1.0, 2 / 7], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(grad.y), [0.5, -1.0, 0.25])  # signs kept
+    np.testing.assert_allclose(np.asarray(grad.customdata), views["gradient × input"])
+    with pytest.raises(ValueError, match="series 'head'"):
+        plots.attribution_figure(LABELS[:2], views, "why")
+
+
+def test_lens_figure_colours_by_the_final_answer_and_hovers_each_layers_top_token():
+    final = np.array([[0.1, 0.2, 0.0], [0.9, 0.8, 0.5]], dtype=np.float32)
+    top_prob = np.array([[0.3, 0.4, 0.5], [0.9, 0.8, 0.5]], dtype=np.float32)
+    tokens = [["a", "b", "c"], ["d", "e", "f"]]
+    fig = plots.lens_figure(final, tokens, top_prob, LABELS[:3], [1, 1, 0], "lens")
+    heat, settle = fig.data
+    np.testing.assert_array_equal(np.asarray(heat.z), final)
+    assert heat.customdata[1][0] == "d (0.90)" and "top token here: %{customdata}" in heat.hovertemplate
+    assert heat.texttemplate == "%{text}"  # few cells: the tokens are printed in them
+    assert list(settle.y) == [1, 1, 0] and list(settle.x) == LABELS[:3]
+    with pytest.raises(ValueError, match="settle"):
+        plots.lens_figure(final, tokens, top_prob, LABELS[:3], [1], "lens")
+
+
+def test_surprisal_html_shades_every_predicted_token_and_escapes_everything():
+    pieces = ["<b>", " fish & chips", '"quote"']
+    page = plots.surprisal_html(pieces, np.array([2.5, 20.0]), [[("<i>", 0.5), (" x", 0.1)], [("'", 0.2)]])
+    assert "<b>" not in page and "&lt;b&gt;" in page and "fish &amp; chips" in page
+    assert "&lt;i&gt;" in page and "&quot;quote&quot;" in page
+    assert page.count('data-loss="') == 2 and 'data-loss="2.5000"' in page
+    assert "rgba(220, 60, 40, 0.850)" in page  # 20 nats: past the full shade
+    with pytest.raises(ValueError, match="3 tokens need 2 losses"):
+        plots.surprisal_html(pieces, np.array([1.0]), [[]])
