@@ -18,7 +18,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
-from ui import model_picker, service, tab_attention, tab_generate, tab_masks, tab_positions  # noqa: E402
+from ui import model_picker, service, tab_attention, tab_generate, tab_heads, tab_masks, tab_positions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 CSS = ROOT / "assets" / "app.css"
@@ -27,13 +27,14 @@ QUEUE_SIZE = 32
 
 
 def build_demo(store: service.ModelStore, default_model: str) -> gr.Blocks:
-    """The whole page: model picker and card, then the four tabs. The default model must be loadable."""
+    """The whole page: model picker and card, then the five tabs. The default model must be loadable."""
     initial = store.get(default_model)
     # uploaded files are deleted an hour after upload: a public Space must not collect users' texts
     with gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
         gr.Markdown(
             f"# {TITLE}\nA small Transformer written from scratch in PyTorch, loaded with real weights: "
-            "look at its attention head by head, its positional encodings, and what its masks do."
+            "look at its attention head by head, its positional encodings, what its masks do, and what each head "
+            "does and whether it matters."
         )
         picker = model_picker.build(store, default_model)
         with gr.Tabs(selected="attention") as tabs:
@@ -45,6 +46,8 @@ def build_demo(store: service.ModelStore, default_model: str) -> gr.Blocks:
                 tab_positions.build(store, picker, initial)
             with gr.Tab("Masks", id="masks"):
                 tab_masks.build(store, picker, initial)
+            with gr.Tab("Heads", id="heads"):
+                tab_heads.build(store, picker, initial)
 
         def send_to_attention(text: str):
             if not text:

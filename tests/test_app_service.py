@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from tiny_app_model import build_tiny_llama, build_tiny_marian
 from ui import service
@@ -145,3 +146,126 @@ def test_an_encoder_decoder_shows_its_encoder_attention_and_says_what_it_cannot_
         mask_view(store, folder, "The lamp at dawn.", 0, 0, 0, 4, "The lamp at dawn.", "Dawn.")
     updates = list(service.stream_generation(store.get(folder), "The lamp", False, 5, 0.0, None, None, 0))
     assert updates[-1].done and updates[-1].n_new >= 1
+
+
+HEADS_TEXT = "The keeper lit the lamp. The keeper lit the lamp again at dawn."
+
+
+def test_heads_are_parsed_as_layer_dot_head_and_bad_ones_are_named():
+    assert service.parse_heads("1.2, 0.3;1.2  0.0", 2, 4) == [(1, 2), (0, 3), (0, 0)]  # in order, repeats dropped
+    for text, message in [
+        ("", "No heads to ablate"),
+        (" , ", "No heads to ablate"),
+        ("3.x", "'3.x' is not a head"),
+        ("1.2.3", "'1.2.3' is not a head"),
+        ("-1.0", "'-1.0' is not a head"),
+        ("99.0", "Head 99.0 does not exist: this model has layers 0–1 and heads 0–3"),
+        ("1.4", "Head 1.4 does not exist"),
+    ]:
+        with pytest.raises(service.UserError, match=message):
+            service.parse_heads(text, 2, 4)
+
+
+def test_the_heads_cache_keeps_results_for_one_text_and_the_probe_for_one_model(tiny_llama):
+    model = service.ModelStore().get(tiny_llama)
+    tokens = service.encode(model, HEADS_TEXT)
+    cache = service.heads_cache(None, tiny_llama, tokens)
+    scores = service.head_scores(model, cache)
+    assert set(scores) == set(service.score_names(model)) and scores["induction"].shape == (2, 4)
+    assert service.heads_cache(cache, tiny_llama, service.encode(model, HEADS_TEXT)) is cache
+    other = service.heads_cache(cache, tiny_llama, service.encode(model, "Another text."))
+    assert other is not cache and other.scores is None and other.induction is cache.induction
+    assert service.heads_cache(cache, "another-model", tokens).induction is None
+
+
+def test_ablation_lists_exactly_the_positions_whose_top_prediction_changed(tiny_llama):
+    model = service.ModelStore().get(tiny_llama)  # this store's own copy: louder heads, so removing them matters
+    with torch.no_grad():
+        for block in model.stack.blocks:
+            block.attn.out.weight.mul_(300)
+    tokens = service.encode(model, HEADS_TEXT)
+    chosen = [(0, 0), (0, 1), (1, 2)]
+    view = service.ablation(model, tokens, chosen, "zero")
+    ids = service.as_batch(tokens.ids)
+    with torch.inference_mode():
+        clean = model(ids).logits[0].argmax(-1)
+        ablated = model(ids, ablate_heads=chosen).logits[0].argmax(-1)
+    expected = (clean != ablated).nonzero().flatten().tolist()
+    assert expected and [row[0] for row in view.changed] == expected
+    for position, label, before, after in view.changed:
+        assert label == tokens.labels[position]
+        assert (before, after) == tuple(service.token_texts(model, [clean[position], ablated[position]]))
+    assert view.delta.shape == (len(tokens.ids) - 1,) and np.abs(view.delta).max() > 0.01
+
+
+def test_the_sweep_streams_each_batch_then_the_same_map_as_the_core(tiny_llama):
+    from core import heads
+
+    model = service.ModelStore().get(tiny_llama)
+    ids = service.encode(model, HEADS_TEXT).ids
+    updates = list(service.stream_sweep(model, ids, "zero", batch=3))
+    assert [u.done for u in updates] == [0, 3, 6, 8, 8] and updates[-1].increase is not None
+    assert all(u.increase is None for u in updates[:-1])
+    expected = heads.ablation_sweep(model, service.as_batch(ids), "zero")
+    np.testing.assert_allclose(updates[-1].increase.numpy(), expected.numpy(), atol=1e-6)
+
+
+def test_closing_the_sweep_stops_its_worker(tiny_llama):
+    model = service.ModelStore().get(tiny_llama)
+    ids = service.encode(model, HEADS_TEXT).ids
+    stream = service.stream_sweep(model, ids, "mean", batch=1)
+    next(stream), next(stream)
+    stream.close()
+    for thread in threading.enumerate():
+        if thread.name == "ablation-sweep":
+            thread.join(timeout=10)
+            assert not thread.is_alive()
+
+
+def test_attribution_checks_its_settings_and_the_steps_times_tokens_budget(tiny_llama):
+    model = service.ModelStore().get(tiny_llama)
+    cache = service.heads_cache(None, tiny_llama, service.encode(model, HEADS_TEXT))
+    n = len(cache.tokens.ids)
+    result = service.attribution(model, cache, -1, 1, 2, 4)
+    assert result.position == n - 1 and len(result.integrated) == n
+    assert service.attribution(model, cache, n - 1, 1, 2, 4) is result  # the same settings: kept
+    for args, message in [
+        ((n, 0, 0, 4), f"Position must be between -1 and {n - 1}, got {n}"),
+        ((0, 2, 0, 4), "Layer must be between 0 and 1"),
+        ((0, 0, 4, 4), "Head must be between 0 and 3"),
+        ((0, 0, 0, 0), "Steps must be between 1 and 256"),
+        ((0, 0, 0, 10_000), "Steps must be between 1 and 256"),
+        ((-1, 0, 0, 256), f"256 steps × {n} tokens .* the limit is 4,096. Use at most {4096 // n} steps"),
+    ]:
+        with pytest.raises(service.UserError, match=message):
+            service.attribution(model, cache, *args)
+    assert len(service.attribution(model, cache, 3, 0, 0, 256).integrated) == 4  # position 3 reads 4 tokens
+
+
+def test_the_heads_tab_head_map_is_the_attention_tabs_head_view(tiny_llama):
+    from ui.tab_attention import attention_view
+
+    store = service.ModelStore()
+    model = store.get(tiny_llama)
+    ids = service.encode(model, HEADS_TEXT).ids
+    _, _, head_view, _, _ = attention_view(store, tiny_llama, HEADS_TEXT, 1, "3", False, 0, 0, 8)
+    np.testing.assert_allclose(service.head_map(model, ids, 1, 3), np.asarray(head_view.data[0].z), atol=1e-6)
+
+
+def test_an_encoder_decoder_gets_its_encoders_scores_and_reasons_for_the_rest(tmp_path):
+    from ui import tab_heads
+
+    folder = str(build_tiny_marian(tmp_path / "tiny-marian"))
+    store = service.ModelStore()
+    model = store.get(folder)
+    assert "induction" not in service.score_names(model)
+    note, score_map, table, _, head_view, _ = tab_heads.atlas_view(store, folder, HEADS_TEXT, "local", 1, 2)
+    assert "encoder's self-attention" in note and np.asarray(score_map.data[0].z).shape == (4, 2)
+    z = np.asarray(head_view.data[0].z)
+    assert z[np.triu_indices(len(z), 1)].max() > 0  # the encoder reads both ways
+    assert "decoder needs a target text" in tab_heads.ablation_view(store, folder, HEADS_TEXT, "0.0", "zero")[0]
+    assert "encoder-decoder" in tab_heads.attribution_view(store, folder, HEADS_TEXT, -1, 0, 0, 4)[0]
+    assert "encoder-decoder" in tab_heads.lens_view(store, folder, HEADS_TEXT)[0]
+    assert "decoder needs a target text" in tab_heads.surprisal_view(store, folder, HEADS_TEXT)[0]
+    with pytest.raises(service.UserError, match="induction score is not available"):
+        tab_heads.atlas_view(store, folder, HEADS_TEXT, "induction", 0, 0)

@@ -88,10 +88,10 @@ def shot(page: Page, name: str) -> None:
     page.screenshot(path=SHOTS / f"{name}.png", full_page=True)
 
 
-def test_page_opens_with_the_model_card_and_four_tabs(page):
+def test_page_opens_with_the_model_card_and_five_tabs(page):
     assert page.title() == "The attention explorer"
     tabs = page.get_by_role("tab").all_inner_texts()
-    assert tabs == ["Generate", "Attention", "Positional encoding", "Masks"]
+    assert tabs == ["Generate", "Attention", "Positional encoding", "Masks", "Heads"]
     expect(page.locator("#model-card")).to_contain_text("4d²")
 
 
@@ -235,3 +235,35 @@ def test_masks_tab_draws_stages_and_the_three_measurements(page):
     expect_plot(page, "mask-entropy", "line")
     assert page.locator("#mask-stages .js-plotly-plot .hm image").count() == 6
     shot(page, "masks")
+
+
+def test_heads_tab_maps_every_head_and_a_click_on_a_tile_opens_that_head(page):
+    open_tab(page, "Heads")
+    page.locator("#heads-run").click()
+    expect_plot(page, "heads-map")
+    expect_plot(page, "heads-head-view")
+    expect(page.locator("#heads-note")).to_contain_text("Induction probe")
+    expect(page.locator("#heads-named")).to_contain_text("previous-token head")
+    expect(page.locator("#heads-head-view")).to_contain_text("Layer 0, head 0")
+    # 2 layers across, 4 heads down: the bottom-right tile is layer 1, head 3
+    tiles = page.locator("#heads-map .js-plotly-plot .nsewdrag").first
+    tiles.scroll_into_view_if_needed()
+    box = tiles.bounding_box()
+    corner = {"x": box["width"] * 0.75, "y": box["height"] * 0.85}
+    tiles.hover(position=corner)
+    expect(page.locator("#heads-map .hoverlayer .hovertext").first).to_contain_text("layer 1, head 3", timeout=10_000)
+    tiles.click(position=corner)
+    expect(page.locator("#heads-head-view")).to_contain_text("Layer 1, head 3", timeout=RUN_TIMEOUT_MS)
+    assert page.locator("#heads-layer input").input_value() == "1"
+    assert page.locator("#heads-head input").input_value() == "3"
+    page.locator("#heads-add").click()
+    expect(page.locator("#heads-ablate-list textarea, #heads-ablate-list input").first).to_have_value("1.3")
+    shot(page, "heads")
+
+
+def test_heads_tab_shades_the_text_by_surprisal(page):
+    open_tab(page, "Heads")
+    page.locator("#heads-surprisal-run").click()
+    expect(page.locator("#heads-surprisal-stats")).to_contain_text("perplexity", timeout=RUN_TIMEOUT_MS)
+    token = page.locator("#heads-surprisal .surprisal .tok").nth(3)
+    expect(token).to_have_attribute("title", re.compile(r"nats\s+top 5 here"))
