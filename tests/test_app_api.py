@@ -60,13 +60,15 @@ def client(server):
 def test_every_event_is_queued_with_a_concurrency_limit(server):
     demo, _ = server
     fns = {fn.api_name: fn for fn in demo.fns.values() if fn.api_name}
-    for name in ("generate", "attention", "positional_encoding", "mask_demo"):
+    heads_endpoints = ("head_atlas", "ablate_heads", "ablation_sweep", "attribute", "logit_lens", "surprisal")
+    for name in ("generate", "attention", "positional_encoding", "mask_demo", *heads_endpoints):
         assert fns[name].queue, name
         assert isinstance(fns[name].concurrency_limit, int) and fns[name].concurrency_limit <= 2, name
     # the forward-pass events share one slot: two users' long captures never run at once on a small CPU
     assert (
         fns["attention"].concurrency_id == fns["mask_demo"].concurrency_id == fns["positional_encoding"].concurrency_id
     )
+    assert {fns[name].concurrency_id for name in heads_endpoints} == {fns["attention"].concurrency_id}
 
 
 def figure(plot: dict) -> dict:
@@ -92,6 +94,7 @@ def attention(client, model, text=TEXT, layer=0, head="mean of heads", hide=Fals
 def test_every_endpoint_is_named_in_the_api(client):
     names = set(client.view_api(return_format="dict", print_info=False)["named_endpoints"])
     assert {"/generate", "/attention", "/positional_encoding", "/mask_demo", "/load_text", "/load_model"} <= names
+    assert {"/head_atlas", "/ablate_heads", "/ablation_sweep", "/attribute", "/logit_lens", "/surprisal"} <= names
 
 
 def test_model_card_compares_parameter_counts_with_4d2_and_8d2(client, tiny_models):
@@ -377,3 +380,222 @@ def test_app_py_reports_an_unfetchable_model_and_exits(tmp_path):
     )
     assert done.returncode == 1
     assert "opus-mt-en-de" in done.stderr and "Traceback" not in done.stderr
+
+
+# ---- the Heads tab
+
+
+def atlas(client, model, text=TEXT, score="previous_token", layer=1, head=3):
+    return client.predict(model, text, score, layer, head, api_name="/head_atlas")
+
+
+def ranks(x: np.ndarray) -> np.ndarray:
+    r = np.empty(len(x))
+    r[x.argsort()] = np.arange(len(x))
+    for value in np.unique(x):
+        r[x == value] = r[x == value].mean()
+    return r
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.corrcoef(ranks(a.ravel()), ranks(b.ravel()))[0, 1])
+
+
+def test_head_atlas_maps_every_head_lists_the_top_ones_and_opens_the_chosen_head(client, tiny_models):
+    note, score_map, top, named, head_view = atlas(client, tiny_models["llama"])
+    heat = figure(score_map)["data"][0]
+    z = array(heat["z"])
+    assert z.shape == (4, 2)  # heads down, layers across
+    assert "layer %{x}, head %{y}" in heat["hovertemplate"]
+    # the table: five heads per score, in order, and the best previous-token head is the map's largest tile
+    rows = top["data"]
+    assert {row[0] for row in rows} == {"previous-token", "first-token (sink) mass", "local window (|i − j| ≤ 3)",
+                                        "mean entropy", "duplicate-token", "induction (on the probe)"}
+    best = [row for row in rows if row[0] == "previous-token"]
+    assert [row[1] for row in best] == [1, 2, 3, 4, 5] and best[0][3] >= best[1][3] >= best[4][3]
+    layer, head = map(int, best[0][2].split("."))
+    assert z[head, layer] == pytest.approx(z.max(), abs=1e-4) == pytest.approx(best[0][3], abs=1e-4)
+    entropy = [row[3] for row in rows if row[0] == "mean entropy"]
+    assert entropy == sorted(entropy)  # lowest (most focused) first
+    # thresholds stated, and a random model gets no names
+    assert "≥ 0.5" in named and "previous-token head" in named and "none: no head passes" in named
+    assert "Induction probe" in note and "first copy" in note and "second" in note
+    # the chosen head is the Attention tab's head view of the same layer and head
+    hv = array(figure(head_view)["data"][0]["z"])
+    _, _, reference, _ = attention(client, tiny_models["llama"], layer=1, head="3")
+    np.testing.assert_allclose(hv, array(figure(reference)["data"][0]["z"]), atol=1e-6)
+    assert "Layer 1, head 3" in figure(head_view)["layout"]["title"]["text"]
+    # the same text again: the session keeps its scores
+    assert "kept from the last run" in atlas(client, tiny_models["llama"], score="induction")[0]
+
+
+def test_head_atlas_induction_map_comes_from_the_probe(client, tiny_models):
+    note, score_map, *_ = atlas(client, tiny_models["llama"], text="Something else entirely.", score="induction")
+    fig = figure(score_map)
+    z = array(fig["data"][0]["z"])
+    assert z.shape == (4, 2) and 0 <= z.min() and z.max() <= 1
+    assert "probe" in fig["layout"]["title"]["text"]
+    first, second = (float(x.split("**")[1]) for x in note.split("first copy ")[1].split("nats")[:2])
+    assert first > 0 and second > 0
+
+
+def test_head_atlas_on_an_encoder_has_no_induction_and_says_why(client, tiny_models):
+    note, score_map, top, named, head_view = atlas(client, tiny_models["bert"], score="local")
+    assert "There is no induction score" in note and "causal" not in note.lower()
+    assert "induction" not in named and not any("induction" in row[0] for row in top["data"])
+    z = array(figure(head_view)["data"][0]["z"])
+    assert z[np.triu_indices(len(z), 1)].max() > 0.01  # both directions
+    with pytest.raises(AppError, match="induction score is not available"):
+        atlas(client, tiny_models["bert"], score="induction")
+
+
+def test_ablating_heads_gives_the_loss_change_per_token_and_the_changed_predictions(client, tiny_models):
+    every_head = ", ".join(f"{layer}.{head}" for layer in range(2) for head in range(4))
+    note, loss, changed = client.predict(tiny_models["llama"], TEXT, every_head, "zero", api_name="/ablate_heads")
+    bars = figure(loss)["data"][0]
+    clean, ablated = array(bars["customdata"]).T
+    np.testing.assert_allclose(array(bars["y"]), ablated - clean, atol=1e-5)
+    assert len(bars["x"]) == len(clean) and bars["x"][0].startswith("1 ")  # bar i predicts token i + 1
+    assert "predicting %{x}" in bars["hovertemplate"]
+    mean_clean, mean_ablated = (float(x) for x in note.split("loss ")[1].split(" nats")[0].split(" → "))
+    assert mean_clean == pytest.approx(clean.mean(), abs=1e-3)
+    assert mean_ablated == pytest.approx(ablated.mean(), abs=1e-3)
+    assert np.abs(ablated - clean).max() > 1e-4  # removing every head changes the loss
+    # (the random model's top predictions hardly move; test_app_service checks the changed rows themselves)
+    assert changed["headers"][2:4] == ["clean prediction", "ablated prediction"]
+    assert f"{len(changed['data'])} of" in note
+    mean_note = client.predict(tiny_models["llama"], TEXT, every_head, "mean", api_name="/ablate_heads")[0]
+    assert mean_note.startswith("Mean-ablated 8 heads") and mean_note != note
+
+
+@pytest.mark.parametrize(
+    ("heads", "message"),
+    [
+        ("", "No heads to ablate"),
+        ("3.x", "'3.x' is not a head"),
+        ("99.0", "Head 99.0 does not exist: this model has layers 0–1 and heads 0–3"),
+        ("0.1, 1.7", "Head 1.7 does not exist"),
+    ],
+)
+def test_ablate_heads_rejects_bad_heads_with_a_clear_message(client, tiny_models, heads, message):
+    with pytest.raises(AppError, match=message):
+        client.predict(tiny_models["llama"], TEXT, heads, "zero", api_name="/ablate_heads")
+
+
+def test_ablation_sweep_streams_progress_then_the_map_beside_the_score(client, tiny_models):
+    long_text = " ".join([TEXT] * 6)  # over 128 tokens: the sweep reads the first 128
+    job = client.submit(tiny_models["llama"], long_text, "zero", "first_token", api_name="/ablation_sweep")
+    updates = list(job)
+    assert len(updates) >= 3 and "Sweeping: 0 of 8 heads" in updates[0][0]
+    note, fig = job.result()
+    increase, score = (array(trace["z"]) for trace in figure(fig)["data"])
+    assert increase.shape == score.shape == (4, 2)
+    assert "on 128 tokens (the text's first 128 tokens" in note
+    rho = float(note.split("ρ = ")[1].split("**")[0])
+    assert rho == pytest.approx(spearman(increase, score), abs=0.01)
+    # the same text and ablation again: kept, only the score beside it changes
+    again = client.predict(tiny_models["llama"], long_text, "zero", "local", api_name="/ablation_sweep")
+    assert "kept from the last run" in again[0]
+    np.testing.assert_array_equal(array(figure(again[1])["data"][0]["z"]), increase)
+
+
+def test_attribute_compares_attention_with_gradients_for_one_prediction(client, tiny_models):
+    note, chart, table = client.predict(tiny_models["llama"], TEXT, 5, 1, 2, 16, api_name="/attribute")
+    traces = figure(chart)["data"]
+    assert [t["name"] for t in traces] == ["head 1.2 attention", "mean of layer 1's heads", "attention rollout",
+                                           "gradient × input", "integrated gradients"]
+    for trace in traces:
+        assert len(trace["x"]) == 6 and trace["x"][5].startswith("5 ")  # position 5 reads tokens 0..5
+        assert np.abs(array(trace["y"])).max() == pytest.approx(1.0, abs=1e-6)
+    np.testing.assert_allclose(array(traces[0]["customdata"]).sum(), 1.0, atol=1e-5)  # an attention row
+    corr = np.array([row[1:] for row in table["data"]], dtype=float)
+    assert corr.shape == (5, 5)
+    np.testing.assert_allclose(np.diag(corr), 1.0)
+    np.testing.assert_allclose(corr, corr.T)
+    assert corr[0, 4] == pytest.approx(spearman(array(traces[0]["customdata"]), array(traces[4]["customdata"])),
+                                       abs=0.01)
+    assert "completeness error" in note and "attention weights are not explanations" in note
+    last = client.predict(tiny_models["llama"], TEXT, -1, 0, 0, 4, api_name="/attribute")[0]
+    n = len(figure(head_view_of(client, tiny_models["llama"]))["data"][0]["x"])
+    assert f"Position {n - 1} " in last
+
+
+def head_view_of(client, model):
+    return attention(client, model)[2]
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ((999, 0, 0, 8), "Position must be between -1 and"),
+        ((-1, 2, 0, 8), "Layer must be between 0 and 1, got 2"),
+        ((-1, 0, 9, 8), "Head must be between 0 and 3, got 9"),
+        ((-1, 0, 0, 0), "Steps must be between 1 and 256, got 0"),
+        ((-1, 0, 0, 100_000), "Steps must be between 1 and 256"),
+        ((-1, 0, 0, 256), "the limit is 4,096. Use at most"),
+    ],
+)
+def test_attribute_rejects_bad_settings_with_a_clear_message(client, tiny_models, settings, message):
+    with pytest.raises(AppError, match=message):
+        client.predict(tiny_models["llama"], TEXT, *settings, api_name="/attribute")
+
+
+def test_logit_lens_reads_every_layer_as_a_prediction(client, tiny_models):
+    note, fig = client.predict(tiny_models["llama"], TEXT, api_name="/logit_lens")
+    heat, settles = figure(fig)["data"]
+    z = array(heat["z"])
+    n = len(heat["x"])
+    assert z.shape == (2, n) and 0 <= z.min() and z.max() <= 1
+    assert "top token here: %{customdata}" in heat["hovertemplate"]
+    # the last layer is the output: its own top token is the final answer, so its probability is the colour
+    top_prob = np.array([[float(cell.rsplit("(", 1)[1].rstrip(")")) for cell in row] for row in heat["customdata"]])
+    np.testing.assert_allclose(z[-1], top_prob[-1], atol=0.006)
+    assert all(0 <= y <= 1 for y in settles["y"]) and len(settles["x"]) == n
+    assert "settle" in note
+
+
+def test_surprisal_shades_each_token_and_reports_perplexity(client, tiny_models):
+    text = "The keeper <b>lit</b> the lamp & rowed."
+    stats, page = client.predict(tiny_models["llama"], text, api_name="/surprisal")
+    losses = np.array([float(x.split('"')[0]) for x in page.split('data-loss="')[1:]])
+    mean = float(stats.split("mean **")[1].split("**")[0])
+    perplexity = float(stats.split("perplexity **")[1].split("**")[0])
+    assert mean == pytest.approx(losses.mean(), abs=1e-3) and perplexity == pytest.approx(np.exp(mean), rel=1e-3)
+    assert f"**{len(losses)} predicted tokens**" in stats
+    assert "<b>" not in page and "&lt;" in page and "&amp;" in page  # the text is escaped, not rendered
+    assert page.count("top 5 here:") == len(losses)
+
+
+def test_heads_sections_on_an_encoder_without_an_lm_head_say_why(client, tiny_models):
+    bert = tiny_models["bert"]
+    lens_note, lens_fig = client.predict(bert, TEXT, api_name="/logit_lens")
+    assert "no LM head" in lens_note or "has none" in lens_note
+    assert "has none" in figure(lens_fig)["layout"]["annotations"][0]["text"]
+    assert "predicts no next token" in client.predict(bert, TEXT, api_name="/surprisal")[0]
+    assert "predicts no next token" in client.predict(bert, TEXT, "0.0", "zero", api_name="/ablate_heads")[0]
+    assert "has none" in client.predict(bert, TEXT, -1, 0, 0, 8, api_name="/attribute")[0]
+    assert "predicts no next token" in client.predict(bert, TEXT, "zero", "local", api_name="/ablation_sweep")[0]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "args"),
+    [
+        ("/head_atlas", ("previous_token", 0, 0)),
+        ("/ablate_heads", ("0.0", "zero")),
+        ("/ablation_sweep", ("zero", "local")),
+        ("/attribute", (-1, 0, 0, 8)),
+        ("/logit_lens", ()),
+        ("/surprisal", ()),
+    ],
+)
+def test_heads_endpoints_refuse_empty_text(client, tiny_models, endpoint, args):
+    with pytest.raises(AppError, match="The text is empty"):
+        client.predict(tiny_models["llama"], "  ", *args, api_name=endpoint)
+
+
+def test_heads_tab_reads_at_most_512_tokens_and_says_so(client, tiny_models):
+    text = " ".join([TEXT] * 40)
+    note = atlas(client, tiny_models["llama"], text=text)[0]
+    assert "only the first 512 are used" in note
+    stats, _ = client.predict(tiny_models["llama"], text, api_name="/surprisal")
+    assert "**511 predicted tokens**" in stats
