@@ -213,7 +213,7 @@ def ablation_sweep(model, ids: Tensor, ablation: str = "zero", batch: int = 16, 
             for r, (l, h) in enumerate(chunk):
                 rows[r, l, h] = True
             first = chunk[0][0]
-            probe = Probe(ablate_heads=rows, ablation=ablation, cfg=cfg)
+            probe = Probe(cfg, ablate_heads=rows, ablation=ablation)
             tokens = ids.expand(len(chunk), -1)
             hidden = model.run_stack(model.stack, tokens, None, kind="self", causal=cfg.causal, probe=probe,
                                      start_layer=first, resid=out.records["resid_pre"][first].expand(len(chunk), -1, -1))

@@ -53,8 +53,8 @@ class Probe:
     set to 0 (ablation="zero") or to the head's mean output over the input's real positions ("mean"); or a bool
     tensor [B, L, H] that picks heads per row of the batch (a sweep ablates a different head in each row)."""
 
-    def __init__(self, record: Iterable[str] = (), ablate_heads: Iterable[tuple[int, int]] | Tensor = (),
-                 ablation: str = "zero", cfg: ModelConfig | None = None):
+    def __init__(self, cfg: ModelConfig, record: Iterable[str] = (),
+                 ablate_heads: Iterable[tuple[int, int]] | Tensor = (), ablation: str = "zero"):
         self.record = set(record)
         unknown = sorted(n for n in self.record if n.removeprefix("encoder.") not in RECORDABLE)
         if unknown:
@@ -62,18 +62,22 @@ class Probe:
                              "(prefixed 'encoder.' for a seq2seq encoder)")
         if ablation not in ("zero", "mean"):
             raise ValueError(f"ablation must be 'zero' or 'mean', got {ablation!r}")
-        self.ablation, self.ablate, self.ablate_rows = ablation, {}, None
+        self.ablation = ablation
+        self.ablate = None  # bool [B or 1, L, H]: the heads whose output is removed
         if isinstance(ablate_heads, Tensor):
-            if cfg is not None and tuple(ablate_heads.shape[1:]) != (cfg.n_layers, cfg.n_heads):
+            if tuple(ablate_heads.shape[1:]) != (cfg.n_layers, cfg.n_heads):
                 raise ValueError(f"ablate_heads as a tensor must be bool [batch, {cfg.n_layers}, {cfg.n_heads}], "
                                  f"got {list(ablate_heads.shape)}")
-            self.ablate_rows = ablate_heads.bool()
-            ablate_heads = ()
-        for layer, head in ablate_heads:
-            if cfg is not None and not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
-                raise IndexError(f"cannot ablate head ({layer}, {head}): the model has layers 0..{cfg.n_layers - 1} "
-                                 f"and heads 0..{cfg.n_heads - 1}")
-            self.ablate.setdefault(layer, []).append(head)
+            self.ablate = ablate_heads.bool()
+        elif ablate_heads:
+            self.ablate = torch.zeros(1, cfg.n_layers, cfg.n_heads, dtype=torch.bool)
+            for layer, head in ablate_heads:
+                if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
+                    raise IndexError(f"cannot ablate head ({layer}, {head}): the model has layers "
+                                     f"0..{cfg.n_layers - 1} and heads 0..{cfg.n_heads - 1}")
+                self.ablate[0, layer, head] = True
+        # read once on the host, so layers without an ablated head skip the work
+        self.ablated_layers = set() if self.ablate is None else set(self.ablate.any(-1).any(0).nonzero()[:, 0].tolist())
         self.records: dict[str, dict[int, Tensor]] = {}
 
     @staticmethod
@@ -90,7 +94,7 @@ class Probe:
 
     def ablated(self, kind: str, layer: int, z: Tensor, query_mask: Tensor | None) -> Tensor:
         """z [B, H, T, d_head] with the chosen heads of this layer removed."""
-        if kind != "self" or (self.ablate_rows is None and layer not in self.ablate):
+        if kind != "self" or layer not in self.ablated_layers:
             return z
         if self.ablation == "zero":
             replacement = torch.zeros_like(z)
@@ -98,13 +102,8 @@ class Probe:
             weight = torch.ones(z.shape[0], z.shape[2], device=z.device) if query_mask is None else query_mask.float()
             weight = (weight / weight.sum(-1, keepdim=True))[:, None, :, None].to(z.dtype)   # [B, 1, T, 1]
             replacement = (z * weight).sum(2, keepdim=True).expand_as(z)
-        if self.ablate_rows is not None:
-            chosen = self.ablate_rows[:, layer].to(z.device)                                  # [B, H]
-        else:
-            chosen = torch.zeros(z.shape[1], dtype=torch.bool, device=z.device)
-            chosen[self.ablate[layer]] = True
-            chosen = chosen.expand(z.shape[0], -1)
-        return torch.where(chosen[:, :, None, None], replacement, z)
+        chosen = self.ablate[:, layer].to(z.device)[:, :, None, None]                          # [B or 1, H, 1, 1]
+        return torch.where(chosen, replacement, z)
 
     def layers(self, name: str) -> tuple[Tensor, ...]:
         found = self.records.get(name, {})
@@ -616,7 +615,7 @@ class Transformer(nn.Module):
         probe = None
         ablating = isinstance(ablate_heads, Tensor) or bool(ablate_heads)
         if asked or ablating or logit_lens:  # the lens reads each layer's output
-            probe = Probe(asked | ({"resid_post"} if logit_lens else set()), ablate_heads, ablation, cfg)
+            probe = Probe(cfg, asked | ({"resid_post"} if logit_lens else set()), ablate_heads, ablation)
         attention_mask, decoder_attention_mask = padding_or_none(attention_mask), padding_or_none(decoder_attention_mask)
         recorder = AttentionRecorder() if capture_attention and observer is None else None
         observer = observer or recorder
