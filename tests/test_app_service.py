@@ -192,10 +192,34 @@ def test_ablation_lists_exactly_the_positions_whose_top_prediction_changed(tiny_
         ablated = model(ids, ablate_heads=chosen).logits[0].argmax(-1)
     expected = (clean != ablated).nonzero().flatten().tolist()
     assert expected and [row[0] for row in view.changed] == expected
-    for position, label, before, after in view.changed:
-        assert label == tokens.labels[position]
+    for position, label, before, after, answer in view.changed:
+        assert label == tokens.labels[position] and answer == tokens.labels[position + 1]
         assert (before, after) == tuple(service.token_texts(model, [clean[position], ablated[position]]))
     assert view.delta.shape == (len(tokens.ids) - 1,) and np.abs(view.delta).max() > 0.01
+    assert view.labels == tokens.labels[1:]  # a decoder's loss at t is for token t + 1
+
+
+def test_an_encoder_with_a_masked_lm_head_is_ablated_on_its_own_tokens(tmp_path):
+    from transformers import BertConfig, BertForMaskedLM
+
+    from tests.tiny import spread_weights
+    from tiny_app_model import build_tokenizer
+    from ui import tab_heads
+
+    folder = tmp_path / "tiny-bert-mlm"
+    tok = build_tokenizer(folder, bert_style=True)
+    config = BertConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, max_position_embeddings=128, pad_token_id=tok.pad_token_id)
+    spread_weights(BertForMaskedLM(config), seed=1).save_pretrained(folder)
+    store = service.ModelStore()
+    model = store.get(str(folder))
+    note, loss, rows = tab_heads.ablation_view(store, str(folder), HEADS_TEXT, "0.0, 1.1, 1.3", "zero")
+    n = len(service.encode(model, HEADS_TEXT).ids)
+    assert "masked-LM head" in note and len(loss.data[0].x) == n  # every token, [CLS] included, is scored
+    assert loss.data[0].x[0].startswith("0 ")
+    assert all(row[4] == row[1] for row in rows)  # the answer is the token at that position
+    updates = list(tab_heads.sweep_view(store, str(folder), HEADS_TEXT, "mean", "local"))
+    assert "Swept 8 heads" in updates[-1][0] and "surprisal" in tab_heads.model_note(model)
 
 
 def test_the_sweep_streams_each_batch_then_the_same_map_as_the_core(tiny_llama):
@@ -263,7 +287,7 @@ def test_an_encoder_decoder_gets_its_encoders_scores_and_reasons_for_the_rest(tm
     assert "encoder's self-attention" in note and np.asarray(score_map.data[0].z).shape == (4, 2)
     z = np.asarray(head_view.data[0].z)
     assert z[np.triu_indices(len(z), 1)].max() > 0  # the encoder reads both ways
-    assert "decoder needs a target text" in tab_heads.ablation_view(store, folder, HEADS_TEXT, "0.0", "zero")[0]
+    assert "needs a target text" in tab_heads.ablation_view(store, folder, HEADS_TEXT, "0.0", "zero")[0]
     assert "encoder-decoder" in tab_heads.attribution_view(store, folder, HEADS_TEXT, -1, 0, 0, 4)[0]
     assert "encoder-decoder" in tab_heads.lens_view(store, folder, HEADS_TEXT)[0]
     assert "decoder needs a target text" in tab_heads.surprisal_view(store, folder, HEADS_TEXT)[0]

@@ -718,7 +718,7 @@ def scaling_entropy(model, ids: list[int], layer: int, head: int) -> dict:
 # ---------------------------------------------------------------- heads: what each head does, and whether it matters
 
 
-def heads_text_reason(model, what: str) -> str | None:
+def next_token_reason(model, what: str) -> str | None:
     """Why `what` (a next-token measurement) cannot run on this model, or None when it can."""
     cfg = model.config
     if cfg.is_encoder_decoder:
@@ -759,7 +759,7 @@ def scored_shape(model) -> tuple[int, int]:
 
 def score_names(model) -> list[str]:
     """The head scores that make sense for this model: the induction probe only where it predicts next tokens."""
-    skip = heads.CAUSAL_ONLY if heads_text_reason(model, "The probe") else ()
+    skip = heads.CAUSAL_ONLY if next_token_reason(model, "The probe") else ()
     return [name for name in heads.SCORES if name not in skip]
 
 
@@ -796,7 +796,7 @@ def heads_cache(previous: HeadsCache | None, model_name: str, tokens: Encoded) -
 
 def induction_probe(model, cache: HeadsCache) -> heads.InductionResult | None:
     """The model's induction probe (kept in the cache), or None where the model predicts no next token."""
-    if heads_text_reason(model, "The probe") is not None:
+    if next_token_reason(model, "The probe") is not None:
         return None
     if cache.induction is None:
         cache.induction = heads.induction(model, INDUCTION_LENGTH, INDUCTION_SEED)
@@ -838,7 +838,7 @@ def check_score(model, name: str) -> str:
     if name in names:
         return name
     if name in heads.SCORES:
-        raise UserError(f"The {name} score is not available here. {heads_text_reason(model, 'The induction probe')}")
+        raise UserError(f"The {name} score is not available here. {next_token_reason(model, 'The induction probe')}")
     raise UserError(f"Unknown score {name!r}; choose one of {', '.join(names)}.")
 
 
@@ -917,25 +917,39 @@ def alternatives(model, result: heads.Surprisal) -> list[list[tuple[str, float]]
 @dataclass
 class AblationView:
     heads: list[tuple[int, int]]
-    clean_loss: np.ndarray  # [T - 1] next-token loss, nats
-    ablated_loss: np.ndarray  # [T - 1]
-    changed: list[tuple[int, str, str, str]]  # (position, token there, clean → ablated top next token)
+    labels: list[str]  # the token each loss is for: the next one (a decoder), the one there (an MLM encoder)
+    clean_loss: np.ndarray  # [T - 1] for a decoder, [T] for an MLM encoder; nats
+    ablated_loss: np.ndarray
+    changed: list[tuple[int, str, str, str, str]]  # (position, token there, clean top, ablated top, the text's)
 
     @property
     def delta(self) -> np.ndarray:
         return self.ablated_loss - self.clean_loss
 
 
+def loss_tokens(model) -> int:
+    """The fewest tokens a loss can be measured on: a decoder needs a next token, an MLM encoder only one."""
+    return 2 if model.config.causal else 1
+
+
 def ablation(model, tokens: Encoded, head_pairs: list[tuple[int, int]], kind: str) -> AblationView:
-    """Per-token next-token loss with and without the heads, and the positions whose top prediction changed."""
-    if len(tokens.ids) < 2:
+    """Per-token loss with and without the heads, and the positions whose top prediction changed."""
+    reason = lm_head_reason(model, "Ablation")
+    if reason:
+        raise UserError(reason)
+    if len(tokens.ids) < loss_tokens(model):
         raise UserError("Ablation needs at least 2 tokens: there is no next token to predict in one.")
     result = heads.ablate(model, as_batch(tokens.ids, model.device), head_pairs, check_ablation(kind))
+    n, causal = len(tokens.ids), model.config.causal
     positions = result.changed.tolist()
     clean = token_texts(model, result.clean_top[positions].tolist())
     ablated = token_texts(model, result.ablated_top[positions].tolist())
-    changed = [(p, tokens.labels[p], c, a) for p, c, a in zip(positions, clean, ablated)]
-    return AblationView(head_pairs, to_numpy(result.clean_loss), to_numpy(result.ablated_loss), changed)
+    answers = [
+        (tokens.labels[p + 1] if p + 1 < n else "(after the text)") if causal else tokens.labels[p] for p in positions
+    ]
+    changed = [(p, tokens.labels[p], c, a, t) for p, c, a, t in zip(positions, clean, ablated, answers)]
+    labels = tokens.labels[1:] if causal else tokens.labels
+    return AblationView(head_pairs, labels, to_numpy(result.clean_loss), to_numpy(result.ablated_loss), changed)
 
 
 @dataclass
@@ -1035,7 +1049,7 @@ def logit_lens(model, cache: HeadsCache) -> heads.LensTable:
 
 
 def token_surprisal(model, cache: HeadsCache) -> heads.Surprisal:
-    reason = heads_text_reason(model, "Surprisal")
+    reason = next_token_reason(model, "Surprisal")
     if reason:
         raise UserError(reason)
     if len(cache.tokens.ids) < 2:

@@ -68,10 +68,10 @@ def model_note(model) -> str:
         kind = "a decoder: each token attends to itself and the tokens before it"
     missing = []
     for what, reason in (
-        ("ablation and the sweep", service.heads_text_reason(model, "Ablation")),
+        ("ablation and the sweep", service.lm_head_reason(model, "Ablation")),
         ("attribution", service.lm_head_reason(model, "Attribution")),
         ("the logit lens", service.lm_head_reason(model, "The logit lens")),
-        ("surprisal", service.heads_text_reason(model, "Surprisal")),
+        ("surprisal", service.next_token_reason(model, "Surprisal")),
     ):
         if reason:
             missing.append(what)
@@ -190,32 +190,28 @@ def empty_table() -> list[list]:
 def ablation_view(store: service.ModelStore, name, text, heads_text, kind, progress=None):
     """Loss change per token and the changed predictions; the body of the `ablate_heads` endpoint."""
     model = store.get(name, progress)
-    reason = service.heads_text_reason(model, "Ablation")
+    reason = service.lm_head_reason(model, "Ablation")
     if reason:
         return reason, plots.empty_figure(reason), empty_table()
-    cfg = model.config
     tokens = service.encode(model, text, service.MAX_HEADS_TOKENS)
-    pairs = service.parse_heads(heads_text, cfg.n_layers, cfg.n_heads)
+    pairs = service.parse_heads(heads_text, *service.scored_shape(model))
     view = service.ablation(model, tokens, pairs, kind)
     clean, ablated = float(view.clean_loss.mean()), float(view.ablated_loss.mean())
-    n = len(tokens.ids)
     listed = service.format_heads(pairs)
+    what = "next-token loss" if model.config.causal else "loss on each token from its own position (masked-LM head)"
     fig = plots.loss_change_figure(
-        tokens.labels[1:], view.clean_loss, view.ablated_loss,
-        f"Next-token loss change with {listed} {kind}-ablated (red: worse without them)",
+        view.labels, view.clean_loss, view.ablated_loss,
+        f"Loss change with {listed} {kind}-ablated (red: worse without them)",
     )
+    predictions = "next-token predictions" if model.config.causal else "predictions"
     note = (
-        f"{kind.capitalize()}-ablated {len(pairs)} head{'s' if len(pairs) > 1 else ''} ({listed}): mean next-token "
-        f"loss {clean:.3f} → {ablated:.3f} nats ({ablated - clean:+.3f}). {len(view.changed)} of {n} top next-token "
-        "predictions changed."
+        f"{kind.capitalize()}-ablated {len(pairs)} head{'s' if len(pairs) > 1 else ''} ({listed}): mean {what} "
+        f"{clean:.3f} → {ablated:.3f} nats ({ablated - clean:+.3f}). {len(view.changed)} of {len(tokens.ids)} top "
+        f"{predictions} changed."
     )
     if tokens.note:
         note += "  \n⚠️ " + tokens.note
-    rows = [
-        [p, label, clean_top, ablated_top, tokens.labels[p + 1] if p + 1 < n else "(after the text)"]
-        for p, label, clean_top, ablated_top in view.changed
-    ]
-    return note, fig, rows
+    return note, fig, [list(row) for row in view.changed]
 
 
 def top_heads_text(store: service.ModelStore, name, text, score, previous=None):
@@ -232,7 +228,7 @@ def sweep_view(store: service.ModelStore, name, text, kind, score, previous=None
     """Yields (note, figure, cache) as the sweep goes, then the loss-increase map beside the chosen score's map;
     the body of the `ablation_sweep` endpoint. progress(fraction, message) follows the heads done."""
     model = store.get(name)
-    reason = service.heads_text_reason(model, "The sweep")
+    reason = service.lm_head_reason(model, "The sweep")
     if reason:
         yield reason, plots.empty_figure(reason), previous
         return
@@ -241,7 +237,7 @@ def sweep_view(store: service.ModelStore, name, text, kind, score, previous=None
     tokens = service.encode(model, text, service.MAX_HEADS_TOKENS)
     cache = service.heads_cache(previous, name, tokens)
     ids = tokens.ids[: service.MAX_SWEEP_TOKENS]
-    if len(ids) < 2:
+    if len(ids) < service.loss_tokens(model):
         raise UserError("The sweep needs at least 2 tokens: there is no next token to predict in one.")
     seconds = None
     if kind not in cache.sweeps:
@@ -375,7 +371,7 @@ def lens_view(store: service.ModelStore, name, text, previous=None, progress=Non
 def surprisal_view(store: service.ModelStore, name, text, previous=None, progress=None):
     """The text shaded by loss; the body of the `surprisal` endpoint. Returns (stats, html, cache)."""
     model = store.get(name, progress)
-    reason = service.heads_text_reason(model, "Surprisal")
+    reason = service.next_token_reason(model, "Surprisal")
     if reason:
         return reason, "", previous
     tokens = service.encode(model, text, service.MAX_HEADS_TOKENS)
@@ -450,7 +446,8 @@ def build(store: service.ModelStore, picker: Picker, initial) -> None:
 
     gr.Markdown(
         "### Ablation: does the output depend on these heads?\nRemove heads (their output before W^O set to zero, "
-        "or to its mean over the text) and measure the next-token loss at every token."
+        "or to its mean over the text) and measure the loss at every token: of the next token for a decoder, of "
+        "the token itself for an encoder with a masked-LM head."
     )
     with gr.Row():
         heads_box = gr.Textbox(label="Heads as layer.head, comma-separated", placeholder="e.g. 3.2, 5.0",
@@ -464,8 +461,8 @@ def build(store: service.ModelStore, picker: Picker, initial) -> None:
     with gr.Row():
         loss_fig = gr.Plot(label="Loss change per token", elem_id="heads-ablation-loss")
         changed = gr.Dataframe(
-            headers=["position", "token", "clean prediction", "ablated prediction", "next token in the text"],
-            label="Changed next-token predictions", interactive=False, elem_id="heads-ablation-changed",
+            headers=["position", "token", "clean prediction", "ablated prediction", "answer in the text"],
+            label="Changed predictions", interactive=False, elem_id="heads-ablation-changed",
         )
     gr.Markdown(
         f"The sweep removes each head alone, {service.SWEEP_BATCH} heads per forward pass, on the first "
