@@ -1,0 +1,228 @@
+"""The Lab tab's service (ui/lab.py) and plots (ui/lab_plots.py) without Gradio: tiny runs train and stream their
+curves, the job cap and the one-job-per-session rule refuse with a message, Stop ends the thread, bad configs and
+sources are named, comparisons differ in one switch and their sentences come from the numbers, saved runs join
+the weight store."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from core import load_model
+from core.store import WeightStore, load_registry
+from ui import lab_plots
+from ui.lab import Lab, LabSettings, Summary, experiment_pair, finding, make_config
+from ui.service import UserError
+
+SETTINGS = LabSettings(max_jobs=2, max_steps=5000, max_seconds=60, eval_examples=16)
+TINY = dict(task="reverse", family="marian", n_layers=1, d_model=32, n_heads=2, d_ff=64, dropout=0.0,
+            positions="default", norm="default", causal_mask=True, scale=True, seed=0, steps=20, lr=3e-3,
+            snapshot_steps="10, 20")
+
+
+def config(**kw):
+    return make_config(SETTINGS, **{**TINY, **kw})
+
+
+def finish(lab: Lab, job, timeout: float = 60.0):
+    updates = list(lab.follow(job, interval=0.05))
+    assert job.done.wait(timeout)
+    return updates
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """One tiny finished run, shared by the tests that only read it."""
+    lab = Lab(SETTINGS)
+    job = lab.train("s", config())
+    updates = finish(lab, job)
+    return lab, job, updates
+
+
+def test_a_tiny_run_trains_and_streams_its_curve(trained):
+    lab, job, updates = trained
+    record = job.records[0]
+    assert record.id == "run1" and record.status == "done" and len(updates) >= 2
+    assert lab.latest(updates[0])["runs"][0]["run"] == "run1"
+    curve = record.curve()
+    assert curve.steps.tolist() == list(range(1, 21))
+    assert curve.eval_steps.tolist() == [5, 10, 15, 20]  # every tenth of the run, at least every 5 steps
+    assert np.isfinite(curve.train_loss).all() and curve.train_loss[-5:].mean() < curve.train_loss[:5].mean()
+    latest = lab.latest(job)
+    assert latest["done"] and latest["runs"][0]["step"] == 20 and latest["runs"][0]["tokens_per_s"] > 0
+    assert 0 <= latest["runs"][0]["exact_match"] <= 1
+    assert "**run1**" in lab.status(job) and "done, step 20 / 20" in lab.status(job)
+    row = lab.table("s")[0]
+    assert row[0] == "run1" and row[4] == 20 and row[5] == "done" and "marian 1×32" in row[3]
+    fig = lab_plots.training_curves(lab.curves(job), "t", 20)
+    assert [t.name for t in fig.data] == ["run1 reverse, marian: training", "run1 reverse, marian: held-out",
+                                          "run1 reverse, marian: exact match"]
+
+
+def test_snapshots_and_the_attention_of_a_trained_run(trained):
+    lab, job, _ = trained
+    snap = lab.snapshots(job.records[0])
+    assert snap.steps == [10, 20] and snap.kind == "cross-attention"
+    assert snap.maps.shape == (2, 1, len(snap.query_tokens), len(snap.key_tokens))
+    np.testing.assert_allclose(snap.maps.sum(-1), 1.0, atol=1e-5)
+    view = lab.attention("s", "run1", "abcdefgh")
+    assert view.source_tokens == list("abcdefgh") + ["<eos>"] and view.target_tokens[0] == "<bos>"
+    assert view.encoder.shape == (1, 2, 9, 9) and view.cross.shape[:3] == (1, 2, len(view.target_tokens))
+    assert "**run1** (reverse) answers" in view.note and "anti-diagonal" in view.note
+    fig = lab_plots.heatmap_grid(view.cross, ["layer 0"], ["head 0", "head 1"], view.target_tokens,
+                                 view.source_tokens, "cross")
+    assert len(fig.data) == 2 and fig.data[0].x[0] == "0 a" and fig.data[0].y[0] == "0 <bos>"
+    for bad, message in (("abc!", "outside the lab's vocabulary"), ("", "1 to 40 characters")):
+        with pytest.raises(UserError, match=message):
+            lab.attention("s", "run1", bad)
+    with pytest.raises(UserError, match="no run 'run9'"):
+        lab.attention("s", "run9", "abc")
+    with pytest.raises(UserError, match="no run 'run1'"):
+        lab.attention("another session", "run1", "abc")
+
+
+def test_the_job_cap_and_one_job_per_session_refuse_with_a_message():
+    lab = Lab(SETTINGS)
+    long = config(steps=4000, snapshot_steps="")
+    first, second = lab.train("a", long), lab.train("b", long)
+    try:
+        assert lab.active_jobs() == 2
+        with pytest.raises(UserError, match=r"already training 2 jobs, its limit \(ATTN_LAB_JOBS=2\)"):
+            lab.train("c", long)
+        with pytest.raises(UserError, match=r"This session is already training \(run1\)"):
+            lab.compare("a", long, "positions")
+    finally:
+        for key in ("a", "b"):
+            lab.stop(key, wait=30)
+    assert not first.alive and not second.alive and lab.active_jobs() == 0
+    third = lab.train("c", long)  # a freed slot is usable again
+    lab.stop("c", wait=30)
+    assert third.records[0].status == "stopped"
+
+
+def test_stop_ends_the_job_and_its_thread():
+    lab = Lab(SETTINGS)
+    job = lab.train("s", config(steps=4000, snapshot_steps=""))
+    deadline = time.monotonic() + 30
+    while job.steps_done() < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    lab.stop("s", wait=30)
+    job.thread.join(5)
+    assert not job.thread.is_alive() and not job.alive
+    record = job.records[0]
+    assert record.status == "stopped" and 3 <= record.summary().steps < 4000
+    assert record.run.final is not None, "a stopped run is evaluated on what it learned"
+    assert "stopped, step" in lab.status(job)
+
+
+def test_the_time_budget_stops_a_run():
+    lab = Lab(LabSettings(max_seconds=0.3, eval_examples=8))
+    job = lab.train("s", make_config(lab.settings, **{**TINY, "steps": 3000, "snapshot_steps": ""}))
+    finish(lab, job)
+    assert job.records[0].status == "time budget" and job.records[0].summary().steps < 3000
+    assert "stopped by the time budget" in lab.status(job)
+
+
+@pytest.mark.parametrize("bad,message", [
+    (dict(n_heads=3), r"D_model \(32\) must be a multiple of n_heads \(3\)"),
+    (dict(d_ff=0), "d_ff must be between 1 and 1024, got 0"),
+    (dict(task="poetry"), "Unknown task 'poetry'; the tasks are copy, reverse, sort, add, dates"),
+    (dict(family="gpt"), "Family must be 'marian'"),
+    (dict(d_model=512), "d_model must be between 32 and 256"),
+    (dict(steps=6000), "Steps must be between 1 and 5000"),
+    (dict(lr="fast"), "lr must be a number"),
+    (dict(snapshot_steps="10, 30"), r"between 1 and 20 \(the run's length\), got 30"),
+    (dict(positions="rope", d_model=36, n_heads=4), "even head size"),
+])
+def test_bad_configs_are_named(bad, message):
+    with pytest.raises(UserError, match=message):
+        config(**bad)
+
+
+def test_a_comparison_differs_in_one_switch_and_trains_both():
+    base = config(steps=10, snapshot_steps="")
+    a, b, note = experiment_pair(base, "causal_mask")
+    assert a.family == b.family == "llama" and "decoder only" in note
+    assert (a.causal_mask, b.causal_mask) == (True, False) and {**vars(a), "causal_mask": False} == vars(b)
+    a, b, note = experiment_pair(base, "scale")
+    assert a.n_heads == 1 and "d_k = d_model = 32" in note and (a.scale, b.scale) == (True, False)
+    a, b, note = experiment_pair(base, "norm")
+    assert a.lr == b.lr == 3e-3 and (a.norm, b.norm) == ("pre", "post")
+    a, b, _ = experiment_pair(config(positions="none"), "positions")
+    assert (a.positions, b.positions) == (None, "none")
+    with pytest.raises(UserError, match="Unknown comparison"):
+        experiment_pair(base, "gravity")
+    lab = Lab(SETTINGS)
+    job = lab.compare("s", base, "causal_mask")
+    finish(lab, job)
+    assert [r.id for r in job.records] == ["run1", "run2"] and [r.status for r in job.records] == ["done"] * 2
+    assert job.finding.startswith("Without the causal mask the training loss fell to")
+    assert lab.findings("s") == [job.finding] and len(lab.table("s")) == 2
+    view = lab.attention("s", "run2", "abcd")  # a decoder only: one sequence, no encoder, no cross-attention
+    assert view.cross is None and view.encoder is None and view.source_tokens[:6] == ["<bos>", *"abcd", "<sep>"]
+    assert view.decoder.shape[-1] == len(view.source_tokens)
+    with pytest.raises(UserError, match="at most 20 characters; this one has 21"):
+        lab.attention("s", "run2", "a" * 21)
+
+
+def summary(**kw):
+    base = dict(steps=100, train_loss=1.0, early_loss=3.0, held_loss=1.0, exact_match=0.5, initial_entropy=2.0,
+                uniform_entropy=2.3, tokens_per_s=1000.0, seconds=1.0, stopped_early=False)
+    return Summary(**{**base, **kw})
+
+
+def test_the_sentences_come_from_the_measured_numbers():
+    cfg = config()
+    leaky = finding("causal_mask", summary(train_loss=0.66, exact_match=0.25), summary(train_loss=0.01, exact_match=0),
+                    cfg)
+    assert leaky == ("Without the causal mask the training loss fell to 0.01 (masked: 0.66) but free-running exact "
+                     "match is 0 % (masked: 25 %): the decoder learned to read the answer it is asked to predict.")
+    # numbers that do not show the leak get no conclusion
+    plain = finding("causal_mask", summary(train_loss=0.5, exact_match=0.2), summary(train_loss=0.6, exact_match=0.3),
+                    cfg)
+    assert plain.endswith("(masked: 20 %).") and "learned to read" not in plain
+    scale = finding("scale", summary(initial_entropy=2.2), summary(initial_entropy=1.1, early_loss=3.5), cfg)
+    assert "entropy at initialisation is 1.10 nats without 1/√d_k (with: 2.20; uniform: 2.30)" in scale
+    assert "3.50 (with: 3.00)" in scale and "starts peakier" in scale
+    assert "peakier" not in finding("scale", summary(initial_entropy=1.0), summary(initial_entropy=1.5), cfg)
+    norm = finding("norm", summary(train_loss=0.1), summary(train_loss=float("nan"), steps=40, stopped_early=True),
+                   cfg)
+    assert "Post-LN ended with training loss NaN" in norm and "clearly worse" in norm and "stopped at step 40" in norm
+    positions = finding("positions", summary(exact_match=0.9), summary(exact_match=0.05), cfg)
+    assert "could not do the task" in positions
+
+
+def test_a_saved_run_joins_the_weight_store_and_is_never_overwritten(trained, tmp_path):
+    lab, _, _ = trained
+    saver = Lab(SETTINGS, weights_root=tmp_path)
+    saver._sessions = lab._sessions  # the same session's runs, another weights folder
+    seen = []
+    folder = saver.save("s", "run1", "my-reverse_1", lambda f, m: seen.append(f))
+    assert folder == tmp_path / "my-reverse_1" and seen[-1] == 1.0
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["name"] == "my-reverse_1" and manifest["source"]["type"] == "trained"
+    assert manifest["source"]["task"] == "reverse" and manifest["source"]["seed"] == 0
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
+    store = WeightStore(root=tmp_path, registry=load_registry())
+    assert "my-reverse_1" in store.known_names() and store.ensure("my-reverse_1") == folder
+    model = load_model(folder, device="cpu")
+    assert model.config.is_encoder_decoder and model.tokenizer is not None
+    for run_id, name, message in (("run1", "my-reverse_1", "already exists"), ("run1", "../x", "letters, digits"),
+                                  ("run1", "", "letters, digits"), ("run1", "gpt2", "registry"),
+                                  ("run7", "fine", "no run 'run7'")):
+        with pytest.raises(UserError, match=message):
+            saver.save("s", run_id, name)
+
+
+def test_the_plots_know_nothing_of_torch_or_gradio():
+    code = "import sys, ui.lab_plots; print(sorted({'torch', 'gradio'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    with pytest.raises(ValueError, match="do not match"):
+        lab_plots.heatmap_grid(np.zeros((1, 1, 2, 3)), ["a"], ["b"], ["x", "y"], ["p", "q"], "t")
+    assert lab_plots.token_labels(["a", " ", "a"]) == ["0 a", "1 ␣", "2 a"]

@@ -1,0 +1,695 @@
+"""The training lab's service: background training jobs, each session's runs, comparisons, attention views and
+saving a run into the weight store. Plain Python over core.train; it never imports gradio and never draws
+(ui/lab_plots.py does), so the Lab tab only translates and wires.
+
+A job trains one run, or two interleaved step by step (a comparison), in its own thread, and stops when asked
+(train(stop=...)), after its step budget, or after the server's time budget. Jobs are capped server-wide and
+to one per session; a session's runs live here, keyed by the session id, until it has been idle for an hour.
+"""
+
+from __future__ import annotations
+
+import calendar
+import functools
+import logging
+import math
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+import core.store as weight_store
+from core import train as engine
+from core.train import LabConfig
+from ui.lab_plots import Curve
+from ui.service import UserError, check_range
+
+log = logging.getLogger(__name__)
+
+FAMILIES = {"marian": "encoder-decoder (Marian layout)", "llama": "decoder only (Llama layout)"}
+POSITIONS = ("default", "sinusoidal", "learned", "rope", "none")  # "default": the family's own
+NORMS = ("default", "pre", "post")
+MAX_RUNS_PER_SESSION = 8  # older finished runs are dropped: each holds its model in memory
+MAX_SNAPSHOTS = 8
+MAX_DECODER_SOURCE = 20  # <bos> source <sep> and up to 40 generated tokens must fit the model's 64 positions
+SESSION_IDLE_S = 3600
+POLL_S = 0.5  # how often a follower looks at its job
+NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+LIMITS = dict(n_layers=(1, 4), d_model=(32, 256), n_heads=(1, 8), d_ff=(1, 1024), seed=(0, 2**31 - 1))
+TABLE_COLUMNS = ("run", "label", "task", "model", "steps", "status", "final training loss", "held-out loss",
+                 "exact match", "entropy at init (nats)", "tokens/s", "seconds")
+
+
+@dataclass(frozen=True)
+class LabSettings:
+    """Server-wide limits; python app.py reads them from the environment (ATTN_LAB_*)."""
+
+    max_jobs: int = 2  # concurrent training jobs on the whole server
+    max_steps: int = 3000  # per run
+    max_seconds: float = 300.0  # per run; the run stops after it, keeping what it learned
+    eval_examples: int = 200  # held-out examples per evaluation
+
+    @classmethod
+    def from_env(cls) -> LabSettings:
+        env = os.environ
+        return cls(max_jobs=int(env.get("ATTN_LAB_JOBS", cls.max_jobs)),
+                   max_steps=int(env.get("ATTN_LAB_MAX_STEPS", cls.max_steps)),
+                   max_seconds=float(env.get("ATTN_LAB_MAX_SECONDS", cls.max_seconds)),
+                   eval_examples=int(env.get("ATTN_LAB_EVAL_EXAMPLES", cls.eval_examples)))
+
+
+# ---------------------------------------------------------------- configs
+
+
+def parse_steps_list(text, steps: int) -> tuple[int, ...]:
+    """'50, 150, 600' → (50, 150, 600): the steps after which the attention is kept."""
+    parts = [p for p in re.split(r"[,\s]+", str(text or "").strip()) if p]
+    out = set()
+    for p in parts:
+        if not p.isdigit():
+            raise UserError(f"Snapshot steps must be whole numbers separated by commas, got {p!r}.")
+        if not 1 <= int(p) <= steps:
+            raise UserError(f"Snapshot steps must be between 1 and {steps} (the run's length), got {p}.")
+        out.add(int(p))
+    if len(out) > MAX_SNAPSHOTS:
+        raise UserError(f"At most {MAX_SNAPSHOTS} snapshot steps, got {len(out)}.")
+    return tuple(sorted(out))
+
+
+def positive_number(name: str, value, low: float, high: float) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{name} must be a number from {low:g} to {high:g}, got {value!r}.") from None
+    if not (math.isfinite(value) and low <= value <= high):
+        raise UserError(f"{name} must be between {low:g} and {high:g}, got {value:g}.")
+    return value
+
+
+def make_config(settings: LabSettings, task, family, n_layers, d_model, n_heads, d_ff, dropout, positions, norm,
+                causal_mask, scale, seed, steps, lr, snapshot_steps="") -> LabConfig:
+    """The page's fields as a checked LabConfig, or a UserError naming the field and its range."""
+    if task not in engine.TASKS:
+        raise UserError(f"Unknown task {task!r}; the tasks are {', '.join(engine.TASKS)}.")
+    if family not in FAMILIES:
+        raise UserError(f"Family must be 'marian' (encoder-decoder) or 'llama' (decoder only), got {family!r}.")
+    if positions not in POSITIONS:
+        raise UserError(f"Positions must be one of {', '.join(POSITIONS)}, got {positions!r}.")
+    if norm not in NORMS:
+        raise UserError(f"Norm must be 'default', 'pre' or 'post', got {norm!r}.")
+    ints = {name: check_range(label, value, *LIMITS[name]) for name, label, value in (
+        ("n_layers", "Layers", n_layers), ("d_model", "d_model", d_model), ("n_heads", "Heads", n_heads),
+        ("d_ff", "d_ff", d_ff), ("seed", "Seed", seed))}
+    steps = check_range("Steps", steps, 1, settings.max_steps)
+    config = LabConfig(
+        task=task, family=family, dropout=positive_number("Dropout", dropout, 0.0, 0.5),
+        positions=None if positions == "default" else positions, norm=None if norm == "default" else norm,
+        causal_mask=bool(causal_mask), scale=bool(scale), steps=steps, lr=positive_number("lr", lr, 1e-5, 0.1),
+        warmup=min(100, max(1, steps // 6)), eval_every=max(5, steps // 10), eval_examples=settings.eval_examples,
+        time_budget=settings.max_seconds, snapshot_steps=parse_steps_list(snapshot_steps, steps), **ints)
+    return checked(config)
+
+
+def checked(config: LabConfig) -> LabConfig:
+    try:
+        config.check()
+    except ValueError as exc:  # the engine's message names the field and what would be right
+        raise UserError(f"{str(exc)[:1].upper()}{str(exc)[1:]}.") from None
+    return config
+
+
+def describe(config: LabConfig) -> str:
+    """'marian 2×128, 4 heads, d_ff 256, lr 0.001, seed 0' plus every switch that differs from the family's own."""
+    text = (f"{config.family} {config.n_layers}×{config.d_model}, {config.n_heads} heads, d_ff {config.d_ff}, "
+            f"lr {config.lr:g}, seed {config.seed}")
+    extras = [f"{config.positions} positions" if config.positions else "", f"{config.norm}-LN" if config.norm else "",
+              "no causal mask" if not config.causal_mask else "", "no 1/√d_k" if not config.scale else "",
+              f"dropout {config.dropout:g}" if config.dropout else ""]
+    return ", ".join([text] + [e for e in extras if e])
+
+
+# ---------------------------------------------------------------- comparisons
+
+
+@dataclass(frozen=True)
+class Experiment:
+    label: str  # shown in the page's dropdown
+    names: tuple[str, str]  # run A (the switch on), run B (the switch off)
+
+
+EXPERIMENTS = {
+    "causal_mask": Experiment("causal mask: on vs off (decoder only)", ("causal mask", "no causal mask")),
+    "positions": Experiment("positions: the family's own vs none", ("positions", "no positions")),
+    "scale": Experiment("1/√d_k: on vs off, at d_k = d_model (one head)", ("1/√d_k", "no 1/√d_k")),
+    "norm": Experiment("Pre-LN vs Post-LN at lr 0.003 or higher", ("Pre-LN", "Post-LN")),
+}
+HIGH_LR = 3e-3  # the norm comparison's learning rate, at least
+
+
+def experiment_pair(config: LabConfig, experiment: str) -> tuple[LabConfig, LabConfig, str]:
+    """The two configs of a comparison, identical but for one switch, and a note of what was changed from the
+    page's config to make the comparison meaningful."""
+    if experiment not in EXPERIMENTS:
+        raise UserError(f"Unknown comparison {experiment!r}; choose one of {', '.join(EXPERIMENTS)}.")
+    note = ""
+    if experiment == "causal_mask":
+        if config.family != "llama":
+            config, note = replace(config, family="llama"), "decoder only (the Llama layout), where the mask matters"
+        a, b = replace(config, causal_mask=True), replace(config, causal_mask=False)
+    elif experiment == "positions":
+        own = config.positions if config.positions not in (None, "none") else None
+        a, b = replace(config, positions=own), replace(config, positions="none")
+    elif experiment == "scale":
+        if config.n_heads != 1:
+            config, note = replace(config, n_heads=1), f"one head, so d_k = d_model = {config.d_model}"
+        a, b = replace(config, scale=True), replace(config, scale=False)
+    else:
+        if config.lr < HIGH_LR:
+            config, note = replace(config, lr=HIGH_LR), f"lr raised to {HIGH_LR:g}"
+        a, b = replace(config, norm="pre"), replace(config, norm="post")
+    return checked(a), checked(b), note
+
+
+@dataclass
+class Summary:
+    """A run's measured numbers, for the results table and the sentences of a comparison."""
+
+    steps: int
+    train_loss: float  # mean of the last ten steps' training loss
+    early_loss: float  # mean over the first tenth of the steps
+    held_loss: float | None
+    exact_match: float | None
+    initial_entropy: float | None  # mean over layers of the decoder's self-attention entropy before training
+    uniform_entropy: float | None  # what the same rows would have if attention were uniform
+    tokens_per_s: float
+    seconds: float
+    stopped_early: bool
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.0f} %"
+
+
+def _num(x: float | None, digits: int = 2) -> str:
+    if x is None:
+        return "–"
+    return "NaN" if not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+def finding(experiment: str, a: Summary, b: Summary, config_a: LabConfig) -> str:
+    """One or two sentences built from the two runs' measured numbers; a conclusion is added only where the
+    numbers show it."""
+    if experiment == "causal_mask":
+        text = (f"Without the causal mask the training loss fell to {_num(b.train_loss)} "
+                f"(masked: {_num(a.train_loss)}) {'but' if _lt(b.exact_match, a.exact_match) else 'and'} free-running "
+                f"exact match is {_pct(b.exact_match)} (masked: {_pct(a.exact_match)})")
+        if _lt(b.train_loss, a.train_loss) and _lt(b.exact_match, a.exact_match):
+            text += ": the decoder learned to read the answer it is asked to predict."
+        else:
+            text += "."
+    elif experiment == "positions":
+        text = (f"On {config_a.task}, exact match without positions is {_pct(b.exact_match)} (with the family's own "
+                f"positions: {_pct(a.exact_match)}); final training loss {_num(b.train_loss)} vs "
+                f"{_num(a.train_loss)}.")
+        if a.exact_match is not None and b.exact_match is not None:
+            gap = a.exact_match - b.exact_match
+            if gap >= 0.2:
+                text += " Without knowing where a character sits, this model could not do the task."
+            elif abs(gap) < 0.1:
+                text += " The two are within 10 points: this task was solved without knowing where a character sits."
+    elif experiment == "scale":
+        d_k = config_a.d_model // config_a.n_heads
+        text = (f"At d_k = {d_k}, attention entropy at initialisation is {_num(b.initial_entropy)} nats without "
+                f"1/√d_k (with: {_num(a.initial_entropy)}; uniform: {_num(a.uniform_entropy)}), and the mean "
+                f"training loss over the first tenth of the steps is {_num(b.early_loss)} "
+                f"(with: {_num(a.early_loss)}).")
+        if _lt(b.initial_entropy, a.initial_entropy):
+            text += " Unscaled scores start larger, so the softmax starts peakier."
+        text += f" Final exact match: {_pct(b.exact_match)} without, {_pct(a.exact_match)} with."
+    else:
+        text = (f"At lr {config_a.lr:g}, Post-LN ended with training loss {_num(b.train_loss)} and exact match "
+                f"{_pct(b.exact_match)}; Pre-LN with {_num(a.train_loss)} and {_pct(a.exact_match)}.")
+        if not math.isfinite(b.train_loss) or (a.train_loss > 0 and b.train_loss > 2 * a.train_loss):
+            text += " Post-LN trained clearly worse at this learning rate."
+        elif not math.isfinite(a.train_loss) or (b.train_loss > 0 and a.train_loss > 2 * b.train_loss):
+            text += " Here Pre-LN trained clearly worse."
+    for name, s in zip(EXPERIMENTS[experiment].names, (a, b)):
+        if s.stopped_early:
+            text += f" ({name} stopped at step {s.steps}.)"
+    return text
+
+
+def _lt(x: float | None, y: float | None) -> bool:
+    return x is not None and y is not None and math.isfinite(x) and math.isfinite(y) and x < y
+
+
+# ---------------------------------------------------------------- runs and jobs
+
+
+@dataclass
+class RunRecord:
+    id: str
+    label: str
+    lab: LabConfig
+    run: engine.Run | None = None  # set by the job at its first step
+    status: str = "training"  # training | done | stopped | time budget | failed: …
+
+    @property
+    def finished(self) -> bool:
+        return self.status != "training"
+
+    def history(self) -> list[engine.Progress]:
+        return list(self.run.history) if self.run is not None else []  # a copy: the job appends
+
+    def summary(self) -> Summary:
+        history = self.history()
+        losses = [p.train_loss for p in history]
+        final = self.run.final if self.run is not None else None
+        entropy = self.run.initial_entropy if self.run is not None else []
+        n_early = max(1, len(losses) // 10)
+        last = history[-1] if history else None
+        return Summary(
+            steps=last.step if last else 0,
+            train_loss=float(np.mean(losses[-10:])) if losses else math.nan,
+            early_loss=float(np.mean(losses[:n_early])) if losses else math.nan,
+            held_loss=final.held_loss if final else None, exact_match=final.exact_match if final else None,
+            initial_entropy=float(np.mean(entropy)) if entropy else None, uniform_entropy=self.uniform_entropy,
+            tokens_per_s=last.tokens_per_s if last else 0.0, seconds=last.seconds if last else 0.0,
+            stopped_early=bool(last and last.step < self.lab.steps))
+
+    @functools.cached_property
+    def uniform_entropy(self) -> float:
+        """Mean log(number of visible keys) over the held-out rows the engine measures entropy on: what the
+        entropy at initialisation would be if attention were uniform."""
+        config = self.lab
+        held = engine.examples(config.task, config.seed, config.eval_examples, True, config.lengths)
+        if config.family == "marian":  # rows of <bos> target; without the mask every padded column is visible
+            width = max(len(t) for _, t in held) + 1
+            sizes = [(i + 1) if config.causal_mask else width for _, t in held for i in range(len(t) + 1)]
+        else:
+            sizes = [(i + 1) if config.causal_mask else len(s) + len(t) + 3
+                     for s, t in held for i in range(len(s) + len(t) + 3)]
+        return float(np.mean(np.log(sizes)))
+
+    def row(self) -> list:
+        s = self.summary()
+        status = f"training (step {s.steps})" if self.status == "training" else self.status
+        return [self.id, self.label, self.lab.task, describe(self.lab), s.steps, status, _num(s.train_loss, 4),
+                _num(s.held_loss, 4), _pct(s.exact_match), _num(s.initial_entropy, 3), round(s.tokens_per_s),
+                round(s.seconds, 1)]
+
+    def curve(self) -> Curve:
+        history = self.history()
+        evals = [p for p in history if p.exact_match is not None]
+        return Curve(name=f"{self.id} {self.label}", steps=np.array([p.step for p in history]),
+                     train_loss=np.array([p.train_loss for p in history], dtype=np.float64),
+                     eval_steps=np.array([p.step for p in evals]),
+                     held_loss=np.array([p.held_loss for p in evals], dtype=np.float64),
+                     exact_match=np.array([p.exact_match for p in evals], dtype=np.float64))
+
+    def latest(self) -> dict:
+        """The numbers an API client streams: the last step's, and the last evaluation's."""
+        history = self.history()
+        last = history[-1] if history else None
+        final = self.run.final if self.run is not None else None
+        return dict(run=self.id, label=self.label, status=self.status, step=last.step if last else 0,
+                    steps=self.lab.steps, train_loss=last.train_loss if last else None,
+                    held_loss=final.held_loss if final else None, exact_match=final.exact_match if final else None,
+                    eval_step=final.step if final else None, tokens_per_s=last.tokens_per_s if last else 0.0,
+                    seconds=last.seconds if last else 0.0)
+
+    def status_line(self) -> str:
+        d = self.latest()
+        state = {"training": "training", "done": "done", "stopped": "stopped", "time budget":
+                 "stopped by the time budget"}.get(self.status, self.status)
+        line = f"**{self.id}** {self.label}: {state}, step {d['step']} / {d['steps']}"
+        if d["train_loss"] is not None:
+            line += f", training loss {_num(d['train_loss'], 3)}"
+        if d["eval_step"] is not None:
+            line += (f", held-out loss {_num(d['held_loss'], 3)} and exact match {_pct(d['exact_match'])} "
+                     f"(step {d['eval_step']})")
+        return line + f", {d['tokens_per_s']:,.0f} tokens/s, {d['seconds']:.1f} s"
+
+
+class Job:
+    """One or two runs trained in a background thread, interleaved step by step so their curves grow together."""
+
+    def __init__(self, session: str, records: list[RunRecord], experiment: str | None = None, note: str = ""):
+        self.session, self.records, self.experiment, self.note = session, records, experiment, note
+        self.finding = ""
+        self.stop_requested = threading.Event()
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    @property
+    def alive(self) -> bool:
+        return not self.done.is_set()
+
+    def stop(self) -> None:
+        self.stop_requested.set()
+
+    def steps_done(self) -> int:
+        return sum(len(r.run.history) for r in self.records if r.run is not None)
+
+    def run(self, release: Callable[[Job], None]) -> None:
+        iterators = [engine.train(r.lab, stop=self.stop_requested.is_set) for r in self.records]
+        active = list(range(len(iterators)))
+        try:
+            while active:
+                for i in list(active):
+                    try:
+                        self.records[i].run, _ = next(iterators[i])
+                    except StopIteration:
+                        active.remove(i)
+            for r in self.records:
+                stopped = r.run is None or r.run.stopped
+                r.status = ("stopped" if self.stop_requested.is_set() else "time budget") if stopped else "done"
+            if self.experiment and all(r.run is not None for r in self.records):
+                a, b = self.records
+                self.finding = finding(self.experiment, a.summary(), b.summary(), a.lab)
+        except Exception as exc:  # noqa: BLE001 - the page shows the failure; the server log has the traceback
+            log.exception("lab job %s failed", [r.id for r in self.records])
+            for r in self.records:
+                r.status = f"failed: {type(exc).__name__}: {exc}"
+        finally:
+            release(self)
+            self.done.set()
+
+    def run_ids(self) -> str:
+        return ", ".join(r.id for r in self.records)
+
+
+@dataclass
+class LabSession:
+    key: str
+    runs: OrderedDict[str, RunRecord] = field(default_factory=OrderedDict)
+    findings: list[str] = field(default_factory=list)  # one per finished comparison, newest last
+    job: Job | None = None
+    count: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+
+    def new_id(self) -> str:
+        self.count += 1
+        return f"run{self.count}"
+
+    def add(self, record: RunRecord) -> None:
+        self.runs[record.id] = record
+        finished = [k for k, r in self.runs.items() if r.finished]
+        while len(self.runs) > MAX_RUNS_PER_SESSION and finished:
+            self.runs.pop(finished.pop(0))
+
+
+@dataclass
+class AttentionView:
+    """A trained run's attention on one source: layers × heads × queries × keys, float32 numpy."""
+
+    source_tokens: list[str]
+    target_tokens: list[str]
+    decoder: np.ndarray
+    encoder: np.ndarray | None
+    cross: np.ndarray | None
+    note: str
+
+
+@dataclass
+class SnapshotView:
+    """The attention kept at chosen steps, on the first held-out example: [steps, layers, queries, keys], the mean
+    of the heads; cross-attention for an encoder-decoder, self-attention for a decoder."""
+
+    steps: list[int]
+    maps: np.ndarray
+    query_tokens: list[str]
+    key_tokens: list[str]
+    kind: str
+
+
+class Lab:
+    """Jobs and runs of every session, behind one lock; one object per server."""
+
+    def __init__(self, settings: LabSettings | None = None, weights_root: Path | None = None):
+        self.settings = settings or LabSettings()
+        self._weights_root = weights_root
+        self._lock = threading.Lock()
+        self._save_lock = threading.Lock()
+        self._sessions: dict[str, LabSession] = {}
+        self._jobs: set[Job] = set()
+
+    # -- sessions and jobs
+
+    def session(self, key: str | None) -> LabSession:
+        key = key or "anonymous"
+        now = time.monotonic()
+        with self._lock:
+            for old in [k for k, s in self._sessions.items()
+                        if now - s.last_used > SESSION_IDLE_S and (s.job is None or not s.job.alive)]:
+                del self._sessions[old]
+            session = self._sessions.setdefault(key, LabSession(key))
+            session.last_used = now
+            return session
+
+    def active_jobs(self) -> int:
+        with self._lock:
+            return len(self._jobs)
+
+    def train(self, key: str | None, config: LabConfig) -> Job:
+        return self._start(key, [("", config)], None, "")
+
+    def compare(self, key: str | None, config: LabConfig, experiment: str) -> Job:
+        a, b, note = experiment_pair(config, experiment)
+        names = EXPERIMENTS[experiment].names
+        return self._start(key, [(names[0], a), (names[1], b)], experiment, note)
+
+    def _start(self, key, configs: list[tuple[str, LabConfig]], experiment: str | None, note: str) -> Job:
+        for _, config in configs:
+            if config.steps > self.settings.max_steps:
+                raise UserError(f"Steps must be at most {self.settings.max_steps} on this server, got {config.steps}.")
+        session = self.session(key)
+        with self._lock:
+            if session.job is not None and session.job.alive:
+                raise UserError(f"This session is already training ({session.job.run_ids()}); stop it or wait for "
+                                "it to finish. Each session trains one job at a time.")
+            if len(self._jobs) >= self.settings.max_jobs:
+                raise UserError(f"The server is already training {len(self._jobs)} jobs, its limit "
+                                f"(ATTN_LAB_JOBS={self.settings.max_jobs}); try again when one has finished.")
+            records = []
+            for label, config in configs:
+                record = RunRecord(session.new_id(), label or f"{config.task}, {config.family}", config)
+                records.append(record)
+            job = Job(session.key, records, experiment, note)
+            self._jobs.add(job)
+            session.job = job
+            for record in records:
+                session.add(record)
+        job.thread = threading.Thread(target=job.run, args=(self._release,), name=f"lab-{job.run_ids()}",
+                                      daemon=True)
+        job.thread.start()
+        return job
+
+    def _release(self, job: Job) -> None:
+        with self._lock:
+            self._jobs.discard(job)
+            if job.finding:
+                session = self._sessions.get(job.session)
+                if session is not None:
+                    session.findings.append(job.finding)
+
+    def stop(self, key: str | None, wait: float = 0.0) -> Job | None:
+        """Ask the session's job to stop (it ends before its next step and evaluates what it has); wait up to
+        `wait` seconds for it. Returns the job, or None when the session never trained."""
+        job = self.session(key).job
+        if job is not None:
+            job.stop()
+            job.done.wait(wait)
+        return job
+
+    def last_job(self, key: str | None) -> Job | None:
+        return self.session(key).job
+
+    @staticmethod
+    def follow(job: Job, interval: float = POLL_S) -> Iterator[Job]:
+        """Yields the job at once, then whenever it has made new steps (at most every `interval` s), and once
+        more when it has finished."""
+        yield job
+        seen = job.steps_done()
+        while not job.done.wait(interval):
+            if job.steps_done() != seen:
+                seen = job.steps_done()
+                yield job
+        yield job
+
+    # -- what a job shows
+
+    @staticmethod
+    def status(job: Job) -> str:
+        lines = [r.status_line() for r in job.records]
+        if job.note:
+            lines.insert(0, f"Compared on: {job.note}.")
+        if job.finding:
+            lines.append(job.finding)
+        return "  \n".join(lines)
+
+    @staticmethod
+    def curves(job: Job) -> list[Curve]:
+        return [r.curve() for r in job.records]
+
+    @staticmethod
+    def latest(job: Job) -> dict:
+        return dict(done=not job.alive, runs=[r.latest() for r in job.records], finding=job.finding or None)
+
+    @staticmethod
+    def snapshots(record: RunRecord) -> SnapshotView | None:
+        if record.run is None or not record.run.snapshots:
+            return None
+        kept = sorted(record.run.snapshots.items())  # the engine adds entries as it trains: take them at once
+        first = kept[0][1]
+        kind = "cross-attention" if first.cross is not None else "decoder self-attention"
+        maps = np.stack([(m.cross if m.cross is not None else m.decoder).mean(1).numpy() for _, m in kept])
+        return SnapshotView([s for s, _ in kept], maps.astype(np.float32), first.target_tokens,
+                            first.source_tokens, kind)
+
+    # -- finished runs
+
+    def runs(self, key: str | None) -> list[RunRecord]:
+        session = self.session(key)
+        with self._lock:  # a job of this session may be adding runs
+            return list(session.runs.values())
+
+    def table(self, key: str | None) -> list[list]:
+        return [r.row() for r in self.runs(key)]
+
+    def findings(self, key: str | None) -> list[str]:
+        session = self.session(key)
+        with self._lock:
+            return list(session.findings)
+
+    def finished_run(self, key: str | None, run_id) -> RunRecord:
+        run_id = str(run_id or "").strip()
+        if not run_id:
+            raise UserError("Choose a run first: train one, then pick it by its id (run1, run2, …).")
+        runs = {r.id: r for r in self.runs(key)}
+        record = runs.get(run_id)
+        if record is None:
+            known = ", ".join(runs) or "none yet"
+            raise UserError(f"This session has no run {run_id!r} (its runs: {known}).")
+        if not record.finished:
+            raise UserError(f"{run_id} is still training; wait for it to finish or stop it.")
+        if record.run is None or record.status.startswith("failed"):
+            raise UserError(f"{run_id} has no trained model ({record.status}).")
+        return record
+
+    def attention(self, key: str | None, run_id, text) -> AttentionView:
+        record = self.finished_run(key, run_id)
+        source = str(text or "").strip()
+        if record.lab.family == "llama" and len(source) > MAX_DECODER_SOURCE:
+            raise UserError(f"A decoder-only lab model reads <bos> source <sep> answer <eos> in at most "
+                            f"{record.lab.max_len} positions, so its sources have at most {MAX_DECODER_SOURCE} "
+                            f"characters; this one has {len(source)}.")
+        try:
+            maps = engine.lab_attention(record.run.model, record.lab.family, source)
+        except ValueError as exc:
+            raise UserError(f"Source: {exc}.") from None
+        as_np = lambda t: None if t is None else t.float().numpy()  # noqa: E731
+        answer = "".join(maps.target_tokens[1:]) if maps.cross is not None else answer_of(maps, source)
+        notes = [f"**{record.id}** ({record.lab.task}) answers **{answer or '(nothing)'}**"]
+        expected = expected_answer(record.lab.task, source)
+        if expected is not None:
+            notes[0] += " (right)." if answer == expected else f"; the task's answer is **{expected}**."
+        aligned = alignment_note(record.lab.task, source, maps)
+        if aligned:
+            notes.append(aligned)
+        return AttentionView(maps.source_tokens, maps.target_tokens, as_np(maps.decoder), as_np(maps.encoder),
+                             as_np(maps.cross), "  \n".join(notes))
+
+    # -- keeping a run
+
+    def weights_root(self) -> Path:
+        return self._weights_root or weight_store.WeightStore.default().root
+
+    def save(self, key: str | None, run_id, name, progress: Callable[[float, str], None] | None = None) -> Path:
+        """The run as weights/NAME with the store's manifest (source: trained here, task, seed, lab config);
+        never over an existing folder or a registry name."""
+        record = self.finished_run(key, run_id)
+        name = str(name or "").strip()
+        if not NAME.match(name):
+            raise UserError(f"A model name takes 1 to 64 letters, digits, '-' and '_', got {name!r}.")
+        if name in weight_store.load_registry():
+            raise UserError(f"{name!r} is a model of the weight store's registry; choose another name.")
+        root = self.weights_root()
+        target = root / name
+        with self._save_lock:
+            if target.exists():
+                raise UserError(f"A model named {name!r} already exists ({target}); choose another name.")
+            root.mkdir(parents=True, exist_ok=True)
+            # written in a hidden folder and renamed into place, so a half-written model never shows in the picker
+            staging = root / f".tmp-{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            try:
+                if progress:
+                    progress(0.1, f"writing {name}")
+                engine.save(record.run, staging / name)
+                if progress:
+                    progress(0.9, "moving it into the weight store")
+                os.rename(staging / name, target)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        if progress:
+            progress(1.0, f"saved {name}")
+        return target
+
+
+def answer_of(maps: engine.LabAttention, source: str) -> str:
+    """A decoder-only model's answer: the tokens between <sep> and <eos>."""
+    tokens = maps.target_tokens
+    start = len(source) + 2
+    return "".join(t for t in tokens[start:] if t not in engine.SPECIALS)
+
+
+def expected_answer(task: str, source: str) -> str | None:
+    """The task's right answer for a typed source, when the source is one the task could have made."""
+    if task == "copy":
+        return source
+    if task == "reverse":
+        return source[::-1]
+    if task == "sort":
+        return "".join(sorted(source))
+    if task == "add" and (m := re.fullmatch(r"(\d+)\+(\d+)", source)):
+        return str(int(m[1]) + int(m[2]))
+    if task == "dates" and (m := re.fullmatch(r"(\d{4})-(\d{2})-(\d{2})", source)):
+        year, month, day = int(m[1]), int(m[2]), int(m[3])
+        if 1 <= month <= 12 and 1 <= day <= calendar.monthrange(year, month)[1]:
+            return f"{day} {calendar.month_name[month]} {year}"
+    return None
+
+
+def alignment_note(task: str, source: str, maps: engine.LabAttention) -> str:
+    """How many output characters' cross-attention (last layer, mean of heads) peaks where the task says the
+    character comes from: the mirror position for reverse, the same position for copy, its field for dates."""
+    if maps.cross is None:
+        return ""
+    target = "".join(maps.target_tokens[1:])
+    if task in ("reverse", "copy"):
+        where = (lambda i: len(source) - 1 - i) if task == "reverse" else (lambda i: i)
+        share = engine.alignment(maps, where)
+        return (f"Last layer, mean of heads: {share:.0%} of the output characters look hardest at "
+                f"{'the mirrored source position (the anti-diagonal)' if task == 'reverse' else 'the same position'}.")
+    if task == "dates" and re.fullmatch(r"\d{4}-\d{2}-\d{2}", source):
+        fields = [range(8, 10), range(5, 7), range(0, 4)]  # day, month, year in YYYY-MM-DD
+        peaks = maps.cross[-1].mean(0).argmax(-1).tolist()
+        hits = total = 0
+        for i, char in enumerate(target):
+            word = target[:i].count(" ")
+            if char == " " or word > 2:
+                continue
+            total += 1
+            hits += peaks[i] in fields[word]
+        if total:
+            return (f"Last layer, mean of heads: {hits} of {total} output characters look hardest at their own "
+                    "source field (day, month or year).")
+    return ""
