@@ -19,6 +19,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from ui import model_picker, service, tab_attention, tab_generate, tab_heads, tab_masks, tab_positions  # noqa: E402
+from ui import tab_lab  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 CSS = ROOT / "assets" / "app.css"
@@ -48,6 +49,7 @@ def build_demo(store: service.ModelStore, default_model: str) -> gr.Blocks:
                 tab_masks.build(store, picker, initial)
             with gr.Tab("Heads", id="heads"):
                 tab_heads.build(store, picker, initial)
+            tab_lab.build(store, picker)  # its own gr.Tab: train a Transformer from scratch
 
         def send_to_attention(text: str):
             if not text:
