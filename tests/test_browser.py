@@ -88,10 +88,10 @@ def shot(page: Page, name: str) -> None:
     page.screenshot(path=SHOTS / f"{name}.png", full_page=True)
 
 
-def test_page_opens_with_the_model_card_and_five_tabs(page):
+def test_page_opens_with_the_model_card_and_its_tabs(page):
     assert page.title() == "The attention explorer"
     tabs = page.get_by_role("tab").all_inner_texts()
-    assert tabs == ["Generate", "Attention", "Positional encoding", "Masks", "Heads"]
+    assert tabs[:5] == ["Generate", "Attention", "Positional encoding", "Masks", "Heads"]  # tabs added later follow
     expect(page.locator("#model-card")).to_contain_text("4d²")
 
 
