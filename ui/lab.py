@@ -199,9 +199,12 @@ def _pct(x: float | None) -> str:
 
 
 def _num(x: float | None, digits: int = 2) -> str:
+    """Fixed decimals, but two significant digits below 0.1, so that 0.0002 does not print as 0.00."""
     if x is None:
         return "–"
-    return "NaN" if not math.isfinite(x) else f"{x:.{digits}f}"
+    if not math.isfinite(x):
+        return "NaN"
+    return f"{x:.{digits}f}" if abs(x) >= 0.1 or x == 0 else f"{x:.2g}"
 
 
 def finding(experiment: str, a: Summary, b: Summary, config_a: LabConfig) -> str:
