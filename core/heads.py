@@ -16,6 +16,7 @@ from torch import Tensor
 from .model import Probe
 
 LOCAL_WINDOW = 3  # |i - j| ≤ 3 counts as local
+IG_TOKENS_PER_PASS = 1024  # integrated gradients: path points × tokens in one backward pass
 SCORES = {  # name → (what it measures, threshold for naming a head, the name)
     "previous_token": ("mean weight on the key just before the query (i − 1)", 0.5, "previous-token head"),
     "first_token": ("mean weight on the first position (the sink)", 0.75, "sink head"),
@@ -101,8 +102,8 @@ class InductionResult:
 
 def induction(model, length: int = 100, seed: int = 0) -> InductionResult:
     """The induction probe through the model (decoders only)."""
-    if not model.config.causal or model.lm_head is None:
-        raise ValueError("the induction probe needs a model that predicts the next token (a decoder with an LM head)")
+    if not model.config.causal or model.lm_head is None or model.encoder is not None:
+        raise ValueError("the induction probe needs a decoder-only model that predicts the next token")
     tok = model.tokenizer
     special = tuple(tok.all_special_ids) if tok is not None else ()
     bos = model.config.bos_token_id
@@ -264,12 +265,14 @@ class Attribution:
 
 
 def baseline_embeddings(model, embeds: Tensor) -> Tensor:
-    """Integrated gradients' starting point [T, d]: the padding (else end-of-text) token's row at every position."""
+    """Integrated gradients' starting point [T, d]: the padding (else end-of-text) token's row at every position,
+    or the mean row where that one is zero."""
     cfg = model.config
     token = cfg.pad_token_id if cfg.pad_token_id is not None else (cfg.eos_ids or [None])[0]
-    if token is None:
-        return torch.zeros_like(embeds)
-    row = model.stack.embed.tokens.weight[token].detach()
+    table = model.stack.embed.tokens.weight.detach()
+    row = table[token] if token is not None else None
+    if row is None or not row.any():  # no such token, or its row is zero (an untrained padding row)
+        row = table.mean(0)
     return row.expand_as(embeds)
 
 
@@ -316,10 +319,14 @@ def attribute(model, ids: Tensor, position: int | None = None, layer: int = 0, h
 
     baseline = baseline_embeddings(model, embeds)                                  # [T, d]
     alphas = (torch.arange(steps, device=model.device, dtype=embeds.dtype) + 0.5) / steps   # midpoints
-    path = baseline[None] + alphas[:, None, None] * (embeds - baseline)[None]  # [steps, T, d]
-    walked = model(ids.expand(steps, -1), grad=True, token_embeddings=path)
-    walked.logits[:, position, target].sum().backward()
-    integrated = (walked.token_embeddings.grad.mean(0) * (embeds - baseline)).sum(-1)
+    path_grad = torch.zeros_like(embeds)
+    chunk = max(1, IG_TOKENS_PER_PASS // ids.shape[1])  # points of the path per pass: memory stays bounded
+    for a in alphas.split(chunk):
+        points = baseline[None] + a[:, None, None] * (embeds - baseline)[None]   # [chunk, T, d]
+        walked = model(ids.expand(len(a), -1), grad=True, token_embeddings=points)
+        walked.logits[:, position, target].sum().backward()
+        path_grad += walked.token_embeddings.grad.sum(0)
+    integrated = (path_grad / steps * (embeds - baseline)).sum(-1)
     with torch.inference_mode():
         at_baseline = model(ids, token_embeddings=baseline[None]).logits[0, position, target]
     difference = (logits[target] - at_baseline).item()
@@ -348,6 +355,8 @@ def logit_lens(model, ids: Tensor) -> LensTable:
     """Each layer's residual stream read as a next-token prediction (see ModelOutput.logit_lens)."""
     if model.lm_head is None:
         raise ValueError("this model has no LM head, so its residual stream cannot be read as predictions")
+    if model.encoder is not None:
+        raise ValueError("the logit lens reads the text's own stream; an encoder-decoder predicts a translation")
     with torch.inference_mode():
         lens = model(ids.to(model.device), logit_lens=True, logit_lens_top_k=1).logit_lens
     top = lens.indices[:, 0, :, 0].cpu()                                       # [L, T]
@@ -375,8 +384,8 @@ class Surprisal:
 
 def surprisal(model, ids: Tensor, k: int = 5) -> Surprisal:
     """How surprised the model is by each token of the text, given the ones before it."""
-    if not model.config.causal or model.lm_head is None:
-        raise ValueError("surprisal needs a model that predicts the next token (a decoder with an LM head)")
+    if not model.config.causal or model.lm_head is None or model.encoder is not None:
+        raise ValueError("surprisal needs a decoder-only model that predicts the next token of the text")
     if ids.shape[1] < 2:
         raise ValueError("surprisal needs at least two tokens")
     with torch.inference_mode():

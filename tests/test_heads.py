@@ -214,3 +214,19 @@ def test_ablating_an_mlm_encoder_measures_its_own_tokens():
     assert sweep[1, 0].item() == pytest.approx(result.delta.mean().item(), abs=1e-5)
     with pytest.raises(ValueError, match="needs an LM head"):
         heads.ablate(load_model(tiny.save(tiny.bert(mlm=False)), device="cpu"), ids, [(0, 0)])
+
+
+def test_seq2seq_models_are_told_what_does_not_apply():
+    marian = load_model(tiny.save(tiny.marian()), device="cpu")
+    ids = torch.randint(3, tiny.VOCAB - 2, (1, 8))
+    for fn, message in ((heads.induction, "decoder-only"), (lambda m: heads.surprisal(m, ids), "decoder-only"),
+                        (lambda m: heads.logit_lens(m, ids), "encoder-decoder")):
+        with pytest.raises(ValueError, match=message):
+            fn(marian)
+
+
+def test_integrated_gradients_in_chunks_equal_one_pass(llama, monkeypatch):
+    ids = torch.randint(3, tiny.VOCAB - 1, (1, 10), generator=torch.Generator().manual_seed(6))
+    whole = heads.attribute(llama, ids, steps=12)
+    monkeypatch.setattr(heads, "IG_TOKENS_PER_PASS", 25)  # two path points per pass
+    torch.testing.assert_close(heads.attribute(llama, ids, steps=12).integrated, whole.integrated)
