@@ -160,3 +160,20 @@ def test_compare_trains_both_and_writes_its_finding_from_the_numbers(server):
     assert len({t["legendgroup"] for t in json.loads(curves["plot"])["data"]}) == 2
     table, findings = session.predict(api_name="/lab_runs")
     assert [r[0] for r in table["data"]] == ["run1", "run2"] and latest["finding"] in findings
+
+
+def test_cancelling_the_stream_ends_the_training_thread(server):
+    """What Stop's cancels= and a closed page do: the event's generator is closed, and the job with it."""
+    session = Client(server[1], verbose=False)
+    job = session.submit(*fields(steps=3000), "", api_name="/train")
+    deadline = time.monotonic() + 60
+    while len(job.outputs()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    job.cancel()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        status = session.predict(api_name="/lab_runs")[0]["data"][0][5]
+        if status == "stopped":
+            break
+        time.sleep(0.2)
+    assert status == "stopped"

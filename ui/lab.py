@@ -128,9 +128,11 @@ def checked(config: LabConfig) -> LabConfig:
 
 def describe(config: LabConfig) -> str:
     """'marian 2×128, 4 heads, d_ff 256, lr 0.001, seed 0' plus every switch that differs from the family's own."""
-    text = (f"{config.family} {config.n_layers}×{config.d_model}, {config.n_heads} heads, d_ff {config.d_ff}, "
-            f"lr {config.lr:g}, seed {config.seed}")
-    extras = [f"{config.positions} positions" if config.positions else "", f"{config.norm}-LN" if config.norm else "",
+    heads = f"{config.n_heads} head{'s' if config.n_heads > 1 else ''}"
+    text = (f"{config.family} {config.n_layers}×{config.d_model}, {heads}, d_ff {config.d_ff}, lr {config.lr:g}, "
+            f"seed {config.seed}")
+    positions = "no positions" if config.positions == "none" else f"{config.positions} positions"
+    extras = [positions if config.positions else "", f"{config.norm}-LN" if config.norm else "",
               "no causal mask" if not config.causal_mask else "", "no 1/√d_k" if not config.scale else "",
               f"dropout {config.dropout:g}" if config.dropout else ""]
     return ", ".join([text] + [e for e in extras if e])
