@@ -682,7 +682,7 @@ def alignment_note(task: str, source: str, maps: engine.LabAttention) -> str:
     if task in ("reverse", "copy"):
         where = (lambda i: len(source) - 1 - i) if task == "reverse" else (lambda i: i)
         share = engine.alignment(maps, where)
-        return (f"Last layer, mean of heads: {share:.0%} of the output characters look hardest at "
+        return (f"Last layer, mean of heads: {_pct(share)} of the output characters look hardest at "
                 f"{'the mirrored source position (the anti-diagonal)' if task == 'reverse' else 'the same position'}.")
     if task == "dates" and re.fullmatch(r"\d{4}-\d{2}-\d{2}", source):
         fields = [range(8, 10), range(5, 7), range(0, 4)]  # day, month, year in YYYY-MM-DD
