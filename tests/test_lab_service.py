@@ -226,3 +226,12 @@ def test_the_plots_know_nothing_of_torch_or_gradio():
     with pytest.raises(ValueError, match="do not match"):
         lab_plots.heatmap_grid(np.zeros((1, 1, 2, 3)), ["a"], ["b"], ["x", "y"], ["p", "q"], "t")
     assert lab_plots.token_labels(["a", " ", "a"]) == ["0 a", "1 ␣", "2 a"]
+
+
+def test_the_server_settings_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("ATTN_LAB_JOBS", "3")
+    monkeypatch.setenv("ATTN_LAB_MAX_SECONDS", "60")
+    assert LabSettings.from_env() == LabSettings(max_jobs=3, max_seconds=60.0)
+    monkeypatch.setenv("ATTN_LAB_JOBS", "0")
+    with pytest.raises(ValueError, match="ATTN_LAB_JOBS must be a number of at least 1, got '0'"):
+        LabSettings.from_env()

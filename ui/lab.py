@@ -59,11 +59,22 @@ class LabSettings:
 
     @classmethod
     def from_env(cls) -> LabSettings:
-        env = os.environ
-        return cls(max_jobs=int(env.get("ATTN_LAB_JOBS", cls.max_jobs)),
-                   max_steps=int(env.get("ATTN_LAB_MAX_STEPS", cls.max_steps)),
-                   max_seconds=float(env.get("ATTN_LAB_MAX_SECONDS", cls.max_seconds)),
-                   eval_examples=int(env.get("ATTN_LAB_EVAL_EXAMPLES", cls.eval_examples)))
+        def read(name: str, kind, default, low):
+            text = os.environ.get(name)
+            if text is None:
+                return default
+            try:
+                value = kind(text)
+            except ValueError:
+                value = None
+            if value is None or value < low:
+                raise ValueError(f"{name} must be a number of at least {low}, got {text!r}")
+            return value
+
+        return cls(max_jobs=read("ATTN_LAB_JOBS", int, cls.max_jobs, 1),
+                   max_steps=read("ATTN_LAB_MAX_STEPS", int, cls.max_steps, 1),
+                   max_seconds=read("ATTN_LAB_MAX_SECONDS", float, cls.max_seconds, 1.0),
+                   eval_examples=read("ATTN_LAB_EVAL_EXAMPLES", int, cls.eval_examples, 1))
 
 
 # ---------------------------------------------------------------- configs
