@@ -73,7 +73,7 @@ def test_snapshots_and_the_attention_of_a_trained_run(trained):
     view = lab.attention("s", "run1", "abcdefgh")
     assert view.source_tokens == list("abcdefgh") + ["<eos>"] and view.target_tokens[0] == "<bos>"
     assert view.encoder.shape == (1, 2, 9, 9) and view.cross.shape[:3] == (1, 2, len(view.target_tokens))
-    assert "**run1** (reverse) answers" in view.note and "anti-diagonal" in view.note
+    assert "**run1** (reverse) answers" in view.note and "(the anti-diagonal): layer 0: " in view.note
     fig = lab_plots.heatmap_grid(view.cross, ["layer 0"], ["head 0", "head 1"], view.target_tokens,
                                  view.source_tokens, "cross")
     assert len(fig.data) == 2 and fig.data[0].x[0] == "0 a" and fig.data[0].y[0] == "0 <bos>"
@@ -217,6 +217,26 @@ def test_a_saved_run_joins_the_weight_store_and_is_never_overwritten(trained, tm
                                   ("run7", "fine", "no run 'run7'")):
         with pytest.raises(UserError, match=message):
             saver.save("s", run_id, name)
+
+
+def test_alignment_counts_where_the_cross_attention_peaks_per_layer():
+    import torch
+
+    from core.train import LabAttention
+    from ui.lab import alignment_note
+
+    cross = torch.zeros(2, 1, 5, 5)  # layer 0: the anti-diagonal of abcd -> dcba; layer 1: always the first source
+    cross[0, 0, torch.arange(5), torch.tensor([3, 2, 1, 0, 4])] = 1
+    cross[1, 0, :, 0] = 1
+    maps = LabAttention([*"abcd", "<eos>"], ["<bos>", *"dcba"], torch.zeros(2, 1, 5, 5), None, cross)
+    assert alignment_note("reverse", "abcd", maps).endswith("(the anti-diagonal): layer 0: 4 of 4, layer 1: 1 of 4.")
+    source, target = "1999-03-05", "5 March 1999"
+    cross = torch.zeros(1, 1, len(target) + 1, len(source) + 1)
+    for i, _ in enumerate(target):
+        cross[0, 0, i, [8, 5, 0][target[:i].count(" ")]] = 1  # day, month, year fields
+    maps = LabAttention([*source, "<eos>"], ["<bos>", *target], torch.zeros(1, 1, 13, 13), None, cross)
+    assert alignment_note("dates", source, maps).endswith("source field (day, month or year): layer 0: 10 of 10.")
+    assert alignment_note("sort", "321", maps) == ""
 
 
 def test_the_plots_know_nothing_of_torch_or_gradio():

@@ -685,27 +685,26 @@ def expected_answer(task: str, source: str) -> str | None:
 
 
 def alignment_note(task: str, source: str, maps: engine.LabAttention) -> str:
-    """How many output characters' cross-attention (last layer, mean of heads) peaks where the task says the
+    """Per layer, how many output characters' cross-attention (mean of heads) peaks where the task says the
     character comes from: the mirror position for reverse, the same position for copy, its field for dates."""
     if maps.cross is None:
         return ""
     target = "".join(maps.target_tokens[1:])
     if task in ("reverse", "copy"):
-        where = (lambda i: len(source) - 1 - i) if task == "reverse" else (lambda i: i)
-        share = engine.alignment(maps, where)
-        return (f"Last layer, mean of heads: {_pct(share)} of the output characters look hardest at "
-                f"{'the mirrored source position (the anti-diagonal)' if task == 'reverse' else 'the same position'}.")
-    if task == "dates" and re.fullmatch(r"\d{4}-\d{2}-\d{2}", source):
-        fields = [range(8, 10), range(5, 7), range(0, 4)]  # day, month, year in YYYY-MM-DD
-        peaks = maps.cross[-1].mean(0).argmax(-1).tolist()
-        hits = total = 0
-        for i, char in enumerate(target):
-            word = target[:i].count(" ")
-            if char == " " or word > 2:
-                continue
-            total += 1
-            hits += peaks[i] in fields[word]
-        if total:
-            return (f"Last layer, mean of heads: {hits} of {total} output characters look hardest at their own "
-                    "source field (day, month or year).")
-    return ""
+        where = [{len(source) - 1 - i if task == "reverse" else i} for i in range(len(target))]
+        what = "the mirrored source position (the anti-diagonal)" if task == "reverse" else "the same source position"
+    elif task == "dates" and re.fullmatch(r"\d{4}-\d{2}-\d{2}", source):
+        fields = [set(range(8, 10)), set(range(5, 7)), set(range(0, 4))]  # day, month, year in YYYY-MM-DD
+        words = [target[:i].count(" ") for i in range(len(target))]
+        where = [None if c == " " or w > 2 else fields[w] for c, w in zip(target, words)]
+        what = "their own source field (day, month or year)"
+    else:
+        return ""
+    counted = [i for i, w in enumerate(where) if w is not None]
+    if not counted:
+        return ""
+    # row i of the cross-attention is the decoder position that predicts output character i
+    shares = [sum(int(peaks[i]) in where[i] for i in counted)
+              for peaks in maps.cross.mean(1).argmax(-1)]  # [L, T]: each row's peak source position
+    per_layer = ", ".join(f"layer {layer}: {hits} of {len(counted)}" for layer, hits in enumerate(shares))
+    return f"Output characters whose cross-attention (mean of heads) peaks on {what}: {per_layer}."

@@ -100,7 +100,7 @@ def build(store: ModelStore, picker: Picker, settings: LabSettings | None = None
                 gr.Markdown(f"Each run stops after {cap.max_seconds:g} s at most; the server trains at most "
                             f"{cap.max_jobs} jobs at once, one per session.")
             with gr.Column(scale=3):
-                status = gr.Markdown("No run yet.", elem_id="lab-status")
+                status = gr.Markdown("No run yet.", label="status", elem_id="lab-status")
                 curves = gr.Plot(lab_plots.training_curves([], ""), label="Training curves", elem_id="lab-curves")
                 run_id = gr.Textbox(label="Run id(s)", interactive=False, elem_id="lab-run-id")
         snapshots = gr.Plot(label="Attention as it formed (snapshot steps × layers, mean of heads)",
@@ -111,8 +111,9 @@ def build(store: ModelStore, picker: Picker, settings: LabSettings | None = None
         gr.Markdown("### Runs of this session")
         with gr.Row():
             refresh = gr.Button("Refresh", size="sm", elem_id="lab-refresh")
-        table = gr.Dataframe(headers=list(TABLE_COLUMNS), interactive=False, wrap=True, elem_id="lab-runs")
-        findings = gr.Markdown(elem_id="lab-findings")
+        table = gr.Dataframe(headers=list(TABLE_COLUMNS), label="runs", interactive=False, wrap=True,
+                             elem_id="lab-runs")
+        findings = gr.Markdown(label="findings", elem_id="lab-findings")
 
         gr.Markdown("### Attention of a trained run\nType any source the task could have made (its characters: "
                     f"`{''.join(engine.CHARS)}`). The model writes its own answer, and every layer and head is drawn.")
@@ -120,7 +121,7 @@ def build(store: ModelStore, picker: Picker, settings: LabSettings | None = None
             pick = gr.Dropdown([], label="Run", allow_custom_value=True, elem_id="lab-pick")
             source = gr.Textbox(EXAMPLE_SOURCE["reverse"], label="Source", elem_id="lab-source")
             show = gr.Button("Show attention", elem_id="lab-attn-run")
-        attn_note = gr.Markdown(elem_id="lab-attn-note")
+        attn_note = gr.Markdown(label="attention note", elem_id="lab-attn-note")
         cross = gr.Plot(label="Cross-attention: each output token over the source (layers × heads)",
                         elem_id="lab-cross")
         with gr.Row():
@@ -132,7 +133,7 @@ def build(store: ModelStore, picker: Picker, settings: LabSettings | None = None
         with gr.Row():
             name = gr.Textbox(label="Name (letters, digits, - and _)", elem_id="lab-name")
             save = gr.Button("Save run", elem_id="lab-save")
-        saved = gr.Markdown(elem_id="lab-saved")
+        saved = gr.Markdown(label="saved", elem_id="lab-saved")
 
     fields = [task, family, n_layers, d_model, n_heads, d_ff, dropout, positions, norm, causal, scale, seed, steps,
               lr]
@@ -159,18 +160,19 @@ def build(store: ModelStore, picker: Picker, settings: LabSettings | None = None
             job.stop()  # Stop cancelled this event, or the page went away: end the thread too (no-op when done)
 
     @user_errors
-    def run_train(task_v, family_v, layers_v, d_v, heads_v, d_ff_v, dropout_v, positions_v, norm_v, causal_v,
-                  scale_v, seed_v, steps_v, lr_v, snapshot_v, request: gr.Request):
-        config = make_config(cap, task_v, family_v, layers_v, d_v, heads_v, d_ff_v, dropout_v, positions_v, norm_v,
-                             causal_v, scale_v, seed_v, steps_v, lr_v, snapshot_v)
+    def run_train(task, family, n_layers, d_model, n_heads, d_ff, dropout, positions, norm, causal_mask, scale, seed,
+                  steps, lr, snapshot_steps, request: gr.Request):
+        # parameters named as the API shows them; they shadow the components only inside this function
+        config = make_config(cap, task, family, n_layers, d_model, n_heads, d_ff, dropout, positions, norm,
+                             causal_mask, scale, seed, steps, lr, snapshot_steps)
         yield from stream(lab.train(session_key(request), config), True)
 
     @user_errors
-    def run_compare(task_v, family_v, layers_v, d_v, heads_v, d_ff_v, dropout_v, positions_v, norm_v, causal_v,
-                    scale_v, seed_v, steps_v, lr_v, experiment_v, request: gr.Request):
-        config = make_config(cap, task_v, family_v, layers_v, d_v, heads_v, d_ff_v, dropout_v, positions_v, norm_v,
-                             causal_v, scale_v, seed_v, steps_v, lr_v)
-        for outputs in stream(lab.compare(session_key(request), config, experiment_v), False):
+    def run_compare(task, family, n_layers, d_model, n_heads, d_ff, dropout, positions, norm, causal_mask, scale,
+                    seed, steps, lr, experiment, request: gr.Request):
+        config = make_config(cap, task, family, n_layers, d_model, n_heads, d_ff, dropout, positions, norm,
+                             causal_mask, scale, seed, steps, lr)
+        for outputs in stream(lab.compare(session_key(request), config, experiment), False):
             yield outputs[:2] + outputs[3:]
 
     @user_errors
@@ -197,8 +199,8 @@ def build(store: ModelStore, picker: Picker, settings: LabSettings | None = None
         return gr.Dropdown(choices=ids, value=ids[-1] if ids else None)
 
     @user_errors
-    def attention(run, text, request: gr.Request):
-        v = lab.attention(session_key(request), run, text)
+    def attention(run_id, source_text, request: gr.Request):
+        v = lab.attention(session_key(request), run_id, source_text)
         layers = lambda m: [f"layer {i}" for i in range(m.shape[0])]  # noqa: E731
         heads = lambda m: [f"head {h}" for h in range(m.shape[1])]  # noqa: E731
         enc = dec = crs = None
@@ -214,8 +216,8 @@ def build(store: ModelStore, picker: Picker, settings: LabSettings | None = None
         return v.note, enc, dec, crs
 
     @user_errors
-    def save_run(run, model_name, request: gr.Request, progress=gr.Progress()):
-        folder = lab.save(session_key(request), run, model_name, progress_callback(progress))
+    def save_run(run_id, model_name, request: gr.Request, progress=gr.Progress()):
+        folder = lab.save(session_key(request), run_id, model_name, progress_callback(progress))
         return f"Saved **{folder.name}** to `{folder}`; choose it in the model picker above."
 
     def picker_choices():
