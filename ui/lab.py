@@ -95,7 +95,7 @@ def parse_steps_list(text, steps: int) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def positive_number(name: str, value, low: float, high: float) -> float:
+def number_in(name: str, value, low: float, high: float) -> float:
     try:
         value = float(value)
     except (TypeError, ValueError):
@@ -121,9 +121,9 @@ def make_config(settings: LabSettings, task, family, n_layers, d_model, n_heads,
         ("d_ff", "d_ff", d_ff), ("seed", "Seed", seed))}
     steps = check_range("Steps", steps, 1, settings.max_steps)
     config = LabConfig(
-        task=task, family=family, dropout=positive_number("Dropout", dropout, 0.0, 0.5),
+        task=task, family=family, dropout=number_in("Dropout", dropout, 0.0, 0.5),
         positions=None if positions == "default" else positions, norm=None if norm == "default" else norm,
-        causal_mask=bool(causal_mask), scale=bool(scale), steps=steps, lr=positive_number("lr", lr, 1e-5, 0.1),
+        causal_mask=bool(causal_mask), scale=bool(scale), steps=steps, lr=number_in("lr", lr, 1e-5, 0.1),
         warmup=min(100, max(1, steps // 6)), eval_every=max(5, steps // 10), eval_examples=settings.eval_examples,
         time_budget=settings.max_seconds, snapshot_steps=parse_steps_list(snapshot_steps, steps), **ints)
     return checked(config)
@@ -138,7 +138,7 @@ def checked(config: LabConfig) -> LabConfig:
 
 
 def describe(config: LabConfig) -> str:
-    """'marian 2×128, 4 heads, d_ff 256, lr 0.001, seed 0' plus every switch that differs from the family's own."""
+    """'marian 2×128, 4 heads, d_ff 256, lr 0.001, seed 0', then each switch the config sets itself."""
     heads = f"{config.n_heads} head{'s' if config.n_heads > 1 else ''}"
     text = (f"{config.family} {config.n_layers}×{config.d_model}, {heads}, d_ff {config.d_ff}, lr {config.lr:g}, "
             f"seed {config.seed}")
@@ -232,9 +232,9 @@ def finding(experiment: str, a: Summary, b: Summary, config_a: LabConfig) -> str
         else:
             text += "."
     elif experiment == "positions":
-        text = (f"On {config_a.task}, exact match without positions is {_pct(b.exact_match)} (with the family's own "
-                f"positions: {_pct(a.exact_match)}); final training loss {_num(b.train_loss)} vs "
-                f"{_num(a.train_loss)}.")
+        kind = f"{config_a.positions} positions" if config_a.positions else "the family's own positions"
+        text = (f"On {config_a.task}, exact match without positions is {_pct(b.exact_match)} (with {kind}: "
+                f"{_pct(a.exact_match)}); final training loss {_num(b.train_loss)} vs {_num(a.train_loss)}.")
         if a.exact_match is not None and b.exact_match is not None:
             gap = a.exact_match - b.exact_match
             if gap >= 0.2:
