@@ -255,3 +255,13 @@ def test_the_server_settings_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("ATTN_LAB_JOBS", "0")
     with pytest.raises(ValueError, match="ATTN_LAB_JOBS must be a number of at least 1, got '0'"):
         LabSettings.from_env()
+
+
+def test_a_diverged_run_reports_nan_in_words_and_null_in_json():
+    lab = Lab(SETTINGS)
+    job = lab.train("s", config(steps=2, snapshot_steps=""))
+    finish(lab, job)
+    record = job.records[0]
+    record.run.history[-1].train_loss = float("nan")
+    assert record.latest()["train_loss"] is None and "training loss NaN" in record.status_line()
+    assert np.isnan(record.curve().train_loss[-1]) and record.row()[6] == "NaN"

@@ -263,6 +263,11 @@ def finding(experiment: str, a: Summary, b: Summary, config_a: LabConfig) -> str
     return text
 
 
+def _finite(x: float | None) -> float | None:
+    """JSON has no NaN: a diverged loss travels as null (the status line says NaN)."""
+    return x if x is not None and math.isfinite(x) else None
+
+
 def _lt(x: float | None, y: float | None) -> bool:
     return x is not None and y is not None and math.isfinite(x) and math.isfinite(y) and x < y
 
@@ -337,22 +342,24 @@ class RunRecord:
         last = history[-1] if history else None
         final = self.run.final if self.run is not None else None
         return dict(run=self.id, label=self.label, status=self.status, step=last.step if last else 0,
-                    steps=self.lab.steps, train_loss=last.train_loss if last else None,
-                    held_loss=final.held_loss if final else None, exact_match=final.exact_match if final else None,
+                    steps=self.lab.steps, train_loss=_finite(last.train_loss) if last else None,
+                    held_loss=_finite(final.held_loss) if final else None,
+                    exact_match=final.exact_match if final else None,
                     eval_step=final.step if final else None, tokens_per_s=last.tokens_per_s if last else 0.0,
                     seconds=last.seconds if last else 0.0)
 
     def status_line(self) -> str:
-        d = self.latest()
-        state = {"training": "training", "done": "done", "stopped": "stopped", "time budget":
-                 "stopped by the time budget"}.get(self.status, self.status)
-        line = f"**{self.id}** {self.label}: {state}, step {d['step']} / {d['steps']}"
-        if d["train_loss"] is not None:
-            line += f", training loss {_num(d['train_loss'], 3)}"
-        if d["eval_step"] is not None:
-            line += (f", held-out loss {_num(d['held_loss'], 3)} and exact match {_pct(d['exact_match'])} "
-                     f"(step {d['eval_step']})")
-        return line + f", {d['tokens_per_s']:,.0f} tokens/s, {d['seconds']:.1f} s"
+        history = self.history()
+        last = history[-1] if history else None
+        final = self.run.final if self.run is not None else None
+        state = {"time budget": "stopped by the time budget"}.get(self.status, self.status)
+        line = f"**{self.id}** {self.label}: {state}, step {last.step if last else 0} / {self.lab.steps}"
+        if last is not None:
+            line += f", training loss {_num(last.train_loss, 3)}"
+        if final is not None:
+            line += (f", held-out loss {_num(final.held_loss, 3)} and exact match {_pct(final.exact_match)} "
+                     f"(step {final.step})")
+        return line + (f", {last.tokens_per_s:,.0f} tokens/s, {last.seconds:.1f} s" if last else "")
 
 
 class Job:
