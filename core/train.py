@@ -141,6 +141,15 @@ class LabConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be a positive number, got {self.lr}")
+        for name, value, lo in (("eval_every", self.eval_every, 1), ("eval_examples", self.eval_examples, 1),
+                                ("warmup", self.warmup, 0)):
+            if value < lo:
+                raise ValueError(f"{name} must be at least {lo}, got {value}")
+        lo, hi = self.lengths
+        if not 1 <= lo <= hi <= 20:
+            raise ValueError(f"lengths must be 1 ≤ shortest ≤ longest ≤ 20, got {self.lengths}")
+        if any(not 0 <= s <= self.steps for s in self.snapshot_steps):
+            raise ValueError(f"snapshot steps must lie in 0..{self.steps}, got {list(self.snapshot_steps)}")
 
     @property
     def max_len(self) -> int:
@@ -303,6 +312,8 @@ def train(lab: LabConfig, stop: Callable[[], bool] | None = None) -> Iterator[tu
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
                                   lr=lab.lr, betas=(0.9, 0.98), eps=1e-9)
     run.initial_entropy = attention_entropy(model, held_batch, lab)
+    if 0 in lab.snapshot_steps:  # the untrained model's attention
+        run.snapshots[0] = lab_attention(model, lab.family, held[0][0], held[0][1])
     started, tokens = time.perf_counter(), 0
     for step in range(lab.steps):
         if (stop is not None and stop()) or (lab.time_budget and time.perf_counter() - started > lab.time_budget):
@@ -332,7 +343,12 @@ def train(lab: LabConfig, stop: Callable[[], bool] | None = None) -> Iterator[tu
             run.snapshots[step + 1] = lab_attention(model, lab.family, held[0][0], held[0][1])
         run.history.append(progress)
         yield run, progress
-    if run.stopped and run.history and run.history[-1].exact_match is None:
+    if run.stopped and not run.history:  # stopped before its first step: the caller still gets the run
+        progress = Progress(0, float("nan"))
+        evaluate(run, progress, held, held_batch)
+        run.history.append(progress)
+        yield run, progress
+    elif run.stopped and run.history[-1].exact_match is None:
         evaluate(run, run.history[-1], held, held_batch)
         yield run, run.history[-1]
     model.eval()
@@ -362,9 +378,10 @@ def lab_attention(model: Transformer, family: str, source: str, target: str | No
     unknown = sorted(set(source + (target or "")) - set(CHARS))
     if unknown:
         raise ValueError(f"characters outside the lab's vocabulary: {''.join(unknown)!r}; it has {''.join(CHARS)!r}")
-    if not source or len(source) > 40:
-        raise ValueError(f"the source must have 1 to 40 characters, got {len(source)}")
     seq2seq = family == "marian"
+    longest = 40 if seq2seq else 20  # a decoder-only sequence holds source and target: 2·20 + 3 ≤ 64 positions
+    if not source or len(source) > longest:
+        raise ValueError(f"the source must have 1 to {longest} characters, got {len(source)}")
     model.eval()
     with torch.inference_mode():
         if target is None:

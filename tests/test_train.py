@@ -119,3 +119,16 @@ def test_reverse_learns_the_anti_diagonal():
     maps = lab.lab_attention(result.model, "marian", source)
     assert "".join(maps.target_tokens[1:]) == source[::-1]
     assert lab.alignment(maps, lambda i: len(source) - 1 - i) >= 0.7
+
+
+def test_a_run_stopped_at_once_still_comes_back_and_step_zero_is_a_snapshot():
+    config = lab.LabConfig(steps=5, snapshot_steps=(0,), **SMALL)
+    results = list(lab.train(config, stop=lambda: True))
+    assert len(results) == 1 and results[0][0].stopped and results[0][1].step == 0
+    assert results[0][0].final.exact_match is not None and 0 in results[0][0].snapshots
+    for bad, message in ((dict(eval_every=0), "eval_every must be"), (dict(lengths=(5, 3)), "lengths must be"),
+                         (dict(snapshot_steps=(9,)), "snapshot steps must lie")):
+        with pytest.raises(ValueError, match=message):
+            lab.LabConfig(steps=5, **bad).check()
+    with pytest.raises(ValueError, match="1 to 20 characters"):
+        lab.lab_attention(run(2, family="llama").model, "llama", "a" * 21)
