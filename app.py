@@ -19,7 +19,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from ui import model_picker, service, tab_attention, tab_generate, tab_heads, tab_masks, tab_positions  # noqa: E402
-from ui import tab_lab  # noqa: E402
+from ui import downloads, links, tab_lab  # noqa: E402
+from ui.common import ANALYSIS, ANALYSIS_LIMIT, user_errors  # noqa: E402
+from ui.common import checked_inputs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 CSS = ROOT / "assets" / "app.css"
@@ -27,8 +29,13 @@ TITLE = "The attention explorer"
 QUEUE_SIZE = 32
 
 
+LINK_JS = """(...args) => { args[args.length - 1] = window.location.href; return args; }"""  # the page's own URL
+COPY_JS = """(link) => { if (link && navigator.clipboard) navigator.clipboard.writeText(link).catch(() => {}); }"""
+
+
 def build_demo(store: service.ModelStore, default_model: str) -> gr.Blocks:
-    """The whole page: model picker and card, then the five tabs. The default model must be loadable."""
+    """The whole page: model picker (with the link to share) and the card, closed, then the tabs. The default model
+    must be loadable. A page opened with query parameters (ui/links.py) starts on that model, tab, layer and head."""
     initial = store.get(default_model)
     # uploaded files are deleted an hour after upload: a public Space must not collect users' texts
     with gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
@@ -37,29 +44,110 @@ def build_demo(store: service.ModelStore, default_model: str) -> gr.Blocks:
             "look at its attention head by head, its positional encodings, what its masks do, and what each head "
             "does and whether it matters."
         )
-        picker = model_picker.build(store, default_model)
+        share = {}
+
+        def link_controls():
+            with gr.Row():
+                share["button"] = gr.Button("Copy a link to this view", size="sm", elem_id="copy-link", scale=0,
+                                            min_width=160)
+                share["link"] = gr.Textbox(label="Link (model, tab, layer, head, and the text when short)",
+                                           interactive=False, buttons=["copy"], elem_id="share-link", scale=3)
+            share["note"] = gr.Markdown(elem_id="share-note")
+
+        picker = model_picker.build(store, default_model, beside=link_controls)
+        current_tab = gr.State("attention")
         with gr.Tabs(selected="attention") as tabs:
             with gr.Tab("Generate", id="generate"):
                 generate = tab_generate.build(store, picker, initial)
             with gr.Tab("Attention", id="attention"):
                 attention = tab_attention.build(store, picker, initial)
             with gr.Tab("Positional encoding", id="positions"):
-                tab_positions.build(store, picker, initial)
+                positions = tab_positions.build(store, picker, initial)
             with gr.Tab("Masks", id="masks"):
-                tab_masks.build(store, picker, initial)
+                masks = tab_masks.build(store, picker, initial)
             with gr.Tab("Heads", id="heads"):
-                tab_heads.build(store, picker, initial)
+                heads = tab_heads.build(store, picker, initial)
             tab_lab.build(store, picker)  # its own gr.Tab: train a Transformer from scratch
+        controls = {
+            "attention": links.TabControls(attention.text, attention.layer, attention.head),
+            "positions": positions,
+            "masks": masks,
+            "heads": heads,
+        }
+        tab_ids = {"Generate": "generate", "Attention": "attention", "Positional encoding": "positions",
+                   "Masks": "masks", "Heads": "heads", "Lab": "lab"}
 
         def send_to_attention(text: str):
             if not text:
                 raise gr.Error("Generate something first; then it can be sent to the Attention tab.")
-            return text, gr.Tabs(selected="attention")
+            return text, gr.Tabs(selected="attention"), "attention"
 
-        generate.send.click(send_to_attention, generate.sent, [attention.text, tabs], api_visibility="private").then(
-            **attention.run_event
+        generate.send.click(
+            send_to_attention, generate.sent, [attention.text, tabs, current_tab], api_visibility="private"
+        ).then(**attention.run_event)
+        def remember_tab(evt: gr.SelectData):
+            return tab_ids.get(str(evt.value), "attention")
+
+        tabs.select(remember_tab, None, current_tab, api_visibility="private", queue=False)
+
+        # ---- deep links: read on load, written by the button
+        def shape(name: str) -> tuple[int, int]:
+            cfg = store.get(name).config
+            return cfg.n_layers, cfg.n_heads
+
+        link_outputs = [picker.model, tabs, current_tab]
+        for tab_controls in controls.values():
+            link_outputs += [tab_controls.text, tab_controls.layer, tab_controls.head]
+        linked = gr.State(False)
+
+        def open_link(request: gr.Request):
+            """The page as the link asks; the picker's choices as the store has them now (new models included)."""
+            params = dict(request.query_params) if request is not None else {}
+            link = links.parse(params, store.names(), shape, default_model)
+            for message in link.messages:
+                gr.Warning(message)
+            tab = link.tab or "attention"
+            chosen = tab if tab in controls else "attention"
+            values = [gr.Dropdown(choices=store.names(), value=link.model) if link.model else picker.choices(),
+                      gr.Tabs(selected=tab) if link.tab else gr.skip(), tab]
+            for name in controls:
+                here = name == chosen
+                values.append(link.text if here and link.text else gr.skip())
+                values.append(link.layer if here and link.layer is not None else gr.skip())
+                if not here or link.head is None or (link.head == "mean" and name != "attention"):
+                    values.append(gr.skip())
+                else:
+                    values.append("mean of heads" if link.head == "mean" else link.head if name != "attention"
+                                  else str(link.head))
+            return *values, link.given and chosen == "attention"
+
+        @user_errors
+        def show_linked(flag, *args):
+            if not flag:
+                return (gr.skip(),) * len(attention.run_event["outputs"])
+            return attention.run_event["fn"](*args)
+
+        demo.load(None, js=downloads.SVG_BUTTON_JS)
+        demo.load(open_link, None, [*link_outputs, linked], api_visibility="private").then(
+            show_linked, [linked, *attention.run_event["inputs"]], attention.run_event["outputs"],
+            api_visibility="private", concurrency_id=ANALYSIS, concurrency_limit=ANALYSIS_LIMIT,
         )
         demo.load(picker.load_card, picker.model, picker.card, api_visibility="private")
+
+        def share_link(model_name, tab, *values):
+            *tab_values, page_url = values
+            by_tab = dict(zip(controls, zip(*[iter(tab_values)] * 3)))
+            text, layer, head = by_tab.get(tab, by_tab["attention"])
+            link, note = links.make(page_url, model_name, tab, layer, head, text)
+            return link, note
+
+        share_inputs = [picker.model, current_tab]
+        for tab_controls in controls.values():
+            share_inputs += [tab_controls.text, tab_controls.layer, tab_controls.head]
+        page_url = gr.Textbox(visible=False)
+        share["button"].click(share_link, [*share_inputs, page_url], [share["link"], share["note"]], js=LINK_JS,
+                              api_visibility="private", queue=False).then(
+            None, share["link"], None, js=COPY_JS)
     return demo
 
 
@@ -69,7 +157,9 @@ def launch_options(args: argparse.Namespace) -> dict:
         server_name=args.host,
         server_port=args.port,
         share=args.share,
-        max_file_size=f"{service.MAX_UPLOAD_BYTES // 1_000_000}mb",
+        # Gradio refuses uploads over twice the text cap outright; those between get service.read_upload's
+        # message, which names the cap and the setting that raises it
+        max_file_size=2 * service.MAX_TEXT_BYTES,
         ssr_mode=False,
         show_error=False,
         css_paths=[CSS] if CSS.is_file() else None,

@@ -1,4 +1,5 @@
-"""The model picker above the tabs, and the model card: config and where the parameters sit."""
+"""The model picker above the tabs, and the model card (config and where the parameters sit) in a section that
+opens on demand, so the tabs start near the top of the page."""
 
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ class Picker:
     card: gr.Markdown
     load_card: Callable  # name → card markdown; app.py runs it when a page opens
     loaded: object  # the event of a successful model change: tabs chain their updates on it with .success
+    choices: Callable  # () → the dropdown with the store's current names (models saved or copied in since start)
 
 
-def build(store: service.ModelStore, default_model: str) -> Picker:
-    with gr.Row(equal_height=False):
-        with gr.Column(scale=1, min_width=260):
+def build(store: service.ModelStore, default_model: str, beside: Callable[[], None] | None = None) -> Picker:
+    """The picker in a row (with whatever `beside` builds to its right), then the card, closed."""
+    with gr.Row(equal_height=False, elem_id="page-top"):
+        with gr.Column(scale=2, min_width=260):
             model = gr.Dropdown(
                 choices=store.names(),
                 value=default_model,
@@ -29,15 +32,22 @@ def build(store: service.ModelStore, default_model: str) -> Picker:
                 info="Installed and known models; a missing one is fetched when chosen.",
                 elem_id="model-picker",
             )
-        with gr.Column(scale=3):
-            card = gr.Markdown(label="model card", elem_id="model-card")
+        if beside is not None:
+            with gr.Column(scale=3, min_width=260):
+                beside()
+    with gr.Accordion("Model card: config, parameters, where the weights came from", open=False,
+                      elem_id="model-card-box"):
+        card = gr.Markdown(label="model card", elem_id="model-card")
 
     @user_errors
     def load_card(model_name: str, progress=gr.Progress()):
         model_obj = store.get(model_name, progress_callback(progress))
         return service.model_card(model_name, model_obj, store.source(model_name))
 
+    def choices():
+        return gr.Dropdown(choices=store.names())
+
     loaded = model.change(
         load_card, model, card, api_name="load_model", concurrency_id=ANALYSIS, concurrency_limit=ANALYSIS_LIMIT
     )
-    return Picker(model, card, load_card, loaded)
+    return Picker(model, card, load_card, loaded, choices)

@@ -10,7 +10,7 @@ import gradio as gr
 import numpy as np
 
 from core.heads import LOCAL_WINDOW, SCORES
-from ui import plots, service
+from ui import downloads, export, plots, service
 from ui.common import (
     ANALYSIS,
     ANALYSIS_LIMIT,
@@ -20,6 +20,7 @@ from ui.common import (
     text_with_upload,
     user_errors,
 )
+from ui.links import TabControls
 from ui.model_picker import Picker
 from ui.service import UserError
 
@@ -35,6 +36,9 @@ SCORE_LABELS = {
     "induction": "induction (on the probe)",
 }
 FRACTIONS = ("previous_token", "first_token", "local", "duplicate_token", "induction")  # weights in [0, 1]
+
+LEAD = """**What each head of eq. 3.1 does, and whether the output depends on it**: scores of every head's eq. 2.1
+attention map, ablation, attribution, the logit lens and surprisal."""
 
 INTRO = f"""Heads specialise. Each score below is one number per layer × head, measured on your text: where the
 head's attention goes. Choose a tile (click it, or type its layer and head) to see that head's map. Then ask
@@ -415,28 +419,62 @@ attach();
 """
 
 
-def build(store: service.ModelStore, picker: Picker, initial) -> None:
+def export_data(store: service.ModelStore, name, text, previous=None, progress=None):
+    """Every score of every head as CSV (one row per layer × head); the body of the `export_heads` endpoint.
+    Returns (path, note, cache)."""
+    model = store.get(name, progress)
+    tokens = service.encode(model, text, service.MAX_HEADS_TOKENS)
+    cache = service.heads_cache(previous, name, tokens)
+    scores = {key: service.to_numpy(table) for key, table in service.head_scores(model, cache).items()}
+    n_layers, n_heads = next(iter(scores.values())).shape
+    rows = [[layer, head, f"{layer}.{head}", *(round(float(scores[k][layer, head]), 6) for k in scores)]
+            for layer in range(n_layers) for head in range(n_heads)]
+    comments = [f"# {name}: every head's scores on the first {len(tokens.ids)} tokens of the text"
+                + (" (induction: on the app's probe, 100 seeded random tokens repeated)" if "induction" in scores
+                   else ""),
+                *(f"# {k}: {SCORES[k][0]}" for k in scores)]
+    body = "\n".join(comments) + "\n" + export.csv_text(rows, ["layer", "head", "layer.head", *scores])
+    path = export.write(body, export.filename(name, "head-scores") + ".csv")
+    return str(path), f"{n_layers * n_heads} heads × {len(scores)} scores ({', '.join(scores)}).", cache
+
+
+def named_plot(value, model_name: str, view: str, layer=None, head=None):
+    """A figure output with its modebar's image name (model, layer, head, view)."""
+    return downloads.plot(value, export.filename(model_name, view, layer, head))
+
+
+def build(store: service.ModelStore, picker: Picker, initial) -> TabControls:
     model = picker.model
     cfg = initial.config
     n_layers, n_heads = service.scored_shape(initial)
-    gr.Markdown(INTRO)
-    with gr.Row():
-        with gr.Column(scale=3):
+    gr.Markdown(LEAD, elem_classes=["tab-lead"])
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=1, min_width=300, elem_classes=["tab-controls"]):
             text, _ = text_with_upload("Text", read_example("attention.txt"), "heads", lines=4)
-        with gr.Column(scale=2):
             score = gr.Dropdown(choices=score_choices(initial), value="previous_token", label="Score",
                                 elem_id="heads-score")
             run = gr.Button("Score every head", variant="primary", elem_id="heads-run")
+            with gr.Row():
+                layer = gr.Number(value=0, label=f"Layer (0–{n_layers - 1})", precision=0, elem_id="heads-layer",
+                                  min_width=120)
+                head = gr.Number(value=0, label=f"Head (0–{n_heads - 1})", precision=0, elem_id="heads-head",
+                                 min_width=120)
+            with gr.Row():
+                open_button = gr.Button("Open this head", elem_id="heads-open", min_width=120)
+                add_button = gr.Button("Add it to the ablation list", elem_id="heads-add", min_width=120)
             capabilities = gr.Markdown(model_note(initial), elem_id="heads-model-note")
-    note = gr.Markdown(label="note", elem_id="heads-note")
-    with gr.Row():
-        score_map = gr.Plot(label="Score per layer × head (click a tile to open that head)", elem_id="heads-map")
-        head_fig = gr.Plot(label="The chosen head on your text", elem_id="heads-head-view")
-    with gr.Row():
-        layer = gr.Number(value=0, label=f"Layer (0–{n_layers - 1})", precision=0, elem_id="heads-layer")
-        head = gr.Number(value=0, label=f"Head (0–{n_heads - 1})", precision=0, elem_id="heads-head")
-        open_button = gr.Button("Open this head", elem_id="heads-open")
-        add_button = gr.Button("Add it to the ablation list", elem_id="heads-add")
+            note = gr.Markdown(label="note", elem_id="heads-note")
+            with gr.Accordion("Download the data", open=False, elem_id="heads-export-box"):
+                export_button = gr.Button("Export every head's scores (CSV)", size="sm", elem_id="heads-export")
+                export_file = downloads.file_box("heads-export-file")
+                export_note = gr.Markdown(elem_id="heads-export-note")
+        with gr.Column(scale=3, min_width=340):
+            with gr.Row():
+                score_map = gr.Plot(label="Score per layer × head (click a tile to open that head)",
+                                    elem_id="heads-map", min_width=320)
+                head_fig = gr.Plot(label="The chosen head on your text", elem_id="heads-head-view", min_width=320)
+    with gr.Accordion("How to read this tab", open=False):
+        gr.Markdown(INTRO)
     bridge = gr.HTML("", html_template="<span hidden>${value}</span>", js_on_load=TILE_CLICK_JS,
                      elem_id="heads-tile-bridge")
     with gr.Row():
@@ -506,8 +544,10 @@ def build(store: service.ModelStore, picker: Picker, initial) -> None:
 
     @user_errors
     def head_atlas(model_name, text_value, score_name, layer_index, head_index, previous, progress=gr.Progress()):
-        return atlas_view(store, model_name, text_value, score_name, layer_index, head_index, previous,
-                          progress_callback(progress))
+        note_text, map_fig, table, named, head_view_fig, kept = atlas_view(
+            store, model_name, text_value, score_name, layer_index, head_index, previous, progress_callback(progress))
+        return (note_text, named_plot(map_fig, model_name, f"{score_name}-map"), table, named,
+                named_plot(head_view_fig, model_name, "head-view", int(layer_index), int(head_index)), kept)
 
     atlas = dict(fn=head_atlas, inputs=[model, text, score, layer, head, cache],
                  outputs=[note, score_map, top, thresholds, head_fig, cache], **analysis)
@@ -516,14 +556,16 @@ def build(store: service.ModelStore, picker: Picker, initial) -> None:
 
     @user_errors
     def show_head(model_name, text_value, layer_index, head_index):
-        return open_head(store, model_name, text_value, layer_index, head_index)
+        figure = open_head(store, model_name, text_value, layer_index, head_index)
+        return named_plot(figure, model_name, "head-view", int(layer_index), int(head_index))
 
     open_button.click(show_head, [model, text, layer, head], head_fig, api_visibility="private", **analysis)
 
     @user_errors
     def pick_tile(model_name, text_value, tile):
         (layer_index, head_index), *_ = service.parse_heads(tile, *service.scored_shape(store.get(model_name)))
-        return layer_index, head_index, open_head(store, model_name, text_value, layer_index, head_index)
+        figure = open_head(store, model_name, text_value, layer_index, head_index)
+        return layer_index, head_index, named_plot(figure, model_name, "head-view", layer_index, head_index)
 
     bridge.click(pick_tile, [model, text, bridge], [layer, head, head_fig], api_visibility="private", **analysis)
 
@@ -536,7 +578,9 @@ def build(store: service.ModelStore, picker: Picker, initial) -> None:
 
     @user_errors
     def ablate_heads(model_name, text_value, heads_text, ablation_kind, progress=gr.Progress()):
-        return ablation_view(store, model_name, text_value, heads_text, ablation_kind, progress_callback(progress))
+        note_text, figure, rows = ablation_view(store, model_name, text_value, heads_text, ablation_kind,
+                                                progress_callback(progress))
+        return note_text, named_plot(figure, model_name, f"ablation-{ablation_kind}"), rows
 
     ablate_button.click(ablate_heads, [model, text, heads_box, kind], [ablation_note, loss_fig, changed],
                         api_name="ablate_heads", **analysis)
@@ -549,8 +593,9 @@ def build(store: service.ModelStore, picker: Picker, initial) -> None:
 
     @user_errors
     def ablation_sweep(model_name, text_value, ablation_kind, score_name, previous, progress=gr.Progress()):
-        yield from sweep_view(store, model_name, text_value, ablation_kind, score_name, previous,
-                              progress_callback(progress))
+        for note_text, figure, kept in sweep_view(store, model_name, text_value, ablation_kind, score_name, previous,
+                                                  progress_callback(progress)):
+            yield note_text, named_plot(figure, model_name, f"sweep-{ablation_kind}-vs-{score_name}"), kept
 
     sweep_button.click(ablation_sweep, [model, text, kind, score, cache], [sweep_note, sweep_fig, cache],
                        api_name="ablation_sweep", **analysis)
@@ -558,15 +603,18 @@ def build(store: service.ModelStore, picker: Picker, initial) -> None:
     @user_errors
     def attribute(model_name, text_value, position_index, layer_index, head_index, steps_value, previous,
                   progress=gr.Progress()):
-        return attribution_view(store, model_name, text_value, position_index, layer_index, head_index, steps_value,
-                                previous, progress_callback(progress))
+        note_text, figure, table, kept = attribution_view(store, model_name, text_value, position_index, layer_index,
+                                                          head_index, steps_value, previous, progress_callback(progress))
+        return (note_text, named_plot(figure, model_name, f"attribution-pos{position_index}", int(layer_index),
+                                      int(head_index)), table, kept)
 
     attr_button.click(attribute, [model, text, position, attr_layer, attr_head, steps, cache],
                       [attr_note, attr_fig, correlations, cache], api_name="attribute", **analysis)
 
     @user_errors
     def logit_lens(model_name, text_value, previous, progress=gr.Progress()):
-        return lens_view(store, model_name, text_value, previous, progress_callback(progress))
+        note_text, figure, kept = lens_view(store, model_name, text_value, previous, progress_callback(progress))
+        return note_text, named_plot(figure, model_name, "logit-lens"), kept
 
     lens_button.click(logit_lens, [model, text, cache], [lens_note, lens_fig, cache], api_name="logit_lens",
                       **analysis)
@@ -579,15 +627,24 @@ def build(store: service.ModelStore, picker: Picker, initial) -> None:
                            api_name="surprisal", **analysis)
 
     @user_errors
-    def limits(name):
+    def export_heads(model_name, text_value, previous, progress=gr.Progress()):
+        return export_data(store, model_name, text_value, previous, progress_callback(progress))
+
+    export_button.click(export_heads, [model, text, cache], [export_file, export_note, cache],
+                        api_name="export_heads", **analysis)
+
+    @user_errors
+    def limits(name, layer_index, head_index):
         loaded = store.get(name)
         c = loaded.config
         scored_layers, scored_heads = service.scored_shape(loaded)
-        layer_box = gr.Number(value=0, label=f"Layer (0–{scored_layers - 1})")
-        head_box = gr.Number(value=0, label=f"Head (0–{scored_heads - 1})")
+        keep = lambda v, top: v if isinstance(v, (int, float)) and 0 <= v < top else 0  # noqa: E731
+        layer_box = gr.Number(value=keep(layer_index, scored_layers), label=f"Layer (0–{scored_layers - 1})")
+        head_box = gr.Number(value=keep(head_index, scored_heads), label=f"Head (0–{scored_heads - 1})")
         return (layer_box, head_box, gr.Number(value=0, label=f"Layer (0–{c.n_layers - 1})"),
                 gr.Number(value=0, label=f"Head (0–{c.n_heads - 1})"),
                 gr.Dropdown(choices=score_choices(loaded), value="previous_token"), model_note(loaded))
 
-    picker.loaded.success(limits, model, [layer, head, attr_layer, attr_head, score, capabilities],
+    picker.loaded.success(limits, [model, layer, head], [layer, head, attr_layer, attr_head, score, capabilities],
                           api_visibility="private")
+    return TabControls(text, layer, head)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import gradio as gr
 
 from core import train as engine
-from ui import lab_plots, plots
+from ui import downloads, export, lab_plots, plots
 from ui.common import progress_callback, user_errors
 from ui.lab import EXPERIMENTS, FAMILIES, NORMS, POSITIONS, TABLE_COLUMNS, Lab, LabSettings, make_config
 from ui.model_picker import Picker
-from ui.service import ModelStore
+from ui.service import ModelStore, UserError
 
 LAB = "lab"  # concurrency group of the training streams; the server-wide job cap is the Lab's own
 ATTENTION_LIMIT = 2
@@ -52,6 +52,25 @@ def snapshot_figure(lab: Lab, record):
     return lab_plots.heatmap_grid(snap.maps, [f"step {s}" for s in snap.steps],
                                   [f"layer {i}" for i in range(snap.maps.shape[1])], snap.query_tokens,
                                   snap.key_tokens, f"{record.id}: {snap.kind} on a held-out example", *axes)
+
+
+def runs_export(lab: Lab, key: str | None) -> tuple[str, str]:
+    """Every run of the session (config, status, summary, curves) and the comparisons' findings as JSON; the body
+    of the `export_lab` endpoint. NaN losses (a diverged run) are null. Returns (path, note)."""
+    from dataclasses import asdict  # noqa: PLC0415
+
+    runs = []
+    for record in lab.runs(key):
+        curve = record.curve()
+        runs.append(dict(run=record.id, label=record.label, status=record.status, config=asdict(record.lab),
+                         summary=asdict(record.summary()),
+                         curves=dict(steps=curve.steps, train_loss=curve.train_loss, eval_steps=curve.eval_steps,
+                                     held_loss=curve.held_loss, exact_match=curve.exact_match)))
+    if not runs:
+        raise UserError("No run yet in this session: train one, then export it.")
+    body = export.json_bytes(dict(runs=runs, findings=lab.findings(key)))
+    path = export.write(body, "lab-runs.json")
+    return str(path), f"{len(runs)} run(s): {', '.join(r['run'] for r in runs)}, their curves and findings."
 
 
 def build(store: ModelStore, picker: Picker, settings: LabSettings | None = None) -> Lab:
@@ -114,6 +133,10 @@ def build(store: ModelStore, picker: Picker, settings: LabSettings | None = None
         table = gr.Dataframe(headers=list(TABLE_COLUMNS), label="runs", interactive=False, wrap=True,
                              elem_id="lab-runs")
         findings = gr.Markdown(label="findings", elem_id="lab-findings")
+        with gr.Row():
+            export_button = gr.Button("Export the runs: curves and results (JSON)", size="sm", elem_id="lab-export")
+            export_file = downloads.file_box("lab-export-file", "Runs of this session")
+        export_note = gr.Markdown(elem_id="lab-export-note")
 
         gr.Markdown("### Attention of a trained run\nType any source the task could have made (its characters: "
                     f"`{''.join(engine.CHARS)}`). The model writes its own answer, and every layer and head is drawn.")
@@ -220,8 +243,9 @@ def build(store: ModelStore, picker: Picker, settings: LabSettings | None = None
         folder = lab.save(session_key(request), run_id, model_name, progress_callback(progress))
         return f"Saved **{folder.name}** to `{folder}`; choose it in the model picker above."
 
-    def picker_choices():
-        return gr.Dropdown(choices=store.names())
+    @user_errors
+    def export_lab(request: gr.Request):
+        return runs_export(lab, session_key(request))
 
     stream_args = dict(concurrency_id=LAB, concurrency_limit=cap.max_jobs + 2)
     train_event = train.click(run_train, fields + [snapshot_steps], [status, curves, snapshots, latest, run_id],
@@ -240,6 +264,7 @@ def build(store: ModelStore, picker: Picker, settings: LabSettings | None = None
     show.click(attention, [pick, source], [attn_note, encoder, decoder, cross], api_name="lab_attention",
                concurrency_limit=ATTENTION_LIMIT)
     save.click(save_run, [pick, name], saved, api_name="save_run").success(
-        picker_choices, None, picker.model, api_visibility="private")
+        picker.choices, None, picker.model, api_visibility="private")
+    export_button.click(export_lab, None, [export_file, export_note], api_name="export_lab")
     task.change(lambda t: EXAMPLE_SOURCE.get(t, ""), task, source, api_visibility="private", queue=False)
     return lab

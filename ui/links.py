@@ -1,0 +1,118 @@
+"""Deep links: the page's state (model, text when short, tab, layer, head) as query parameters, and back.
+
+    http://127.0.0.1:7860/?model=smollm2-135m-instruct&tab=attention&layer=18&head=6&text=The+keeper+lit+the+lamp.
+
+A link is read when a page opens; every value that is unknown or out of range falls back to the default with a
+sentence saying so, never an error. No gradio here: app.py reads the request and shows the sentences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+TABS = ("generate", "attention", "positions", "masks", "heads", "lab")
+TABS_WITH_HEADS = ("attention", "positions", "masks", "heads")  # the tabs that have a layer and a head to set
+MAX_LINK_TEXT = 600  # characters; a longer text stays out of the link (links of a few kB break in some mailers)
+KEYS = ("model", "tab", "layer", "head", "text")
+
+
+@dataclass
+class LinkState:
+    model: str | None = None  # None: keep the page's model
+    tab: str | None = None
+    layer: int | None = None
+    head: int | str | None = None  # "mean": the mean of the layer's heads; None: not given, or not usable
+    text: str | None = None
+    messages: list[str] = field(default_factory=list)
+
+    @property
+    def given(self) -> bool:
+        return any(v is not None for v in (self.model, self.tab, self.layer, self.head, self.text))
+
+
+def _whole(name: str, raw: str, high: int, messages: list[str]) -> int | None:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        messages.append(f"The link's {name} {raw[:20]!r} is not a whole number; showing {name} 0.")
+        return None
+    if not 0 <= value <= high:
+        messages.append(f"The link's {name} {value} is out of range for this model (0–{high}); showing {name} 0.")
+        return None
+    return value
+
+
+def parse(params: Mapping[str, str], names: Sequence[str], shape: Callable[[str], tuple[int, int]],
+          current_model: str) -> LinkState:
+    """The state a link asks for. names: the models this page offers (a link cannot make the server fetch any other);
+    shape(model) → (layers, heads), raising when the model cannot be loaded."""
+    state = LinkState()
+    messages = state.messages
+    unknown = sorted(set(params) - set(KEYS) - {"__theme"})
+    if unknown:
+        messages.append(f"The link's {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not read "
+                        f"(a link holds {', '.join(KEYS)}).")
+    model = params.get("model")
+    if model is not None:
+        if model not in names:
+            messages.append(f"The link's model {model[:60]!r} is not offered here; showing {current_model}.")
+        else:
+            state.model = model
+    try:
+        n_layers, n_heads = shape(state.model or current_model)
+    except Exception as exc:  # noqa: BLE001 - a model that fails to load falls back, with its reason
+        messages.append(f"The link's model {state.model} cannot be loaded ({exc}); showing {current_model}.")
+        state.model = None
+        n_layers, n_heads = shape(current_model)
+    tab = params.get("tab")
+    if tab is not None:
+        if tab.strip().lower() in TABS:
+            state.tab = tab.strip().lower()
+        else:
+            messages.append(f"The link's tab {tab[:30]!r} does not exist (tabs: {', '.join(TABS)}); "
+                            "showing the Attention tab.")
+    if params.get("layer") is not None:
+        state.layer = _whole("layer", params["layer"], n_layers - 1, messages)
+    if params.get("head") is not None:
+        raw = params["head"]
+        state.head = "mean" if raw.strip().lower() in ("mean", "mean of heads") else _whole("head", raw, n_heads - 1,
+                                                                                            messages)
+    text = params.get("text")
+    if text is not None:
+        if not text.strip():
+            messages.append("The link's text is empty; showing the example text.")
+        elif len(text) > MAX_LINK_TEXT:
+            messages.append(f"The link's text has {len(text):,} characters; a link carries at most "
+                            f"{MAX_LINK_TEXT}, so the example text is shown.")
+        else:
+            state.text = text
+    return state
+
+
+def make(page_url: str, model: str, tab: str | None, layer, head, text: str | None) -> tuple[str, str]:
+    """A link to `page_url` (its own query dropped) with this state, and a note on what it leaves out."""
+    params: dict[str, str] = {"model": model}
+    if tab in TABS:
+        params["tab"] = tab
+    if layer not in (None, "") and tab in TABS_WITH_HEADS:
+        params["layer"] = str(int(float(layer)))
+    if head not in (None, "") and tab in TABS_WITH_HEADS:
+        params["head"] = "mean" if head in ("mean", "mean of heads") else str(int(float(head)))
+    note = ""
+    if text and len(text) <= MAX_LINK_TEXT:
+        params["text"] = text
+    elif text:
+        note = (f"The text ({len(text):,} characters) is longer than a link carries ({MAX_LINK_TEXT}): whoever opens "
+                "the link sees the example text.")
+    parts = urlsplit(page_url or "/")
+    return urlunsplit((parts.scheme, parts.netloc, parts.path or "/", urlencode(params), "")), note
+
+
+@dataclass
+class TabControls:
+    """The components of one tab that a link sets: its text box, layer and head (gradio components)."""
+    text: object
+    layer: object
+    head: object
