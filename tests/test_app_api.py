@@ -246,7 +246,10 @@ def test_mask_demo_on_an_encoder_explains_what_is_missing(client, tiny_models):
         (dict(text="   "), "The text is empty"),
         (dict(layer=2), "Layer must be between 0 and 1, got 2"),
         (dict(head="9"), "Head must be between 0 and 3"),
-        (dict(window=1000), "greater than maximum value 256"),  # the slider's own check, before our code
+        (dict(window=1000), "Window size must be between 2 and 256, got 1000"),
+        (dict(layer="1e999"), r"Layer must be a number from 0 to 1, got inf \(it must be finite\)"),
+        (dict(q0="abc"), "Window query start must be a number from 0 to"),
+        (dict(head=2**64), "Head must be between 0 and 3, got 1.84e"),
         (dict(q0=5000), "Window query start must be between 0 and"),
     ],
 )
@@ -255,19 +258,48 @@ def test_attention_rejects_bad_input_with_a_clear_message(client, tiny_models, a
         attention(client, tiny_models["llama"], **args)
 
 
+def raw_call(url: str, api_name: str, body: str) -> str:
+    """POST a hand-written JSON body (NaN and Infinity are not JSON, so gradio_client cannot send them) to
+    the queue's HTTP API and return the event stream of its result."""
+    import urllib.request  # noqa: PLC0415
+
+    request = urllib.request.Request(
+        f"{url.rstrip('/')}/gradio_api/call/{api_name}", body.encode(), {"Content-Type": "application/json"}
+    )
+    event_id = json.loads(urllib.request.urlopen(request, timeout=30).read())["event_id"]
+    with urllib.request.urlopen(f"{url.rstrip('/')}/gradio_api/call/{api_name}/{event_id}", timeout=60) as r:
+        return r.read().decode()
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_nan_and_infinity_in_raw_json_are_answered_naming_the_field(server, tiny_models, literal):
+    model = json.dumps(tiny_models["llama"])
+    events = raw_call(server[1], "attention", f'{{"data": [{model}, "Hello there", {literal}, "0", false, 0, 0, 8]}}')
+    assert "event: error" in events
+    assert "Layer must be a number from 0 to 1, got" in events and "finite" in events
+
+
 def test_other_endpoints_reject_bad_settings(client, tiny_models):
     with pytest.raises(AppError, match="Dimensions d must be even"):
         client.predict(tiny_models["llama"], 64, 15, 0, 1, 0, 0, TEXT, api_name="/positional_encoding")
-    with pytest.raises(AppError, match="greater than maximum value 512"):  # the slider's own check
+    with pytest.raises(AppError, match="Positions n must be between 2 and 512, got 5,000"):
         client.predict(tiny_models["llama"], 5000, 16, 0, 1, 0, 0, TEXT, api_name="/positional_encoding")
+    with pytest.raises(AppError, match=r"Dimensions d must be a number from 2 to 512, got -?inf"):
+        client.predict(tiny_models["llama"], 64, "-inf", 0, 1, 0, 0, TEXT, api_name="/positional_encoding")
     with pytest.raises(AppError, match="same number of tokens"):
         client.predict(tiny_models["llama"], TEXT, 0, 0, 0, 6, "Rain.", "Rain.", api_name="/mask_demo")
     with pytest.raises(AppError, match="The prompt is empty"):
         client.predict(tiny_models["llama"], "", False, 5, 0.0, 0, 1.0, 0, api_name="/generate")
-    with pytest.raises(AppError, match="greater than maximum value 2.0"):  # the temperature slider's own check
+    with pytest.raises(AppError, match=r"Temperature must be in \[0, 5\], got 9"):
         client.predict(tiny_models["llama"], "Hi", False, 5, 9.0, 0, 1.0, 0, api_name="/generate")
-    with pytest.raises(AppError, match="Top-k must be 0 \\(off\\) or positive"):
+    with pytest.raises(AppError, match="Top-k must be between 0 and"):
         client.predict(tiny_models["llama"], "Hi", False, 5, 1.0, -3, 1.0, 0, api_name="/generate")
+    with pytest.raises(AppError, match="Seed must be between 0 and 9.22e\\+18, got 1.84e"):
+        client.predict(tiny_models["llama"], "Hi", False, 5, 1.0, 0, 1.0, 2**64, api_name="/generate")
+    with pytest.raises(AppError, match="Top-p must be a number from 0 to 1, got nan"):
+        client.predict(tiny_models["llama"], "Hi", False, 5, 1.0, 0, "nan", 0, api_name="/generate")
+    with pytest.raises(AppError, match="Max new tokens must be a number from 1 to 512, got 'many'"):
+        client.predict(tiny_models["llama"], "Hi", False, "many", 1.0, 0, 1.0, 0, api_name="/generate")
     with pytest.raises(AppError, match="encoder"):
         client.predict(tiny_models["bert"], "Hi", False, 5, 0.0, 0, 1.0, 0, api_name="/generate")
 
@@ -299,8 +331,21 @@ def test_uploads_are_read_as_utf8_text_and_bad_files_are_refused(client, tmp_pat
 def test_a_file_over_1_mb_is_refused(client, tmp_path):
     big = tmp_path / "big.txt"
     big.write_bytes(b"a " * 600_000)  # 1.2 MB
-    with pytest.raises(Exception, match=r"(?i)(too large|exceeds|max.*size|1 MB)"):
+    with pytest.raises(AppError, match=r"big.txt is 1.20 MB; the limit .* is 1 MB.*ATTN_MAX_TEXT_MB"):
         client.predict(handle_file(str(big)), api_name="/load_text")
+    huge = tmp_path / "huge.txt"
+    huge.write_bytes(b"a " * 1_200_000)  # 2.4 MB: over Gradio's own limit (twice the cap), never stored
+    with pytest.raises(Exception, match=r"(?i)(too large|exceeds|max.*size)"):
+        client.predict(handle_file(str(huge)), api_name="/load_text")
+
+
+def test_typed_text_over_1_mb_is_refused_by_every_text_field_naming_the_cap(client, tiny_models):
+    text = "é" * 600_000  # 600,000 characters, 1.2 MB of UTF-8: the cap counts bytes
+    cap = r"is 1.20 MB; the limit for typed and uploaded text is 1 MB.*ATTN_MAX_TEXT_MB=<MB>"
+    with pytest.raises(AppError, match=cap):
+        attention(client, tiny_models["llama"], text=text)
+    with pytest.raises(AppError, match=cap):
+        client.predict(tiny_models["llama"], text, False, 5, 0.0, 0, 1.0, 0, api_name="/generate")
 
 
 def test_a_1_mb_upload_feeds_the_attention_tab(client, tiny_models, tmp_path):

@@ -83,8 +83,8 @@ def test_sinusoidal_shift_is_a_rotation():
 def test_read_upload_messages(tmp_path):
     (tmp_path / "a.txt").write_bytes(b"\xef\xbb\xbfhello")  # a UTF-8 BOM is dropped
     assert service.read_upload(tmp_path / "a.txt") == "hello"
-    (tmp_path / "big.md").write_bytes(b"x" * (service.MAX_UPLOAD_BYTES + 1))
-    with pytest.raises(service.UserError, match="the limit is 1 MB"):
+    (tmp_path / "big.md").write_bytes(b"x" * (service.MAX_TEXT_BYTES + 1))
+    with pytest.raises(service.UserError, match="the limit for typed and uploaded text is 1 MB.*ATTN_MAX_TEXT_MB"):
         service.read_upload(tmp_path / "big.md")
     (tmp_path / "b.txt").write_bytes(b"ok \xff")
     with pytest.raises(service.UserError, match=r"not UTF-8 text \(byte 3 is 0xff\)"):
@@ -124,8 +124,22 @@ def test_settings_out_of_range_or_not_numbers_are_named_in_the_message():
         service.check_range("Layer", 9, 0, 5)
     with pytest.raises(service.UserError, match="Layer is missing"):
         service.check_range("Layer", None, 0, 5)
-    with pytest.raises(service.UserError, match="Layer must be a whole number from 0 to 5, got 'two'"):
+    with pytest.raises(service.UserError, match="Layer must be a number from 0 to 5, got 'two'"):
         service.check_range("Layer", "two", 0, 5)
+    with pytest.raises(service.UserError, match="Layer must be a whole number from 0 to 5, got 2.5"):
+        service.check_range("Layer", 2.5, 0, 5)
+    for bad in (float("nan"), float("inf"), "1e999", "-inf"):
+        with pytest.raises(service.UserError, match=r"Layer must be a number from 0 to 5, got .*must be finite"):
+            service.check_range("Layer", bad, 0, 5)
+    with pytest.raises(service.UserError, match="Layer must be a number from 0 to 5, got a bool"):
+        service.check_range("Layer", True, 0, 5)
+    assert service.check_range("Layer", np.int64(4), 0, 5) == 4 and service.check_range("Layer", " 2 ", 0, 5) == 2
+    with pytest.raises(service.UserError, match=r"Seed must be between 0 and 9.22e\+18, got 1.84e\+19"):
+        service.check_seed(2**64)
+    assert service.check_seed("") is None and service.check_seed(2**62) == 2**62
+    assert service.check_float("Top-p", "0.25", 0.0, 1.0, low_open=True) == 0.25
+    with pytest.raises(service.UserError, match=r"Top-p must be in \(0, 1\], got 0"):
+        service.check_float("Top-p", 0, 0.0, 1.0, low_open=True)
 
 
 def test_an_encoder_decoder_shows_its_encoder_attention_and_says_what_it_cannot_show(tmp_path):

@@ -82,7 +82,7 @@ def text_with_upload(
     Returns (textbox, file)."""
     text = gr.Textbox(label=label, value=value, lines=lines, max_lines=max_lines, elem_id=f"{prefix}-text")
     upload = gr.File(
-        label="…or upload a .txt / .md file (at most 1 MB, UTF-8)",
+        label=f"…or upload a .txt / .md file (at most {service.MAX_TEXT_BYTES / 1e6:g} MB, UTF-8)",
         file_types=list(service.UPLOAD_SUFFIXES),
         type="filepath",
         height=130,
@@ -107,21 +107,63 @@ def read_example(name: str) -> str:
 
 def parse_head(value, n_heads: int, allow_mean: bool = True) -> int | None:
     """'mean of heads' → None (when allowed), else an index in range, or a UserError."""
-    if value in (None, ""):
-        raise UserError(f"Head is missing; choose one from 0 to {n_heads - 1}.")
     if value in ("mean", "mean of heads") and allow_mean:
         return None
-    try:
-        head = int(value)
-    except (TypeError, ValueError):
-        raise UserError(
-            f"Head must be a number from 0 to {n_heads - 1}"
-            + (" or 'mean of heads'" if allow_mean else "")
-            + f", got {value!r}."
-        ) from None
-    if not 0 <= head < n_heads:
-        raise UserError(f"Head must be between 0 and {n_heads - 1} for this model, got {head}.")
-    return head
+    return service.check_range("Head", value, 0, n_heads - 1)
+
+
+def checked_inputs(demo: gr.Blocks) -> gr.Blocks:
+    """Every input of the page, answered in words and logged in one line.
+
+    Number fields pass their raw value to the handler, which checks it with service.check_range or
+    check_float and names the field: Gradio's own rounding and bounds fail first otherwise, on "1e999", NaN
+    or a string from the API, with an error that names nothing. Any other component that refuses a value (a
+    dropdown value not among its choices) says so with the field's label, without a traceback in the log."""
+    for block in demo.blocks.values():
+        if isinstance(block, (gr.Number, gr.Slider)):
+            block.preprocess = _unchanged
+        elif isinstance(block, gr.Textbox):
+            block.preprocess = _capped(block, block.preprocess)
+        elif isinstance(block, gr.components.Component):
+            block.preprocess = _refusing_in_words(block, block.preprocess)
+    return demo
+
+
+def _unchanged(payload):
+    return payload
+
+
+def _label(block) -> str:
+    return getattr(block, "label", None) or getattr(block, "elem_id", None) or type(block).__name__
+
+
+def _capped(block, preprocess):
+    """Typed text is held to the same cap as uploads (service.MAX_TEXT_BYTES)."""
+
+    @functools.wraps(preprocess)
+    def checked(payload):
+        try:
+            return service.check_text_size(_label(block), preprocess(payload))
+        except UserError as exc:
+            log.info("refused a text for %s: over the cap", _label(block))
+            raise gr.Error(str(exc), print_exception=False) from None
+
+    return checked
+
+
+def _refusing_in_words(block, preprocess):
+    label = _label(block)
+
+    @functools.wraps(preprocess)
+    def checked(payload):
+        try:
+            return preprocess(payload)
+        except Exception as exc:  # noqa: BLE001 - a refused value is the user's error, not the server's
+            message = str(exc).strip('"') or type(exc).__name__
+            log.info("refused a value for %s: %s", label, message[:200])
+            raise gr.Error(f"{label}: {message}", print_exception=False) from None
+
+    return checked
 
 
 def head_figure(tokens: service.Encoded, matrix: np.ndarray, title: str, hide_special: bool = False):

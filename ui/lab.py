@@ -30,7 +30,7 @@ import core.store as weight_store
 from core import train as engine
 from core.train import LabConfig
 from ui.lab_plots import Curve
-from ui.service import UserError, check_range
+from ui.service import UserError, check_float, check_range
 
 log = logging.getLogger(__name__)
 
@@ -95,16 +95,6 @@ def parse_steps_list(text, steps: int) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def number_in(name: str, value, low: float, high: float) -> float:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise UserError(f"{name} must be a number from {low:g} to {high:g}, got {value!r}.") from None
-    if not (math.isfinite(value) and low <= value <= high):
-        raise UserError(f"{name} must be between {low:g} and {high:g}, got {value:g}.")
-    return value
-
-
 def make_config(settings: LabSettings, task, family, n_layers, d_model, n_heads, d_ff, dropout, positions, norm,
                 causal_mask, scale, seed, steps, lr, snapshot_steps="") -> LabConfig:
     """The page's fields as a checked LabConfig, or a UserError naming the field and its range."""
@@ -121,9 +111,9 @@ def make_config(settings: LabSettings, task, family, n_layers, d_model, n_heads,
         ("d_ff", "d_ff", d_ff), ("seed", "Seed", seed))}
     steps = check_range("Steps", steps, 1, settings.max_steps)
     config = LabConfig(
-        task=task, family=family, dropout=number_in("Dropout", dropout, 0.0, 0.5),
+        task=task, family=family, dropout=check_float("Dropout", dropout, 0.0, 0.5),
         positions=None if positions == "default" else positions, norm=None if norm == "default" else norm,
-        causal_mask=bool(causal_mask), scale=bool(scale), steps=steps, lr=number_in("lr", lr, 1e-5, 0.1),
+        causal_mask=bool(causal_mask), scale=bool(scale), steps=steps, lr=check_float("lr", lr, 1e-5, 0.1),
         warmup=min(100, max(1, steps // 6)), eval_every=max(5, steps // 10), eval_examples=settings.eval_examples,
         time_budget=settings.max_seconds, snapshot_steps=parse_steps_list(snapshot_steps, steps), **ints)
     return checked(config)

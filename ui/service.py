@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import queue
 import re
 import threading
@@ -33,7 +34,8 @@ from core.layers import apply_rope, sinusoidal_encoding
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-MAX_UPLOAD_BYTES = 1_000_000  # the issue's limit for .txt/.md uploads
+TEXT_CAP_SETTING = "ATTN_MAX_TEXT_MB"  # one cap for typed and uploaded text, in MB
+MAX_TEXT_BYTES = int(float(os.environ.get(TEXT_CAP_SETTING, "1")) * 1_000_000)
 UPLOAD_SUFFIXES = (".txt", ".md")
 MAX_ATTENTION_TOKENS = 2048  # default cap of the Attention tab: a capture on 2 CPU cores stays within seconds
 MAX_MASK_TOKENS = 512  # the mask demo runs the model six times on its text
@@ -274,8 +276,8 @@ def read_upload(path: str | Path | None) -> str:
             f"{path.name}: only .txt and .md files can be read, not {path.suffix or 'files without a suffix'}."
         )
     size = path.stat().st_size
-    if size > MAX_UPLOAD_BYTES:
-        raise UserError(f"{path.name} is {size / 1e6:.2f} MB; the limit is {MAX_UPLOAD_BYTES / 1e6:.0f} MB.")
+    if size > MAX_TEXT_BYTES:
+        raise UserError(text_cap_message(path.name, size))
     if size == 0:
         raise UserError(f"{path.name} is empty.")
     data = path.read_bytes()
@@ -288,6 +290,23 @@ def read_upload(path: str | Path | None) -> str:
         ) from exc
     if not text.strip():
         raise UserError(f"{path.name} holds only whitespace.")
+    return text
+
+
+def text_cap_message(what: str, size: int) -> str:
+    return (
+        f"{what} is {size / 1e6:.2f} MB; the limit for typed and uploaded text is {MAX_TEXT_BYTES / 1e6:g} MB. "
+        f"On your own machine, start the app with {TEXT_CAP_SETTING}=<MB> to raise it."
+    )
+
+
+def check_text_size(label: str, text: str | None) -> str | None:
+    """The text unchanged when its UTF-8 form is within MAX_TEXT_BYTES, else a UserError naming the field."""
+    if text is None or len(text) * 4 <= MAX_TEXT_BYTES:  # a character is at most 4 bytes: no need to count
+        return text
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_TEXT_BYTES:
+        raise UserError(text_cap_message(f"The text in {label!r}", size))
     return text
 
 
@@ -336,17 +355,67 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().float().cpu().numpy()
 
 
-def check_range(name: str, value, low, high) -> int:
-    """An integer setting within [low, high], or a UserError naming the setting and its range."""
-    if value is None or value == "" or (isinstance(value, float) and math.isnan(value)):
-        raise UserError(f"{name} is missing; choose a value from {low} to {high}.")
-    try:
-        value = int(float(value))
-    except (TypeError, ValueError):
-        raise UserError(f"{name} must be a whole number from {low} to {high}, got {value!r}.") from None
-    if not low <= value <= high:
-        raise UserError(f"{name} must be between {low} and {high}, got {value}.")
+MAX_SEED = 2**63 - 1  # torch.manual_seed's range, kept to what every generator accepts
+
+
+def _shown(value: int | float) -> str:
+    """1024 and 20,000 for ints, 0.05 for floats, 1.84e+19 for what no one types digit by digit."""
+    if abs(value) >= 10**15:
+        return f"{value:.3g}"
+    if isinstance(value, int):
+        return f"{value:,}" if abs(value) >= 10_000 else str(value)
+    return f"{value:g}"
+
+
+def _number(name: str, value, low, high) -> int | float:
+    """A finite int or float from a field's value (numbers, numeric strings, numpy scalars), or a UserError
+    naming the field: missing, not a number, NaN or infinite."""
+    expected = f"a number from {_shown(low)} to {_shown(high)}"
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise UserError(f"{name} is missing; choose {expected}.")
+    if isinstance(value, bool) or not isinstance(value, (int, float, str, np.integer, np.floating)):
+        raise UserError(f"{name} must be {expected}, got a {type(value).__name__}.")
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = int(text)
+        except ValueError:
+            try:
+                value = float(text)
+            except ValueError:
+                raise UserError(f"{name} must be {expected}, got {text[:40]!r}.") from None
+    value = value.item() if isinstance(value, (np.integer, np.floating)) else value
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserError(f"{name} must be {expected}, got {value} (it must be finite).")
     return value
+
+
+def check_range(name: str, value, low: int, high: int) -> int:
+    """A whole number within [low, high], or a UserError naming the setting and its range."""
+    value = _number(name, value, low, high)
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise UserError(f"{name} must be a whole number from {low} to {high}, got {value:g}.")
+        value = int(value)
+    if not low <= value <= high:
+        raise UserError(f"{name} must be between {_shown(low)} and {_shown(high)}, got {_shown(value)}.")
+    return value
+
+
+def check_float(name: str, value, low: float, high: float, low_open: bool = False) -> float:
+    """A finite number within [low, high] ((low, high] when low_open), or a UserError naming the setting."""
+    value = float(_number(name, value, low, high))
+    if not (low < value if low_open else low <= value) or value > high:
+        bracket = "(" if low_open else "["
+        raise UserError(f"{name} must be in {bracket}{low:g}, {high:g}], got {_shown(value)}.")
+    return value
+
+
+def check_seed(value) -> int | None:
+    """An empty seed means unseeded; otherwise a whole number from 0 to MAX_SEED."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    return check_range("Seed", value, 0, MAX_SEED)
 
 
 # ---------------------------------------------------------------- attention capture
@@ -476,13 +545,10 @@ def stream_generation(
     if prompt is None or not prompt.strip():
         raise UserError("The prompt is empty.")
     max_new_tokens = check_range("Max new tokens", max_new_tokens, 1, MAX_GENERATE_TOKENS)
-    if not 0.0 <= float(temperature) <= 5.0:
-        raise UserError(f"Temperature must be between 0 and 5, got {temperature}.")
-    if top_p is not None and not 0.0 < float(top_p) <= 1.0:
-        raise UserError(f"Top-p must be in (0, 1], got {top_p}.")
-    top_k = int(top_k) if top_k else None
-    if top_k is not None and top_k < 0:
-        raise UserError(f"Top-k must be 0 (off) or positive, got {top_k}.")
+    temperature = check_float("Temperature", temperature, 0.0, 5.0)
+    top_p = None if top_p is None else check_float("Top-p", top_p, 0.0, 1.0, low_open=True)
+    top_k = None if top_k in (None, "", 0) else check_range("Top-k", top_k, 0, model.config.vocab_size) or None
+    seed = check_seed(seed)
     text = chat_prompt(model, prompt) if chat else prompt
     tok = model.tokenizer
     ids = tok(text, add_special_tokens=not chat)["input_ids"]
@@ -500,10 +566,10 @@ def stream_generation(
     stream = model.stream(
         as_batch(ids, model.device),
         max_new_tokens,
-        temperature=float(temperature),
+        temperature=temperature,
         top_k=top_k,
-        top_p=float(top_p) if top_p is not None and float(top_p) < 1.0 else None,
-        seed=int(seed) if seed is not None and seed != "" else None,
+        top_p=top_p if top_p is not None and top_p < 1.0 else None,
+        seed=seed,
     )
     new: list[int] = []
     started = time.perf_counter()
