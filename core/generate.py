@@ -75,19 +75,51 @@ def next_token(logits: Tensor, sampling: Sampling, seen: Tensor | None, generato
 
 class RowRecorder:
     """Observer that keeps the last query's attention row of every layer: what the model looked at while
-    it computed the next token. rows[layer] is [B, H, Tk]."""
+    it computed the next token. rows[kind][layer] is [B, H, Tk], kind "self" or (seq2seq) "cross"."""
 
     def __init__(self):
-        self.rows: dict[int, Tensor] = {}
+        self.rows: dict[str, dict[int, Tensor]] = {"self": {}, "cross": {}}
 
     def __call__(self, kind: str, layer: int, probs: Tensor) -> None:
-        if kind == "self":
-            self.rows[layer] = probs[:, :, -1].to(torch.float16)
+        self.rows[kind][layer] = probs[:, :, -1].to(torch.float16)
 
-    def take(self) -> Tensor:
-        rows = torch.stack([self.rows[i] for i in sorted(self.rows)], dim=1)  # [B, L, H, Tk]
-        self.rows = {}
+    def take(self, kind: str = "self") -> Tensor | None:
+        """[B, L, H, Tk] of one kind, emptied for the next token; None when that kind was not computed."""
+        found = self.rows[kind]
+        if not found:
+            return None
+        rows = torch.stack([found[i] for i in sorted(found)], dim=1)
+        self.rows[kind] = {}
         return rows
+
+
+@dataclass
+class Step:
+    """One new token and what produced it, for a batch [B]: what stream(..., top_probs=k) yields (row 0 of it
+    for a single sequence). Probabilities are the model's own, softmax of the logits at temperature 1, before
+    any sampling filter, so they show where a sampled token ranked."""
+    token: Tensor                    # [B] the token that was picked
+    rows: Tensor | None              # [B, L, H, Tk] float16: self-attention of the query that produced it
+    cross_rows: Tensor | None        # [B, L, H, S] float16: its cross-attention over the source (seq2seq)
+    top_ids: Tensor | None           # [B, k] the k most likely next tokens, most likely first
+    top_probs: Tensor | None         # [B, k] their probabilities
+    chosen_prob: Tensor | None       # [B] the picked token's probability
+    chosen_rank: Tensor | None       # [B] its rank: 1 = the most likely
+
+    def row(self, index: int) -> "Step":
+        pick = lambda t: None if t is None else t[index]  # noqa: E731
+        return Step(*(pick(t) for t in (self.token, self.rows, self.cross_rows, self.top_ids, self.top_probs,
+                                        self.chosen_prob, self.chosen_rank)))
+
+
+def rank_of(logits: Tensor, token: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The model's top-k next tokens and probabilities [B, k], the picked token's probability and rank [B]
+    (1 + how many tokens are strictly more likely). All on the device: nothing is read back to the host."""
+    probs = torch.softmax(logits.float(), dim=-1)                      # [B, V]
+    top = torch.topk(probs, min(k, probs.shape[-1]), dim=-1)
+    chosen = probs.gather(-1, token[:, None])                           # [B, 1]
+    rank = (probs > chosen).sum(-1) + 1
+    return top.indices, top.values, chosen[:, 0], rank
 
 
 def token_budget(model, prompt_len: int, max_new_tokens: int) -> int:
@@ -144,9 +176,10 @@ def compiled_decode_step(model, cache):
 
 def steps(model, input_ids: Tensor, max_new_tokens: int, sampling: Sampling, attention_mask: Tensor | None = None,
           stop: list[str] | str | None = None, capture_attention: bool = False,
-          compile: bool = False) -> Iterator[tuple[Tensor, Tensor | None]]:
-    """Yield (tokens [B], attention rows [B, L, H, Tk] or None) for each new token, until every row has
-    produced an end-of-sequence token, a stop string appeared, or the budget is spent."""
+          compile: bool = False, top_probs: int = 0) -> Iterator[Step]:
+    """Yield a Step for each new token, until every row has produced an end-of-sequence token, a stop string
+    appeared, or the budget is spent. capture_attention fills its rows (and cross_rows for seq2seq);
+    top_probs > 0 its probabilities, computed outside the decode step and left on the device."""
     sampling.check()
     if input_ids.ndim != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"input_ids must be [batch, tokens] with at least one token, got shape {list(input_ids.shape)}")
@@ -202,11 +235,15 @@ def steps(model, input_ids: Tensor, max_new_tokens: int, sampling: Sampling, att
                 token = torch.where(done, eos[0], token)  # finished rows keep emitting end-of-sequence
             if seen is not None:
                 seen.scatter_(1, token[:, None], True)
-            rows = recorder.take()[..., :cache.length] if recorder is not None else None
+            rows = cross_rows = None
+            if recorder is not None:
+                rows = recorder.take("self")[..., :cache.length]
+                cross_rows = recorder.take("cross")
+            ranked = rank_of(logits, token, top_probs) if top_probs > 0 else (None,) * 4
             tokens = token[:, None]
             generated.append(token)
             done |= torch.isin(token, eos)
-        yield token, rows
+        yield Step(token, rows, cross_rows, *ranked)
         if bool(done.all()):
             return
         if stops and any(s in model.tokenizer.decode(torch.stack(generated, 1)[0, -64:]) for s in stops):
@@ -219,8 +256,8 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, temperature: float =
     """The prompt followed by the new tokens: [B, T + new] (for seq2seq: decoder start token + new tokens).
     compile=True runs the one-token decode step through torch.compile (for GPUs; see compiled_decode_step)."""
     sampling = Sampling(temperature, top_k, top_p, repetition_penalty, seed)
-    new = [token for token, _ in steps(model, input_ids, max_new_tokens, sampling, attention_mask, stop,
-                                       compile=compile)]
+    new = [step.token for step in steps(model, input_ids, max_new_tokens, sampling, attention_mask, stop,
+                                        compile=compile)]
     device = model.device
     if model.config.is_encoder_decoder:
         start = torch.full((input_ids.shape[0], 1), model.config.decoder_start_token_id, device=device)
@@ -231,17 +268,26 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, temperature: float =
 def stream(model, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
            top_p: float | None = None, repetition_penalty: float = 1.0, seed: int | None = None,
            stop: list[str] | str | None = None, attention_mask: Tensor | None = None,
-           capture_attention: bool = False, compile: bool = False) -> Iterator:
+           capture_attention: bool = False, compile: bool = False, top_probs: int = 0) -> Iterator:
     """Yield each new token id (an int) as soon as it is made; a batch yields tensors [B].
     With capture_attention, yield (token, rows) where rows [L, H, Tk] float16 is the attention of the
-    query that produced this token, per layer and head, over the context so far."""
+    query that produced this token, per layer and head, over the context so far.
+    With top_probs = k > 0, yield a Step instead (Step.row(0) of it for a single sequence, its token an int):
+    the model's k most likely tokens and their probabilities, the picked token's probability and rank, and,
+    with capture_attention too, its self-attention rows and (seq2seq) its cross-attention rows."""
     sampling = Sampling(temperature, top_k, top_p, repetition_penalty, seed)
     single = input_ids.shape[0] == 1
-    for token, rows in steps(model, input_ids, max_new_tokens, sampling, attention_mask, stop, capture_attention,
-                             compile):
-        out = int(token[0]) if single else token
+    for step in steps(model, input_ids, max_new_tokens, sampling, attention_mask, stop, capture_attention,
+                      compile, top_probs):
+        if top_probs > 0:
+            if single:
+                step = step.row(0)
+                step.token = int(step.token)
+            yield step
+            continue
+        out = int(step.token[0]) if single else step.token
         if capture_attention:
-            yield out, (rows[0] if single else rows)
+            yield out, (step.rows[0] if single else step.rows)
         else:
             yield out
 
