@@ -1,4 +1,5 @@
-"""Generate tab: the model writes, token by token, with the KV-cached decoder of the core."""
+"""Generate tab: the model writes, token by token, with the KV-cached decoder of the core; then each generated
+token can be opened (its attention, its probabilities), and the KV cache is measured."""
 
 from __future__ import annotations
 
@@ -6,12 +7,28 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from ui import service
-from ui.common import progress_callback, read_example, text_with_upload, user_errors
+from ui import generation, plots_generation, service
+from ui.common import ANALYSIS, ANALYSIS_LIMIT, progress_callback, read_example, text_with_upload, user_errors
 from ui.model_picker import Picker
+from ui.plots import empty_figure
 
 GENERATE = "generate"
 GENERATE_LIMIT = 2  # two users can generate at once; more wait in the queue
+TRACE_TTL_S = 1800  # a session's trace is dropped after half an hour
+
+STEP_INTRO = f"""### Step by step
+Every token the model writes is recorded as it streams: the model's top {generation.TOP_PROBS} next-token
+probabilities at that step (with the picked one marked, so sampling is visible) and the attention of the query
+that produced it, for every layer and head, over everything before it (prompt included; an encoder-decoder also
+its cross-attention over the source). Pick a token in the strip. The rows are kept in float16, at most
+{generation.MAX_TRACE_BYTES // 2**20} MB per session; tokens past that keep their probabilities only."""
+
+KV_INTRO = """### The KV cache, measured
+Each layer keeps the keys and values of every token it has read, so a new token computes one query, key and value
+and reads the rest: size = 2 · layers · tokens · kv_heads · d_head · bytes. *Measure* sizes it for this prompt
+(the formula beside the bytes the core allocates) and for the full context, in float32 and bfloat16, against the
+same model with one KV head per query head (no GQA) and with one KV head (MQA); then it writes the same greedy
+continuation with and without the cache and times one step of each at growing lengths."""
 
 
 @dataclass
@@ -50,6 +67,35 @@ def build(store: service.ModelStore, picker: Picker, initial) -> GenerateTab:
     stats = gr.Markdown(label="stats", elem_id="gen-stats")
     send = gr.Button("Send prompt + continuation to the Attention tab", elem_id="gen-send")
     sent = gr.State("")
+    trace = gr.State(None, time_to_live=TRACE_TTL_S)
+
+    gr.Markdown(STEP_INTRO)
+    strip = gr.Radio([], label="Generated tokens (pick one)", elem_id="gen-strip", elem_classes=["token-strip"])
+    with gr.Row():
+        step = gr.Number(value=0, label="Step (0 = first generated token)", precision=0, elem_id="gen-step")
+        layer = gr.Number(value=0, label="Layer", precision=0, elem_id="gen-layer")
+        head = gr.Number(value=0, label="Head", precision=0, elem_id="gen-head")
+        show = gr.Button("Show this step", elem_id="gen-show-step")
+    step_note = gr.Markdown(elem_id="gen-step-note")
+    with gr.Row():
+        probs_fig = gr.Plot(label="Next-token probabilities", elem_id="gen-step-probs")
+        row_fig = gr.Plot(label="Attention row", elem_id="gen-step-row")
+    shaded = gr.HTML(elem_id="gen-step-text")
+    overview_fig = gr.Plot(label="Every layer × head for this token", elem_id="gen-step-overview")
+    with gr.Accordion("This step's numbers, the whole trace, the download", open=False):
+        step_numbers = gr.JSON(label="Attention rows of this step (chosen layer)", elem_id="gen-step-numbers")
+        trace_json = gr.JSON(label="Trace: top-10 probabilities and rank per token", elem_id="gen-trace-json")
+        with gr.Row():
+            export = gr.Button("Export the trace as JSON", elem_id="gen-export")
+            export_file = gr.File(label="Trace (JSON)", elem_id="gen-export-file", interactive=False)
+        export_note = gr.Markdown(elem_id="gen-export-note")
+
+    gr.Markdown(KV_INTRO)
+    kv_run = gr.Button("Measure the KV cache on this prompt", elem_id="gen-kv-run")
+    kv_note = gr.Markdown(elem_id="gen-kv-note")
+    kv_table = gr.Dataframe(label="KV cache size", elem_id="gen-kv-table", interactive=False, wrap=True)
+    kv_fig = gr.Plot(label="Time per new token", elem_id="gen-kv-fig")
+    kv_numbers = gr.JSON(label="The same in bytes and seconds", elem_id="gen-kv-numbers", visible=False)
 
     @user_errors
     def generate(
@@ -65,21 +111,89 @@ def build(store: service.ModelStore, picker: Picker, initial) -> GenerateTab:
     ):
         model_obj = store.get(model_name, progress_callback(progress))
         update = None
-        for update in service.stream_generation(
-            model_obj, prompt_text, chat_mode, max_new_tokens, temperature_value, top_k_value, top_p_value, seed_value
+        for update, recorded in generation.stream_trace(
+            model_obj, model_name, prompt_text, chat_mode, max_new_tokens, temperature_value, top_k_value,
+            top_p_value, seed_value
         ):
-            yield update.new_text, stats_line(update), update.prompt_text + update.new_text
+            yield update.new_text, stats_line(update), update.prompt_text + update.new_text, recorded
         if update is None:
-            yield "", "Nothing was generated.", ""
+            yield "", "Nothing was generated.", "", None
 
+    settings = [model, prompt, chat, max_new, temperature, top_k, top_p, seed]
     event = run.click(
         generate,
-        [model, prompt, chat, max_new, temperature, top_k, top_p, seed],
-        [output, stats, sent],
+        settings,
+        [output, stats, sent, trace],
         api_name="generate",
         concurrency_id=GENERATE,
         concurrency_limit=GENERATE_LIMIT,
     )
+
+    @user_errors
+    def generation_trace(
+        model_name,
+        prompt_text,
+        chat_mode,
+        max_new_tokens,
+        temperature_value,
+        top_k_value,
+        top_p_value,
+        seed_value,
+        session_trace,
+    ):
+        model_obj = store.get(model_name)
+        done = generation.run_trace(model_obj, model_name, session_trace, prompt_text, chat_mode, max_new_tokens,
+                                    temperature_value, top_k_value, top_p_value, seed_value)
+        return done.new_text, generation.trace_summary(model_obj, done), done
+
+    # after a finished stream this reuses the session's trace; called alone it generates (without streaming)
+    event.success(generation_trace, [*settings, trace], [output, trace_json, trace], api_name="generation_trace",
+                  concurrency_id=GENERATE, concurrency_limit=GENERATE_LIMIT)
+
+    @user_errors
+    def show_strip(recorded):
+        if recorded is None or not recorded.tokens:
+            return gr.Radio(choices=[], value=None)
+        labels = service.token_texts(store.get(recorded.model_name), recorded.tokens)
+        return gr.Radio(choices=[(label, str(i)) for i, label in enumerate(labels)])
+
+    trace.change(show_strip, trace, strip, api_visibility="private", trigger_mode="always_last", queue=False)
+
+    @user_errors
+    def generation_step(step_value, layer_value, head_value, session_trace):
+        recorded = generation.check_trace(session_trace)
+        view = generation.step_view(store.get(recorded.model_name), recorded, step_value, layer_value, head_value)
+        return step_outputs(view)
+
+    step_event = dict(fn=generation_step, inputs=[step, layer, head, trace],
+                      outputs=[step_note, probs_fig, row_fig, overview_fig, shaded, step_numbers],
+                      concurrency_limit=4)
+    show.click(**step_event, api_name="generation_step")
+    strip.input(chosen_step, strip, step, api_visibility="private", queue=False).then(
+        **step_event, api_visibility="private")
+    for box in (layer, head):
+        box.submit(**step_event, api_visibility="private")
+
+    @user_errors
+    def export_generation(session_trace):
+        recorded = generation.check_trace(session_trace)
+        path, note = generation.export_trace(store.get(recorded.model_name), recorded)
+        return str(path), note
+
+    export.click(export_generation, trace, [export_file, export_note], api_name="export_generation")
+
+    @user_errors
+    def kv_cache(model_name, prompt_text, progress=gr.Progress()):
+        report = generation.kv_report(store.get(model_name, progress_callback(progress)), prompt_text)
+        t = report.timing
+        figure = plots_generation.kv_timing_figure(
+            t.lengths, t.uncached_at, t.cached_at, t.step_lengths, t.uncached_steps, t.cached_steps,
+            f"One new token: without the cache ∝ n^{t.uncached_exponent:.2f}, with it ∝ n^{t.cached_exponent:.2f}")
+        table = {"headers": generation.kv_headers(store.get(model_name)), "data": report.sizes.rows}
+        return report.note, table, figure, report.numbers()
+
+    kv_run.click(kv_cache, [model, prompt], [kv_note, kv_table, kv_fig, kv_numbers], api_name="kv_cache",
+                 concurrency_id=ANALYSIS, concurrency_limit=ANALYSIS_LIMIT)
     # cancel first, then relabel: an update still in flight from the stream must not overwrite "stopped"
     stop.click(None, None, None, cancels=[event], api_visibility="private").then(
         mark_stopped, stats, stats, api_visibility="private", queue=False
@@ -92,6 +206,39 @@ def build(store: service.ModelStore, picker: Picker, initial) -> GenerateTab:
 
     picker.loaded.success(chat_default, model, chat, api_visibility="private")
     return GenerateTab(sent=sent, send=send)
+
+
+def chosen_step(value: str | None) -> int:
+    """The strip's value (the step as text) as the step number."""
+    return int(value) if value not in (None, "") else 0
+
+
+def step_outputs(view: generation.StepView):
+    """Note, probabilities, attention row, overview, shaded text and raw numbers of one step."""
+    title = f"step {view.step}: {view.token!r}"
+    note = f"**Step {view.step}**, token {view.token!r}. {view.sentence}"
+    probs = plots_generation.top_probs_figure(view.top_tokens, view.top_probs, view.chosen_in_top,
+                                              f"Top {len(view.top_tokens)} next tokens at {title}")
+    if view.rows is None:
+        message = view.note or "No attention rows for this step."
+        empty = empty_figure(message)
+        return note + "  \n" + message, probs, empty, empty, "", view.numbers()
+    cross = view.cross_rows
+    row = plots_generation.step_rows_figure(
+        view.keys, view.head_row, view.mean_row, view.head, f"Layer {view.layer}: the row that wrote {title}",
+        view.source_keys if cross is not None else None,
+        None if cross is None else cross[view.layer, view.head], None if cross is None else cross[view.layer].mean(0))
+    weights, keys = generation.pooled_overview(view.rows, view.keys)
+    cross_weights, source_keys = (None, None) if cross is None else generation.pooled_overview(cross, view.source_keys)
+    overview = plots_generation.step_overview_figure(
+        weights, keys, view.rows.shape[1], f"Every layer × head's row for {title}", cross_weights, source_keys)
+    caption = (f"Shaded by layer {view.layer}'s mean over heads for {title} (the outlined token); grey: written "
+               "after it.")
+    position = len(view.keys)  # the picked token follows its context
+    shaded = plots_generation.shaded_text_html(
+        view.pieces, view.mean_row, position, caption, view.source_pieces if cross is not None else None,
+        None if cross is None else cross[view.layer].mean(0))
+    return note, probs, row, overview, shaded, view.numbers()
 
 
 def mark_stopped(stats: str) -> str:
