@@ -1,0 +1,80 @@
+"""The Generate tab's step view in Chromium (the shared browser fixtures of conftest.py): picking a token in the
+strip shows that token's row, and the trace downloads as JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+from conftest import PAGE_TIMEOUT_MS, screenshot  # noqa: E402
+from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
+
+NEW_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    llama = str(build_tiny_llama(tmp_path_factory.mktemp("browser-generate") / "tiny-llama"))
+    demo, url, _ = launch_app([llama], llama)
+    yield url
+    demo.close()
+
+
+def generate(page):
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Generate").click()
+    page.locator("#gen-chat input").uncheck()
+    slider = page.locator("#gen-max-new input[type=number]")
+    slider.fill(str(NEW_TOKENS))
+    slider.press("Enter")
+    page.locator("#gen-run").click()
+    expect(page.locator("#gen-stats")).to_contain_text("done", timeout=PAGE_TIMEOUT_MS)
+    strip = page.locator("#gen-strip label")
+    expect(strip).to_have_count(NEW_TOKENS, timeout=PAGE_TIMEOUT_MS)
+    return strip
+
+
+def test_picking_a_token_in_the_strip_shows_its_attention_row(page):
+    from playwright.sync_api import expect
+
+    strip = generate(page)
+    strip.nth(2).click()
+    expect(page.locator("#gen-step input")).to_have_value("2", timeout=PAGE_TIMEOUT_MS)
+    note = page.locator("#gen-step-note")
+    expect(note).to_contain_text("Step 2", timeout=PAGE_TIMEOUT_MS)
+    expect(page.locator("#gen-step-row .js-plotly-plot .barlayer .trace").first).to_be_attached(
+        timeout=PAGE_TIMEOUT_MS)
+    expect(page.locator("#gen-step-overview .js-plotly-plot .hm image").first).to_be_attached(timeout=PAGE_TIMEOUT_MS)
+    shaded = page.locator("#gen-step-text .gen-shade")
+    expect(shaded.locator(".tok.current")).to_have_count(1)
+    context_at_2 = shaded.locator("[data-weight]").count()
+    current_2 = shaded.locator(".tok.current").get_attribute("data-pos")
+    screenshot(page, "generate-step")
+    # another token: the note, the outlined token and the shaded context move to its row
+    strip.nth(6).click()
+    expect(note).to_contain_text("Step 6", timeout=PAGE_TIMEOUT_MS)
+    expect(shaded.locator("[data-weight]")).to_have_count(context_at_2 + 4, timeout=PAGE_TIMEOUT_MS)
+    assert int(shaded.locator(".tok.current").get_attribute("data-pos")) == int(current_2) + 4
+
+
+def test_the_trace_downloads_as_json(page):
+    strip = generate(page)
+    labels = strip.all_inner_texts()
+    page.get_by_text("This step's numbers, the whole trace, the download").click()
+    page.locator("#gen-export").click()
+    link = page.locator("#gen-export-file a").first
+    link.wait_for(timeout=PAGE_TIMEOUT_MS)
+    with page.expect_download(timeout=PAGE_TIMEOUT_MS) as info:
+        link.click()
+    data = json.loads(open(info.value.path(), encoding="utf-8").read())
+    assert data["n_tokens"] == NEW_TOKENS and [s["token"] for s in data["steps"]] == [label.strip() for label in labels]
+    assert all(len(s["top"]) == 10 and s["rank"] >= 1 for s in data["steps"])
+    attention = data["attention"]
+    assert attention["layout"] == "per head" and len(attention["self"]) == NEW_TOKENS
+    assert len(attention["self"][0][0][0]) == len(data["context_tokens"])  # step 0 reads the prompt
