@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parent
 CSS = ROOT / "assets" / "app.css"
 TITLE = "The attention explorer"
 QUEUE_SIZE = 32
+SESSIONS_SETTING = "ATTN_SESSIONS"  # sessions whose state Gradio keeps; the oldest is dropped beyond it
+SESSIONS = 500
 
 
 LINK_JS = """(...args) => { args[args.length - 1] = window.location.href; return args; }"""  # the page's own URL
@@ -152,7 +154,8 @@ def build_demo(store: service.ModelStore, default_model: str) -> gr.Blocks:
 
 
 def launch_options(args: argparse.Namespace) -> dict:
-    """Safe defaults: loopback only, no share link unless asked, uploads capped, no server-side rendering."""
+    """Safe defaults: loopback only, no share link unless asked, uploads capped, no server-side rendering, and
+    a bounded number of sessions whose state (Gradio's copies of inputs and figures) stays in memory."""
     return dict(
         server_name=args.host,
         server_port=args.port,
@@ -160,6 +163,7 @@ def launch_options(args: argparse.Namespace) -> dict:
         # Gradio refuses uploads over twice the text cap outright; those between get service.read_upload's
         # message, which names the cap and the setting that raises it
         max_file_size=2 * service.MAX_TEXT_BYTES,
+        state_session_capacity=int(os.environ.get(SESSIONS_SETTING, SESSIONS)),
         ssr_mode=False,
         show_error=False,
         css_paths=[CSS] if CSS.is_file() else None,
@@ -206,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_tokens < 2:
         print(f"error: --max-tokens must be at least 2, got {args.max_tokens}", file=sys.stderr)
         return 2
+    service.clean_weight_store()
     store = service.ModelStore(extra_names=[args.model], device=args.device, max_attention_tokens=args.max_tokens)
     bar = service.terminal_progress()
     try:

@@ -140,6 +140,16 @@ class AttentionMaps:
         return grid[q0:q1, k0:k1].float().cpu().numpy()
 
 
+def stack_inputs(model, input_ids: Tensor, attention_mask: Tensor | None = None, causal_mask: bool = True,
+                 padding_mask: bool = True, scale: bool = True, positions: bool = True) -> dict:
+    """run_stack's arguments for the stack whose attention a capture records: the main one, or the encoder."""
+    stack, kind = (model.encoder, "encoder") if model.encoder is not None else (model.stack, "self")
+    return dict(stack=stack, input_ids=input_ids.to(model.device),
+                attention_mask=padding_or_none(None if attention_mask is None else attention_mask.to(model.device)),
+                kind=kind, causal=causal_mask and stack.cfg.causal, padding_mask=padding_mask, scale=scale,
+                positions=positions)
+
+
 def capture(model, input_ids: Tensor, attention_mask: Tensor | None = None, overview_size: int = 128,
             keep_full_up_to: int = 512, keep_layers=(), progress=None, causal_mask: bool = True,
             padding_mask: bool = True, scale: bool = True, positions: bool = True) -> AttentionMaps:
@@ -153,11 +163,9 @@ def capture(model, input_ids: Tensor, attention_mask: Tensor | None = None, over
     n = input_ids.shape[1]
     if n > model.config.max_positions:
         raise ValueError(f"{n} tokens exceed the model's {model.config.max_positions} positions")
-    stack, kind = (model.encoder, "encoder") if model.encoder is not None else (model.stack, "self")
-    inputs = dict(stack=stack, input_ids=input_ids.to(model.device),
-                  attention_mask=padding_or_none(None if attention_mask is None else attention_mask.to(model.device)),
-                  kind=kind, causal=causal_mask and stack.cfg.causal, padding_mask=padding_mask, scale=scale,
-                  positions=positions)
+    inputs = stack_inputs(model, input_ids, attention_mask, causal_mask=causal_mask, padding_mask=padding_mask,
+                          scale=scale, positions=positions)
+    stack, kind = inputs["stack"], inputs["kind"]
     observer = OverviewObserver(overview_size, keep_full=n <= keep_full_up_to, keep_layers=keep_layers,
                                 progress=progress, n_layers=stack.cfg.n_layers, kind=kind)
     with torch.inference_mode():

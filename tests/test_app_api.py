@@ -304,11 +304,12 @@ def test_other_endpoints_reject_bad_settings(client, tiny_models):
         client.predict(tiny_models["bert"], "Hi", False, 5, 0.0, 0, 1.0, 0, api_name="/generate")
 
 
+@pytest.mark.timeout(60)  # a hang guard: offline, the hub is skipped without a request
 def test_a_model_that_cannot_be_fetched_gives_a_clear_message(client):
-    started = time.perf_counter()
-    with pytest.raises(AppError, match=r"(?s)Model 'gpt2' cannot be loaded here: .*Hub.*HF_HUB_OFFLINE"):
+    with pytest.raises(AppError, match=r"(?s)Model 'gpt2' cannot be loaded here: .*Hub.*HF_HUB_OFFLINE") as error:
         client.predict("gpt2", api_name="/load_model")
-    assert time.perf_counter() - started < 30
+    assert str(service.REPO_ROOT) not in str(error.value)  # the store's folder is named weights/, not its path
+    assert "installed folder weights/gpt2: not there" in str(error.value)
 
 
 def test_uploads_are_read_as_utf8_text_and_bad_files_are_refused(client, tmp_path):
@@ -376,7 +377,8 @@ def test_launch_defaults_are_safe(monkeypatch):
     assert (args.host, args.port, args.share, args.model) == ("127.0.0.1", 7860, False, "smollm2-135m-instruct")
     options = app.launch_options(args)
     assert options["server_name"] == "127.0.0.1" and options["share"] is False
-    assert options["ssr_mode"] is False and options["show_error"] is False and options["max_file_size"] == "1mb"
+    assert options["ssr_mode"] is False and options["show_error"] is False and options["max_file_size"] == 2_000_000
+    assert options["state_session_capacity"] == 500
     monkeypatch.setenv("GRADIO_SERVER_NAME", "0.0.0.0")  # what a Hugging Face Space sets
     assert app.parse_args([]).host == "0.0.0.0"
 

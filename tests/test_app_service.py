@@ -109,7 +109,44 @@ def test_the_attention_cap_is_a_setting_of_the_store(tiny_llama):
     note, _, head_view, _, capture = attention_view(store, tiny_llama, "the lamp at dawn " * 20, 0, "0", False, 0, 0, 8)
     assert "only the first 20 are used (this view's limit" in note
     assert len(head_view.data[0].x) == 20
-    assert capture.maps.overview.shape[-1] == 20
+    assert capture.overview.shape[-1] == 20
+
+
+def test_a_sessions_kept_capture_holds_no_model_and_an_evicted_model_is_freed(tiny_llama, tmp_path):
+    import gc
+    import pickle
+    import weakref
+
+    from tiny_app_model import build_tiny_bert
+    from ui.tab_attention import attention_view
+
+    store = service.ModelStore(capacity=1)
+    model = weakref.ref(store.get(tiny_llama))
+    _, _, _, _, kept = attention_view(store, tiny_llama, "the lamp at dawn", 1, "0", False, 0, 0, 8)
+    assert len(pickle.dumps(kept)) < 500  # a key and a ticket: nothing that can keep a model alive
+    again = attention_view(store, tiny_llama, "the lamp at dawn", 0, "0", False, 0, 0, 8, previous=kept)
+    assert "recomputed" in again[0] and again[4] == kept  # the other layers came from the server-wide store
+    store.get(str(build_tiny_bert(tmp_path / "bert")))  # capacity 1: the llama is evicted
+    gc.collect()
+    assert model() is None, "an evicted model is still referenced"
+    reloaded = attention_view(store, tiny_llama, "the lamp at dawn", 0, "0", False, 0, 0, 8, previous=kept)
+    assert "recomputed" in reloaded[0]  # the reloaded model reads the kept overview; no old copy was used
+
+
+def test_kept_captures_stay_within_the_byte_budget_least_recently_used_first():
+    captures = service.CaptureStore(budget_bytes=3 * 2 * 4 * 16 * 16 * 2)  # three [2, 4, 16, 16] float16 overviews
+    overview = np.random.default_rng(0).random((2, 4, 16, 16), dtype=np.float32)
+    for session in "abcd":
+        captures.put(session, ("m", 16, 1), overview)
+    assert len(captures) == 3 and captures.nbytes <= captures.budget_bytes
+    assert captures.get("a", ("m", 16, 1)) is None  # the oldest went first
+    captures.get("b", ("m", 16, 1))  # b used: c is now the oldest
+    captures.put("e", ("m", 16, 1), overview)
+    assert captures.get("c", ("m", 16, 1)) is None and captures.get("b", ("m", 16, 1)) is not None
+    np.testing.assert_allclose(captures.get("e", ("m", 16, 1)), overview, atol=1e-3)  # float16 inside
+    assert captures.get("e", ("m", 17, 1)) is None  # another text under the same ticket is not reused
+    captures.put("huge", ("m", 64, 1), np.zeros((2, 4, 64, 64), np.float32))  # over the whole budget: not kept
+    assert captures.get("huge", ("m", 64, 1)) is None and len(captures) == 3
 
 
 def test_a_folder_that_is_not_a_model_gives_a_clear_message(tmp_path):

@@ -26,9 +26,9 @@ def _as_gradio_error(exc: Exception) -> gr.Error:
     if isinstance(exc, gr.Error):
         return exc
     if isinstance(exc, UserError):
-        return gr.Error(str(exc), print_exception=False)
+        return gr.Error(service.public_text(str(exc)), print_exception=False)
     if isinstance(exc, WeightsError):
-        return gr.Error(f"Model weights: {exc}", print_exception=False)
+        return gr.Error(service.public_text(f"Model weights: {exc}"), print_exception=False)
     if isinstance(exc, MemoryError):
         return gr.Error("Out of memory: try a shorter text or a smaller window.", print_exception=False)
     log.exception("unexpected error in an app event")

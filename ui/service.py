@@ -16,6 +16,7 @@ import queue
 import re
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -59,7 +60,25 @@ TOP_HEADS = 5  # rows per score in the top-heads table, and the heads "top 5 by 
 
 
 class UserError(ValueError):
-    """Bad input from the user: the message is shown in the page as it is."""
+    """Bad input from the user: the message is shown in the page (through public_text)."""
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~])/(?:[^\s/'\"]+/)+[^\s/'\",;)]*")
+
+
+def public_text(text: str) -> str:
+    """A message as a user may see it: no absolute server paths. Files in the weight store read weights/NAME,
+    the repository's read as relative paths, and any other absolute path keeps only its last two parts."""
+    roots = {str(weight_store.WeightStore.default().root.resolve()): "weights", str(REPO_ROOT): "."}
+    for root, shown in sorted(roots.items(), key=lambda item: -len(item[0])):
+        text = text.replace(root + "/", "" if shown == "." else shown + "/").replace(root, shown)
+
+    def shorten(match: re.Match) -> str:
+        parts = [p for p in match.group(0).split("/") if p]
+        return match.group(0) if len(parts) <= 2 else "…/" + "/".join(parts[-2:])
+
+    return ABSOLUTE_PATH.sub(shorten, text)
 
 
 ProgressFn = Callable[[float, str], None]
@@ -75,6 +94,18 @@ def known_model_names() -> list[str]:
     except Exception:  # noqa: BLE001 - a broken registry must not stop the app from starting
         log.exception("could not list the weight store's models")
         return [DEFAULT_MODEL]
+
+
+def clean_weight_store() -> list[str]:
+    """Remove the litter of killed pulls from the weight store (see WeightStore.clean); run at app start."""
+    try:
+        removed = weight_store.WeightStore.default().clean()
+    except OSError as exc:  # a read-only store must not stop the app from starting
+        log.warning("could not clean the weight store: %s", exc)
+        return []
+    if removed:
+        log.info("removed %d folders left by killed pulls: %s", len(removed), ", ".join(removed))
+    return removed
 
 
 def terminal_progress() -> weight_store.TerminalProgress:
@@ -164,7 +195,7 @@ def weights_provenance(folder: Path) -> str:
         manifest = weight_store.read_manifest(folder)
         source = weight_store.describe_source(manifest["source"])
     except Exception:  # noqa: BLE001 - a folder made by hand has no manifest; the card just says less
-        return f"Weights: {folder}"
+        return f"Weights: the folder {folder.name}, which has no manifest.json: its files are not verified."
     licence, created = manifest.get("licence", "unknown"), manifest.get("created", "?")[:10]
     return f"Weights: {source}, licence {licence}, installed {created}."
 
@@ -448,13 +479,63 @@ class AttentionResult:
     capture: "CaptureCache"
 
 
-@dataclass
-class CaptureCache:
-    """One session's last capture, kept so that moving the window or changing layer on the same text skips
-    the pass over every layer. Small: the pooled overview, no full-resolution maps."""
+CAPTURE_BUDGET_SETTING = "ATTN_CAPTURE_BUDGET_MB"  # bytes of kept captures, all sessions together
 
-    key: tuple
-    maps: object
+
+class CaptureStore:
+    """Captures kept for reuse, server-wide, within a byte budget: one float16 overview [L, H, S, S] per
+    session, the least recently used dropped first. Nothing here refers to a model, so a model evicted from
+    the ModelStore is freed; a dropped capture only costs its session one more pass."""
+
+    def __init__(self, budget_bytes: int):
+        self.budget_bytes = budget_bytes
+        self._entries: OrderedDict[str, tuple[tuple, np.ndarray]] = OrderedDict()  # ticket → (key, overview)
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(overview.nbytes for _, overview in self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, ticket: str, key: tuple, overview: np.ndarray) -> None:
+        kept = overview.astype(np.float16)
+        with self._lock:
+            self._entries.pop(ticket, None)
+            if kept.nbytes > self.budget_bytes:
+                return
+            self._entries[ticket] = (key, kept)
+            total = sum(o.nbytes for _, o in self._entries.values())
+            while total > self.budget_bytes:
+                _, (_, dropped) = self._entries.popitem(last=False)
+                total -= dropped.nbytes
+
+    def get(self, ticket: str, key: tuple) -> np.ndarray | None:
+        """The overview kept under this ticket for this key (float32), or None."""
+        with self._lock:
+            entry = self._entries.get(ticket)
+            if entry is None or entry[0] != key:
+                return None
+            self._entries.move_to_end(ticket)
+            return entry[1].astype(np.float32)
+
+
+CAPTURES = CaptureStore(int(float(os.environ.get(CAPTURE_BUDGET_SETTING, "1000")) * 1_000_000))
+
+
+@dataclass(frozen=True)
+class CaptureCache:
+    """What a session keeps between calls of the Attention tab: which text its capture was of, and the ticket
+    of that capture in the server-wide CAPTURES. A few bytes: no arrays, no model."""
+
+    key: tuple  # (model name, token count, hash of the ids)
+    ticket: str
+
+    @property
+    def overview(self) -> np.ndarray | None:
+        return CAPTURES.get(self.ticket, self.key)
 
 
 def model_view_tile(n_tokens: int, n_layers: int, n_heads: int) -> int:
@@ -471,25 +552,27 @@ def capture_attention(
     Which view gets which resolution: the model view gets block averages (tile side from model_view_tile);
     the head view and the window get the chosen layer exactly: kept from the same pass on a new text, recomputed
     by a pass up to that layer when only the layer or window changes."""
+    from core.capture import AttentionMaps, capture, stack_inputs  # noqa: PLC0415
+
     cfg = model.config
     n = len(tokens.ids)
     key = (model_name, n, hash(tuple(tokens.ids)))
+    ticket = previous.ticket if previous is not None else uuid.uuid4().hex
     started = time.perf_counter()
-    reused = previous is not None and previous.key == key
-    if reused:
-        maps = previous.maps
+    ids = as_batch(tokens.ids, model.device)
+    overview = CAPTURES.get(ticket, key) if previous is not None else None
+    reused = overview is not None
+    if reused:  # the chosen layer alone, by a pass up to it
+        maps = AttentionMaps(overview, n, model, stack_inputs(model, ids))
     else:
         tile = model_view_tile(n, cfg.n_layers, cfg.n_heads)
-        from core.capture import capture  # noqa: PLC0415
-
         # the chosen layer at full resolution in the same pass (a seq2seq model: its encoder's); other layers
         # are recomputed when asked for
-        maps = capture(model, as_batch(tokens.ids, model.device), overview_size=tile, keep_full_up_to=0,
-                       keep_layers={layer})
+        maps = capture(model, ids, overview_size=tile, keep_full_up_to=0, keep_layers={layer})
+        CAPTURES.put(ticket, key, maps.overview)
     head_matrix = maps.head(layer, head)
-    maps.full.clear()  # the session keeps only the overview
     seconds = time.perf_counter() - started
-    return AttentionResult(tokens, maps.overview, layer, head, head_matrix, seconds, reused, CaptureCache(key, maps))
+    return AttentionResult(tokens, maps.overview, layer, head, head_matrix, seconds, reused, CaptureCache(key, ticket))
 
 
 def visible_positions(tokens: Encoded, start: int, stop: int, hide_special: bool) -> np.ndarray:

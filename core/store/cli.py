@@ -19,6 +19,9 @@ def format_size(size: int) -> str:
     return f"{size / 1e6:.1f} MB" if size < 1e9 else f"{size / 1e9:.2f} GB"
 
 
+UNVERIFIED = "put here by hand, no manifest yet: adopted (its files recorded) when first loaded"
+
+
 def list_rows(store: WeightStore) -> list[tuple[str, str, str, str, str]]:
     """(name, family, licence, installed size or '-', source) for registered and installed models."""
     installed = store.installed()
@@ -28,10 +31,15 @@ def list_rows(store: WeightStore) -> list[tuple[str, str, str, str, str]]:
         if manifest is None:
             where = "not installed; sources: " + ", ".join(describe_source(s) for s in entry["sources"])
             rows.append((name, entry["family"], entry["licence"], "-", where))
+        elif not manifest:
+            rows.append((name, entry["family"], entry["licence"], "?", UNVERIFIED))
         else:
             size = format_size(manifest_size(manifest))
             rows.append((name, entry["family"], entry["licence"], size, describe_source(manifest["source"])))
     for name, manifest in installed.items():
+        if not manifest:
+            rows.append((name, "?", "unknown", "?", UNVERIFIED))
+            continue
         size = format_size(manifest_size(manifest))
         rows.append((name, "?", manifest.get("licence", "unknown"), size, describe_source(manifest["source"])))
     return rows

@@ -50,7 +50,7 @@ class WeightStore:
         if HUB_REPO_ID.match(name):
             entry = {"licence": "see the model card", "sources": [{"type": "hub", "repo": name}]}
             return self._ensure_named(name.replace("/", "--"), entry, progress, force)
-        if (self.root / name / MANIFEST).is_file():
+        if (self.root / name).is_dir() and not name.startswith("."):  # installed by hand, or by an earlier pull
             return self._ensure_named(name, {"licence": "unknown", "sources": []}, progress, force)
         known = ", ".join(sorted(self.registry)) or "none"
         raise UnknownModel(
@@ -72,16 +72,36 @@ class WeightStore:
         return manifest
 
     def installed(self) -> dict[str, dict]:
-        """name -> manifest for every folder under root that has a readable manifest."""
+        """name -> manifest for every model folder under root; {} for a folder put there by hand without one
+        (it is adopted, and gets its manifest, when it is first loaded)."""
         found = {}
         if self.root.is_dir():
             for folder in sorted(self.root.iterdir()):
-                if folder.is_dir() and not folder.name.startswith(".") and (folder / MANIFEST).is_file():
+                if not folder.is_dir() or folder.name.startswith("."):
+                    continue
+                if (folder / MANIFEST).is_file():
                     try:
                         found[folder.name] = read_manifest(folder)
                     except ChecksumMismatch:
                         continue
+                elif (folder / "config.json").is_file():
+                    found[folder.name] = {}
         return found
+
+    def clean(self) -> list[str]:
+        """Remove what killed pulls left behind: .tmp-NAME-PID-* staging folders and .old-NAME-PID-* copies moved
+        aside by `pull --force`, whose process is no longer running. Returns the names removed."""
+        removed = []
+        if not self.root.is_dir():
+            return removed
+        for folder in self.root.iterdir():
+            if not folder.name.startswith((".tmp-", ".old-")) or not folder.is_dir():
+                continue
+            parts = folder.name.rsplit("-", 2)  # [".tmp-NAME", PID, random]
+            if len(parts) == 3 and parts[1].isdigit() and not _process_alive(int(parts[1])):
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder.name)
+        return sorted(removed)
 
     def known_names(self) -> list[str]:
         """Registry names first (installed or fetchable), then models installed outside the registry."""
@@ -136,10 +156,7 @@ class WeightStore:
     def _staging_folder(self, name: str) -> Path:
         """weights/.tmp-NAME-PID-RANDOM; leftovers of dead processes are removed first."""
         self.root.mkdir(parents=True, exist_ok=True)
-        for old in self.root.glob(f".tmp-{name}-*"):
-            pid = old.name[len(f".tmp-{name}-") :].split("-")[0]
-            if pid.isdigit() and not _process_alive(int(pid)):
-                shutil.rmtree(old, ignore_errors=True)
+        self.clean()
         staging = self.root / f".tmp-{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         staging.mkdir()
         return staging
