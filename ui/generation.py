@@ -33,6 +33,7 @@ OVERVIEW_KEYS = 256  # the layers × heads overview of one row pools its keys in
 KV_TIMED_TOKENS = 16  # the continuation timed with and without the cache
 KV_LENGTHS = (32, 64, 128, 256)  # context lengths at which one step is timed with and without the cache
 KV_DECODE_REPEATS = 3  # decode steps timed per length (the median is kept)
+KV_GRID_BUDGET_S = 8.0  # a slow or busy machine stops the grid early (it keeps at least two lengths)
 
 
 # ---------------------------------------------------------------- the trace of one generation
@@ -470,6 +471,13 @@ class KVTiming:
         return self.new_tokens / self.uncached_seconds if self.uncached_seconds > 0 else 0.0
 
 
+def _clock(model) -> float:
+    """perf_counter once the device has finished its queued work (a GPU runs asynchronously)."""
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+    return time.perf_counter()
+
+
 def _last_logits(model, tokens: list[int], cache, ctx: dict) -> torch.Tensor:
     return generation.prefill(model, service.as_batch(tokens, model.device), None, cache, **ctx)
 
@@ -482,7 +490,7 @@ def _continue(model, decoder: list[int], n_new: int, ctx: dict, cached: bool) ->
     cache = model.new_cache(1, len(decoder) + n_new) if cached else None
     with torch.inference_mode():
         for i in range(n_new):
-            started = time.perf_counter()
+            started = _clock(model)
             if not cached or i == 0:
                 logits = _last_logits(model, tokens, cache, ctx)
             else:
@@ -490,7 +498,7 @@ def _continue(model, decoder: list[int], n_new: int, ctx: dict, cached: bool) ->
                                                 **ctx)
                 cache.advance(1)
             token = int(logits.argmax(-1)[0])
-            times.append(time.perf_counter() - started)
+            times.append(_clock(model) - started)
             tokens.append(token)
             if token in eos:
                 break
@@ -514,20 +522,24 @@ def time_kv(model, source: list[int], decoder: list[int], n_new: int = KV_TIMED_
     grid = [n for n in lengths if n + KV_DECODE_REPEATS <= model.config.max_positions]
     cached_at, uncached_at = [], []
     filler = decoder + cached_tokens
-    for n in grid:
+    grid_started = time.perf_counter()
+    for index, n in enumerate(grid):
+        if index >= 2 and time.perf_counter() - grid_started > KV_GRID_BUDGET_S:
+            grid = grid[:index]
+            break
         tokens = (filler * (n // len(filler) + 1))[:n]
         with torch.inference_mode():
-            started = time.perf_counter()
+            started = _clock(model)
             _last_logits(model, tokens, None, ctx)
-            uncached_at.append(time.perf_counter() - started)
+            uncached_at.append(_clock(model) - started)
             cache = model.new_cache(1, n + KV_DECODE_REPEATS)
             _last_logits(model, tokens, cache, ctx)
             step_times = []
             for _ in range(KV_DECODE_REPEATS):
-                started = time.perf_counter()
+                started = _clock(model)
                 generation.decode_step(model, service.as_batch(tokens[-1:], model.device), cache, None, **ctx)
                 cache.advance(1)
-                step_times.append(time.perf_counter() - started)
+                step_times.append(_clock(model) - started)
         cached_at.append(float(np.median(step_times)))
     start = len(decoder)
     return KVTiming(
