@@ -76,11 +76,11 @@ def build(store: service.ModelStore, picker: Picker, initial) -> GenerateTab:
         layer = gr.Number(value=0, label="Layer", precision=0, elem_id="gen-layer")
         head = gr.Number(value=0, label="Head", precision=0, elem_id="gen-head")
         show = gr.Button("Show this step", elem_id="gen-show-step")
-    step_note = gr.Markdown(elem_id="gen-step-note")
+    step_note = gr.Markdown(label="step note", elem_id="gen-step-note")
     with gr.Row():
         probs_fig = gr.Plot(label="Next-token probabilities", elem_id="gen-step-probs")
         row_fig = gr.Plot(label="Attention row", elem_id="gen-step-row")
-    shaded = gr.HTML(elem_id="gen-step-text")
+    shaded = gr.HTML(label="shaded text", elem_id="gen-step-text")
     overview_fig = gr.Plot(label="Every layer × head for this token", elem_id="gen-step-overview")
     with gr.Accordion("This step's numbers, the whole trace, the download", open=False):
         step_numbers = gr.JSON(label="Attention rows of this step (chosen layer)", elem_id="gen-step-numbers")
@@ -88,11 +88,11 @@ def build(store: service.ModelStore, picker: Picker, initial) -> GenerateTab:
         with gr.Row():
             export = gr.Button("Export the trace as JSON", elem_id="gen-export")
             export_file = gr.File(label="Trace (JSON)", elem_id="gen-export-file", interactive=False)
-        export_note = gr.Markdown(elem_id="gen-export-note")
+        export_note = gr.Markdown(label="export note", elem_id="gen-export-note")
 
     gr.Markdown(KV_INTRO)
     kv_run = gr.Button("Measure the KV cache on this prompt", elem_id="gen-kv-run")
-    kv_note = gr.Markdown(elem_id="gen-kv-note")
+    kv_note = gr.Markdown(label="KV note", elem_id="gen-kv-note")
     kv_table = gr.Dataframe(label="KV cache size", elem_id="gen-kv-table", interactive=False, wrap=True)
     kv_fig = gr.Plot(label="Time per new token", elem_id="gen-kv-fig")
     kv_numbers = gr.JSON(label="The same in bytes and seconds", elem_id="gen-kv-numbers", visible=False)
