@@ -5,3 +5,64 @@ from pathlib import Path
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pytest  # noqa: E402
+
+# ---- the browser tests' Chromium (Debian's package) and pages, shared by tests/test_browser*.py
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+SHOTS = Path(__file__).resolve().parent / "screenshots"
+PAGE_TIMEOUT_MS = 60_000
+WIDE = {"width": 1400, "height": 1000}
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Headless Chromium for the whole session; the browser tests skip, saying why, where there is none."""
+    import shutil
+
+    if not Path(CHROMIUM).is_file() or shutil.which(CHROMIUM) is None:
+        pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's package (apt-get install chromium), as .ci/run does")
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+def open_page(browser, url: str, viewport: dict | None = None, accept_downloads: bool = False):
+    """A fresh context and page on url, once the page has been built and its load events have had time to run.
+    Returns (context, page, errors): JavaScript errors collected while the page lives."""
+    from playwright.sync_api import expect
+
+    context = browser.new_context(viewport=viewport or WIDE, accept_downloads=accept_downloads)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(url)
+    expect(page.locator("#attn-run")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    page.wait_for_timeout(500)
+    return context, page, errors
+
+
+def open_card(page):
+    """Unfold the model card (closed when the page opens) and wait for its table."""
+    from playwright.sync_api import expect
+
+    page.locator("#model-card-box > button, #model-card-box .label-wrap").first.click()
+    expect(page.locator("#model-card table")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+
+
+@pytest.fixture
+def page(browser, app_url):
+    """The app (the module's app_url fixture) in a 1400 × 1000 window; fails the test on a JavaScript error."""
+    context, page, errors = open_page(browser, app_url, accept_downloads=True)
+    yield page
+    context.close()
+    assert not errors, f"JavaScript errors in the page: {errors}"
+
+
+def screenshot(page, name: str) -> None:
+    SHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=SHOTS / f"{name}.png", full_page=True)

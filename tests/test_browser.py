@@ -9,28 +9,19 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
-from pathlib import Path
 
 import pytest
 
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-SHOTS = Path(__file__).resolve().parent / "screenshots"
 RUN_TIMEOUT_MS = 60_000
 
-if not Path(CHROMIUM).is_file() or shutil.which(CHROMIUM) is None:
-    pytest.skip(
-        f"no Chromium at {CHROMIUM}: install Debian's package (apt-get install chromium), as .ci/run does",
-        allow_module_level=True,
-    )
+pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash tests/setup.sh)")
+from playwright.sync_api import Page, expect  # noqa: E402
 
-from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
-
+from conftest import open_card, screenshot  # noqa: E402
 from tiny_app_model import build_tiny_bert, build_tiny_llama, launch_app  # noqa: E402
 
 
@@ -48,27 +39,6 @@ def app_url(served):
     return served[0]
 
 
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def page(browser, app_url):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(app_url)
-    expect(page.locator("#model-card table")).to_be_visible(timeout=RUN_TIMEOUT_MS)
-    yield page
-    context.close()
-    assert not errors, f"JavaScript errors in the page: {errors}"
-
-
 def open_tab(page: Page, name: str) -> None:
     page.get_by_role("tab", name=name).click()
 
@@ -84,14 +54,14 @@ def expect_plot(page: Page, elem_id: str, kind: str = "heatmap") -> None:
 
 
 def shot(page: Page, name: str) -> None:
-    SHOTS.mkdir(exist_ok=True)
-    page.screenshot(path=SHOTS / f"{name}.png", full_page=True)
+    screenshot(page, name)
 
 
 def test_page_opens_with_the_model_card_and_its_tabs(page):
     assert page.title() == "The attention explorer"
     tabs = page.get_by_role("tab").all_inner_texts()
     assert tabs[:5] == ["Generate", "Attention", "Positional encoding", "Masks", "Heads"]  # tabs added later follow
+    open_card(page)
     expect(page.locator("#model-card")).to_contain_text("4d²")
 
 
@@ -120,6 +90,7 @@ def test_attention_tab_draws_model_view_head_view_and_window_with_hover(page):
 def test_switching_to_an_encoder_updates_the_card_and_shows_attention_both_ways(page, app_url):
     page.locator("#model-picker input").click()
     page.get_by_role("option", name=re.compile("tiny-bert")).click()
+    open_card(page)
     expect(page.locator("#model-card")).to_contain_text("encoder (bidirectional)", timeout=RUN_TIMEOUT_MS)
     open_tab(page, "Attention")
     expect(page.locator("#attn-layer")).to_contain_text("Layer (0–1)")

@@ -6,27 +6,18 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-from pathlib import Path
 
 import pytest
 
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-SHOTS = Path(__file__).resolve().parent / "screenshots"
 TIMEOUT_MS = 60_000
 
-if not Path(CHROMIUM).is_file() or shutil.which(CHROMIUM) is None:
-    pytest.skip(
-        f"no Chromium at {CHROMIUM}: install Debian's package (apt-get install chromium), as .ci/run does",
-        allow_module_level=True,
-    )
+pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash tests/setup.sh)")
+from playwright.sync_api import Page, expect  # noqa: E402
 
-from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
-
+from conftest import screenshot  # noqa: E402
 from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 
 LAB_ENV = {"ATTN_LAB_EVAL_EXAMPLES": "16"}
@@ -48,26 +39,11 @@ def app_url(tmp_path_factory):
             os.environ[k] = v
 
 
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
 @pytest.fixture
-def page(browser, app_url):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(app_url)
-    expect(page.locator("#model-card table")).to_be_visible(timeout=TIMEOUT_MS)
+def page(page):
+    """The shared page (tests/conftest.py), on the Lab tab."""
     page.get_by_role("tab", name="Lab").click()
-    yield page
-    context.close()
-    assert not errors, f"JavaScript errors in the page: {errors}"
+    return page
 
 
 def tiny_config(page: Page, steps: int, snapshots: str = "") -> None:
@@ -97,8 +73,7 @@ def test_a_tiny_run_trains_draws_its_curves_and_attention_and_is_saved(page):
     for elem_id in ("lab-cross", "lab-encoder", "lab-decoder"):
         expect_drawn(page, elem_id, "heatmap")
     expect(page.locator("#lab-cross")).to_contain_text("layer 0, head 1")
-    SHOTS.mkdir(exist_ok=True)
-    page.screenshot(path=SHOTS / "lab.png", full_page=True)
+    screenshot(page, "lab")
     page.locator("#lab-name textarea").fill("browser-run")
     page.locator("#lab-save").click()
     expect(page.locator("#lab-saved")).to_contain_text("Saved browser-run", timeout=TIMEOUT_MS)

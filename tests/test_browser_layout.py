@@ -1,0 +1,200 @@
+"""The page's layout, exports and deep links in a real browser (Debian's Chromium, headless, Playwright).
+
+The model card starts folded; at 1400 and 390 px wide the page never scrolls sideways, controls sit beside the
+figures on the wide screen and above them on the narrow one; the modebar saves PNG and SVG with the view's name;
+a tab's data download holds the numbers; a link opens its tab, layer and head, a bad one falls back with a
+message; the copy-link button writes the state into a link; a model copied into the weights folder appears in the
+picker when a page opens. Screenshots land in tests/screenshots/ (git-ignored).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+from urllib.parse import urlencode
+
+import pytest
+
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash tests/setup.sh)")
+from playwright.sync_api import Page, expect  # noqa: E402
+
+from conftest import open_card, open_page, screenshot  # noqa: E402
+from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
+
+TIMEOUT_MS = 60_000
+NARROW = {"width": 390, "height": 844}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("browser-layout")
+    saved = os.environ.get("ATTN_WEIGHTS_DIR")
+    os.environ["ATTN_WEIGHTS_DIR"] = str(root / "weights")
+    (root / "weights").mkdir()
+    llama = str(build_tiny_llama(root / "tiny-llama"))
+    demo, url, _ = launch_app([llama], llama)
+    yield url, root
+    demo.close()
+    if saved is None:
+        os.environ.pop("ATTN_WEIGHTS_DIR", None)
+    else:
+        os.environ["ATTN_WEIGHTS_DIR"] = saved
+
+
+@pytest.fixture(scope="module")
+def app_url(served):
+    return served[0]
+
+
+def no_sideways_scroll(page: Page) -> None:
+    widths = page.evaluate(
+        "() => [document.documentElement.scrollWidth, document.body.scrollWidth, window.innerWidth]"
+    )
+    assert max(widths[:2]) <= widths[2], f"the page scrolls sideways: scrollWidth {widths[:2]}, window {widths[2]}"
+
+
+def box(page: Page, selector: str) -> dict:
+    """The element's box in page coordinates (not the window's, which move as the page scrolls)."""
+    return page.locator(selector).first.evaluate(
+        "(e) => { const r = e.getBoundingClientRect();"
+        " return {x: r.x + window.scrollX, y: r.y + window.scrollY, width: r.width, height: r.height}; }"
+    )
+
+
+def test_the_model_card_starts_folded_and_opens(page):
+    card = page.locator("#model-card")
+    expect(page.locator("#model-card-box")).to_be_visible()
+    expect(card).to_be_hidden()
+    # the tabs start near the top: no half screen of card above them
+    assert box(page, "button[role=tab]")["y"] < 400
+    open_card(page)
+    expect(card).to_contain_text("4d²")
+
+
+@pytest.mark.parametrize("name, viewport", [("wide", None), ("narrow", NARROW)])
+def test_both_widths_render_without_sideways_scroll(browser, app_url, name, viewport):
+    context, page, errors = open_page(browser, app_url, viewport)
+    try:
+        page.locator("#attn-run").click()
+        expect(page.locator("#attn-head-view .js-plotly-plot .hm image").first).to_be_attached(timeout=TIMEOUT_MS)
+        page.wait_for_timeout(500)
+        no_sideways_scroll(page)
+        run, figure = box(page, "#attn-run"), box(page, "#attn-model-view")
+        if viewport is None:  # controls beside the figures
+            assert figure["x"] >= run["x"] + run["width"] - 1, (run, figure)
+        else:  # controls above the figures
+            assert figure["y"] >= run["y"] + run["height"] - 1, (run, figure)
+        screenshot(page, f"layout-attention-{name}")
+        # a narrow screen folds the tab bar into a menu; a link opens each tab directly
+        for tab, elem_id in (("masks", "mask-run"), ("heads", "heads-run"), ("lab", "lab-train"),
+                             ("positions", "pe-run")):
+            page.goto(f"{app_url}?tab={tab}")
+            expect(page.locator(f"#{elem_id}")).to_be_visible(timeout=TIMEOUT_MS)
+            page.wait_for_timeout(300)
+            no_sideways_scroll(page)
+        page.locator("#pe-run").click()
+        expect(page.locator("#pe-permutation")).to_contain_text("causal decoder", timeout=TIMEOUT_MS)
+        no_sideways_scroll(page)
+        screenshot(page, f"layout-positions-{name}")
+    finally:
+        context.close()
+    assert not errors, errors
+
+
+def test_the_modebar_saves_png_and_svg_named_by_view(page):
+    page.locator("#attn-layer input").fill("1")
+    page.locator("#attn-head input").fill("2")
+    page.locator("#attn-head input").press("Enter")
+    page.locator("#attn-run").click()
+    plot = page.locator("#attn-head-view .js-plotly-plot")
+    expect(plot.locator(".hm image").first).to_be_attached(timeout=TIMEOUT_MS)
+    expect(page.locator("#attn-head-view")).to_contain_text("Layer 1, head 2", timeout=TIMEOUT_MS)
+    plot.scroll_into_view_if_needed()
+    plot.hover()
+    for title, suffix, magic in (("Download plot as a PNG", ".png", b"\x89PNG"), ("Download plot as SVG", ".svg",
+                                                                                   b"<svg")):
+        button = page.locator(f"#attn-head-view .modebar-btn[data-title='{title}']")
+        with page.expect_download(timeout=TIMEOUT_MS) as info:
+            button.click()
+        download = info.value
+        assert download.suggested_filename == f"tiny-llama_L1_H2_head-view{suffix}"
+        data = open(download.path(), "rb").read()
+        assert data.startswith(magic), data[:40]
+        if suffix == ".png":  # 1600 × 900 at scale 2
+            assert int.from_bytes(data[16:20], "big") == 3200 and int.from_bytes(data[20:24], "big") == 1800
+        else:
+            assert b'width="1600"' in data[:400]
+
+
+def test_a_data_export_downloads_the_head_as_csv(page):
+    page.locator("#attn-export-box button, #attn-export-box .label-wrap").first.click()
+    page.locator("#attn-export").click()
+    link = page.locator("#attn-export-file a").first
+    expect(link).to_be_visible(timeout=TIMEOUT_MS)
+    with page.expect_download(timeout=TIMEOUT_MS) as info:
+        link.click()
+    download = info.value
+    assert download.suggested_filename.endswith("_L0_Hmean_head.csv")
+    lines = [line for line in open(download.path(), encoding="utf-8") if not line.startswith("#")]
+    rows = list(csv.reader(lines))
+    assert rows[0][0] == "query \\ key"
+    for row in rows[1:]:
+        assert abs(sum(float(c) for c in row[1:]) - 1.0) < 1e-4  # each query's weights sum to 1
+
+
+def test_a_deep_link_opens_its_tab_layer_and_head(browser, app_url):
+    url = app_url + "?" + urlencode({"tab": "attention", "layer": 1, "head": 3, "text": "The keeper lit the lamp."})
+    context, page, errors = open_page(browser, url)
+    try:
+        expect(page.locator("#attn-head-view")).to_contain_text("Layer 1, head 3", timeout=TIMEOUT_MS)
+        assert page.locator("#attn-text textarea").input_value() == "The keeper lit the lamp."
+        page.goto(app_url + "?" + urlencode({"tab": "heads", "layer": 1, "head": 2}))
+        expect(page.get_by_role("tab", name="Heads")).to_have_attribute("aria-selected", "true", timeout=TIMEOUT_MS)
+        expect(page.locator("#heads-layer input")).to_have_value("1", timeout=TIMEOUT_MS)
+        expect(page.locator("#heads-head input")).to_have_value("2")
+        # the copy-link button writes the state back into a link
+        page.locator("#copy-link").click()
+        link = page.locator("#share-link textarea, #share-link input").first
+        expect(link).to_have_value(lambda_free_pattern("tab=heads&layer=1&head=2"), timeout=TIMEOUT_MS)
+        screenshot(page, "deep-link-heads")
+    finally:
+        context.close()
+    assert not errors, errors
+
+
+def lambda_free_pattern(fragment: str):
+    import re
+
+    return re.compile(re.escape(fragment))
+
+
+def test_a_bad_link_falls_back_with_a_message(browser, app_url):
+    url = app_url + "?" + urlencode({"tab": "nowhere", "layer": "99", "head": "x", "model": "not-a-model"})
+    context, page, errors = open_page(browser, url)
+    try:
+        toasts = page.locator(".toast-body")
+        expect(toasts.first).to_be_visible(timeout=TIMEOUT_MS)
+        text = " ".join(toasts.all_inner_texts())
+        assert "not offered here" in text or "does not exist" in text or "out of range" in text, text
+        expect(page.get_by_role("tab", name="Attention")).to_have_attribute("aria-selected", "true")
+        assert page.locator("#attn-layer input").input_value() == "0"
+        assert "Traceback" not in page.content()
+    finally:
+        context.close()
+    assert not errors, errors
+
+
+def test_a_model_copied_into_weights_appears_when_a_page_opens(browser, served):
+    url, root = served
+    shutil.copytree(root / "tiny-llama", root / "weights" / "copied-by-hand")
+    context, page, errors = open_page(browser, url)
+    try:
+        page.locator("#model-picker input").click()
+        expect(page.get_by_role("option", name="copied-by-hand", exact=True)).to_be_visible(timeout=TIMEOUT_MS)
+    finally:
+        context.close()
+    assert not errors, errors
