@@ -9,6 +9,7 @@ This file only builds the page from the tab modules in ui/ and launches it.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -21,6 +22,7 @@ import gradio as gr  # noqa: E402
 from ui import model_picker, service, tab_attention, tab_generate, tab_heads, tab_masks, tab_positions  # noqa: E402
 from ui import downloads, links, tab_lab  # noqa: E402
 from ui.common import ANALYSIS, ANALYSIS_LIMIT, user_errors  # noqa: E402
+from ui import spaces  # noqa: E402
 from ui.common import checked_inputs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
@@ -35,6 +37,22 @@ LINK_JS = """(...args) => { args[args.length - 1] = window.location.href; return
 COPY_JS = """(link) => { if (link && navigator.clipboard) navigator.clipboard.writeText(link).catch(() => {}); }"""
 
 
+def finished(build):
+    """What every page gets once built: each input answered in words (ui.common.checked_inputs) and, on a
+    ZeroGPU Space, the events that run a model decorated with spaces.GPU (ui/spaces.py)."""
+
+    @functools.wraps(build)
+    def build_and_finish(*args, **kwargs) -> gr.Blocks:
+        demo = checked_inputs(build(*args, **kwargs))
+        decorated = spaces.on_gpu(demo, (ANALYSIS, tab_generate.GENERATE))
+        if decorated:
+            logging.getLogger(__name__).info("ZeroGPU: %d events run on the GPU", len(decorated))
+        return demo
+
+    return build_and_finish
+
+
+@finished
 def build_demo(store: service.ModelStore, default_model: str) -> gr.Blocks:
     """The whole page: model picker (with the link to share) and the card, closed, then the tabs. The default model
     must be loadable. A page opened with query parameters (ui/links.py) starts on that model, tab, layer and head."""
@@ -210,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_tokens < 2:
         print(f"error: --max-tokens must be at least 2, got {args.max_tokens}", file=sys.stderr)
         return 2
+    spaces.use_persistent_storage()
     service.clean_weight_store()
     store = service.ModelStore(extra_names=[args.model], device=args.device, max_attention_tokens=args.max_tokens)
     bar = service.terminal_progress()
