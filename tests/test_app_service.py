@@ -133,20 +133,21 @@ def test_a_sessions_kept_capture_holds_no_model_and_an_evicted_model_is_freed(ti
     assert "recomputed" in reloaded[0]  # the reloaded model reads the kept overview; no old copy was used
 
 
-def test_kept_captures_stay_within_the_byte_budget_least_recently_used_first():
-    captures = service.CaptureStore(budget_bytes=3 * 2 * 4 * 16 * 16 * 2)  # three [2, 4, 16, 16] float16 overviews
-    overview = np.random.default_rng(0).random((2, 4, 16, 16), dtype=np.float32)
+def test_kept_values_stay_within_the_byte_budget_least_recently_used_first():
+    kept = service.KeptStore(budget_bytes=300)
     for session in "abcd":
-        captures.put(session, ("m", 16, 1), overview)
-    assert len(captures) == 3 and captures.nbytes <= captures.budget_bytes
-    assert captures.get("a", ("m", 16, 1)) is None  # the oldest went first
-    captures.get("b", ("m", 16, 1))  # b used: c is now the oldest
-    captures.put("e", ("m", 16, 1), overview)
-    assert captures.get("c", ("m", 16, 1)) is None and captures.get("b", ("m", 16, 1)) is not None
-    np.testing.assert_allclose(captures.get("e", ("m", 16, 1)), overview, atol=1e-3)  # float16 inside
-    assert captures.get("e", ("m", 17, 1)) is None  # another text under the same ticket is not reused
-    captures.put("huge", ("m", 64, 1), np.zeros((2, 4, 64, 64), np.float32))  # over the whole budget: not kept
-    assert captures.get("huge", ("m", 64, 1)) is None and len(captures) == 3
+        assert kept.put(session, ("m", 1), session.upper(), 100)
+    assert len(kept) == 3 and kept.nbytes == 300
+    assert kept.get("a", ("m", 1)) is None  # the oldest went first
+    kept.get("b", ("m", 1))  # b used: c is now the oldest
+    kept.put("e", ("m", 1), "E", 100)
+    assert kept.get("c", ("m", 1)) is None and kept.get("b", ("m", 1)) == "B"
+    assert kept.get("e", ("m", 2)) is None  # another key under the same ticket is not reused
+    assert not kept.put("huge", ("m", 1), "H", 301) and kept.get("huge", ("m", 1)) is None
+    assert kept.grow("e", ("m", 1), 150)  # e grew to 250: the least recently used (d, then b) make room
+    assert kept.nbytes <= 300 and kept.get("e", ("m", 1)) == "E" and len(kept) == 1
+    assert not kept.grow("e", ("m", 1), 100)  # past the whole budget: dropped, never kept over it
+    assert kept.get("e", ("m", 1)) is None and kept.nbytes == 0
 
 
 def test_a_folder_that_is_not_a_model_gives_a_clear_message(tmp_path):

@@ -107,6 +107,23 @@ def test_rows_past_the_cap_are_dropped_and_the_page_says_so(llama, monkeypatch):
     assert view.top_probs.shape == (generation.TOP_PROBS,)
 
 
+def test_rows_live_in_the_servers_kept_budget_and_a_sessions_next_trace_replaces_them(llama, monkeypatch):
+    from ui import service
+
+    kept = service.KeptStore(budget_bytes=10**9)
+    monkeypatch.setattr(service, "KEPT", kept)
+    first = trace_of(llama, n=4)
+    assert kept.nbytes == first.row_bytes > 0 and first.rows_kept == 4
+    updates = list(generation.stream_trace(llama, "tiny", PROMPT, False, 3, 0.0, 0, 1.0, 0, previous=first))
+    second = updates[-1][1]
+    assert second.ticket == first.ticket and len(kept) == 1  # the session's one entry, now the new trace's
+    assert kept.nbytes == second.row_bytes and first.rows_kept == 0 and second.rows_kept == 3
+    kept.put("another session", ("x",), None, kept.budget_bytes)  # someone else needs the whole budget
+    assert second.rows_kept == 0 and second.rows_dropped and len(second.top_probs) == 3
+    view = generation.step_view(llama, second, 1, 0, 0)
+    assert view.rows is None and "dropped to keep the server's memory within its budget" in view.note
+
+
 def test_a_finished_trace_is_reused_for_the_same_settings(llama):
     first = generation.run_trace(llama, "tiny", None, PROMPT, False, 4, 0.0, 0, 1.0, 0)
     assert generation.run_trace(llama, "tiny", first, PROMPT, False, 4, 0.0, 0, 1.0, 0) is first

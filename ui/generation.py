@@ -52,8 +52,8 @@ class GenerationTrace:
     prompt_ids: list[int] = field(default_factory=list)  # decoder: the prompt as read; seq2seq: [start token]
     source_ids: list[int] = field(default_factory=list)  # seq2seq: the source the encoder read
     tokens: list[int] = field(default_factory=list)
-    rows: list[np.ndarray | None] = field(default_factory=list)  # per token [L, H, Tk] float16, None past the cap
-    cross_rows: list[np.ndarray | None] = field(default_factory=list)  # seq2seq: per token [L, H, S] float16
+    ticket: str = field(default_factory=service.new_ticket)  # the session's: the rows live in service.KEPT under it
+    trace_id: str = field(default_factory=service.new_ticket)  # which trace the kept rows belong to
     top_ids: list[np.ndarray] = field(default_factory=list)  # per token [10]
     top_probs: list[np.ndarray] = field(default_factory=list)  # per token [10]
     chosen_prob: list[float] = field(default_factory=list)
@@ -65,13 +65,40 @@ class GenerationTrace:
     stop_reason: str = ""
     note: str = ""
 
+    def __post_init__(self):
+        service.KEPT.put(self.ticket, self._kept_key, {"rows": [], "cross": []}, 0)
+
     def __hash__(self) -> int:
         # Gradio notices a changed State by its hash: a trace that grew is a new value for the page
         return hash((id(self), len(self.tokens), self.done))
 
     @property
+    def _kept_key(self) -> tuple:
+        return ("generation", self.trace_id)
+
+    def _kept(self, name: str) -> list[np.ndarray | None]:
+        """Per token its rows ([L, H, Tk] self, [L, H, S] cross; float16), None where not kept: past the
+        session's cap, or everywhere once the server-wide budget dropped them."""
+        bank = service.KEPT.get(self.ticket, self._kept_key)
+        kept = [] if bank is None else bank[name]
+        return kept + [None] * (len(self.tokens) - len(kept))
+
+    @property
+    def rows(self) -> list[np.ndarray | None]:
+        return self._kept("rows")
+
+    @property
+    def cross_rows(self) -> list[np.ndarray | None]:
+        return self._kept("cross")
+
+    @property
     def rows_kept(self) -> int:
         return sum(r is not None for r in self.rows)
+
+    @property
+    def rows_dropped(self) -> bool:
+        """The server-wide budget dropped this trace's rows (the per-session cap is another matter)."""
+        return self.row_bytes > 0 and service.KEPT.get(self.ticket, self._kept_key) is None
 
     def context_ids(self, step: int) -> list[int]:
         """The decoder tokens the query of `step` could see: the prompt (or start token) and earlier tokens."""
@@ -85,12 +112,15 @@ class GenerationTrace:
         self.chosen_rank.append(int(step.chosen_rank))
         rows = [step.rows] + ([step.cross_rows] if self.seq2seq else [])
         size = sum(r.numel() * 2 for r in rows if r is not None)
-        keep = step.rows is not None and self.row_bytes + size <= MAX_TRACE_BYTES
+        bank = service.KEPT.get(self.ticket, self._kept_key)
+        # rows are kept from the first token on, while the session's cap and the server's budget allow
+        keep = (step.rows is not None and bank is not None and len(bank["rows"]) == len(self.tokens) - 1
+                and self.row_bytes + size <= MAX_TRACE_BYTES and service.KEPT.grow(self.ticket, self._kept_key, size))
         if keep:
             self.row_bytes += size
-        as_numpy = lambda r: r.to(torch.float16).cpu().numpy() if keep and r is not None else None  # noqa: E731
-        self.rows.append(as_numpy(step.rows))
-        self.cross_rows.append(as_numpy(step.cross_rows))
+            as_numpy = lambda r: None if r is None else r.to(torch.float16).cpu().numpy()  # noqa: E731
+            bank["rows"].append(as_numpy(step.rows))
+            bank["cross"].append(as_numpy(step.cross_rows))
 
 
 class _RecordingModel:
@@ -126,11 +156,14 @@ def settings_key(prompt, chat, max_new_tokens, temperature, top_k, top_p, seed) 
 
 
 def stream_trace(model, model_name: str, prompt, chat, max_new_tokens, temperature, top_k, top_p,
-                 seed) -> Iterator[tuple[service.GenerationUpdate, GenerationTrace]]:
-    """service.stream_generation's updates, each with the trace so far (the same object, growing)."""
+                 seed, previous: GenerationTrace | None = None,
+                 ) -> Iterator[tuple[service.GenerationUpdate, GenerationTrace]]:
+    """service.stream_generation's updates, each with the trace so far (the same object, growing). The new trace
+    takes over the session's ticket, so its rows replace the previous trace's in service.KEPT."""
     cfg = model.config
+    ticket = {} if previous is None else {"ticket": previous.ticket}
     trace = GenerationTrace(model_name, settings_key(prompt, chat, max_new_tokens, temperature, top_k, top_p, seed),
-                            cfg.is_encoder_decoder, cfg.n_layers, cfg.n_heads)
+                            cfg.is_encoder_decoder, cfg.n_layers, cfg.n_heads, **ticket)
     for update in service.stream_generation(_RecordingModel(model, trace), prompt, chat, max_new_tokens,
                                             temperature, top_k, top_p, seed):
         trace.prompt_text, trace.new_text, trace.note = update.prompt_text, update.new_text, update.note
@@ -145,7 +178,8 @@ def run_trace(model, model_name: str, previous: GenerationTrace | None, prompt, 
     if previous is not None and previous.done and previous.model_name == model_name and previous.settings == key:
         return previous
     trace = None
-    for _, trace in stream_trace(model, model_name, prompt, chat, max_new_tokens, temperature, top_k, top_p, seed):
+    for _, trace in stream_trace(model, model_name, prompt, chat, max_new_tokens, temperature, top_k, top_p, seed,
+                                 previous):
         pass
     return trace
 
@@ -153,6 +187,9 @@ def run_trace(model, model_name: str, previous: GenerationTrace | None, prompt, 
 def cap_note(trace: GenerationTrace) -> str:
     if trace.rows_kept == len(trace.tokens):
         return ""
+    if trace.rows_dropped:
+        return ("This trace's attention rows were dropped to keep the server's memory within its budget (the least "
+                "recently used go first); its probabilities remain. Generate again to see the rows.")
     return (f"Attention rows are kept for the first {trace.rows_kept} of {len(trace.tokens)} tokens (at most "
             f"{MAX_TRACE_BYTES // 2**20} MB of float16 rows per session); later tokens keep their probabilities.")
 

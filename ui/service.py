@@ -479,63 +479,87 @@ class AttentionResult:
     capture: "CaptureCache"
 
 
-CAPTURE_BUDGET_SETTING = "ATTN_CAPTURE_BUDGET_MB"  # bytes of kept captures, all sessions together
+KEPT_BUDGET_SETTING = "ATTN_KEPT_BUDGET_MB"  # bytes of kept captures and generation rows, all sessions together
 
 
-class CaptureStore:
-    """Captures kept for reuse, server-wide, within a byte budget: one float16 overview [L, H, S, S] per
-    session, the least recently used dropped first. Nothing here refers to a model, so a model evicted from
-    the ModelStore is freed; a dropped capture only costs its session one more pass."""
+class KeptStore:
+    """What sessions keep for reuse, server-wide, within one byte budget: the Attention tab's float16 overview
+    and the Generate tab's float16 attention rows, under a ticket per session, the least recently used dropped
+    first. A session holds only its ticket (and the key of what it kept), so the budget bounds them all.
+    Nothing kept refers to a model, so a model evicted from the ModelStore is freed; a dropped entry costs its
+    session one more pass (or, for generation rows, the rows)."""
 
     def __init__(self, budget_bytes: int):
         self.budget_bytes = budget_bytes
-        self._entries: OrderedDict[str, tuple[tuple, np.ndarray]] = OrderedDict()  # ticket → (key, overview)
+        self._entries: OrderedDict[str, list] = OrderedDict()  # ticket → [key, value, nbytes]
         self._lock = threading.Lock()
 
     @property
     def nbytes(self) -> int:
         with self._lock:
-            return sum(overview.nbytes for _, overview in self._entries.values())
+            return sum(entry[2] for entry in self._entries.values())
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, ticket: str, key: tuple, overview: np.ndarray) -> None:
-        kept = overview.astype(np.float16)
+    def put(self, ticket: str, key: tuple, value, nbytes: int) -> bool:
+        """Keep value under ticket (replacing what the ticket held); False when it alone exceeds the budget."""
         with self._lock:
             self._entries.pop(ticket, None)
-            if kept.nbytes > self.budget_bytes:
-                return
-            self._entries[ticket] = (key, kept)
-            total = sum(o.nbytes for _, o in self._entries.values())
-            while total > self.budget_bytes:
-                _, (_, dropped) = self._entries.popitem(last=False)
-                total -= dropped.nbytes
+            if nbytes > self.budget_bytes:
+                return False
+            self._entries[ticket] = [key, value, nbytes]
+            self._evict()
+            return True
 
-    def get(self, ticket: str, key: tuple) -> np.ndarray | None:
-        """The overview kept under this ticket for this key (float32), or None."""
+    def grow(self, ticket: str, key: tuple, extra: int) -> bool:
+        """Count `extra` more bytes for a kept value that grew; False (and the entry dropped) when it no
+        longer fits the budget or is gone."""
+        with self._lock:
+            entry = self._entries.get(ticket)
+            if entry is None or entry[0] != key or entry[2] + extra > self.budget_bytes:
+                self._entries.pop(ticket, None)
+                return False
+            entry[2] += extra
+            self._entries.move_to_end(ticket)
+            self._evict()
+            return True
+
+    def get(self, ticket: str, key: tuple):
+        """The value kept under this ticket for this key, or None."""
         with self._lock:
             entry = self._entries.get(ticket)
             if entry is None or entry[0] != key:
                 return None
             self._entries.move_to_end(ticket)
-            return entry[1].astype(np.float32)
+            return entry[1]
+
+    def _evict(self) -> None:
+        total = sum(entry[2] for entry in self._entries.values())
+        while total > self.budget_bytes:
+            _, (_, _, dropped) = self._entries.popitem(last=False)
+            total -= dropped
 
 
-CAPTURES = CaptureStore(int(float(os.environ.get(CAPTURE_BUDGET_SETTING, "1000")) * 1_000_000))
+KEPT = KeptStore(int(float(os.environ.get(KEPT_BUDGET_SETTING, "1000")) * 1_000_000))
+
+
+def new_ticket() -> str:
+    return uuid.uuid4().hex
 
 
 @dataclass(frozen=True)
 class CaptureCache:
     """What a session keeps between calls of the Attention tab: which text its capture was of, and the ticket
-    of that capture in the server-wide CAPTURES. A few bytes: no arrays, no model."""
+    of that capture in the server-wide KEPT. A few bytes: no arrays, no model."""
 
     key: tuple  # (model name, token count, hash of the ids)
     ticket: str
 
     @property
     def overview(self) -> np.ndarray | None:
-        return CAPTURES.get(self.ticket, self.key)
+        kept = KEPT.get(self.ticket, self.key)
+        return None if kept is None else kept.astype(np.float32)
 
 
 def model_view_tile(n_tokens: int, n_layers: int, n_heads: int) -> int:
@@ -557,19 +581,20 @@ def capture_attention(
     cfg = model.config
     n = len(tokens.ids)
     key = (model_name, n, hash(tuple(tokens.ids)))
-    ticket = previous.ticket if previous is not None else uuid.uuid4().hex
+    ticket = previous.ticket if previous is not None else new_ticket()
     started = time.perf_counter()
     ids = as_batch(tokens.ids, model.device)
-    overview = CAPTURES.get(ticket, key) if previous is not None else None
-    reused = overview is not None
+    kept = KEPT.get(ticket, key) if previous is not None else None
+    reused = kept is not None
     if reused:  # the chosen layer alone, by a pass up to it
-        maps = AttentionMaps(overview, n, model, stack_inputs(model, ids))
+        maps = AttentionMaps(kept.astype(np.float32), n, model, stack_inputs(model, ids))
     else:
         tile = model_view_tile(n, cfg.n_layers, cfg.n_heads)
         # the chosen layer at full resolution in the same pass (a seq2seq model: its encoder's); other layers
         # are recomputed when asked for
         maps = capture(model, ids, overview_size=tile, keep_full_up_to=0, keep_layers={layer})
-        CAPTURES.put(ticket, key, maps.overview)
+        overview = maps.overview.astype(np.float16)
+        KEPT.put(ticket, key, overview, overview.nbytes)
     head_matrix = maps.head(layer, head)
     seconds = time.perf_counter() - started
     return AttentionResult(tokens, maps.overview, layer, head, head_matrix, seconds, reused, CaptureCache(key, ticket))

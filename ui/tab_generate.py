@@ -107,13 +107,14 @@ def build(store: service.ModelStore, picker: Picker, initial) -> GenerateTab:
         top_k_value,
         top_p_value,
         seed_value,
+        session_trace=None,
         progress=gr.Progress(),
     ):
         model_obj = store.get(model_name, progress_callback(progress))
         update = None
         for update, recorded in generation.stream_trace(
             model_obj, model_name, prompt_text, chat_mode, max_new_tokens, temperature_value, top_k_value,
-            top_p_value, seed_value
+            top_p_value, seed_value, previous=session_trace,
         ):
             yield update.new_text, stats_line(update), update.prompt_text + update.new_text, recorded
         if update is None:
@@ -122,7 +123,7 @@ def build(store: service.ModelStore, picker: Picker, initial) -> GenerateTab:
     settings = [model, prompt, chat, max_new, temperature, top_k, top_p, seed]
     event = run.click(
         generate,
-        settings,
+        [*settings, trace],
         [output, stats, sent, trace],
         api_name="generate",
         concurrency_id=GENERATE,
