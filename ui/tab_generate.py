@@ -37,8 +37,13 @@ class GenerateTab:
     send: gr.Button
 
 
+LEAD = """**The decoder at work, token by token**: each new token's query attends through eq. 2.1's causal mask to
+the keys and values of everything before it, kept in the KV cache (2 · layers · tokens · kv-heads · d_head numbers)."""
+
+
 def build(store: service.ModelStore, picker: Picker, initial) -> GenerateTab:
     model = picker.model
+    gr.Markdown(LEAD, elem_classes=["tab-lead"])
     gr.Markdown(
         "The model extends the prompt one token at a time. Greedy (temperature 0) always picks the most likely "
         "token; higher temperatures, top-k and top-p sample. A seed makes sampling repeat exactly."

@@ -18,6 +18,10 @@ from ui.service import ModelStore, UserError
 LAB = "lab"  # concurrency group of the training streams; the server-wide job cap is the Lab's own
 ATTENTION_LIMIT = 2
 
+LEAD = """**Why each part is there, by training without it**: the original encoder-decoder of the theory (Post-LN
+blocks, eqs. 5.1–5.4; eq. 4.1's sinusoids; a causal decoder with cross-attention) or a Llama-style decoder,
+trained here, then with one switch of eq. 2.1 or 4.1 turned off."""
+
 INTRO = """Train a small Transformer **from scratch** on a toy task (characters in, characters out), here, in a
 few seconds to a minute. The curves stream as it learns: training loss every step, and every tenth of the run
 the held-out loss and **exact match** (the model writes whole answers on its own, greedily, for examples it never
@@ -79,6 +83,7 @@ def build(store: ModelStore, picker: Picker, settings: LabSettings | None = None
     cap = lab.settings
     free = dict(allow_custom_value=True)  # API values outside the choices reach make_config, which names them
     with gr.Tab("Lab", id="lab"):
+        gr.Markdown(LEAD, elem_classes=["tab-lead"])
         gr.Markdown(INTRO)
         with gr.Row():
             with gr.Column(scale=2):
