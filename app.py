@@ -24,6 +24,7 @@ from ui import downloads, links, tab_lab  # noqa: E402
 from ui.common import ANALYSIS, ANALYSIS_LIMIT, user_errors  # noqa: E402
 from ui import spaces  # noqa: E402
 from ui.common import checked_inputs  # noqa: E402
+from ui import backend as model_backend  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 CSS = ROOT / "assets" / "app.css"
@@ -38,12 +39,17 @@ COPY_JS = """(link) => { if (link && navigator.clipboard) navigator.clipboard.wr
 
 
 def finished(build):
-    """What every page gets once built: each input answered in words (ui.common.checked_inputs) and, on a
-    ZeroGPU Space, the events that run a model decorated with spaces.GPU (ui/spaces.py)."""
+    """What every page gets once built: each input answered in words (ui.common.checked_inputs); with a backend
+    other than this process (`backend=`, ui/backend.py), the events that run a model sent to it; otherwise, on a
+    ZeroGPU Space, those events decorated with spaces.GPU (ui/spaces.py)."""
 
     @functools.wraps(build)
-    def build_and_finish(*args, **kwargs) -> gr.Blocks:
-        demo = checked_inputs(build(*args, **kwargs))
+    def build_and_finish(store: service.ModelStore, default_model: str, backend=None) -> gr.Blocks:
+        demo = checked_inputs(build(store, default_model))
+        if backend is not None:
+            routed = model_backend.route(demo, backend, default_model)
+            logging.getLogger(__name__).info("%d events run on %s", len(routed), type(backend).__name__)
+            return demo
         decorated = spaces.on_gpu(demo, (ANALYSIS, tab_generate.GENERATE))
         if decorated:
             logging.getLogger(__name__).info("ZeroGPU: %d events run on the GPU", len(decorated))
@@ -219,7 +225,50 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"longest text the Attention tab reads (default {service.MAX_ATTENTION_TOKENS}; the model's context "
         "caps it too); raise it on a GPU",
     )
-    return parser.parse_args(argv)
+    scale = parser.add_argument_group("scaling out: the model work on Ray Serve (pip install -r requirements-scale.txt)")
+    scale.add_argument("--backend", choices=("local", "ray"), default="local",
+                       help="where the events that run a model run: in this process (default), or on Ray Serve, one "
+                       "deployment per model, this process only serving the page")
+    scale.add_argument("--ray-address", default=None,
+                       help="the Ray cluster to join (auto, HOST:6379, ray://HOST:10001); default: start a local one")
+    scale.add_argument("--replicas", type=int, default=None, help="replicas per model's deployment (default 1)")
+    scale.add_argument("--num-cpus", type=float, default=None, help="CPUs each replica reserves")
+    scale.add_argument("--num-gpus", type=float, default=None, help="GPUs each replica reserves (fractions share one)")
+    scale.add_argument("--serve-config", default=None, metavar="FILE",
+                       help="YAML of Serve deployment options for every model, and per model under 'models:'; "
+                       "--replicas, --num-cpus and --num-gpus override it")
+    args = parser.parse_args(argv)
+    ray_only = [flag for flag, value in (("--ray-address", args.ray_address), ("--replicas", args.replicas),
+                                         ("--num-cpus", args.num_cpus), ("--num-gpus", args.num_gpus),
+                                         ("--serve-config", args.serve_config)) if value is not None]
+    if ray_only and args.backend != "ray":
+        parser.error(f"{', '.join(ray_only)} need --backend ray")
+    if args.replicas is not None and args.replicas < 1:
+        parser.error(f"--replicas must be at least 1, got {args.replicas}")
+    return args
+
+
+def ray_backend(args: argparse.Namespace):
+    """The Ray Serve backend, connected and with the default model deployed; Ray is imported only here."""
+    try:
+        from ui import ray_backend as serving
+    except ImportError as exc:
+        raise service.UserError(f"--backend ray needs Ray Serve: pip install -r requirements-scale.txt ({exc})")
+    try:
+        options = serving.ServeOptions.from_args(args.replicas, args.num_cpus, args.num_gpus, args.serve_config)
+    except ValueError as exc:
+        raise service.UserError(str(exc)) from None
+    serving.connect(args.ray_address)
+    backend = serving.RayBackend(options, device=args.device, max_tokens=args.max_tokens)
+    backend.deploy(args.model)  # the replicas load the model before the page opens
+    return backend
+
+
+def model_store(args: argparse.Namespace) -> service.ModelStore:
+    """The page's models. With Ray the replicas hold the weights, and this process keeps the models on the meta
+    device: config and tokenizer (the page's labels and limits), no weights in memory."""
+    device = "meta" if args.backend == "ray" else args.device
+    return service.ModelStore(extra_names=[args.model], device=device, max_attention_tokens=args.max_tokens)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spaces.use_persistent_storage()
     service.clean_weight_store()
-    store = service.ModelStore(extra_names=[args.model], device=args.device, max_attention_tokens=args.max_tokens)
+    store = model_store(args)
     bar = service.terminal_progress()
     try:
         # the first start pulls the default model here, with a progress bar in the terminal
@@ -240,9 +289,19 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         bar.close()
-    demo = build_demo(store, args.model)
-    demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)
-    demo.launch(**launch_options(args))
+    backend = None
+    try:
+        if args.backend == "ray":
+            backend = ray_backend(args)
+        demo = build_demo(store, args.model, backend=backend)
+        demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)
+        demo.launch(**launch_options(args))
+    except service.UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if backend is not None:
+            backend.close()
     return 0
 
 

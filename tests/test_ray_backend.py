@@ -1,0 +1,214 @@
+"""The model work on Ray Serve (ui/ray_backend.py) gives the same answers as the app in one process.
+
+A local Ray instance (127.0.0.1, 2 CPUs, no dashboard) runs two replicas of a tiny Llama deployed through
+`python app.py --backend ray`'s own path (app.parse_args, app.ray_backend, app.build_demo(backend=...)); the front
+is launched on a free loopback port and driven with gradio_client beside the in-process app on the same model:
+every figure and text must be identical (timings aside). Ray starts once for the module. The tests of the seam
+itself (ui/backend.py) need no Ray and always run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import gradio as gr  # noqa: E402
+from gradio_client import Client  # noqa: E402
+from gradio_client.exceptions import AppError  # noqa: E402
+
+from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
+from ui import backend as model_backend  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXT = "The lighthouse keeper rowed out to the rocks at dawn. When the storm passed, she lit the lamp again."
+SECONDS = re.compile(r"\d+(\.\d+)? ?(s|ms)\b|[\d.]+ tokens/s")  # timings differ between any two runs
+
+
+def test_the_default_install_never_imports_ray():
+    code = "import app, sys; assert 'ray' not in sys.modules, 'app imported ray'"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_ray_options_need_the_ray_backend():
+    import app
+
+    with pytest.raises(SystemExit):
+        app.parse_args(["--replicas", "2"])
+    assert app.parse_args([]).backend == "local"
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return str(build_tiny_llama(tmp_path_factory.mktemp("ray-models") / "tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def local(llama):
+    demo, url, _ = launch_app([llama], llama)
+    yield url  # each test opens its own session: what a session kept changes the notes
+    demo.close()
+
+
+class Pickled:
+    """A backend that runs a second page in this process with every argument and reply pickled on the way,
+    as a replica does: the seam's proxies, argument dropping, files and errors, without Ray."""
+
+    def __init__(self, model_name: str):
+        self.events = model_backend.replica_page(model_name)
+
+    def call(self, key, model_name, args, session=None):
+        args = pickle.loads(pickle.dumps(args))
+        return model_backend.received(pickle.loads(pickle.dumps(model_backend.run_event(self.events, key, args))))
+
+    def stream(self, key, model_name, args, session=None):
+        for update in model_backend.stream_event(self.events, key, pickle.loads(pickle.dumps(args))):
+            yield model_backend.received(pickle.loads(pickle.dumps(update)))
+
+    def close(self):
+        pass
+
+
+def test_every_model_event_can_travel(llama):
+    import app
+    from ui import service
+
+    demo = app.build_demo(service.ModelStore(extra_names=[llama]), llama)
+    events = model_backend.model_events(demo)
+    names = {key.split(":", 1)[1] for key in events}
+    assert {"attention", "generate", "positional_encoding", "mask_demo", "head_atlas", "ablation_sweep",
+            "kv_cache", "generation_step", "export_generation", "export_attention"} <= names
+    assert not names & {"train", "compare", "save_run", "load_text", "show_strip"}  # no model work there
+    generate = next(e for k, e in events.items() if k.endswith(":generate"))
+    assert generate.generator and generate.n_args == 9 and generate.model_input == 0  # progress stays behind
+
+
+def test_a_second_page_behind_pickles_answers_as_this_one(llama, local):
+    """The front on meta-device models (no weights), its model events answered by another page."""
+    import app
+
+    args = app.parse_args(["--model", llama])
+    args.backend = "ray"  # the front's store as --backend ray builds it, without Ray
+    store = app.model_store(args)
+    assert next(store.get(llama).parameters()).device.type == "meta"
+    demo = app.build_demo(store, llama, backend=Pickled(llama))
+    demo.queue(max_size=app.QUEUE_SIZE, default_concurrency_limit=1)
+    _, url, _ = demo.launch(**app.launch_options(app.parse_args(["--port", str(free_port())])),
+                            prevent_thread_lock=True, quiet=True)
+    try:
+        same_answers(Client(url, verbose=False), Client(local, verbose=False), llama)
+    finally:
+        demo.close()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_front(llama):
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -r requirements-scale.txt")
+    import app
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    backend = None
+    try:
+        args = app.parse_args(["--backend", "ray", "--replicas", "2", "--num-cpus", "0.5", "--model", llama,
+                               "--port", str(free_port())])
+        store = app.model_store(args)
+        store.get(llama)
+        backend = app.ray_backend(args)
+        demo = app.build_demo(store, llama, backend=backend)
+        demo.queue(max_size=app.QUEUE_SIZE, default_concurrency_limit=1)
+        _, url, _ = demo.launch(**app.launch_options(args), prevent_thread_lock=True, quiet=True)
+        yield demo, Client(url, verbose=False), backend
+        demo.close()
+    finally:
+        if backend is not None:
+            backend.close()
+        ray.shutdown()
+
+
+def test_two_replicas_on_ray_serve_answer_as_the_app_in_one_process(ray_front, local, llama):
+    from ray import serve
+
+    _, client, _ = ray_front
+    apps = [app for name, app in serve.status().applications.items() if name.startswith("attn-")]
+    assert len(apps) == 1 and apps[0].deployments["model"].replica_states.get("RUNNING") == 2
+    same_answers(client, Client(local, verbose=False), llama)
+
+
+def test_a_session_keeps_its_replica(ray_front, llama):
+    """Serve routes a session's calls to the replica that kept its capture: the second call reuses it."""
+    _, client, _ = ray_front
+    for layer in (0, 1, 0, 1):
+        note = client.predict(llama, TEXT, layer, "1", False, 0, 0, 8, api_name="/attention")[0]
+    assert "kept from the last run" in note, note
+
+
+def same_answers(remote: Client, local: Client, model: str) -> None:
+    """The representative calls, compared with the in-process app's (timings removed from the texts)."""
+    args = (model, TEXT, 1, "2", False, 3, 1, 8)
+    assert_same(remote.predict(*args, api_name="/attention"), local.predict(*args, api_name="/attention"))
+
+    settings = (model, "The keeper", False, 12, 0.0, 0, 1.0, 0)
+    streamed = [update[0] for update in remote.submit(*settings, api_name="/generate")]
+    assert len(streamed) > 2 and streamed == [update[0] for update in local.submit(*settings, api_name="/generate")]
+    # the step view reads the rows the generation kept on the replica that ran it
+    assert_same(remote.predict(3, 1, 2, api_name="/generation_step"),
+                local.predict(3, 1, 2, api_name="/generation_step"))
+
+    args = (model, 64, 32, 5, 7, 1, 2, TEXT)
+    assert_same(remote.predict(*args, api_name="/positional_encoding"),
+                local.predict(*args, api_name="/positional_encoding"))
+    args = (model, TEXT, 1, 2, 0, 12, TEXT, "The keeper")
+    assert_same(remote.predict(*args, api_name="/mask_demo"), local.predict(*args, api_name="/mask_demo"))
+
+    # an export written on the replica comes back as a file of the front's
+    args = (model, TEXT, 1, "2", False, 0, 0, 8, "head CSV")
+    remote_file, remote_note = remote.predict(*args, api_name="/export_attention")
+    local_file, local_note = local.predict(*args, api_name="/export_attention")
+    assert Path(remote_file).read_bytes() == Path(local_file).read_bytes() and remote_note == local_note
+
+    messages = []
+    for client in (remote, local):
+        with pytest.raises(AppError) as err:
+            client.predict(model, TEXT, 99, "0", False, 0, 0, 8, api_name="/attention")
+        messages.append(str(err.value))
+    assert "Layer" in messages[0] and messages[0] == messages[1]
+
+
+def assert_same(remote, local) -> None:
+    assert len(remote) == len(local)
+    for a, b in zip(remote, local):
+        assert comparable(a) == comparable(b)
+
+
+def comparable(value):
+    if isinstance(value, dict) and value.get("type") == "plotly":
+        return json.loads(value["plot"])
+    if isinstance(value, str):
+        return SECONDS.sub("<time>", value)
+    return value
+
+
+def test_a_replica_error_is_the_pages_message():
+    event = model_backend.ModelEvent("1:x", lambda: None, False, 0, None, ())
+    shipped = pickle.loads(pickle.dumps(model_backend.RemoteError("Layer must be 0–1, got 99.")))
+    with pytest.raises(gr.Error, match="Layer must be"):
+        model_backend.received(shipped)
+    assert model_backend.reply(event, ("a", 1)) == ("a", 1)
