@@ -169,7 +169,7 @@ def generic_error(fn, *args) -> bool:
     return False
 
 
-# name → (repro, probe(page, tiny) → True while the bug is there)
+# bugs these properties found, now fixed: name → (what it was, probe(page, tiny) → True if it came back)
 KNOWN_BUGS = {
     "huge_int": (
         "service.check_range('Layer', 10**400, 0, 1) raises OverflowError (formatting the value as a float) "
@@ -219,30 +219,9 @@ KNOWN_BUGS.update({
 })
 
 
-def fails_while(*bugs: str):
-    """Mark a property that fails while one of these known bugs is there: it is then expected to fail (strictly:
-    each such test has an explicit example that meets the bug), and runs as a plain test once they are fixed."""
-
-    def mark(test):
-        test.known_bugs = bugs
-        return test
-
-    return mark
-
-
-@pytest.fixture(scope="module")
-def bugs_present(page, tiny) -> dict[str, bool]:
-    return {name: probe(page, tiny) for name, (_, probe) in KNOWN_BUGS.items()}
-
-
-@pytest.fixture(autouse=True)
-def expect_known_bugs(request):
-    names = getattr(request.function, "known_bugs", ())
-    if names:
-        present = [name for name in names if request.getfixturevalue("bugs_present")[name]]
-        if present:
-            reason = "; ".join(f"known bug: {KNOWN_BUGS[name][0]}" for name in present)
-            request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+@pytest.mark.parametrize("bug", sorted(KNOWN_BUGS))
+def test_bugs_the_properties_found_stay_fixed(page, tiny, bug):
+    assert not KNOWN_BUGS[bug][1](page, tiny), KNOWN_BUGS[bug][0]
 
 
 def call(fn, *args):
@@ -330,7 +309,6 @@ def test_encode_gives_tokens_within_the_limit_or_a_user_error(page, tiny, kind, 
     assert all(label.strip() for label in enc.labels)
 
 
-@fails_while("surrogate")
 @example(kind="llama", text="\ud800")
 @examples(15)
 @given(kind=models, text=texts_with_surrogates)
@@ -343,7 +321,6 @@ def test_encode_reads_or_refuses_text_with_lone_surrogates(page, tiny, kind, tex
         assert str(exc)
 
 
-@fails_while("huge_int")
 @example(value=BIG, low=0, span=10)
 @example(value=-BIG, low=0, span=10)
 @example(value=2**64, low=0, span=10)
@@ -367,7 +344,6 @@ def test_check_range_gives_a_whole_number_in_range_or_names_the_field(value, low
     assert low <= result <= high
 
 
-@fails_while("huge_float")
 @example(value=BIG, low=0.0, span=5.0, low_open=False)
 @example(value=-BIG, low=0.0, span=5.0, low_open=False)
 @example(value=2**64, low=0.0, span=5.0, low_open=False)
@@ -441,7 +417,6 @@ def test_pooled_attention_rows_still_sum_to_one(n, blocks, causal, seed):
     assert_rows_sum_to_one(service.pool_attention(probs, edges, edges), f"pooled {n} → {len(edges) - 1}")
 
 
-@fails_while("long_name")
 @example(name="x" * 300)
 @examples(40)
 @given(name=st.one_of(texts, st.text(min_size=200, max_size=400), st.sampled_from(
@@ -466,7 +441,6 @@ def attention_args(tiny, kind, text, layer, head, hide, q0, k0, window):
 heads_values = st.one_of(st.sampled_from(["mean of heads", "mean", "0", "1", "3", "4", " 2 ", "-1"]), numbers)
 
 
-@fails_while("huge_int", "int_attention")
 @example(kind="llama", text="The keeper", layer="0.0", head="mean of heads", hide=False, q0=0, k0=0, window=8)
 @example(kind="llama", text="The keeper", layer=0, head="mean of heads", hide=False, q0=0, k0=0, window=BIG)
 @examples(50)
@@ -503,7 +477,6 @@ def test_attention_tab_on_texts_up_to_the_cap(page, tiny, kind, text, hide):
         assert_attention_outputs(outputs[0], hide)
 
 
-@fails_while("huge_int", "huge_float")
 @example(text="Hi", chat=False, max_new=BIG, temperature=0.0, top_k=0, top_p=1.0, seed=0)
 @example(text="Hi", chat=False, max_new=2, temperature=BIG, top_k=0, top_p=1.0, seed=0)
 @examples(30)
@@ -533,7 +506,6 @@ def test_generate_tab_on_prompts_up_to_the_cap(page, tiny, text, chat):
     assert_clear(error)
 
 
-@fails_while("huge_int", "int_positional_encoding")
 @example(kind="llama", n=16, d=8, p=0, k=1, layer="0.0", head=0, text="The keeper")
 @example(kind="llama", n=BIG, d=8, p=0, k=1, layer=0, head=0, text="The keeper")
 @examples(40)
@@ -546,7 +518,6 @@ def test_positional_encoding_tab(page, tiny, kind, n, d, p, k, layer, head, text
     assert_small(outputs)
 
 
-@fails_while("huge_int", "int_mask_demo")
 @example(kind="llama", text="The keeper", layer="0.0", head=0, start=0, size=4, text_a="a b c", text_b="a")
 @example(kind="llama", text="The keeper", layer=BIG, head=0, start=0, size=4, text_a="a b c", text_b="a")
 @examples(40)
@@ -584,7 +555,6 @@ scores = st.one_of(st.sampled_from(["previous_token", "first_token", "local", "e
 ablations = st.one_of(st.sampled_from(["zero", "mean"]), texts)
 
 
-@fails_while("huge_int", "int_head_atlas")
 @example(kind="llama", text="The keeper", score="previous_token", layer="0.0", head=0)
 @example(kind="llama", text="The keeper", score="previous_token", layer=BIG, head=0)
 @examples(30)
@@ -617,7 +587,6 @@ def test_heads_tab_sweep(page, tiny, kind, text, kind_name, score):
     assert_small(updates)
 
 
-@fails_while("huge_int", "int_attribute")
 @example(kind="llama", text="The keeper lit the lamp.", position=-1, layer="0.0", head=0, steps=2)
 @example(kind="llama", text="The keeper lit the lamp.", position=-1, layer=BIG, head=0, steps=2)
 @examples(30)
@@ -649,7 +618,6 @@ def test_heads_tab_on_texts_up_to_the_cap(page, tiny, kind, text, endpoint):
     assert_small(outputs)
 
 
-@fails_while("huge_int", "huge_float")
 @example(task="copy", family="llama", n_layers=BIG, d_model=32, n_heads=1, d_ff=32, dropout=0.0, positions="default",
          norm="default", seed=0, steps=10, lr=1e-3, snapshot_steps="")
 @example(task="copy", family="llama", n_layers=1, d_model=32, n_heads=1, d_ff=32, dropout=BIG, positions="default",
@@ -736,15 +704,11 @@ FIELDS = [
 OPTIONAL = {("generate", "Top-k"), ("generate", "Top-p"), ("generate", "Seed")}  # empty: off / unseeded
 
 
-FLOAT_FIELDS = {"Temperature", "Top-p"}
 
 
 @pytest.mark.parametrize("endpoint, field, index, low, high", FIELDS, ids=[f"{e}-{f}" for e, f, *_ in FIELDS])
-def test_a_bad_number_is_named_in_the_error(request, page, tiny, bugs_present, endpoint, field, index, low, high):
+def test_a_bad_number_is_named_in_the_error(page, tiny, endpoint, field, index, low, high):
     handlers, _ = page
-    bug = "huge_float" if field in FLOAT_FIELDS else "huge_int"
-    if bugs_present[bug]:  # every field meets 10**400 below
-        request.applymarker(pytest.mark.xfail(strict=True, reason=f"known bug: {KNOWN_BUGS[bug][0]}"))
 
     @examples(12)
     @given(bad=bad_numbers(low, high, missing_is_bad=(endpoint, field) not in OPTIONAL))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
 from pathlib import Path
 
 import gradio as gr
@@ -110,6 +111,16 @@ def parse_head(value, n_heads: int, allow_mean: bool = True) -> int | None:
     if value in ("mean", "mean of heads") and allow_mean:
         return None
     return service.check_range("Head", value, 0, n_heads - 1)
+
+
+def index_of(value) -> int | None:
+    """A checked field's value as an index for file names and labels ("0.0", 3.0, np.int64(3) → 0, 3, 3), or None
+    when it is not a whole number (the handler's own checks give the message)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return int(number) if math.isfinite(number) and number.is_integer() else None
 
 
 def checked_inputs(demo: gr.Blocks) -> gr.Blocks:

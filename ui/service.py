@@ -56,6 +56,7 @@ MAX_IG_STEPS = 256
 MAX_IG_TOKEN_STEPS = 4096  # integrated gradients run steps × tokens at once with gradients (about 8 GB for SmolLM2)
 INDUCTION_LENGTH = 100  # the probe: 100 seeded random tokens, then the same 100 again
 INDUCTION_SEED = 0
+MAX_MODEL_NAME = 255  # characters; a longer name is no file name, and no registry or hub name either
 TOP_HEADS = 5  # rows per score in the top-heads table, and the heads "top 5 by a score" picks
 
 
@@ -161,14 +162,20 @@ class ModelStore:
             return model
 
     def _load(self, name: str, progress: ProgressFn | None):
+        if not isinstance(name, str) or len(name) > MAX_MODEL_NAME or "\x00" in name:
+            shown = repr(name[:40]) + "…" if isinstance(name, str) else f"a {type(name).__name__}"
+            raise UserError(f"{shown} is not a model name or folder: choose one from the model picker.")
         folder = Path(name)
-        if not folder.is_dir():
-            try:
+        try:
+            if not folder.is_dir():
                 folder = weight_store.ensure(name, progress=progress)
-            except weight_store.WeightsUnavailable as exc:
-                raise UserError(f"Model {name!r} cannot be loaded here: {exc}") from exc
-            except weight_store.WeightsError as exc:
-                raise UserError(f"Model {name!r}: {exc}") from exc
+        except weight_store.WeightsUnavailable as exc:
+            raise UserError(f"Model {name!r} cannot be loaded here: {exc}") from exc
+        except weight_store.WeightsError as exc:
+            raise UserError(f"Model {name!r}: {exc}") from exc
+        except OSError as exc:  # a name the file system refuses (too long, invalid characters)
+            raise UserError(f"{name[:40]!r}… is not a model name or folder ({exc.strerror}): choose one from the "
+                            "model picker.") from None
         if progress:
             progress(0.95, f"loading {name} into memory")
         started = time.perf_counter()
@@ -349,10 +356,20 @@ def display_token(text: str) -> str:
     return shown.strip() if len(shown) > 1 else shown
 
 
+def valid_unicode(text: str) -> str:
+    """The text with each unpaired surrogate (which JSON can carry but no tokenizer reads) replaced by U+FFFD."""
+    if not isinstance(text, str):
+        raise UserError(f"The text must be a string, got a {type(text).__name__}.")
+    if text.isascii():
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def encode(model, text: str, max_tokens: int | None = None, add_special_tokens: bool = True) -> Encoded:
     """Token ids of `text`, cut to the model's context (and `max_tokens`) with a note saying how much."""
-    if text is None or not text.strip():
+    if text is None or (isinstance(text, str) and not text.strip()):
         raise UserError("The text is empty: type or paste some text, or upload a .txt/.md file.")
+    text = valid_unicode(text)
     tok = model.tokenizer
     ids = tok(text, add_special_tokens=add_special_tokens)["input_ids"]
     limit = model.config.max_positions if max_tokens is None else min(max_tokens, model.config.max_positions)
@@ -391,6 +408,8 @@ MAX_SEED = 2**63 - 1  # torch.manual_seed's range, kept to what every generator 
 
 def _shown(value: int | float) -> str:
     """1024 and 20,000 for ints, 0.05 for floats, 1.84e+19 for what no one types digit by digit."""
+    if isinstance(value, int) and value.bit_length() > 1000:  # beyond a float: say how long it is
+        return f"a {len(str(abs(value))):,}-digit number"
     if abs(value) >= 10**15:
         return f"{value:.3g}"
     if isinstance(value, int):
@@ -435,7 +454,11 @@ def check_range(name: str, value, low: int, high: int) -> int:
 
 def check_float(name: str, value, low: float, high: float, low_open: bool = False) -> float:
     """A finite number within [low, high] ((low, high] when low_open), or a UserError naming the setting."""
-    value = float(_number(name, value, low, high))
+    number = _number(name, value, low, high)
+    try:
+        value = float(number)
+    except OverflowError:  # an int past float's range
+        raise UserError(f"{name} must be in [{low:g}, {high:g}], got {_shown(number)}.") from None
     if not (low < value if low_open else low <= value) or value > high:
         bracket = "(" if low_open else "["
         raise UserError(f"{name} must be in {bracket}{low:g}, {high:g}], got {_shown(value)}.")
@@ -650,8 +673,9 @@ def stream_generation(
             f"{model.config.family} here is an encoder: it fills in and encodes text but does not "
             f"generate. Pick a decoder model."
         )
-    if prompt is None or not prompt.strip():
+    if prompt is None or (isinstance(prompt, str) and not prompt.strip()):
         raise UserError("The prompt is empty.")
+    prompt = valid_unicode(prompt)
     max_new_tokens = check_range("Max new tokens", max_new_tokens, 1, MAX_GENERATE_TOKENS)
     temperature = check_float("Temperature", temperature, 0.0, 5.0)
     top_p = None if top_p is None else check_float("Top-p", top_p, 0.0, 1.0, low_open=True)

@@ -12,6 +12,7 @@ from ui import downloads, export, plots, service
 from ui.common import (
     ANALYSIS,
     ANALYSIS_LIMIT,
+    index_of,
     head_figure,
     parse_head,
     progress_callback,
@@ -252,7 +253,7 @@ def build(store: service.ModelStore, picker: Picker, initial) -> AttentionTab:
             progress_callback(progress),
             previous,
         )
-        layer_i, head_i = int(layer_index), parse_head(head_index, store.get(model_name).config.n_heads)
+        layer_i, head_i = index_of(layer_index), parse_head(head_index, store.get(model_name).config.n_heads)
         names = figure_names(model_name, layer_i, head_i)
         figures = [downloads.plot(f, n) for f, n in zip((model_view, head_view, window_view), names)]
         return note_text, *figures, capture

@@ -14,6 +14,7 @@ from ui import downloads, export, plots, service
 from ui.common import (
     ANALYSIS,
     ANALYSIS_LIMIT,
+    index_of,
     head_figure,
     progress_callback,
     read_example,
@@ -547,7 +548,7 @@ def build(store: service.ModelStore, picker: Picker, initial) -> TabControls:
         note_text, map_fig, table, named, head_view_fig, kept = atlas_view(
             store, model_name, text_value, score_name, layer_index, head_index, previous, progress_callback(progress))
         return (note_text, named_plot(map_fig, model_name, f"{score_name}-map"), table, named,
-                named_plot(head_view_fig, model_name, "head-view", int(layer_index), int(head_index)), kept)
+                named_plot(head_view_fig, model_name, "head-view", index_of(layer_index), index_of(head_index)), kept)
 
     atlas = dict(fn=head_atlas, inputs=[model, text, score, layer, head, cache],
                  outputs=[note, score_map, top, thresholds, head_fig, cache], **analysis)
@@ -557,7 +558,7 @@ def build(store: service.ModelStore, picker: Picker, initial) -> TabControls:
     @user_errors
     def show_head(model_name, text_value, layer_index, head_index):
         figure = open_head(store, model_name, text_value, layer_index, head_index)
-        return named_plot(figure, model_name, "head-view", int(layer_index), int(head_index))
+        return named_plot(figure, model_name, "head-view", index_of(layer_index), index_of(head_index))
 
     open_button.click(show_head, [model, text, layer, head], head_fig, api_visibility="private", **analysis)
 
@@ -569,8 +570,12 @@ def build(store: service.ModelStore, picker: Picker, initial) -> TabControls:
 
     bridge.click(pick_tile, [model, text, bridge], [layer, head, head_fig], api_visibility="private", **analysis)
 
+    @user_errors
     def add_head(listed, layer_index, head_index):
-        entry = f"{int(layer_index or 0)}.{int(head_index or 0)}"
+        layer_i, head_i = index_of(layer_index or 0), index_of(head_index or 0)
+        if layer_i is None or head_i is None:
+            raise UserError(f"Layer and head must be whole numbers to add a head, got {layer_index!r}.{head_index!r}.")
+        entry = f"{layer_i}.{head_i}"
         items = [item.strip() for item in (listed or "").split(",") if item.strip()]
         return ", ".join(items if entry in items else [*items, entry])
 
@@ -605,8 +610,8 @@ def build(store: service.ModelStore, picker: Picker, initial) -> TabControls:
                   progress=gr.Progress()):
         note_text, figure, table, kept = attribution_view(store, model_name, text_value, position_index, layer_index,
                                                           head_index, steps_value, previous, progress_callback(progress))
-        return (note_text, named_plot(figure, model_name, f"attribution-pos{position_index}", int(layer_index),
-                                      int(head_index)), table, kept)
+        return (note_text, named_plot(figure, model_name, f"attribution-pos{index_of(position_index)}",
+                                      index_of(layer_index), index_of(head_index)), table, kept)
 
     attr_button.click(attribute, [model, text, position, attr_layer, attr_head, steps, cache],
                       [attr_note, attr_fig, correlations, cache], api_name="attribute", **analysis)

@@ -10,6 +10,7 @@ from ui import downloads, export, plots, service
 from ui.common import (
     ANALYSIS,
     ANALYSIS_LIMIT,
+    index_of,
     parse_head,
     progress_callback,
     read_example,
@@ -162,13 +163,13 @@ def export_data(store: service.ModelStore, name, text, layer, head, start, size,
     mask_view(store, name, text, layer, head, start, size, text_a, text_b, progress, data)
     files = {f"{key}.csv": export.matrix_csv(matrix, rows, cols, corner, [f"{name}: {key.replace('_', ' ')}"])
              for key, (matrix, rows, cols, corner) in data.items()}
-    readme = (f"The mask demo on {name}, layer {int(layer)}, head {int(head)}:\n"
+    readme = (f"The mask demo on {name}, layer {index_of(layer)}, head {index_of(head)}:\n"
               "stage_{scores,masked,softmax}_causal_mask_{on,off}: eq. 2.1 for the window (masked cells empty: −inf)\n"
               "causal_mask_effect: next-token loss and accuracy with and without the causal mask (decoders)\n"
               "padding_mass_per_layer: weight the shorter text puts on its pad tokens, per layer\n"
               "entropy_per_layer: mean attention entropy with and without 1/sqrt(d_k)\n"
               f"The text is read up to its first {service.MAX_MASK_TOKENS} tokens; nothing is pooled.\n")
-    path = export.write(export.zip_of(files, readme), export.filename(name, "masks", int(layer), int(head)) + ".zip")
+    path = export.write(export.zip_of(files, readme), export.filename(name, "masks", index_of(layer), index_of(head)) + ".zip")
     return str(path), f"{len(files)} matrices as CSV: {', '.join(sorted(files))}."
 
 
@@ -237,7 +238,7 @@ def build(store: service.ModelStore, picker: Picker, initial) -> TabControls:
             shorter_text,
             progress_callback(progress),
         )
-        layer_i, head_i = int(layer_index), int(head_index)
+        layer_i, head_i = index_of(layer_index), index_of(head_index)
         views = {1: ("stages", layer_i, head_i), 2: ("causal-mask", None, None), 4: ("padding-mask", None, None),
                  6: ("entropy", None, None)}
         return tuple(downloads.plot(v, export.filename(model_name, *views[i])) if i in views else v

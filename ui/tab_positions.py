@@ -11,6 +11,7 @@ from ui import downloads, export, permutation, plots, service
 from ui.common import (
     ANALYSIS,
     ANALYSIS_LIMIT,
+    index_of,
     parse_head,
     progress_callback,
     read_example,
@@ -281,7 +282,7 @@ def build(store: service.ModelStore, picker: Picker, initial) -> TabControls:
         views = ("pe", "pe-dots", "pe-similarity", None, "learned-positions", "learned-similarity", "rope-angles",
                  "rope-scores")
         return tuple(
-            downloads.plot(value, export.filename(model_name, view, int(layer_index), int(head_index))
+            downloads.plot(value, export.filename(model_name, view, index_of(layer_index), index_of(head_index))
                            if view and view.startswith("rope-scores") else export.filename(model_name, view))
             if view else value
             for value, view in zip(outputs, views + (None,))
