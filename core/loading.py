@@ -14,7 +14,7 @@ from torch import nn
 
 from .config import ConfigError, ModelConfig
 from .families import family_for
-from .model import Transformer
+from .model import Block, Transformer
 
 log = logging.getLogger(__name__)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -177,10 +177,14 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def load_model(path: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> Transformer:
+def load_model(path: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None,
+               device_map: str | dict | None = None, offload_dir: str | Path | None = None) -> Transformer:
     """Build the model a folder (or a registered model name) describes and fill it from safetensors.
 
     device None: cuda if available, else cpu. dtype None: float32 on cpu, bfloat16 on cuda.
+    device_map: spread the layers over several devices instead (accelerate): "auto" fills the GPUs, then the CPU,
+    then the disk (`offload_dir`), whole blocks at a time; or a dict of module name → device ("cuda:0", "cpu",
+    "disk"), e.g. {"stack.embed": 0, "stack.blocks.0": 0, "stack.blocks.1": 1, ...}. See `spread`.
     """
     from . import store  # a registered name or hub id is fetched into the weight store; a folder is checked
     folder = Path(path)
@@ -192,6 +196,11 @@ def load_model(path: str | Path, device: str | torch.device | None = None, dtype
             raise CheckpointError(str(err)) from None
     else:
         folder = store.ensure(str(path))
+    if device_map is not None and device is not None:
+        raise ValueError("give device or device_map, not both")
+    if device_map is not None:
+        device = torch.device("cpu")  # the weights are read here first, then spread
+        dtype = dtype or (torch.bfloat16 if torch.cuda.is_available() else torch.float32)
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     cfg, family = read_config(folder)
@@ -199,6 +208,52 @@ def load_model(path: str | Path, device: str | torch.device | None = None, dtype
         model = Transformer(cfg)
     load_weights(model, folder, family, device, dtype)
     model.to(device)  # buffers (RoPE's θ_i) follow the weights
+    if device_map is not None:
+        spread(model, device_map, dtype, offload_dir)
     model.eval()
     model.tokenizer = load_tokenizer(folder)
     return model
+
+
+def spread(model: Transformer, device_map: str | dict, dtype: torch.dtype, offload_dir: str | Path | None) -> None:
+    """Place the model's modules on several devices with accelerate's hooks (each block runs where its weights
+    are, its inputs moved there; "disk" weights are read from `offload_dir` when their block runs). A block is
+    never split. The embeddings must stay on a real device: model.device (theirs) is where inputs start. Forward
+    passes work across devices; generation keeps its KV cache on model.device, so it needs one device."""
+    from accelerate import dispatch_model, infer_auto_device_map
+
+    if device_map == "auto":
+        device_map = infer_auto_device_map(model, no_split_module_classes=["Block"], dtype=dtype)
+    if not isinstance(device_map, dict):
+        raise ValueError(f'device_map must be "auto" or a dict of module name → device, got {device_map!r}')
+    if str(device_map.get("stack.embed", device_map.get("stack", "cpu"))) == "disk":
+        raise ValueError("device_map: the embeddings (stack.embed) cannot be on disk: inputs start on their device")
+    if "disk" in map(str, device_map.values()) and offload_dir is None:
+        raise ValueError('device_map puts modules on "disk": give offload_dir, the folder for their weights')
+    dispatch_model(model, device_map=device_map, offload_dir=str(offload_dir) if offload_dir else None)
+    for module in model.modules():
+        if isinstance(module, Block):
+            module.register_forward_pre_hook(setup_follows, with_kwargs=True)
+    model.device_map = dict(device_map)
+
+
+def setup_follows(block: nn.Module, args: tuple, kwargs: dict):
+    """A block's AttentionSetup (masks, rotary angles) moved to the block's device: accelerate moves tensors
+    and containers, not dataclasses."""
+    device = next((p.device for p in block.parameters() if p.device.type != "meta"), None)
+    if device is None or len(args) < 2 or not dataclasses.is_dataclass(args[1]):
+        return None
+    setup = args[1]
+    moved = {f.name: moved_to(getattr(setup, f.name), device) for f in dataclasses.fields(setup)}
+    moved = {name: value for name, value in moved.items() if value is not getattr(setup, name)}
+    if not moved:
+        return None  # already there: the block gets the stack's own setup
+    return (args[0], dataclasses.replace(setup, **moved), *args[2:]), kwargs
+
+
+def moved_to(value, device: torch.device):
+    if isinstance(value, torch.Tensor):
+        return value if value.device == device else value.to(device)
+    if isinstance(value, tuple) and any(isinstance(v, torch.Tensor) and v.device != device for v in value):
+        return tuple(moved_to(v, device) for v in value)
+    return value
