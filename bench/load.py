@@ -11,8 +11,13 @@ full" from clients beyond the queue's limit, counted apart), and the server's re
 at its peak (sampled every 0.2 s) and after, then one SUMMARY line per phase for the README. The server is always
 stopped at the end; the exit status is 1 when any call failed.
 
+With --backend ray the app runs its model work on a local Ray Serve instance (`python app.py --backend ray
+--replicas N`), so both backends can be compared side by side; the RSS printed is then the front's alone (the
+replicas are Ray's worker processes).
+
 Usage: python bench/load.py [--sessions 16] [--short-sessions 200] [--switches 10] [--seconds 300]
-                            [--model smollm2-135m-instruct] [--port 0 (a free one)]
+                            [--model smollm2-135m-instruct] [--port 0 (a free one)] [--backend local|ray]
+                            [--replicas 2]
 """
 
 from __future__ import annotations
@@ -47,11 +52,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, port: int, log_path: Path) -> subprocess.Popen:
+def start_server(model: str, port: int, log_path: Path, backend: list[str] = ()) -> subprocess.Popen:
     env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
     with open(log_path, "wb") as log:  # a file, not a pipe: a full pipe would stall the server
         return subprocess.Popen(
-            [sys.executable, "app.py", "--model", model, "--host", "127.0.0.1", "--port", str(port)],
+            [sys.executable, "app.py", "--model", model, "--host", "127.0.0.1", "--port", str(port), *backend],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )
 
@@ -310,6 +315,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=300.0, help="time limit of each phase (default 300)")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="the model the app starts on")
     parser.add_argument("--port", type=int, default=0, help="port for the app (default: a free one)")
+    parser.add_argument("--backend", choices=("local", "ray"), default="local",
+                        help="the app's model work in its own process (default) or on a local Ray Serve instance")
+    parser.add_argument("--replicas", type=int, default=2, help="with --backend ray: replicas of the model (default 2)")
     args = parser.parse_args()
     for name in ("sessions", "short_sessions", "switches"):
         if getattr(args, name) < 0:
@@ -322,12 +330,14 @@ def main() -> int:
     texts = read_texts()
     log_path = Path(tempfile.gettempdir()) / f"attention-explorer-load-{port}.log"
     started = time.perf_counter()
-    proc = start_server(args.model, port, log_path)
+    backend = ["--backend", "ray", "--replicas", str(args.replicas)] if args.backend == "ray" else []
+    proc = start_server(args.model, port, log_path, backend)
     summaries, failed = [], False
     sampler = None
     try:
         wait_until_up(proc, url, log_path)
-        print(f"app up at {url} ({args.model}) in {time.perf_counter() - started:.1f} s; server log: {log_path}")
+        print(f"app up at {url} ({args.model}, backend {' '.join(backend[1:]) or 'local'}) in "
+              f"{time.perf_counter() - started:.1f} s; server log: {log_path}")
         sampler = MemorySampler(proc.pid).start()
         phases = [
             ("concurrent", concurrent_phase, args.sessions),
