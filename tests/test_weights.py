@@ -588,6 +588,33 @@ def fake_hub(monkeypatch, files: dict[str, bytes]):
     return downloaded
 
 
+def test_a_sharded_hub_checkpoint_installs_and_loads_as_the_single_file_does(tmp_path, monkeypatch):
+    """Larger models (TinyLlama-1.1B, Qwen2.5, SmolLM2-1.7B) come from the hub in shards with an index; a tiny
+    Llama split the same way installs through the store and gives the unsharded model's logits exactly."""
+    from safetensors.torch import save_file
+
+    from core import load_model
+    from tiny_app_model import build_tiny_llama
+
+    whole = build_tiny_llama(tmp_path / "whole")
+    tensors = load_file(whole / "model.safetensors")
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2 :]}
+    files = {p.name: p.read_bytes() for p in whole.iterdir() if p.is_file() and p.name != "model.safetensors"}
+    for shard, keys in shards.items():
+        save_file({k: tensors[k].contiguous() for k in keys}, str(tmp_path / shard))
+        files[shard] = (tmp_path / shard).read_bytes()
+    index = {"metadata": {}, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}
+    files["model.safetensors.index.json"] = json.dumps(index).encode()
+    downloaded = fake_hub(monkeypatch, files)
+    folder = WeightStore(root=tmp_path / "weights", registry={}).ensure("someone/tiny-llama-sharded")
+    assert {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+            "model.safetensors.index.json"} <= set(downloaded)
+    ids = torch.tensor([[1, 5, 9, 2, 7]])
+    torch.testing.assert_close(load_model(folder)(ids).logits, load_model(whole)(ids).logits, atol=0, rtol=0)
+
+
 def test_hub_source_downloads_only_safetensors_config_and_tokenizer(tmp_path, monkeypatch):
     files = dict(tiny_bert_files())
     files.update({"pytorch_model.bin": b"pickle", "onnx/model.onnx": b"onnx", "onnx/model.safetensors": b"x"})
