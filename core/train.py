@@ -1,7 +1,7 @@
 """Train a small Transformer from scratch on a toy task: the training lab's engine, and its command line.
 
     python -m core.train --task reverse --family marian --steps 600 --seed 0 [--no-causal-mask]
-                         [--no-positions] [--no-scale] [--norm post|pre] [--out weights/NAME]
+                         [--no-positions] [--no-scale] [--norm post|pre] [--no-embed-scale] [--out weights/NAME]
 
 Tasks are generated on the fly from a seed, character by character, with a held-out split (a fixed tenth of
 all sources, by hash). Each is a sequence-to-sequence task (the Marian layout: the original Transformer's
@@ -108,6 +108,7 @@ class LabConfig:
     norm: str | None = None         # None: the family's own; "pre" | "post"
     causal_mask: bool = True        # in the decoder, while training
     scale: bool = True              # 1/√d_k
+    embed_scale: bool = True        # the Marian layout's √d times the token embeddings (tied to the output)
     steps: int = 600
     batch: int = 64
     lr: float = 1e-3
@@ -164,7 +165,8 @@ def model_config(lab: LabConfig) -> ModelConfig:
             family="marian", model_type="marian", n_layers=lab.n_layers, n_heads=lab.n_heads, n_kv_heads=lab.n_heads,
             d_model=lab.d_model, head_dim=head_dim, d_ff=lab.d_ff, vocab_size=len(VOCAB), max_positions=lab.max_len,
             positional="sinusoidal", norm="layernorm", norm_placement="post", causal=True, is_encoder_decoder=True,
-            activation="relu", final_norm=False, embed_scale=lab.d_model ** 0.5, lm_head_bias=True,
+            activation="relu", final_norm=False, embed_scale=lab.d_model ** 0.5 if lab.embed_scale else 1.0,
+            lm_head_bias=True,
             n_encoder_layers=lab.n_layers, encoder_d_ff=lab.d_ff, encoder_n_heads=lab.n_heads, pad_token_id=PAD,
             eos_token_id=EOS, bos_token_id=BOS, decoder_start_token_id=BOS)
     else:
@@ -428,7 +430,7 @@ def hf_config(lab: LabConfig) -> dict:
         raw = dict(model_type="marian", architectures=["MarianMTModel"], d_model=cfg.d_model,
                    encoder_layers=cfg.n_layers, decoder_layers=cfg.n_layers, encoder_attention_heads=cfg.n_heads,
                    decoder_attention_heads=cfg.n_heads, encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
-                   activation_function="relu", scale_embedding=True, decoder_start_token_id=BOS,
+                   activation_function="relu", scale_embedding=lab.embed_scale, decoder_start_token_id=BOS,
                    share_encoder_decoder_embeddings=True, forced_eos_token_id=None, **common)
     else:
         raw = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=cfg.d_model,
@@ -517,13 +519,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-causal-mask", action="store_true")
     parser.add_argument("--no-scale", action="store_true")
     parser.add_argument("--norm", choices=["pre", "post"])
+    parser.add_argument("--no-embed-scale", action="store_true",
+                        help="Marian layout: token embeddings enter unscaled, not times sqrt(d_model)")
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--out", help="save the trained model to this folder")
     args = parser.parse_args(argv)
     lab = LabConfig(task=args.task, family=args.family, steps=args.steps, seed=args.seed, n_layers=args.layers,
                     d_model=args.d_model, n_heads=args.heads, d_ff=args.d_ff, lr=args.lr,
                     positions="none" if args.no_positions else args.positions, norm=args.norm,
-                    causal_mask=not args.no_causal_mask, scale=not args.no_scale, eval_every=args.eval_every)
+                    causal_mask=not args.no_causal_mask, scale=not args.no_scale,
+                    embed_scale=not args.no_embed_scale, eval_every=args.eval_every)
     try:
         lab.check()
     except ValueError as err:
