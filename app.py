@@ -19,12 +19,21 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
-from ui import model_picker, service, tab_attention, tab_generate, tab_heads, tab_masks, tab_positions  # noqa: E402
-from ui import downloads, links, tab_lab  # noqa: E402
-from ui.common import ANALYSIS, ANALYSIS_LIMIT, user_errors  # noqa: E402
-from ui import spaces  # noqa: E402
-from ui.common import checked_inputs  # noqa: E402
 from ui import backend as model_backend  # noqa: E402
+from ui import (  # noqa: E402
+    downloads,
+    links,
+    model_picker,
+    service,
+    spaces,
+    tab_attention,
+    tab_generate,
+    tab_heads,
+    tab_lab,
+    tab_masks,
+    tab_positions,
+)
+from ui.common import ANALYSIS, ANALYSIS_LIMIT, checked_inputs, user_errors  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 CSS = ROOT / "assets" / "app.css"
@@ -111,6 +120,7 @@ def build_demo(store: service.ModelStore, default_model: str) -> gr.Blocks:
         generate.send.click(
             send_to_attention, generate.sent, [attention.text, tabs, current_tab], api_visibility="private"
         ).then(**attention.run_event)
+
         def remember_tab(evt: gr.SelectData):
             return tab_ids.get(str(evt.value), "attention")
 
@@ -126,10 +136,11 @@ def build_demo(store: service.ModelStore, default_model: str) -> gr.Blocks:
             link_outputs += [tab_controls.text, tab_controls.layer, tab_controls.head]
         linked = gr.State(False)
 
+        @user_errors
         def open_link(request: gr.Request):
             """The page as the link asks; the picker's choices as the store has them now (new models included)."""
             params = dict(request.query_params) if request is not None else {}
-            link = links.parse(params, store.names(), shape, default_model)
+            link = links.parse(params, store.names_ready(), shape, default_model)
             for message in link.messages:
                 gr.Warning(message)
             tab = link.tab or "attention"
@@ -160,6 +171,7 @@ def build_demo(store: service.ModelStore, default_model: str) -> gr.Blocks:
         )
         demo.load(picker.load_card, picker.model, picker.card, api_visibility="private")
 
+        @user_errors
         def share_link(model_name, tab, *values):
             *tab_values, page_url = values
             by_tab = dict(zip(controls, zip(*[iter(tab_values)] * 3)))
@@ -187,7 +199,7 @@ def launch_options(args: argparse.Namespace) -> dict:
         # Gradio refuses uploads over twice the text cap outright; those between get service.read_upload's
         # message, which names the cap and the setting that raises it
         max_file_size=2 * service.MAX_TEXT_BYTES,
-        state_session_capacity=int(os.environ.get(SESSIONS_SETTING, SESSIONS)),
+        state_session_capacity=service.env_number(SESSIONS_SETTING, SESSIONS, 1, int, strict=True),
         ssr_mode=False,
         show_error=False,
         css_paths=[CSS] if CSS.is_file() else None,
@@ -258,9 +270,17 @@ def ray_backend(args: argparse.Namespace):
         options = serving.ServeOptions.from_args(args.replicas, args.num_cpus, args.num_gpus, args.serve_config)
     except ValueError as exc:
         raise service.UserError(str(exc)) from None
-    serving.connect(args.ray_address)
-    backend = serving.RayBackend(options, device=args.device, max_tokens=args.max_tokens)
-    backend.deploy(args.model)  # the replicas load the model before the page opens
+    backend = None
+    try:
+        serving.connect(args.ray_address)
+        backend = serving.RayBackend(options, device=args.device, max_tokens=args.max_tokens)
+        backend.deploy(args.model)  # the replicas load the model before the page opens
+    except Exception as exc:  # noqa: BLE001 - a cluster that cannot be reached or deployed to is the user's to fix
+        if backend is not None:
+            backend.close()
+        where = args.ray_address or "a local Ray instance"
+        raise service.UserError(f"Ray Serve on {where} could not serve {args.model}: {type(exc).__name__}: "
+                                f"{str(exc)[:300]}") from None
     return backend
 
 

@@ -290,7 +290,7 @@ def test_other_endpoints_reject_bad_settings(client, tiny_models):
         client.predict(tiny_models["llama"], TEXT, 0, 0, 0, 6, "Rain.", "Rain.", api_name="/mask_demo")
     with pytest.raises(AppError, match="The prompt is empty"):
         client.predict(tiny_models["llama"], "", False, 5, 0.0, 0, 1.0, 0, api_name="/generate")
-    with pytest.raises(AppError, match=r"Temperature must be in \[0, 5\], got 9"):
+    with pytest.raises(AppError, match=r"Temperature must be in \[0, 2\], got 9"):
         client.predict(tiny_models["llama"], "Hi", False, 5, 9.0, 0, 1.0, 0, api_name="/generate")
     with pytest.raises(AppError, match="Top-k must be between 0 and"):
         client.predict(tiny_models["llama"], "Hi", False, 5, 1.0, -3, 1.0, 0, api_name="/generate")

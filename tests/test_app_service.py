@@ -148,6 +148,18 @@ def test_kept_values_stay_within_the_byte_budget_least_recently_used_first():
     assert kept.nbytes <= 300 and kept.get("e", ("m", 1)) == "E" and len(kept) == 1
     assert not kept.grow("e", ("m", 1), 100)  # past the whole budget: dropped, never kept over it
     assert kept.get("e", ("m", 1)) is None and kept.nbytes == 0
+    kept.put("s", ("new",), "N", 10)  # the session's newer value under the same ticket
+    assert not kept.grow("s", ("old",), 5) and kept.get("s", ("new",)) == "N"  # an older writer leaves it alone
+
+
+def test_messages_never_show_absolute_server_paths():
+    from core.store import WeightStore
+
+    root = WeightStore.default().root.resolve()
+    text = service.public_text(f"no {root}/gpt2, see {service.REPO_ROOT}/core/x.py, /tmp/a/b/c.txt, /home/alice, "
+                               "https://huggingface.co/a/b, ratio 1/2 and/or")
+    assert text == ("no weights/gpt2, see core/x.py, …/b/c.txt, …/home/alice, https://huggingface.co/a/b, ratio 1/2 "
+                    "and/or")
 
 
 def test_a_folder_that_is_not_a_model_gives_a_clear_message(tmp_path):

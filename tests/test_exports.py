@@ -219,7 +219,7 @@ def test_bad_link_values_fall_back_with_a_message_never_an_error():
                        ["a", "b"], shape, "a")
     assert (link.model, link.tab, link.layer, link.head, link.text) == (None, None, None, None, None)
     joined = " ".join(link.messages)
-    for part in ("'gpt9' is not offered", "tab 'nope' does not exist", "layer 40 is out of range for this model (0–29)",
+    for part in ("'gpt9' is not installed on this server", "tab 'nope' does not exist", "layer 40 is out of range for this model (0–29)",
                  "head 'x' is not a whole number", "5,000 characters", "foo is not read"):
         assert part in joined
     link = links.parse({"model": "broken", "layer": "0"}, ["a", "broken"], shape, "a")
@@ -232,6 +232,10 @@ def test_a_link_is_written_from_the_page_state():
     assert note == ""
     url, note = links.make("http://h/", "a", "lab", 3, 2, "x" * 700)
     assert url == "http://h/?model=a&tab=lab" and "longer than a link carries" in note
+    for layer, head in (("abc", "1e999"), (float("nan"), None), ("2.5", "")):  # raw fields: left out, no error
+        url, _ = links.make("http://h/", "a", "attention", layer, head, "t")
+        assert url == "http://h/?model=a&tab=attention&text=t"
+    assert links.make("http://h/", "a", "masks", "3.0", "mean of heads", None)[0] == "http://h/?model=a&tab=masks&layer=3&head=mean"
 
 
 # ---------------------------------------------------------------- the permutation check on the real models

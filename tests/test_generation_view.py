@@ -118,6 +118,9 @@ def test_rows_live_in_the_servers_kept_budget_and_a_sessions_next_trace_replaces
     second = updates[-1][1]
     assert second.ticket == first.ticket and len(kept) == 1  # the session's one entry, now the new trace's
     assert kept.nbytes == second.row_bytes and first.rows_kept == 0 and second.rows_kept == 3
+    with pytest.raises(UserError, match="Temperature"):  # a refused call takes nothing from the session's trace
+        list(generation.stream_trace(llama, "tiny", PROMPT, False, 3, 9.0, 0, 1.0, 0, previous=second))
+    assert second.rows_kept == 3 and not second.rows_dropped
     kept.put("another session", ("x",), None, kept.budget_bytes)  # someone else needs the whole budget
     assert second.rows_kept == 0 and second.rows_dropped and len(second.top_probs) == 3
     view = generation.step_view(llama, second, 1, 0, 0)

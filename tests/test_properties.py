@@ -192,8 +192,8 @@ KNOWN_BUGS = {
 }
 
 
-# handlers that call int() on the raw layer/head inputs after the service has checked them: "0.0" (which
-# check_range reads as 0) passes the check and then fails in int("0.0") with ValueError
+# handlers that once called int() on the raw layer/head inputs after the service had checked them: "0.0" (which
+# check_range reads as 0) passed the check and then failed in int("0.0"); they now use index_of
 RAW_INT = {  # endpoint → (where, index of the layer argument after the model name)
     "attention": ("ui/tab_attention.py run: int(layer_index)", 1),
     "positional_encoding": ("ui/tab_positions.py: export.filename(..., int(layer_index), int(head_index))", 4),

@@ -481,14 +481,17 @@ def test_a_folder_put_by_hand_under_an_unregistered_name_is_listed_then_adopted(
 
 def test_litter_of_killed_pulls_is_removed_unless_its_process_still_runs(tmp_path):
     store = WeightStore(root=tmp_path / "weights", registry={})
-    dead, alive = 999_999_999, os.getpid()
+    dead, alive = 999_999_999, os.getppid()  # a running process other than this one
     names = [f".tmp-smollm2-135m-instruct-{dead}-deadbeef", f".old-smollm2-135m-instruct-{dead}-cafef00d",
              f".tmp-fake-bert-{alive}-12345678", f".old-fake-bert-{alive}-87654321", ".cache", "my-model"]
     for name in names:
         (store.root / name).mkdir(parents=True)
         (store.root / name / "model.safetensors").write_bytes(b"x")
+    elsewhere = f".tmp-qwen-{dead}-0badc0de"  # a pull on another machine sharing the store: not ours to judge
+    (store.root / elsewhere).mkdir()
+    (store.root / elsewhere / folders.OWNER_FILE).write_text("another-host")
     assert store.clean() == sorted(names[:2])
-    assert sorted(p.name for p in store.root.iterdir()) == sorted(names[2:])
+    assert sorted(p.name for p in store.root.iterdir()) == sorted([*names[2:], elsewhere])
 
 
 # ---------------------------------------------------------------------------------------------

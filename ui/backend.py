@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +34,8 @@ from typing import Any, Protocol
 
 import gradio as gr
 
-from ui import service, tab_generate
-from ui.common import ANALYSIS
+from ui import export, service, tab_generate
+from ui.common import ANALYSIS, user_errors
 
 MODEL_GROUPS = (ANALYSIS, tab_generate.GENERATE)
 TRACE_READERS = ("generation_step", "export_generation")  # read the rows a generation kept where it ran
@@ -117,7 +116,7 @@ def route(demo: gr.Blocks, backend: Backend, default_model: str) -> list[str]:
     limit = getattr(backend, "front_concurrency_limit", "unchanged")  # where the backend queues work itself
     for key, event in model_events(demo).items():
         block_fn = demo.fns[int(key.split(":", 1)[0])]
-        block_fn.fn = proxy(event, backend, default_model)
+        block_fn.fn = user_errors(proxy(event, backend, default_model))  # a dead replica is a message too
         if limit != "unchanged":
             block_fn.concurrency_limit = limit
         routed.append(key)
@@ -228,9 +227,8 @@ def received(value: Any, folder: Path | None = None) -> Any:
 
 
 def write_shipped(shipped: ShippedFile, folder: Path | None) -> Path:
-    target = Path(tempfile.mkdtemp(prefix="attn-export-", dir=folder)) / Path(shipped.name).name
-    target.write_bytes(shipped.data)
-    return target
+    """A replica's file written on the front, where Gradio serves it and the hourly sweep of exports removes it."""
+    return export.write(shipped.data, Path(shipped.name).name, root=folder)
 
 
 def replica_page(model_name: str, device: str | None = None, max_tokens: int = service.MAX_ATTENTION_TOKENS

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import math
 from pathlib import Path
 
 import gradio as gr
@@ -14,7 +13,7 @@ import numpy as np
 
 from core.store import WeightsError
 from ui import plots, service
-from ui.service import UserError
+from ui.service import UserError, index_of  # noqa: F401 - the tabs take index_of from here
 
 log = logging.getLogger(__name__)
 
@@ -113,14 +112,10 @@ def parse_head(value, n_heads: int, allow_mean: bool = True) -> int | None:
     return service.check_range("Head", value, 0, n_heads - 1)
 
 
-def index_of(value) -> int | None:
-    """A checked field's value as an index for file names and labels ("0.0", 3.0, np.int64(3) → 0, 3, 3), or None
-    when it is not a whole number (the handler's own checks give the message)."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return int(number) if math.isfinite(number) and number.is_integer() else None
+def kept_index(value, size: int) -> int:
+    """A layer or head index kept across a change of model when the new model has it, else 0."""
+    index = index_of(value)
+    return index if index is not None and 0 <= index < size else 0
 
 
 def checked_inputs(demo: gr.Blocks) -> gr.Blocks:
@@ -170,7 +165,9 @@ def _refusing_in_words(block, preprocess):
         try:
             return preprocess(payload)
         except Exception as exc:  # noqa: BLE001 - a refused value is the user's error, not the server's
-            message = str(exc).strip('"') or type(exc).__name__
+            message = service.public_text(str(exc).strip('"') or type(exc).__name__)
+            if len(message) > 300:
+                message = message[:300] + "…"
             log.info("refused a value for %s: %s", label, message[:200])
             raise gr.Error(f"{label}: {message}", print_exception=False) from None
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ import torch
 
 from core import generate as generation
 from core.model import KVCache
-from ui import service
+from ui import export, service
 from ui.service import UserError, check_range
 
 TOP_PROBS = 10  # next-token probabilities kept per step
@@ -31,6 +30,7 @@ MAX_TRACE_BYTES = 32 * 2**20  # float16 attention rows kept per session; later t
 MAX_EXPORT_BYTES = 50_000_000  # the JSON download stays below this
 OVERVIEW_KEYS = 256  # the layers × heads overview of one row pools its keys into at most this many blocks
 KV_TIMED_TOKENS = 16  # the continuation timed with and without the cache
+KV_MAX_PROMPT = 256  # prompt tokens the KV panel reads (its end): the uncached loop reruns them per token
 KV_LENGTHS = (32, 64, 128, 256)  # context lengths at which one step is timed with and without the cache
 KV_DECODE_REPEATS = 3  # decode steps timed per length (the median is kept)
 KV_GRID_BUDGET_S = 8.0  # a slow or busy machine stops the grid early (it keeps at least two lengths)
@@ -64,9 +64,6 @@ class GenerationTrace:
     done: bool = False
     stop_reason: str = ""
     note: str = ""
-
-    def __post_init__(self):
-        service.KEPT.put(self.ticket, self._kept_key, {"rows": [], "cross": []}, 0)
 
     def __hash__(self) -> int:
         # Gradio notices a changed State by its hash: a trace that grew is a new value for the page
@@ -112,6 +109,8 @@ class GenerationTrace:
         self.chosen_rank.append(int(step.chosen_rank))
         rows = [step.rows] + ([step.cross_rows] if self.seq2seq else [])
         size = sum(r.numel() * 2 for r in rows if r is not None)
+        if len(self.tokens) == 1:  # the first token: the session's earlier rows give way to this trace's
+            service.KEPT.put(self.ticket, self._kept_key, {"rows": [], "cross": []}, 0)
         bank = service.KEPT.get(self.ticket, self._kept_key)
         # rows are kept from the first token on, while the session's cap and the server's budget allow
         keep = (step.rows is not None and bank is not None and len(bank["rows"]) == len(self.tokens) - 1
@@ -350,9 +349,8 @@ def export_trace(model, trace: GenerationTrace | None, folder: str | Path | None
         text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
         if len(text.encode("utf-8")) < MAX_EXPORT_BYTES:
             break
-    folder = Path(folder or tempfile.mkdtemp(prefix="generation-"))
-    path = folder / f"generation-trace-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(text, encoding="utf-8")
+    name = export.filename(trace.model_name, f"generation-trace-{time.strftime('%Y%m%d-%H%M%S')}") + ".json"
+    path = export.write(text, name, root=Path(folder) if folder else None)  # removed with the other exports
     size = path.stat().st_size
     note = (f"**{path.name}**: {len(trace.tokens)} tokens, {size / 1e6:.2f} MB; attention rows {layout}"
             + ("" if pooled == "nothing" else f" (pooled: {pooled})") + ".")
@@ -407,10 +405,11 @@ class KVSizes:
 
 
 def encode_prompt(model, prompt) -> list[int]:
-    if prompt is None or not str(prompt).strip():
+    """The prompt's last KV_MAX_PROMPT tokens: the uncached loop reruns all of them for every timed token."""
+    if prompt is None or (isinstance(prompt, str) and not prompt.strip()):
         raise UserError("The prompt is empty.")
-    ids = model.tokenizer(prompt)["input_ids"]
-    room = min(model.config.max_positions - KV_TIMED_TOKENS, service.MAX_PROMPT_TOKENS)
+    ids = model.tokenizer(service.valid_unicode(prompt))["input_ids"]
+    room = min(model.config.max_positions - KV_TIMED_TOKENS, KV_MAX_PROMPT)
     return ids[-room:] if len(ids) > room else ids
 
 
@@ -623,6 +622,7 @@ def kv_report(model, prompt) -> KVReport:
     """The KV panel for one prompt: sizes (formula and allocation) and the timing with and without the cache."""
     check_generator(model)
     ids = encode_prompt(model, prompt)
+    cut = len(model.tokenizer(service.valid_unicode(prompt))["input_ids"]) > len(ids)
     cfg = model.config
     source, decoder = (ids, [cfg.decoder_start_token_id]) if cfg.is_encoder_decoder else ([], ids)
     timing = time_kv(model, source, decoder)
@@ -643,5 +643,6 @@ def kv_report(model, prompt) -> KVReport:
         f"{', '.join(map(str, timing.lengths))}, its time grows as n^{k:.2f}, so writing n tokens costs the sum of "
         f"those steps, about n^{k + 1:.2f} (k ≈ 1 gives the quadratic cost); with the cache a step grows as "
         f"n^{timing.cached_exponent:.2f}."
+        + (f"  \nThe prompt is read up to its last {len(ids)} tokens here." if cut else "")
     )
     return KVReport(sizes, timing, note)

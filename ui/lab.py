@@ -30,7 +30,7 @@ import core.store as weight_store
 from core import train as engine
 from core.train import LabConfig
 from ui.lab_plots import Curve
-from ui.service import UserError, check_float, check_range
+from ui.service import UserError, check_float, check_range, env_number
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +60,7 @@ class LabSettings:
     @classmethod
     def from_env(cls) -> LabSettings:
         def read(name: str, kind, default, low):
-            text = os.environ.get(name)
-            if text is None:
-                return default
-            try:
-                value = kind(text)
-            except ValueError:
-                value = None
-            if value is None or value < low:
-                raise ValueError(f"{name} must be a number of at least {low}, got {text!r}")
-            return value
+            return env_number(name, default, low, kind, strict=True)
 
         return cls(max_jobs=read("ATTN_LAB_JOBS", int, cls.max_jobs, 1),
                    max_steps=read("ATTN_LAB_MAX_STEPS", int, cls.max_steps, 1),
@@ -85,7 +76,7 @@ def parse_steps_list(text, steps: int) -> tuple[int, ...]:
     parts = [p for p in re.split(r"[,\s]+", str(text or "").strip()) if p]
     out = set()
     for p in parts:
-        if not p.isdigit():
+        if not (p.isascii() and p.isdigit() and len(p) <= 9):
             raise UserError(f"Snapshot steps must be whole numbers separated by commas, got {p!r}.")
         if not 1 <= int(p) <= steps:
             raise UserError(f"Snapshot steps must be between 1 and {steps} (the run's length), got {p}.")

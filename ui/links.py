@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
+from ui.service import index_of, public_text
+
 TABS = ("generate", "attention", "positions", "masks", "heads", "lab")
 TABS_WITH_HEADS = ("attention", "positions", "masks", "heads")  # the tabs that have a layer and a head to set
 MAX_LINK_TEXT = 600  # characters; a longer text stays out of the link (links of a few kB break in some mailers)
@@ -46,8 +48,8 @@ def _whole(name: str, raw: str, high: int, messages: list[str]) -> int | None:
 
 def parse(params: Mapping[str, str], names: Sequence[str], shape: Callable[[str], tuple[int, int]],
           current_model: str) -> LinkState:
-    """The state a link asks for. names: the models this page offers (a link cannot make the server fetch any other);
-    shape(model) → (layers, heads), raising when the model cannot be loaded."""
+    """The state a link asks for. names: the models a link may open (installed or in memory: opening a link never
+    makes the server fetch weights); shape(model) → (layers, heads), raising when the model cannot be loaded."""
     state = LinkState()
     messages = state.messages
     unknown = sorted(set(params) - set(KEYS) - {"__theme"})
@@ -57,13 +59,14 @@ def parse(params: Mapping[str, str], names: Sequence[str], shape: Callable[[str]
     model = params.get("model")
     if model is not None:
         if model not in names:
-            messages.append(f"The link's model {model[:60]!r} is not offered here; showing {current_model}.")
+            messages.append(f"The link's model {model[:60]!r} is not installed on this server (choose it in the model "
+                            f"picker to fetch it); showing {current_model}.")
         else:
             state.model = model
     try:
         n_layers, n_heads = shape(state.model or current_model)
     except Exception as exc:  # noqa: BLE001 - a model that fails to load falls back, with its reason
-        messages.append(f"The link's model {state.model} cannot be loaded ({exc}); showing {current_model}.")
+        messages.append(public_text(f"The link's model {state.model} cannot be loaded ({exc}); showing {current_model}."))
         state.model = None
         n_layers, n_heads = shape(current_model)
     tab = params.get("tab")
@@ -96,10 +99,12 @@ def make(page_url: str, model: str, tab: str | None, layer, head, text: str | No
     params: dict[str, str] = {"model": model}
     if tab in TABS:
         params["tab"] = tab
-    if layer not in (None, "") and tab in TABS_WITH_HEADS:
-        params["layer"] = str(int(float(layer)))
-    if head not in (None, "") and tab in TABS_WITH_HEADS:
-        params["head"] = "mean" if head in ("mean", "mean of heads") else str(int(float(head)))
+    if index_of(layer) is not None and tab in TABS_WITH_HEADS:  # a field that holds no whole number is left out
+        params["layer"] = str(index_of(layer))
+    if head in ("mean", "mean of heads") and tab in TABS_WITH_HEADS:
+        params["head"] = "mean"
+    elif index_of(head) is not None and tab in TABS_WITH_HEADS:
+        params["head"] = str(index_of(head))
     note = ""
     if text and len(text) <= MAX_LINK_TEXT:
         params["text"] = text

@@ -19,6 +19,7 @@ import hashlib
 import logging
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from ui import backend, service
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
+MAX_DEPLOYED = 2  # models deployed at once, like the in-process ModelStore's capacity; the least recent goes
 SESSIONS_PER_REPLICA = 500  # sessions a replica remembers for routing (like app.SESSIONS), least recent forgotten
 REPLICA_ONGOING = 2  # requests a replica runs at once (the page's own GENERATE_LIMIT); more wait in Serve's queue
 APP_PREFIX = "attn-"
@@ -126,8 +128,10 @@ def connect(address: str | None) -> None:
     proxy: the page reaches the replicas through handles only. The replicas import this repository: on a
     cluster it must sit at the same path on every node (or be in the nodes' image)."""
     if not ray.is_initialized():
-        ray.init(address=address, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
-                 log_to_driver=False)
+        # a Ray started here listens on loopback only and has no dashboard, like the app's own defaults
+        local = {} if address else {"_node_ip_address": "127.0.0.1", "include_dashboard": False}
+        ray.init(address=address, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}}, log_to_driver=False,
+                 **local)
     serve.start(proxy_location="Disabled")
 
 
@@ -140,7 +144,7 @@ class RayBackend:
     def __init__(self, options: ServeOptions, device: str | None = None,
                  max_tokens: int = service.MAX_ATTENTION_TOKENS):
         self.options, self.device, self.max_tokens = options, device, max_tokens
-        self._handles: dict[str, serve.handle.DeploymentHandle] = {}
+        self._handles: OrderedDict[str, serve.handle.DeploymentHandle] = OrderedDict()
         self._lock = threading.Lock()  # guards _handles and _deploying
         self._deploying: dict[str, threading.Lock] = {}
 
@@ -148,6 +152,7 @@ class RayBackend:
         """The model's deployment, deployed now (and waited for) if it is not yet."""
         with self._lock:
             if model_name in self._handles:
+                self._handles.move_to_end(model_name)
                 return self._handles[model_name]
             name_lock = self._deploying.setdefault(model_name, threading.Lock())
         with name_lock:
@@ -161,6 +166,11 @@ class RayBackend:
                                name=app_name(model_name), route_prefix=None)
             with self._lock:
                 self._handles[model_name] = handle
+                retired = list(self._handles)[:-MAX_DEPLOYED]
+                for name in retired:
+                    del self._handles[name]
+            for name in retired:  # its replicas and their memory go; choosing it again deploys it again
+                self._delete(name)
             return handle
 
     def _handle(self, model_name: str, session: str | None):
@@ -184,7 +194,11 @@ class RayBackend:
             names = list(self._handles)
             self._handles.clear()
         for model_name in names:
-            try:
-                serve.delete(app_name(model_name))
-            except Exception as exc:  # noqa: BLE001 - a cluster already gone must not stop the app from closing
-                log.warning("could not delete the Serve application of %s: %s", model_name, exc)
+            self._delete(model_name)
+
+    @staticmethod
+    def _delete(model_name: str) -> None:
+        try:
+            serve.delete(app_name(model_name))
+        except Exception as exc:  # noqa: BLE001 - a cluster already gone must not stop the app from closing
+            log.warning("could not delete the Serve application of %s: %s", model_name, exc)

@@ -3,8 +3,9 @@
 Plain Python over `core`: it loads models, turns text into token ids, runs the
 model, and returns numpy arrays and short notes. It never imports gradio (the
 tabs translate `UserError` into messages in the page) and never draws (ui/plots.py
-does). Nothing here holds a user's data between calls: the only shared state is
-the cache of loaded models, one per name, behind a lock.
+does). The shared state: the loaded models (ModelStore, one per name, behind a
+lock) and what sessions keep for reuse (KEPT, within one byte budget, each entry
+reachable only through its session's ticket).
 """
 
 from __future__ import annotations
@@ -35,8 +36,27 @@ from core.layers import apply_rope, sinusoidal_encoding
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+def env_number(name: str, default, low, kind=float, strict: bool = False):
+    """A setting from the environment: a number of at least `low`, else `default` when unset. A bad value is a
+    UserError naming the setting when strict, else a warning in the log and the default."""
+    text = os.environ.get(name)
+    if text is None or not text.strip():
+        return default
+    try:
+        value = kind(float(text)) if kind is int and float(text).is_integer() else kind(text)
+    except (ValueError, OverflowError):
+        value = None
+    if value is None or not math.isfinite(value) or value < low:
+        message = f"{name} must be a number of at least {low}, got {text!r}"
+        if strict:
+            raise UserError(message)
+        log.warning("%s; using %s", message, default)
+        return default
+    return value
+
+
 TEXT_CAP_SETTING = "ATTN_MAX_TEXT_MB"  # one cap for typed and uploaded text, in MB
-MAX_TEXT_BYTES = int(float(os.environ.get(TEXT_CAP_SETTING, "1")) * 1_000_000)
+MAX_TEXT_BYTES = int(env_number(TEXT_CAP_SETTING, 1.0, 0.001) * 1_000_000)
 UPLOAD_SUFFIXES = (".txt", ".md")
 MAX_ATTENTION_TOKENS = 2048  # default cap of the Attention tab: a capture on 2 CPU cores stays within seconds
 MAX_MASK_TOKENS = 512  # the mask demo runs the model six times on its text
@@ -48,6 +68,7 @@ MAX_STAGE_WINDOW = 48  # the mask demo draws 6 matrices of this size
 MAX_PE_POSITIONS = 512
 MAX_PE_DIM = 512
 MAX_GENERATE_TOKENS = 512
+MAX_TEMPERATURE = 2.0  # the slider's end; the API holds to the same
 MAX_PROMPT_TOKENS = 2048  # longer prompts keep their end: prefill of 8k tokens takes too long on a small CPU
 MAX_HEADS_TOKENS = 512  # the Heads tab's cap: its sections run the model several times on the text
 MAX_SWEEP_TOKENS = 128  # the sweep runs the text once per head (270 times for SmolLM2)
@@ -65,7 +86,7 @@ class UserError(ValueError):
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~])/(?:[^\s/'\"]+/)+[^\s/'\",;)]*")
+ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~])/(?:[^\s/'\"]+/)*[^\s/'\",;)]+")
 
 
 def public_text(text: str) -> str:
@@ -77,7 +98,7 @@ def public_text(text: str) -> str:
 
     def shorten(match: re.Match) -> str:
         parts = [p for p in match.group(0).split("/") if p]
-        return match.group(0) if len(parts) <= 2 else "…/" + "/".join(parts[-2:])
+        return "…/" + "/".join(parts[-2:])
 
     return ABSOLUTE_PATH.sub(shorten, text)
 
@@ -140,6 +161,17 @@ class ModelStore:
 
     def names(self) -> list[str]:
         return list(dict.fromkeys(self.extra_names + known_model_names()))
+
+    def names_ready(self) -> list[str]:
+        """The models that load without fetching anything: in memory, installed, or a folder given at start."""
+        with self._lock:
+            loaded = list(self._models)
+        try:
+            installed = list(weight_store.WeightStore.default().installed())
+        except OSError:
+            installed = []
+        folders = [name for name in self.extra_names if Path(name).is_dir()]
+        return [name for name in self.names() if name in {*loaded, *installed, *folders}]
 
     def get(self, name: str, progress: ProgressFn | None = None):
         if not name:
@@ -465,6 +497,16 @@ def check_float(name: str, value, low: float, high: float, low_open: bool = Fals
     return value
 
 
+def index_of(value) -> int | None:
+    """A checked field's value as an index for file names and labels ("0.0", 3.0, np.int64(3) → 0, 3, 3), or None
+    when it is not a whole number (the handler's own checks give the message)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return int(number) if math.isfinite(number) and number.is_integer() else None
+
+
 def check_seed(value) -> int | None:
     """An empty seed means unseeded; otherwise a whole number from 0 to MAX_SEED."""
     if value is None or (isinstance(value, str) and not value.strip()):
@@ -540,8 +582,10 @@ class KeptStore:
         longer fits the budget or is gone."""
         with self._lock:
             entry = self._entries.get(ticket)
-            if entry is None or entry[0] != key or entry[2] + extra > self.budget_bytes:
-                self._entries.pop(ticket, None)
+            if entry is None or entry[0] != key:  # gone, or the ticket now holds something newer: leave it
+                return False
+            if entry[2] + extra > self.budget_bytes:
+                del self._entries[ticket]
                 return False
             entry[2] += extra
             self._entries.move_to_end(ticket)
@@ -564,7 +608,7 @@ class KeptStore:
             total -= dropped
 
 
-KEPT = KeptStore(int(float(os.environ.get(KEPT_BUDGET_SETTING, "1000")) * 1_000_000))
+KEPT = KeptStore(int(env_number(KEPT_BUDGET_SETTING, 1000.0, 0.0) * 1_000_000))
 
 
 def new_ticket() -> str:
@@ -677,7 +721,7 @@ def stream_generation(
         raise UserError("The prompt is empty.")
     prompt = valid_unicode(prompt)
     max_new_tokens = check_range("Max new tokens", max_new_tokens, 1, MAX_GENERATE_TOKENS)
-    temperature = check_float("Temperature", temperature, 0.0, 5.0)
+    temperature = check_float("Temperature", temperature, 0.0, MAX_TEMPERATURE)
     top_p = None if top_p is None else check_float("Top-p", top_p, 0.0, 1.0, low_open=True)
     top_k = None if top_k in (None, "", 0) else check_range("Top-k", top_k, 0, model.config.vocab_size) or None
     seed = check_seed(seed)
@@ -1055,7 +1099,7 @@ def head_map(model, ids: list[int], layer: int, head: int) -> np.ndarray:
     return to_numpy(observer.probs[head])
 
 
-HEAD_PATTERN = re.compile(r"(\d+)\.(\d+)")
+HEAD_PATTERN = re.compile(r"(\d{1,6})\.(\d{1,6})", re.ASCII)
 
 
 def parse_heads(text: str | None, n_layers: int, n_heads: int) -> list[tuple[int, int]]:

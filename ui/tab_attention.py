@@ -13,6 +13,7 @@ from ui.common import (
     ANALYSIS,
     ANALYSIS_LIMIT,
     index_of,
+    kept_index,
     head_figure,
     parse_head,
     progress_callback,
@@ -289,7 +290,7 @@ def build(store: service.ModelStore, picker: Picker, initial) -> AttentionTab:
     def limits(name, layer_index, head_index):
         """New ranges for the chosen model; the layer and head stay where they are when the model has them."""
         cfg = store.get(name).config
-        keep_layer = layer_index if isinstance(layer_index, (int, float)) and 0 <= layer_index < cfg.n_layers else 0
+        keep_layer = kept_index(layer_index, cfg.n_layers)
         keep_head = head_index if head_index in head_choices(cfg.n_heads) else "mean of heads"
         return gr.Number(value=keep_layer, label=f"Layer (0–{cfg.n_layers - 1})"), gr.Dropdown(
             choices=head_choices(cfg.n_heads), value=keep_head

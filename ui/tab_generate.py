@@ -60,7 +60,7 @@ def build(store: service.ModelStore, picker: Picker, initial) -> GenerateTab:
             max_new = gr.Slider(
                 1, service.MAX_GENERATE_TOKENS, value=64, step=1, label="Max new tokens", elem_id="gen-max-new"
             )
-            temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+            temperature = gr.Slider(0.0, service.MAX_TEMPERATURE, value=0.0, step=0.05, label="Temperature (0 = greedy)")
             with gr.Row():
                 top_k = gr.Number(value=0, label="Top-k (0 = off)", precision=0)
                 top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p (1 = off)")
@@ -116,14 +116,11 @@ def build(store: service.ModelStore, picker: Picker, initial) -> GenerateTab:
         progress=gr.Progress(),
     ):
         model_obj = store.get(model_name, progress_callback(progress))
-        update = None
         for update, recorded in generation.stream_trace(
             model_obj, model_name, prompt_text, chat_mode, max_new_tokens, temperature_value, top_k_value,
             top_p_value, seed_value, previous=session_trace,
         ):
             yield update.new_text, stats_line(update), update.prompt_text + update.new_text, recorded
-        if update is None:
-            yield "", "Nothing was generated.", "", None
 
     settings = [model, prompt, chat, max_new, temperature, top_k, top_p, seed]
     event = run.click(

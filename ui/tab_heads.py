@@ -15,6 +15,7 @@ from ui.common import (
     ANALYSIS,
     ANALYSIS_LIMIT,
     index_of,
+    kept_index,
     head_figure,
     progress_callback,
     read_example,
@@ -643,9 +644,8 @@ def build(store: service.ModelStore, picker: Picker, initial) -> TabControls:
         loaded = store.get(name)
         c = loaded.config
         scored_layers, scored_heads = service.scored_shape(loaded)
-        keep = lambda v, top: v if isinstance(v, (int, float)) and 0 <= v < top else 0  # noqa: E731
-        layer_box = gr.Number(value=keep(layer_index, scored_layers), label=f"Layer (0–{scored_layers - 1})")
-        head_box = gr.Number(value=keep(head_index, scored_heads), label=f"Head (0–{scored_heads - 1})")
+        layer_box = gr.Number(value=kept_index(layer_index, scored_layers), label=f"Layer (0–{scored_layers - 1})")
+        head_box = gr.Number(value=kept_index(head_index, scored_heads), label=f"Head (0–{scored_heads - 1})")
         return (layer_box, head_box, gr.Number(value=0, label=f"Layer (0–{c.n_layers - 1})"),
                 gr.Number(value=0, label=f"Head (0–{c.n_heads - 1})"),
                 gr.Dropdown(choices=score_choices(loaded), value="previous_token"), model_note(loaded))

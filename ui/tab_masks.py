@@ -11,6 +11,7 @@ from ui.common import (
     ANALYSIS,
     ANALYSIS_LIMIT,
     index_of,
+    kept_index,
     parse_head,
     progress_callback,
     read_example,
@@ -266,9 +267,8 @@ def build(store: service.ModelStore, picker: Picker, initial) -> TabControls:
     @user_errors
     def limits(name, layer_index, head_index):
         cfg = store.get(name).config
-        keep = lambda v, top: v if isinstance(v, (int, float)) and 0 <= v < top else 0  # noqa: E731
-        return gr.Number(value=keep(layer_index, cfg.n_layers), label=f"Layer (0–{cfg.n_layers - 1})"), gr.Number(
-            value=keep(head_index, cfg.n_heads), label=f"Head (0–{cfg.n_heads - 1})"
+        return gr.Number(value=kept_index(layer_index, cfg.n_layers), label=f"Layer (0–{cfg.n_layers - 1})"), gr.Number(
+            value=kept_index(head_index, cfg.n_heads), label=f"Head (0–{cfg.n_heads - 1})"
         )
 
     picker.loaded.success(limits, [model, layer, head], [layer, head], api_visibility="private")

@@ -12,6 +12,7 @@ from ui.common import (
     ANALYSIS,
     ANALYSIS_LIMIT,
     index_of,
+    kept_index,
     parse_head,
     progress_callback,
     read_example,
@@ -195,10 +196,10 @@ def export_data(store: service.ModelStore, name, n, d, p, k, layer, head, text, 
     positional_view(store, name, n, d, p, k, layer, head, text, progress, data)
     files = {f"{key}.csv": export.matrix_csv(matrix, rows, cols, corner, [f"{name}: {key.replace('_', ' ')}"])
              for key, (matrix, rows, cols, corner) in data.items()}
-    readme = (f"Positional encodings for {name}, n = {int(n)}, d = {int(d)}:\n"
+    readme = (f"Positional encodings for {name}, n = {index_of(n)}, d = {index_of(d)}:\n"
               "sinusoidal_pe: eq. 4.1, PE(position, dimension)\n"
               "sinusoidal_similarity: PE(p)·PE(q) / (d/2)\n"
-              f"sinusoidal_dot_vs_offset: PE(p)·PE(p+k) against k (p = {int(p)})\n"
+              f"sinusoidal_dot_vs_offset: PE(p)·PE(p+k) against k (p = {index_of(p)})\n"
               "learned_positions, learned_similarity: the model's own position table (GPT-2, BERT), when it has one\n"
               "rope_angles: m·θ_i mod 2π; rope_scores_*: q·k/√d_k against distance at three offsets (RoPE models)\n"
               "Nothing is pooled.\n")
@@ -317,10 +318,9 @@ def build(store: service.ModelStore, picker: Picker, initial) -> TabControls:
     @user_errors
     def limits(name, layer_index, head_index):
         cfg = store.get(name).config
-        keep = lambda v, top: v if isinstance(v, (int, float)) and 0 <= v < top else 0  # noqa: E731
         return (
-            gr.Number(value=keep(layer_index, cfg.n_layers), label=f"Layer (RoPE scores; 0–{cfg.n_layers - 1})"),
-            gr.Number(value=keep(head_index, cfg.n_heads), label=f"Head (RoPE scores; 0–{cfg.n_heads - 1})"),
+            gr.Number(value=kept_index(layer_index, cfg.n_layers), label=f"Layer (RoPE scores; 0–{cfg.n_layers - 1})"),
+            gr.Number(value=kept_index(head_index, cfg.n_heads), label=f"Head (RoPE scores; 0–{cfg.n_heads - 1})"),
         )
 
     picker.loaded.success(limits, [model, layer, head], [layer, head], api_visibility="private")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +91,9 @@ class WeightStore:
 
     def clean(self) -> list[str]:
         """Remove what killed pulls left behind: .tmp-NAME-PID-* staging folders and .old-NAME-PID-* copies moved
-        aside by `pull --force`, whose process is no longer running. Returns the names removed."""
+        aside by `pull --force`, made on this machine by a process that is no longer running (or whose PID this
+        process now has: a restarted container). A folder made on another machine sharing the store is left to
+        it. Returns the names removed."""
         removed = []
         if not self.root.is_dir():
             return removed
@@ -98,7 +101,12 @@ class WeightStore:
             if not folder.name.startswith((".tmp-", ".old-")) or not folder.is_dir():
                 continue
             parts = folder.name.rsplit("-", 2)  # [".tmp-NAME", PID, random]
-            if len(parts) == 3 and parts[1].isdigit() and not _process_alive(int(parts[1])):
+            if len(parts) != 3 or not parts[1].isdigit() or folder.name in _OWN_FOLDERS:
+                continue
+            marker = folder / OWNER_FILE
+            host = marker.read_text().strip() if marker.is_file() else socket.gethostname()
+            pid = int(parts[1])
+            if host == socket.gethostname() and (pid == os.getpid() or not _process_alive(pid)):
                 shutil.rmtree(folder, ignore_errors=True)
                 removed.append(folder.name)
         return sorted(removed)
@@ -131,7 +139,8 @@ class WeightStore:
             # Only a person puts a folder here without a manifest (pulls rename complete folders
             # into place), so adopt it: check its layout and record what it holds now.
             check_model_folder(folder)
-            write_manifest(folder, name, {"type": "local", "path": str(folder)}, entry.get("licence", "unknown"))
+            write_manifest(folder, name, {"type": "local", "path": f"{self.root.name}/{name}"},
+                           entry.get("licence", "unknown"))
             return folder
         raise_if_corrupt(folder, read_manifest(folder), full=False, name=name)
         return folder
@@ -143,6 +152,7 @@ class WeightStore:
         try:
             record = fetch(source, staging, span(progress, 0.0, 0.9))
             check_model_folder(staging)
+            (staging / OWNER_FILE).unlink(missing_ok=True)  # the marker is no file of the model's
             _make_readable(staging)
             licence = entry.get("licence") or record.get("licence_on_hub") or "unknown"
             write_manifest(staging, name, record, licence, span(progress, 0.9, 1.0))
@@ -159,6 +169,8 @@ class WeightStore:
         self.clean()
         staging = self.root / f".tmp-{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         staging.mkdir()
+        _OWN_FOLDERS.add(staging.name)
+        (staging / OWNER_FILE).write_text(socket.gethostname())
         return staging
 
     def _commit(self, staging: Path, target: Path, replace: bool) -> None:
@@ -166,7 +178,9 @@ class WeightStore:
         old = None
         if replace and target.exists():
             old = target.with_name(f".old-{target.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            _OWN_FOLDERS.add(old.name)
             os.replace(target, old)
+            (old / OWNER_FILE).write_text(socket.gethostname())
         try:
             os.replace(staging, target)
         except OSError:
@@ -174,6 +188,10 @@ class WeightStore:
                 raise
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+
+
+OWNER_FILE = ".pulled-on"  # in .tmp-/.old- folders: the machine whose process made them
+_OWN_FOLDERS: set[str] = set()  # .tmp-/.old- folders this process made (its PID may be a dead one's again)
 
 
 def _make_readable(folder: Path) -> None:
