@@ -220,7 +220,10 @@ def spread(model: Transformer, device_map: str | dict, dtype: torch.dtype, offlo
     are, its inputs moved there; "disk" weights are read from `offload_dir` when their block runs). A block is
     never split. The embeddings must stay on a real device: model.device (theirs) is where inputs start. Forward
     passes work across devices; generation keeps its KV cache on model.device, so it needs one device."""
-    from accelerate import dispatch_model, infer_auto_device_map
+    try:
+        from accelerate import dispatch_model, infer_auto_device_map
+    except ImportError as exc:
+        raise CheckpointError(f"device_map needs accelerate: pip install -r requirements-scale.txt ({exc})") from None
 
     if device_map == "auto":
         device_map = infer_auto_device_map(model, no_split_module_classes=["Block"], dtype=dtype)
@@ -240,7 +243,11 @@ def spread(model: Transformer, device_map: str | dict, dtype: torch.dtype, offlo
 def setup_follows(block: nn.Module, args: tuple, kwargs: dict):
     """A block's AttentionSetup (masks, rotary angles) moved to the block's device: accelerate moves tensors
     and containers, not dataclasses."""
-    device = next((p.device for p in block.parameters() if p.device.type != "meta"), None)
+    hook = getattr(block, "_hf_hook", None)  # accelerate's: where an offloaded block's weights are brought to run
+    device = getattr(hook, "execution_device", None)
+    if device is None:
+        device = next((p.device for p in block.parameters() if p.device.type != "meta"), None)
+    device = None if device is None else torch.device(device)
     if device is None or len(args) < 2 or not dataclasses.is_dataclass(args[1]):
         return None
     setup = args[1]
