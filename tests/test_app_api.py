@@ -7,7 +7,6 @@ positions). One test also starts `python app.py` itself as a subprocess.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import socket
@@ -25,7 +24,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # a hub-only model must fail fast and clearl
 from gradio_client import Client, handle_file  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
-from tiny_app_model import build_tiny_bert, build_tiny_llama, launch_app  # noqa: E402
+from tiny_app_model import build_tiny_bert, build_tiny_llama, launch_app, plotly_array  # noqa: E402
 from ui import service  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,15 +77,6 @@ def figure(plot: dict) -> dict:
     return json.loads(plot["plot"])
 
 
-def array(value) -> np.ndarray:
-    """A plotly array: a list, or the base64 typed array that plotly uses for numpy data."""
-    if isinstance(value, dict) and "bdata" in value:
-        data = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
-        shape = [int(s) for s in str(value.get("shape", len(data))).split(",")]
-        return data.reshape(shape)
-    return np.asarray(value, dtype=np.float64)
-
-
 def attention(client, model, text=TEXT, layer=0, head="mean of heads", hide=False, q0=0, k0=0, window=64):
     return client.predict(model, text, layer, head, hide, q0, k0, window, api_name="/attention")
 
@@ -110,7 +100,7 @@ def test_attention_on_a_decoder_gives_model_view_head_view_and_window(client, ti
     mv = figure(model_view)
     assert mv["layout"]["meta"]["layers"] == 2 and mv["layout"]["meta"]["heads"] == 4
     hv = figure(head_view)["data"][0]
-    z = array(hv["z"])
+    z = plotly_array(hv["z"])
     n = len(hv["x"])
     assert z.shape == (n, n) and n > 10
     assert hv["x"][0].startswith("0 ") and hv["y"][1].startswith("1 ")
@@ -118,7 +108,7 @@ def test_attention_on_a_decoder_gives_model_view_head_view_and_window(client, ti
     assert np.all(z[np.triu_indices(n, 1)] == 0)  # causal: nothing above the diagonal
     assert "query %{y} → key %{x}" in hv["hovertemplate"]
     win = figure(window)["data"][0]
-    wz = array(win["z"])
+    wz = plotly_array(win["z"])
     assert wz.shape == (5, 5)
     assert win["y"][0].startswith("3 ") and win["x"][0].startswith("1 ")
     np.testing.assert_allclose(wz, z[3:8, 1:6], atol=1e-6)  # the window is the same matrix, unpooled
@@ -127,7 +117,7 @@ def test_attention_on_a_decoder_gives_model_view_head_view_and_window(client, ti
 def test_attention_on_an_encoder_is_bidirectional_and_can_hide_special_tokens(client, tiny_models):
     _, _, head_view, _ = attention(client, tiny_models["bert"])
     hv = figure(head_view)["data"][0]
-    z = array(hv["z"])
+    z = plotly_array(hv["z"])
     assert z[np.triu_indices(len(z), 1)].max() > 0.01  # queries see later keys too
     assert hv["x"][0] == "0 [CLS]" and hv["x"][-1].endswith("[SEP]")
     _, _, hidden, _ = attention(client, tiny_models["bert"], hide=True)
@@ -146,9 +136,9 @@ def test_long_input_is_pooled_truncated_with_a_note_and_every_figure_stays_under
     assert "Model view: each tile averages" in note and "Head view: each cell is the mean" in note
     total = sum(len(p["plot"].encode()) for p in (model_view, head_view, window))
     hv = figure(head_view)["data"][0]
-    assert array(hv["z"]).shape == (service.HEAD_OVERVIEW_SIZE, service.HEAD_OVERVIEW_SIZE)
+    assert plotly_array(hv["z"]).shape == (service.HEAD_OVERVIEW_SIZE, service.HEAD_OVERVIEW_SIZE)
     win = figure(window)["data"][0]
-    assert array(win["z"]).shape == (256, 256) and win["y"][0].startswith("1500 ")
+    assert plotly_array(win["z"]).shape == (256, 256) and win["y"][0].startswith("1500 ")
     tile = figure(model_view)["layout"]["meta"]["tile"]
     assert tile < 2048
     print(f"\n2,048 tokens: figures {total:,} bytes in all, answered in {seconds:.1f} s")
@@ -177,18 +167,18 @@ def test_seeded_sampling_repeats_and_chat_mode_uses_the_template(client, tiny_mo
 def test_positional_encoding_endpoint(client, tiny_models):
     out = client.predict(tiny_models["llama"], 64, 16, 3, 5, 1, 2, TEXT, api_name="/positional_encoding")
     heat, dots, sim, check, learned, learned_sim, angles, scores, rope_note = out
-    pe = array(figure(heat)["data"][0]["z"])
+    pe = plotly_array(figure(heat)["data"][0]["z"])
     assert pe.shape == (64, 16)
     np.testing.assert_allclose(pe[1, 2], np.sin(1 / 10000 ** (2 / 16)), atol=1e-6)  # eq. 4.1, i = 1
     curves = figure(dots)["data"]
-    np.testing.assert_allclose(array(curves[0]["y"]), array(curves[1]["y"]), atol=1e-5)  # depends on k only
-    assert array(figure(sim)["data"][0]["z"]).shape == (64, 64)
+    np.testing.assert_allclose(plotly_array(curves[0]["y"]), plotly_array(curves[1]["y"]), atol=1e-5)  # depends on k only
+    assert plotly_array(figure(sim)["data"][0]["z"]).shape == (64, 64)
     assert "is a rotation of PE(p)" in check
     error = float(check.split("R_k·PE(p)| = ")[1].split(" ")[0])
     assert error < 1e-5
     assert "no learned position table" in figure(learned)["layout"]["annotations"][0]["text"]
-    assert array(figure(angles)["data"][0]["z"]).shape == (4, 64)  # head_dim 8 → 4 frequency pairs
-    score_curves = [array(t["y"]) for t in figure(scores)["data"]]
+    assert plotly_array(figure(angles)["data"][0]["z"]).shape == (4, 64)  # head_dim 8 → 4 frequency pairs
+    score_curves = [plotly_array(t["y"]) for t in figure(scores)["data"]]
     np.testing.assert_allclose(score_curves[0], score_curves[1], atol=1e-4)  # RoPE: relative distance only
     assert "depends only on the distance" in rope_note
 
@@ -196,8 +186,8 @@ def test_positional_encoding_endpoint(client, tiny_models):
 def test_positional_encoding_shows_an_encoders_learned_positions(client, tiny_models):
     out = client.predict(tiny_models["bert"], 32, 8, 0, 1, 0, 0, TEXT, api_name="/positional_encoding")
     learned, learned_sim, angles = out[4], out[5], out[6]
-    assert array(figure(learned)["data"][0]["z"]).shape == (32, 32)  # 32 positions × d = 32
-    sim = array(figure(learned_sim)["data"][0]["z"])
+    assert plotly_array(figure(learned)["data"][0]["z"]).shape == (32, 32)  # 32 positions × d = 32
+    sim = plotly_array(figure(learned_sim)["data"][0]["z"])
     np.testing.assert_allclose(np.diag(sim), 1.0, atol=1e-5)
     assert "not RoPE" in figure(angles)["layout"]["annotations"][0]["text"]
 
@@ -217,14 +207,14 @@ def test_mask_demo_endpoint(client, tiny_models):
     note, stages, causal, causal_note, padding, padding_note, entropy, entropy_note = out
     traces = figure(stages)["data"]
     assert len(traces) == 6
-    masked_on = array(traces[1]["z"]).astype(np.float64)
-    probs_on, probs_off = array(traces[2]["z"]), array(traces[5]["z"])
+    masked_on = plotly_array(traces[1]["z"]).astype(np.float64)
+    probs_on, probs_off = plotly_array(traces[2]["z"]), plotly_array(traces[5]["z"])
     assert masked_on.shape == (6, 6)
     assert np.isnan(masked_on[np.triu_indices(6, 1)]).all()  # −∞ above the diagonal travels as a gap
     assert np.all(probs_on[np.triu_indices(6, 1)] == 0) and probs_off[0, 1:].sum() > 0.1
     bars = figure(causal)["data"]
     assert [b["name"] for b in bars] == ["causal mask on", "causal mask off"]
-    pad_mass = {b["name"]: array(b["y"]) for b in figure(padding)["data"]}
+    pad_mass = {b["name"]: plotly_array(b["y"]) for b in figure(padding)["data"]}
     assert np.all(pad_mass["padding mask on"] == 0) and np.all(pad_mass["padding mask off"] > 0)
     assert "left" in padding_note
     on_change = float(padding_note.split("move by at most ")[1].split(" ")[0])
@@ -451,7 +441,7 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
 def test_head_atlas_maps_every_head_lists_the_top_ones_and_opens_the_chosen_head(client, tiny_models):
     note, score_map, top, named, head_view = atlas(client, tiny_models["llama"])
     heat = figure(score_map)["data"][0]
-    z = array(heat["z"])
+    z = plotly_array(heat["z"])
     assert z.shape == (4, 2)  # heads down, layers across
     assert "layer %{x}, head %{y}" in heat["hovertemplate"]
     # the table: five heads per score, in order, and the best previous-token head is the map's largest tile
@@ -468,9 +458,9 @@ def test_head_atlas_maps_every_head_lists_the_top_ones_and_opens_the_chosen_head
     assert "≥ 0.5" in named and "previous-token head" in named and "none: no head passes" in named
     assert "Induction probe" in note and "first copy" in note and "second" in note
     # the chosen head is the Attention tab's head view of the same layer and head
-    hv = array(figure(head_view)["data"][0]["z"])
+    hv = plotly_array(figure(head_view)["data"][0]["z"])
     _, _, reference, _ = attention(client, tiny_models["llama"], layer=1, head="3")
-    np.testing.assert_allclose(hv, array(figure(reference)["data"][0]["z"]), atol=1e-6)
+    np.testing.assert_allclose(hv, plotly_array(figure(reference)["data"][0]["z"]), atol=1e-6)
     assert "Layer 1, head 3" in figure(head_view)["layout"]["title"]["text"]
     # the same text again: the session keeps its scores
     assert "kept from the last run" in atlas(client, tiny_models["llama"], score="induction")[0]
@@ -479,7 +469,7 @@ def test_head_atlas_maps_every_head_lists_the_top_ones_and_opens_the_chosen_head
 def test_head_atlas_induction_map_comes_from_the_probe(client, tiny_models):
     note, score_map, *_ = atlas(client, tiny_models["llama"], text="Something else entirely.", score="induction")
     fig = figure(score_map)
-    z = array(fig["data"][0]["z"])
+    z = plotly_array(fig["data"][0]["z"])
     assert z.shape == (4, 2) and 0 <= z.min() and z.max() <= 1
     assert "probe" in fig["layout"]["title"]["text"]
     first, second = (float(x.split("**")[1]) for x in note.split("first copy ")[1].split("nats")[:2])
@@ -490,7 +480,7 @@ def test_head_atlas_on_an_encoder_has_no_induction_and_says_why(client, tiny_mod
     note, score_map, top, named, head_view = atlas(client, tiny_models["bert"], score="local")
     assert "There is no induction score" in note and "causal" not in note.lower()
     assert "induction" not in named and not any("induction" in row[0] for row in top["data"])
-    z = array(figure(head_view)["data"][0]["z"])
+    z = plotly_array(figure(head_view)["data"][0]["z"])
     assert z[np.triu_indices(len(z), 1)].max() > 0.01  # both directions
     with pytest.raises(AppError, match="induction score is not available"):
         atlas(client, tiny_models["bert"], score="induction")
@@ -500,8 +490,8 @@ def test_ablating_heads_gives_the_loss_change_per_token_and_the_changed_predicti
     every_head = ", ".join(f"{layer}.{head}" for layer in range(2) for head in range(4))
     note, loss, changed = client.predict(tiny_models["llama"], TEXT, every_head, "zero", api_name="/ablate_heads")
     bars = figure(loss)["data"][0]
-    clean, ablated = array(bars["customdata"]).T
-    np.testing.assert_allclose(array(bars["y"]), ablated - clean, atol=1e-5)
+    clean, ablated = plotly_array(bars["customdata"]).T
+    np.testing.assert_allclose(plotly_array(bars["y"]), ablated - clean, atol=1e-5)
     assert len(bars["x"]) == len(clean) and bars["x"][0].startswith("1 ")  # bar i predicts token i + 1
     assert "predicting %{x}" in bars["hovertemplate"]
     mean_clean, mean_ablated = (float(x) for x in note.split("loss ")[1].split(" nats")[0].split(" → "))
@@ -535,7 +525,7 @@ def test_ablation_sweep_streams_progress_then_the_map_beside_the_score(client, t
     updates = list(job)
     assert len(updates) >= 3 and "Sweeping: 0 of 8 heads" in updates[0][0]
     note, fig = job.result()
-    increase, score = (array(trace["z"]) for trace in figure(fig)["data"])
+    increase, score = (plotly_array(trace["z"]) for trace in figure(fig)["data"])
     assert increase.shape == score.shape == (4, 2)
     assert "on 128 tokens (the text's first 128 tokens" in note
     rho = float(note.split("ρ = ")[1].split("**")[0])
@@ -543,7 +533,7 @@ def test_ablation_sweep_streams_progress_then_the_map_beside_the_score(client, t
     # the same text and ablation again: kept, only the score beside it changes
     again = client.predict(tiny_models["llama"], long_text, "zero", "local", api_name="/ablation_sweep")
     assert "kept from the last run" in again[0]
-    np.testing.assert_array_equal(array(figure(again[1])["data"][0]["z"]), increase)
+    np.testing.assert_array_equal(plotly_array(figure(again[1])["data"][0]["z"]), increase)
 
 
 def test_attribute_compares_attention_with_gradients_for_one_prediction(client, tiny_models):
@@ -553,13 +543,13 @@ def test_attribute_compares_attention_with_gradients_for_one_prediction(client, 
                                            "gradient × input", "integrated gradients"]
     for trace in traces:
         assert len(trace["x"]) == 6 and trace["x"][5].startswith("5 ")  # position 5 reads tokens 0..5
-        assert np.abs(array(trace["y"])).max() == pytest.approx(1.0, abs=1e-6)
-    np.testing.assert_allclose(array(traces[0]["customdata"]).sum(), 1.0, atol=1e-5)  # an attention row
+        assert np.abs(plotly_array(trace["y"])).max() == pytest.approx(1.0, abs=1e-6)
+    np.testing.assert_allclose(plotly_array(traces[0]["customdata"]).sum(), 1.0, atol=1e-5)  # an attention row
     corr = np.array([row[1:] for row in table["data"]], dtype=float)
     assert corr.shape == (5, 5)
     np.testing.assert_allclose(np.diag(corr), 1.0)
     np.testing.assert_allclose(corr, corr.T)
-    assert corr[0, 4] == pytest.approx(spearman(array(traces[0]["customdata"]), array(traces[4]["customdata"])),
+    assert corr[0, 4] == pytest.approx(spearman(plotly_array(traces[0]["customdata"]), plotly_array(traces[4]["customdata"])),
                                        abs=0.01)
     assert "completeness error" in note and "attention weights are not explanations" in note
     last = client.predict(tiny_models["llama"], TEXT, -1, 0, 0, 4, api_name="/attribute")[0]
@@ -590,7 +580,7 @@ def test_attribute_rejects_bad_settings_with_a_clear_message(client, tiny_models
 def test_logit_lens_reads_every_layer_as_a_prediction(client, tiny_models):
     note, fig = client.predict(tiny_models["llama"], TEXT, api_name="/logit_lens")
     heat, settles = figure(fig)["data"]
-    z = array(heat["z"])
+    z = plotly_array(heat["z"])
     n = len(heat["x"])
     assert z.shape == (2, n) and 0 <= z.min() and z.max() <= 1
     assert "top token here: %{customdata}" in heat["hovertemplate"]

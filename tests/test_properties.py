@@ -16,7 +16,6 @@ Text is random Unicode (emoji, CJK, right-to-left, control characters, NUL, spec
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import os
@@ -35,7 +34,7 @@ from gradio.components.plot import PlotData  # noqa: E402
 from hypothesis import HealthCheck, Phase, assume, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tiny_app_model import build_tiny_bert, build_tiny_llama  # noqa: E402
+from tiny_app_model import build_tiny_bert, build_tiny_llama, plotly_array  # noqa: E402
 from ui import lab, service  # noqa: E402
 
 MAX_FIGURE_BYTES = 2_000_000
@@ -268,15 +267,6 @@ def assert_small(updates) -> None:
         assert size < MAX_FIGURE_BYTES, f"a figure of {size:,} bytes of JSON ({title})"
 
 
-def plot_array(value) -> np.ndarray:
-    """A plotly array: a list, or the base64 typed array plotly writes for numpy data."""
-    if isinstance(value, dict) and "bdata" in value:
-        data = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
-        shape = [int(s) for s in str(value.get("shape", len(data))).split(",")]
-        return data.reshape(shape)
-    return np.asarray(value, dtype=np.float64)
-
-
 def assert_rows_sum_to_one(matrix, what: str) -> None:
     rows = np.asarray(matrix, dtype=np.float64)
     assert np.all(np.isfinite(rows)), f"{what}: not finite"
@@ -286,7 +276,7 @@ def assert_rows_sum_to_one(matrix, what: str) -> None:
 def head_view_rows(value, what: str) -> None:
     """A head view (cell by cell, or pooled to blocks): every row sums to 1."""
     ((_, fig),) = figures([value])
-    assert_rows_sum_to_one(plot_array(fig["data"][0]["z"]), what)
+    assert_rows_sum_to_one(plotly_array(fig["data"][0]["z"]), what)
 
 
 # ---------------------------------------------------------------- the service layer
@@ -537,7 +527,7 @@ def assert_mask_outputs(outputs) -> None:
     softmax = stages["data"][2::3]  # the third column of each row (causal mask on / off): the softmax
     assert len(softmax) == 2
     for trace in softmax:
-        assert_rows_sum_to_one(plot_array(trace["z"]), "a softmax stage of the mask demo")
+        assert_rows_sum_to_one(plotly_array(trace["z"]), "a softmax stage of the mask demo")
 
 
 @examples(5, shrink=False)

@@ -8,8 +8,10 @@ random, but every view of the app runs on them exactly as on a real model, in a 
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
+import numpy as np
 import torch
 
 CORPUS = [
@@ -168,3 +170,13 @@ def launch_app(model_names: list[str], default: str):
     args = Namespace(host="127.0.0.1", port=port, share=False)
     _, url, _ = demo.launch(**app.launch_options(args), prevent_thread_lock=True, quiet=True)
     return demo, url, store
+
+
+def plotly_array(value) -> np.ndarray:
+    """An array of a figure's JSON as the API returns it: a list, or the base64 typed array plotly writes for
+    numpy data."""
+    if isinstance(value, dict) and "bdata" in value:
+        data = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+        shape = [int(s) for s in str(value.get("shape", len(data))).split(",")]
+        return data.reshape(shape)
+    return np.asarray(value, dtype=np.float64)
