@@ -36,17 +36,13 @@ def fields(**kw):
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab-app")
     weights = root / "weights"
-    saved = {k: os.environ.get(k) for k in [*LAB_ENV, "ATTN_WEIGHTS_DIR"]}
-    os.environ.update(LAB_ENV, ATTN_WEIGHTS_DIR=str(weights))
-    llama = str(build_tiny_llama(root / "tiny-llama"))
-    demo, url, store = launch_app([llama], llama)
-    yield demo, url, weights, store
-    demo.close()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with pytest.MonkeyPatch.context() as patch:  # the settings hold for the module, then go back
+        for name, value in {**LAB_ENV, "ATTN_WEIGHTS_DIR": str(weights)}.items():
+            patch.setenv(name, value)
+        llama = str(build_tiny_llama(root / "tiny-llama"))
+        demo, url, store = launch_app([llama], llama)
+        yield demo, url, weights, store
+        demo.close()
 
 
 @pytest.fixture(scope="module")

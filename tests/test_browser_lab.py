@@ -26,17 +26,13 @@ LAB_ENV = {"ATTN_LAB_EVAL_EXAMPLES": "16"}
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory):
     root = tmp_path_factory.mktemp("browser-lab")
-    saved = {k: os.environ.get(k) for k in [*LAB_ENV, "ATTN_WEIGHTS_DIR"]}
-    os.environ.update(LAB_ENV, ATTN_WEIGHTS_DIR=str(root / "weights"))
-    llama = str(build_tiny_llama(root / "tiny-llama"))
-    demo, url, _ = launch_app([llama], llama)
-    yield url
-    demo.close()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with pytest.MonkeyPatch.context() as patch:  # the settings hold for the module, then go back
+        for name, value in {**LAB_ENV, "ATTN_WEIGHTS_DIR": str(root / "weights")}.items():
+            patch.setenv(name, value)
+        llama = str(build_tiny_llama(root / "tiny-llama"))
+        demo, url, _ = launch_app([llama], llama)
+        yield url
+        demo.close()
 
 
 @pytest.fixture

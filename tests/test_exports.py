@@ -40,15 +40,11 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(tiny):
-    saved = os.environ.get("ATTN_LAB_EVAL_EXAMPLES")
-    os.environ["ATTN_LAB_EVAL_EXAMPLES"] = "16"
-    demo, url, _ = launch_app([tiny["llama"], tiny["bert"]], tiny["llama"])
-    yield Client(url, verbose=False)
-    demo.close()
-    if saved is None:
-        os.environ.pop("ATTN_LAB_EVAL_EXAMPLES", None)
-    else:
-        os.environ["ATTN_LAB_EVAL_EXAMPLES"] = saved
+    with pytest.MonkeyPatch.context() as patch:  # a short Lab evaluation for this module only
+        patch.setenv("ATTN_LAB_EVAL_EXAMPLES", "16")
+        demo, url, _ = launch_app([tiny["llama"], tiny["bert"]], tiny["llama"])
+        yield Client(url, verbose=False)
+        demo.close()
 
 
 def read_csv(path: str) -> list[list[str]]:
