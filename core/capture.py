@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import padding_or_none
+from .observe import Kind, Observer
 
 
 def pool_last(x: Tensor, size: int) -> Tensor:
@@ -47,7 +48,7 @@ def store_rows(full: Tensor, block: Tensor, start: int) -> None:
     full[:, start:start + block.shape[1], :block.shape[-1]] = block
 
 
-class OverviewObserver:
+class OverviewObserver(Observer):
     """Pools each layer's probabilities as they are computed, a block of query rows at a time: keys first
     ([H, rows, n] → [H, rows, S]), then queries once the layer is done. Averaging over rectangles is separable,
     so this equals 2-D adaptive average pooling. Optionally keeps full maps (float16, or float32 for keep_layers)."""
@@ -55,16 +56,16 @@ class OverviewObserver:
     rows_per_block = 256
 
     def __init__(self, size: int, keep_full: bool, keep_layers=(), progress=None, n_layers: int = 0,
-                 kind: str = "self"):
+                 kind: Kind = "self"):
         self.size, self.keep_full, self.keep_layers, self.kind = size, keep_full, set(keep_layers), kind
         self.progress, self.n_layers = progress, n_layers
         self.pooled: dict[int, Tensor] = {}
         self.full: dict[int, Tensor] = {}
 
-    def wants(self, kind: str, layer: int) -> bool:
+    def wants(self, kind: Kind, layer: int) -> bool:
         return kind == self.kind
 
-    def __call__(self, kind: str, layer: int, probs: Tensor, start: int = 0, n: int | None = None) -> None:
+    def __call__(self, kind: Kind, layer: int, probs: Tensor, start: int = 0, n: int | None = None) -> None:
         block = probs[0]                                   # [H, rows, width ≤ n]
         heads, rows, width = block.shape
         n = n or width
@@ -82,18 +83,18 @@ class OverviewObserver:
                 self.progress(layer + 1, self.n_layers)
 
 
-class LayerObserver:
+class LayerObserver(Observer):
     """Keeps the full float32 probabilities of one layer, filled a block of rows at a time."""
 
     rows_per_block = 256
 
-    def __init__(self, layer: int, kind: str = "self"):
+    def __init__(self, layer: int, kind: Kind = "self"):
         self.layer, self.kind, self.probs = layer, kind, None
 
-    def wants(self, kind: str, layer: int) -> bool:
+    def wants(self, kind: Kind, layer: int) -> bool:
         return kind == self.kind and layer == self.layer
 
-    def __call__(self, kind: str, layer: int, probs: Tensor, start: int = 0, n: int | None = None) -> None:
+    def __call__(self, kind: Kind, layer: int, probs: Tensor, start: int = 0, n: int | None = None) -> None:
         block = probs[0]
         n = n or block.shape[-1]
         if start == 0:
@@ -122,10 +123,7 @@ class AttentionMaps:
             raise IndexError(f"layer {layer} is out of range: the model has layers 0..{n_layers - 1}")
         if layer in self.full:
             return self.full[layer].float()
-        observer = LayerObserver(layer, self.inputs["kind"])
-        with torch.inference_mode():
-            self.model.run_stack(observer=observer, n_layers=layer + 1, **self.inputs)
-        return observer.probs
+        return recompute_layer(self.model, self.inputs, layer)
 
     def head(self, layer: int, head: int | None = None, queries: tuple[int, int] | None = None,
              keys: tuple[int, int] | None = None) -> np.ndarray:
@@ -142,8 +140,8 @@ class AttentionMaps:
 
 def stack_inputs(model, input_ids: Tensor, attention_mask: Tensor | None = None, causal_mask: bool = True,
                  padding_mask: bool = True, scale: bool = True, positions: bool = True) -> dict:
-    """run_stack's arguments for the stack whose attention a capture records: the main one, or the encoder."""
-    stack, kind = (model.encoder, "encoder") if model.encoder is not None else (model.stack, "self")
+    """run_stack's arguments for the stack whose attention a capture records: model.attention_stack()."""
+    stack, kind = model.attention_stack()
     return dict(stack=stack, input_ids=input_ids.to(model.device),
                 attention_mask=padding_or_none(None if attention_mask is None else attention_mask.to(model.device)),
                 kind=kind, causal=causal_mask and stack.cfg.causal, padding_mask=padding_mask, scale=scale,
@@ -172,3 +170,22 @@ def capture(model, input_ids: Tensor, attention_mask: Tensor | None = None, over
         model.run_stack(observer=observer, **inputs)
     overview = torch.stack([observer.pooled[i] for i in sorted(observer.pooled)]).float().cpu().numpy()
     return AttentionMaps(overview=overview, n_tokens=n, model=model, inputs=inputs, full=observer.full)
+
+
+def recompute_layer(model, inputs: dict, layer: int) -> Tensor:
+    """[H, n, n] float32: one layer's probabilities by a pass through the blocks up to it (inputs: stack_inputs)."""
+    n_layers = inputs["stack"].cfg.n_layers
+    if not 0 <= layer < n_layers:
+        raise IndexError(f"layer {layer} is out of range: the model has layers 0..{n_layers - 1}")
+    observer = LayerObserver(layer, inputs["kind"])
+    with torch.inference_mode():
+        model.run_stack(observer=observer, n_layers=layer + 1, **inputs)
+    return observer.probs
+
+
+def layer_map(model, input_ids: Tensor, layer: int) -> Tensor:
+    """One layer's attention over one text input_ids [1, n] (a seq2seq model: its encoder's), every head:
+    [H, n, n] float32, by a forward pass up to that layer only."""
+    if input_ids.ndim != 2 or input_ids.shape[0] != 1:
+        raise ValueError(f"layer_map takes one text, input_ids [1, n]; got shape {list(input_ids.shape)}")
+    return recompute_layer(model, stack_inputs(model, input_ids), layer)

@@ -1,6 +1,7 @@
 """The model config: one dataclass that every family's config reader fills from config.json."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -56,3 +57,10 @@ class ModelConfig:
         if self.eos_token_id is None:
             return []
         return list(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else [self.eos_token_id]
+
+
+def encoder_config(cfg: ModelConfig) -> ModelConfig:
+    """The seq2seq encoder's own shape: bidirectional, its own depth, width and head count."""
+    heads = cfg.encoder_n_heads or cfg.n_heads
+    return dataclasses.replace(cfg, n_layers=cfg.n_encoder_layers, n_heads=heads, n_kv_heads=heads,
+                               d_ff=cfg.encoder_d_ff or cfg.d_ff, head_dim=cfg.d_model // heads, causal=False)

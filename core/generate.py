@@ -2,17 +2,22 @@
 
 Without the cache every new token would recompute keys and values for the whole prefix (quadratic work);
 with it, a decode step computes one query, one key and one value per layer and reads the rest from memory.
+greedy, filled_cache and step_times show that difference on one sequence: the same tokens either way, the
+bytes the cache takes, the seconds a step takes.
 """
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import Tensor
 
 from .attention import padding_or_none
+from .kv_cache import KVCache
+from .observe import RowRecorder
 
 
 @dataclass
@@ -73,32 +78,12 @@ def next_token(logits: Tensor, sampling: Sampling, seen: Tensor | None, generato
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-class RowRecorder:
-    """Observer that keeps the last query's attention row of every layer: what the model looked at while
-    it computed the next token. rows[kind][layer] is [B, H, Tk], kind "self" or (seq2seq) "cross"."""
-
-    def __init__(self):
-        self.rows: dict[str, dict[int, Tensor]] = {"self": {}, "cross": {}}
-
-    def __call__(self, kind: str, layer: int, probs: Tensor) -> None:
-        self.rows[kind][layer] = probs[:, :, -1].to(torch.float16)
-
-    def take(self, kind: str = "self") -> Tensor | None:
-        """[B, L, H, Tk] of one kind, emptied for the next token; None when that kind was not computed."""
-        found = self.rows[kind]
-        if not found:
-            return None
-        rows = torch.stack([found[i] for i in sorted(found)], dim=1)
-        self.rows[kind] = {}
-        return rows
-
-
 @dataclass
 class Step:
-    """One new token and what produced it, for a batch [B]: what stream(..., top_probs=k) yields (row 0 of it
-    for a single sequence). Probabilities are the model's own, softmax of the logits at temperature 1, before
-    any sampling filter, so they show where a sampled token ranked."""
-    token: Tensor                    # [B] the token that was picked
+    """One new token and what produced it, for a batch [B]: what stream yields (row 0 of it for a single
+    sequence, its token an int). Probabilities are the model's own, softmax of the logits at temperature 1,
+    before any sampling filter, so they show where a sampled token ranked."""
+    token: Tensor | int              # [B] the token that was picked
     rows: Tensor | None              # [B, L, H, Tk] float16: self-attention of the query that produced it
     cross_rows: Tensor | None        # [B, L, H, S] float16: its cross-attention over the source (seq2seq)
     top_ids: Tensor | None           # [B, k] the k most likely next tokens, most likely first
@@ -149,29 +134,39 @@ def decode_step(model, tokens: Tensor, cache, observer=None, **context) -> Tenso
     return model.logits(hidden)[:, -1]
 
 
-def new_cache(model, batch: int, max_len: int, compile: bool):
-    """A KV cache for one generation. The compiled step keeps one per model, its length rounded up to a multiple
-    of 256, so that other prompt lengths reuse the same graph and the same addresses (a CUDA graph reads them)."""
-    if not compile:
-        return model.new_cache(batch, max_len)
-    max_len = -(-max_len // 256) * 256
-    cache = getattr(model, "_static_cache", None)
-    if cache is None or cache.key_mask.shape != (batch, max_len) or cache.keys[0].dtype != model.dtype:
-        cache = model._static_cache = model.new_cache(batch, max_len)
-    cache.reset()
-    return cache
+class CompiledDecoding:
+    """The model's compiled one-token step and the cache it reads, built on first use (compile=True) and kept
+    between generations. The cache's length is rounded up to a multiple of 256, so that other prompt lengths
+    reuse the same graph and the same addresses (a CUDA graph reads them)."""
+
+    def __init__(self):
+        self.cache: KVCache | None = None
+        self.step: Callable | None = None   # decode_step through torch.compile
+
+    def cache_for(self, model, batch: int, max_len: int) -> KVCache:
+        """The kept cache, emptied, or a new one when the batch, the rounded length or the dtype changed."""
+        max_len = -(-max_len // 256) * 256
+        cache = self.cache
+        if cache is None or cache.key_mask.shape != (batch, max_len) or cache.keys[0].dtype != model.dtype:
+            cache = self.cache = model.new_cache(batch, max_len)
+        cache.reset()
+        return cache
+
+    def step_for(self, model, cache: KVCache) -> Callable:
+        """decode_step through torch.compile (CUDA graphs on a GPU: mode "reduce-overhead"), built once. The
+        cache's tensors are marked as fixed addresses, as a CUDA graph reads them in place. Compiling takes
+        minutes on a small CPU, so it is asked for (compile=True), not the default."""
+        for t in cache.keys + cache.values + [cache.key_mask, cache.slot, cache.next_position]:
+            torch._dynamo.mark_static_address(t)
+        if self.step is None:
+            mode = "reduce-overhead" if model.device.type == "cuda" else None
+            self.step = torch.compile(decode_step, mode=mode, fullgraph=True)
+        return self.step
 
 
-def compiled_decode_step(model, cache):
-    """decode_step through torch.compile (CUDA graphs on a GPU: mode "reduce-overhead"), built once per model.
-    The cache's tensors are marked as fixed addresses, as a CUDA graph reads them in place. Compiling takes
-    minutes on a small CPU, so it is asked for (compile=True), not the default."""
-    for t in cache.keys + cache.values + [cache.key_mask, cache.slot, cache.next_position]:
-        torch._dynamo.mark_static_address(t)
-    if getattr(model, "_compiled_decode", None) is None:
-        mode = "reduce-overhead" if model.device.type == "cuda" else None
-        model._compiled_decode = torch.compile(decode_step, mode=mode, fullgraph=True)
-    return model._compiled_decode
+def generation_cache(model, batch: int, max_len: int, compile: bool) -> KVCache:
+    """A KV cache for one generation: the compiled step's kept one (see CompiledDecoding), else a new one."""
+    return model.decoding.cache_for(model, batch, max_len) if compile else model.new_cache(batch, max_len)
 
 
 def steps(model, input_ids: Tensor, max_new_tokens: int, sampling: Sampling, attention_mask: Tensor | None = None,
@@ -204,18 +199,18 @@ def steps(model, input_ids: Tensor, max_new_tokens: int, sampling: Sampling, att
         if cfg.is_encoder_decoder:
             # the encoder runs once; each decoder layer caches its cross-attention keys/values on the first step
             memory = model.run_stack(model.encoder, input_ids, attention_mask, kind="encoder", causal=False)
-            cache = new_cache(model, batch, budget + 1, compile)
+            cache = generation_cache(model, batch, budget + 1, compile)
             tokens = torch.full((batch, 1), cfg.decoder_start_token_id, device=device)
             context = dict(memory=memory, memory_mask=attention_mask)
             prompt_mask = None
         else:
-            cache = new_cache(model, batch, prompt_len + budget, compile)
+            cache = generation_cache(model, batch, prompt_len + budget, compile)
             tokens, context, prompt_mask = input_ids, {}, attention_mask
         seen = None
         if sampling.repetition_penalty != 1.0:
             seen = torch.zeros(batch, cfg.vocab_size, dtype=torch.bool, device=device)
             seen.scatter_(1, tokens if cfg.is_encoder_decoder else input_ids, True)
-    step_fn = compiled_decode_step(model, cache) if compile and recorder is None else decode_step
+    step_fn = model.decoding.step_for(model, cache) if compile and recorder is None else decode_step
     for index in range(budget):
         with torch.inference_mode():
             if index == 0:
@@ -227,7 +222,7 @@ def steps(model, input_ids: Tensor, max_new_tokens: int, sampling: Sampling, att
                     if step_fn is decode_step:
                         raise
                     warnings.warn(f"compiled decode step failed ({type(err).__name__}: {err}); continuing uncompiled")
-                    model._compiled_decode, step_fn = None, decode_step  # the same slot is written again
+                    model.decoding.step, step_fn = None, decode_step  # the same slot is written again
                     logits = decode_step(model, tokens, cache, recorder, **context)
                 cache.advance(1)
             token = next_token(logits, sampling, seen, generator)
@@ -254,7 +249,7 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, temperature: float =
              top_p: float | None = None, repetition_penalty: float = 1.0, seed: int | None = None,
              stop: list[str] | str | None = None, attention_mask: Tensor | None = None, compile: bool = False) -> Tensor:
     """The prompt followed by the new tokens: [B, T + new] (for seq2seq: decoder start token + new tokens).
-    compile=True runs the one-token decode step through torch.compile (for GPUs; see compiled_decode_step)."""
+    compile=True runs the one-token decode step through torch.compile (for GPUs; see CompiledDecoding)."""
     sampling = Sampling(temperature, top_k, top_p, repetition_penalty, seed)
     new = [step.token for step in steps(model, input_ids, max_new_tokens, sampling, attention_mask, stop,
                                         compile=compile)]
@@ -268,28 +263,112 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, temperature: float =
 def stream(model, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
            top_p: float | None = None, repetition_penalty: float = 1.0, seed: int | None = None,
            stop: list[str] | str | None = None, attention_mask: Tensor | None = None,
-           capture_attention: bool = False, compile: bool = False, top_probs: int = 0) -> Iterator:
-    """Yield each new token id (an int) as soon as it is made; a batch yields tensors [B].
-    With capture_attention, yield (token, rows) where rows [L, H, Tk] float16 is the attention of the
-    query that produced this token, per layer and head, over the context so far.
-    With top_probs = k > 0, yield a Step instead (Step.row(0) of it for a single sequence, its token an int):
-    the model's k most likely tokens and their probabilities, the picked token's probability and rank, and,
-    with capture_attention too, its self-attention rows and (seq2seq) its cross-attention rows."""
+           capture_attention: bool = False, compile: bool = False, top_probs: int = 0) -> Iterator[Step]:
+    """Yield a Step for each new token as soon as it is made: for one sequence (input_ids [1, T]) row 0 of it,
+    its token an int; for a batch the whole Step, token [B].
+    capture_attention fills rows, the attention of the query that produced the token per layer and head over
+    the context so far ([L, H, Tk] float16 for one sequence), and for seq2seq cross_rows over the source.
+    top_probs = k > 0 fills the model's k most likely tokens and their probabilities and the picked token's
+    probability and rank. Fields not asked for are None."""
     sampling = Sampling(temperature, top_k, top_p, repetition_penalty, seed)
     single = input_ids.shape[0] == 1
     for step in steps(model, input_ids, max_new_tokens, sampling, attention_mask, stop, capture_attention,
                       compile, top_probs):
-        if top_probs > 0:
-            if single:
-                step = step.row(0)
-                step.token = int(step.token)
-            yield step
-            continue
-        out = int(step.token[0]) if single else step.token
-        if capture_attention:
-            yield out, (step.rows[0] if single else step.rows)
-        else:
-            yield out
+        if single:
+            step = step.row(0)
+            step.token = int(step.token)
+        yield step
+
+
+# ---- one sequence with and without the cache: the same tokens, the bytes it takes, the time a step takes ----
+
+def device_clock(model) -> Callable[[], float]:
+    """perf_counter read once the model's device has finished its queued work (a GPU runs asynchronously)."""
+    def clock() -> float:
+        if model.device.type == "cuda":
+            torch.cuda.synchronize(model.device)
+        return time.perf_counter()
+    return clock
+
+
+def one_sequence(ids: list[int], device) -> Tensor:
+    """Token ids as input_ids [1, T] on the model's device."""
+    return torch.tensor([ids], dtype=torch.long, device=device)
+
+
+def encoder_context(model, source_ids: list[int] | None) -> dict:
+    """The decoder's cross-attention context: a seq2seq model's encoder output over source_ids, computed once
+    ({} for a decoder-only model, which takes no source)."""
+    if not model.config.is_encoder_decoder:
+        if source_ids:
+            raise ValueError(f"source_ids are for encoder-decoder models; {model.config.family} here is "
+                             "decoder-only: pass the prompt as decoder_ids")
+        return {}
+    if source_ids is None:
+        raise ValueError("an encoder-decoder model needs source_ids, the text its encoder reads")
+    with torch.inference_mode():
+        memory = model.run_stack(model.encoder, one_sequence(source_ids, model.device), None, kind="encoder",
+                                 causal=False)
+    return dict(memory=memory, memory_mask=None)
+
+
+def greedy(model, decoder_ids: list[int], n_new: int, cached: bool, source_ids: list[int] | None = None,
+           clock: Callable[[], float] | None = None) -> tuple[list[int], list[float]]:
+    """Greedy continuation of decoder_ids by up to n_new tokens, stopping after an end-of-sequence token: with
+    the KV cache (a prefill, then one-token decode steps) or without (every step runs all tokens so far through
+    the model). For seq2seq, source_ids is encoded once (not timed) and the decoder starts from decoder_ids.
+    Returns the new tokens and the seconds each step took, read from `clock` (default: device_clock)."""
+    clock = clock or device_clock(model)
+    context = encoder_context(model, source_ids)
+    eos = set(model.config.eos_ids or [])
+    tokens, seconds = list(decoder_ids), []
+    cache = model.new_cache(1, len(decoder_ids) + n_new) if cached else None
+    with torch.inference_mode():
+        for i in range(n_new):
+            started = clock()
+            if cache is None or i == 0:
+                logits = prefill(model, one_sequence(tokens, model.device), None, cache, **context)
+            else:
+                logits = decode_step(model, one_sequence(tokens[-1:], model.device), cache, None, **context)
+                cache.advance(1)
+            token = int(logits.argmax(-1)[0])
+            seconds.append(clock() - started)
+            tokens.append(token)
+            if token in eos:
+                break
+    return tokens[len(decoder_ids):], seconds
+
+
+def filled_cache(model, decoder_ids: list[int], source_ids: list[int] | None = None) -> KVCache:
+    """The KV cache of exactly len(decoder_ids) tokens, filled by a prefill; for seq2seq it also holds the
+    cross-attention keys and values of the source. Its nbytes is what the cache costs at that length."""
+    context = encoder_context(model, source_ids)
+    cache = model.new_cache(1, len(decoder_ids))
+    with torch.inference_mode():
+        prefill(model, one_sequence(decoder_ids, model.device), None, cache, **context)
+    return cache
+
+
+def step_times(model, tokens: list[int], repeats: int, source_ids: list[int] | None = None,
+               clock: Callable[[], float] | None = None) -> tuple[float, list[float]]:
+    """What one step costs at len(tokens) tokens of context: the seconds of one pass over all of them without a
+    cache, and of each of `repeats` one-token decode steps after a cached prefill of the same tokens (each
+    step feeds the last token again; the prefill is not timed)."""
+    clock = clock or device_clock(model)
+    context = encoder_context(model, source_ids)
+    with torch.inference_mode():
+        started = clock()
+        prefill(model, one_sequence(tokens, model.device), None, None, **context)
+        uncached = clock() - started
+        cache = model.new_cache(1, len(tokens) + repeats)
+        prefill(model, one_sequence(tokens, model.device), None, cache, **context)
+        cached = []
+        for _ in range(repeats):
+            started = clock()
+            decode_step(model, one_sequence(tokens[-1:], model.device), cache, None, **context)
+            cache.advance(1)
+            cached.append(clock() - started)
+    return uncached, cached
 
 
 def chat_ids(tokenizer, prompt: str | list[dict], system: str | None = None) -> Tensor:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .model import Probe
+from .observe import Kind, Observer
+from .probe import Probe
 
 LOCAL_WINDOW = 3  # |i - j| ≤ 3 counts as local
 IG_TOKENS_PER_PASS = 1024  # integrated gradients: path points × tokens in one backward pass
@@ -51,17 +52,17 @@ def row_scores(probs: Tensor, ids: Tensor) -> dict[str, Tensor]:
     return out
 
 
-class ScoreObserver:
-    """Scores every layer of the main stack as its probabilities are computed; never keeps an n × n map."""
+class ScoreObserver(Observer):
+    """Scores every layer of one stack as its probabilities are computed; never keeps an n × n map."""
 
-    def __init__(self, ids: Tensor, kind: str = "self"):
+    def __init__(self, ids: Tensor, kind: Kind = "self"):
         self.ids, self.kind = ids, kind
         self.layers: dict[int, dict[str, Tensor]] = {}
 
-    def wants(self, kind: str, layer: int) -> bool:
+    def wants(self, kind: Kind, layer: int) -> bool:
         return kind == self.kind
 
-    def __call__(self, kind: str, layer: int, probs: Tensor) -> None:
+    def __call__(self, kind: Kind, layer: int, probs: Tensor, start: int = 0, n: int | None = None) -> None:
         self.layers[layer] = row_scores(probs[0], self.ids)
 
     def table(self) -> dict[str, Tensor]:
@@ -72,7 +73,7 @@ class ScoreObserver:
 
 def pattern_scores(model, ids: Tensor) -> dict[str, Tensor]:
     """Every head's attention-pattern scores on one text ids [1, T] (the encoder's, for seq2seq): name → [L, H]."""
-    stack, kind = (model.encoder, "encoder") if model.encoder is not None else (model.stack, "self")
+    stack, kind = model.attention_stack()
     observer = ScoreObserver(ids[0].to(model.device), kind)
     with torch.inference_mode():
         model.run_stack(stack, ids.to(model.device), None, kind=kind, causal=stack.cfg.causal, observer=observer)
@@ -100,6 +101,20 @@ class InductionResult:
     ids: Tensor             # the probe [1, n]
 
 
+class InductionObserver(Observer):
+    """Per main-stack layer and head, the mean weight from query queries[i] to key targets[i]: scores[layer] [H]."""
+
+    def __init__(self, queries: Tensor, targets: Tensor):
+        self.queries, self.targets = queries, targets
+        self.scores: dict[int, Tensor] = {}
+
+    def wants(self, kind: Kind, layer: int) -> bool:
+        return kind == "self"
+
+    def __call__(self, kind: Kind, layer: int, probs: Tensor, start: int = 0, n: int | None = None) -> None:
+        self.scores[layer] = probs[0][:, self.queries, self.targets].float().mean(-1)
+
+
 def induction(model, length: int = 100, seed: int = 0) -> InductionResult:
     """The induction probe through the model (decoders only)."""
     if not model.config.causal or model.lm_head is None or model.encoder is not None:
@@ -112,16 +127,13 @@ def induction(model, length: int = 100, seed: int = 0) -> InductionResult:
     n = ids.shape[1]
     second = torch.arange(offset + length + 1, n, device=model.device)   # second-copy queries with a copy before
     target = second - length + 1                                          # the token after the earlier copy
-    scores = {}
-
-    def observe(kind: str, layer: int, probs: Tensor) -> None:
-        scores[layer] = probs[0][:, second, target].float().mean(-1)     # [H]
-    observe.wants = lambda kind, layer: kind == "self"
+    observer = InductionObserver(second, target)
     with torch.inference_mode():
-        logits = model(ids, observer=observe).logits[0].float()
+        logits = model(ids, observer=observer).logits[0].float()
         losses = token_losses(logits, ids[0])                             # [n - 1]
     first_span = slice(offset, offset + length - 1)                       # predicting tokens 2..length of copy 1
     second_span = slice(offset + length, n - 1)
+    scores = observer.scores
     return InductionResult(torch.stack([scores[i] for i in sorted(scores)]).cpu(),
                            losses[first_span].mean().item(), losses[second_span].mean().item(), ids.cpu())
 

@@ -4,15 +4,15 @@ Every family (GPT-2, Llama, BERT, Marian) is this one model with a different Mod
 core/families/ holds only config readers and weight-name tables. Parameters keep the checkpoint's layout
 (nn.Linear's [out, in]), with q/k/v fused into one matrix and gate/up into another (rows concatenated).
 
-One forward pass can also record internals by stable names and remove chosen heads (see Probe), return the
-logit lens, and let gradients reach the token embeddings.
+One forward pass can also show its attention to an observer (core/observe.py), record internals by stable
+names, remove chosen heads and return the logit lens (core/probe.py, which also splits weights by head), and
+let gradients reach the token embeddings. Generating reads and writes a KV cache (core/kv_cache.py).
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -20,107 +20,11 @@ from torch import Tensor, nn
 
 from . import generate as generation
 from .attention import attention, attention_rows, causal_mask as causal_matrix, padding_or_none
-from .config import ModelConfig
+from .config import ModelConfig, encoder_config
+from .kv_cache import KVCache
 from .layers import ACTIVATIONS, FeedForward, Norm, rope_cos_sin, rope_inv_freq, rotate, sinusoidal_encoding
-
-# An observer sees attention probabilities as they are computed: observer(kind, layer, probs [B, H, Tq, Tk]).
-# kind is "self" (the main stack), "encoder" or "cross". `observer.wants(kind, layer)` picks the layers
-# that take the explicit path; the others keep the fused fast path. An observer with `rows_per_block`
-# receives the rows in blocks instead, observer(kind, layer, probs [B, H, rows, width], first_row, Tk)
-# (keys from width on have probability 0), and the layer's output is computed from those same blocks:
-# this is how long texts are captured (core/capture.py).
-Observer = Callable[[str, int, Tensor], None]
-
-# What a forward pass can record, per layer (TransformerLens's names, without "hook_"). [B, T, d] unless noted.
-RECORDABLE = (
-    "resid_pre",    # the block's input
-    "attn_in",      # what self-attention reads: norm(resid_pre) in Pre-LN blocks, resid_pre in Post-LN ones
-    "q", "k", "v",  # per head [B, T, H (k, v: H_kv), d_head], queries and keys after RoPE
-    "pattern",      # attention probabilities [B, H, Tq, Tk] float32
-    "z",            # per-head outputs softmax(QKᵀ/√d_k)·V before W^O [B, T, H, d_head] (after any ablation)
-    "attn_out",     # the self-attention sublayer's output, W^O·z + b
-    "cross_in", "cross_out",  # the cross-attention sublayer (decoder of an encoder-decoder model)
-    "mlp_in", "mlp_out",      # the feed-forward sublayer
-    "resid_post",   # the block's output
-)
-
-
-class Probe:
-    """What one forward pass records and changes. Names are RECORDABLE for the main stack and "encoder."
-    + name for the encoder of an encoder-decoder model; `records[name][layer]` holds the values.
-
-    ablate_heads: (layer, head) pairs of the main stack's self-attention whose output is removed before W^O:
-    set to 0 (ablation="zero") or to the head's mean output over the input's real positions ("mean"); or a bool
-    tensor [B, L, H] that picks heads per row of the batch (a sweep ablates a different head in each row)."""
-
-    def __init__(self, cfg: ModelConfig, record: Iterable[str] = (),
-                 ablate_heads: Iterable[tuple[int, int]] | Tensor = (), ablation: str = "zero"):
-        self.record = set(record)
-        unknown = sorted(n for n in self.record if n.removeprefix("encoder.") not in RECORDABLE)
-        if unknown:
-            raise ValueError(f"cannot record {', '.join(unknown)}; names are {', '.join(RECORDABLE)} "
-                             "(prefixed 'encoder.' for a seq2seq encoder)")
-        if ablation not in ("zero", "mean"):
-            raise ValueError(f"ablation must be 'zero' or 'mean', got {ablation!r}")
-        self.ablation = ablation
-        self.ablate = None  # bool [B or 1, L, H]: the heads whose output is removed
-        if isinstance(ablate_heads, Tensor):
-            if tuple(ablate_heads.shape[1:]) != (cfg.n_layers, cfg.n_heads):
-                raise ValueError(f"ablate_heads as a tensor must be bool [batch, {cfg.n_layers}, {cfg.n_heads}], "
-                                 f"got {list(ablate_heads.shape)}")
-            self.ablate = ablate_heads.bool()
-        elif ablate_heads:
-            self.ablate = torch.zeros(1, cfg.n_layers, cfg.n_heads, dtype=torch.bool)
-            for layer, head in ablate_heads:
-                if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
-                    raise IndexError(f"cannot ablate head ({layer}, {head}): the model has layers "
-                                     f"0..{cfg.n_layers - 1} and heads 0..{cfg.n_heads - 1}")
-                self.ablate[0, layer, head] = True
-        # read once on the host, so layers without an ablated head skip the work
-        self.ablated_layers = set() if self.ablate is None else set(self.ablate.any(-1).any(0).nonzero()[:, 0].tolist())
-        self.records: dict[str, dict[int, Tensor]] = {}
-
-    @staticmethod
-    def full_name(kind: str, name: str) -> str:
-        return f"encoder.{name}" if kind == "encoder" else name
-
-    def wants(self, kind: str, name: str) -> bool:
-        return self.full_name(kind, name) in self.record
-
-    def keep(self, kind: str, name: str, layer: int, value: Tensor) -> None:
-        full = self.full_name(kind, name)
-        if full in self.record:
-            self.records.setdefault(full, {})[layer] = value
-
-    def ablated(self, kind: str, layer: int, z: Tensor, query_mask: Tensor | None) -> Tensor:
-        """z [B, H, T, d_head] with the chosen heads of this layer removed."""
-        if kind != "self" or layer not in self.ablated_layers:
-            return z
-        if self.ablation == "zero":
-            replacement = torch.zeros_like(z)
-        else:  # each head's output averaged over the real positions of its row
-            weight = torch.ones(z.shape[0], z.shape[2], device=z.device) if query_mask is None else query_mask.float()
-            weight = (weight / weight.sum(-1, keepdim=True))[:, None, :, None].to(z.dtype)   # [B, 1, T, 1]
-            replacement = (z * weight).sum(2, keepdim=True).expand_as(z)
-        chosen = self.ablate[:, layer].to(z.device)[:, :, None, None]                          # [B or 1, H, 1, 1]
-        return torch.where(chosen, replacement, z)
-
-    def layers(self, name: str) -> tuple[Tensor, ...]:
-        found = self.records.get(name, {})
-        return tuple(found[i] for i in sorted(found))
-
-
-@dataclass
-class LogitLens:
-    """Each layer's residual stream read as a prediction: final norm (where the stack has one), then the
-    LM head. values [L, B, T, k]: the k largest logits, indices their token ids, probs their probabilities;
-    with top_k None, values holds every logit [L, B, T, vocab] and indices and probs are None.
-    final_probs [L, B, T]: the probability each layer gives to the last layer's top token.
-    The last layer's row equals the model's logits."""
-    values: Tensor
-    indices: Tensor | None
-    probs: Tensor | None
-    final_probs: Tensor
+from .observe import AttentionRecorder, Kind, Observer
+from .probe import HeadWeights, LogitLens, Probe, read_logit_lens, split_by_head
 
 
 @dataclass
@@ -131,24 +35,9 @@ class ModelOutput:
     encoder_attentions: tuple[Tensor, ...] | None = None
     cross_attentions: tuple[Tensor, ...] | None = None
     encoder_hidden_states: Tensor | None = None
-    records: dict[str, tuple[Tensor, ...]] | None = None  # name → one tensor per layer (see RECORDABLE)
+    records: dict[str, tuple[Tensor, ...]] | None = None  # name → one tensor per layer (see probe.RECORDABLE)
     logit_lens: LogitLens | None = None
     token_embeddings: Tensor | None = None      # [B, T, d], the leaf that gradients reach (grad=True)
-
-
-@dataclass
-class HeadWeights:
-    """One attention layer's weights split by head (TransformerLens's convention): views of the parameters.
-    Head h computes q = x·W_Q[h] + b_Q[h], k and v likewise (query head h reads key/value head
-    h // (H / H_kv)), z = softmax(qkᵀ/√d_k + M)·v, and the layer's output is Σ_h z_h·W_O[h] + b_O."""
-    W_Q: Tensor                 # [H, d_model, d_head]
-    W_K: Tensor                 # [H_kv, d_model, d_head]
-    W_V: Tensor                 # [H_kv, d_model, d_head]
-    W_O: Tensor                 # [H, d_head, d_model]
-    b_Q: Tensor | None          # [H, d_head]
-    b_K: Tensor | None          # [H_kv, d_head]
-    b_V: Tensor | None          # [H_kv, d_head]
-    b_O: Tensor | None          # [d_model]
 
 
 @dataclass
@@ -158,79 +47,21 @@ class AttentionSetup:
     is_causal: bool                 # add the standard causal mask (cheaper than building it)
     scale: float | None             # None: 1/√d_k; 1.0: scaling switched off
     rope: tuple[Tensor, Tensor] | None  # cos, sin [B, 1, T, d_k]
-    kind: str = "self"
+    kind: Kind = "self"
     observer: Observer | None = None
     probe: Probe | None = None
     query_mask: Tensor | None = None        # bool [B, Tq], False on padding (mean ablation averages the rest)
-    cache: "KVCache | None" = None
+    cache: KVCache | None = None
     slot: Tensor | None = None              # [1] long: the cache position a one-token static step writes
     memory: Tensor | None = None            # encoder output for cross-attention [B, S, d]
     memory_allowed: Tensor | None = None    # bool [B, 1, 1, S]: the encoder's real tokens
 
-    def observes(self, kind: str, layer: int) -> bool:
+    def observes(self, kind: Kind, layer: int) -> bool:
         """The observer takes this layer's probabilities."""
-        if self.observer is None:
-            return False
-        wants = getattr(self.observer, "wants", None)
-        return wants is None or wants(kind, layer)
+        return self.observer is not None and self.observer.wants(kind, layer)
 
-    def records_pattern(self, kind: str) -> bool:
+    def records_pattern(self, kind: Kind) -> bool:
         return self.probe is not None and kind != "cross" and self.probe.wants(kind, "pattern")
-
-
-class KVCache:
-    """Preallocated keys and values, one [B, H_kv, max_len, d_k] tensor per layer, indexed by position.
-
-    A prompt (or any chunk) is written after the filled positions; a one-token decode step writes at the
-    device-side index `slot` and reads the whole cache under a mask, so its shapes never change (what CUDA
-    graphs and torch.compile need) and it never waits for the host. `key_mask` [B, max_len] is False on padding.
-    For seq2seq, `cross` holds each decoder layer's keys and values of the encoder output, computed once.
-    """
-
-    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str):
-        shape = (batch, n_kv_heads, max_len, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.key_mask = torch.ones(batch, max_len, dtype=torch.bool, device=device)
-        self.max_len = max_len
-        self.length = 0                                                     # filled positions, on the host
-        self.slot = torch.zeros(1, dtype=torch.long, device=device)          # the same count, on the device
-        self.next_position = torch.zeros(batch, dtype=torch.long, device=device)  # position id of the next token
-        self.cross: list[tuple[Tensor, Tensor] | None] = [None] * n_layers
-
-    def write(self, layer: int, k: Tensor, v: Tensor, slot: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Store the new k, v [B, H_kv, T, d_k]; return the keys and values attention reads."""
-        keys, values = self.keys[layer], self.values[layer]
-        if slot is not None:  # one token at a device-side index; the mask hides the unfilled rest
-            keys.index_copy_(2, slot, k)
-            values.index_copy_(2, slot, v)
-            return keys, values
-        end = self.length + k.shape[2]
-        keys[:, :, self.length:end] = k
-        values[:, :, self.length:end] = v
-        return keys[:, :, :end], values[:, :, :end]
-
-    def reset(self) -> None:
-        """Empty again, keeping the same tensors (old keys stay but are masked until overwritten)."""
-        self.key_mask.fill_(True)
-        self.length = 0
-        self.slot.zero_()
-        self.next_position.zero_()
-        self.cross = [None] * len(self.keys)
-
-    def advance(self, n: int) -> None:
-        """After n tokens were written: the host count, its device copy, and each row's next position id
-        (the count of its real tokens, as positions skip padding). No host sync."""
-        self.length += n
-        self.slot.fill_(self.length)
-        self.next_position.copy_(self.key_mask[:, :self.length].sum(-1))
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes allocated for keys and values (cross-attention's included)."""
-        tensors = self.keys + self.values + [t for kv in self.cross if kv is not None for t in kv]
-        return sum(t.numel() * t.element_size() for t in tensors)
 
 
 class Attention(nn.Module):
@@ -264,19 +95,6 @@ class Attention(nn.Module):
         q, k = qk.split([self.n_heads, self.n_kv_heads], dim=1)
         return q, k, v
 
-    def head_weights(self) -> HeadWeights:
-        d, hd, h, h_kv = self.out.weight.shape[0], self.head_dim, self.n_heads, self.n_kv_heads
-        if hasattr(self, "qkv"):
-            w, b = self.qkv.weight, self.qkv.bias
-        else:  # cross-attention: the same rows, in two matrices
-            w = torch.cat([self.q.weight, self.kv.weight])
-            b = None if self.q.bias is None else torch.cat([self.q.bias, self.kv.bias])
-        sizes = [h * hd, h_kv * hd, h_kv * hd]
-        W_Q, W_K, W_V = (m.view(-1, hd, d).transpose(1, 2) for m in w.split(sizes))   # [heads, d, d_head]
-        b_Q, b_K, b_V = (None,) * 3 if b is None else (m.view(-1, hd) for m in b.split(sizes))
-        W_O = self.out.weight.view(d, h, hd).permute(1, 2, 0)                           # [H, d_head, d]
-        return HeadWeights(W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, self.out.bias)
-
     def forward(self, x: Tensor, setup: AttentionSetup, layer: int, cross: bool = False) -> Tensor:
         kind, cache, probe = ("cross" if cross else setup.kind), setup.cache, setup.probe
         if cross:
@@ -304,10 +122,10 @@ class Attention(nn.Module):
         return self.out(z)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_causal: bool,
-               setup: AttentionSetup, kind: str, layer: int) -> Tensor:
+               setup: AttentionSetup, kind: Kind, layer: int) -> Tensor:
         """Eq. 2.1 on the fast path, or on the explicit one when the probabilities are wanted."""
         observe, keep = setup.observes(kind, layer), setup.records_pattern(kind)
-        rows = getattr(setup.observer, "rows_per_block", None) if observe and not keep else None
+        rows = setup.observer.rows_per_block if observe and not keep else None
         if rows:  # an observer that takes the probabilities a block of query rows at a time
             out = q.new_empty(q.shape[0], self.n_heads, q.shape[2], self.head_dim)
             scale = self.head_dim ** -0.5 if setup.scale is None else setup.scale
@@ -424,13 +242,6 @@ class LMHead(nn.Module):
         return F.linear(h, embedding if self.weight is None else self.weight, self.bias)
 
 
-def encoder_config(cfg: ModelConfig) -> ModelConfig:
-    """The seq2seq encoder's own shape: bidirectional, its own depth, width and head count."""
-    heads = cfg.encoder_n_heads or cfg.n_heads
-    return dataclasses.replace(cfg, n_layers=cfg.n_encoder_layers, n_heads=heads, n_kv_heads=heads,
-                               d_ff=cfg.encoder_d_ff or cfg.d_ff, head_dim=cfg.d_model // heads, causal=False)
-
-
 def positions_from_mask(key_mask: Tensor | None, start: int, n: int, batch: int, device) -> Tensor:
     """Position ids [B, n] of the n newest tokens: count of real tokens before each (so left padding is
     skipped), or simply start..start+n-1 with no padding."""
@@ -480,6 +291,7 @@ class Transformer(nn.Module):
         else:
             self.inv_freq = None
         self.tokenizer = None  # set by load_model
+        self.decoding = generation.CompiledDecoding()  # the compiled decode step and its cache, once asked for
 
     @property
     def device(self) -> torch.device:
@@ -489,7 +301,12 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.stack.embed.tokens.weight.dtype
 
-    def head_weights(self, layer: int, kind: str = "self") -> HeadWeights:
+    def attention_stack(self) -> tuple[Stack, Kind]:
+        """The stack that reads the text, whose self-attention the views show: a seq2seq model's encoder
+        ("encoder"), else the main stack ("self")."""
+        return (self.encoder, "encoder") if self.encoder is not None else (self.stack, "self")
+
+    def head_weights(self, layer: int, kind: Kind = "self") -> HeadWeights:
         """W_Q, W_K, W_V [heads, d_model, d_head] and W_O [H, d_head, d_model] of one layer's attention:
         kind "self" (the main stack), "encoder" or "cross" (a seq2seq decoder's cross-attention)."""
         stack = self.encoder if kind == "encoder" else self.stack
@@ -499,7 +316,7 @@ class Transformer(nn.Module):
         if not 0 <= layer < len(stack.blocks):
             raise IndexError(f"layer {layer} is out of range: the model has layers 0..{len(stack.blocks) - 1}")
         block = stack.blocks[layer]
-        return (block.cross if kind == "cross" else block.attn).head_weights()
+        return split_by_head(block.cross if kind == "cross" else block.attn)
 
     def setup(self, stack: Stack, input_ids: Tensor, key_mask: Tensor | None, start: int, *, causal: bool,
               padding_mask: bool, scale: bool, positions: bool) -> tuple[AttentionSetup, Tensor]:
@@ -531,7 +348,7 @@ class Transformer(nn.Module):
             return rope_cos_sin(position_ids, self.inv_freq, self.dtype)
         return None
 
-    def run_stack(self, stack: Stack, input_ids: Tensor, attention_mask: Tensor | None, *, kind: str,
+    def run_stack(self, stack: Stack, input_ids: Tensor, attention_mask: Tensor | None, *, kind: Kind,
                   causal: bool = True, padding_mask: bool = True, scale: bool = True, positions: bool = True,
                   token_type_ids: Tensor | None = None, observer: Observer | None = None, probe: Probe | None = None,
                   cache: KVCache | None = None, static: bool = False, memory: Tensor | None = None,
@@ -583,8 +400,9 @@ class Transformer(nn.Module):
         attention_mask, compile (see core.generate.generate)."""
         return generation.generate(self, input_ids, max_new_tokens, **options)
 
-    def stream(self, input_ids: Tensor, max_new_tokens: int, **options):
-        """Token ids as they are made; the same options, plus capture_attention (see core.generate.stream)."""
+    def stream(self, input_ids: Tensor, max_new_tokens: int, **options) -> Iterator[generation.Step]:
+        """A Step for each token as it is made (token an int for one sequence, [B] for a batch); the same
+        options, plus capture_attention (fills Step.rows) and top_probs=k (see core.generate.stream)."""
         return generation.stream(self, input_ids, max_new_tokens, **options)
 
     def logits(self, hidden: Tensor) -> Tensor | None:
@@ -603,7 +421,7 @@ class Transformer(nn.Module):
         The four switches (causal_mask, padding_mask, scale, positions) exist for the demos: each removes exactly
         what its name says. capture_attention returns every layer's probabilities as float32 [B, H, Tq, Tk];
         `observer` receives them instead, layer by layer.
-        record: names from RECORDABLE → out.records; ablate_heads / ablation: see Probe.
+        record: names from probe.RECORDABLE → out.records; ablate_heads / ablation: see probe.Probe.
         logit_lens: out.logit_lens, each layer's residual stream through the final norm and the LM head
         (top logit_lens_top_k per position, or all with None).
         grad: gradients reach out.token_embeddings [B, T, d] (the input of the main stack, or of the encoder),
@@ -625,7 +443,7 @@ class Transformer(nn.Module):
             if grad:  # a leaf of our own, outside any inference mode the inputs were made in
                 input_ids = input_ids.clone()
                 if token_embeddings is None:
-                    token_embeddings = (self.encoder or self.stack).embed.tokens(input_ids).detach()
+                    token_embeddings = self.attention_stack()[0].embed.tokens(input_ids).detach()
                 token_embeddings = token_embeddings.clone().requires_grad_(True)
             memory = None
             if self.encoder is not None:
@@ -644,7 +462,7 @@ class Transformer(nn.Module):
             out = ModelOutput(logits=self.logits(hidden), hidden_states=hidden, encoder_hidden_states=memory,
                               token_embeddings=token_embeddings if grad else None)
             if logit_lens:
-                out.logit_lens = self.read_logit_lens(probe.layers("resid_post"), logit_lens_top_k)
+                out.logit_lens = read_logit_lens(self, probe.layers("resid_post"), logit_lens_top_k)
         if recorder is not None:
             out.attentions = recorder.layers("self")
             out.encoder_attentions = recorder.layers("encoder") if self.encoder is not None else None
@@ -652,39 +470,3 @@ class Transformer(nn.Module):
         if probe is not None:
             out.records = {name: probe.layers(name) for name in sorted(probe.records) if name in asked}
         return out
-
-    def read_logit_lens(self, residuals: tuple[Tensor, ...], top_k: int | None) -> LogitLens:
-        """The logit lens over each layer's output [B, T, d] of the main stack."""
-        if self.lm_head is None:
-            raise ValueError("the logit lens needs an LM head; this model has none")
-        final = self.stack.final_norm
-        answer = None
-        values, indices, probs, final_probs = [], [], [], []
-        for h in reversed(residuals):  # the last layer first: its top token is the final answer
-            logits = self.logits(final(h) if final is not None else h)   # one layer's [B, T, vocab] at a time
-            p = logits.float().softmax(-1)
-            answer = logits.argmax(-1, keepdim=True) if answer is None else answer
-            final_probs.append(p.gather(-1, answer)[..., 0])
-            if top_k is None:
-                values.append(logits)
-            else:
-                top = logits.topk(min(top_k, logits.shape[-1]), dim=-1)
-                values.append(top.values)
-                indices.append(top.indices)
-                probs.append(p.gather(-1, top.indices))
-        flip = lambda ts: torch.stack(ts[::-1]) if ts else None  # noqa: E731
-        return LogitLens(flip(values), flip(indices), flip(probs), flip(final_probs))
-
-
-class AttentionRecorder:
-    """Keeps every layer's probabilities, float32, as the model computes them."""
-
-    def __init__(self):
-        self.maps: dict[str, dict[int, Tensor]] = {}
-
-    def __call__(self, kind: str, layer: int, probs: Tensor) -> None:
-        self.maps.setdefault(kind, {})[layer] = probs
-
-    def layers(self, kind: str) -> tuple[Tensor, ...] | None:
-        found = self.maps.get(kind)
-        return None if found is None else tuple(found[i] for i in sorted(found))

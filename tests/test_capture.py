@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from core import load_model
-from core.capture import capture
+from core.capture import capture, layer_map
 from tests import tiny
 
 
@@ -82,3 +82,19 @@ def test_seq2seq_capture_reads_the_encoder():
     for layer, probs in enumerate(reference):
         np.testing.assert_allclose(maps.head(layer, 2), probs[0, 2].numpy(), atol=1e-6)
     assert (maps.head(0)[0, 1:] > 0).all(), "the encoder attends both ways"
+    assert model.attention_stack() == (model.encoder, "encoder")
+    np.testing.assert_allclose(layer_map(model, x, 1).numpy(), reference[1][0].numpy(), atol=1e-6)
+
+
+def test_layer_map_is_one_layer_of_the_full_pass(model):
+    x = ids(50)
+    reference = model(x, capture_attention=True).attentions
+    assert model.attention_stack() == (model.stack, "self")
+    for layer, probs in enumerate(reference):
+        one = layer_map(model, x, layer)
+        assert one.shape == (4, 50, 50) and one.dtype == torch.float32
+        np.testing.assert_allclose(one.numpy(), probs[0].numpy(), atol=1e-6)
+    with pytest.raises(IndexError, match="layer 2 is out of range"):
+        layer_map(model, x, 2)
+    with pytest.raises(ValueError, match="one text"):
+        layer_map(model, x.expand(2, -1), 0)

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from core import load_model
-from core.generate import Sampling, filter_top_k, filter_top_p, next_token
+from core.generate import Sampling, Step, filled_cache, filter_top_k, filter_top_p, greedy, next_token, step_times
 from tests import tiny
 
 # no end-of-sequence token, so that greedy runs compare all 64 tokens
@@ -96,23 +96,43 @@ def test_stream_yields_what_generate_returns(pairs):
     _, model = pairs["llama-gqa"]
     ids = prompt()
     streamed = list(model.stream(ids, 20))
-    assert all(isinstance(t, int) for t in streamed)
-    assert streamed == model.generate(ids, 20)[0, ids.shape[1]:].tolist()
+    assert all(isinstance(s, Step) and isinstance(s.token, int) for s in streamed)
+    assert all(s.rows is None and s.top_probs is None for s in streamed), "only what was asked for is filled"
+    assert [s.token for s in streamed] == model.generate(ids, 20)[0, ids.shape[1]:].tolist()
+
+
+def test_stream_of_a_batch_yields_batched_steps(pairs):
+    _, model = pairs["llama-gqa"]
+    ids = prompt(batch=2)
+    streamed = list(model.stream(ids, 6, top_probs=3))
+    assert all(s.token.shape == (2,) and s.top_probs.shape == (2, 3) for s in streamed)
+    assert torch.equal(torch.stack([s.token for s in streamed], 1), model.generate(ids, 6)[:, ids.shape[1]:])
 
 
 def test_stream_captures_each_tokens_attention_row(pairs):
     _, model = pairs["llama-gqa"]
     ids = prompt()
     steps = list(model.stream(ids, 5, capture_attention=True))
-    tokens = [t for t, _ in steps]
-    for i, (_, rows) in enumerate(steps):
+    tokens = [s.token for s in steps]
+    for i, step in enumerate(steps):
         context = ids.shape[1] + i
-        assert rows.shape == (model.config.n_layers, model.config.n_heads, context)
-        torch.testing.assert_close(rows.float().sum(-1), torch.ones(rows.shape[:2]), atol=2e-3, rtol=0)
+        assert step.rows.shape == (model.config.n_layers, model.config.n_heads, context)
+        torch.testing.assert_close(step.rows.float().sum(-1), torch.ones(step.rows.shape[:2]), atol=2e-3, rtol=0)
     # the row that produced the last token equals the last row of a full forward's attention
     full = torch.cat([ids, torch.tensor([tokens[:-1]])], dim=1)
     reference = torch.stack(model(full, capture_attention=True).attentions)[:, 0, :, -1]
-    torch.testing.assert_close(steps[-1][1].float(), reference, atol=1e-3, rtol=0)
+    torch.testing.assert_close(steps[-1].rows.float(), reference, atol=1e-3, rtol=0)
+
+
+def test_stream_of_seq2seq_gives_cross_rows_and_probabilities(pairs):
+    _, model = pairs["marian"]
+    src = prompt(n=9)
+    steps = list(model.stream(src, 4, capture_attention=True, top_probs=5))
+    for i, step in enumerate(steps):
+        assert step.rows.shape == (model.config.n_layers, model.config.n_heads, 1 + i)
+        assert step.cross_rows.shape == (model.config.n_layers, model.config.n_heads, 9)
+        assert step.top_ids.shape == (5,) and int(step.top_ids[0]) == step.token  # greedy picks the top one
+        assert int(step.chosen_rank) == 1 and abs(float(step.chosen_prob) - float(step.top_probs[0])) < 1e-6
 
 
 def test_seeded_sampling_repeats_exactly(pairs):
@@ -194,7 +214,7 @@ def test_compile_falls_back_cleanly_when_the_compiler_fails(pairs, monkeypatch):
         return fails
 
     monkeypatch.setattr(torch, "compile", broken_compile)
-    model._compiled_decode = None
+    model.decoding.step = None
     with pytest.warns(UserWarning, match="compiled decode step failed .*no compiler here"):
         assert torch.equal(model.generate(ids, 12, compile=True), expected)
 
@@ -202,10 +222,76 @@ def test_compile_falls_back_cleanly_when_the_compiler_fails(pairs, monkeypatch):
 def test_compiled_decode_step_gives_the_same_tokens(pairs):
     """The real compiler (inductor's C++ back end on a CPU): one compile, then other prompt lengths reuse it."""
     _, model = pairs["gpt2"]
-    model._compiled_decode = None
+    model.decoding.step = None
     for n in (6, 11):
         ids = prompt(batch=2, n=n, seed=n)
         mask = torch.ones_like(ids)
         mask[1, :2] = 0  # left padding goes through the static step's mask
         expected = model.generate(ids, 10, attention_mask=mask)
         assert torch.equal(model.generate(ids, 10, attention_mask=mask, compile=True), expected)
+    assert model.decoding.cache.max_len == 256, "the kept cache's length is rounded up to a multiple of 256"
+
+
+# ---- the KV panel's seams: greedy with and without the cache, the cache's bytes, the time of a step ----
+
+@pytest.mark.parametrize("name", ["gpt2", "llama-gqa", "llama-mqa", "marian"])
+def test_greedy_gives_the_same_tokens_with_and_without_the_cache(pairs, name):
+    _, model = pairs[name]
+    seq2seq = name in SEQ2SEQ
+    ids = prompt(n=8, seed=5)[0].tolist()
+    source, decoder = (ids, [model.config.decoder_start_token_id]) if seq2seq else (None, ids)
+    cached, cached_seconds = greedy(model, decoder, 12, cached=True, source_ids=source)
+    uncached, uncached_seconds = greedy(model, decoder, 12, cached=False, source_ids=source)
+    assert cached == uncached and len(cached) == 12
+    assert len(cached_seconds) == len(uncached_seconds) == 12 and min(cached_seconds + uncached_seconds) > 0
+    expected = model.generate(torch.tensor([ids]), 12)[0, 1 if seq2seq else len(ids):].tolist()
+    assert cached == expected
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "marian"])
+def test_greedy_stops_after_an_end_of_sequence_token(pairs, name, monkeypatch):
+    _, model = pairs[name]
+    ids = prompt(n=6, seed=6)[0].tolist()
+    source, decoder = (ids, [model.config.decoder_start_token_id]) if name in SEQ2SEQ else (None, ids)
+    free, _ = greedy(model, decoder, 12, cached=True, source_ids=source)
+    monkeypatch.setattr(model.config, "eos_token_id", free[4])  # the fifth token now ends the text
+    for cached in (True, False):
+        tokens, seconds = greedy(model, decoder, 12, cached=cached, source_ids=source)
+        assert tokens == free[:free.index(free[4]) + 1] and len(seconds) == len(tokens)
+
+
+def test_greedy_reads_the_clock_it_is_given(pairs):
+    _, model = pairs["gpt2"]
+    ticks = iter(range(100))
+    _, seconds = greedy(model, [5, 6, 7], 4, cached=True, clock=lambda: float(next(ticks)))
+    assert seconds == [1.0] * 4
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "llama-mqa", "marian"])
+def test_filled_cache_takes_what_the_formula_says(pairs, name):
+    _, model = pairs[name]
+    cfg = model.config
+    source = prompt(n=9)[0].tolist() if name in SEQ2SEQ else None
+    decoder = [cfg.decoder_start_token_id] + [7, 8] if source else prompt(n=11)[0].tolist()
+    cache = filled_cache(model, decoder, source_ids=source)
+    bytes_per = cache.keys[0].element_size()
+    size = lambda tokens: 2 * cfg.n_layers * tokens * cfg.n_kv_heads * cfg.head_dim * bytes_per  # noqa: E731
+    assert cache.length == len(decoder)
+    assert cache.nbytes == size(len(decoder)) + (size(len(source)) if source else 0)
+    assert all((kv is not None) == bool(source) for kv in cache.cross)
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "marian"])
+def test_step_times_gives_one_pass_and_repeats_steps(pairs, name):
+    _, model = pairs[name]
+    source = prompt(n=9)[0].tolist() if name in SEQ2SEQ else None
+    uncached, cached = step_times(model, prompt(n=20)[0].tolist(), 3, source_ids=source)
+    assert uncached > 0 and len(cached) == 3 and all(s > 0 for s in cached)
+
+
+def test_source_ids_are_asked_for_where_they_belong(pairs):
+    with pytest.raises(ValueError, match="needs source_ids"):
+        greedy(pairs["marian"][1], [tiny.VOCAB - 1], 2, cached=True)
+    with pytest.raises(ValueError, match="decoder-only"):
+        filled_cache(pairs["gpt2"][1], [5, 6], source_ids=[7, 8])
+    assert filled_cache(pairs["gpt2"][1], [5, 6], source_ids=[]).length == 2  # an empty source is no source

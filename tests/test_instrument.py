@@ -9,6 +9,7 @@ from core import load_model
 from core.attention import attention
 from core.generate import decode_step
 from core.layers import rope_cos_sin, rotate
+from core.observe import Observer
 from tests import tiny
 
 FAMILIES = {
@@ -257,3 +258,44 @@ def test_recorded_pattern_is_the_captured_attention(pairs):
     for recorded, captured in zip(out.records["pattern"], out.attentions):
         assert torch.equal(recorded, captured)
     torch.testing.assert_close(out.records["pattern"][0].sum(-1), torch.ones(2, 4, 10))
+
+
+class OneLayer(Observer):
+    """Wants one layer of one kind; with rows_per_block, gathers the blocks back into the whole map."""
+
+    def __init__(self, kind, layer, rows_per_block=None):
+        self.kind, self.layer, self.rows_per_block = kind, layer, rows_per_block
+        self.calls, self.blocks = [], []
+
+    def wants(self, kind, layer):
+        return (kind, layer) == (self.kind, self.layer)
+
+    def __call__(self, kind, layer, probs, start=0, n=None):
+        self.calls.append((kind, layer, start))
+        self.blocks.append(torch.nn.functional.pad(probs, (0, (n or probs.shape[-1]) - probs.shape[-1])))
+
+
+@pytest.mark.parametrize("rows_per_block", [None, 4])
+@pytest.mark.parametrize("name, kind", [("llama-gqa", "self"), ("bert", "self"), ("marian", "encoder"),
+                                        ("marian", "cross")])
+def test_an_observer_sees_only_what_it_wants_and_changes_no_number(pairs, name, kind, rows_per_block):
+    _, _, model = pairs[name]
+    x = ids(batch=1, n=10)
+    extra = {"decoder_input_ids": ids(batch=1, n=6, seed=1)} if name == "marian" else {}
+    plain = model(x, capture_attention=True, **extra)
+    observer = OneLayer(kind, 1, rows_per_block)
+    observed = model(x, observer=observer, **extra)
+    assert {(k, layer) for k, layer, _ in observer.calls} == {(kind, 1)}
+    reference = {"self": plain.attentions, "encoder": plain.encoder_attentions, "cross": plain.cross_attentions}[kind]
+    if rows_per_block:
+        assert [start for *_, start in observer.calls] == list(range(0, reference[1].shape[2], rows_per_block))
+    torch.testing.assert_close(torch.cat(observer.blocks, dim=2), reference[1], atol=1e-6, rtol=0)
+    torch.testing.assert_close(observed.logits if observed.logits is not None else observed.hidden_states,
+                               plain.logits if plain.logits is not None else plain.hidden_states, atol=1e-5, rtol=0)
+
+
+def test_the_base_observer_wants_everything_whole():
+    observer = Observer()
+    assert observer.wants("cross", 7) and observer.rows_per_block is None
+    with pytest.raises(NotImplementedError, match="Observer must say"):
+        observer("self", 0, torch.zeros(1, 1, 1, 1))
