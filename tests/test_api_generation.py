@@ -16,7 +16,8 @@ from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
 from tiny_app_model import build_tiny_bert, build_tiny_llama, build_tiny_marian, launch_app  # noqa: E402
-from ui import generation  # noqa: E402
+from ui.services import generation  # noqa: E402
+from ui.views import generate as generate_views  # noqa: E402
 
 PROMPT = "The lighthouse keeper rowed out"
 SETTINGS = (False, 8, 0.0, 0, 1.0, 0)  # chat off, 8 new tokens, greedy, top-k off, top-p off, seed 0
@@ -125,7 +126,7 @@ def test_bad_generation_inputs(client, tiny_models):
 def test_export_downloads_the_trace_as_json(client, tiny_models):
     continuation, trace = client.predict(tiny_models["llama"], PROMPT, *SETTINGS, api_name="/generation_trace")
     path, note = client.predict(api_name="/export_generation")
-    assert os.path.getsize(path) < generation.MAX_EXPORT_BYTES and "per head" in note
+    assert os.path.getsize(path) < generate_views.MAX_EXPORT_BYTES and "per head" in note
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
     assert data["continuation"] == continuation and data["steps"] == trace["steps"]

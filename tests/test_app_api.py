@@ -1,6 +1,6 @@
 """The launched app, driven through gradio_client exactly as an API user would, on tiny random models.
 
-The server runs in this process (app.build_demo with app.launch_options, the same as `python app.py`),
+The server runs in this process (ui.page.build_page with app.launch_options, the same as `python app.py`),
 on a free loopback port, with a tiny Llama (decoder, RoPE, GQA) and a tiny BERT (encoder, learned
 positions). One test also starts `python app.py` itself as a subprocess.
 """
@@ -25,7 +25,8 @@ from gradio_client import Client, handle_file  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
 from tiny_app_model import build_tiny_bert, build_tiny_llama, launch_app, plotly_array  # noqa: E402
-from ui import service  # noqa: E402
+from ui.services.attention import HEAD_OVERVIEW_SIZE  # noqa: E402
+from ui.services.checks import REPO_ROOT  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_FIGURE_BYTES = 2_000_000
@@ -136,7 +137,7 @@ def test_long_input_is_pooled_truncated_with_a_note_and_every_figure_stays_under
     assert "Model view: each tile averages" in note and "Head view: each cell is the mean" in note
     total = sum(len(p["plot"].encode()) for p in (model_view, head_view, window))
     hv = figure(head_view)["data"][0]
-    assert plotly_array(hv["z"]).shape == (service.HEAD_OVERVIEW_SIZE, service.HEAD_OVERVIEW_SIZE)
+    assert plotly_array(hv["z"]).shape == (HEAD_OVERVIEW_SIZE, HEAD_OVERVIEW_SIZE)
     win = figure(window)["data"][0]
     assert plotly_array(win["z"]).shape == (256, 256) and win["y"][0].startswith("1500 ")
     tile = figure(model_view)["layout"]["meta"]["tile"]
@@ -298,7 +299,7 @@ def test_other_endpoints_reject_bad_settings(client, tiny_models):
 def test_a_model_that_cannot_be_fetched_gives_a_clear_message(client):
     with pytest.raises(AppError, match=r"(?s)Model 'gpt2' cannot be loaded here: .*Hub.*HF_HUB_OFFLINE") as error:
         client.predict("gpt2", api_name="/load_model")
-    assert str(service.REPO_ROOT) not in str(error.value)  # the store's folder is named weights/, not its path
+    assert str(REPO_ROOT) not in str(error.value)  # the store's folder is named weights/, not its path
     assert "installed folder weights/gpt2: not there" in str(error.value)
 
 
@@ -365,7 +366,7 @@ def test_launch_defaults_are_safe(monkeypatch):
     monkeypatch.delenv("GRADIO_SERVER_PORT", raising=False)
     args = app.parse_args([])
     assert (args.host, args.port, args.share, args.model) == ("127.0.0.1", 7860, False, "smollm2-135m-instruct")
-    options = app.launch_options(args)
+    options = app.launch_options(args, app.app_settings(args))
     assert options["server_name"] == "127.0.0.1" and options["share"] is False
     assert options["ssr_mode"] is False and options["show_error"] is False and options["max_file_size"] == 2_000_000
     assert options["state_session_capacity"] == 500

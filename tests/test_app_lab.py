@@ -1,4 +1,4 @@
-"""The Lab tab's endpoints through gradio_client, on the real app (app.build_demo with app.launch_options, as
+"""The Lab tab's endpoints through gradio_client, on the real app (ui.page.build_page with app.launch_options, as
 tests/test_app_api.py launches it) with a tiny random Llama as the page's model and a temporary weights folder.
 
 Tiny configs (1 layer, d_model 32, 20 steps) keep every run under a few seconds."""
@@ -40,8 +40,8 @@ def server(tmp_path_factory):
         for name, value in {**LAB_ENV, "ATTN_WEIGHTS_DIR": str(weights)}.items():
             patch.setenv(name, value)
         llama = str(build_tiny_llama(root / "tiny-llama"))
-        demo, url, store = launch_app([llama], llama)
-        yield demo, url, weights, store
+        demo, url, services = launch_app([llama], llama)
+        yield demo, url, weights, services.models
         demo.close()
 
 

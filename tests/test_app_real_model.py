@@ -12,7 +12,12 @@ import numpy as np
 import pytest
 
 from core.store import WeightsUnavailable, ensure
-from ui import plots, service, tab_attention
+from ui.plots.base import figure_nbytes
+from ui.services import Services
+from ui.services.masks import causal_effect, padding_effect, scaling_entropy
+from ui.services.models import ModelStore
+from ui.services.text import as_batch, encode
+from ui.views.attention import attention_view
 
 SMOLLM = "smollm2-135m-instruct"
 MINILM = "minilm-l6"
@@ -29,12 +34,12 @@ def store():
             ensure(name)
         except WeightsUnavailable as error:
             pytest.skip(f"{name}: no weight source reachable, so the app's real-model checks cannot run:\n{error}")
-    return service.ModelStore()
+    return ModelStore()
 
 
 def test_without_the_causal_mask_smollm2_reads_the_answer(store):
     model = store.get(SMOLLM)
-    effect = service.causal_effect(model, service.encode(model, TEXT).ids)
+    effect = causal_effect(model, encode(model, TEXT).ids)
     (loss_on, loss_off), (acc_on, acc_off) = effect["loss"], effect["accuracy"]
     assert loss_off < loss_on / 2 and acc_off > acc_on + 0.3, effect
 
@@ -42,9 +47,9 @@ def test_without_the_causal_mask_smollm2_reads_the_answer(store):
 @pytest.mark.parametrize("name", [SMOLLM, MINILM])
 def test_the_padding_mask_keeps_real_outputs_and_its_absence_moves_them(store, name):
     model = store.get(name)
-    long_ids = service.encode(model, TEXT).ids
-    short_ids = service.encode(model, "Rain again today.").ids
-    result = service.padding_effect(model, long_ids, short_ids)
+    long_ids = encode(model, TEXT).ids
+    short_ids = encode(model, "Rain again today.").ids
+    result = padding_effect(model, long_ids, short_ids)
     on, off = result["results"]["padding mask on"], result["results"]["padding mask off"]
     assert max(on["pad_mass"]) == 0.0
     assert on["max_change"] < 1e-4, on
@@ -54,7 +59,7 @@ def test_the_padding_mask_keeps_real_outputs_and_its_absence_moves_them(store, n
 @pytest.mark.parametrize("name", [SMOLLM, MINILM])
 def test_without_scaling_attention_is_sharper(store, name):
     model = store.get(name)
-    result = service.scaling_entropy(model, service.encode(model, TEXT).ids, layer=2, head=1)
+    result = scaling_entropy(model, encode(model, TEXT).ids, layer=2, head=1)
     scaled = np.mean(result["curves"]["scaled by 1/√d_k"]["per_layer"])
     raw = np.mean(result["curves"]["not scaled"]["per_layer"])
     assert raw < scaled, (raw, scaled)
@@ -69,7 +74,7 @@ def test_rope_makes_smollm2s_own_forward_pass_depend_only_on_distance(store, mon
     import torch
 
     model = store.get(SMOLLM)
-    ids = service.as_batch(service.encode(model, TEXT).ids)
+    ids = as_batch(encode(model, TEXT).ids)
     wanted = ("q", "k", "pattern")
 
     def run(shift: int):
@@ -90,10 +95,10 @@ def test_rope_makes_smollm2s_own_forward_pass_depend_only_on_distance(store, mon
 
 def test_long_text_on_smollm2_keeps_every_figure_under_2_mb(store):
     text = " ".join([TEXT] * 40)  # ~1,400 tokens
-    note, model_view, head_view, window, _ = tab_attention.attention_view(
-        store, SMOLLM, text, 5, "mean of heads", False, 700, 600, 256
+    note, model_view, head_view, window, _ = attention_view(
+        Services.create(models=store), SMOLLM, text, 5, "mean of heads", False, 700, 600, 256
     )
-    sizes = [plots.figure_nbytes(f) for f in (model_view, head_view, window)]
+    sizes = [figure_nbytes(f) for f in (model_view, head_view, window)]
     assert max(sizes) < 2_000_000, sizes
     assert "Head view: each cell is the mean" in note
     rows = np.asarray(head_view.data[0].z, dtype=np.float64)

@@ -1,4 +1,4 @@
-"""ui/service.py without Gradio: model cache, text handling, pooling, the positional and mask measurements."""
+"""ui/services without Gradio: model cache, text handling, pooling, the positional and mask measurements."""
 
 from __future__ import annotations
 
@@ -11,7 +11,19 @@ import pytest
 import torch
 
 from tiny_app_model import build_tiny_llama, build_tiny_marian
-from ui import service
+from ui.services.attention import pool_attention, pool_edges
+from ui.services.checks import REPO_ROOT, UserError, check_float, check_range, check_seed, public_text
+from ui.services.generation import stream_generation
+from ui.services.heads import (ablation, attribution, head_map, head_scores, heads_cache, parse_heads,
+                               score_names, stream_sweep)
+from ui.services.kept import KeptStore
+from ui.services.masks import padding_effect
+from ui.services.models import ModelStore
+from ui.services.positions import pe_shift_check, sinusoidal
+from ui.services import Services
+from ui.services.text import as_batch, encode, read_upload, token_texts
+from ui.settings import DEFAULT_TEXT_BYTES, AppSettings
+from ui.views.card import model_card
 
 
 @pytest.fixture(scope="module")
@@ -19,15 +31,17 @@ def tiny_llama(tmp_path_factory):
     return str(build_tiny_llama(tmp_path_factory.mktemp("service-models") / "tiny-llama", max_positions=64))
 
 
-def test_service_imports_no_gradio():
-    tree = ast.parse(Path(service.__file__).read_text())
-    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert "gradio" not in imported
+def test_services_import_no_gradio():
+    folder = Path(REPO_ROOT) / "ui" / "services"
+    for path in sorted(folder.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert "gradio" not in imported, f"{path.relative_to(REPO_ROOT)} imports gradio"
 
 
 def test_model_store_loads_each_name_once_even_when_sessions_ask_together(tiny_llama, monkeypatch):
-    store = service.ModelStore()
+    store = ModelStore()
     loads = []
     real_load = store._load
     monkeypatch.setattr(store, "_load", lambda name, progress: loads.append(name) or real_load(name, progress))
@@ -43,59 +57,59 @@ def test_model_store_loads_each_name_once_even_when_sessions_ask_together(tiny_l
 
 def test_model_store_evicts_the_least_recently_used(tiny_llama, tmp_path):
     other = str(build_tiny_llama(tmp_path / "other", max_positions=32))
-    store = service.ModelStore(capacity=1)
+    store = ModelStore(capacity=1)
     first = store.get(tiny_llama)
     store.get(other)
     assert store.get(tiny_llama) is not first  # evicted, loaded again
 
 
 def test_encode_cuts_long_text_and_says_how_much(tiny_llama):
-    model = service.ModelStore().get(tiny_llama)
-    enc = service.encode(model, "the lamp at dawn " * 100, max_tokens=1000)
+    model = ModelStore().get(tiny_llama)
+    enc = encode(model, "the lamp at dawn " * 100, max_tokens=1000)
     assert len(enc.ids) == 64  # the model's context, smaller than the view's limit
     assert "only the first 64 are used (the model's context)" in enc.note
     assert enc.labels[0].startswith("0 ") and len(set(enc.labels)) == len(enc.labels)
-    with pytest.raises(service.UserError, match="The text is empty"):
-        service.encode(model, " \n ")
+    with pytest.raises(UserError, match="The text is empty"):
+        encode(model, " \n ")
 
 
 def test_pool_attention_keeps_rows_summing_to_one():
     rng = np.random.default_rng(0)
     probs = rng.random((3, 37, 37)).astype(np.float32)
     probs /= probs.sum(-1, keepdims=True)
-    edges = service.pool_edges(37, 8)
-    pooled = service.pool_attention(probs, edges, edges)
+    edges = pool_edges(37, 8)
+    pooled = pool_attention(probs, edges, edges)
     assert pooled.shape == (3, 8, 8)
     np.testing.assert_allclose(pooled.sum(-1), 1.0, atol=1e-5)
     assert edges[0] == 0 and edges[-1] == 37
 
 
 def test_sinusoidal_shift_is_a_rotation():
-    pe = service.sinusoidal(100, 32)
+    pe = sinusoidal(100, 32)
     np.testing.assert_allclose(pe[1, 2], np.sin(1 / 10000 ** (2 / 32)), atol=1e-7)  # eq. 4.1
-    check = service.pe_shift_check(pe, 32, 7)
+    check = pe_shift_check(pe, 32, 7)
     assert check["analytic_max_error"] < 1e-5 and check["rotation_orthogonality"] < 1e-12
     assert check["fit_max_error"] < 1e-5
-    with pytest.raises(service.UserError, match="offset k"):
-        service.pe_shift_check(pe, 32, 100)
+    with pytest.raises(UserError, match="offset k"):
+        pe_shift_check(pe, 32, 100)
 
 
 def test_read_upload_messages(tmp_path):
     (tmp_path / "a.txt").write_bytes(b"\xef\xbb\xbfhello")  # a UTF-8 BOM is dropped
-    assert service.read_upload(tmp_path / "a.txt") == "hello"
-    (tmp_path / "big.md").write_bytes(b"x" * (service.MAX_TEXT_BYTES + 1))
-    with pytest.raises(service.UserError, match="the limit for typed and uploaded text is 1 MB.*ATTN_MAX_TEXT_MB"):
-        service.read_upload(tmp_path / "big.md")
+    assert read_upload(tmp_path / "a.txt") == "hello"
+    (tmp_path / "big.md").write_bytes(b"x" * (DEFAULT_TEXT_BYTES + 1))
+    with pytest.raises(UserError, match="the limit for typed and uploaded text is 1 MB.*ATTN_MAX_TEXT_MB"):
+        read_upload(tmp_path / "big.md")
     (tmp_path / "b.txt").write_bytes(b"ok \xff")
-    with pytest.raises(service.UserError, match=r"not UTF-8 text \(byte 3 is 0xff\)"):
-        service.read_upload(tmp_path / "b.txt")
+    with pytest.raises(UserError, match=r"not UTF-8 text \(byte 3 is 0xff\)"):
+        read_upload(tmp_path / "b.txt")
 
 
 def test_padding_mask_keeps_real_outputs_and_its_absence_moves_them(tiny_llama):
-    model = service.ModelStore().get(tiny_llama)
-    long_ids = service.encode(model, "The keeper rowed out to the rocks at dawn.").ids
-    short_ids = service.encode(model, "At dawn.").ids
-    result = service.padding_effect(model, long_ids, short_ids)
+    model = ModelStore().get(tiny_llama)
+    long_ids = encode(model, "The keeper rowed out to the rocks at dawn.").ids
+    short_ids = encode(model, "At dawn.").ids
+    result = padding_effect(model, long_ids, short_ids)
     on, off = result["results"]["padding mask on"], result["results"]["padding mask off"]
     assert result["side"] == "left" and result["n_pad"] == len(long_ids) - len(short_ids)
     assert max(on["pad_mass"]) == 0 and min(off["pad_mass"]) > 0
@@ -103,13 +117,14 @@ def test_padding_mask_keeps_real_outputs_and_its_absence_moves_them(tiny_llama):
 
 
 def test_the_attention_cap_is_a_setting_of_the_store(tiny_llama):
-    from ui.tab_attention import attention_view
+    from ui.views.attention import attention_view
 
-    store = service.ModelStore(max_attention_tokens=20)
-    note, _, head_view, _, capture = attention_view(store, tiny_llama, "the lamp at dawn " * 20, 0, "0", False, 0, 0, 8)
+    services = Services.create(AppSettings(max_attention_tokens=20))
+
+    note, _, head_view, _, capture = attention_view(services, tiny_llama, "the lamp at dawn " * 20, 0, "0", False, 0, 0, 8)
     assert "only the first 20 are used (this view's limit" in note
     assert len(head_view.data[0].x) == 20
-    assert capture.overview.shape[-1] == 20
+    assert capture.overview(services.kept).shape[-1] == 20
 
 
 def test_a_sessions_kept_capture_holds_no_model_and_an_evicted_model_is_freed(tiny_llama, tmp_path):
@@ -118,23 +133,25 @@ def test_a_sessions_kept_capture_holds_no_model_and_an_evicted_model_is_freed(ti
     import weakref
 
     from tiny_app_model import build_tiny_bert
-    from ui.tab_attention import attention_view
+    from ui.views.attention import attention_view
 
-    store = service.ModelStore(capacity=1)
+    store = ModelStore(capacity=1)
+
+    services = Services.create(models=store)
     model = weakref.ref(store.get(tiny_llama))
-    _, _, _, _, kept = attention_view(store, tiny_llama, "the lamp at dawn", 1, "0", False, 0, 0, 8)
+    _, _, _, _, kept = attention_view(services, tiny_llama, "the lamp at dawn", 1, "0", False, 0, 0, 8)
     assert len(pickle.dumps(kept)) < 500  # a key and a ticket: nothing that can keep a model alive
-    again = attention_view(store, tiny_llama, "the lamp at dawn", 0, "0", False, 0, 0, 8, previous=kept)
+    again = attention_view(services, tiny_llama, "the lamp at dawn", 0, "0", False, 0, 0, 8, previous=kept)
     assert "recomputed" in again[0] and again[4] == kept  # the other layers came from the server-wide store
     store.get(str(build_tiny_bert(tmp_path / "bert")))  # capacity 1: the llama is evicted
     gc.collect()
     assert model() is None, "an evicted model is still referenced"
-    reloaded = attention_view(store, tiny_llama, "the lamp at dawn", 0, "0", False, 0, 0, 8, previous=kept)
+    reloaded = attention_view(services, tiny_llama, "the lamp at dawn", 0, "0", False, 0, 0, 8, previous=kept)
     assert "recomputed" in reloaded[0]  # the reloaded model reads the kept overview; no old copy was used
 
 
 def test_kept_values_stay_within_the_byte_budget_least_recently_used_first():
-    kept = service.KeptStore(budget_bytes=300)
+    kept = KeptStore(budget_bytes=300)
     for session in "abcd":
         assert kept.put(session, ("m", 1), session.upper(), 100)
     assert len(kept) == 3 and kept.nbytes == 300
@@ -156,7 +173,7 @@ def test_messages_never_show_absolute_server_paths():
     from core.store import WeightStore
 
     root = WeightStore.default().root.resolve()
-    text = service.public_text(f"no {root}/gpt2, see {service.REPO_ROOT}/core/x.py, /tmp/a/b/c.txt, /home/alice, "
+    text = public_text(f"no {root}/gpt2, see {REPO_ROOT}/core/x.py, /tmp/a/b/c.txt, /home/alice, "
                                "https://huggingface.co/a/b, ratio 1/2 and/or")
     assert text == ("no weights/gpt2, see core/x.py, …/b/c.txt, …/home/alice, https://huggingface.co/a/b, ratio 1/2 "
                     "and/or")
@@ -164,51 +181,52 @@ def test_messages_never_show_absolute_server_paths():
 
 def test_a_folder_that_is_not_a_model_gives_a_clear_message(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(service.UserError, match="cannot be loaded: .*malformed JSON"):
-        service.ModelStore().get(str(tmp_path))
+    with pytest.raises(UserError, match="cannot be loaded: .*malformed JSON"):
+        ModelStore().get(str(tmp_path))
 
 
 def test_settings_out_of_range_or_not_numbers_are_named_in_the_message():
-    assert service.check_range("Layer", 3.0, 0, 5) == 3
-    with pytest.raises(service.UserError, match="Layer must be between 0 and 5, got 9"):
-        service.check_range("Layer", 9, 0, 5)
-    with pytest.raises(service.UserError, match="Layer is missing"):
-        service.check_range("Layer", None, 0, 5)
-    with pytest.raises(service.UserError, match="Layer must be a number from 0 to 5, got 'two'"):
-        service.check_range("Layer", "two", 0, 5)
-    with pytest.raises(service.UserError, match="Layer must be a whole number from 0 to 5, got 2.5"):
-        service.check_range("Layer", 2.5, 0, 5)
+    assert check_range("Layer", 3.0, 0, 5) == 3
+    with pytest.raises(UserError, match="Layer must be between 0 and 5, got 9"):
+        check_range("Layer", 9, 0, 5)
+    with pytest.raises(UserError, match="Layer is missing"):
+        check_range("Layer", None, 0, 5)
+    with pytest.raises(UserError, match="Layer must be a number from 0 to 5, got 'two'"):
+        check_range("Layer", "two", 0, 5)
+    with pytest.raises(UserError, match="Layer must be a whole number from 0 to 5, got 2.5"):
+        check_range("Layer", 2.5, 0, 5)
     for bad in (float("nan"), float("inf"), "1e999", "-inf"):
-        with pytest.raises(service.UserError, match=r"Layer must be a number from 0 to 5, got .*must be finite"):
-            service.check_range("Layer", bad, 0, 5)
-    with pytest.raises(service.UserError, match="Layer must be a number from 0 to 5, got a bool"):
-        service.check_range("Layer", True, 0, 5)
-    assert service.check_range("Layer", np.int64(4), 0, 5) == 4 and service.check_range("Layer", " 2 ", 0, 5) == 2
-    with pytest.raises(service.UserError, match=r"Seed must be between 0 and 9.22e\+18, got 1.84e\+19"):
-        service.check_seed(2**64)
-    assert service.check_seed("") is None and service.check_seed(2**62) == 2**62
-    assert service.check_float("Top-p", "0.25", 0.0, 1.0, low_open=True) == 0.25
-    with pytest.raises(service.UserError, match=r"Top-p must be in \(0, 1\], got 0"):
-        service.check_float("Top-p", 0, 0.0, 1.0, low_open=True)
+        with pytest.raises(UserError, match=r"Layer must be a number from 0 to 5, got .*must be finite"):
+            check_range("Layer", bad, 0, 5)
+    with pytest.raises(UserError, match="Layer must be a number from 0 to 5, got a bool"):
+        check_range("Layer", True, 0, 5)
+    assert check_range("Layer", np.int64(4), 0, 5) == 4 and check_range("Layer", " 2 ", 0, 5) == 2
+    with pytest.raises(UserError, match=r"Seed must be between 0 and 9.22e\+18, got 1.84e\+19"):
+        check_seed(2**64)
+    assert check_seed("") is None and check_seed(2**62) == 2**62
+    assert check_float("Top-p", "0.25", 0.0, 1.0, low_open=True) == 0.25
+    with pytest.raises(UserError, match=r"Top-p must be in \(0, 1\], got 0"):
+        check_float("Top-p", 0, 0.0, 1.0, low_open=True)
 
 
 def test_an_encoder_decoder_shows_its_encoder_attention_and_says_what_it_cannot_show(tmp_path):
-    from ui.tab_attention import attention_view
-    from ui.tab_masks import mask_view
-    from ui.tab_positions import positional_view
+    from ui.views.attention import attention_view
+    from ui.views.masks import mask_view
+    from ui.views.positions import positional_view
 
     folder = str(build_tiny_marian(tmp_path / "tiny-marian"))
-    store = service.ModelStore()
-    note, model_view, head_view, _, _ = attention_view(store, folder, "The lamp at dawn.", 1, "2", False, 0, 0, 8)
+    store = ModelStore()
+    services = Services.create(models=store)
+    note, model_view, head_view, _, _ = attention_view(services, folder, "The lamp at dawn.", 1, "2", False, 0, 0, 8)
     z = np.asarray(head_view.data[0].z)
     assert z[np.triu_indices(len(z), 1)].max() > 0  # the encoder reads both ways
     assert "encoder's self-attention" in model_view.layout.title.text
-    assert "two attention blocks" in service.model_card("marian", store.get(folder))
-    learned = positional_view(store, folder, 32, 8, 0, 1, 0, 0, "The lamp")[4]
+    assert "two attention blocks" in model_card("marian", store.get(folder))
+    learned = positional_view(services, folder, 32, 8, 0, 1, 0, 0, "The lamp")[4]
     assert "adds the fixed sinusoids" in learned.layout.annotations[0].text
-    with pytest.raises(service.UserError, match="encoder-decoder"):
-        mask_view(store, folder, "The lamp at dawn.", 0, 0, 0, 4, "The lamp at dawn.", "Dawn.")
-    updates = list(service.stream_generation(store.get(folder), "The lamp", False, 5, 0.0, None, None, 0))
+    with pytest.raises(UserError, match="encoder-decoder"):
+        mask_view(services, folder, "The lamp at dawn.", 0, 0, 0, 4, "The lamp at dawn.", "Dawn.")
+    updates = list(stream_generation(store.get(folder), "The lamp", False, 5, 0.0, None, None, 0))
     assert updates[-1].done and updates[-1].n_new >= 1
 
 
@@ -216,7 +234,7 @@ HEADS_TEXT = "The keeper lit the lamp. The keeper lit the lamp again at dawn."
 
 
 def test_heads_are_parsed_as_layer_dot_head_and_bad_ones_are_named():
-    assert service.parse_heads("1.2, 0.3;1.2  0.0", 2, 4) == [(1, 2), (0, 3), (0, 0)]  # in order, repeats dropped
+    assert parse_heads("1.2, 0.3;1.2  0.0", 2, 4) == [(1, 2), (0, 3), (0, 0)]  # in order, repeats dropped
     for text, message in [
         ("", "No heads to ablate"),
         (" , ", "No heads to ablate"),
@@ -226,31 +244,31 @@ def test_heads_are_parsed_as_layer_dot_head_and_bad_ones_are_named():
         ("99.0", "Head 99.0 does not exist: this model has layers 0–1 and heads 0–3"),
         ("1.4", "Head 1.4 does not exist"),
     ]:
-        with pytest.raises(service.UserError, match=message):
-            service.parse_heads(text, 2, 4)
+        with pytest.raises(UserError, match=message):
+            parse_heads(text, 2, 4)
 
 
 def test_the_heads_cache_keeps_results_for_one_text_and_the_probe_for_one_model(tiny_llama):
-    model = service.ModelStore().get(tiny_llama)
-    tokens = service.encode(model, HEADS_TEXT)
-    cache = service.heads_cache(None, tiny_llama, tokens)
-    scores = service.head_scores(model, cache)
-    assert set(scores) == set(service.score_names(model)) and scores["induction"].shape == (2, 4)
-    assert service.heads_cache(cache, tiny_llama, service.encode(model, HEADS_TEXT)) is cache
-    other = service.heads_cache(cache, tiny_llama, service.encode(model, "Another text."))
+    model = ModelStore().get(tiny_llama)
+    tokens = encode(model, HEADS_TEXT)
+    cache = heads_cache(None, tiny_llama, tokens)
+    scores = head_scores(model, cache)
+    assert set(scores) == set(score_names(model)) and scores["induction"].shape == (2, 4)
+    assert heads_cache(cache, tiny_llama, encode(model, HEADS_TEXT)) is cache
+    other = heads_cache(cache, tiny_llama, encode(model, "Another text."))
     assert other is not cache and other.scores is None and other.induction is cache.induction
-    assert service.heads_cache(cache, "another-model", tokens).induction is None
+    assert heads_cache(cache, "another-model", tokens).induction is None
 
 
 def test_ablation_lists_exactly_the_positions_whose_top_prediction_changed(tiny_llama):
-    model = service.ModelStore().get(tiny_llama)  # this store's own copy: louder heads, so removing them matters
+    model = ModelStore().get(tiny_llama)  # this store's own copy: louder heads, so removing them matters
     with torch.no_grad():
         for block in model.stack.blocks:
             block.attn.out.weight.mul_(300)
-    tokens = service.encode(model, HEADS_TEXT)
+    tokens = encode(model, HEADS_TEXT)
     chosen = [(0, 0), (0, 1), (1, 2)]
-    view = service.ablation(model, tokens, chosen, "zero")
-    ids = service.as_batch(tokens.ids)
+    view = ablation(model, tokens, chosen, "zero")
+    ids = as_batch(tokens.ids)
     with torch.inference_mode():
         clean = model(ids).logits[0].argmax(-1)
         ablated = model(ids, ablate_heads=chosen).logits[0].argmax(-1)
@@ -258,7 +276,7 @@ def test_ablation_lists_exactly_the_positions_whose_top_prediction_changed(tiny_
     assert expected and [row[0] for row in view.changed] == expected
     for position, label, before, after, answer in view.changed:
         assert label == tokens.labels[position] and answer == tokens.labels[position + 1]
-        assert (before, after) == tuple(service.token_texts(model, [clean[position], ablated[position]]))
+        assert (before, after) == tuple(token_texts(model, [clean[position], ablated[position]]))
     assert view.delta.shape == (len(tokens.ids) - 1,) and np.abs(view.delta).max() > 0.01
     assert view.labels == tokens.labels[1:]  # a decoder's loss at t is for token t + 1
 
@@ -268,40 +286,41 @@ def test_an_encoder_with_a_masked_lm_head_is_ablated_on_its_own_tokens(tmp_path)
 
     from tests.tiny import spread_weights
     from tiny_app_model import build_tokenizer
-    from ui import tab_heads
+    from ui.views import heads as heads_views
 
     folder = tmp_path / "tiny-bert-mlm"
     tok = build_tokenizer(folder, bert_style=True)
     config = BertConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                         num_attention_heads=4, max_position_embeddings=128, pad_token_id=tok.pad_token_id)
     spread_weights(BertForMaskedLM(config), seed=1).save_pretrained(folder)
-    store = service.ModelStore()
+    store = ModelStore()
+    services = Services.create(models=store)
     model = store.get(str(folder))
-    note, loss, rows = tab_heads.ablation_view(store, str(folder), HEADS_TEXT, "0.0, 1.1, 1.3", "zero")
-    n = len(service.encode(model, HEADS_TEXT).ids)
+    note, loss, rows = heads_views.ablation_view(services, str(folder), HEADS_TEXT, "0.0, 1.1, 1.3", "zero")
+    n = len(encode(model, HEADS_TEXT).ids)
     assert "masked-LM head" in note and len(loss.data[0].x) == n  # every token, [CLS] included, is scored
     assert loss.data[0].x[0].startswith("0 ")
     assert all(row[4] == row[1] for row in rows)  # the answer is the token at that position
-    updates = list(tab_heads.sweep_view(store, str(folder), HEADS_TEXT, "mean", "local"))
-    assert "Swept 8 heads" in updates[-1][0] and "surprisal" in tab_heads.model_note(model)
+    updates = list(heads_views.sweep_view(services, str(folder), HEADS_TEXT, "mean", "local"))
+    assert "Swept 8 heads" in updates[-1][0] and "surprisal" in heads_views.model_note(model)
 
 
 def test_the_sweep_streams_each_batch_then_the_same_map_as_the_core(tiny_llama):
     from core import heads
 
-    model = service.ModelStore().get(tiny_llama)
-    ids = service.encode(model, HEADS_TEXT).ids
-    updates = list(service.stream_sweep(model, ids, "zero", batch=3))
+    model = ModelStore().get(tiny_llama)
+    ids = encode(model, HEADS_TEXT).ids
+    updates = list(stream_sweep(model, ids, "zero", batch=3))
     assert [u.done for u in updates] == [0, 3, 6, 8, 8] and updates[-1].increase is not None
     assert all(u.increase is None for u in updates[:-1])
-    expected = heads.ablation_sweep(model, service.as_batch(ids), "zero")
+    expected = heads.ablation_sweep(model, as_batch(ids), "zero")
     np.testing.assert_allclose(updates[-1].increase.numpy(), expected.numpy(), atol=1e-6)
 
 
 def test_closing_the_sweep_stops_its_worker(tiny_llama):
-    model = service.ModelStore().get(tiny_llama)
-    ids = service.encode(model, HEADS_TEXT).ids
-    stream = service.stream_sweep(model, ids, "mean", batch=1)
+    model = ModelStore().get(tiny_llama)
+    ids = encode(model, HEADS_TEXT).ids
+    stream = stream_sweep(model, ids, "mean", batch=1)
     next(stream), next(stream)
     stream.close()
     for thread in threading.enumerate():
@@ -311,12 +330,12 @@ def test_closing_the_sweep_stops_its_worker(tiny_llama):
 
 
 def test_attribution_checks_its_settings_and_the_steps_times_tokens_budget(tiny_llama):
-    model = service.ModelStore().get(tiny_llama)
-    cache = service.heads_cache(None, tiny_llama, service.encode(model, HEADS_TEXT))
+    model = ModelStore().get(tiny_llama)
+    cache = heads_cache(None, tiny_llama, encode(model, HEADS_TEXT))
     n = len(cache.tokens.ids)
-    result = service.attribution(model, cache, -1, 1, 2, 4)
+    result = attribution(model, cache, -1, 1, 2, 4)
     assert result.position == n - 1 and len(result.integrated) == n
-    assert service.attribution(model, cache, n - 1, 1, 2, 4) is result  # the same settings: kept
+    assert attribution(model, cache, n - 1, 1, 2, 4) is result  # the same settings: kept
     for args, message in [
         ((n, 0, 0, 4), f"Position must be between -1 and {n - 1}, got {n}"),
         ((0, 2, 0, 4), "Layer must be between 0 and 1"),
@@ -325,35 +344,38 @@ def test_attribution_checks_its_settings_and_the_steps_times_tokens_budget(tiny_
         ((0, 0, 0, 10_000), "Steps must be between 1 and 256"),
         ((-1, 0, 0, 256), f"256 steps × {n} tokens .* the limit is 4,096. Use at most {4096 // n} steps"),
     ]:
-        with pytest.raises(service.UserError, match=message):
-            service.attribution(model, cache, *args)
-    assert len(service.attribution(model, cache, 3, 0, 0, 256).integrated) == 4  # position 3 reads 4 tokens
+        with pytest.raises(UserError, match=message):
+            attribution(model, cache, *args)
+    assert len(attribution(model, cache, 3, 0, 0, 256).integrated) == 4  # position 3 reads 4 tokens
 
 
 def test_the_heads_tab_head_map_is_the_attention_tabs_head_view(tiny_llama):
-    from ui.tab_attention import attention_view
+    from ui.views.attention import attention_view
 
-    store = service.ModelStore()
+    store = ModelStore()
+
+    services = Services.create(models=store)
     model = store.get(tiny_llama)
-    ids = service.encode(model, HEADS_TEXT).ids
-    _, _, head_view, _, _ = attention_view(store, tiny_llama, HEADS_TEXT, 1, "3", False, 0, 0, 8)
-    np.testing.assert_allclose(service.head_map(model, ids, 1, 3), np.asarray(head_view.data[0].z), atol=1e-6)
+    ids = encode(model, HEADS_TEXT).ids
+    _, _, head_view, _, _ = attention_view(services, tiny_llama, HEADS_TEXT, 1, "3", False, 0, 0, 8)
+    np.testing.assert_allclose(head_map(model, ids, 1, 3), np.asarray(head_view.data[0].z), atol=1e-6)
 
 
 def test_an_encoder_decoder_gets_its_encoders_scores_and_reasons_for_the_rest(tmp_path):
-    from ui import tab_heads
+    from ui.views import heads as heads_views
 
     folder = str(build_tiny_marian(tmp_path / "tiny-marian"))
-    store = service.ModelStore()
+    store = ModelStore()
+    services = Services.create(models=store)
     model = store.get(folder)
-    assert "induction" not in service.score_names(model)
-    note, score_map, table, _, head_view, _ = tab_heads.atlas_view(store, folder, HEADS_TEXT, "local", 1, 2)
+    assert "induction" not in score_names(model)
+    note, score_map, table, _, head_view, _ = heads_views.atlas_view(services, folder, HEADS_TEXT, "local", 1, 2)
     assert "encoder's self-attention" in note and np.asarray(score_map.data[0].z).shape == (4, 2)
     z = np.asarray(head_view.data[0].z)
     assert z[np.triu_indices(len(z), 1)].max() > 0  # the encoder reads both ways
-    assert "needs a target text" in tab_heads.ablation_view(store, folder, HEADS_TEXT, "0.0", "zero")[0]
-    assert "encoder-decoder" in tab_heads.attribution_view(store, folder, HEADS_TEXT, -1, 0, 0, 4)[0]
-    assert "encoder-decoder" in tab_heads.lens_view(store, folder, HEADS_TEXT)[0]
-    assert "decoder needs a target text" in tab_heads.surprisal_view(store, folder, HEADS_TEXT)[0]
-    with pytest.raises(service.UserError, match="induction score is not available"):
-        tab_heads.atlas_view(store, folder, HEADS_TEXT, "induction", 0, 0)
+    assert "needs a target text" in heads_views.ablation_view(services, folder, HEADS_TEXT, "0.0", "zero")[0]
+    assert "encoder-decoder" in heads_views.attribution_view(services, folder, HEADS_TEXT, -1, 0, 0, 4)[0]
+    assert "encoder-decoder" in heads_views.lens_view(services, folder, HEADS_TEXT)[0]
+    assert "decoder needs a target text" in heads_views.surprisal_view(services, folder, HEADS_TEXT)[0]
+    with pytest.raises(UserError, match="induction score is not available"):
+        heads_views.atlas_view(services, folder, HEADS_TEXT, "induction", 0, 0)

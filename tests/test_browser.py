@@ -29,8 +29,8 @@ from tiny_app_model import build_tiny_bert, build_tiny_llama, launch_app  # noqa
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("browser-models")
     llama, bert = str(build_tiny_llama(root / "tiny-llama")), str(build_tiny_bert(root / "tiny-bert"))
-    demo, url, store = launch_app([llama, bert], llama)
-    yield url, store.get(llama)
+    demo, url, services = launch_app([llama, bert], llama)
+    yield url, services.models.get(llama)
     demo.close()
 
 

@@ -26,7 +26,8 @@ from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
 from tiny_app_model import build_tiny_bert, build_tiny_llama, launch_app  # noqa: E402
-from ui import export, links  # noqa: E402
+from ui import links  # noqa: E402
+from ui.views import export  # noqa: E402
 
 TEXT = "The lighthouse keeper rowed out to the rocks at dawn. When the storm passed, she lit the lamp again."
 LAB_TINY = ["reverse", "marian", 1, 32, 2, 64, 0.0, "default", "default", True, True, 0, 10, 3e-3]
@@ -239,25 +240,27 @@ def test_a_link_is_written_from_the_page_state():
 
 @pytest.fixture(scope="module")
 def real_store():
-    from ui import service
+    from ui.services.checks import UserError
+    from ui.services.models import ModelStore
 
-    store = service.ModelStore()
+    store = ModelStore()
     try:
         store.get("minilm-l6"), store.get("smollm2-135m-instruct")
-    except service.UserError as exc:
+    except UserError as exc:
         pytest.skip(f"the real weights cannot be fetched here: {exc}")
     return store
 
 
 def test_permutation_check_minilm_is_equivariant_smollm2_is_not(real_store):
-    from ui import permutation, service
+    from ui.services.positions import permutation_check
+    from ui.services.text import encode
 
     sentence = "The lighthouse keeper rowed out to the rocks at dawn, and the lamp was lit again."
     minilm = real_store.get("minilm-l6")
-    check = permutation.permutation_check(minilm, service.encode(minilm, sentence).ids)
+    check = permutation_check(minilm, encode(minilm, sentence).ids)
     assert check.equivariant and not check.causal and check.max_error < 2e-5, check
     assert "rounding" in check.sentence() and "set of tokens" in check.sentence()
     smol = real_store.get("smollm2-135m-instruct")
-    check = permutation.permutation_check(smol, service.encode(smol, sentence).ids)
+    check = permutation_check(smol, encode(smol, sentence).ids)
     assert not check.equivariant and check.relative > 0.05 and check.causal, check
     assert "causal decoder" in check.sentence() and f"{check.max_error:.1e}" in check.sentence()

@@ -1,4 +1,4 @@
-"""The Lab tab's service (ui/lab.py) and plots (ui/lab_plots.py) without Gradio: tiny runs train and stream their
+"""The Lab tab's service (ui/services/lab) and plots (ui/plots/lab.py) without Gradio: tiny runs train and stream their
 curves, the job cap and the one-job-per-session rule refuse with a message, Stop ends the thread, bad configs and
 sources are named, comparisons differ in one switch and their sentences come from the numbers, saved runs join
 the weight store."""
@@ -15,9 +15,11 @@ import pytest
 
 from core import load_model
 from core.store import WeightStore, load_registry
-from ui import lab_plots
-from ui.lab import Lab, LabSettings, Summary, experiment_pair, finding, make_config
-from ui.service import UserError
+from ui.plots import lab as lab_plots
+from ui.services.checks import UserError
+from ui.services.lab.configs import Summary, experiment_pair, finding, make_config
+from ui.services.lab.runs import Lab
+from ui.settings import LabSettings
 
 SETTINGS = LabSettings(max_jobs=2, max_steps=5000, max_seconds=60, eval_examples=16)
 TINY = dict(task="reverse", family="marian", n_layers=1, d_model=32, n_heads=2, d_ff=64, dropout=0.0,
@@ -223,7 +225,7 @@ def test_alignment_counts_where_the_cross_attention_peaks_per_layer():
     import torch
 
     from core.train import LabAttention
-    from ui.lab import alignment_note
+    from ui.services.lab.runs import alignment_note
 
     cross = torch.zeros(2, 1, 5, 5)  # layer 0: the anti-diagonal of abcd -> dcba; layer 1: always the first source
     cross[0, 0, torch.arange(5), torch.tensor([3, 2, 1, 0, 4])] = 1
@@ -240,7 +242,7 @@ def test_alignment_counts_where_the_cross_attention_peaks_per_layer():
 
 
 def test_the_plots_know_nothing_of_torch_or_gradio():
-    code = "import sys, ui.lab_plots; print(sorted({'torch', 'gradio'} & set(sys.modules)))"
+    code = "import sys, ui.plots.lab; print(sorted({'torch', 'gradio'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     with pytest.raises(ValueError, match="do not match"):

@@ -1,9 +1,9 @@
 """Property-based tests: random text and random numbers through the service layer and every tab's handlers.
 
-Each handler is taken from the built page (app.build_demo's events, by api_name), so what runs is exactly the
+Each handler is taken from the built page (ui.page.build_page's events, by api_name), so what runs is exactly the
 function a Gradio event calls, wrapped in ui/common.py's user_errors. The properties, on tiny random models:
 
-- nothing raises but service.UserError (the service) or gr.Error (a handler), and a gr.Error is a clear message,
+- nothing raises but UserError (the service) or gr.Error (a handler), and a gr.Error is a clear message,
   never the "Something went wrong" that stands for an unexpected exception;
 - a bad value in one number field gives a gr.Error that names that field;
 - every figure is under 2 MB of JSON, and every attention row shown (head view, pooled overview, the softmax
@@ -35,7 +35,17 @@ from hypothesis import HealthCheck, Phase, assume, example, given, settings  # n
 from hypothesis import strategies as st  # noqa: E402
 
 from tiny_app_model import build_tiny_bert, build_tiny_llama, plotly_array  # noqa: E402
-from ui import lab, service  # noqa: E402
+from ui.services import Services  # noqa: E402
+from ui.services.attention import MAX_WINDOW, pool_attention, pool_edges  # noqa: E402
+from ui.services.checks import UserError, check_float, check_range  # noqa: E402
+from ui.services.generation import MAX_GENERATE_TOKENS  # noqa: E402
+from ui.services.heads import MAX_HEADS_TOKENS, MAX_IG_STEPS, parse_heads  # noqa: E402
+from ui.services.lab import configs as lab  # noqa: E402
+from ui.services.masks import MAX_MASK_TOKENS, MAX_STAGE_WINDOW  # noqa: E402
+from ui.services.models import ModelStore, known_model_names  # noqa: E402
+from ui.services.positions import MAX_PE_DIM, MAX_PE_POSITIONS  # noqa: E402
+from ui.services.text import encode  # noqa: E402
+from ui.settings import MAX_ATTENTION_TOKENS, LabSettings  # noqa: E402
 
 MAX_FIGURE_BYTES = 2_000_000
 MAX_TEXT_BYTES = 1_000_000  # the one cap for typed text and uploads
@@ -136,13 +146,13 @@ class Handlers(dict):
 
 @pytest.fixture(scope="module")
 def page(tiny):
-    """The handlers of the built page by api_name, and its model store (the page is built, not launched)."""
-    import app
+    """The handlers of the built page by api_name, and its services (the page is built, not launched)."""
+    from ui.page import build_page
 
-    store = service.ModelStore(extra_names=[tiny["llama"], tiny["bert"]])
-    demo = app.build_demo(store, tiny["llama"])
+    services = Services.create(models=ModelStore(extra_names=[tiny["llama"], tiny["bert"]]))
+    demo = build_page(services, tiny["llama"])
     handlers = Handlers({fn.api_name: fn.fn for fn in demo.fns.values() if fn.api_name and fn.fn is not None})
-    return handlers, store
+    return handlers, services
 
 
 models = st.sampled_from(["llama", "bert"])
@@ -161,7 +171,7 @@ def generic_error(fn, *args) -> bool:
             list(result)
     except gr.Error as exc:
         return str(exc.message).startswith(GENERIC_ERROR)
-    except service.UserError:
+    except UserError:
         return False
     except Exception:  # noqa: BLE001 - the bug: an exception nobody turned into a message
         return True
@@ -171,18 +181,18 @@ def generic_error(fn, *args) -> bool:
 # bugs these properties found, now fixed: name → (what it was, probe(page, tiny) → True if it came back)
 KNOWN_BUGS = {
     "huge_int": (
-        "service.check_range('Layer', 10**400, 0, 1) raises OverflowError (formatting the value as a float) "
+        "check_range('Layer', 10**400, 0, 1) raises OverflowError (formatting the value as a float) "
         "instead of a UserError",
-        lambda page, tiny: generic_error(service.check_range, "Layer", BIG, 0, 1),
+        lambda page, tiny: generic_error(check_range, "Layer", BIG, 0, 1),
     ),
     "huge_float": (
-        "service.check_float('Temperature', 10**400, 0, 5) raises OverflowError (float(value)) instead of a "
+        "check_float('Temperature', 10**400, 0, 5) raises OverflowError (float(value)) instead of a "
         "UserError",
-        lambda page, tiny: generic_error(service.check_float, "Temperature", BIG, 0.0, 5.0),
+        lambda page, tiny: generic_error(check_float, "Temperature", BIG, 0.0, 5.0),
     ),
     "surrogate": (
-        "service.encode(model, '\\ud800') raises the tokenizer's TypeError instead of a UserError",
-        lambda page, tiny: generic_error(service.encode, page[1].get(tiny["llama"]), "a\ud800b"),
+        "encode(model, '\\ud800') raises the tokenizer's TypeError instead of a UserError",
+        lambda page, tiny: generic_error(encode, page[1].models.get(tiny["llama"]), "a\ud800b"),
     ),
     "long_name": (
         "ModelStore.get('x' * 300) raises OSError (File name too long, from Path.is_dir) instead of a UserError",
@@ -194,11 +204,11 @@ KNOWN_BUGS = {
 # handlers that once called int() on the raw layer/head inputs after the service had checked them: "0.0" (which
 # check_range reads as 0) passed the check and then failed in int("0.0"); they now use index_of
 RAW_INT = {  # endpoint → (where, index of the layer argument after the model name)
-    "attention": ("ui/tab_attention.py run: int(layer_index)", 1),
-    "positional_encoding": ("ui/tab_positions.py: export.filename(..., int(layer_index), int(head_index))", 4),
-    "mask_demo": ("ui/tab_masks.py run: int(layer_index), int(head_index)", 1),
-    "head_atlas": ("ui/tab_heads.py head_atlas: int(layer_index), int(head_index)", 2),
-    "attribute": ("ui/tab_heads.py attribute: int(layer_index), int(head_index)", 2),
+    "attention": ("ui/views/attention.py attention_view: int(layer_index)", 1),
+    "positional_encoding": ("ui/views/positions.py: export.filename(..., int(layer_index), int(head_index))", 4),
+    "mask_demo": ("ui/views/masks.py mask_view: int(layer_index), int(head_index)", 1),
+    "head_atlas": ("ui/views/heads.py atlas_view: int(layer_index), int(head_index)", 2),
+    "attribute": ("ui/views/heads.py attribution_view: int(layer_index), int(head_index)", 2),
 }
 
 
@@ -285,11 +295,11 @@ def head_view_rows(value, what: str) -> None:
 @examples(60)
 @given(kind=models, text=texts, max_tokens=st.one_of(st.none(), st.integers(1, 3000)))
 def test_encode_gives_tokens_within_the_limit_or_a_user_error(page, tiny, kind, text, max_tokens):
-    _, store = page
-    model = store.get(tiny[kind])
+    _, services = page
+    model = services.models.get(tiny[kind])
     try:
-        enc = service.encode(model, text, max_tokens)
-    except service.UserError as exc:
+        enc = encode(model, text, max_tokens)
+    except UserError as exc:
         assert str(exc)
         return
     limit = min(max_tokens or model.config.max_positions, model.config.max_positions)
@@ -304,10 +314,10 @@ def test_encode_gives_tokens_within_the_limit_or_a_user_error(page, tiny, kind, 
 @given(kind=models, text=texts_with_surrogates)
 def test_encode_reads_or_refuses_text_with_lone_surrogates(page, tiny, kind, text):
     """JSON can carry "\\ud800" on its own, and Python keeps it in a str; the tokenizer cannot encode it."""
-    _, store = page
+    _, services = page
     try:
-        service.encode(store.get(tiny[kind]), text)
-    except service.UserError as exc:
+        encode(services.models.get(tiny[kind]), text)
+    except UserError as exc:
         assert str(exc)
 
 
@@ -326,8 +336,8 @@ def test_encode_reads_or_refuses_text_with_lone_surrogates(page, tiny, kind, tex
 def test_check_range_gives_a_whole_number_in_range_or_names_the_field(value, low, span):
     high = low + span
     try:
-        result = service.check_range("Fieldname", value, low, high)
-    except service.UserError as exc:
+        result = check_range("Fieldname", value, low, high)
+    except UserError as exc:
         assert "Fieldname" in str(exc)
         return
     assert isinstance(result, int) and not isinstance(result, bool)
@@ -348,8 +358,8 @@ def test_check_range_gives_a_whole_number_in_range_or_names_the_field(value, low
 def test_check_float_gives_a_finite_number_in_range_or_names_the_field(value, low, span, low_open):
     high = low + span
     try:
-        result = service.check_float("Fieldname", value, low, high, low_open=low_open)
-    except service.UserError as exc:
+        result = check_float("Fieldname", value, low, high, low_open=low_open)
+    except UserError as exc:
         assert "Fieldname" in str(exc)
         return
     assert isinstance(result, float) and math.isfinite(result)
@@ -385,8 +395,8 @@ def test_an_upload_gives_its_text_or_a_clear_error(page, data, suffix):
     lambda pairs: ", ".join(f"{a}.{b}" for a, b in pairs))), n_layers=st.integers(1, 40), n_heads=st.integers(1, 40))
 def test_parse_heads_gives_existing_heads_or_a_user_error(text, n_layers, n_heads):
     try:
-        pairs = service.parse_heads(text, n_layers, n_heads)
-    except service.UserError as exc:
+        pairs = parse_heads(text, n_layers, n_heads)
+    except UserError as exc:
         assert str(exc)
         return
     assert pairs and len(set(pairs)) == len(pairs)
@@ -402,9 +412,9 @@ def test_pooled_attention_rows_still_sum_to_one(n, blocks, causal, seed):
         scores = np.where(np.tril(np.ones((n, n), bool)), scores, -np.inf)
     probs = np.exp(scores - scores.max(-1, keepdims=True))
     probs = (probs / probs.sum(-1, keepdims=True)).astype(np.float32)
-    edges = service.pool_edges(n, blocks)
+    edges = pool_edges(n, blocks)
     assert edges[0] == 0 and edges[-1] == n and np.all(np.diff(edges) > 0)
-    assert_rows_sum_to_one(service.pool_attention(probs, edges, edges), f"pooled {n} → {len(edges) - 1}")
+    assert_rows_sum_to_one(pool_attention(probs, edges, edges), f"pooled {n} → {len(edges) - 1}")
 
 
 @example(name="x" * 300)
@@ -413,8 +423,8 @@ def test_pooled_attention_rows_still_sum_to_one(n, blocks, causal, seed):
     ["", ".", "..", "/", "weights", "tests", "/etc/passwd", "a/b", "../../..", "\x00", "x" * 256, "é" * 200])))
 def test_a_model_name_loads_or_gives_a_clear_error(page, tiny, name):
     """The load_model handler (the picker's change event) on any name the API can send."""
-    handlers, store = page
-    assume(name not in service.known_model_names() and name not in tiny.values())
+    handlers, _ = page
+    assume(name not in known_model_names() and name not in tiny.values())
     outputs, error = call(handlers["load_model"], name)
     assert_clear(error)
     if error is None:
@@ -441,14 +451,14 @@ def test_attention_tab(page, tiny, kind, text, layer, head, hide, q0, k0, window
     outputs, error = call(handlers["attention"], *attention_args(tiny, kind, text, layer, head, hide, q0, k0, window))
     assert_clear(error)
     if error is None:
-        assert_attention_outputs(outputs[0], hide)
+        assert_attention_outputs(outputs[0], hide, page[1].kept)
 
 
-def assert_attention_outputs(outputs, hide: bool) -> None:
+def assert_attention_outputs(outputs, hide: bool, kept) -> None:
     note, model_fig, head_fig, window_fig, capture = outputs
     assert isinstance(note, str) and note
     assert_small([outputs])
-    overview, n_tokens = capture.overview, capture.key[1]  # [L, H, S, S]: means over blocks of queries and keys
+    overview, n_tokens = capture.overview(kept), capture.key[1]  # [L, H, S, S]: means over blocks of queries and keys
     assert overview is not None, "the capture this session keeps is gone right after the call"
     assert np.all(np.isfinite(overview)) and overview.min() >= 0 and overview.max() <= 1 + 1e-2  # float16 kept
     if overview.shape[-1] == n_tokens:  # short texts: one cell per token
@@ -464,7 +474,7 @@ def test_attention_tab_on_texts_up_to_the_cap(page, tiny, kind, text, hide):
     outputs, error = call(handlers["attention"], *attention_args(tiny, kind, text, 0, "mean of heads", hide, 0, 0, 64))
     assert_clear(error)
     if error is None:
-        assert_attention_outputs(outputs[0], hide)
+        assert_attention_outputs(outputs[0], hide, page[1].kept)
 
 
 @example(text="Hi", chat=False, max_new=BIG, temperature=0.0, top_k=0, top_p=1.0, seed=0)
@@ -633,13 +643,13 @@ def test_lab_settings_give_a_checked_config_or_a_user_error(
 ):
     """The Lab tab's train and compare events read every field through lab.make_config before training."""
     try:
-        config = lab.make_config(lab.LabSettings(), task, family, n_layers, d_model, n_heads, d_ff, dropout, positions,
+        config = lab.make_config(LabSettings(), task, family, n_layers, d_model, n_heads, d_ff, dropout, positions,
                                  norm, True, True, seed, steps, lr, snapshot_steps)
-    except service.UserError as exc:
+    except UserError as exc:
         assert str(exc)
         return
     assert 1 <= config.n_layers <= 4 and 32 <= config.d_model <= 256 and config.d_model % config.n_heads == 0
-    assert 1 <= config.steps <= lab.LabSettings().max_steps and 1e-5 <= config.lr <= 0.1
+    assert 1 <= config.steps <= LabSettings().max_steps and 1e-5 <= config.lr <= 0.1
 
 
 @examples(20)
@@ -666,30 +676,30 @@ FIELDS = [
     ("attention", "Layer", 1, 0, 1),
     ("attention", "Head", 2, 0, 3),
     # where a range depends on the text's length, `high` is the longest text's: every value above it is bad
-    ("attention", "Window query start", 4, 0, service.MAX_ATTENTION_TOKENS - 1),
-    ("attention", "Window key start", 5, 0, service.MAX_ATTENTION_TOKENS - 1),
-    ("attention", "Window size", 6, 2, service.MAX_WINDOW),
-    ("positional_encoding", "Positions n", 0, 2, service.MAX_PE_POSITIONS),
-    ("positional_encoding", "Dimensions d", 1, 2, service.MAX_PE_DIM),
+    ("attention", "Window query start", 4, 0, MAX_ATTENTION_TOKENS - 1),
+    ("attention", "Window key start", 5, 0, MAX_ATTENTION_TOKENS - 1),
+    ("attention", "Window size", 6, 2, MAX_WINDOW),
+    ("positional_encoding", "Positions n", 0, 2, MAX_PE_POSITIONS),
+    ("positional_encoding", "Dimensions d", 1, 2, MAX_PE_DIM),
     ("positional_encoding", "Start position p", 2, 0, 14),
     ("positional_encoding", "Offset k", 3, 1, 15),
     ("positional_encoding", "Layer", 4, 0, 1),
     ("positional_encoding", "Head", 5, 0, 3),
     ("mask_demo", "Layer", 1, 0, 1),
     ("mask_demo", "Head", 2, 0, 3),
-    ("mask_demo", "Window start", 3, 0, service.MAX_MASK_TOKENS - 1),
-    ("mask_demo", "Window size", 4, 2, service.MAX_STAGE_WINDOW),
-    ("generate", "Max new tokens", 2, 1, service.MAX_GENERATE_TOKENS),
+    ("mask_demo", "Window start", 3, 0, MAX_MASK_TOKENS - 1),
+    ("mask_demo", "Window size", 4, 2, MAX_STAGE_WINDOW),
+    ("generate", "Max new tokens", 2, 1, MAX_GENERATE_TOKENS),
     ("generate", "Temperature", 3, 0, 5),
     ("generate", "Top-k", 4, 0, 10**6),
     ("generate", "Top-p", 5, 0, 1),
     ("generate", "Seed", 6, 0, 2**63 - 1),
     ("head_atlas", "Layer", 2, 0, 1),
     ("head_atlas", "Head", 3, 0, 3),
-    ("attribute", "Position", 1, -1, service.MAX_HEADS_TOKENS - 1),
+    ("attribute", "Position", 1, -1, MAX_HEADS_TOKENS - 1),
     ("attribute", "Layer", 2, 0, 1),
     ("attribute", "Head", 3, 0, 3),
-    ("attribute", "Steps", 4, 1, service.MAX_IG_STEPS),
+    ("attribute", "Steps", 4, 1, MAX_IG_STEPS),
 ]
 OPTIONAL = {("generate", "Top-k"), ("generate", "Top-p"), ("generate", "Seed")}  # empty: off / unseeded
 

@@ -1,7 +1,7 @@
 """The model work on Ray Serve (ui/ray_backend.py) gives the same answers as the app in one process.
 
 A local Ray instance (127.0.0.1, 2 CPUs, no dashboard) runs two replicas of a tiny Llama deployed through
-`python app.py --backend ray`'s own path (app.parse_args, app.ray_backend, app.build_demo(backend=...)); the front
+`python app.py --backend ray`'s own path (app.parse_args, app.ray_backend, ui.page.build_page(backend=...)); the front
 is launched on a free loopback port and driven with gradio_client beside the in-process app on the same model:
 every figure and text must be identical (timings aside). Ray starts once for the module. The tests of the seam
 itself (ui/backend.py) need no Ray and always run.
@@ -27,7 +27,10 @@ from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
 from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
-from ui import backend as model_backend  # noqa: E402
+from ui.backend import routing as model_backend  # noqa: E402
+from ui.backend.ray_serve import replica_page  # noqa: E402
+from ui.page import build_page  # noqa: E402
+from ui.services import Services  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = "The lighthouse keeper rowed out to the rocks at dawn. When the storm passed, she lit the lamp again."
@@ -64,7 +67,7 @@ class Pickled:
     as a replica does: the seam's proxies, argument dropping, files and errors, without Ray."""
 
     def __init__(self, model_name: str):
-        self.events = model_backend.replica_page(model_name)
+        self.events = replica_page(model_name)
 
     def call(self, key, model_name, args, session=None):
         args = pickle.loads(pickle.dumps(args))
@@ -79,10 +82,7 @@ class Pickled:
 
 
 def test_every_model_event_can_travel(llama):
-    import app
-    from ui import service
-
-    demo = app.build_demo(service.ModelStore(extra_names=[llama]), llama)
+    demo = build_page(Services.create(default_model=llama), llama)
     events = model_backend.model_events(demo)
     names = {key.split(":", 1)[1] for key in events}
     assert {"attention", "generate", "positional_encoding", "mask_demo", "head_atlas", "ablation_sweep",
@@ -98,11 +98,11 @@ def test_a_second_page_behind_pickles_answers_as_this_one(llama, local):
 
     args = app.parse_args(["--model", llama])
     args.backend = "ray"  # the front's store as --backend ray builds it, without Ray
-    store = app.model_store(args)
-    assert next(store.get(llama).parameters()).device.type == "meta"
-    demo = app.build_demo(store, llama, backend=Pickled(llama))
+    services = Services.create(app.app_settings(args), default_model=llama)
+    assert next(services.models.get(llama).parameters()).device.type == "meta"
+    demo = build_page(services, llama, backend=Pickled(llama))
     demo.queue(max_size=app.QUEUE_SIZE, default_concurrency_limit=1)
-    _, url, _ = demo.launch(**app.launch_options(app.parse_args(["--port", str(free_port())])),
+    _, url, _ = demo.launch(**app.launch_options(app.parse_args(["--port", str(free_port())]), services.settings),
                             prevent_thread_lock=True, quiet=True)
     try:
         same_answers(Client(url, verbose=False), Client(local, verbose=False), llama)
@@ -129,12 +129,12 @@ def ray_front(llama):
     try:
         args = app.parse_args(["--backend", "ray", "--replicas", "2", "--num-cpus", "0.5", "--model", llama,
                                "--port", str(free_port())])
-        store = app.model_store(args)
-        store.get(llama)
+        services = Services.create(app.app_settings(args), default_model=llama)
+        services.models.get(llama)
         backend = app.ray_backend(args)
-        demo = app.build_demo(store, llama, backend=backend)
+        demo = build_page(services, llama, backend=backend)
         demo.queue(max_size=app.QUEUE_SIZE, default_concurrency_limit=1)
-        _, url, _ = demo.launch(**app.launch_options(args), prevent_thread_lock=True, quiet=True)
+        _, url, _ = demo.launch(**app.launch_options(args, services.settings), prevent_thread_lock=True, quiet=True)
         yield demo, Client(url, verbose=False), backend
         demo.close()
     finally:

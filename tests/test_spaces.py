@@ -14,10 +14,10 @@ os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 
 import app  # noqa: E402
 from tiny_app_model import build_tiny_llama  # noqa: E402
-from ui import service  # noqa: E402
 from ui import spaces as space_support  # noqa: E402
-from ui.common import ANALYSIS  # noqa: E402
-from ui.tab_generate import GENERATE  # noqa: E402
+from ui.page import build_page  # noqa: E402
+from ui.services import Services  # noqa: E402
+from ui.tabs.events import ANALYSIS, GENERATE  # noqa: E402
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def fake_spaces(monkeypatch):
 def test_on_zero_gpu_the_model_events_and_only_they_run_under_spaces_gpu(fake_spaces, monkeypatch, tmp_path):
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     model = str(build_tiny_llama(tmp_path / "tiny-llama"))
-    demo = app.build_demo(service.ModelStore(extra_names=[model]), model)
+    demo = build_page(Services.create(default_model=model), model)
     on_gpu = {fn.api_name for fn in demo.fns.values() if hasattr(fn.fn, "zerogpu_duration")}
     assert {"attention", "generate", "mask_demo", "positional_encoding", "head_atlas", "load_model"} <= on_gpu
     for fn in demo.fns.values():
@@ -62,7 +62,7 @@ def test_without_zero_gpu_nothing_is_decorated_and_spaces_is_not_imported(monkey
     monkeypatch.setitem(sys.modules, "spaces", None)  # importing it would fail: it must not be tried
     assert space_support.zero_gpu() is None
     model = str(build_tiny_llama(tmp_path / "tiny-llama"))
-    demo = app.build_demo(service.ModelStore(extra_names=[model]), model)
+    demo = build_page(Services.create(default_model=model), model)
     assert not any(hasattr(fn.fn, "zerogpu_duration") for fn in demo.fns.values())
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")  # set, but the package is missing: a warning, no failure
     assert space_support.zero_gpu() is None
@@ -71,10 +71,12 @@ def test_without_zero_gpu_nothing_is_decorated_and_spaces_is_not_imported(monkey
 def test_a_space_binds_where_it_says_and_a_plain_machine_binds_loopback(fake_spaces, monkeypatch):
     monkeypatch.setenv("GRADIO_SERVER_NAME", "0.0.0.0")  # what Hugging Face sets in a Space's container
     monkeypatch.setenv("GRADIO_SERVER_PORT", "7860")
-    options = app.launch_options(app.parse_args([]))
+    args = app.parse_args([])
+    options = app.launch_options(args, app.app_settings(args))
     assert options["server_name"] == "0.0.0.0" and options["share"] is False
     monkeypatch.delenv("GRADIO_SERVER_NAME")
-    assert app.launch_options(app.parse_args([]))["server_name"] == "127.0.0.1"
+    args = app.parse_args([])
+    assert app.launch_options(args, app.app_settings(args))["server_name"] == "127.0.0.1"
 
 
 def test_a_space_with_persistent_storage_keeps_its_weights_there(fake_spaces, monkeypatch, tmp_path):

@@ -154,22 +154,25 @@ def build_tiny_marian(folder: Path) -> Path:
 
 def launch_app(model_names: list[str], default: str):
     """Start the app in this process on a free loopback port, with the options `python app.py` uses.
-    Returns (demo, url, store); call demo.close() when done."""
+    Returns (demo, url, services); call demo.close() when done."""
     import socket
     from argparse import Namespace
 
     import app
-    from ui import service
+    from ui.page import build_page
+    from ui.services import Services
+    from ui.services.models import ModelStore
+    from ui.settings import AppSettings
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    store = service.ModelStore(extra_names=model_names)
-    demo = app.build_demo(store, default)
+    services = Services.create(AppSettings.from_env(), ModelStore(extra_names=model_names))
+    demo = build_page(services, default)
     demo.queue(max_size=app.QUEUE_SIZE, default_concurrency_limit=1)
     args = Namespace(host="127.0.0.1", port=port, share=False)
-    _, url, _ = demo.launch(**app.launch_options(args), prevent_thread_lock=True, quiet=True)
-    return demo, url, store
+    _, url, _ = demo.launch(**app.launch_options(args, services.settings), prevent_thread_lock=True, quiet=True)
+    return demo, url, services
 
 
 def plotly_array(value) -> np.ndarray:

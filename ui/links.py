@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-from ui.service import index_of, public_text
+from ui.services.checks import index_of, public_text
 
 TABS = ("generate", "attention", "positions", "masks", "heads", "lab")
 TABS_WITH_HEADS = ("attention", "positions", "masks", "heads")  # the tabs that have a layer and a head to set

@@ -1,0 +1,235 @@
+"""The model work on Ray Serve: one deployment per model, the Gradio page a thin front (ui/backend/routing.py).
+
+    python app.py --backend ray --ray-address auto --replicas 2 --num-cpus 2 --num-gpus 1
+    python app.py --backend ray --ray-address ray://head:10001 --serve-config serve.yaml
+
+Each replica builds the same page with its own services (never launched) and runs the event the front
+names on the arguments the front sends; generators stream back through a streaming DeploymentHandle. A session's
+calls carry its Gradio session hash as Serve's multiplexed model id, so Serve routes them to the replica that
+served the session before, where its kept captures and generation rows live; when that replica is busy, gone or
+has forgotten the session, the call runs elsewhere and the service treats the ticket as a cache miss.
+
+Imported only with `--backend ray`: `python app.py` never imports Ray (requirements-scale.txt installs it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import serve
+
+from ui.backend import routing as backend
+from ui.page import build_page
+from ui.services import Services
+from ui.services.checks import UserError
+from ui.settings import MAX_ATTENTION_TOKENS, AppSettings
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[2]
+MAX_DEPLOYED = 2  # models deployed at once, like the in-process ModelStore's capacity; the least recent goes
+SESSIONS_PER_REPLICA = 500  # sessions a replica remembers for routing (like app.SESSIONS), least recent forgotten
+REPLICA_ONGOING = 2  # requests a replica runs at once (the page's own GENERATE_LIMIT); more wait in Serve's queue
+APP_PREFIX = "attn-"
+_DONE = object()
+
+
+@serve.deployment(max_ongoing_requests=REPLICA_ONGOING)
+class ModelReplica:
+    """One model's page on one replica: runs the front's model events by key (ui.backend.model_events)."""
+
+    def __init__(self, model_name: str, device: str | None, max_tokens: int):
+        self.events = replica_page(model_name, device, max_tokens)
+
+    @serve.multiplexed(max_num_models_per_replica=SESSIONS_PER_REPLICA)
+    async def session(self, session_id: str) -> str:
+        return session_id  # nothing to load: remembering the id is what routes the session's calls here
+
+    async def join_session(self) -> None:
+        session_id = serve.get_multiplexed_model_id()
+        if session_id:
+            await self.session(session_id)
+
+    async def call(self, key: str, args: tuple) -> Any:
+        await self.join_session()
+        return await asyncio.to_thread(backend.run_event, self.events, key, args)
+
+    async def stream(self, key: str, args: tuple):
+        await self.join_session()
+        updates = backend.stream_event(self.events, key, args)
+        while (update := await asyncio.to_thread(next, updates, _DONE)) is not _DONE:
+            yield update
+
+
+@dataclass
+class ServeOptions:
+    """Serve deployment options for every model's deployment, and per model (a --serve-config YAML file:
+    any keys of serve.deployment, e.g. num_replicas, ray_actor_options, max_ongoing_requests,
+    autoscaling_config; `models: {name: {...}}` overrides them for one model)."""
+
+    common: dict = field(default_factory=dict)
+    models: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_args(cls, replicas: int | None = None, num_cpus: float | None = None, num_gpus: float | None = None,
+                  config_file: str | None = None) -> ServeOptions:
+        options = cls()
+        if config_file:
+            options = cls.read(Path(config_file))
+        actor = dict(options.common.get("ray_actor_options") or {})
+        if num_cpus is not None:
+            actor["num_cpus"] = num_cpus
+        if num_gpus is not None:
+            actor["num_gpus"] = num_gpus
+        if actor:
+            options.common["ray_actor_options"] = actor
+        if replicas is not None:
+            options.common["num_replicas"] = replicas
+        return options
+
+    @classmethod
+    def read(cls, path: Path) -> ServeOptions:
+        import yaml  # a dependency of ray
+
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValueError(f"--serve-config {path}: cannot be read as YAML ({exc})") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"--serve-config {path}: expected a mapping of deployment options, got "
+                             f"{type(raw).__name__}")
+        models = raw.pop("models", None) or {}
+        if not isinstance(models, dict) or not all(isinstance(v, dict) for v in models.values()):
+            raise ValueError(f"--serve-config {path}: 'models' must map model names to deployment options")
+        return cls(raw, models)
+
+    def for_model(self, name: str) -> dict:
+        merged = {**self.common, **self.models.get(name, {})}
+        if "ray_actor_options" in self.common and "ray_actor_options" in self.models.get(name, {}):
+            merged["ray_actor_options"] = {**self.common["ray_actor_options"],
+                                           **self.models[name]["ray_actor_options"]}
+        return merged
+
+
+def app_name(model_name: str) -> str:
+    """A Serve application name for a model: readable, and unique for names that read alike (folders)."""
+    readable = re.sub(r"[^A-Za-z0-9_-]+", "-", Path(model_name).name or model_name).strip("-")[:40]
+    return f"{APP_PREFIX}{readable}-{hashlib.sha1(model_name.encode()).hexdigest()[:8]}"
+
+
+def connect(address: str | None) -> None:
+    """Join the Ray cluster at `address` (or the one this process started) and start Serve without its HTTP
+    proxy: the page reaches the replicas through handles only. The replicas import this repository: on a
+    cluster it must sit at the same path on every node (or be in the nodes' image)."""
+    if not ray.is_initialized():
+        # a Ray started here listens on loopback only and has no dashboard, like the app's own defaults
+        local = {} if address else {"_node_ip_address": "127.0.0.1", "include_dashboard": False}
+        ray.init(address=address, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}}, log_to_driver=False,
+                 **local)
+    serve.start(proxy_location="Disabled")
+
+
+class RayBackend:
+    """ui.backend's Backend on Ray Serve: one application with one deployment per model, deployed when the
+    model is first asked for (the default model at start)."""
+
+    front_concurrency_limit = None  # the front queues nothing itself: each replica runs REPLICA_ONGOING at once
+
+    def __init__(self, options: ServeOptions, device: str | None = None,
+                 max_tokens: int = MAX_ATTENTION_TOKENS):
+        self.options, self.device, self.max_tokens = options, device, max_tokens
+        self._handles: OrderedDict[str, serve.handle.DeploymentHandle] = OrderedDict()
+        self._lock = threading.Lock()  # guards _handles and _deploying
+        self._deploying: dict[str, threading.Lock] = {}
+
+    def deploy(self, model_name: str) -> serve.handle.DeploymentHandle:
+        """The model's deployment, deployed now (and waited for) if it is not yet."""
+        with self._lock:
+            if model_name in self._handles:
+                self._handles.move_to_end(model_name)
+                return self._handles[model_name]
+            name_lock = self._deploying.setdefault(model_name, threading.Lock())
+        with name_lock:
+            with self._lock:
+                if model_name in self._handles:
+                    return self._handles[model_name]
+            options = self.options.for_model(model_name)
+            log.info("deploying %s on Ray Serve as %s (%s)", model_name, app_name(model_name), options or "defaults")
+            deployment = ModelReplica.options(name="model", **options)
+            handle = serve.run(deployment.bind(model_name, self.device, self.max_tokens),
+                               name=app_name(model_name), route_prefix=None)
+            with self._lock:
+                self._handles[model_name] = handle
+                retired = list(self._handles)[:-MAX_DEPLOYED]
+                for name in retired:
+                    del self._handles[name]
+            for name in retired:  # its replicas and their memory go; choosing it again deploys it again
+                self._delete(name)
+            return handle
+
+    def _handle(self, model_name: str, session: str | None):
+        handle = self.deploy(model_name)
+        return handle.options(multiplexed_model_id=session) if session else handle
+
+    def call(self, key: str, model_name: str, args: tuple, session: str | None = None) -> Any:
+        return backend.received(self._handle(model_name, session).call.remote(key, args).result())
+
+    def stream(self, key: str, model_name: str, args: tuple, session: str | None = None) -> Iterator:
+        updates = self._handle(model_name, session).options(stream=True).stream.remote(key, args)
+        try:
+            for update in updates:
+                yield backend.received(update)
+        finally:
+            updates.cancel()  # the page's Stop (or a closed tab) ends the generation on the replica too
+
+    def close(self) -> None:
+        """Delete the applications this front deployed."""
+        with self._lock:
+            names = list(self._handles)
+            self._handles.clear()
+        for model_name in names:
+            self._delete(model_name)
+
+    @staticmethod
+    def _delete(model_name: str) -> None:
+        try:
+            serve.delete(app_name(model_name))
+        except Exception as exc:  # noqa: BLE001 - a cluster already gone must not stop the app from closing
+            log.warning("could not delete the Serve application of %s: %s", model_name, exc)
+
+
+def replica_page(model_name: str, device: str | None = None, max_tokens: int = MAX_ATTENTION_TOKENS
+                 ) -> dict[str, backend.ModelEvent]:
+    """What a replica runs: the same page as the front's, built here with its own services and never launched,
+    so its model events are the front's functions working on real weights."""
+    settings = AppSettings.from_env(device=device, max_attention_tokens=max_tokens)
+    services = Services.create(settings, default_model=model_name)
+    return backend.model_events(build_page(services, model_name))
+
+
+def start(model_name: str, address: str | None, options: ServeOptions, device: str | None,
+          max_tokens: int) -> RayBackend:
+    """The Ray Serve backend, connected and with the default model deployed (its replicas load it before the page
+    opens); a cluster that cannot be reached or deployed to is a UserError that says which."""
+    backend_ = None
+    try:
+        connect(address)
+        backend_ = RayBackend(options, device=device, max_tokens=max_tokens)
+        backend_.deploy(model_name)
+    except Exception as exc:  # noqa: BLE001 - a cluster that cannot be reached or deployed to is the user's to fix
+        if backend_ is not None:
+            backend_.close()
+        where = address or "a local Ray instance"
+        raise UserError(f"Ray Serve on {where} could not serve {model_name}: {type(exc).__name__}: "
+                        f"{str(exc)[:300]}") from None
+    return backend_

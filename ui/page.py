@@ -1,0 +1,160 @@
+"""The page: the model picker (with the link to share) and the card, closed, then the tabs; deep links read when a
+page opens and written by its button; every input answered in words; the model work sent to a backend, or on a
+ZeroGPU Space decorated to run on the GPU."""
+
+from __future__ import annotations
+
+import logging
+
+import gradio as gr
+
+from ui import links, spaces
+from ui.backend.routing import route
+from ui.tabs import attention, generate, heads, lab, masks, picker as model_picker, positions
+from ui.tabs.events import MODEL_GROUPS, ON_ANALYSIS, checked_inputs, user_errors
+from ui.tabs.widgets import SVG_BUTTON_JS, Tab
+
+log = logging.getLogger(__name__)
+
+TITLE = "The attention explorer"
+LINK_JS = """(...args) => { args[args.length - 1] = window.location.href; return args; }"""  # the page's own URL
+COPY_JS = """(link) => { if (link && navigator.clipboard) navigator.clipboard.writeText(link).catch(() => {}); }"""
+TAB_IDS = {"Generate": "generate", "Attention": "attention", "Positional encoding": "positions", "Masks": "masks",
+           "Heads": "heads", "Lab": "lab"}
+
+
+def build_page(services, default_model: str, backend=None) -> gr.Blocks:
+    """The whole page on `services` (ui.services.Services); the default model must be loadable. With a backend
+    other than this process (ui/backend), the events that run a model are sent to it; otherwise, on a ZeroGPU
+    Space, they are decorated with spaces.GPU."""
+    demo = checked_inputs(layout(services, default_model), services.settings.text_cap_bytes)
+    if backend is not None:
+        routed = route(demo, backend, default_model)
+        log.info("%d events run on %s", len(routed), type(backend).__name__)
+        return demo
+    decorated = spaces.on_gpu(demo, MODEL_GROUPS)
+    if decorated:
+        log.info("ZeroGPU: %d events run on the GPU", len(decorated))
+    return demo
+
+
+def layout(services, default_model: str) -> gr.Blocks:
+    """The picker, the card and the tabs. A page opened with query parameters (ui/links.py) starts on that model,
+    tab, layer and head."""
+    initial = services.models.get(default_model)
+    # uploaded files are deleted an hour after upload: a public Space must not collect users' texts
+    with gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
+        gr.Markdown(
+            f"# {TITLE}\nA small Transformer written from scratch in PyTorch, loaded with real weights: "
+            "look at its attention head by head, its positional encodings, what its masks do, and what each head "
+            "does and whether it matters."
+        )
+        share = {}
+        picker = model_picker.build(services.models, default_model, beside=lambda: share.update(share_controls()))
+        current_tab = gr.State("attention")
+        with gr.Tabs(selected="attention") as tabs:
+            built = {}
+            for label, name, module in (("Generate", "generate", generate), ("Attention", "attention", attention),
+                                        ("Positional encoding", "positions", positions), ("Masks", "masks", masks),
+                                        ("Heads", "heads", heads)):
+                with gr.Tab(label, id=name):
+                    built[name] = module.build(services, picker, initial)
+            lab.build(services, picker, initial)  # its own gr.Tab: train a Transformer from scratch
+        wire_send(built["generate"], built["attention"], tabs, current_tab)
+        tabs.select(remember_tab, None, current_tab, api_visibility="private", queue=False)
+        controls = {name: tab for name, tab in built.items() if tab.text is not None}
+        deep_links(demo, services, default_model, picker, tabs, current_tab, controls)
+        wire_share_link(share, picker, current_tab, controls)
+    return demo
+
+
+def share_controls() -> dict:
+    with gr.Row():
+        button = gr.Button("Copy a link to this view", size="sm", elem_id="copy-link", scale=0, min_width=160)
+        link = gr.Textbox(label="Link (model, tab, layer, head, and the text when short)", interactive=False,
+                          buttons=["copy"], elem_id="share-link", scale=3)
+    note = gr.Markdown(elem_id="share-note")
+    return dict(button=button, link=link, note=note)
+
+
+def remember_tab(evt: gr.SelectData):
+    return TAB_IDS.get(str(evt.value), "attention")
+
+
+def wire_send(generate_tab: Tab, attention_tab: Tab, tabs, current_tab) -> None:
+    """Generate's button sends prompt + continuation to the Attention tab, and shows it there."""
+
+    def send_to_attention(text: str):
+        if not text:
+            raise gr.Error("Generate something first; then it can be sent to the Attention tab.")
+        return text, gr.Tabs(selected="attention"), "attention"
+
+    generate_tab.send.click(send_to_attention, generate_tab.sent, [attention_tab.text, tabs, current_tab],
+                            api_visibility="private").then(**attention_tab.run_event)
+
+
+def deep_links(demo, services, default_model, picker, tabs, current_tab, controls: dict[str, Tab]) -> None:
+    """Read the link a page was opened with: model, tab, layer, head, text; then show the Attention tab's view
+    when the link asked for it."""
+    models, attention_event = services.models, controls["attention"].run_event
+
+    def shape(name: str) -> tuple[int, int]:
+        cfg = models.get(name).config
+        return cfg.n_layers, cfg.n_heads
+
+    link_outputs = [picker.model, tabs, current_tab]
+    for tab in controls.values():
+        link_outputs += [tab.text, tab.layer, tab.head]
+    linked = gr.State(False)
+
+    @user_errors
+    def open_link(request: gr.Request):
+        """The page as the link asks; the picker's choices as the store has them now (new models included)."""
+        params = dict(request.query_params) if request is not None else {}
+        link = links.parse(params, models.names_ready(), shape, default_model)
+        for message in link.messages:
+            gr.Warning(message)
+        tab = link.tab or "attention"
+        chosen = tab if tab in controls else "attention"
+        values = [gr.Dropdown(choices=models.names(), value=link.model) if link.model else picker.choices(),
+                  gr.Tabs(selected=tab) if link.tab else gr.skip(), tab]
+        for name in controls:
+            here = name == chosen
+            values.append(link.text if here and link.text else gr.skip())
+            values.append(link.layer if here and link.layer is not None else gr.skip())
+            if not here or link.head is None or (link.head == "mean" and name != "attention"):
+                values.append(gr.skip())
+            else:
+                values.append("mean of heads" if link.head == "mean" else link.head if name != "attention"
+                              else str(link.head))
+        return *values, link.given and chosen == "attention"
+
+    @user_errors
+    def show_linked(flag, *args):
+        if not flag:
+            return (gr.skip(),) * len(attention_event["outputs"])
+        return attention_event["fn"](*args)
+
+    demo.load(None, js=SVG_BUTTON_JS)
+    demo.load(open_link, None, [*link_outputs, linked], api_visibility="private").then(
+        show_linked, [linked, *attention_event["inputs"]], attention_event["outputs"], api_visibility="private",
+        **ON_ANALYSIS)
+    demo.load(picker.load_card, picker.model, picker.card, api_visibility="private")
+
+
+def wire_share_link(share: dict, picker, current_tab, controls: dict[str, Tab]) -> None:
+    """The button that writes a link to this view (and copies it)."""
+
+    @user_errors
+    def share_link(model_name, tab, *values):
+        *tab_values, page_url = values
+        by_tab = dict(zip(controls, zip(*[iter(tab_values)] * 3)))
+        text, layer, head = by_tab.get(tab, by_tab["attention"])
+        return links.make(page_url, model_name, tab, layer, head, text)
+
+    inputs = [picker.model, current_tab]
+    for tab in controls.values():
+        inputs += [tab.text, tab.layer, tab.head]
+    page_url = gr.Textbox(visible=False)
+    share["button"].click(share_link, [*inputs, page_url], [share["link"], share["note"]], js=LINK_JS,
+                          api_visibility="private", queue=False).then(None, share["link"], None, js=COPY_JS)

@@ -1,0 +1,213 @@
+"""Attention maps: one head cell by cell or pooled, every layer × head at a glance, and eq. 2.1 stage by stage."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ui.plots.base import ATTENTION_COLORS, MASKED_COLOR, SIGNED_COLORS, as_f32, base_layout
+
+def weight_trace(weights: np.ndarray, x, y, zmax: float | None, hovertemplate: str) -> go.Heatmap:
+    """The heatmap trace of attention weights: 0 to zmax (default: the largest finite weight) in ATTENTION_COLORS."""
+    finite = weights[np.isfinite(weights)]
+    top = float(zmax) if zmax is not None else (float(finite.max()) if finite.size else 1.0)
+    return go.Heatmap(z=weights, x=x, y=y, colorscale=ATTENTION_COLORS, zmin=0.0, zmax=top if top > 0 else 1.0,
+                      colorbar={"title": {"text": "weight"}}, hovertemplate=hovertemplate, hoverongaps=False)
+
+
+def attention_heatmap(
+    weights: np.ndarray,
+    query_labels: Sequence[str],
+    key_labels: Sequence[str],
+    title: str,
+    zmax: float | None = None,
+    height: int = 640,
+) -> go.Figure:
+    """One attention matrix [Tq, Tk] with token labels; hovering shows query → key and the weight.
+
+    Labels must be unique (plotly merges equal category names), so callers pass
+    labels that carry the token's position, e.g. "12 the".
+    """
+    weights = as_f32(weights)
+    if weights.ndim != 2:
+        raise ValueError(f"attention_heatmap wants a 2-D matrix [queries, keys], got shape {weights.shape}")
+    if weights.shape != (len(query_labels), len(key_labels)):
+        raise ValueError(
+            f"attention_heatmap: matrix shape {weights.shape} does not match "
+            f"{len(query_labels)} query labels × {len(key_labels)} key labels"
+        )
+    fig = go.Figure(weight_trace(weights, list(key_labels), list(query_labels), zmax,
+                                 "query %{y} → key %{x}<br>weight %{z:.4f}<extra></extra>"))
+    base_layout(fig, title, height)
+    fig.update_xaxes(title_text="key (attended to)", type="category", tickangle=-60, automargin=True)
+    fig.update_yaxes(title_text="query (attending)", type="category", autorange="reversed", automargin=True)
+    fig.update_layout(plot_bgcolor=MASKED_COLOR)
+    return fig
+
+
+def pooled_heatmap(
+    weights: np.ndarray,
+    query_edges: Sequence[int],
+    key_edges: Sequence[int],
+    title: str,
+    height: int = 640,
+) -> go.Figure:
+    """A pooled attention matrix [Sq, Sk] whose cell (i, j) covers query tokens
+    query_edges[i]..query_edges[i+1]-1 and key tokens key_edges[j]..key_edges[j+1]-1."""
+    weights = as_f32(weights)
+    if weights.shape != (len(query_edges) - 1, len(key_edges) - 1):
+        raise ValueError(
+            f"pooled_heatmap: matrix shape {weights.shape} needs {weights.shape[0] + 1} query edges and "
+            f"{weights.shape[1] + 1} key edges, got {len(query_edges)} and {len(key_edges)}"
+        )
+    q_mid = [(a + b - 1) / 2 for a, b in zip(query_edges[:-1], query_edges[1:])]
+    k_mid = [(a + b - 1) / 2 for a, b in zip(key_edges[:-1], key_edges[1:])]
+    # customdata would cost a string per cell; the axes already carry token positions.
+    fig = go.Figure(weight_trace(weights, k_mid, q_mid, None,
+                                 "queries ≈ %{y:.0f} → keys ≈ %{x:.0f}<br>pooled weight %{z:.4f}<extra></extra>"))
+    base_layout(fig, title, height)
+    fig.update_xaxes(title_text="key position (pooled blocks)")
+    fig.update_yaxes(title_text="query position (pooled blocks)", autorange="reversed")
+    fig.update_layout(plot_bgcolor=MASKED_COLOR)
+    return fig
+
+
+def model_view(overview: np.ndarray, title: str, layer_labels: Sequence[str] | None = None) -> go.Figure:
+    """Every layer × head as a small heatmap, tiled into one mosaic figure (layers across, heads down).
+
+    overview: [L, H, S, S]. One heatmap trace (not L·H subplots) keeps the figure
+    small and fast to draw even for 30 layers × 9 heads. Each tile is scaled to
+    its own maximum so that weak and strong heads are equally readable.
+    """
+    overview = as_f32(overview)
+    if overview.ndim != 4 or overview.shape[2] != overview.shape[3]:
+        raise ValueError(f"model_view wants [layers, heads, S, S], got shape {overview.shape}")
+    n_layers, n_heads, s, _ = overview.shape
+    gap = 1
+    cell = s + gap
+    finite = np.where(np.isfinite(overview), overview, 0.0)
+    peak = finite.max(axis=(2, 3), keepdims=True)
+    # colour ∝ √(weight / peak): many heads park most weight on the first token (an "attention sink"),
+    # and a linear scale would leave the rest of the tile white
+    tiles = np.sqrt(finite / np.where(peak > 0, peak, 1.0))
+    # uint8 (1 byte per cell instead of 4): the tiles are relative to their own peak anyway,
+    # and exact weights are one click away in the head view.
+    # layers run left to right and heads top to bottom: deep models (30 layers) then fit a wide screen
+    mosaic = np.zeros((n_heads * cell - gap, n_layers * cell - gap), dtype=np.uint8)
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            tile = np.rint(tiles[layer, head] * 255).astype(np.uint8)
+            mosaic[head * cell : head * cell + s, layer * cell : layer * cell + s] = tile
+    labels = list(layer_labels) if layer_labels is not None else [f"L{i}" for i in range(n_layers)]
+    fig = go.Figure(
+        go.Heatmap(
+            z=mosaic,
+            colorscale=ATTENTION_COLORS,
+            zmin=0,
+            zmax=255,
+            showscale=False,
+            hoverinfo="skip",
+        )
+    )
+    # one invisible marker per tile names it on hover (L·H points: far cheaper than a label per cell)
+    centres = [
+        (layer * cell + (s - 1) / 2, head * cell + (s - 1) / 2) for layer in range(n_layers) for head in range(n_heads)
+    ]
+    peaks = peak.reshape(n_layers, n_heads)
+    fig.add_trace(
+        go.Scatter(
+            x=[c[0] for c in centres],
+            y=[c[1] for c in centres],
+            mode="markers",
+            marker={"size": 1, "opacity": 0},
+            text=[f"layer {layer}, head {head}" for layer in range(n_layers) for head in range(n_heads)],
+            customdata=[float(peaks[layer, head]) for layer in range(n_layers) for head in range(n_heads)],
+            hovertemplate="%{text}<br>peak weight %{customdata:.3f}<extra></extra>",
+            showlegend=False,
+        )
+    )
+    tile_px = max(12, min(90, 1200 // max(n_layers, 1)))
+    base_layout(fig, title, height=min(1200, 110 + n_heads * tile_px))
+    fig.update_xaxes(
+        tickmode="array",
+        tickvals=[i * cell + (s - 1) / 2 for i in range(n_layers)],
+        ticktext=labels,
+        side="top",
+        showgrid=False,
+        zeroline=False,
+        constrain="domain",
+    )
+    fig.update_yaxes(
+        tickmode="array",
+        tickvals=[h * cell + (s - 1) / 2 for h in range(n_heads)],
+        ticktext=[f"H{h}" for h in range(n_heads)],
+        autorange="reversed",
+        showgrid=False,
+        zeroline=False,
+        scaleanchor="x",
+        constrain="domain",
+    )
+    fig.update_layout(
+        plot_bgcolor="white",
+        meta={"layers": n_layers, "heads": n_heads, "tile": s},
+        hovermode="closest",
+        hoverdistance=200,  # anywhere in a tile is nearer its own centre than any other
+    )
+    return fig
+
+
+def stages_figure(
+    stages: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
+    query_labels: Sequence[str],
+    key_labels: Sequence[str],
+    title: str,
+) -> go.Figure:
+    """Eq. 2.1 step by step: one row per variant (e.g. "causal mask on" / "off"),
+    three columns: scaled scores QKᵀ/√d_k, scores + mask M, softmax.
+
+    Masked entries (−∞) are drawn grey; JSON has no infinity, so they travel as NaN.
+    """
+    names = list(stages)
+    columns = ("scaled scores QKᵀ/√d_k", "masked scores (+M)", "softmax → attention weights")
+    fig = make_subplots(
+        rows=len(names),
+        cols=3,
+        subplot_titles=[f"{name}: {col}" for name in names for col in columns],
+        horizontal_spacing=0.08,
+        vertical_spacing=0.14 if len(names) > 1 else 0.1,
+    )
+    all_scores = np.concatenate([as_f32(stages[n][0]).ravel() for n in names])
+    all_scores = all_scores[np.isfinite(all_scores)]
+    bound = float(np.abs(all_scores).max()) if all_scores.size else 1.0
+    for r, name in enumerate(names, start=1):
+        scores, masked, probs = (as_f32(a) for a in stages[name])
+        masked = np.where(np.isfinite(masked), masked, np.nan)
+        for c, (z, signed) in enumerate(((scores, True), (masked, True), (probs, False)), start=1):
+            fig.add_trace(
+                go.Heatmap(
+                    z=z,
+                    x=list(key_labels),
+                    y=list(query_labels),
+                    colorscale=SIGNED_COLORS if signed else ATTENTION_COLORS,
+                    reversescale=signed,
+                    zmid=0.0 if signed else None,
+                    zmin=-bound if signed else 0.0,
+                    zmax=bound if signed else 1.0,
+                    showscale=(r == 1 and c in (2, 3)),
+                    colorbar={"x": 0.64 if c == 2 else 1.0, "len": 0.4, "y": 0.8, "thickness": 10}
+                    if r == 1 and c in (2, 3)
+                    else None,
+                    hovertemplate="query %{y} → key %{x}<br>%{z:.3f}<extra>" + name + "</extra>",
+                    hoverongaps=False,
+                ),
+                row=r,
+                col=c,
+            )
+    base_layout(fig, title, height=340 * len(names) + 80)
+    fig.update_xaxes(type="category", tickangle=-60, tickfont={"size": 9})
+    fig.update_yaxes(type="category", autorange="reversed", tickfont={"size": 9})
+    fig.update_layout(plot_bgcolor=MASKED_COLOR)
+    return fig

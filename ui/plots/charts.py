@@ -1,0 +1,115 @@
+"""General charts: a matrix as a heatmap, lines against x, grouped bars."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from ui.plots.base import SIGNED_COLORS, as_f32, base_layout
+
+def matrix_heatmap(
+    matrix: np.ndarray,
+    title: str,
+    x_title: str,
+    y_title: str,
+    colorscale: str = SIGNED_COLORS,
+    symmetric: bool = True,
+    x: Sequence[float] | None = None,
+    y: Sequence[float] | None = None,
+    value_name: str = "value",
+    height: int = 460,
+    clip_quantile: float = 1.0,
+) -> go.Figure:
+    """A numeric matrix (positional encodings, similarity matrices, angles) as a heatmap.
+
+    clip_quantile < 1 bounds a symmetric colour scale by that quantile of |value|, so that a few outlying
+    entries (learned embeddings often have some) do not wash out the rest; hover still shows true values."""
+    matrix = as_f32(matrix)
+    if matrix.ndim != 2:
+        raise ValueError(f"matrix_heatmap wants a 2-D array, got shape {matrix.shape}")
+    finite = matrix[np.isfinite(matrix)]
+    kwargs: dict = {}
+    if symmetric and finite.size:
+        bound = float(np.quantile(np.abs(finite), clip_quantile)) or float(np.abs(finite).max()) or 1.0
+        kwargs = {"zmin": -bound, "zmax": bound, "zmid": 0.0, "reversescale": True}
+    fig = go.Figure(
+        go.Heatmap(
+            z=matrix,
+            x=list(x) if x is not None else None,
+            y=list(y) if y is not None else None,
+            colorscale=colorscale,
+            colorbar={"title": {"text": value_name}},
+            hovertemplate=f"{y_title} %{{y}}, {x_title} %{{x}}<br>{value_name} %{{z:.4f}}<extra></extra>",
+            **kwargs,
+        )
+    )
+    base_layout(fig, title, height)
+    fig.update_xaxes(title_text=x_title)
+    fig.update_yaxes(title_text=y_title, autorange="reversed")
+    return fig
+
+
+def line_figure(
+    x: np.ndarray,
+    series: Mapping[str, np.ndarray],
+    title: str,
+    x_title: str,
+    y_title: str,
+    height: int = 380,
+    reference: Mapping[str, float] | None = None,
+) -> go.Figure:
+    """Several named curves over one x axis; `reference` adds dashed horizontal lines."""
+    x = np.asarray(x)
+    fig = go.Figure()
+    for name, ys in series.items():
+        ys = np.asarray(ys, dtype=np.float64)
+        if ys.shape != x.shape:
+            raise ValueError(f"line_figure: series {name!r} has shape {ys.shape}, x has {x.shape}")
+        fig.add_trace(go.Scatter(x=x, y=ys, mode="lines+markers" if x.size <= 40 else "lines", name=name))
+    for name, value in (reference or {}).items():
+        fig.add_hline(
+            y=value, line_dash="dash", line_color="grey", annotation_text=name, annotation_position="top left"
+        )
+    base_layout(fig, title, height)
+    integer_x = np.issubdtype(x.dtype, np.integer)
+    fig.update_xaxes(
+        title_text=x_title, tickformat="d" if integer_x else None, dtick=1 if integer_x and x.size <= 12 else None
+    )
+    fig.update_yaxes(title_text=y_title)
+    fig.update_layout(legend={"orientation": "h", "y": -0.25})
+    return fig
+
+
+def bar_figure(
+    categories: Sequence[str],
+    series: Mapping[str, Sequence[float]],
+    title: str,
+    y_title: str,
+    height: int = 380,
+    text_format: str = ".3f",
+    x_title: str | None = None,
+) -> go.Figure:
+    """Grouped bars: one group per category, one bar per named series (values printed when there are few)."""
+    fig = go.Figure()
+    show_values = len(categories) <= 8
+    for name, values in series.items():
+        values = [float(v) for v in values]
+        if len(values) != len(categories):
+            raise ValueError(f"bar_figure: series {name!r} has {len(values)} values for {len(categories)} categories")
+        fig.add_trace(
+            go.Bar(
+                x=list(categories),
+                y=values,
+                name=name,
+                text=[format(v, text_format) for v in values] if show_values else None,
+                textposition="outside",
+                cliponaxis=False,
+            )
+        )
+    base_layout(fig, title, height)
+    fig.update_xaxes(title_text=x_title, type="category")
+    fig.update_yaxes(title_text=y_title)
+    fig.update_layout(barmode="group", legend={"orientation": "h", "y": -0.2}, margin={"t": 80})
+    return fig

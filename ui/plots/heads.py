@@ -1,0 +1,208 @@
+"""The Heads tab's figures: a score per layer × head, two such maps side by side, the loss change of an
+ablation, attribution against attention, and the logit lens."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ui.plots.base import ATTENTION_COLORS, SIGNED_COLORS, as_f32, base_layout
+
+def head_score_map(
+    scores: np.ndarray,
+    title: str,
+    value_name: str,
+    zmax: float | None = None,
+    marked: Sequence[tuple[int, int]] = (),
+    height: int | None = None,
+) -> go.Figure:
+    """One number per head, scores [L, H], as a heatmap with layers across and heads down (as the model view).
+
+    Hover names the layer, the head and the score; `marked` heads (e.g. those that pass a naming threshold)
+    get a ring. x and y are the layer and head numbers, so a click on a tile reads them back directly."""
+    scores = as_f32(scores)
+    if scores.ndim != 2:
+        raise ValueError(f"head_score_map wants [layers, heads], got shape {scores.shape}")
+    n_layers, n_heads = scores.shape
+    fig = go.Figure(head_map_trace(scores, value_name, zmax, ATTENTION_COLORS))
+    if marked:
+        fig.add_trace(
+            go.Scatter(
+                x=[layer for layer, _ in marked],
+                y=[head for _, head in marked],
+                mode="markers",
+                marker={"symbol": "circle-open", "size": 14, "color": "#e4572e", "line": {"width": 2}},
+                name="named",
+                hoverinfo="skip",
+                showlegend=False,
+            )
+        )
+    base_layout(fig, title, height or min(560, 140 + 34 * n_heads))
+    _head_axes(fig, n_layers, n_heads)
+    return fig
+
+
+def head_map_trace(scores: np.ndarray, value_name: str, zmax: float | None, colorscale: str,
+                   signed: bool = False, colorbar_x: float | None = None) -> go.Heatmap:
+    """The [L, H] heatmap trace, transposed so that layers run across."""
+    finite = scores[np.isfinite(scores)]
+    bound = float(np.abs(finite).max()) if finite.size else 1.0
+    if signed:
+        limits = {"zmin": -(bound or 1.0), "zmax": bound or 1.0, "zmid": 0.0, "reversescale": True}
+    else:
+        limits = {"zmin": 0.0, "zmax": float(zmax) if zmax is not None else (bound or 1.0)}
+    n_layers, n_heads = scores.shape
+    return go.Heatmap(
+        z=np.ascontiguousarray(scores.T),
+        x=np.arange(n_layers),
+        y=np.arange(n_heads),
+        colorscale=colorscale,
+        colorbar={"title": {"text": value_name}, **({"x": colorbar_x} if colorbar_x is not None else {})},
+        hovertemplate=f"layer %{{x}}, head %{{y}}<br>{value_name} %{{z:.4f}}<extra></extra>",
+        xgap=1,
+        ygap=1,
+        **limits,
+    )
+
+
+def _head_axes(fig: go.Figure, n_layers: int, n_heads: int, every_layer: int = 32, **where) -> None:
+    """Layer and head axes fixed to the tiles (markers on named heads must not widen them), head 0 on top."""
+    fig.update_xaxes(title_text="layer", dtick=1 if n_layers <= every_layer else None, range=[-0.5, n_layers - 0.5],
+                     showgrid=False, zeroline=False, **where)
+    fig.update_yaxes(title_text="head", dtick=1 if n_heads <= 16 else None, range=[n_heads - 0.5, -0.5],
+                     showgrid=False, zeroline=False, **where)
+
+
+def paired_head_maps(
+    left: np.ndarray,
+    right: np.ndarray,
+    titles: tuple[str, str],
+    value_names: tuple[str, str],
+    title: str,
+    signed: tuple[bool, bool] = (True, False),
+) -> go.Figure:
+    """Two [L, H] maps side by side with their own colour scales (the sweep's loss increase, a score)."""
+    left, right = as_f32(left), as_f32(right)
+    if left.shape != right.shape or left.ndim != 2:
+        raise ValueError(f"paired_head_maps wants two maps of one shape [layers, heads], got {left.shape} and "
+                         f"{right.shape}")
+    n_layers, n_heads = left.shape
+    fig = make_subplots(rows=1, cols=2, subplot_titles=list(titles), horizontal_spacing=0.12)
+    for col, (scores, name, sign) in enumerate(zip((left, right), value_names, signed), start=1):
+        colours = SIGNED_COLORS if sign else ATTENTION_COLORS
+        fig.add_trace(head_map_trace(scores, name, None, colours, sign, colorbar_x=0.44 if col == 1 else 1.0),
+                      row=1, col=col)
+        _head_axes(fig, n_layers, n_heads, every_layer=12, row=1, col=col)
+    base_layout(fig, title, min(600, 180 + 34 * n_heads))
+    fig.update_layout(margin={"t": 90})
+    return fig
+
+
+def loss_change_figure(labels: Sequence[str], clean: np.ndarray, ablated: np.ndarray, title: str) -> go.Figure:
+    """Bars of the loss change ablated − clean for each predicted token; hover gives both losses.
+
+    labels[i] names the token predicted by bar i (the text's token i + 1)."""
+    clean, ablated = as_f32(clean), as_f32(ablated)
+    if not (clean.shape == ablated.shape == (len(labels),)):
+        raise ValueError(f"loss_change_figure: {len(labels)} labels for losses of shapes {clean.shape} and "
+                         f"{ablated.shape}")
+    delta = ablated - clean
+    fig = go.Figure(
+        go.Bar(
+            x=list(labels),
+            y=delta,
+            customdata=np.stack([clean, ablated], axis=-1),
+            marker={"color": np.where(delta >= 0, "#c0392b", "#2e86c1").tolist()},
+            hovertemplate="predicting %{x}<br>clean %{customdata[0]:.3f} → ablated %{customdata[1]:.3f} nats"
+            "<br>change %{y:+.3f}<extra></extra>",
+        )
+    )
+    base_layout(fig, title, 380)
+    fig.update_xaxes(title_text="predicted token", type="category", tickangle=-60, automargin=True)
+    fig.update_yaxes(title_text="loss change (nats)", zeroline=True)
+    return fig
+
+
+def attribution_figure(labels: Sequence[str], series: Mapping[str, np.ndarray], title: str) -> go.Figure:
+    """Several views of one prediction over the input tokens, each divided by its largest |value| so that they
+    share one axis (signed views keep their sign); hover gives the raw value."""
+    fig = go.Figure()
+    for name, values in series.items():
+        values = np.asarray(values, dtype=np.float64)
+        if values.shape != (len(labels),):
+            raise ValueError(f"attribution_figure: series {name!r} has shape {values.shape} for {len(labels)} tokens")
+        peak = np.abs(values).max() if values.size else 0.0
+        shown = values / peak if peak > 0 else values
+        fig.add_trace(
+            go.Scatter(
+                x=list(labels),
+                y=shown.astype(np.float32),
+                customdata=values.astype(np.float32),
+                mode="lines+markers",
+                name=name,
+                hovertemplate=f"%{{x}}<br>{name}: %{{customdata:.4g}}<extra></extra>",
+            )
+        )
+    base_layout(fig, title, 420)
+    fig.update_xaxes(title_text="input token", type="category", tickangle=-60, automargin=True)
+    fig.update_yaxes(title_text="value / its largest |value|")
+    fig.update_layout(legend={"orientation": "h", "y": -0.45}, hovermode="x unified")
+    return fig
+
+
+def lens_figure(
+    final_prob: np.ndarray,
+    top_tokens: Sequence[Sequence[str]],
+    top_prob: np.ndarray,
+    position_labels: Sequence[str],
+    settles: Sequence[int],
+    title: str,
+) -> go.Figure:
+    """The logit lens: layers × positions coloured by the probability each layer gives to the final
+    prediction, each layer's own top token as hover text (printed in the cells when they are few), and a
+    marker where each position's final answer settles (stays top-1 from that layer up)."""
+    final_prob, top_prob = as_f32(final_prob), as_f32(top_prob)
+    n_layers, n = final_prob.shape
+    if top_prob.shape != (n_layers, n) or len(top_tokens) != n_layers or len(position_labels) != n:
+        raise ValueError(f"lens_figure: probabilities {final_prob.shape}, top {top_prob.shape}, "
+                         f"{len(top_tokens)} token rows, {len(position_labels)} positions")
+    if len(settles) != n:
+        raise ValueError(f"lens_figure: {len(settles)} settle layers for {n} positions")
+    text = [[f"{tok} ({p:.2f})" for tok, p in zip(row, probs)] for row, probs in zip(top_tokens, top_prob)]
+    small = n_layers * n <= 600
+    fig = go.Figure(
+        go.Heatmap(
+            z=final_prob,
+            x=list(position_labels),
+            y=np.arange(n_layers),
+            text=[list(row) for row in top_tokens] if small else None,
+            texttemplate="%{text}" if small else None,
+            textfont={"size": 9},
+            customdata=text,
+            colorscale=ATTENTION_COLORS,
+            zmin=0.0,
+            zmax=1.0,
+            colorbar={"title": {"text": "P(final answer)"}},
+            hovertemplate="layer %{y}, position %{x}<br>top token here: %{customdata}"
+            "<br>P(final answer) %{z:.3f}<extra></extra>",
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=list(position_labels),
+            y=list(settles),
+            mode="markers",
+            marker={"symbol": "diamond", "size": 8, "color": "#e4572e"},
+            name="final answer settles",
+            hovertemplate="%{x}: the final answer is top-1 from layer %{y} on<extra></extra>",
+        )
+    )
+    base_layout(fig, title, min(900, 160 + 18 * n_layers))
+    fig.update_xaxes(title_text="position (its prediction of the next token)", type="category", tickangle=-60,
+                     automargin=True)
+    fig.update_yaxes(title_text="layer", dtick=1 if n_layers <= 16 else None)
+    fig.update_layout(legend={"orientation": "h", "y": -0.3})
+    return fig

@@ -1,0 +1,121 @@
+"""Plotly figures of the Lab tab, from plain arrays: training curves and grids of attention maps.
+
+Nothing here knows about torch, Gradio or the training engine; ui/services/lab computes the numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ui.plots.base import ATTENTION_COLORS, TEMPLATE, empty_figure
+
+COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")  # one per run in an overlay
+
+
+@dataclass
+class Curve:
+    """One run's measurements: training loss every step, held-out loss and exact match at each evaluation."""
+
+    name: str
+    steps: np.ndarray  # [N]
+    train_loss: np.ndarray  # [N]
+    eval_steps: np.ndarray  # [E]
+    held_loss: np.ndarray  # [E]
+    exact_match: np.ndarray  # [E], 0..1
+
+
+def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
+    fig.update_layout(
+        template=TEMPLATE,
+        title={"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 14}},
+        margin={"l": 60, "r": 20, "t": 70, "b": 50},
+        height=height,
+    )
+    return fig
+
+
+def training_curves(curves: Sequence[Curve], title: str, total_steps: int | None = None) -> go.Figure:
+    """Loss (training every step, held-out at evaluations; log scale) above held-out exact match, one colour per
+    run, so that two runs of a comparison overlay."""
+    if not curves:
+        return empty_figure("No run yet: press Train.")
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.62, 0.38], vertical_spacing=0.08,
+                        subplot_titles=("loss (cross-entropy, nats per target token)",
+                                        "held-out exact match (free-running greedy)"))
+    for i, c in enumerate(curves):
+        colour = COLOURS[i % len(COLOURS)]
+        # NaN losses (a diverged run) would break the log axis; plotly leaves gaps for None
+        train = np.where(np.isfinite(c.train_loss), c.train_loss, np.nan).astype(np.float32)
+        fig.add_trace(go.Scatter(x=np.asarray(c.steps, dtype=np.int32), y=train, mode="lines",
+                                 name=f"{c.name}: training", legendgroup=c.name, line={"color": colour, "width": 1.5},
+                                 hovertemplate="step %{x}<br>training loss %{y:.4f}<extra>" + c.name + "</extra>"),
+                      row=1, col=1)
+        if len(c.eval_steps):
+            fig.add_trace(go.Scatter(x=np.asarray(c.eval_steps, dtype=np.int32),
+                                     y=np.asarray(c.held_loss, dtype=np.float32), mode="lines+markers",
+                                     name=f"{c.name}: held-out", legendgroup=c.name,
+                                     line={"color": colour, "dash": "dash"}, marker={"size": 7},
+                                     hovertemplate="step %{x}<br>held-out loss %{y:.4f}<extra>" + c.name + "</extra>"),
+                          row=1, col=1)
+            fig.add_trace(go.Scatter(x=np.asarray(c.eval_steps, dtype=np.int32),
+                                     y=100 * np.asarray(c.exact_match, dtype=np.float32), mode="lines+markers",
+                                     name=f"{c.name}: exact match", legendgroup=c.name, showlegend=False,
+                                     line={"color": colour}, marker={"size": 7},
+                                     hovertemplate="step %{x}<br>exact match %{y:.1f} %<extra>" + c.name + "</extra>"),
+                          row=2, col=1)
+    _layout(fig, title, 560)
+    fig.update_yaxes(type="log", row=1, col=1)
+    fig.update_yaxes(range=[-3, 103], ticksuffix=" %", row=2, col=1)
+    fig.update_xaxes(title_text="step", row=2, col=1)
+    if total_steps:
+        fig.update_xaxes(range=[0, total_steps * 1.02])
+    fig.update_layout(legend={"orientation": "h", "y": -0.14}, hovermode="closest",
+                      meta={"runs": [c.name for c in curves]})
+    return fig
+
+
+def token_labels(tokens: Sequence[str]) -> list[str]:
+    """Unique axis labels "3 a" (plotly merges equal category names); a space is shown as ␣."""
+    return [f"{i} {'␣' if t == ' ' else t}" for i, t in enumerate(tokens)]
+
+
+def heatmap_grid(maps: np.ndarray, row_names: Sequence[str], col_names: Sequence[str], query_tokens: Sequence[str],
+                 key_tokens: Sequence[str], title: str, query_axis: str = "query", key_axis: str = "key") -> go.Figure:
+    """maps [R, C, Q, K]: one attention map per tile (e.g. layers × heads, or snapshot steps × layers), rows
+    summing to 1, all on one 0..1 colour scale, with token labels on the outer axes and in the hover."""
+    maps = np.ascontiguousarray(np.asarray(maps, dtype=np.float32))
+    if maps.ndim != 4:
+        raise ValueError(f"heatmap_grid wants [rows, cols, queries, keys], got shape {maps.shape}")
+    n_rows, n_cols, n_q, n_k = maps.shape
+    if (len(row_names), len(col_names), len(query_tokens), len(key_tokens)) != (n_rows, n_cols, n_q, n_k):
+        raise ValueError(f"heatmap_grid: maps {maps.shape} do not match {len(row_names)} row names, "
+                         f"{len(col_names)} column names, {len(query_tokens)} query and {len(key_tokens)} key tokens")
+    ys, xs = token_labels(query_tokens), token_labels(key_tokens)
+    fig = make_subplots(rows=n_rows, cols=n_cols, subplot_titles=[f"{r}, {c}" for r in row_names for c in col_names],
+                        horizontal_spacing=min(0.04, 0.6 / max(1, n_cols)),
+                        vertical_spacing=min(0.06, 0.5 / max(1, n_rows)))
+    for r in range(n_rows):
+        for c in range(n_cols):
+            fig.add_trace(go.Heatmap(z=maps[r, c], x=xs, y=ys, colorscale=ATTENTION_COLORS, zmin=0.0, zmax=1.0,
+                                     showscale=(r == 0 and c == 0), colorbar={"title": {"text": "weight"}},
+                                     hovertemplate=f"{query_axis} %{{y}} → {key_axis} %{{x}}<br>weight %{{z:.3f}}"
+                                                   f"<extra>{row_names[r]}, {col_names[c]}</extra>"),
+                          row=r + 1, col=c + 1)
+    side = max(n_q, n_k)
+    tile_px = int(np.clip(900 / max(n_cols, 1), 120, 14 * side + 60))
+    _layout(fig, title, height=min(2400, 90 + n_rows * (tile_px + 30)))
+    small = {"size": 8 if side > 16 else 10}
+    fig.update_xaxes(type="category", tickangle=-90, tickfont=small, showticklabels=False)
+    fig.update_yaxes(type="category", autorange="reversed", tickfont=small, showticklabels=False)
+    for c in range(n_cols):
+        fig.update_xaxes(showticklabels=True, row=n_rows, col=c + 1)
+    for r in range(n_rows):
+        fig.update_yaxes(showticklabels=True, row=r + 1, col=1)
+    fig.update_annotations(font={"size": 11})
+    fig.update_layout(meta={"rows": list(row_names), "cols": list(col_names), "queries": n_q, "keys": n_k})
+    return fig

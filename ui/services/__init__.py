@@ -1,0 +1,32 @@
+"""The services: plain Python between the page and the core, one concern a module; none imports gradio.
+
+`Services` is the app's state, built once (app.main, or a test) and handed to the page: the settings, the
+loaded models, what sessions keep for reuse, and the training lab. Nothing is created at import time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ui.services.kept import KeptStore
+from ui.services.lab.runs import Lab
+from ui.services.models import ModelStore
+from ui.settings import AppSettings
+
+
+@dataclass
+class Services:
+    settings: AppSettings
+    models: ModelStore
+    kept: KeptStore
+    lab: Lab
+
+    @classmethod
+    def create(cls, settings: AppSettings | None = None, models: ModelStore | None = None,
+               default_model: str | None = None) -> Services:
+        """The services for these settings (the defaults when None): a model store that lists `default_model`
+        (a folder, say) beside the registry's names, an empty kept store within the budget, and the lab."""
+        settings = settings or AppSettings()
+        if models is None:
+            models = ModelStore(extra_names=[default_model] if default_model else [], device=settings.device)
+        return cls(settings, models, KeptStore(settings.kept_budget_bytes), Lab(settings.lab))

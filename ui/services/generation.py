@@ -1,0 +1,266 @@
+"""Generation for the Generate tab: the text as the model writes it, and the trace of one generation.
+
+A generation is recorded as it streams: for every new token the core hands over a Step (core.generate) with the
+model's top-10 next-token probabilities, the picked token's rank, and the attention row of the query that
+produced it, per layer and head (float16; seq2seq models also their cross-attention row over the source). A
+trace lives in the session's state and holds only ids and probabilities; its rows live in the server-wide
+KeptStore under the session's ticket, capped at MAX_TRACE_BYTES per session (later tokens keep their
+probabilities only).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from core.generate import Step
+from ui.services.checks import UserError, check_float, check_range, check_seed
+from ui.services.kept import KeptStore, new_ticket
+from ui.services.text import as_batch, valid_unicode
+
+MAX_GENERATE_TOKENS = 512
+MAX_TEMPERATURE = 2.0  # the slider's end; the API holds to the same
+MAX_PROMPT_TOKENS = 2048  # longer prompts keep their end: prefill of 8k tokens takes too long on a small CPU
+TOP_PROBS = 10  # next-token probabilities kept per step
+MAX_TRACE_BYTES = 32 * 2**20  # float16 attention rows kept per session; later tokens keep probabilities only
+
+
+def chat_prompt(model, prompt: str) -> str:
+    """The instruct model's chat template around one user message, ready for generation."""
+    tok = model.tokenizer
+    if not getattr(tok, "chat_template", None):
+        raise UserError("This model has no chat template; switch chat mode off.")
+    return tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+
+
+@dataclass
+class GenerationUpdate:
+    prompt_text: str  # what the model read (chat template included)
+    new_text: str  # what it has written so far
+    n_new: int
+    seconds: float
+    done: bool
+    stop_reason: str = ""
+    note: str = ""  # e.g. how much of a long prompt was cut
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.n_new / self.seconds if self.seconds > 0 else 0.0
+
+
+def stream_generation(
+    model,
+    prompt: str,
+    chat: bool,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    seed: int | None,
+    writer: TraceWriter | None = None,
+) -> Iterator[GenerationUpdate]:
+    """Yield the text as the model writes it, one update per token. Closing the iterator stops the model.
+    With a writer, each step's probabilities and attention rows go to its trace as well."""
+    if not model.config.causal and not model.config.is_encoder_decoder:
+        raise UserError(
+            f"{model.config.family} here is an encoder: it fills in and encodes text but does not "
+            f"generate. Pick a decoder model."
+        )
+    if prompt is None or (isinstance(prompt, str) and not prompt.strip()):
+        raise UserError("The prompt is empty.")
+    prompt = valid_unicode(prompt)
+    max_new_tokens = check_range("Max new tokens", max_new_tokens, 1, MAX_GENERATE_TOKENS)
+    temperature = check_float("Temperature", temperature, 0.0, MAX_TEMPERATURE)
+    top_p = None if top_p is None else check_float("Top-p", top_p, 0.0, 1.0, low_open=True)
+    top_k = None if top_k in (None, "", 0) else check_range("Top-k", top_k, 0, model.config.vocab_size) or None
+    seed = check_seed(seed)
+    text = chat_prompt(model, prompt) if chat else prompt
+    tok = model.tokenizer
+    ids = tok(text, add_special_tokens=not chat)["input_ids"]
+    room = min(model.config.max_positions - max_new_tokens, MAX_PROMPT_TOKENS)
+    if room < 1:
+        raise UserError(f"Max new tokens must be below the model's context of {model.config.max_positions}.")
+    note = ""
+    if len(ids) > room:
+        note = (
+            f"The prompt has {len(ids):,} tokens; only its last {room:,} are used "
+            f"({len(ids) - room:,} dropped from the start)."
+        )
+        ids = ids[-room:]  # keep the end of a long prompt: it is what the continuation follows
+        text = tok.decode(ids)
+    if writer is not None:
+        writer.begin(ids)
+    stream = model.stream(
+        as_batch(ids, model.device),
+        max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p if top_p is not None and top_p < 1.0 else None,
+        seed=seed,
+        capture_attention=writer is not None,
+        top_probs=TOP_PROBS if writer is not None else 0,
+    )
+    new: list[int] = []
+    started = time.perf_counter()
+    try:
+        for step in stream:
+            if writer is not None:
+                writer.record(step)
+            new.append(int(step.token))
+            yield GenerationUpdate(
+                text,
+                tok.decode(new, skip_special_tokens=True),
+                len(new),
+                time.perf_counter() - started,
+                False,
+                note=note,
+            )
+    finally:
+        stream.close()
+    reason = "token budget reached" if len(new) >= max_new_tokens else "end of text"
+    yield GenerationUpdate(
+        text, tok.decode(new, skip_special_tokens=True), len(new), time.perf_counter() - started, True, reason, note
+    )
+
+
+@dataclass(eq=False)
+class GenerationTrace:
+    """One session's last generation, token by token. For a decoder the context of step i is the prompt and
+    tokens[:i]; for seq2seq it is the decoder start token and tokens[:i], and the source is `source_ids`."""
+
+    model_name: str
+    settings: tuple  # (prompt, chat, max new tokens, temperature, top-k, top-p, seed) as given
+    seq2seq: bool
+    n_layers: int
+    n_heads: int
+    prompt_ids: list[int] = field(default_factory=list)  # decoder: the prompt as read; seq2seq: [start token]
+    source_ids: list[int] = field(default_factory=list)  # seq2seq: the source the encoder read
+    tokens: list[int] = field(default_factory=list)
+    ticket: str = field(default_factory=new_ticket)  # the session's: the rows live in the KeptStore under it
+    trace_id: str = field(default_factory=new_ticket)  # which trace the kept rows belong to
+    top_ids: list[np.ndarray] = field(default_factory=list)  # per token [10]
+    top_probs: list[np.ndarray] = field(default_factory=list)  # per token [10]
+    chosen_prob: list[float] = field(default_factory=list)
+    chosen_rank: list[int] = field(default_factory=list)
+    row_bytes: int = 0
+    prompt_text: str = ""
+    new_text: str = ""
+    done: bool = False
+    stop_reason: str = ""
+    note: str = ""
+
+    def __hash__(self) -> int:
+        # Gradio notices a changed State by its hash: a trace that grew is a new value for the page
+        return hash((id(self), len(self.tokens), self.done))
+
+    @property
+    def _kept_key(self) -> tuple:
+        return ("generation", self.trace_id)
+
+    def _kept(self, kept: KeptStore, name: str) -> list[np.ndarray | None]:
+        """Per token its rows ([L, H, Tk] self, [L, H, S] cross; float16), None where not kept: past the
+        session's cap, or everywhere once the server-wide budget dropped them."""
+        bank = kept.get(self.ticket, self._kept_key)
+        found = [] if bank is None else bank[name]
+        return found + [None] * (len(self.tokens) - len(found))
+
+    def rows(self, kept: KeptStore) -> list[np.ndarray | None]:
+        return self._kept(kept, "rows")
+
+    def cross_rows(self, kept: KeptStore) -> list[np.ndarray | None]:
+        return self._kept(kept, "cross")
+
+    def rows_kept(self, kept: KeptStore) -> int:
+        return sum(r is not None for r in self.rows(kept))
+
+    def rows_dropped(self, kept: KeptStore) -> bool:
+        """The server-wide budget dropped this trace's rows (the per-session cap is another matter)."""
+        return self.row_bytes > 0 and kept.get(self.ticket, self._kept_key) is None
+
+    def context_ids(self, step: int) -> list[int]:
+        """The decoder tokens the query of `step` could see: the prompt (or start token) and earlier tokens."""
+        return self.prompt_ids + self.tokens[:step]
+
+
+
+class TraceWriter:
+    """Writes a generation's steps into its trace: ids and probabilities in the trace, rows in the KeptStore."""
+
+    def __init__(self, trace: GenerationTrace, kept: KeptStore, decoder_start: int | None):
+        self.trace, self.kept, self.decoder_start = trace, kept, decoder_start
+
+    def begin(self, ids: list[int]) -> None:
+        """The prompt as the model reads it (seq2seq: the source, and the decoder starts from its start token)."""
+        if self.trace.seq2seq:
+            self.trace.source_ids, self.trace.prompt_ids = ids, [self.decoder_start]
+        else:
+            self.trace.prompt_ids = ids
+
+    def record(self, step: Step) -> None:
+        trace, kept, key = self.trace, self.kept, self.trace._kept_key
+        trace.tokens.append(int(step.token))
+        trace.top_ids.append(step.top_ids.cpu().numpy())
+        trace.top_probs.append(step.top_probs.float().cpu().numpy())
+        trace.chosen_prob.append(float(step.chosen_prob))
+        trace.chosen_rank.append(int(step.chosen_rank))
+        rows = [step.rows] + ([step.cross_rows] if trace.seq2seq else [])
+        size = sum(r.numel() * 2 for r in rows if r is not None)
+        if len(trace.tokens) == 1:  # the first token: the session's earlier rows give way to this trace's
+            kept.put(trace.ticket, key, {"rows": [], "cross": []}, 0)
+        bank = kept.get(trace.ticket, key)
+        # rows are kept from the first token on, while the session's cap and the server's budget allow
+        keep = (step.rows is not None and bank is not None and len(bank["rows"]) == len(trace.tokens) - 1
+                and trace.row_bytes + size <= MAX_TRACE_BYTES and kept.grow(trace.ticket, key, size))
+        if keep:
+            trace.row_bytes += size
+            as_numpy = lambda r: None if r is None else r.to(torch.float16).cpu().numpy()  # noqa: E731
+            bank["rows"].append(as_numpy(step.rows))
+            bank["cross"].append(as_numpy(step.cross_rows))
+
+
+def settings_key(prompt, chat, max_new_tokens, temperature, top_k, top_p, seed) -> tuple:
+    return (prompt, bool(chat), max_new_tokens, temperature, top_k, top_p, seed)
+
+
+def stream_trace(model, model_name: str, prompt, chat, max_new_tokens, temperature, top_k, top_p,
+                 seed, kept: KeptStore, previous: GenerationTrace | None = None,
+                 ) -> Iterator[tuple[GenerationUpdate, GenerationTrace]]:
+    """stream_generation's updates, each with the trace so far (the same object, growing). The new trace takes
+    over the session's ticket, so its rows replace the previous trace's in the KeptStore."""
+    cfg = model.config
+    ticket = {} if previous is None else {"ticket": previous.ticket}
+    trace = GenerationTrace(model_name, settings_key(prompt, chat, max_new_tokens, temperature, top_k, top_p, seed),
+                            cfg.is_encoder_decoder, cfg.n_layers, cfg.n_heads, **ticket)
+    writer = TraceWriter(trace, kept, cfg.decoder_start_token_id)
+    for update in stream_generation(model, prompt, chat, max_new_tokens, temperature, top_k, top_p, seed, writer):
+        trace.prompt_text, trace.new_text, trace.note = update.prompt_text, update.new_text, update.note
+        trace.done, trace.stop_reason = update.done, update.stop_reason
+        yield update, trace
+
+
+def run_trace(model, model_name: str, previous: GenerationTrace | None, prompt, chat, max_new_tokens, temperature,
+              top_k, top_p, seed, kept: KeptStore) -> GenerationTrace:
+    """The finished trace for these settings: the session's own when it already has it, else a new run."""
+    key = settings_key(prompt, chat, max_new_tokens, temperature, top_k, top_p, seed)
+    if previous is not None and previous.done and previous.model_name == model_name and previous.settings == key:
+        return previous
+    trace = None
+    for _, trace in stream_trace(model, model_name, prompt, chat, max_new_tokens, temperature, top_k, top_p, seed,
+                                 kept, previous):
+        pass
+    return trace
+
+
+def cap_note(trace: GenerationTrace, kept: KeptStore) -> str:
+    rows_kept = trace.rows_kept(kept)
+    if rows_kept == len(trace.tokens):
+        return ""
+    if trace.rows_dropped(kept):
+        return ("This trace's attention rows were dropped to keep the server's memory within its budget (the least "
+                "recently used go first); its probabilities remain. Generate again to see the rows.")
+    return (f"Attention rows are kept for the first {rows_kept} of {len(trace.tokens)} tokens (at most "
+            f"{MAX_TRACE_BYTES // 2**20} MB of float16 rows per session); later tokens keep their probabilities.")

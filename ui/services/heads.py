@@ -1,0 +1,338 @@
+"""What each head does and whether the output depends on it, as plain values over core.heads: scores per
+layer × head, the induction probe, ablation and the sweep, attribution for one prediction, the logit lens and
+surprisal. A session's results for its model and text are kept in its HeadsCache (its gr.State), so moving
+between the Heads tab's sections does not recompute them."""
+
+from __future__ import annotations
+
+import queue
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from core import heads
+from core.capture import layer_map
+from ui.services.checks import UserError, check_range
+from ui.services.text import Encoded, as_batch, to_numpy, token_grid, token_texts
+
+MAX_HEADS_TOKENS = 512  # the Heads tab's cap: its sections run the model several times on the text
+MAX_SWEEP_TOKENS = 128  # the sweep runs the text once per head (270 times for SmolLM2)
+SWEEP_BATCH = 16  # heads ablated per forward pass of the sweep
+MAX_IG_STEPS = 256
+MAX_IG_TOKEN_STEPS = 4096  # integrated gradients run steps × tokens at once with gradients (about 8 GB for SmolLM2)
+INDUCTION_LENGTH = 100  # the probe: 100 seeded random tokens, then the same 100 again
+INDUCTION_SEED = 0
+TOP_HEADS = 5  # rows per score in the top-heads table, and the heads "top 5 by a score" picks
+def next_token_reason(model, what: str) -> str | None:
+    """Why `what` (a next-token measurement) cannot run on this model, or None when it can."""
+    cfg = model.config
+    if cfg.is_encoder_decoder:
+        return (
+            f"{what} reads decoder-only models here: this is an encoder-decoder, whose decoder needs a target text "
+            "of its own. The atlas above shows its encoder's heads."
+        )
+    if not cfg.causal:
+        return (
+            f"{what} measures next-token prediction, and this model is an encoder: it reads the text in both "
+            "directions and predicts no next token."
+        )
+    if model.lm_head is None:
+        return f"{what} needs an LM head to predict tokens, and this checkpoint has none."
+    return None
+
+
+def lm_head_reason(model, what: str) -> str | None:
+    """Why `what` (a reading of token predictions: lens, attribution) cannot run here, or None when it can."""
+    if model.config.is_encoder_decoder:
+        return (
+            f"{what} reads decoder-only models and encoders with an LM head here: this is an encoder-decoder, "
+            "whose predictions come from a decoder that needs a target text of its own."
+        )
+    if model.lm_head is None:
+        return (
+            f"{what} reads each position's token prediction through the LM head, and this checkpoint has none "
+            "(a sentence encoder such as all-MiniLM-L6-v2 keeps only the encoder), so there is nothing to read."
+        )
+    return None
+
+
+def scored_shape(model) -> tuple[int, int]:
+    """(layers, heads) of the stack the Heads tab scores: the main one, or a seq2seq model's encoder."""
+    cfg = model.attention_stack()[0].cfg
+    return cfg.n_layers, cfg.n_heads
+
+
+def score_names(model) -> list[str]:
+    """The head scores that make sense for this model: the induction probe only where it predicts next tokens."""
+    skip = heads.CAUSAL_ONLY if next_token_reason(model, "The probe") else ()
+    return [name for name in heads.SCORES if name not in skip]
+
+
+@dataclass
+class HeadsCache:
+    """One session's results for its current model and text, so moving between the Heads tab's sections does
+    not recompute them. The induction probe depends on the model only and survives a new text."""
+
+    key: tuple  # (model name, token count, hash of the ids)
+    tokens: Encoded
+    scores: dict[str, torch.Tensor] | None = None  # the text's attention-pattern scores, name → [L, H]
+    induction: heads.InductionResult | None = None
+    sweep_scores: dict[str, torch.Tensor] | None = None  # the same scores on the sweep's first tokens
+    sweeps: dict[str, torch.Tensor] = field(default_factory=dict)  # ablation → [L, H] mean loss increase
+    lens: heads.LensTable | None = None
+    surprisal: heads.Surprisal | None = None
+    attribution: tuple | None = None  # (settings, heads.Attribution) of the last call
+
+    @property
+    def model_name(self) -> str:
+        return self.key[0]
+
+
+def heads_cache(previous: HeadsCache | None, model_name: str, tokens: Encoded) -> HeadsCache:
+    """The session's cache for this model and text: the previous one when both are unchanged."""
+    key = (model_name, len(tokens.ids), hash(tuple(tokens.ids)))
+    if previous is not None and previous.key == key:
+        return previous
+    cache = HeadsCache(key, tokens)
+    if previous is not None and previous.model_name == model_name:
+        cache.induction = previous.induction
+    return cache
+
+
+def cached_induction(model, cache: HeadsCache) -> heads.InductionResult | None:
+    """The model's induction probe (kept in the cache), or None where the model predicts no next token."""
+    if next_token_reason(model, "The probe") is not None:
+        return None
+    if cache.induction is None:
+        cache.induction = heads.induction(model, INDUCTION_LENGTH, INDUCTION_SEED)
+    return cache.induction
+
+
+def head_scores(model, cache: HeadsCache) -> dict[str, torch.Tensor]:
+    """Every score of every head, name → [L, H]: the text's attention patterns, and the induction probe's."""
+    if cache.scores is None:
+        cache.scores = heads.pattern_scores(model, as_batch(cache.tokens.ids, model.device))
+    scores = dict(cache.scores)
+    probe = cached_induction(model, cache)
+    if probe is not None:
+        scores["induction"] = probe.scores
+    return scores
+
+
+def sweep_scores(model, cache: HeadsCache, limit: int) -> dict[str, torch.Tensor]:
+    """The scores on the text's first `limit` tokens (the sweep's), so that both maps read the same tokens."""
+    if len(cache.tokens.ids) <= limit:
+        return head_scores(model, cache)
+    if cache.sweep_scores is None:
+        cache.sweep_scores = heads.pattern_scores(model, as_batch(cache.tokens.ids[:limit], model.device))
+    scores = dict(cache.sweep_scores)
+    probe = cached_induction(model, cache)
+    if probe is not None:
+        scores["induction"] = probe.scores
+    return scores
+
+
+def check_score(model, name: str) -> str:
+    """A score name this model has, or a UserError that lists them (and why induction may be missing)."""
+    names = score_names(model)
+    if name in names:
+        return name
+    if name in heads.SCORES:
+        raise UserError(f"The {name} score is not available here. {next_token_reason(model, 'The induction probe')}")
+    raise UserError(f"Unknown score {name!r}; choose one of {', '.join(names)}.")
+
+
+def top_heads(table: torch.Tensor, name: str, k: int = TOP_HEADS) -> list[tuple[int, int, float]]:
+    """The k most characteristic heads for a score: highest, or lowest for entropy (low entropy is focused)."""
+    return heads.top_heads(table, k, largest=name != "entropy")
+
+
+def head_map(model, ids: list[int], layer: int, head: int) -> np.ndarray:
+    """One head's attention over the text [n, n] (a seq2seq model: its encoder's), by a pass up to that layer."""
+    return to_numpy(layer_map(model, as_batch(ids, model.device), layer)[head])
+
+
+HEAD_PATTERN = re.compile(r"(\d{1,6})\.(\d{1,6})", re.ASCII)
+
+
+def parse_heads(text: str | None, n_layers: int, n_heads: int) -> list[tuple[int, int]]:
+    """"3.2, 5.0" → [(3, 2), (5, 0)] (layer.head, in order, repeats dropped), or a UserError naming the bad one."""
+    items = [item for item in re.split(r"[,;\s]+", text or "") if item]
+    if not items:
+        raise UserError('No heads to ablate: write them as layer.head, e.g. "3.2, 5.0", or pick the top 5 by a score.')
+    chosen: list[tuple[int, int]] = []
+    for item in items:
+        match = HEAD_PATTERN.fullmatch(item)
+        if match is None:
+            raise UserError(f"{item!r} is not a head: write layer.head with two whole numbers, e.g. 3.2.")
+        layer, head = int(match[1]), int(match[2])
+        if not (0 <= layer < n_layers and 0 <= head < n_heads):
+            raise UserError(
+                f"Head {item} does not exist: this model has layers 0–{n_layers - 1} and heads 0–{n_heads - 1}."
+            )
+        if (layer, head) not in chosen:
+            chosen.append((layer, head))
+    return chosen
+
+
+def format_heads(pairs) -> str:
+    return ", ".join(f"{layer}.{head}" for layer, head, *_ in pairs)
+
+
+def check_ablation(kind: str) -> str:
+    if kind not in ("zero", "mean"):
+        raise UserError(f"Ablation must be 'zero' or 'mean', got {kind!r}.")
+    return kind
+
+
+def alternatives(model, result: heads.Surprisal) -> list[list[tuple[str, float]]]:
+    """The top alternatives at each predicted position as (token text, probability)."""
+    ids, probs = result.alternatives.numpy(), to_numpy(result.probs)
+    grid = token_grid(model, ids)
+    return [list(zip(names, row.tolist())) for names, row in zip(grid, probs)]
+
+
+@dataclass
+class AblationView:
+    heads: list[tuple[int, int]]
+    labels: list[str]  # the token each loss is for: the next one (a decoder), the one there (an MLM encoder)
+    clean_loss: np.ndarray  # [T - 1] for a decoder, [T] for an MLM encoder; nats
+    ablated_loss: np.ndarray
+    changed: list[tuple[int, str, str, str, str]]  # (position, token there, clean top, ablated top, the text's)
+
+    @property
+    def delta(self) -> np.ndarray:
+        return self.ablated_loss - self.clean_loss
+
+
+def loss_tokens(model) -> int:
+    """The fewest tokens a loss can be measured on: a decoder needs a next token, an MLM encoder only one."""
+    return 2 if model.config.causal else 1
+
+
+def ablation(model, tokens: Encoded, head_pairs: list[tuple[int, int]], kind: str) -> AblationView:
+    """Per-token loss with and without the heads, and the positions whose top prediction changed."""
+    reason = lm_head_reason(model, "Ablation")
+    if reason:
+        raise UserError(reason)
+    if len(tokens.ids) < loss_tokens(model):
+        raise UserError("Ablation needs at least 2 tokens: there is no next token to predict in one.")
+    result = heads.ablate(model, as_batch(tokens.ids, model.device), head_pairs, check_ablation(kind))
+    n, causal = len(tokens.ids), model.config.causal
+    positions = result.changed.tolist()
+    clean = token_texts(model, result.clean_top[positions].tolist())
+    ablated = token_texts(model, result.ablated_top[positions].tolist())
+    answers = [
+        (tokens.labels[p + 1] if p + 1 < n else "(after the text)") if causal else tokens.labels[p] for p in positions
+    ]
+    changed = [(p, tokens.labels[p], c, a, t) for p, c, a, t in zip(positions, clean, ablated, answers)]
+    labels = tokens.labels[1:] if causal else tokens.labels
+    return AblationView(head_pairs, labels, to_numpy(result.clean_loss), to_numpy(result.ablated_loss), changed)
+
+
+@dataclass
+class SweepUpdate:
+    done: int  # heads ablated so far
+    total: int
+    increase: torch.Tensor | None  # [L, H] once finished
+    seconds: float
+
+
+class SweepStopped(Exception):
+    """The sweep's reader went away (the page stopped it), so the worker ends at the next batch."""
+
+
+def stream_sweep(model, ids: list[int], kind: str, batch: int = SWEEP_BATCH) -> Iterator[SweepUpdate]:
+    """Ablate every head of the main stack alone, `batch` at a time, yielding after each batch and then the
+    [L, H] map of mean loss increase. The sweep runs in a worker thread; closing the iterator stops it."""
+    kind = check_ablation(kind)
+    updates: queue.Queue = queue.Queue()
+    stopped = threading.Event()
+
+    def report(done: int, total: int) -> None:
+        if stopped.is_set():
+            raise SweepStopped
+        updates.put(("progress", done, total))
+
+    def work() -> None:
+        try:
+            updates.put(("done", heads.ablation_sweep(model, as_batch(ids, model.device), kind, batch, report)))
+        except SweepStopped:
+            pass
+        except Exception as exc:  # noqa: BLE001 - handed to the reader, which raises it
+            updates.put(("error", exc))
+
+    started = time.perf_counter()
+    total = model.config.n_layers * model.config.n_heads
+    worker = threading.Thread(target=work, name="ablation-sweep", daemon=True)
+    worker.start()
+    try:
+        yield SweepUpdate(0, total, None, 0.0)
+        while True:
+            message = updates.get()
+            seconds = time.perf_counter() - started
+            if message[0] == "progress":
+                yield SweepUpdate(message[1], message[2], None, seconds)
+            elif message[0] == "done":
+                yield SweepUpdate(total, total, message[1], seconds)
+                return
+            else:
+                raise message[1]
+    finally:
+        stopped.set()
+
+
+def attribution(model, cache: HeadsCache, position, layer, head, steps) -> heads.Attribution:
+    """Attention, rollout, gradient × input and integrated gradients for the prediction at one position, with
+    every setting checked first (steps × tokens within MAX_IG_TOKEN_STEPS). The last result is kept in the cache
+    with its settings (position, layer, head, steps)."""
+    reason = lm_head_reason(model, "Attribution")
+    if reason:
+        raise UserError(reason)
+    cfg = model.config
+    n = len(cache.tokens.ids)
+    position = check_range("Position", position, -1, n - 1)
+    position = n - 1 if position == -1 else position
+    layer = check_range("Layer", layer, 0, cfg.n_layers - 1)
+    head = check_range("Head", head, 0, cfg.n_heads - 1)
+    steps = check_range("Steps", steps, 1, MAX_IG_STEPS)
+    used = position + 1 if cfg.causal else n  # a decoder's prediction at p reads tokens 0..p
+    if steps * used > MAX_IG_TOKEN_STEPS:
+        raise UserError(
+            f"Integrated gradients would run {steps} steps × {used} tokens = {steps * used:,} token passes at once; "
+            f"the limit is {MAX_IG_TOKEN_STEPS:,}. Use at most {max(1, MAX_IG_TOKEN_STEPS // used)} steps"
+            + (", or an earlier position." if cfg.causal else ", or a shorter text.")
+        )
+    settings = (position, layer, head, steps)
+    if cache.attribution is None or cache.attribution[0] != settings:
+        try:
+            result = heads.attribute(model, as_batch(cache.tokens.ids, model.device), position, layer, head, steps)
+        except (ValueError, IndexError) as exc:
+            raise UserError(str(exc)) from exc
+        cache.attribution = (settings, result)
+    return cache.attribution[1]
+
+
+def lens_table(model, cache: HeadsCache) -> heads.LensTable:
+    reason = lm_head_reason(model, "The logit lens")
+    if reason:
+        raise UserError(reason)
+    if cache.lens is None:
+        cache.lens = heads.logit_lens(model, as_batch(cache.tokens.ids, model.device))
+    return cache.lens
+
+
+def token_surprisal(model, cache: HeadsCache) -> heads.Surprisal:
+    reason = next_token_reason(model, "Surprisal")
+    if reason:
+        raise UserError(reason)
+    if len(cache.tokens.ids) < 2:
+        raise UserError("Surprisal needs at least 2 tokens: the first one is never predicted.")
+    if cache.surprisal is None:
+        cache.surprisal = heads.surprisal(model, as_batch(cache.tokens.ids, model.device), k=5)
+    return cache.surprisal

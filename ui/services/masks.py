@@ -1,0 +1,129 @@
+"""What each safeguard of eq. 2.1 changes, measured on the loaded model: the stages scores → mask → softmax for
+one head, and the model run with the causal mask, the padding mask or the 1/√d_k factor switched off."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from core.attention import attention_stages, causal_mask
+from core.inspect import queries_keys
+from ui.services.checks import UserError
+from ui.services.text import as_batch, to_numpy
+
+MAX_MASK_TOKENS = 512  # the mask demo runs the model six times on its text
+MAX_STAGE_WINDOW = 48  # the mask demo draws 6 matrices of this size
+def qk_for_head(model, ids: list[int], layer: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chosen head's rotated queries and keys [T, d_k] (grouped-query heads share their key head)."""
+    cfg = model.config
+    q, k = queries_keys(model, as_batch(ids, model.device), layer, rotate=True)
+    kv_head = head // (cfg.n_heads // cfg.n_kv_heads)
+    return q[0, head].float(), k[0, kv_head].float()
+
+
+def mask_stages(q: torch.Tensor, k: torch.Tensor, head_dim: int) -> dict[str, tuple[np.ndarray, ...]]:
+    """Eq. 2.1 for one window of queries and keys, with the causal mask on and off."""
+    n = q.shape[0]
+    scale = head_dim**-0.5
+    out = {}
+    for name, allowed in (("causal mask on", causal_mask(n, n, q.device)), ("causal mask off", None)):
+        scores, masked, probs = attention_stages(q[None, None], k[None, None], allowed, scale)
+        out[name] = (to_numpy(scores[0, 0]), to_numpy(masked[0, 0]), to_numpy(probs[0, 0]))
+    return out
+
+
+def next_token_metrics(logits: torch.Tensor, ids: list[int]) -> tuple[float, float]:
+    """Mean cross-entropy (nats) and accuracy of predicting token t+1 from position t."""
+    target = torch.tensor(ids[1:], device=logits.device)
+    pred = logits[0, :-1].float()
+    loss = torch.nn.functional.cross_entropy(pred, target).item()
+    acc = (pred.argmax(-1) == target).float().mean().item()
+    return loss, acc
+
+
+def row_entropy(probs: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats of each attention row, [..., Tq]."""
+    p = probs.float()
+    return -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
+
+
+def causal_effect(model, ids: list[int]) -> dict | None:
+    """Next-token loss and accuracy on the text with the causal mask on and off; None without an LM head."""
+    if len(ids) < 2:
+        raise UserError("The mask demo needs at least 2 tokens of text.")
+    batch = as_batch(ids, model.device)
+    with torch.inference_mode():
+        on = model(batch)
+        if on.logits is None:
+            return None
+        off = model(batch, causal_mask=False)
+    loss_on, acc_on = next_token_metrics(on.logits, ids)
+    loss_off, acc_off = next_token_metrics(off.logits, ids)
+    return {"loss": (loss_on, loss_off), "accuracy": (acc_on, acc_off), "predictions": len(ids) - 1}
+
+
+def pad_pair(model, ids_a: list[int], ids_b: list[int]) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """Batch two sequences, padding the shorter: on the left for causal models (so padding sits before the
+    real tokens, where a causal query can see it), on the right for encoders. Returns ids, mask [2, T], side."""
+    tok = model.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (model.config.eos_ids or [0])[0]
+    n = max(len(ids_a), len(ids_b))
+    side = "left" if model.config.causal else "right"
+    rows, masks = [], []
+    for ids in (ids_a, ids_b):
+        fill = [pad] * (n - len(ids))
+        rows.append(fill + ids if side == "left" else ids + fill)
+        real = [1] * len(ids)
+        masks.append([0] * len(fill) + real if side == "left" else real + [0] * len(fill))
+    return torch.tensor(rows, device=model.device), torch.tensor(masks, device=model.device), side
+
+
+def padding_effect(model, ids_a: list[int], ids_b: list[int]) -> dict:
+    """Two texts batched with padding, run with the padding mask on and off.
+
+    Per layer: the attention mass that the real queries of the padded row put on pad keys (mean over heads
+    and queries). And how far those real tokens' outputs move from running the short text alone."""
+    if len(ids_a) == len(ids_b):
+        raise UserError("The two padding texts have the same number of tokens, so nothing is padded; make one shorter.")
+    if len(ids_a) < len(ids_b):
+        ids_a, ids_b = ids_b, ids_a
+    batch, mask, side = pad_pair(model, ids_a, ids_b)
+    real = mask[1].bool()
+    with torch.inference_mode():
+        alone = model(as_batch(ids_b, model.device)).hidden_states[0].float()  # [Tb, d]
+        results = {}
+        for name, use_mask in (("padding mask on", True), ("padding mask off", False)):
+            out = model(batch, attention_mask=mask, padding_mask=use_mask, capture_attention=True)
+            attn = out.encoder_attentions if model.config.is_encoder_decoder else out.attentions
+            pad_mass = [float(a[1][:, real][:, :, ~real].sum(-1).mean()) for a in attn]  # a: [B, H, T, T]
+            hidden = out.hidden_states[1][real].float()
+            change = (hidden - alone).norm(dim=-1) / alone.norm(dim=-1).clamp_min(1e-12)
+            results[name] = {
+                "pad_mass": pad_mass,
+                "max_change": float(change.max()),
+                "mean_change": float(change.mean()),
+            }
+    return {"side": side, "n_pad": int((~real).sum()), "n_real": int(real.sum()), "results": results}
+
+
+def scaling_entropy(model, ids: list[int], layer: int, head: int) -> dict:
+    """Mean attention entropy per layer with and without the 1/√d_k factor, and the chosen head's entropy."""
+    batch = as_batch(ids, model.device)
+    out = {}
+    with torch.inference_mode():
+        for name, scale in (("scaled by 1/√d_k", True), ("not scaled", False)):
+            res = model(batch, scale=scale, capture_attention=True)
+            attn = res.encoder_attentions if model.config.is_encoder_decoder else res.attentions
+            per_layer = [float(row_entropy(a[0]).mean()) for a in attn]
+            out[name] = {
+                "per_layer": per_layer,
+                "head": float(row_entropy(attn[layer][0, head]).mean()),
+                "head_max_weight": float(attn[layer][0, head].max(-1).values.mean()),
+            }
+    causal = model.config.causal
+    n = len(ids)
+    # the most a row can have: log(number of keys it may see), averaged over rows
+    uniform = float(np.mean(np.log(np.arange(1, n + 1)))) if causal else math.log(n)
+    return {"curves": out, "uniform": uniform, "head_dim": model.config.head_dim}

@@ -1,0 +1,149 @@
+"""The models of the server: loaded once per name, shared by every session (their weights are read-only).
+
+A name is a registry name (installed, or pulled when first chosen) or a model folder. Loading errors become
+UserErrors that say what is wrong and what would be right.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import core.store as weight_store
+from core import CheckpointError, ConfigError, load_model
+from ui.services.checks import UserError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+MAX_MODEL_NAME = 255  # characters; a longer name is no file name, and no registry or hub name either
+ProgressFn = Callable[[float, str], None]
+def known_model_names() -> list[str]:
+    """Registry names first (installed or fetchable), then models installed outside the registry."""
+    try:
+        return weight_store.known_model_names()
+    except Exception:  # noqa: BLE001 - a broken registry must not stop the app from starting
+        log.exception("could not list the weight store's models")
+        return [DEFAULT_MODEL]
+
+
+def clean_weight_store() -> list[str]:
+    """Remove the litter of killed pulls from the weight store (see WeightStore.clean); run at app start."""
+    try:
+        removed = weight_store.WeightStore.default().clean()
+    except OSError as exc:  # a read-only store must not stop the app from starting
+        log.warning("could not clean the weight store: %s", exc)
+        return []
+    if removed:
+        log.info("removed %d folders left by killed pulls: %s", len(removed), ", ".join(removed))
+    return removed
+
+
+def terminal_progress() -> weight_store.TerminalProgress:
+    """The weight store's terminal progress bar, for pulling a model before the app starts; close() it after."""
+    return weight_store.TerminalProgress()
+
+
+class ModelStore:
+    """Loaded models, one per name, shared by all sessions (weights are read-only), at most `capacity`.
+
+    A model being pulled or loaded holds only its own name's lock, so users of models already in memory
+    never wait behind someone else's download."""
+
+    def __init__(
+        self,
+        capacity: int = 2,
+        extra_names: list[str] | None = None,
+        device: str | None = None,
+    ):
+        self.capacity, self.device = capacity, device
+        self.extra_names = list(extra_names or [])
+        self._models: OrderedDict[str, torch.nn.Module] = OrderedDict()
+        self._lock = threading.Lock()  # guards _models and _loading
+        self._loading: dict[str, threading.Lock] = {}
+        self._sources: dict[str, str] = {}  # name → where its weights came from, for the model card
+
+    def source(self, name: str) -> str:
+        return self._sources.get(name, "")
+
+    def names(self) -> list[str]:
+        return list(dict.fromkeys(self.extra_names + known_model_names()))
+
+    def names_ready(self) -> list[str]:
+        """The models that load without fetching anything: in memory, installed, or a folder given at start."""
+        with self._lock:
+            loaded = list(self._models)
+        try:
+            installed = list(weight_store.WeightStore.default().installed())
+        except OSError:
+            installed = []
+        folders = [name for name in self.extra_names if Path(name).is_dir()]
+        return [name for name in self.names() if name in {*loaded, *installed, *folders}]
+
+    def get(self, name: str, progress: ProgressFn | None = None):
+        if not name:
+            raise UserError("Choose a model first.")
+        with self._lock:
+            if name in self._models:
+                self._models.move_to_end(name)
+                return self._models[name]
+            name_lock = self._loading.setdefault(name, threading.Lock())
+        with name_lock:
+            with self._lock:
+                if name in self._models:  # loaded by another session while this one waited
+                    return self._models[name]
+            model = self._load(name, progress)
+            with self._lock:
+                self._models[name] = model
+                while len(self._models) > self.capacity:
+                    self._models.popitem(last=False)
+                self._loading.pop(name, None)
+            return model
+
+    def _load(self, name: str, progress: ProgressFn | None):
+        if not isinstance(name, str) or len(name) > MAX_MODEL_NAME or "\x00" in name:
+            shown = repr(name[:40]) + "…" if isinstance(name, str) else f"a {type(name).__name__}"
+            raise UserError(f"{shown} is not a model name or folder: choose one from the model picker.")
+        folder = Path(name)
+        try:
+            if not folder.is_dir():
+                folder = weight_store.ensure(name, progress=progress)
+        except weight_store.WeightsUnavailable as exc:
+            raise UserError(f"Model {name!r} cannot be loaded here: {exc}") from exc
+        except weight_store.WeightsError as exc:
+            raise UserError(f"Model {name!r}: {exc}") from exc
+        except OSError as exc:  # a name the file system refuses (too long, invalid characters)
+            raise UserError(f"{name[:40]!r}… is not a model name or folder ({exc.strerror}): choose one from the "
+                            "model picker.") from None
+        if progress:
+            progress(0.95, f"loading {name} into memory")
+        started = time.perf_counter()
+        try:
+            model = load_model(folder, device=self.device)  # cuda (bfloat16) when there is a GPU, else cpu (float32)
+        except (ConfigError, CheckpointError) as exc:
+            raise UserError(f"Model {name!r} cannot be loaded: {exc}") from exc
+        model.eval()
+        self._sources[name] = weights_provenance(Path(folder))
+        if progress:
+            progress(1.0, f"{name} ready")
+        log.info("loaded %s from %s in %.1f s", name, folder, time.perf_counter() - started)
+        if model.tokenizer is None:
+            raise UserError(f"Model {name!r} has no tokenizer in {folder}; the app needs one to read text.")
+        return model
+
+
+def weights_provenance(folder: Path) -> str:
+    """One line from the weight store's manifest: where the files came from, their licence, when installed."""
+    try:
+        manifest = weight_store.read_manifest(folder)
+        source = weight_store.describe_source(manifest["source"])
+    except Exception:  # noqa: BLE001 - a folder made by hand has no manifest; the card just says less
+        return f"Weights: the folder {folder.name}, which has no manifest.json: its files are not verified."
+    licence, created = manifest.get("licence", "unknown"), manifest.get("created", "?")[:10]
+    return f"Weights: {source}, licence {licence}, installed {created}."

@@ -1,0 +1,159 @@
+"""Positions: eq. 4.1's sinusoids and their rotation property, RoPE scores of the model's own queries and keys,
+and the permutation check (with positions switched off, does shuffling the tokens only shuffle the outputs?).
+
+Self-attention with no position information treats its input as a set: in an encoder, permuting the tokens
+permutes every output the same way (permutation equivariance), up to rounding. A causal decoder is different:
+its mask lets token i read tokens 0..i only, so the order reaches the outputs through the mask even without
+positions. Both are measured on the user's text, and the sentence is built from the numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from core.inspect import queries_keys, rope_frequencies
+from core.layers import apply_rope, sinusoidal_encoding
+from ui.services.checks import UserError
+from ui.services.text import as_batch, to_numpy
+
+MAX_PE_POSITIONS = 512
+MAX_PE_DIM = 512
+def sinusoidal(n: int, d: int) -> np.ndarray:
+    """Eq. 4.1 as [n, d] float64 (interleaved sin/cos, as the theory writes it)."""
+    return sinusoidal_encoding(n, d).double().cpu().numpy()
+
+
+def pe_shift_check(pe: np.ndarray, d: int, k: int) -> dict:
+    """PE(p + k) = R_k · PE(p) for every p, with R_k block-diagonal rotations by ω_i·k (eq. 4.1 property 3).
+
+    Returns the largest |PE(p+k) − R_k PE(p)|, how far R_k is from orthogonal, and the residual of one
+    matrix fitted by least squares to all the pairs (PE(p), PE(p+k)): a single linear map serves every p.
+    """
+    n = pe.shape[0]
+    if not 0 < k < n:
+        raise UserError(f"The offset k must be between 1 and {n - 1} for n = {n} positions.")
+    omega = 1.0 / np.power(10000.0, 2 * np.arange(d // 2) / d)
+    rot = np.zeros((d, d))
+    for i, w in enumerate(omega):
+        c, s = math.cos(w * k), math.sin(w * k)
+        # [sin(a+b), cos(a+b)] = [[cos b, sin b], [−sin b, cos b]] · [sin a, cos a]
+        rot[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = [[c, s], [-s, c]]
+    before, after = pe[: n - k], pe[k:]
+    analytic_error = float(np.abs(after - before @ rot.T).max())
+    fitted, *_ = np.linalg.lstsq(before, after, rcond=None)  # after ≈ before @ fitted
+    fit_error = float(np.abs(after - before @ fitted).max())
+    return {
+        "k": k,
+        "pairs": n - k,
+        "analytic_max_error": analytic_error,
+        "fit_max_error": fit_error,
+        "rotation_orthogonality": float(np.abs(rot @ rot.T - np.eye(d)).max()),
+    }
+
+
+def cosine_similarity(x: np.ndarray) -> np.ndarray:
+    unit = x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+    return unit @ unit.T
+
+
+def rope_scores(
+    model,
+    ids: list[int],
+    layer: int,
+    head: int,
+    query_pos: int,
+    key_pos: int,
+    distances: np.ndarray,
+    offsets: list[int],
+):
+    """Score of one real query/key pair (the layer's own projections, before rotation) placed at relative
+    distance Δ, for several absolute offsets m: q at position m + Δ, k at position m. RoPE makes the curves equal."""
+    cfg = model.config
+    q, k = queries_keys(model, as_batch(ids, model.device), layer, rotate=False)  # [1, H, T, hd], [1, H_kv, T, hd]
+    kv_head = head // (cfg.n_heads // cfg.n_kv_heads)
+    q_vec = q[0, head, query_pos].float()
+    k_vec = k[0, kv_head, key_pos].float()
+    inv_freq = rope_frequencies(model)
+    scale = cfg.head_dim**-0.5
+    curves = {}
+    for m in offsets:
+        q_pos = torch.as_tensor(m + distances, dtype=torch.long, device=q_vec.device)[None]  # [1, D]
+        k_pos = torch.full_like(q_pos, m)
+        q_rot = apply_rope(q_vec.expand(1, 1, len(distances), -1).contiguous(), q_pos, inv_freq)[0, 0]
+        k_rot = apply_rope(k_vec.expand(1, 1, len(distances), -1).contiguous(), k_pos, inv_freq)[0, 0]
+        curves[m] = to_numpy((q_rot * k_rot).sum(-1) * scale)
+    return curves
+
+
+# ---------------------------------------------------------------- the permutation check
+
+EQUIVARIANT_TOLERANCE = 1e-4  # relative to the outputs' scale: float32 rounding stays far below, order effects far above
+PERMUTATION_TOKENS = 256
+SEED = 0
+
+
+@dataclass
+class PermutationCheck:
+    n_tokens: int
+    causal: bool
+    max_error: float  # max |f(Px) − P f(x)| over tokens and dimensions, final hidden states
+    scale: float  # max |f(x)|: the size of the outputs, to read the error against
+    mean_error: float
+    first_moved: int  # the permuted position of the first token that moved
+
+    @property
+    def relative(self) -> float:
+        return self.max_error / self.scale if self.scale > 0 else 0.0
+
+    @property
+    def equivariant(self) -> bool:
+        return self.relative < EQUIVARIANT_TOLERANCE
+
+    def sentence(self) -> str:
+        measured = (f"On {self.n_tokens} tokens of your text, shuffled (seed {SEED}), with positions switched off: "
+                    f"the outputs of the shuffled text differ from the shuffled outputs by at most "
+                    f"{self.max_error:.1e} (the outputs reach {self.scale:.1f}, so {self.relative:.1e} of their size).")
+        if self.equivariant and not self.causal:
+            why = ("That is rounding: this encoder lets every token attend to every other, so without positions it "
+                   "reads the text as a set of tokens, and shuffling the input only shuffles the output. Order reaches "
+                   "it through its positions alone.")
+        elif self.equivariant:
+            why = ("That is rounding, although this model is causal: on this text its mask did not make the order "
+                   "visible (a text of repeated tokens can do that).")
+        elif self.causal:
+            why = ("That is far above rounding: this model is a causal decoder, and its mask lets each token read only "
+                   "the tokens before it, so even with no positions a token's output depends on which tokens came "
+                   "first. A decoder sees order through its mask; positions tell it how far back each token is.")
+        else:
+            why = ("That is far above rounding, for an encoder without positions: something else in this model "
+                   "depends on position (token types or a padding mask, for example).")
+        return f"{measured} {why}"
+
+
+def permutation_check(model, ids: list[int], seed: int = SEED) -> PermutationCheck:
+    """Run the model on the text and on a shuffled copy, both with positions=False, and compare the final hidden
+    states of each token. Keeps the model's own causal mask (a decoder is built with it)."""
+    ids = list(ids)[:PERMUTATION_TOKENS]
+    if len(ids) < 3:
+        raise UserError("The permutation check needs at least 3 tokens of text.")
+    if model.config.is_encoder_decoder:
+        raise UserError("The permutation check reads decoder-only and encoder-only models; this is an "
+                        "encoder-decoder.")
+    generator = np.random.default_rng(seed)
+    perm = generator.permutation(len(ids))
+    if np.array_equal(perm, np.arange(len(ids))):
+        perm = np.roll(perm, 1)
+    x = as_batch(ids, model.device)
+    index = torch.as_tensor(perm, device=x.device)
+    with torch.inference_mode():
+        out = model(x, positions=False).hidden_states.float()  # [1, T, d]
+        shuffled = model(x[:, index], positions=False).hidden_states.float()
+    diff = (shuffled - out[:, index]).abs()[0].amax(-1)  # [T] largest change per token
+    moved = np.flatnonzero(diff.cpu().numpy() > EQUIVARIANT_TOLERANCE * float(out.abs().max()))
+    return PermutationCheck(n_tokens=len(ids), causal=bool(model.config.causal), max_error=float(diff.max()),
+                            scale=float(out.abs().max()), mean_error=float(diff.mean()),
+                            first_moved=int(moved[0]) if moved.size else -1)

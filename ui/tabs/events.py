@@ -1,0 +1,176 @@
+"""How every tab's events run: their concurrency groups, errors in words (never a traceback in the page), every
+input checked with its field's name, and `handler`, which turns a view function into an event function.
+
+A view (ui/views) is `view(services, *inputs, previous=None, progress=None)`: plain values in, figures and
+notes out. `handler(view, services, name)` gives the event function Gradio calls: the same parameters after
+`services` (their names are the API's), gr.Progress appended, errors turned into messages, and every figure
+the view named (ui.views.export.named) sent with its download settings.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+
+import gradio as gr
+from gradio.components.plot import PlotData
+
+from core.store import WeightsError
+from ui.services.checks import UserError, public_text
+from ui.services.text import check_text_size
+from ui.views import export
+
+log = logging.getLogger(__name__)
+
+ANALYSIS = "analysis"  # concurrency group of the forward-pass events: one at a time on a small CPU
+ANALYSIS_LIMIT = 1
+ON_ANALYSIS = dict(concurrency_id=ANALYSIS, concurrency_limit=ANALYSIS_LIMIT)
+GENERATE = "generate"
+GENERATE_LIMIT = 2  # two users can generate at once; more wait in the queue
+LAB = "lab"  # concurrency group of the training streams; the server-wide job cap is the Lab's own
+MODEL_GROUPS = (ANALYSIS, GENERATE)  # the events that run a model: a backend or ZeroGPU takes these
+
+
+def _as_gradio_error(exc: Exception) -> gr.Error:
+    if isinstance(exc, gr.Error):
+        return exc
+    if isinstance(exc, UserError):
+        return gr.Error(public_text(str(exc)), print_exception=False)
+    if isinstance(exc, WeightsError):
+        return gr.Error(public_text(f"Model weights: {exc}"), print_exception=False)
+    if isinstance(exc, MemoryError):
+        return gr.Error("Out of memory: try a shorter text or a smaller window.", print_exception=False)
+    log.exception("unexpected error in an app event")
+    return gr.Error(
+        f"Something went wrong ({type(exc).__name__}); the server log has the details.", print_exception=False
+    )
+
+
+def user_errors(fn):
+    """Run an event function so that bad input becomes a clear message in the page, never a traceback."""
+    if inspect.isgeneratorfunction(fn):
+
+        @functools.wraps(fn)
+        def gen_wrapper(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - every error becomes a message
+                raise _as_gradio_error(exc) from None
+
+        return gen_wrapper
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - every error becomes a message
+            raise _as_gradio_error(exc) from None
+
+    return wrapper
+
+
+def progress_callback(progress: gr.Progress | None):
+    """core.store reports (fraction, message); Gradio's bar takes the same two things."""
+    if progress is None:
+        return None
+
+    def report(fraction: float, message: str) -> None:
+        progress(min(max(float(fraction), 0.0), 1.0), desc=message)
+
+    return report
+
+
+def present(value):
+    """A view's outputs as Gradio takes them: each figure the view named, with its modebar's image settings
+    (PNG, SVG at slide size, that name)."""
+    if isinstance(value, tuple):
+        return tuple(present(v) for v in value)
+    name = export.image_name(value) if hasattr(value, "layout") and hasattr(value, "to_json") else None
+    return value if name is None else PlotData(type="plotly", plot=export.figure_json(value, name))
+
+
+def handler(view: Callable, services, name: str, progress: bool = True) -> Callable:
+    """The event function of `view(services, *inputs, ...)`, named `name` (Gradio's event name)."""
+    params = list(inspect.signature(view).parameters.values())[1:]
+    params = [p for p in params if p.name not in ("progress", "data")]
+    if progress:
+        params.append(inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=gr.Progress()))
+    signature = inspect.Signature(params)
+
+    def arguments(args, kwargs) -> dict:
+        bound = signature.bind(*args, **kwargs)  # Gradio passes gr.Progress in its place, positionally
+        if progress:
+            bound.arguments["progress"] = progress_callback(bound.arguments.get("progress"))
+        return bound.arguments
+
+    if inspect.isgeneratorfunction(view):
+        def event(*args, **kwargs):
+            for value in view(services, **arguments(args, kwargs)):
+                yield present(value)
+    else:
+        def event(*args, **kwargs):
+            return present(view(services, **arguments(args, kwargs)))
+
+    event.__name__ = event.__qualname__ = name
+    event.__signature__ = signature
+    return user_errors(event)
+
+
+# ---------------------------------------------------------------- every input answered in words
+
+
+def checked_inputs(demo: gr.Blocks, text_cap: int) -> gr.Blocks:
+    """Every input of the page, answered in words and logged in one line.
+
+    Number fields pass their raw value to the handler, which checks it with ui.services.checks.check_range or
+    check_float and names the field: Gradio's own rounding and bounds fail first otherwise, on "1e999", NaN
+    or a string from the API, with an error that names nothing. Typed text is held to the cap of uploads. Any
+    other component that refuses a value (a dropdown value not among its choices) says so with the field's
+    label, without a traceback in the log."""
+    for block in demo.blocks.values():
+        if isinstance(block, (gr.Number, gr.Slider)):
+            block.preprocess = _unchanged
+        elif isinstance(block, gr.Textbox):
+            block.preprocess = _capped(block, block.preprocess, text_cap)
+        elif isinstance(block, gr.components.Component):
+            block.preprocess = _refusing_in_words(block, block.preprocess)
+    return demo
+
+
+def _unchanged(payload):
+    return payload
+
+
+def _label(block) -> str:
+    return getattr(block, "label", None) or getattr(block, "elem_id", None) or type(block).__name__
+
+
+def _capped(block, preprocess, cap: int):
+    @functools.wraps(preprocess)
+    def checked(payload):
+        try:
+            return check_text_size(_label(block), preprocess(payload), cap)
+        except UserError as exc:
+            log.info("refused a text for %s: over the cap", _label(block))
+            raise gr.Error(str(exc), print_exception=False) from None
+
+    return checked
+
+
+def _refusing_in_words(block, preprocess):
+    label = _label(block)
+
+    @functools.wraps(preprocess)
+    def checked(payload):
+        try:
+            return preprocess(payload)
+        except Exception as exc:  # noqa: BLE001 - a refused value is the user's error, not the server's
+            message = public_text(str(exc).strip('"') or type(exc).__name__)
+            if len(message) > 300:
+                message = message[:300] + "…"
+            log.info("refused a value for %s: %s", label, message[:200])
+            raise gr.Error(f"{label}: {message}", print_exception=False) from None
+
+    return checked

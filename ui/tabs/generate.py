@@ -1,0 +1,175 @@
+"""Generate tab: the model writes, token by token, with the KV-cached decoder of the core; then each generated
+token can be opened (its attention, its probabilities), and the KV cache is measured."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from ui.services.generation import (MAX_GENERATE_TOKENS, MAX_TEMPERATURE, MAX_TRACE_BYTES, TOP_PROBS, run_trace,
+                                    stream_trace)
+from ui.services.text import token_texts
+from ui.services.trace import trace_summary
+from ui.tabs.events import GENERATE, GENERATE_LIMIT, ON_ANALYSIS, handler, progress_callback, user_errors
+from ui.tabs.widgets import Tab, read_example, text_with_upload
+from ui.views.generate import kv_panel, mark_stopped, stats_line, step_figures, trace_file
+
+TRACE_TTL_S = 1800  # a session's trace is dropped after half an hour
+ON_GENERATE = dict(concurrency_id=GENERATE, concurrency_limit=GENERATE_LIMIT)
+
+STEP_INTRO = f"""### Step by step
+Every token the model writes is recorded as it streams: the model's top {TOP_PROBS} next-token
+probabilities at that step (with the picked one marked, so sampling is visible) and the attention of the query
+that produced it, for every layer and head, over everything before it (prompt included; an encoder-decoder also
+its cross-attention over the source). Pick a token in the strip. The rows are kept in float16, at most
+{MAX_TRACE_BYTES // 2**20} MB per session; tokens past that keep their probabilities only."""
+
+KV_INTRO = """### The KV cache, measured
+Each layer keeps the keys and values of every token it has read, so a new token computes one query, key and value
+and reads the rest: size = 2 · layers · tokens · kv_heads · d_head · bytes. *Measure* sizes it for this prompt
+(the formula beside the bytes the core allocates) and for the full context, in float32 and bfloat16, against the
+same model with one KV head per query head (no GQA) and with one KV head (MQA); then it writes the same greedy
+continuation with and without the cache and times one step of each at growing lengths."""
+
+LEAD = """**The decoder at work, token by token**: each new token's query attends through eq. 2.1's causal mask to
+the keys and values of everything before it, kept in the KV cache (2 · layers · tokens · kv-heads · d_head numbers)."""
+
+
+def build(services, picker, initial) -> Tab:
+    model = picker.model
+    gr.Markdown(LEAD, elem_classes=["tab-lead"])
+    gr.Markdown(
+        "The model extends the prompt one token at a time. Greedy (temperature 0) always picks the most likely "
+        "token; higher temperatures, top-k and top-p sample. A seed makes sampling repeat exactly."
+    )
+    with gr.Row():
+        with gr.Column(scale=3):
+            prompt, _ = text_with_upload("Prompt", read_example("generate.txt"), "gen",
+                                         services.settings.text_cap_bytes, lines=4)
+            chat = gr.Checkbox(
+                value=bool(getattr(initial.tokenizer, "chat_template", None)),
+                label="Chat mode (wrap the prompt in the model's chat template)",
+                elem_id="gen-chat",
+            )
+        with gr.Column(scale=2):
+            max_new = gr.Slider(1, MAX_GENERATE_TOKENS, value=64, step=1, label="Max new tokens", elem_id="gen-max-new")
+            temperature = gr.Slider(0.0, MAX_TEMPERATURE, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+            with gr.Row():
+                top_k = gr.Number(value=0, label="Top-k (0 = off)", precision=0)
+                top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p (1 = off)")
+                seed = gr.Number(value=0, label="Seed", precision=0)
+            with gr.Row():
+                run = gr.Button("Generate", variant="primary", elem_id="gen-run")
+                stop = gr.Button("Stop", variant="stop", elem_id="gen-stop")
+    output = gr.Textbox(label="Continuation", lines=8, interactive=False, elem_id="gen-output")
+    stats = gr.Markdown(label="stats", elem_id="gen-stats")
+    send = gr.Button("Send prompt + continuation to the Attention tab", elem_id="gen-send")
+    sent = gr.State("")
+    trace = gr.State(None, time_to_live=TRACE_TTL_S)
+
+    gr.Markdown(STEP_INTRO)
+    strip = gr.Radio([], label="Generated tokens (pick one)", elem_id="gen-strip", elem_classes=["token-strip"])
+    with gr.Row():
+        step = gr.Number(value=0, label="Step (0 = first generated token)", precision=0, elem_id="gen-step")
+        layer = gr.Number(value=0, label="Layer", precision=0, elem_id="gen-layer")
+        head = gr.Number(value=0, label="Head", precision=0, elem_id="gen-head")
+        show = gr.Button("Show this step", elem_id="gen-show-step")
+    step_note = gr.Markdown(label="step note", elem_id="gen-step-note")
+    with gr.Row():
+        probs_fig = gr.Plot(label="Next-token probabilities", elem_id="gen-step-probs")
+        row_fig = gr.Plot(label="Attention row", elem_id="gen-step-row")
+    shaded = gr.HTML(label="shaded text", elem_id="gen-step-text")
+    overview_fig = gr.Plot(label="Every layer × head for this token", elem_id="gen-step-overview")
+    with gr.Accordion("This step's numbers, the whole trace, the download", open=False):
+        step_numbers = gr.JSON(label="Attention rows of this step (chosen layer)", elem_id="gen-step-numbers")
+        trace_json = gr.JSON(label="Trace: top-10 probabilities and rank per token", elem_id="gen-trace-json")
+        with gr.Row():
+            export = gr.Button("Export the trace as JSON", elem_id="gen-export")
+            export_file = gr.File(label="Trace (JSON)", elem_id="gen-export-file", interactive=False)
+        export_note = gr.Markdown(label="export note", elem_id="gen-export-note")
+
+    gr.Markdown(KV_INTRO)
+    kv_run = gr.Button("Measure the KV cache on this prompt", elem_id="gen-kv-run")
+    kv_note = gr.Markdown(label="KV note", elem_id="gen-kv-note")
+    kv_table = gr.Dataframe(label="KV cache size", elem_id="gen-kv-table", interactive=False, wrap=True)
+    kv_fig = gr.Plot(label="Time per new token", elem_id="gen-kv-fig")
+    kv_numbers = gr.JSON(label="The same in bytes and seconds", elem_id="gen-kv-numbers", visible=False)
+
+    settings = [model, prompt, chat, max_new, temperature, top_k, top_p, seed]
+    event = run.click(streamed(services), [*settings, trace], [output, stats, sent, trace], api_name="generate",
+                      **ON_GENERATE)
+    # after a finished stream this reuses the session's trace; called alone it generates (without streaming)
+    event.success(finished(services), [*settings, trace], [output, trace_json, trace], api_name="generation_trace",
+                  **ON_GENERATE)
+    trace.change(strip_of(services), trace, strip, api_visibility="private", trigger_mode="always_last", queue=False)
+
+    step_event = dict(fn=handler(step_figures, services, "generation_step", progress=False),
+                      inputs=[step, layer, head, trace],
+                      outputs=[step_note, probs_fig, row_fig, overview_fig, shaded, step_numbers], concurrency_limit=4)
+    show.click(**step_event, api_name="generation_step")
+    strip.input(chosen_step, strip, step, api_visibility="private", queue=False).then(
+        **step_event, api_visibility="private")
+    for box in (layer, head):
+        box.submit(**step_event, api_visibility="private")
+    export.click(handler(trace_file, services, "export_generation", progress=False), trace,
+                 [export_file, export_note], api_name="export_generation")
+    kv_run.click(handler(kv_panel, services, "kv_cache"), [model, prompt], [kv_note, kv_table, kv_fig, kv_numbers],
+                 api_name="kv_cache", **ON_ANALYSIS)
+    # cancel first, then relabel: an update still in flight from the stream must not overwrite "stopped"
+    stop.click(None, None, None, cancels=[event], api_visibility="private").then(
+        mark_stopped, stats, stats, api_visibility="private", queue=False
+    )
+
+    @user_errors
+    def chat_default(name):
+        tok = services.models.get(name).tokenizer
+        return gr.Checkbox(value=bool(getattr(tok, "chat_template", None)))
+
+    picker.loaded.success(chat_default, model, chat, api_visibility="private")
+    return Tab(send=send, sent=sent)
+
+
+def streamed(services):
+    """The `generate` endpoint: the continuation as it is written, with the session's trace growing."""
+
+    @user_errors
+    def generate(model_name, prompt_text, chat_mode, max_new_tokens, temperature_value, top_k_value, top_p_value,
+                 seed_value, session_trace=None, progress=gr.Progress()):
+        model_obj = services.models.get(model_name, progress_callback(progress))
+        for update, recorded in stream_trace(model_obj, model_name, prompt_text, chat_mode, max_new_tokens,
+                                             temperature_value, top_k_value, top_p_value, seed_value, services.kept,
+                                             previous=session_trace):
+            yield update.new_text, stats_line(update), update.prompt_text + update.new_text, recorded
+
+    return generate
+
+
+def finished(services):
+    """The `generation_trace` endpoint: the session's finished trace for these settings, with its summary."""
+
+    @user_errors
+    def generation_trace(model_name, prompt_text, chat_mode, max_new_tokens, temperature_value, top_k_value,
+                         top_p_value, seed_value, session_trace):
+        model_obj = services.models.get(model_name)
+        done = run_trace(model_obj, model_name, session_trace, prompt_text, chat_mode, max_new_tokens,
+                         temperature_value, top_k_value, top_p_value, seed_value, services.kept)
+        return done.new_text, trace_summary(model_obj, done, services.kept), done
+
+    return generation_trace
+
+
+def strip_of(services):
+    """The strip of generated tokens, from the session's trace."""
+
+    @user_errors
+    def show_strip(recorded):
+        if recorded is None or not recorded.tokens:
+            return gr.Radio(choices=[], value=None)
+        labels = token_texts(services.models.get(recorded.model_name), recorded.tokens)
+        return gr.Radio(choices=[(label, str(i)) for i, label in enumerate(labels)])
+
+    return show_strip
+
+
+def chosen_step(value: str | None) -> int:
+    """The strip's value (the step as text) as the step number."""
+    return int(value) if value not in (None, "") else 0

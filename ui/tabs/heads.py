@@ -1,0 +1,190 @@
+"""Heads tab: what each head does (scores per layer × head, the induction probe), whether the output depends on
+it (ablation, the sweep), which inputs one prediction depends on (attribution against attention), what each
+layer would predict (the logit lens), and how surprised the model is by each token."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from ui.services.heads import MAX_HEADS_TOKENS, MAX_IG_STEPS, MAX_SWEEP_TOKENS, SWEEP_BATCH, scored_shape
+from ui.tabs.events import ON_ANALYSIS, handler, user_errors
+from ui.tabs.widgets import Tab, export_row, layer_head, read_example, text_with_upload
+from ui.views import heads as views
+
+CACHE_TTL_S = 1800  # a session's kept results are dropped after half an hour
+
+LEAD = """**What each head of eq. 3.1 does, and whether the output depends on it**: scores of every head's eq. 2.1
+attention map, ablation, attribution, the logit lens and surprisal."""
+
+INTRO = f"""Heads specialise. Each score below is one number per layer × head, measured on your text: where the
+head's attention goes. Choose a tile (click it, or type its layer and head) to see that head's map. Then ask
+whether the output **depends** on a head (ablation), which inputs one prediction is **sensitive** to
+(attribution), what each layer **would predict** (the logit lens) and how **surprised** the model is by each
+token. The tab reads the first {MAX_HEADS_TOKENS} tokens of the text; the sweep the first
+{MAX_SWEEP_TOKENS}."""
+SURPRISAL_CSS = """
+.surprisal { white-space: pre-wrap; line-height: 1.9; }
+.surprisal .tok { border-radius: 3px; padding: 1px 0; cursor: help; }
+.surprisal-legend { font-size: 0.85em; opacity: 0.7; margin-bottom: 0.4em; }
+"""
+# a click on a tile of the score map writes "layer.head" into the bridge and fires its click event
+TILE_CLICK_JS = """
+const onClick = (event) => {
+  const point = event.points && event.points[0];
+  if (!point || point.data.type !== "heatmap") return;
+  props.value = `${point.x}.${point.y}`;
+  trigger("click");
+};
+const attach = () => {
+  const plot = document.querySelector("#heads-map .js-plotly-plot");
+  if (plot && plot._ev && !plot._ev.listeners("plotly_click").includes(onClick)) plot.on("plotly_click", onClick);
+};
+new MutationObserver(attach).observe(document.body, { childList: true, subtree: true });
+attach();
+"""
+
+
+
+def build(services, picker, initial) -> Tab:
+    gr.Markdown(LEAD, elem_classes=["tab-lead"])
+    cache = gr.State(None, time_to_live=CACHE_TTL_S)
+    atlas = atlas_section(services, picker, initial, cache)
+    heads_box = ablation_section(services, picker, atlas["text"], atlas["score"], cache)
+    atlas["add"].click(user_errors(views.add_head), [heads_box, atlas["layer"], atlas["head"]], heads_box,
+                       api_visibility="private", queue=False)
+    attribution_section(services, picker, initial, atlas["text"], cache)
+    lens_section(services, picker, atlas["text"], cache)
+    surprisal_section(services, picker, atlas["text"], cache)
+    return Tab(text=atlas["text"], layer=atlas["layer"], head=atlas["head"])
+
+
+def atlas_section(services, picker, initial, cache) -> dict:
+    """The scores of every head, the chosen score's map and one head's map; the export of every score."""
+    model = picker.model
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=1, min_width=300, elem_classes=["tab-controls"]):
+            text, _ = text_with_upload("Text", read_example("attention.txt"), "heads", services.settings.text_cap_bytes,
+                                       lines=4)
+            score = gr.Dropdown(choices=views.score_choices(initial), value="previous_token", label="Score",
+                                elem_id="heads-score")
+            run = gr.Button("Score every head", variant="primary", elem_id="heads-run")
+            layer, head = layer_head(services.models, picker, initial, "heads", shape=scored_shape)
+            with gr.Row():
+                open_button = gr.Button("Open this head", elem_id="heads-open", min_width=120)
+                add_button = gr.Button("Add it to the ablation list", elem_id="heads-add", min_width=120)
+            capabilities = gr.Markdown(views.model_note(initial), elem_id="heads-model-note")
+            note = gr.Markdown(label="note", elem_id="heads-note")
+            export_button, export_file, export_note, _ = export_row("heads", "Export every head's scores (CSV)")
+        with gr.Column(scale=3, min_width=340):
+            with gr.Row():
+                score_map = gr.Plot(label="Score per layer × head (click a tile to open that head)",
+                                    elem_id="heads-map", min_width=320)
+                head_fig = gr.Plot(label="The chosen head on your text", elem_id="heads-head-view", min_width=320)
+    with gr.Accordion("How to read this tab", open=False):
+        gr.Markdown(INTRO)
+    bridge = gr.HTML("", html_template="<span hidden>${value}</span>", js_on_load=TILE_CLICK_JS,
+                     elem_id="heads-tile-bridge")
+    with gr.Row():
+        thresholds = gr.Markdown(label="named heads", elem_id="heads-named")
+        top = gr.Dataframe(headers=["score", "rank", "head", "value", "named"], label="Top heads per score",
+                           interactive=False, elem_id="heads-top")
+
+    atlas = dict(fn=handler(views.atlas_view, services, "head_atlas"), inputs=[model, text, score, layer, head, cache],
+                 outputs=[note, score_map, top, thresholds, head_fig, cache], **ON_ANALYSIS)
+    run.click(**atlas, api_name="head_atlas")
+    score.input(**atlas, api_visibility="private")
+    open_button.click(handler(views.open_head, services, "show_head", progress=False), [model, text, layer, head],
+                      head_fig, api_visibility="private", **ON_ANALYSIS)
+    bridge.click(handler(views.pick_tile, services, "pick_tile", progress=False), [model, text, bridge],
+                 [layer, head, head_fig], api_visibility="private", **ON_ANALYSIS)
+    export_button.click(handler(views.export_data, services, "export_heads"), [model, text, cache],
+                        [export_file, export_note, cache], api_name="export_heads", **ON_ANALYSIS)
+
+    @user_errors
+    def scores_for(name):
+        loaded = services.models.get(name)
+        return gr.Dropdown(choices=views.score_choices(loaded), value="previous_token"), views.model_note(loaded)
+
+    picker.loaded.success(scores_for, model, [score, capabilities], api_visibility="private")
+    return dict(text=text, layer=layer, head=head, score=score, add=add_button)
+
+
+def ablation_section(services, picker, text, score, cache) -> gr.Textbox:
+    """Heads removed by hand or the top 5 by a score, and the sweep of every head alone."""
+    model = picker.model
+    gr.Markdown(
+        "### Ablation: does the output depend on these heads?\nRemove heads (their output before W^O set to zero, "
+        "or to its mean over the text) and measure the loss at every token: of the next token for a decoder, of "
+        "the token itself for an encoder with a masked-LM head."
+    )
+    with gr.Row():
+        heads_box = gr.Textbox(label="Heads as layer.head, comma-separated", placeholder="e.g. 3.2, 5.0",
+                               elem_id="heads-ablate-list")
+        kind = gr.Radio(["zero", "mean"], value="zero", label="Ablation", elem_id="heads-ablation")
+    with gr.Row():
+        top5 = gr.Button("Top 5 by the chosen score", elem_id="heads-top5")
+        ablate_button = gr.Button("Ablate", variant="primary", elem_id="heads-ablate")
+        sweep_button = gr.Button("Sweep: ablate every head alone", elem_id="heads-sweep-run")
+    ablation_note = gr.Markdown(label="ablation note", elem_id="heads-ablation-note")
+    with gr.Row():
+        loss_fig = gr.Plot(label="Loss change per token", elem_id="heads-ablation-loss")
+        changed = gr.Dataframe(
+            headers=["position", "token", "clean prediction", "ablated prediction", "answer in the text"],
+            label="Changed predictions", interactive=False, elem_id="heads-ablation-changed",
+        )
+    gr.Markdown(
+        f"The sweep removes each head alone, {SWEEP_BATCH} heads per forward pass, on the first "
+        f"{MAX_SWEEP_TOKENS} tokens of the text, and draws the mean loss increase beside the chosen "
+        "score's map."
+    )
+    sweep_note = gr.Markdown(label="sweep note", elem_id="heads-sweep-note")
+    sweep_fig = gr.Plot(label="Loss increase beside the score", elem_id="heads-sweep-map")
+
+    ablate_button.click(handler(views.ablation_view, services, "ablate_heads"), [model, text, heads_box, kind],
+                        [ablation_note, loss_fig, changed], api_name="ablate_heads", **ON_ANALYSIS)
+    top5.click(handler(views.top_heads_text, services, "pick_top", progress=False), [model, text, score, cache],
+               [heads_box, cache], api_visibility="private", **ON_ANALYSIS)
+    sweep_button.click(handler(views.sweep_view, services, "ablation_sweep"), [model, text, kind, score, cache],
+                       [sweep_note, sweep_fig, cache], api_name="ablation_sweep", **ON_ANALYSIS)
+    return heads_box
+
+
+def attribution_section(services, picker, initial, text, cache) -> None:
+    """Five answers to which inputs one prediction depends on, side by side."""
+    gr.Markdown(
+        "### Attribution against attention, for one prediction\nFive answers to *which inputs does this prediction "
+        "depend on?*: the head's attention row, the mean of its layer's heads, attention rollout through every "
+        "layer, gradient × input, and integrated gradients. " + views.NOT_EXPLANATION
+    )
+    with gr.Row():
+        position = gr.Number(value=-1, label="Position (−1 = the last token)", precision=0,
+                             elem_id="heads-attr-position")
+        layer, head = layer_head(services.models, picker, initial, "heads-attr", keep=False, row=False)
+        steps = gr.Number(value=32, label=f"Integrated-gradient steps (1–{MAX_IG_STEPS})", precision=0,
+                          elem_id="heads-attr-steps")
+        button = gr.Button("Attribute", variant="primary", elem_id="heads-attr-run")
+    note = gr.Markdown(label="attribution note", elem_id="heads-attr-note")
+    figure = gr.Plot(label="Four views of one prediction", elem_id="heads-attr-chart")
+    correlations = gr.Dataframe(headers=["", *views.ATTRIBUTION_VIEWS], label="Spearman rank correlations",
+                                interactive=False, elem_id="heads-attr-corr")
+    button.click(handler(views.attribution_view, services, "attribute"),
+                 [picker.model, text, position, layer, head, steps, cache], [note, figure, correlations, cache],
+                 api_name="attribute", **ON_ANALYSIS)
+
+
+def lens_section(services, picker, text, cache) -> None:
+    gr.Markdown("### Logit lens: what each layer would predict")
+    button = gr.Button("Read every layer", elem_id="heads-lens-run")
+    note = gr.Markdown(label="lens note", elem_id="heads-lens-note")
+    figure = gr.Plot(label="Logit lens", elem_id="heads-lens")
+    button.click(handler(views.lens_view, services, "logit_lens"), [picker.model, text, cache], [note, figure, cache],
+                 api_name="logit_lens", **ON_ANALYSIS)
+
+
+def surprisal_section(services, picker, text, cache) -> None:
+    gr.Markdown("### Surprisal: how unexpected each token is")
+    button = gr.Button("Shade the text by loss", elem_id="heads-surprisal-run")
+    stats = gr.Markdown(label="surprisal stats", elem_id="heads-surprisal-stats")
+    page = gr.HTML(label="shaded text", elem_id="heads-surprisal", css_template=SURPRISAL_CSS)
+    button.click(handler(views.surprisal_view, services, "surprisal"), [picker.model, text, cache],
+                 [stats, page, cache], api_name="surprisal", **ON_ANALYSIS)

@@ -1,0 +1,270 @@
+"""Lab tab: train a small Transformer from scratch on a toy task, watch its curves and its attention form, break
+it on purpose side by side, and keep a run as a model of the weight store.
+
+build() opens its own gr.Tab, so the page adds the tab with one call inside its gr.Tabs.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import gradio as gr
+
+from core import train as engine
+from ui.plots.lab import training_curves
+from ui.services.lab.configs import EXPERIMENTS, FAMILIES, NORMS, POSITIONS, TABLE_COLUMNS, make_config
+
+from ui.tabs.events import LAB, progress_callback, user_errors
+from ui.tabs.widgets import Tab, file_box
+from ui.views.lab import job_curves, run_attention, runs_export, snapshot_count, snapshot_figure
+
+ATTENTION_LIMIT = 2
+
+LEAD = """**Why each part is there, by training without it**: the original encoder-decoder of the theory (Post-LN
+blocks, eqs. 5.1–5.4; eq. 4.1's sinusoids; a causal decoder with cross-attention) or a Llama-style decoder,
+trained here, then with one switch of eq. 2.1 or 4.1 turned off."""
+
+INTRO = """Train a small Transformer **from scratch** on a toy task (characters in, characters out), here, in a
+few seconds to a minute. The curves stream as it learns: training loss every step, and every tenth of the run
+the held-out loss and **exact match** (the model writes whole answers on its own, greedily, for examples it never
+trained on). Snapshot steps keep its attention as it forms. Then break it on purpose: *Compare* trains the same
+config twice, differing in one switch, and says what the numbers show."""
+
+TASK_HELP = {
+    "copy": "abcdef → abcdef",
+    "reverse": "abcdef → fedcba",
+    "sort": "3141592 → 1123459",
+    "add": "123+4567 → 4690",
+    "dates": "1999-03-05 → 5 March 1999",
+}
+EXAMPLE_SOURCE = {"copy": "transformer", "reverse": "abcdefghij", "sort": "31415926", "add": "1234+987",
+                  "dates": "1999-03-05"}
+
+
+def session_key(request: gr.Request | None) -> str | None:
+    return getattr(request, "session_hash", None)
+
+
+def build(services, picker, initial=None) -> Tab:
+    """The Lab tab inside the caller's gr.Tabs (it opens its own gr.Tab)."""
+    with gr.Tab("Lab", id="lab"):
+        gr.Markdown(LEAD, elem_classes=["tab-lead"])
+        gr.Markdown(INTRO)
+        with gr.Row():
+            with gr.Column(scale=2):
+                c = controls(services.lab.settings)
+            with gr.Column(scale=3):
+                shown = SimpleNamespace(**vars(progress_section()))
+        for section in (stream_section, runs_section, attention_section, keep_section):
+            shown.__dict__.update(vars(section()))
+    wire(services.lab, picker, c, shown)
+    return Tab()
+
+
+def controls(cap) -> SimpleNamespace:
+    """The run's config, the Train and Stop buttons, and the comparison."""
+    free = dict(allow_custom_value=True)  # API values outside the choices reach make_config, which names them
+    with gr.Row():
+        task = gr.Dropdown([(f"{t}: {h}", t) for t, h in TASK_HELP.items()], value="reverse",
+                           label="Task", **free, elem_id="lab-task")
+        family = gr.Dropdown([(f"{f}: {d}", f) for f, d in FAMILIES.items()], value="marian",
+                             label="Model family", **free, elem_id="lab-family")
+    with gr.Row():
+        n_layers = gr.Number(2, label="Layers (1–4)", precision=0, elem_id="lab-layers")
+        d_model = gr.Number(128, label="d_model (32–256)", precision=0, elem_id="lab-d-model")
+        n_heads = gr.Number(4, label="Heads (1–8, dividing d_model)", precision=0, elem_id="lab-heads")
+        d_ff = gr.Number(256, label="d_ff", precision=0, elem_id="lab-d-ff")
+    with gr.Row():
+        positions = gr.Dropdown(list(POSITIONS), value="default", label="Positions", **free,
+                                info="default: sinusoidal (marian), rotary (llama)")
+        norm = gr.Dropdown(list(NORMS), value="default", label="LayerNorm placement", **free,
+                           info="default: post (marian), pre (llama)")
+        dropout = gr.Slider(0.0, 0.5, value=0.0, step=0.05, label="Dropout")
+    with gr.Row():
+        causal = gr.Checkbox(True, label="Causal mask in the decoder", elem_id="lab-causal")
+        scale = gr.Checkbox(True, label="Scale scores by 1/√d_k", elem_id="lab-scale")
+    with gr.Row():
+        seed = gr.Number(0, label="Seed", precision=0, elem_id="lab-seed")
+        steps = gr.Number(600, label=f"Steps (at most {cap.max_steps})", precision=0,
+                          elem_id="lab-steps")
+        lr = gr.Number(1e-3, label="Learning rate", elem_id="lab-lr")
+    snapshot_steps = gr.Textbox("50, 150, 600", label="Snapshot steps (keep the attention after these)",
+                                elem_id="lab-snapshot-steps")
+    with gr.Row():
+        train = gr.Button("Train", variant="primary", elem_id="lab-train")
+        stop = gr.Button("Stop", variant="stop", elem_id="lab-stop")
+    with gr.Row():
+        experiment = gr.Dropdown([(e.label, k) for k, e in EXPERIMENTS.items()], value="causal_mask",
+                                 label="Break it on purpose: compare with one switch off", **free,
+                                 elem_id="lab-experiment")
+        compare = gr.Button("Compare", elem_id="lab-compare")
+    gr.Markdown(f"Each run stops after {cap.max_seconds:g} s at most; the server trains at most "
+                f"{cap.max_jobs} jobs at once, one per session.")
+    return SimpleNamespace(task=task, family=family, n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_ff=d_ff,
+        positions=positions, norm=norm, dropout=dropout, causal=causal, scale=scale, seed=seed, steps=steps, lr=lr,
+        snapshot_steps=snapshot_steps, train=train, stop=stop, experiment=experiment, compare=compare)
+
+
+def progress_section() -> SimpleNamespace:
+    status = gr.Markdown("No run yet.", label="status", elem_id="lab-status")
+    curves = gr.Plot(training_curves([], ""), label="Training curves", elem_id="lab-curves")
+    run_id = gr.Textbox(label="Run id(s)", interactive=False, elem_id="lab-run-id")
+    return SimpleNamespace(status=status, curves=curves, run_id=run_id)
+
+
+def stream_section() -> SimpleNamespace:
+    snapshots = gr.Plot(label="Attention as it formed (snapshot steps × layers, mean of heads)",
+                        elem_id="lab-snapshots")
+    with gr.Accordion("Raw numbers of the stream", open=False):
+        latest = gr.JSON(label="latest", elem_id="lab-latest")
+    return SimpleNamespace(snapshots=snapshots, latest=latest)
+
+
+def runs_section() -> SimpleNamespace:
+    gr.Markdown("### Runs of this session")
+    with gr.Row():
+        refresh = gr.Button("Refresh", size="sm", elem_id="lab-refresh")
+    table = gr.Dataframe(headers=list(TABLE_COLUMNS), label="runs", interactive=False, wrap=True,
+                         elem_id="lab-runs")
+    findings = gr.Markdown(label="findings", elem_id="lab-findings")
+    with gr.Row():
+        export_button = gr.Button("Export the runs: curves and results (JSON)", size="sm", elem_id="lab-export")
+        export_file = file_box("lab-export-file", "Runs of this session")
+    export_note = gr.Markdown(elem_id="lab-export-note")
+    return SimpleNamespace(refresh=refresh, table=table, findings=findings, export_button=export_button,
+        export_file=export_file, export_note=export_note)
+
+
+def attention_section() -> SimpleNamespace:
+    gr.Markdown("### Attention of a trained run\nType any source the task could have made (its characters: "
+                f"`{''.join(engine.CHARS)}`). The model writes its own answer, and every layer and head is drawn.")
+    with gr.Row():
+        pick = gr.Dropdown([], label="Run", allow_custom_value=True, elem_id="lab-pick")
+        source = gr.Textbox(EXAMPLE_SOURCE["reverse"], label="Source", elem_id="lab-source")
+        show = gr.Button("Show attention", elem_id="lab-attn-run")
+    attn_note = gr.Markdown(label="attention note", elem_id="lab-attn-note")
+    cross = gr.Plot(label="Cross-attention: each output token over the source (layers × heads)",
+                    elem_id="lab-cross")
+    with gr.Row():
+        encoder = gr.Plot(label="Encoder self-attention", elem_id="lab-encoder")
+        decoder = gr.Plot(label="Decoder self-attention", elem_id="lab-decoder")
+    return SimpleNamespace(pick=pick, source=source, show=show, attn_note=attn_note, cross=cross, encoder=encoder,
+        decoder=decoder)
+
+
+def keep_section() -> SimpleNamespace:
+    gr.Markdown("### Keep a run\nSaved under `weights/NAME`, it appears in the model picker above, with a manifest "
+                "that says it was trained here, on which task and seed.")
+    with gr.Row():
+        name = gr.Textbox(label="Name (letters, digits, - and _)", elem_id="lab-name")
+        save = gr.Button("Save run", elem_id="lab-save")
+    saved = gr.Markdown(label="saved", elem_id="lab-saved")
+    return SimpleNamespace(name=name, save=save, saved=saved)
+
+
+def lab_events(lab) -> SimpleNamespace:
+    """The Lab's event functions; their parameters are named as the API shows them."""
+    cap = lab.settings
+
+    def view(job, snapshots_shown: int | None = None, count: int = 0):
+        """A job's state as the outputs: status, curves, snapshots, raw numbers, run ids (once done). The snapshot
+        figure is drawn again only when a snapshot was added since `snapshots_shown`; None: no snapshots."""
+        figure = job_curves(lab, job)
+        shots = gr.skip()
+        if snapshots_shown is not None and snapshots_shown != count:
+            shots = snapshot_figure(lab, job.records[0])
+        return lab.status(job), figure, shots, lab.latest(job), "" if job.alive else job.run_ids()
+
+    def stream(job, with_snapshots: bool):
+        shown = -1 if with_snapshots else None
+        try:
+            for current in lab.follow(job):
+                count = snapshot_count(current)
+                outputs = view(current, shown, count)
+                shown = count if with_snapshots else None
+                yield outputs
+        finally:
+            job.stop()  # Stop cancelled this event, or the page went away: end the thread too (no-op when done)
+
+    @user_errors
+    def run_train(task, family, n_layers, d_model, n_heads, d_ff, dropout, positions, norm, causal_mask, scale, seed,
+                  steps, lr, snapshot_steps, request: gr.Request):
+        # parameters named as the API shows them; they shadow the components only inside this function
+        config = make_config(cap, task, family, n_layers, d_model, n_heads, d_ff, dropout, positions, norm,
+                             causal_mask, scale, seed, steps, lr, snapshot_steps)
+        yield from stream(lab.train(session_key(request), config), True)
+
+    @user_errors
+    def run_compare(task, family, n_layers, d_model, n_heads, d_ff, dropout, positions, norm, causal_mask, scale,
+                    seed, steps, lr, experiment, request: gr.Request):
+        config = make_config(cap, task, family, n_layers, d_model, n_heads, d_ff, dropout, positions, norm,
+                             causal_mask, scale, seed, steps, lr)
+        for outputs in stream(lab.compare(session_key(request), config, experiment), False):
+            yield outputs[:2] + outputs[3:]
+
+    @user_errors
+    def request_stop(request: gr.Request):
+        job = lab.stop(session_key(request))
+        return "Stopping…" if job is not None and job.alive else "Nothing is training in this session."
+
+    @user_errors
+    def after_stop(request: gr.Request):
+        job = lab.stop(session_key(request), wait=30.0)
+        if job is None:
+            return (gr.skip(),) * 5
+        return view(job, -1 if job.experiment is None else None, snapshot_count(job))
+
+    @user_errors
+    def list_runs(request: gr.Request):
+        key = session_key(request)
+        notes = lab.findings(key)
+        return lab.table(key), "\n\n".join(f"- {n}" for n in reversed(notes)) if notes else ""
+
+    @user_errors
+    def run_choices(request: gr.Request):
+        ids = [r.id for r in lab.runs(session_key(request)) if r.finished and r.run is not None]
+        return gr.Dropdown(choices=ids, value=ids[-1] if ids else None)
+
+    @user_errors
+    def attention(run_id, source_text, request: gr.Request):
+        return run_attention(lab, session_key(request), run_id, source_text)
+
+    @user_errors
+    def save_run(run_id, model_name, request: gr.Request, progress=gr.Progress()):
+        folder = lab.save(session_key(request), run_id, model_name, progress_callback(progress))
+        return f"Saved **{folder.name}** to `{folder}`; choose it in the model picker above."
+
+    @user_errors
+    def export_lab(request: gr.Request):
+        return runs_export(lab, session_key(request))
+
+    return SimpleNamespace(stream=stream, run_train=run_train, run_compare=run_compare, request_stop=request_stop,
+                           after_stop=after_stop, list_runs=list_runs, run_choices=run_choices, attention=attention,
+                           save_run=save_run, export_lab=export_lab)
+
+
+def wire(lab, picker, c, shown) -> None:
+    e = lab_events(lab)
+    fields = [c.task, c.family, c.n_layers, c.d_model, c.n_heads, c.d_ff, c.dropout, c.positions, c.norm, c.causal,
+              c.scale, c.seed, c.steps, c.lr]
+    progress = [shown.status, shown.curves, shown.snapshots, shown.latest, shown.run_id]
+    stream_args = dict(concurrency_id=LAB, concurrency_limit=lab.settings.max_jobs + 2)
+    train_event = c.train.click(e.run_train, fields + [c.snapshot_steps], progress, api_name="train", **stream_args)
+    compare_event = c.compare.click(e.run_compare, fields + [c.experiment],
+                                    [shown.status, shown.curves, shown.latest, shown.run_id], api_name="compare",
+                                    **stream_args)
+    refresh_args = dict(fn=e.list_runs, inputs=None, outputs=[shown.table, shown.findings], api_visibility="private")
+    choices = dict(fn=e.run_choices, inputs=None, outputs=shown.pick, api_visibility="private")
+    for event in (train_event, compare_event):
+        event.then(**refresh_args).then(**choices)
+    # cancel the stream, then show the run as it ended (the job evaluates what it has before it stops)
+    c.stop.click(e.request_stop, None, shown.status, api_name="stop_training", cancels=[train_event, compare_event]
+                 ).then(e.after_stop, None, progress, api_visibility="private").then(**refresh_args).then(**choices)
+    shown.refresh.click(e.list_runs, None, [shown.table, shown.findings], api_name="lab_runs").then(**choices)
+    shown.show.click(e.attention, [shown.pick, shown.source], [shown.attn_note, shown.encoder, shown.decoder,
+                                                               shown.cross],
+                     api_name="lab_attention", concurrency_limit=ATTENTION_LIMIT)
+    shown.save.click(e.save_run, [shown.pick, shown.name], shown.saved, api_name="save_run").success(
+        picker.choices, None, picker.model, api_visibility="private")
+    shown.export_button.click(e.export_lab, None, [shown.export_file, shown.export_note], api_name="export_lab")
+    c.task.change(lambda t: EXAMPLE_SOURCE.get(t, ""), c.task, shown.source, api_visibility="private", queue=False)

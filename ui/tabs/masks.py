@@ -1,0 +1,60 @@
+"""Masks tab: what the causal mask, the padding mask and the 1/√d_k factor each change, measured on the
+loaded model and the user's text."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from ui.services.masks import MAX_STAGE_WINDOW
+from ui.tabs.events import ON_ANALYSIS, handler
+from ui.tabs.widgets import Tab, export_row, layer_head, read_example, text_with_upload
+from ui.views.masks import export_data, mask_view
+
+LEAD = """**What each safeguard of eq. 2.1 changes**: the scores QKᵀ/√d_k, the mask M and the softmax step by step,
+then the causal mask, the padding mask and the 1/√d_k factor switched off on the loaded model."""
+
+INTRO = """Eq. 2.1 step by step for a window of tokens: scores QKᵀ/√d_k, then the mask M added (0 where attention is
+allowed, −∞ where it is not, drawn grey), then the row-wise softmax. Below, the model is run on your text with each
+safeguard switched off, to measure what it protects against."""
+
+
+def build(services, picker, initial) -> Tab:
+    gr.Markdown(LEAD, elem_classes=["tab-lead"])
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=1, min_width=300, elem_classes=["tab-controls"]):
+            text, _ = text_with_upload("Text", read_example("masks.txt"), "mask", services.settings.text_cap_bytes,
+                                       lines=4)
+            layer, head = layer_head(services.models, picker, initial, "mask")
+            with gr.Row():
+                start = gr.Number(value=0, label="Window start", precision=0, min_width=120)
+                size = gr.Slider(2, MAX_STAGE_WINDOW, value=12, step=1, label="Window size", min_width=120)
+            text_a = gr.Textbox(value=read_example("padding_long.txt"), label="Padding demo: a longer text", lines=2)
+            text_b = gr.Textbox(
+                value=read_example("padding_short.txt"), label="…and a shorter one (it gets padded)", lines=2
+            )
+            button = gr.Button("Run the mask demo", variant="primary", elem_id="mask-run")
+            note = gr.Markdown(label="note", elem_id="mask-note")
+            export_button, export_file, export_note, _ = export_row("mask", "Export every matrix (CSV in a .zip)")
+        with gr.Column(scale=3, min_width=340):
+            stages = gr.Plot(label="Stages of eq. 2.1", elem_id="mask-stages")
+            gr.Markdown("### Causal mask: next-token prediction with and without it")
+            with gr.Row():
+                causal_fig = gr.Plot(label="Causal mask effect", elem_id="mask-causal", min_width=320)
+                causal_text = gr.Markdown(label="causal mask note")
+            gr.Markdown("### Padding mask: a batch of two texts of different lengths")
+            with gr.Row():
+                padding_fig = gr.Plot(label="Padding mask effect", elem_id="mask-padding", min_width=320)
+                padding_text = gr.Markdown(label="padding mask note")
+            gr.Markdown("### Scaling by 1/√d_k: attention entropy")
+            with gr.Row():
+                entropy_fig = gr.Plot(label="Entropy with and without scaling", elem_id="mask-entropy", min_width=320)
+                entropy_text = gr.Markdown(label="scaling note")
+    with gr.Accordion("How to read this tab", open=False):
+        gr.Markdown(INTRO)
+
+    inputs = [picker.model, text, layer, head, start, size, text_a, text_b]
+    outputs = [note, stages, causal_fig, causal_text, padding_fig, padding_text, entropy_fig, entropy_text]
+    button.click(handler(mask_view, services, "run"), inputs, outputs, api_name="mask_demo", **ON_ANALYSIS)
+    export_button.click(handler(export_data, services, "export_masks"), inputs, [export_file, export_note],
+                        api_name="export_masks", **ON_ANALYSIS)
+    return Tab(text=text, layer=layer, head=head)

@@ -1,0 +1,51 @@
+"""The model picker above the tabs, and the model card (config and where the parameters sit) in a section that
+opens on demand, so the tabs start near the top of the page."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import gradio as gr
+
+from ui.tabs.events import ON_ANALYSIS, progress_callback, user_errors
+from ui.views.card import model_card
+
+
+@dataclass
+class Picker:
+    model: gr.Dropdown
+    card: gr.Markdown
+    load_card: Callable  # name → card markdown; the page runs it when it opens
+    loaded: object  # the event of a successful model change: tabs chain their updates on it with .success
+    choices: Callable  # () → the dropdown with the store's current names (models saved or copied in since start)
+
+
+def build(models, default_model: str, beside: Callable[[], None] | None = None) -> Picker:
+    """The picker in a row (with whatever `beside` builds to its right), then the card, closed."""
+    with gr.Row(equal_height=False, elem_id="page-top"):
+        with gr.Column(scale=2, min_width=260):
+            model = gr.Dropdown(
+                choices=models.names(),
+                value=default_model,
+                label="Model",
+                info="Installed and known models; a missing one is fetched when chosen.",
+                elem_id="model-picker",
+            )
+        if beside is not None:
+            with gr.Column(scale=3, min_width=260):
+                beside()
+    with gr.Accordion("Model card: config, parameters, where the weights came from", open=False,
+                      elem_id="model-card-box"):
+        card = gr.Markdown(label="model card", elem_id="model-card")
+
+    @user_errors
+    def load_card(model_name: str, progress=gr.Progress()):
+        model_obj = models.get(model_name, progress_callback(progress))
+        return model_card(model_name, model_obj, models.source(model_name))
+
+    def choices():
+        return gr.Dropdown(choices=models.names())
+
+    loaded = model.change(load_card, model, card, api_name="load_model", **ON_ANALYSIS)
+    return Picker(model, card, load_card, loaded, choices)

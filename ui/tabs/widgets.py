@@ -1,0 +1,160 @@
+"""What the tabs share: the text box with its upload, the layer and head inputs that follow the chosen model,
+the export row, the file box, and the one return type of every tab's build."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+
+from ui.services.checks import index_of
+from ui.services.text import UPLOAD_SUFFIXES, read_upload
+from ui.tabs.events import user_errors
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "assets" / "examples"
+# Runs once when a page opens (demo.load js=). Gradio's plot component draws with Plotly.react(gd, data, layout,
+# config), passing the `config` of the figure JSON (export.figure_json puts toImageButtonOptions there); this hook
+# adds a second modebar button that downloads the same figure, at the same size and name, as SVG. Plotly's bundle is
+# loaded lazily, when the first plot is drawn, so the hook waits for window.Plotly to be set.
+SVG_BUTTON_JS = """
+() => {
+  const hook = (Plotly) => {
+    if (!Plotly || Plotly.__svgButton) return;
+    Plotly.__svgButton = true;
+    const react = Plotly.react;
+    Plotly.react = function (gd, data, layout, config) {
+      const options = config && config.toImageButtonOptions;
+      if (options) {
+        const svg = {
+          name: "downloadSvg",
+          title: "Download plot as SVG",
+          icon: {width: 1000, height: 1000, path: "M100 100h800v800h-800z M250 650l150-200 120 150 80-100 150 150z"},
+          click: (g) => Plotly.downloadImage(g, Object.assign({}, options, {format: "svg", scale: 1})),
+        };
+        config = Object.assign({}, config, {modeBarButtonsToAdd: [...(config.modeBarButtonsToAdd || []), svg]});
+      }
+      return react.call(this, gd, data, layout, config);
+    };
+  };
+  if (window.Plotly) { hook(window.Plotly); return; }
+  let current;
+  Object.defineProperty(window, "Plotly", {
+    configurable: true,
+    get: () => current,
+    set: (value) => { current = value; hook(value); },
+  });
+}
+"""
+
+
+@dataclass
+class Tab:
+    """What a tab's build hands the page: the inputs a deep link sets (text, layer, head), and for the tabs that
+    have them, the event to run the tab again from elsewhere and the button and state that send text to it."""
+
+    text: gr.Textbox | None = None
+    layer: gr.Number | None = None
+    head: gr.Number | gr.Dropdown | None = None
+    run_event: dict | None = None  # click-event arguments (fn, inputs, outputs, …)
+    send: gr.Button | None = None
+    sent: gr.State | None = None
+
+
+def read_example(name: str) -> str:
+    """One of the example texts in assets/examples/, shown in the text boxes when the page opens."""
+    return (EXAMPLES / name).read_text(encoding="utf-8").strip()
+
+
+def text_with_upload(label: str, value: str, prefix: str, cap: int, lines: int = 6, api_name: str | None = None,
+                     max_lines: int = 14):
+    """A text box (elem_id prefix-text) with a .txt/.md upload (prefix-upload) that fills it, both held to `cap`
+    bytes. Returns (textbox, file)."""
+    text = gr.Textbox(label=label, value=value, lines=lines, max_lines=max_lines, elem_id=f"{prefix}-text")
+    upload = gr.File(
+        label=f"…or upload a .txt / .md file (at most {cap / 1e6:g} MB, UTF-8)",
+        file_types=list(UPLOAD_SUFFIXES),
+        type="filepath",
+        height=130,
+        elem_id=f"{prefix}-upload",
+        elem_classes=["upload"],
+    )
+
+    @user_errors
+    def load_upload(path: str | None) -> str:
+        """The uploaded file's text, for the text box next to it."""
+        return read_upload(path, cap)
+
+    upload.upload(load_upload, inputs=upload, outputs=text, api_name=api_name,
+                  api_visibility="public" if api_name else "private", concurrency_limit=4)
+    return text, upload
+
+
+def file_box(elem_id: str, label: str = "Data behind the figures") -> gr.File:
+    """Where a tab's data download appears: a link the browser saves."""
+    return gr.File(label=label, interactive=False, elem_id=elem_id, height=80)
+
+
+def export_row(prefix: str, label: str, before: Callable[[], object] | None = None):
+    """The closed "Download the data" section: what `before` lays out (a choice), the button, the file, the note.
+    Returns (button, file, note, whatever `before` returned)."""
+    with gr.Accordion("Download the data", open=False, elem_id=f"{prefix}-export-box"):
+        chosen = before() if before is not None else None
+        button = gr.Button(label, size="sm", elem_id=f"{prefix}-export")
+        file = file_box(f"{prefix}-export-file")
+        note = gr.Markdown(elem_id=f"{prefix}-export-note")
+    return button, file, note, chosen
+
+
+def head_choices(n_heads: int) -> list[str]:
+    return ["mean of heads"] + [str(h) for h in range(n_heads)]
+
+
+def kept_index(value, size: int) -> int:
+    """A layer or head index kept across a change of model when the new model has it, else 0."""
+    index = index_of(value)
+    return index if index is not None and 0 <= index < size else 0
+
+
+def layer_head(models, picker, initial, prefix: str, shape: Callable = None, note: str = "", mean: bool = False,
+               keep: bool = True, row: bool = True) -> tuple[gr.Number, gr.Number | gr.Dropdown]:
+    """A layer input and a head input whose ranges follow the chosen model (elem_ids prefix-layer, prefix-head).
+
+    shape(model) → (layers, heads): the main stack's by default. note goes before the range in both labels
+    ("RoPE scores; "). mean: the head is a dropdown that offers the mean of the layer's heads. keep: a new model
+    keeps the layer and head where it has them (else both go back to 0)."""
+    shape = shape or (lambda model: (model.config.n_layers, model.config.n_heads))
+    n_layers, n_heads = shape(initial)
+
+    def layout():
+        layer = gr.Number(value=0, label=f"Layer ({note}0–{n_layers - 1})", precision=0, elem_id=f"{prefix}-layer",
+                          min_width=120)
+        if mean:
+            head = gr.Dropdown(choices=head_choices(n_heads), value="mean of heads", label="Head",
+                               allow_custom_value=True, elem_id=f"{prefix}-head", min_width=120)
+        else:
+            head = gr.Number(value=0, label=f"Head ({note}0–{n_heads - 1})", precision=0, elem_id=f"{prefix}-head",
+                             min_width=120)
+        return layer, head
+
+    if row:
+        with gr.Row():
+            layer, head = layout()
+    else:
+        layer, head = layout()
+
+    @user_errors
+    def limits(name, layer_index, head_index):
+        """New ranges for the chosen model; the layer and head stay where they are when the model has them."""
+        layers, heads = shape(models.get(name))
+        layer_value = kept_index(layer_index, layers) if keep else 0
+        new_layer = gr.Number(value=layer_value, label=f"Layer ({note}0–{layers - 1})")
+        if mean:
+            kept_head = head_index if head_index in head_choices(heads) else "mean of heads"
+            return new_layer, gr.Dropdown(choices=head_choices(heads), value=kept_head)
+        head_value = kept_index(head_index, heads) if keep else 0
+        return new_layer, gr.Number(value=head_value, label=f"Head ({note}0–{heads - 1})")
+
+    picker.loaded.success(limits, [picker.model, layer, head], [layer, head], api_visibility="private")
+    return layer, head

@@ -1,0 +1,1 @@
+"""Views: service results turned into what a tab shows (figures, notes, tables, files); no gradio."""

@@ -1,0 +1,431 @@
+"""The Heads tab's views: what each head does (scores per layer × head, the induction probe), whether the output
+depends on it (ablation, the sweep), which inputs one prediction depends on (attribution against attention),
+what each layer would predict (the logit lens) and how surprised the model is by each token; the bodies of the
+tab's endpoints. Each returns the session's HeadsCache last, for the next call."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from core.heads import LOCAL_WINDOW, SCORES, named_heads, rank_correlation
+from ui.plots.base import empty_figure
+from ui.plots.heads import attribution_figure, head_score_map, lens_figure, loss_change_figure, paired_head_maps
+from ui.plots.text import surprisal_html
+from ui.services import Services
+from ui.services.checks import UserError, check_range, index_of
+from ui.services.heads import (INDUCTION_LENGTH, INDUCTION_SEED, MAX_HEADS_TOKENS, MAX_IG_STEPS, MAX_IG_TOKEN_STEPS,
+                               MAX_SWEEP_TOKENS, ablation, alternatives, attribution, check_ablation, check_score,
+                               format_heads, head_map, head_scores, heads_cache, lens_table, lm_head_reason,
+                               loss_tokens, next_token_reason, parse_heads, score_names, scored_shape, stream_sweep,
+                               sweep_scores, token_surprisal, top_heads)
+from ui.services.text import Encoded, encode, to_numpy, token_grid, token_pieces, token_texts
+from ui.views import export
+from ui.views.attention import head_figure
+
+SHOWN_NAMES = 12  # named heads listed per score before "and N more"
+SCORE_LABELS = {
+    "previous_token": "previous-token",
+    "first_token": "first-token (sink) mass",
+    "local": f"local window (|i − j| ≤ {LOCAL_WINDOW})",
+    "entropy": "mean entropy",
+    "duplicate_token": "duplicate-token",
+    "induction": "induction (on the probe)",
+}
+FRACTIONS = ("previous_token", "first_token", "local", "duplicate_token", "induction")  # weights in [0, 1]
+NOT_EXPLANATION = (
+    "A strong attention weight says where a head looked, not why the model decided anything: attention weights "
+    "are not explanations. Gradients measure what the prediction is sensitive to."
+)
+
+
+def score_choices(model) -> list[tuple[str, str]]:
+    return [(SCORE_LABELS[name], name) for name in score_names(model)]
+
+
+def model_note(model) -> str:
+    """What this model's heads can be asked, and why some sections have nothing to show."""
+    cfg = model.config
+    if cfg.is_encoder_decoder:
+        kind = "an encoder-decoder: the scores and head maps are its encoder's self-attention (both directions)"
+    elif not cfg.causal:
+        kind = (
+            "an encoder: every token attends in both directions, so previous-token and local scores say where a "
+            "head looks, not what it predicts from. There is no induction score: the probe measures next-token "
+            "prediction, which an encoder does not make"
+        )
+    else:
+        kind = "a decoder: each token attends to itself and the tokens before it"
+    missing = []
+    for what, reason in (
+        ("ablation and the sweep", lm_head_reason(model, "Ablation")),
+        ("attribution", lm_head_reason(model, "Attribution")),
+        ("the logit lens", lm_head_reason(model, "The logit lens")),
+        ("surprisal", next_token_reason(model, "Surprisal")),
+    ):
+        if reason:
+            missing.append(what)
+    note = f"This model is {kind}."
+    if missing:
+        note += f" Not available for it: {', '.join(missing)} (each section says why)."
+    return note
+
+
+def thresholds_markdown(model, named: dict[str, list[tuple[int, int, float]]]) -> str:
+    """The naming thresholds (from core.heads.SCORES) and the heads that pass them on this text."""
+    lines = [
+        "| score | what it measures | names a head at | as |",
+        "|---|---|---:|---|",
+    ]
+    for name in score_names(model):
+        description, threshold, head_name = SCORES[name]
+        at = f"≥ {threshold:g}" if threshold is not None else "–"
+        cells = (SCORE_LABELS[name], description, at, head_name or "–")
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    lines += ["", "Thresholds are set so that the same model with random weights names no head.", ""]
+    found = []
+    for name, hits in named.items():
+        if not hits:
+            continue
+        shown = ", ".join(f"{layer}.{head} ({value:.2f})" for layer, head, value in hits[:SHOWN_NAMES])
+        more = f" and {len(hits) - SHOWN_NAMES} more" if len(hits) > SHOWN_NAMES else ""
+        found.append(f"- **{SCORES[name][2]}s** ({len(hits)}): {shown}{more}")
+    lines += ["**Named heads** (layer.head, score):", *(found or ["- none: no head passes a threshold on this text."])]
+    return "\n".join(lines)
+
+
+def top_table(scores: dict, named: dict) -> list[list]:
+    """Rows [score, rank, head, value, named] of the top heads per score (lowest entropy first)."""
+    rows = []
+    for name, table in scores.items():
+        names = {(layer, head) for layer, head, _ in named.get(name, [])}
+        for rank, (layer, head, value) in enumerate(top_heads(table, name), start=1):
+            rows.append([SCORE_LABELS[name], rank, f"{layer}.{head}", round(value, 4),
+                         SCORES[name][2] if (layer, head) in names else ""])
+    return rows
+
+
+def head_view(model, tokens: Encoded, layer: int, head: int):
+    matrix = head_map(model, tokens.ids, layer, head)
+    return head_figure(tokens, matrix, f"Layer {layer}, head {head} on your text")
+
+
+def score_map_figure(name: str, table: np.ndarray, named: dict, suffix: str = ""):
+    description, threshold, head_name = SCORES[name]
+    title = f"{SCORE_LABELS[name]}: {description}{suffix}"
+    if threshold is not None:
+        title += f"<br>ringed: ≥ {threshold:g}, {head_name}s"
+    marked = [(layer, head) for layer, head, _ in named.get(name, [])]
+    return head_score_map(table, title, SCORE_LABELS[name], zmax=1.0 if name in FRACTIONS else None,
+                                marked=marked)
+
+
+def atlas_view(services: Services, model_name, text_value, score_name, layer_index, head_index, previous=None,
+               progress=None):
+    """The chosen score's map, the top heads, the thresholds and named heads, and one head's map; the body of
+    the `head_atlas` endpoint. Returns (note, map, table, thresholds, head view, cache)."""
+    name, text, score, layer, head = model_name, text_value, score_name, layer_index, head_index
+    model = services.models.get(name, progress)
+    tokens = encode(model, text, MAX_HEADS_TOKENS)
+    score = check_score(model, score)
+    layer, head = check_head(model, layer, head)
+    started = time.perf_counter()
+    cache = heads_cache(previous, name, tokens)
+    kept = cache.scores is not None
+    scores = head_scores(model, cache)
+    named = named_heads(scores)
+    seconds = time.perf_counter() - started
+    notes = [
+        f"**{len(tokens.ids):,} tokens**, "
+        + ("scores kept from the last run." if kept else f"every head scored in {seconds:.2f} s.")
+    ]
+    if tokens.note:
+        notes.append("⚠️ " + tokens.note)
+    probe = cache.induction
+    if probe is not None:
+        notes.append(
+            f"Induction probe: {INDUCTION_LENGTH} random tokens (seed {INDUCTION_SEED}), then the "
+            f"same {INDUCTION_LENGTH} again. Next-token loss on the first copy **{probe.loss_first:.2f}** "
+            f"nats, on the second **{probe.loss_second:.2f}** nats: the second copy can only be predicted by "
+            "looking back at the first, which is what induction heads do."
+        )
+    if model.config.is_encoder_decoder or not model.config.causal:
+        notes.append(model_note(model))
+    suffix = " (on the probe)" if score == "induction" else ""
+    map_fig = score_map_figure(score, to_numpy(scores[score]), named, suffix)
+    return (
+        "  \n".join(notes),
+        export.named(map_fig, export.filename(name, f"{score}-map")),
+        top_table(scores, named),
+        thresholds_markdown(model, named),
+        export.named(head_view(model, tokens, layer, head), export.filename(name, "head-view", layer, head)),
+        cache,
+    )
+
+
+def check_head(model, layer, head) -> tuple[int, int]:
+    n_layers, n_heads = scored_shape(model)
+    return (check_range("Layer", layer, 0, n_layers - 1), check_range("Head", head, 0, n_heads - 1))
+
+
+def open_head(services: Services, model_name, text_value, layer_index, head_index):
+    """One head's map on the text, from the layer/head inputs."""
+    name, text, layer, head = model_name, text_value, layer_index, head_index
+    model = services.models.get(name)
+    layer, head = check_head(model, layer, head)
+    figure = head_view(model, encode(model, text, MAX_HEADS_TOKENS), layer, head)
+    return export.named(figure, export.filename(name, "head-view", layer, head))
+
+
+def empty_table() -> list[list]:
+    return []
+
+
+def ablation_view(services: Services, model_name, text_value, heads_text, ablation_kind, progress=None):
+    """Loss change per token and the changed predictions; the body of the `ablate_heads` endpoint."""
+    name, text, kind = model_name, text_value, ablation_kind
+    model = services.models.get(name, progress)
+    reason = lm_head_reason(model, "Ablation")
+    if reason:
+        return reason, export.named(empty_figure(reason), export.filename(name, f"ablation-{kind}")), empty_table()
+    tokens = encode(model, text, MAX_HEADS_TOKENS)
+    pairs = parse_heads(heads_text, *scored_shape(model))
+    view = ablation(model, tokens, pairs, kind)
+    clean, ablated = float(view.clean_loss.mean()), float(view.ablated_loss.mean())
+    listed = format_heads(pairs)
+    what = "next-token loss" if model.config.causal else "loss on each token from its own position (masked-LM head)"
+    fig = loss_change_figure(
+        view.labels, view.clean_loss, view.ablated_loss,
+        f"Loss change with {listed} {kind}-ablated (red: worse without them)",
+    )
+    predictions = "next-token predictions" if model.config.causal else "predictions"
+    note = (
+        f"{kind.capitalize()}-ablated {len(pairs)} head{'s' if len(pairs) > 1 else ''} ({listed}): mean {what} "
+        f"{clean:.3f} → {ablated:.3f} nats ({ablated - clean:+.3f}). {len(view.changed)} of {len(tokens.ids)} top "
+        f"{predictions} changed."
+    )
+    if tokens.note:
+        note += "  \n⚠️ " + tokens.note
+    return note, export.named(fig, export.filename(name, f"ablation-{kind}")), [list(row) for row in view.changed]
+
+
+def top_heads_text(services: Services, model_name, text_value, score_name, previous=None):
+    """"l.h, ..." of the top heads by the chosen score, for the ablation box, and the cache."""
+    name, text, score = model_name, text_value, score_name
+    model = services.models.get(name)
+    score = check_score(model, score)
+    tokens = encode(model, text, MAX_HEADS_TOKENS)
+    cache = heads_cache(previous, name, tokens)
+    table = head_scores(model, cache)[score]
+    return format_heads(top_heads(table, score)), cache
+
+
+def sweep_view(services: Services, model_name, text_value, ablation_kind, score_name, previous=None, progress=None):
+    """Yields (note, figure, cache) as the sweep goes, then the loss-increase map beside the chosen score's map;
+    the body of the `ablation_sweep` endpoint. progress(fraction, message) follows the heads done."""
+    name, text, kind, score = model_name, text_value, ablation_kind, score_name
+    model = services.models.get(name)
+    reason = lm_head_reason(model, "The sweep")
+    if reason:
+        yield reason, export.named(empty_figure(reason), export.filename(name, f"sweep-{kind}-vs-{score}")), previous
+        return
+    kind = check_ablation(kind)
+    score = check_score(model, score)
+    tokens = encode(model, text, MAX_HEADS_TOKENS)
+    cache = heads_cache(previous, name, tokens)
+    ids = tokens.ids[: MAX_SWEEP_TOKENS]
+    if len(ids) < loss_tokens(model):
+        raise UserError("The sweep needs at least 2 tokens: there is no next token to predict in one.")
+    seconds = None
+    if kind not in cache.sweeps:
+        for update in stream_sweep(model, ids, kind):
+            message = f"{update.done} of {update.total} heads ablated"
+            if progress is not None:
+                progress(update.done / update.total, message)
+            if update.increase is None:
+                waiting = export.named(empty_figure(message), export.filename(name, f"sweep-{kind}-vs-{score}"))
+                yield f"Sweeping: {message} ({update.seconds:.0f} s)…", waiting, cache
+            else:
+                cache.sweeps[kind], seconds = update.increase, update.seconds
+    increase = cache.sweeps[kind]
+    table = sweep_scores(model, cache, MAX_SWEEP_TOKENS)[score]
+    rho = rank_correlation(increase, table)
+    label = SCORE_LABELS[score]
+    fig = paired_head_maps(
+        to_numpy(increase),
+        to_numpy(table),
+        ("loss increase when the head alone is removed", f"{label} score" + (" (probe)" if score == "induction"
+                                                                             else "")),
+        ("Δ loss (nats)", label),
+        f"Every head ablated alone ({kind}) on the first {len(ids)} tokens, beside the {label} score: "
+        f"Spearman's ρ = {rho:+.2f}",
+    )
+    worst = ", ".join(f"{layer}.{head} ({value:+.3f})" for layer, head, value in top_heads(increase, "loss"))
+    timing = "kept from the last run" if seconds is None else f"in {seconds:.1f} s"
+    cut = f" (the text's first {len(ids)} tokens: the sweep's limit)" if len(tokens.ids) > len(ids) else ""
+    note = (
+        f"Swept {model.config.n_layers * model.config.n_heads} heads on {len(ids)} tokens{cut}, {timing}. "
+        f"Largest loss increases: {worst}.  \n"
+        f"Is the head the attention map points at the one the output depends on? Spearman's rank correlation "
+        f"between the {label} score and the loss increase: **ρ = {rho:+.2f}** "
+        "(1: the score ranks heads exactly as their importance does; 0: it says nothing about it)."
+    )
+    if score == "entropy":
+        note += " For entropy, a negative ρ means the focused (low-entropy) heads matter more."
+    yield note, export.named(fig, export.filename(name, f"sweep-{kind}-vs-{score}")), cache
+ATTRIBUTION_VIEWS = ("head", "head mean", "rollout", "gradient × input", "integrated gradients")
+
+
+def attribution_view(services: Services, model_name, text_value, position_index, layer_index, head_index,
+                     steps_value, previous=None, progress=None):
+    """Attention, rollout and gradients for one prediction; the body of the `attribute` endpoint.
+    Returns (note, chart, correlation table, cache)."""
+    name, text, position, layer, head, steps = (model_name, text_value, position_index, layer_index, head_index,
+                                                steps_value)
+    model = services.models.get(name, progress)
+    reason = lm_head_reason(model, "Attribution")
+    if reason:
+        image = export.filename(name, f"attribution-pos{index_of(position)}", index_of(layer), index_of(head))
+        return reason, export.named(empty_figure(reason), image), empty_table(), previous
+    tokens = encode(model, text, MAX_HEADS_TOKENS)
+    cache = heads_cache(previous, name, tokens)
+    started = time.perf_counter()
+    result = attribution(model, cache, position, layer, head, steps)
+    seconds = time.perf_counter() - started
+    p, (layer, head, steps) = result.position, cache.attribution[0][1:]
+    labels = tokens.labels[: len(result.head)]
+    target = token_texts(model, [result.target])[0]
+    series = {
+        f"head {layer}.{head} attention": result.head,
+        f"mean of layer {layer}'s heads": result.head_mean,
+        "attention rollout": result.rollout,
+        "gradient × input": result.grad_input,
+        "integrated gradients": result.integrated,
+    }
+    what = "next token" if model.config.causal else "token at that position (masked-LM head)"
+    fig = attribution_figure(
+        labels, {k: to_numpy(v) for k, v in series.items()},
+        f"Which inputs does the prediction of {target!r} at position {p} depend on? (each view / its largest |value|)",
+    )
+    correlations = result.correlations()
+    rows = [[row] + [round(correlations[row][col], 3) for col in ATTRIBUTION_VIEWS] for row in ATTRIBUTION_VIEWS]
+    error, difference = result.completeness_error, result.logit_difference
+    share = error / abs(difference) if difference else float("inf")
+    relative = f"{share:.0%} of the difference" if share < 2 else f"{share:,.0f}× the difference"
+    total = float(result.integrated.sum())
+    notes = [
+        f"Position {p} ({tokens.labels[p]}): the model's top {what} is **{target!r}**; "
+        f"explained over {len(labels)} input tokens in {seconds:.1f} s.",
+        f"Integrated gradients, {steps} steps from a baseline of padding tokens: Σ attributions = {total:.3f} against "
+        f"logit(text) − logit(baseline) = {difference:.3f}, a completeness error of **{error:.3f}** "
+        f"({relative}).",
+    ]
+    if share > 0.1:
+        notes.append(
+            f"⚠️ Not converged: more steps usually shrink the error (at most {MAX_IG_STEPS}, and "
+            f"steps × tokens ≤ {MAX_IG_TOKEN_STEPS:,}); a sharp change along the path can need many."
+        )
+    notes.append(
+        f"{NOT_EXPLANATION} Here head {layer}.{head}'s weights and integrated gradients rank the inputs with "
+        f"ρ = {correlations['head']['integrated gradients']:+.2f}, the layer's mean with "
+        f"ρ = {correlations['head mean']['integrated gradients']:+.2f}, rollout with "
+        f"ρ = {correlations['rollout']['integrated gradients']:+.2f}."
+    )
+    if tokens.note:
+        notes.append("⚠️ " + tokens.note)
+    image = export.filename(name, f"attribution-pos{index_of(position_index)}", layer, head)
+    return "  \n".join(notes), export.named(fig, image), rows, cache
+
+
+def lens_view(services: Services, model_name, text_value, previous=None, progress=None):
+    """The logit lens; the body of the `logit_lens` endpoint. Returns (note, figure, cache)."""
+    name, text = model_name, text_value
+    model = services.models.get(name, progress)
+    reason = lm_head_reason(model, "The logit lens")
+    if reason:
+        return reason, export.named(empty_figure(reason), export.filename(name, "logit-lens")), previous
+    tokens = encode(model, text, MAX_HEADS_TOKENS)
+    cache = heads_cache(previous, name, tokens)
+    table = lens_table(model, cache)
+    top = to_numpy(table.top).astype(np.int64)
+    texts = token_grid(model, top)
+    settles = table.settles.tolist()
+    n_layers = top.shape[0]
+    fig = lens_figure(
+        to_numpy(table.final_prob), texts, to_numpy(table.top_prob), tokens.labels, settles,
+        "Logit lens: each layer's stream read as a prediction, coloured by P(the final answer)",
+    )
+    late = sum(1 for s in settles if s == n_layers - 1)
+    what = "next token" if model.config.causal else "token at that position"
+    note = (
+        f"Row i reads the residual stream after layer i through the final norm and the LM head as a prediction of "
+        f"the {what}; the last row is the model's output. Colour: the probability that layer gives the final "
+        f"answer; hover: the layer's own top token. Diamonds: the first layer from which the final answer stays "
+        f"top-1, on average layer **{np.mean(settles):.1f}** of {n_layers - 1}; {late} of {len(settles)} positions "
+        "settle only in the last layer."
+    )
+    if tokens.note:
+        note += "  \n⚠️ " + tokens.note
+    return note, export.named(fig, export.filename(name, "logit-lens")), cache
+
+
+def surprisal_view(services: Services, model_name, text_value, previous=None, progress=None):
+    """The text shaded by loss; the body of the `surprisal` endpoint. Returns (stats, html, cache)."""
+    name, text = model_name, text_value
+    model = services.models.get(name, progress)
+    reason = next_token_reason(model, "Surprisal")
+    if reason:
+        return reason, "", previous
+    tokens = encode(model, text, MAX_HEADS_TOKENS)
+    cache = heads_cache(previous, name, tokens)
+    result = token_surprisal(model, cache)
+    loss = to_numpy(result.loss)
+    choices = alternatives(model, result)
+    page = surprisal_html(token_pieces(model, tokens.ids), loss, choices)
+    worst = np.argsort(-loss)[:3]
+    stats = (
+        f"**{len(loss)} predicted tokens**: total loss {loss.sum():.2f} nats, mean **{result.mean:.3f}** nats per "
+        f"token, perplexity **{result.perplexity:.2f}** (e^mean). Most surprising: "
+        + ", ".join(f"{tokens.labels[i + 1]} ({loss[i]:.2f} nats)" for i in worst)
+        + "."
+    )
+    if tokens.note:
+        stats += "  \n⚠️ " + tokens.note
+    return stats, page, cache
+
+
+def export_data(services: Services, model_name, text_value, previous=None, progress=None):
+    """Every score of every head as CSV (one row per layer × head); the body of the `export_heads` endpoint.
+    Returns (path, note, cache)."""
+    name, text = model_name, text_value
+    model = services.models.get(name, progress)
+    tokens = encode(model, text, MAX_HEADS_TOKENS)
+    cache = heads_cache(previous, name, tokens)
+    scores = {key: to_numpy(table) for key, table in head_scores(model, cache).items()}
+    n_layers, n_heads = next(iter(scores.values())).shape
+    rows = [[layer, head, f"{layer}.{head}", *(round(float(scores[k][layer, head]), 6) for k in scores)]
+            for layer in range(n_layers) for head in range(n_heads)]
+    comments = [f"# {name}: every head's scores on the first {len(tokens.ids)} tokens of the text"
+                + (" (induction: on the app's probe, 100 seeded random tokens repeated)" if "induction" in scores
+                   else ""),
+                *(f"# {k}: {SCORES[k][0]}" for k in scores)]
+    body = "\n".join(comments) + "\n" + export.csv_text(rows, ["layer", "head", "layer.head", *scores])
+    path = export.write(body, export.filename(name, "head-scores") + ".csv")
+    return str(path), f"{n_layers * n_heads} heads × {len(scores)} scores ({', '.join(scores)}).", cache
+
+
+def pick_tile(services: Services, model_name, text_value, tile):
+    """A click on a tile of the score map ("layer.head"): that layer and head, and its map on the text."""
+    (layer, head), *_ = parse_heads(tile, *scored_shape(services.models.get(model_name)))
+    return layer, head, open_head(services, model_name, text_value, layer, head)
+
+
+def add_head(listed, layer_index, head_index) -> str:
+    """The ablation list with layer.head added (once)."""
+    layer, head = index_of(layer_index or 0), index_of(head_index or 0)
+    if layer is None or head is None:
+        raise UserError(f"Layer and head must be whole numbers to add a head, got {layer_index!r}.{head_index!r}.")
+    entry = f"{layer}.{head}"
+    items = [item.strip() for item in (listed or "").split(",") if item.strip()]
+    return ", ".join(items if entry in items else [*items, entry])

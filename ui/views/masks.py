@@ -1,0 +1,166 @@
+"""The Masks tab's views: eq. 2.1 stage by stage for a window, then the causal mask, the padding mask and the
+1/√d_k factor switched off on the loaded model; the bodies of the `mask_demo` and `export_masks` endpoints."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ui.plots import attention as attention_plots
+from ui.plots.base import empty_figure
+from ui.plots.charts import bar_figure, line_figure
+from ui.services import Services
+from ui.services.checks import UserError, check_range, index_of, parse_head
+from ui.services.masks import (MAX_MASK_TOKENS, MAX_STAGE_WINDOW, causal_effect, mask_stages, padding_effect,
+                               qk_for_head, scaling_entropy)
+from ui.services.text import Encoded, encode
+from ui.views import export
+from ui.views.export import named
+def stages_figure(model, tokens: Encoded, layer: int, head: int, start: int, size: int,
+                  data: dict | None = None):
+    n = len(tokens.ids)
+    start = check_range("Window start", start, 0, n - 1)
+    size = check_range("Window size", size, 2, MAX_STAGE_WINDOW)
+    stop = min(n, start + size)
+    q, k = qk_for_head(model, tokens.ids, layer, head)
+    stages = mask_stages(q[start:stop], k[start:stop], model.config.head_dim)
+    labels = tokens.labels[start:stop]
+    if data is not None:
+        for mask, matrices in stages.items():
+            for stage, matrix in zip(("scores", "masked", "softmax"), matrices):
+                data[f"stage_{stage}_{mask.replace(' ', '_')}"] = (matrix, labels, labels, "query \\ key")
+    return attention_plots.stages_figure(
+        stages,
+        labels,
+        labels,
+        f"Layer {layer}, head {head}, tokens {start}–{stop - 1} (softmax over the keys inside the window)",
+    )
+
+
+def causal_section(model, ids: list[int], data: dict | None = None):
+    effect = causal_effect(model, ids)
+    if effect is None:
+        reason = (
+            f"{model.config.family}: this checkpoint has no language-model head, so there is "
+            f"no next-token loss to measure."
+        )
+        return empty_figure(reason), reason
+    (loss_on, loss_off), (acc_on, acc_off) = effect["loss"], effect["accuracy"]
+    if data is not None:
+        data["causal_mask_effect"] = (np.array([[loss_on, loss_off], [acc_on, acc_off]]),
+                                      ["next-token loss (nats)", "next-token accuracy"],
+                                      ["causal mask on", "causal mask off"], "")
+    fig = bar_figure(
+        ["next-token loss (nats)", "next-token accuracy"],
+        {"causal mask on": [loss_on, acc_on], "causal mask off": [loss_off, acc_off]},
+        f"Predicting each next token of your text ({effect['predictions']} predictions)",
+        "value",
+    )
+    if not model.config.causal:
+        text = "This model is an encoder: it never used a causal mask, so switching it off changes nothing."
+    else:
+        text = (
+            f"With the mask, loss {loss_on:.3f} and accuracy {acc_on:.1%}. Without it every position can also see the "
+            f"token it has to predict: loss {loss_off:.3f}, accuracy {acc_off:.1%}. A model trained without the mask "
+            "would learn to copy the answer and then fail when generating, where the future is not there to see."
+        )
+    return fig, text
+
+
+def padding_section(model, text_a: str, text_b: str, data: dict | None = None):
+    ids_a = encode(model, text_a, 256).ids
+    ids_b = encode(model, text_b, 256).ids
+    result = padding_effect(model, ids_a, ids_b)
+    layers = [str(i) for i in range(len(result["results"]["padding mask on"]["pad_mass"]))]
+    if data is not None:
+        names = list(result["results"])
+        data["padding_mass_per_layer"] = (np.stack([result["results"][n]["pad_mass"] for n in names], 1), layers,
+                                          names, "layer")
+    fig = bar_figure(
+        layers,
+        {name: r["pad_mass"] for name, r in result["results"].items()},
+        f"Weight the short text puts on its {result['n_pad']} pad tokens ({result['side']} padding)",
+        "mean weight on pad keys",
+        x_title="layer",
+    )
+    on, off = result["results"]["padding mask on"], result["results"]["padding mask off"]
+    text = (
+        f"The shorter text ({result['n_real']} tokens) was padded with {result['n_pad']} pad tokens "
+        f"on the {result['side']}. "
+        f"Compared with running it alone, its real tokens' final outputs move by at most {on['max_change']:.1e} "
+        f"(relative) with the padding mask, and by up to {off['max_change']:.3f} (mean "
+        f"{off['mean_change']:.3f}) without it: "
+        "the filler leaks into the results."
+    )
+    return fig, text
+
+
+def entropy_section(model, ids: list[int], layer: int, head: int, data: dict | None = None):
+    result = scaling_entropy(model, ids, layer, head)
+    curves = result["curves"]
+    n_layers = len(next(iter(curves.values()))["per_layer"])
+    if data is not None:
+        data["entropy_per_layer"] = (np.stack([np.array(c["per_layer"]) for c in curves.values()], 1),
+                                     [str(i) for i in range(n_layers)], list(curves), "layer")
+    fig = line_figure(
+        np.arange(n_layers),
+        {name: np.array(c["per_layer"]) for name, c in curves.items()},
+        "Mean attention entropy per layer: lower means sharper, more one-hot rows",
+        "layer",
+        "entropy (nats)",
+        reference={"uniform attention": result["uniform"]},
+    )
+    scaled, raw = curves["scaled by 1/√d_k"], curves["not scaled"]
+    text = (
+        f"Without the 1/√d_k factor the scores are √{result['head_dim']} ≈ "
+        f"{np.sqrt(result['head_dim']):.1f} times larger, "
+        f"so the softmax saturates. Layer {layer}, head {head}: entropy {scaled['head']:.3f} → {raw['head']:.3f} nats, "
+        f"mean largest weight per row {scaled['head_max_weight']:.3f} → {raw['head_max_weight']:.3f}."
+    )
+    return fig, text
+
+
+def mask_view(services: Services, model_name, text_value, layer_index, head_index, window_start, window_size,
+              longer_text, shorter_text, progress=None, data: dict | None = None):
+    """Every figure of the tab; the body of the `mask_demo` endpoint. `data`, when given, receives every matrix behind
+    them: name → (matrix, row labels, column labels, corner)."""
+    name, text, text_a, text_b = model_name, text_value, longer_text, shorter_text
+    model = services.models.get(name, progress)
+    cfg = model.config
+    if cfg.is_encoder_decoder:
+        raise UserError(
+            f"The mask demo reads decoder-only and encoder-only models; {name} is an encoder-decoder. "
+            "Pick smollm2-135m-instruct or minilm-l6."
+        )
+    layer = check_range("Layer", layer_index, 0, cfg.n_layers - 1)
+    head = parse_head(head_index, cfg.n_heads, allow_mean=False)
+    tokens = encode(model, text, MAX_MASK_TOKENS)
+    if len(tokens.ids) < 2:
+        raise UserError("The mask demo needs at least 2 tokens of text.")
+    stages = stages_figure(model, tokens, layer, head, window_start, window_size, data)
+    causal_fig, causal_text = causal_section(model, tokens.ids, data)
+    padding_fig, padding_text = padding_section(model, text_a, text_b, data)
+    entropy_fig, entropy_text = entropy_section(model, tokens.ids, layer, head, data)
+    note = f"⚠️ {tokens.note}" if tokens.note else f"{len(tokens.ids)} tokens."
+    return (note, named(stages, export.filename(name, "stages", layer, head)),
+            named(causal_fig, export.filename(name, "causal-mask")), causal_text,
+            named(padding_fig, export.filename(name, "padding-mask")), padding_text,
+            named(entropy_fig, export.filename(name, "entropy")), entropy_text)
+
+
+def export_data(services: Services, model_name, text_value, layer_index, head_index, window_start, window_size,
+                longer_text, shorter_text, progress=None) -> tuple[str, str]:
+    """Every matrix of the tab as CSV in one .zip; the body of the `export_masks` endpoint."""
+    data: dict = {}
+    mask_view(services, model_name, text_value, layer_index, head_index, window_start, window_size, longer_text,
+              shorter_text, progress, data)
+    name, layer, head = model_name, layer_index, head_index
+    files = {f"{key}.csv": export.matrix_csv(matrix, rows, cols, corner, [f"{name}: {key.replace('_', ' ')}"])
+             for key, (matrix, rows, cols, corner) in data.items()}
+    readme = (f"The mask demo on {name}, layer {index_of(layer)}, head {index_of(head)}:\n"
+              "stage_{scores,masked,softmax}_causal_mask_{on,off}: eq. 2.1 for the window (masked cells empty: −inf)\n"
+              "causal_mask_effect: next-token loss and accuracy with and without the causal mask (decoders)\n"
+              "padding_mass_per_layer: weight the shorter text puts on its pad tokens, per layer\n"
+              "entropy_per_layer: mean attention entropy with and without 1/sqrt(d_k)\n"
+              f"The text is read up to its first {MAX_MASK_TOKENS} tokens; nothing is pooled.\n")
+    path = export.write(export.zip_of(files, readme), export.filename(name, "masks", index_of(layer), index_of(head)) + ".zip")
+    return str(path), f"{len(files)} matrices as CSV: {', '.join(sorted(files))}."

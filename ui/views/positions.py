@@ -1,0 +1,199 @@
+"""The Positional encoding tab's views: eq. 4.1's sinusoids and their rotation check, the model's learned
+positions, RoPE's angles and its scores on the model's own queries and keys, and the permutation check; the
+bodies of the `positional_encoding`, `permutation_check` and `export_positions` endpoints."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from core.inspect import learned_positions, rope_frequencies
+from ui.plots.base import empty_figure
+from ui.plots.charts import line_figure, matrix_heatmap
+from ui.services import Services
+from ui.services.checks import UserError, check_range, index_of, parse_head
+from ui.services.positions import (MAX_PE_DIM, MAX_PE_POSITIONS, PERMUTATION_TOKENS, cosine_similarity, pe_shift_check,
+                                   permutation_check, rope_scores, sinusoidal)
+from ui.services.text import encode, to_numpy
+from ui.views import export
+from ui.views.export import named
+
+MAX_LEARNED_CELLS = 200_000  # learned-position heatmap: positions × d cells sent to the browser
+def sinusoid_figures(n: int, d: int, p: int, k: int, data: dict | None = None):
+    """Figures and the rotation check for the sinusoidal encoding with n positions and d dimensions; `data`, when
+    given, receives the matrices behind them (for the export)."""
+    pe = sinusoidal(n, d)  # [n, d]
+    heat = matrix_heatmap(
+        pe, f"Sinusoidal encoding, eq. 4.1 (n = {n}, d = {d})", "dimension", "position", value_name="PE"
+    )
+    offsets = np.arange(0, n - p)
+    dots = {f"PE({p})·PE({p}+k)": (pe[p] * pe[p + offsets]).sum(-1)}
+    if p != 0:
+        dots["PE(0)·PE(k)"] = (pe[0] * pe[offsets]).sum(-1)
+    dot_fig = line_figure(
+        offsets,
+        dots,
+        "Dot product against offset k: it depends on k only, not on where you start",
+        "offset k",
+        "dot product",
+        reference={"d/2 (k = 0)": d / 2},
+    )
+    sim = pe @ pe.T / (d / 2)  # |PE(p)|² = d/2, so this is the cosine
+    sim_fig = matrix_heatmap(
+        sim,
+        "Cosine similarity PE(p)·PE(q) / (d/2): near positions look alike",
+        "position q",
+        "position p",
+        value_name="cosine",
+    )
+    check = pe_shift_check(pe, d, k)
+    if data is not None:
+        data["sinusoidal_pe"] = (pe, [str(i) for i in range(n)], [str(j) for j in range(d)], "position \\ dimension")
+        data["sinusoidal_similarity"] = (sim, [str(i) for i in range(n)], [str(i) for i in range(n)], "p \\ q")
+        data["sinusoidal_dot_vs_offset"] = (np.stack(list(dots.values()), 1), [str(o) for o in offsets], list(dots),
+                                            "offset k")
+    text = (
+        f"**PE(p + {k}) is a rotation of PE(p)**, checked on all {check['pairs']} positions p: each "
+        f"(sin, cos) pair i turns by "
+        f"the angle k·ω_i with ω_i = 1/10000^(2i/d).  \n"
+        f"max |PE(p+k) − R_k·PE(p)| = {check['analytic_max_error']:.1e} (R_k built from the formula; "
+        f"max |R_k·R_kᵀ − I| = {check['rotation_orthogonality']:.1e}, so R_k is a rotation).  \n"
+        f"Fitting one matrix by least squares to all pairs (PE(p), PE(p+k)), without the formula, leaves a residual of "
+        f"{check['fit_max_error']:.1e}: one linear map serves every position."
+    )
+    return heat, dot_fig, sim_fig, text
+
+
+def learned_figures(model, n: int, data: dict | None = None):
+    table = learned_positions(model)
+    if table is None:
+        reason = (
+            f"{model.config.family} adds the fixed sinusoids shown above: it has no learned position table."
+            if model.config.positional == "sinusoidal"
+            else f"{model.config.family} uses {model.config.positional} positions: it has no learned position table."
+        )
+        return empty_figure(reason), empty_figure(reason)
+    table = to_numpy(table)
+    rows = min(table.shape[0], max(2, n), max(2, MAX_LEARNED_CELLS // table.shape[1]))
+    shown = table[:rows]
+    if data is not None:
+        data["learned_positions"] = (shown, [str(i) for i in range(rows)], [str(j) for j in range(shown.shape[1])],
+                                     "position \\ dimension")
+        data["learned_similarity"] = (cosine_similarity(shown), [str(i) for i in range(rows)],
+                                      [str(i) for i in range(rows)], "p \\ q")
+    heat = matrix_heatmap(
+        shown,
+        f"This model's learned position embeddings (first {rows} of {table.shape[0]}; colours clipped at the 99th "
+        "percentile)",
+        "dimension",
+        "position",
+        value_name="value",
+        clip_quantile=0.99,
+    )
+    sim = matrix_heatmap(
+        cosine_similarity(shown),
+        "Cosine similarity of the learned positions",
+        "position q",
+        "position p",
+        value_name="cosine",
+    )
+    return heat, sim
+
+
+def rope_figures(model, text: str, layer: int, head: int, n: int, data: dict | None = None):
+    cfg = model.config
+    inv_freq = rope_frequencies(model)
+    if inv_freq is None:
+        reason = f"{cfg.family} uses {cfg.positional} positions, not RoPE."
+        return empty_figure(reason), empty_figure(reason), ""
+    freqs = inv_freq.double().cpu().numpy()  # θ_i, [head_dim/2]
+    positions = np.arange(n)
+    angles = np.mod(freqs[:, None] * positions[None, :], 2 * np.pi)  # [pairs, n]
+    angle_fig = matrix_heatmap(
+        angles,
+        f"RoPE rotation angle m·θ_i mod 2π (θ_i = {cfg.rope_theta:g}^(−2i/d_k), d_k = {cfg.head_dim})",
+        "position m",
+        "frequency pair i",
+        colorscale="Twilight",
+        symmetric=False,
+        value_name="angle (rad)",
+    )
+    tokens = encode(model, text, max_tokens=256)
+    if len(tokens.ids) < 2:
+        raise UserError("The RoPE text needs at least 2 tokens.")
+    query_pos, key_pos = len(tokens.ids) - 1, 0
+    distances = np.arange(0, n)
+    offsets = [0, 100, 1000]
+    curves = rope_scores(model, tokens.ids, layer, head, query_pos, key_pos, distances, offsets)
+    series = {f"key at position {m}, query at {m}+Δ": curves[m] for m in offsets}
+    if data is not None:
+        data["rope_angles"] = (angles, [str(i) for i in range(len(freqs))], [str(m) for m in positions],
+                               "frequency pair \\ position")
+        data[f"rope_scores_L{layer}_H{head}"] = (np.stack(list(series.values()), 1), [str(x) for x in distances],
+                                                 list(series), "distance")
+    score_fig = line_figure(
+        distances,
+        series,
+        f"Score q·k/√d_k vs distance Δ (layer {layer}, head {head}; q of "
+        f"'{tokens.labels[query_pos]}', k of '{tokens.labels[key_pos]}')",
+        "relative distance Δ (tokens)",
+        "score",
+    )
+    spread = max(float(np.abs(curves[m] - curves[0]).max()) for m in offsets)
+    text_out = (
+        f"The three curves put the same query and key at different absolute positions; they differ by at most "
+        f"{spread:.1e}, so with RoPE the score depends only on the distance Δ."
+    )
+    return angle_fig, score_fig, text_out
+
+
+def positional_view(services: Services, model_name, n_positions, d_model, start_position, offset, layer_index,
+                    head_index, text_value, progress=None, data: dict | None = None):
+    """All figures of the tab; the body of the `positional_encoding` endpoint. `data`, when given, receives every
+    matrix behind them: name → (matrix, row labels, column labels, corner)."""
+    name, text = model_name, text_value
+    n = check_range("Positions n", n_positions, 2, MAX_PE_POSITIONS)
+    d = check_range("Dimensions d", d_model, 2, MAX_PE_DIM)
+    if d % 2:
+        raise UserError(f"Dimensions d must be even (sin and cos come in pairs), got {d}.")
+    p = check_range("Start position p", start_position, 0, n - 2)
+    k = check_range("Offset k", offset, 1, n - 1)
+    heat, dot_fig, sim_fig, check_text = sinusoid_figures(n, d, p, k, data)
+    model = services.models.get(name, progress)
+    cfg = model.config
+    layer = check_range("Layer", layer_index, 0, cfg.n_layers - 1)
+    head = parse_head(head_index, cfg.n_heads, allow_mean=False)
+    learned_heat, learned_sim = learned_figures(model, n, data)
+    angle_fig, score_fig, rope_text = rope_figures(model, text, layer, head, n, data)
+    figures = zip((heat, dot_fig, sim_fig, learned_heat, learned_sim, angle_fig, score_fig),
+                  ("pe", "pe-dots", "pe-similarity", "learned-positions", "learned-similarity", "rope-angles"))
+    heat, dot_fig, sim_fig, learned_heat, learned_sim, angle_fig = (named(f, export.filename(name, view))
+                                                                     for f, view in figures)
+    score_fig = named(score_fig, export.filename(name, "rope-scores", layer, head))
+    return heat, dot_fig, sim_fig, check_text, learned_heat, learned_sim, angle_fig, score_fig, rope_text
+
+
+def permutation_view(services: Services, model_name, text_value, progress=None) -> str:
+    """The permutation check on the text, positions off; the body of the `permutation_check` endpoint."""
+    model = services.models.get(model_name, progress)
+    tokens = encode(model, text_value, PERMUTATION_TOKENS)
+    return permutation_check(model, tokens.ids).sentence()
+
+
+def export_data(services: Services, model_name, n_positions, d_model, start_position, offset, layer_index,
+                head_index, text_value, progress=None) -> tuple[str, str]:
+    """Every matrix of the tab as CSV in one .zip; the body of the `export_positions` endpoint."""
+    data: dict = {}
+    positional_view(services, model_name, n_positions, d_model, start_position, offset, layer_index, head_index,
+                    text_value, progress, data)
+    name, n, d, p = model_name, n_positions, d_model, start_position
+    files = {f"{key}.csv": export.matrix_csv(matrix, rows, cols, corner, [f"{name}: {key.replace('_', ' ')}"])
+             for key, (matrix, rows, cols, corner) in data.items()}
+    readme = (f"Positional encodings for {name}, n = {index_of(n)}, d = {index_of(d)}:\n"
+              "sinusoidal_pe: eq. 4.1, PE(position, dimension)\n"
+              "sinusoidal_similarity: PE(p)·PE(q) / (d/2)\n"
+              f"sinusoidal_dot_vs_offset: PE(p)·PE(p+k) against k (p = {index_of(p)})\n"
+              "learned_positions, learned_similarity: the model's own position table (GPT-2, BERT), when it has one\n"
+              "rope_angles: m·θ_i mod 2π; rope_scores_*: q·k/√d_k against distance at three offsets (RoPE models)\n"
+              "Nothing is pooled.\n")
+    path = export.write(export.zip_of(files, readme), export.filename(name, "positions") + ".zip")
+    return str(path), f"{len(files)} matrices as CSV: {', '.join(sorted(files))}."
