@@ -21,6 +21,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from ui import spaces  # noqa: E402
+from ui.backend.routing import route  # noqa: E402
 from ui.page import TITLE, build_page  # noqa: E402
 from ui.services import Services  # noqa: E402
 from ui.services.checks import UserError  # noqa: E402
@@ -123,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
             services.models.get(args.model, bar)
         if args.backend == "ray":
             backend = ray_backend(args)
-        demo = build_page(services, args.model, backend=backend)
+        demo = build_page(services, args.model)
+        if backend is not None:
+            logging.getLogger(__name__).info("%d events run on Ray Serve", len(route(demo, backend, args.model)))
         demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)
         demo.launch(**launch_options(args, services.settings))
     except (UserError, SettingError) as exc:

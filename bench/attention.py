@@ -2,7 +2,7 @@
 output_attentions=True, at 512, 1024 and 2048 tokens, side by side in one run. Each measurement runs in a
 fresh process so that peak memory (resident set size, sampled every 5 ms) belongs to that capture alone.
 
-This core's capture (core/capture.py): every layer × head pooled to ≤ 128² for the overview, full resolution
+This core's capture (core/analysis/capture.py): every layer × head pooled to ≤ 128² for the overview, full resolution
 in float16 up to 512 tokens, above that one layer recomputed on demand (its time is printed too).
 transformers: all L·H·n² probabilities in float32, as output_attentions returns them.
 Times are medians (and ranges) of alternating runs, each in a fresh process. On a GPU, peak memory is
@@ -50,7 +50,7 @@ class PeakRSS:
 def measure(impl: str, model_name: str, length: int, device: str = "cpu", random_weights: bool = False) -> dict:
     """Run in a child process: load, warm up, then capture once while sampling memory."""
     from common import load_both, long_ids, sync
-    from core.capture import capture
+    from core.analysis.capture import capture
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     ours, theirs, _ = load_both(model_name, device, dtype, attn_implementation="eager", random_weights=random_weights)
     ids = long_ids(ours.tokenizer, length).to(device)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks in one short run, for a machine with CUDA (about ten minutes on one H200): both benchmarks
-# in bfloat16 against transformers, then the core's tests there (tests/test_cuda.py on the GPU).
+# in bfloat16 against transformers, then the core's tests there (tests/core/test_cuda.py on the GPU).
 #   bash bench/gpu.sh            # logs go to $OUT (the device tool's folder) or bench/results/
 # The machine needs torch, transformers, safetensors, psutil and pytest; it needs no network. Where the real
 # weights are not in weights/, the benchmarks use the model's shapes with seeded random weights (same speed).
@@ -23,8 +23,8 @@ timeout 210 python3 bench/generate.py --device cuda --model $model $random --com
   | grep -v "it/s]" | tee "$out/generate.txt" || status=1
 timeout 170 python3 bench/attention.py --device cuda --model $model $random --repeats 3 2>&1 \
   | grep -v "it/s]" | tee "$out/attention.txt" || status=1
-timeout 190 python3 -m pytest -q -rs tests/test_cuda.py tests/test_instrument.py tests/test_parity.py \
-  tests/test_generate.py tests/test_attention.py tests/test_capture.py tests/test_loading.py 2>&1 \
+timeout 190 python3 -m pytest -q -rs tests/core/test_cuda.py tests/core/test_instrument.py tests/core/test_parity.py \
+  tests/core/test_generate.py tests/core/test_attention.py tests/core/test_capture.py tests/core/test_loading.py 2>&1 \
   | tee "$out/tests.txt" || status=1
 grep -h SUMMARY "$out/generate.txt" "$out/attention.txt"
 tail -n 1 "$out/tests.txt"

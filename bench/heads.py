@@ -1,4 +1,4 @@
-"""Speed of the Heads tab's measurements (core/heads.py) on a real model, each beside the plain way to get the
+"""Speed of the Heads tab's measurements (core/analysis/heads.py) on a real model, each beside the plain way to get the
 same numbers, in one run: medians (and ranges) of alternating runs.
 
   atlas        pattern scores of every head on a text + the induction probe, against transformers'
@@ -16,7 +16,7 @@ import argparse
 import torch
 
 from common import load_both, long_ids, median, row, spread, timed
-from core import heads
+from core.analysis import heads
 
 
 def theirs_atlas(theirs, ids):

@@ -6,7 +6,7 @@ Layers it does not want keep the fused fast path (core/attention.py), so observi
 An observer with rows_per_block set receives each map in blocks of query rows instead,
 observer(kind, layer, probs [B, H, rows, width], start, n): rows start.. of an n-key map, keys from width on with
 probability 0; the layer's output is computed from those same blocks. This is how long texts are captured
-(core/capture.py) without an n × n float32 matrix.
+(core/analysis/capture.py) without an n × n float32 matrix.
 """
 from __future__ import annotations
 

@@ -4,11 +4,22 @@ from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+TESTS = Path(__file__).resolve().parent
+sys.path[:0] = [str(TESTS.parent), str(TESTS)]  # the repository, and the shared tiny models (tiny_app_model.py)
 
 import pytest  # noqa: E402
 
-# ---- the browser tests' Chromium (Debian's package) and pages, shared by tests/test_browser*.py
+# tests/<layer>/: each folder's tests carry its marker, so `-m "not browser"` and the like pick layers
+FOLDER_MARKERS = {"browser": "browser", "property": "property"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        folder = Path(str(item.fspath)).parent.name
+        if folder in FOLDER_MARKERS:
+            item.add_marker(FOLDER_MARKERS[folder])
+
+# ---- the browser tests' Chromium (Debian's package) and pages, shared by tests/browser/
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]

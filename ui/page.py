@@ -1,6 +1,6 @@
 """The page: the model picker (with the link to share) and the card, closed, then the tabs; deep links read when a
-page opens and written by its button; every input answered in words; the model work sent to a backend, or on a
-ZeroGPU Space decorated to run on the GPU."""
+page opens and written by its button; every input answered in words; on a ZeroGPU Space, the model work decorated
+to run on the GPU. (Sending the model work to another backend is ui/backend's: app.main routes the built page.)"""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import logging
 import gradio as gr
 
 from ui import links, spaces
-from ui.backend.routing import route
 from ui.tabs import attention, generate, heads, lab, masks, picker as model_picker, positions
 from ui.tabs.events import MODEL_GROUPS, ON_ANALYSIS, checked_inputs, user_errors
 from ui.tabs.widgets import SVG_BUTTON_JS, Tab
@@ -23,15 +22,10 @@ TAB_IDS = {"Generate": "generate", "Attention": "attention", "Positional encodin
            "Heads": "heads", "Lab": "lab"}
 
 
-def build_page(services, default_model: str, backend=None) -> gr.Blocks:
-    """The whole page on `services` (ui.services.Services); the default model must be loadable. With a backend
-    other than this process (ui/backend), the events that run a model are sent to it; otherwise, on a ZeroGPU
-    Space, they are decorated with spaces.GPU."""
+def build_page(services, default_model: str) -> gr.Blocks:
+    """The whole page on `services` (ui.services.Services); the default model must be loadable. On a ZeroGPU
+    Space the events that run a model are decorated with spaces.GPU; elsewhere nothing changes."""
     demo = checked_inputs(layout(services, default_model), services.settings.text_cap_bytes)
-    if backend is not None:
-        routed = route(demo, backend, default_model)
-        log.info("%d events run on %s", len(routed), type(backend).__name__)
-        return demo
     decorated = spaces.on_gpu(demo, MODEL_GROUPS)
     if decorated:
         log.info("ZeroGPU: %d events run on the GPU", len(decorated))

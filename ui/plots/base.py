@@ -30,11 +30,12 @@ def as_f32(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(a, dtype=np.float32))
 
 
-def base_layout(fig: go.Figure, title: str, height: int | None = None) -> go.Figure:
+def base_layout(fig: go.Figure, title: str, height: int | None = None, top: int = 60) -> go.Figure:
+    """The template, a left-aligned title, margins (`top` px above the plot for the title) and the height."""
     fig.update_layout(
         template=TEMPLATE,
         title={"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 14}},
-        margin={"l": 60, "r": 20, "t": 60, "b": 50},
+        margin={"l": 60, "r": 20, "t": top, "b": 50},
         height=height,
     )
     return fig

@@ -12,7 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ui.plots.base import ATTENTION_COLORS, TEMPLATE, empty_figure
+from ui.plots.base import ATTENTION_COLORS, base_layout, empty_figure
 
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")  # one per run in an overlay
 
@@ -27,16 +27,6 @@ class Curve:
     eval_steps: np.ndarray  # [E]
     held_loss: np.ndarray  # [E]
     exact_match: np.ndarray  # [E], 0..1
-
-
-def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
-    fig.update_layout(
-        template=TEMPLATE,
-        title={"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 14}},
-        margin={"l": 60, "r": 20, "t": 70, "b": 50},
-        height=height,
-    )
-    return fig
 
 
 def training_curves(curves: Sequence[Curve], title: str, total_steps: int | None = None) -> go.Figure:
@@ -68,7 +58,7 @@ def training_curves(curves: Sequence[Curve], title: str, total_steps: int | None
                                      line={"color": colour}, marker={"size": 7},
                                      hovertemplate="step %{x}<br>exact match %{y:.1f} %<extra>" + c.name + "</extra>"),
                           row=2, col=1)
-    _layout(fig, title, 560)
+    base_layout(fig, title, 560, top=70)
     fig.update_yaxes(type="log", row=1, col=1)
     fig.update_yaxes(range=[-3, 103], ticksuffix=" %", row=2, col=1)
     fig.update_xaxes(title_text="step", row=2, col=1)
@@ -108,7 +98,7 @@ def heatmap_grid(maps: np.ndarray, row_names: Sequence[str], col_names: Sequence
                           row=r + 1, col=c + 1)
     side = max(n_q, n_k)
     tile_px = int(np.clip(900 / max(n_cols, 1), 120, 14 * side + 60))
-    _layout(fig, title, height=min(2400, 90 + n_rows * (tile_px + 30)))
+    base_layout(fig, title, height=min(2400, 90 + n_rows * (tile_px + 30)), top=70)
     small = {"size": 8 if side > 16 else 10}
     fig.update_xaxes(type="category", tickangle=-90, tickfont=small, showticklabels=False)
     fig.update_yaxes(type="category", autorange="reversed", tickfont=small, showticklabels=False)

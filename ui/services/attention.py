@@ -1,4 +1,4 @@
-"""The Attention tab's numbers: every layer × head pooled for the model view (core.capture), one layer at full
+"""The Attention tab's numbers: every layer × head pooled for the model view (core.analysis.capture), one layer at full
 resolution, block pooling that keeps rows summing to 1, and the window's positions.
 
 A session keeps its last capture's overview in the server-wide KeptStore under its ticket (CaptureCache, a few
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.capture import AttentionMaps, capture, stack_inputs
+from core.analysis.capture import AttentionMaps, capture, stack_inputs
 from ui.services.checks import UserError, check_range, parse_head
 from ui.services.kept import KeptStore, new_ticket
 from ui.services.text import Encoded, as_batch, encode
@@ -73,7 +73,7 @@ def capture_attention(
     model, model_name: str, tokens: Encoded, layer: int, head: int | None, kept: KeptStore,
     previous: CaptureCache | None = None,
 ) -> AttentionResult:
-    """Every layer × head pooled for the model view (core.capture), and one layer at full resolution.
+    """Every layer × head pooled for the model view (core.analysis.capture), and one layer at full resolution.
 
     Which view gets which resolution: the model view gets block averages (tile side from model_view_tile);
     the head view and the window get the chosen layer exactly: kept from the same pass on a new text, recomputed

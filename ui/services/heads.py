@@ -1,4 +1,4 @@
-"""What each head does and whether the output depends on it, as plain values over core.heads: scores per
+"""What each head does and whether the output depends on it, as plain values over core.analysis.heads: scores per
 layer × head, the induction probe, ablation and the sweep, attribution for one prediction, the logit lens and
 surprisal. A session's results for its model and text are kept in its HeadsCache (its gr.State), so moving
 between the Heads tab's sections does not recompute them."""
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from core import heads
-from core.capture import layer_map
+from core.analysis import heads
+from core.analysis.capture import layer_map
 from ui.services.checks import UserError, check_range
 from ui.services.text import Encoded, as_batch, to_numpy, token_grid, token_texts
 
@@ -318,12 +318,12 @@ def attribution(model, cache: HeadsCache, position, layer, head, steps) -> heads
     return cache.attribution[1]
 
 
-def lens_table(model, cache: HeadsCache) -> heads.LensTable:
+def cached_lens(model, cache: HeadsCache) -> heads.LensTable:
     reason = lm_head_reason(model, "The logit lens")
     if reason:
         raise UserError(reason)
     if cache.lens is None:
-        cache.lens = heads.logit_lens(model, as_batch(cache.tokens.ids, model.device))
+        cache.lens = heads.lens_table(model, as_batch(cache.tokens.ids, model.device))
     return cache.lens
 
 

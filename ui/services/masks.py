@@ -9,12 +9,17 @@ import numpy as np
 import torch
 
 from core.attention import attention_stages, causal_mask
-from core.inspect import queries_keys
+from core.analysis.inspect import queries_keys
 from ui.services.checks import UserError
 from ui.services.text import as_batch, to_numpy
 
 MAX_MASK_TOKENS = 512  # the mask demo runs the model six times on its text
 MAX_STAGE_WINDOW = 48  # the mask demo draws 6 matrices of this size
+
+
+def viewed_attentions(model, out) -> tuple:
+    """The attentions of the stack the views read (model.attention_stack): a seq2seq model's encoder's."""
+    return out.encoder_attentions if model.attention_stack()[1] == "encoder" else out.attentions
 def qk_for_head(model, ids: list[int], layer: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The chosen head's rotated queries and keys [T, d_k] (grouped-query heads share their key head)."""
     cfg = model.config
@@ -96,7 +101,7 @@ def padding_effect(model, ids_a: list[int], ids_b: list[int]) -> dict:
         results = {}
         for name, use_mask in (("padding mask on", True), ("padding mask off", False)):
             out = model(batch, attention_mask=mask, padding_mask=use_mask, capture_attention=True)
-            attn = out.encoder_attentions if model.config.is_encoder_decoder else out.attentions
+            attn = viewed_attentions(model, out)
             pad_mass = [float(a[1][:, real][:, :, ~real].sum(-1).mean()) for a in attn]  # a: [B, H, T, T]
             hidden = out.hidden_states[1][real].float()
             change = (hidden - alone).norm(dim=-1) / alone.norm(dim=-1).clamp_min(1e-12)
@@ -115,7 +120,7 @@ def scaling_entropy(model, ids: list[int], layer: int, head: int) -> dict:
     with torch.inference_mode():
         for name, scale in (("scaled by 1/√d_k", True), ("not scaled", False)):
             res = model(batch, scale=scale, capture_attention=True)
-            attn = res.encoder_attentions if model.config.is_encoder_decoder else res.attentions
+            attn = viewed_attentions(model, res)
             per_layer = [float(row_entropy(a[0]).mean()) for a in attn]
             out[name] = {
                 "per_layer": per_layer,

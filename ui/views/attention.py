@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.capture import capture
+from core.analysis.capture import capture
 from ui.plots.attention import attention_heatmap, model_view, pooled_heatmap
 from ui.services import Services
 from ui.services.attention import (FULL_VIEW_TOKENS, HEAD_OVERVIEW_SIZE, CaptureCache, capture_attention,
@@ -31,6 +31,15 @@ def head_figure(tokens: Encoded, matrix: np.ndarray, title: str, hide_special: b
     return pooled_heatmap(
         pooled, edges, edges, f"{title}: {n:,} tokens pooled to {len(edges) - 1}×{len(edges) - 1}"
     )
+def checked_view(services: Services, model_name, text_value, layer_index, head_index, window_query_start,
+                 window_key_start, window_size, progress=None):
+    """The model and the tab's settings checked against it and the text: (model, tokens, layer, head, first query,
+    first key, window)."""
+    model = services.models.get(model_name, progress)
+    return model, *checked_settings(model, text_value, layer_index, head_index, window_query_start, window_key_start,
+                                    window_size, services.settings.max_attention_tokens)
+
+
 def attention_view(
     services: Services,
     model_name,
@@ -47,12 +56,9 @@ def attention_view(
     """Figures of the model view, the head view and the window, a note, and the capture to keep for the next
     call of this session; the body of the `attention` endpoint."""
     name, hide_special = model_name, bool(hide_special_tokens)
-    model = services.models.get(name, progress)
-    cfg = model.config
-    tokens, layer, head, q_start, k_start, window = checked_settings(
-        model, text_value, layer_index, head_index, window_query_start, window_key_start, window_size,
-        services.settings.max_attention_tokens)
-    n = len(tokens.ids)
+    model, tokens, layer, head, q_start, k_start, window = checked_view(
+        services, name, text_value, layer_index, head_index, window_query_start, window_key_start, window_size, progress)
+    cfg, n = model.config, len(tokens.ids)
 
     result = capture_attention(model, name, tokens, layer, head, services.kept, previous)
     head_name = "mean of heads" if head is None else f"head {head}"
@@ -108,12 +114,9 @@ def export_data(services: Services, model_name, text_value, layer_index, head_in
     name, what, hide_special = model_name, export_kind, bool(hide_special_tokens)
     if what not in EXPORTS:
         raise UserError(f"Export must be one of {', '.join(repr(e) for e in EXPORTS)}, got {what!r}.")
-    model = services.models.get(name, progress)
-    cfg = model.config
-    tokens, layer, head, q_start, k_start, window = checked_settings(
-        model, text_value, layer_index, head_index, window_query_start, window_key_start, window_size,
-        services.settings.max_attention_tokens)
-    n = len(tokens.ids)
+    model, tokens, layer, head, q_start, k_start, window = checked_view(
+        services, name, text_value, layer_index, head_index, window_query_start, window_key_start, window_size, progress)
+    cfg, n = model.config, len(tokens.ids)
     if what == "all maps .npz":
         side = min(n, export.npz_side_limit(cfg.n_layers * cfg.n_heads))
         maps = capture(model, as_batch(tokens.ids, model.device), overview_size=side, keep_full_up_to=0)

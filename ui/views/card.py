@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from core.inspect import parameter_counts
+from core.analysis.inspect import parameter_counts
 def parameter_table(model) -> list[list[str]]:
     """Rows [part, measured, formula, ratio] comparing the model's counts with the theory's 4d² and 8d²."""
     cfg = model.config

@@ -161,7 +161,7 @@ def npz_side_limit(n_maps: int, budget: int = MAX_EXPORT_BYTES) -> int:
 
 
 def adaptive_bins(n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Token ranges [start, end) of adaptive average pooling of n positions to `size` bins (core.capture's
+    """Token ranges [start, end) of adaptive average pooling of n positions to `size` bins (core.analysis.capture's
     pooling: bin j covers floor(j·n/size) .. ceil((j+1)·n/size) − 1; neighbouring bins may share a token)."""
     if n <= size:
         return np.arange(n), np.arange(1, n + 1)

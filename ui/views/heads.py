@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from core.heads import LOCAL_WINDOW, SCORES, named_heads, rank_correlation
+from core.analysis.heads import LOCAL_WINDOW, SCORES, named_heads, rank_correlation
 from ui.plots.base import empty_figure
 from ui.plots.heads import attribution_figure, head_score_map, lens_figure, loss_change_figure, paired_head_maps
 from ui.plots.text import surprisal_html
@@ -17,7 +17,7 @@ from ui.services import Services
 from ui.services.checks import UserError, check_range, index_of
 from ui.services.heads import (INDUCTION_LENGTH, INDUCTION_SEED, MAX_HEADS_TOKENS, MAX_IG_STEPS, MAX_IG_TOKEN_STEPS,
                                MAX_SWEEP_TOKENS, ablation, alternatives, attribution, check_ablation, check_score,
-                               format_heads, head_map, head_scores, heads_cache, lens_table, lm_head_reason,
+                               format_heads, head_map, head_scores, heads_cache, cached_lens, lm_head_reason,
                                loss_tokens, next_token_reason, parse_heads, score_names, scored_shape, stream_sweep,
                                sweep_scores, token_surprisal, top_heads)
 from ui.services.text import Encoded, encode, to_numpy, token_grid, token_pieces, token_texts
@@ -73,7 +73,7 @@ def model_note(model) -> str:
 
 
 def thresholds_markdown(model, named: dict[str, list[tuple[int, int, float]]]) -> str:
-    """The naming thresholds (from core.heads.SCORES) and the heads that pass them on this text."""
+    """The naming thresholds (from core.analysis.heads.SCORES) and the heads that pass them on this text."""
     lines = [
         "| score | what it measures | names a head at | as |",
         "|---|---|---:|---|",
@@ -347,7 +347,7 @@ def lens_view(services: Services, model_name, text_value, previous=None, progres
         return reason, export.named(empty_figure(reason), export.filename(name, "logit-lens")), previous
     tokens = encode(model, text, MAX_HEADS_TOKENS)
     cache = heads_cache(previous, name, tokens)
-    table = lens_table(model, cache)
+    table = cached_lens(model, cache)
     top = to_numpy(table.top).astype(np.int64)
     texts = token_grid(model, top)
     settles = table.settles.tolist()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.inspect import learned_positions, rope_frequencies
+from core.analysis.inspect import learned_positions, rope_frequencies
 from ui.plots.base import empty_figure
 from ui.plots.charts import line_figure, matrix_heatmap
 from ui.services import Services

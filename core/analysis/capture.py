@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import padding_or_none
-from .observe import Kind, Observer
+from ..attention import padding_or_none
+from ..observe import Kind, Observer
 
 
 def pool_last(x: Tensor, size: int) -> Tensor:

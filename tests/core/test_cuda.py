@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from core import load_model
-from core.capture import capture
+from core.analysis.capture import capture
 from core.generate import decode_step
 from tests import tiny
 

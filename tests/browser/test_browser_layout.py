@@ -19,7 +19,7 @@ import pytest
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash tests/setup.sh)")
+pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
 from conftest import open_card, open_page, screenshot  # noqa: E402

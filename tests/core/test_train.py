@@ -108,6 +108,7 @@ def test_snapshots_and_attention_maps_of_a_lab_model(family):
         lab.lab_attention(result.model, family, "abc!")
 
 
+@pytest.mark.slow
 def test_reverse_learns_the_anti_diagonal():
     """On reverse, each output character of a trained encoder-decoder looks at its mirror in the source
     (the default config, as the lab runs it)."""

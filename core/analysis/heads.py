@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .observe import Kind, Observer
-from .probe import Probe
+from ..observe import Kind, Observer
+from ..probe import Probe
 
 LOCAL_WINDOW = 3  # |i - j| ≤ 3 counts as local
 IG_TOKENS_PER_PASS = 1024  # integrated gradients: path points × tokens in one backward pass
@@ -363,7 +363,7 @@ class LensTable:
     settles: Tensor         # [T] the first layer from which the final top token stays top-1
 
 
-def logit_lens(model, ids: Tensor) -> LensTable:
+def lens_table(model, ids: Tensor) -> LensTable:
     """Each layer's residual stream read as a next-token prediction (see ModelOutput.logit_lens)."""
     if model.lm_head is None:
         raise ValueError("this model has no LM head, so its residual stream cannot be read as predictions")

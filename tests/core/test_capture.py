@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from core import load_model
-from core.capture import capture, layer_map
+from core.analysis.capture import capture, layer_map
 from tests import tiny
 
 
@@ -65,7 +65,7 @@ def test_kept_layers_need_no_second_pass_and_progress_counts_layers(model, monke
                                             (2048, 1800, 128)])
 def test_column_pooling_equals_adaptive_pooling_of_the_zero_padded_row(n, width, size):
     import torch.nn.functional as F
-    from core.capture import pool_columns
+    from core.analysis.capture import pool_columns
     block = torch.rand(3, 5, width, generator=torch.Generator().manual_seed(n + width))
     expected = F.pad(block, (0, n - width))
     if n > size:

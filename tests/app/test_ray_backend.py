@@ -1,7 +1,7 @@
 """The model work on Ray Serve (ui/ray_backend.py) gives the same answers as the app in one process.
 
 A local Ray instance (127.0.0.1, 2 CPUs, no dashboard) runs two replicas of a tiny Llama deployed through
-`python app.py --backend ray`'s own path (app.parse_args, app.ray_backend, ui.page.build_page(backend=...)); the front
+`python app.py --backend ray`'s own path (app.parse_args, app.ray_backend, ui.backend.routing.route); the front
 is launched on a free loopback port and driven with gradio_client beside the in-process app on the same model:
 every figure and text must be identical (timings aside). Ray starts once for the module. The tests of the seam
 itself (ui/backend.py) need no Ray and always run.
@@ -32,7 +32,7 @@ from ui.backend.ray_serve import replica_page  # noqa: E402
 from ui.page import build_page  # noqa: E402
 from ui.services import Services  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TEXT = "The lighthouse keeper rowed out to the rocks at dawn. When the storm passed, she lit the lamp again."
 SECONDS = re.compile(r"\d+(\.\d+)? ?(s|ms)\b|[\d.]+ tokens/s")  # timings differ between any two runs
 
@@ -100,7 +100,8 @@ def test_a_second_page_behind_pickles_answers_as_this_one(llama, local):
     args.backend = "ray"  # the front's store as --backend ray builds it, without Ray
     services = Services.create(app.app_settings(args), default_model=llama)
     assert next(services.models.get(llama).parameters()).device.type == "meta"
-    demo = build_page(services, llama, backend=Pickled(llama))
+    demo = build_page(services, llama)
+    model_backend.route(demo, Pickled(llama), llama)
     demo.queue(max_size=app.QUEUE_SIZE, default_concurrency_limit=1)
     _, url, _ = demo.launch(**app.launch_options(app.parse_args(["--port", str(free_port())]), services.settings),
                             prevent_thread_lock=True, quiet=True)
@@ -132,7 +133,8 @@ def ray_front(llama):
         services = Services.create(app.app_settings(args), default_model=llama)
         services.models.get(llama)
         backend = app.ray_backend(args)
-        demo = build_page(services, llama, backend=backend)
+        demo = build_page(services, llama)
+        model_backend.route(demo, backend, llama)
         demo.queue(max_size=app.QUEUE_SIZE, default_concurrency_limit=1)
         _, url, _ = demo.launch(**app.launch_options(args, services.settings), prevent_thread_lock=True, quiet=True)
         yield demo, Client(url, verbose=False), backend
@@ -143,6 +145,8 @@ def ray_front(llama):
         ray.shutdown()
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_two_replicas_on_ray_serve_answer_as_the_app_in_one_process(ray_front, local, llama):
     from ray import serve
 
@@ -152,6 +156,8 @@ def test_two_replicas_on_ray_serve_answer_as_the_app_in_one_process(ray_front, l
     same_answers(client, Client(local, verbose=False), llama)
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_a_session_keeps_its_replica(ray_front, llama):
     """Serve routes a session's calls to the replica that kept its capture: the second call reuses it."""
     _, client, _ = ray_front

@@ -28,7 +28,7 @@ from tiny_app_model import build_tiny_bert, build_tiny_llama, launch_app, plotly
 from ui.services.attention import HEAD_OVERVIEW_SIZE  # noqa: E402
 from ui.services.checks import REPO_ROOT  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MAX_FIGURE_BYTES = 2_000_000
 TEXT = "The lighthouse keeper rowed out to the rocks at dawn. When the storm passed, she lit the lamp again."
 

@@ -18,7 +18,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 RUN_TIMEOUT_MS = 60_000
 
-pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash tests/setup.sh)")
+pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
 from conftest import open_card, screenshot  # noqa: E402

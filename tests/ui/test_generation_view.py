@@ -206,6 +206,7 @@ def smollm():
         pytest.skip(f"smollm2-135m-instruct: no weight source reachable:\n{error}")
 
 
+@pytest.mark.real_weights
 def test_smollm2_step_rows_equal_a_full_capture_and_the_cache_is_the_formulas_size(smollm):
     trace = trace_of(smollm, prompt="The keeper climbed the stairs and", n=8)
     ids = torch.tensor([trace.prompt_ids + trace.tokens])

@@ -19,6 +19,8 @@ from ui.services.models import ModelStore
 from ui.services.text import as_batch, encode
 from ui.views.attention import attention_view
 
+pytestmark = [pytest.mark.real_weights]
+
 SMOLLM = "smollm2-135m-instruct"
 MINILM = "minilm-l6"
 TEXT = (

@@ -251,6 +251,7 @@ def real_store():
     return store
 
 
+@pytest.mark.real_weights
 def test_permutation_check_minilm_is_equivariant_smollm2_is_not(real_store):
     from ui.services.positions import permutation_check
     from ui.services.text import encode

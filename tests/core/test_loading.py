@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from core import CheckpointError, ConfigError, load_model
-from core.inspect import parameter_counts
+from core.analysis.inspect import parameter_counts
 from tests import tiny
 
 

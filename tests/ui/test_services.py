@@ -306,7 +306,7 @@ def test_an_encoder_with_a_masked_lm_head_is_ablated_on_its_own_tokens(tmp_path)
 
 
 def test_the_sweep_streams_each_batch_then_the_same_map_as_the_core(tiny_llama):
-    from core import heads
+    from core.analysis import heads
 
     model = ModelStore().get(tiny_llama)
     ids = encode(model, HEADS_TEXT).ids

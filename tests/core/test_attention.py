@@ -6,7 +6,7 @@ import torch
 
 from core import load_model
 from core.attention import attention, attention_rows, attention_stages, causal_mask
-from core.inspect import queries_keys
+from core.analysis.inspect import queries_keys
 from core.layers import apply_rope, rope_inv_freq, sinusoidal_encoding
 from tests import tiny
 

@@ -14,6 +14,8 @@ from core.store import MANIFEST, WeightsUnavailable, ensure, verify
 
 transformers = pytest.importorskip("transformers")
 
+pytestmark = [pytest.mark.real_weights]
+
 SMOLLM = "smollm2-135m-instruct"
 MINILM = "minilm-l6"
 PROMPT = "The three primary colours are"
@@ -80,6 +82,7 @@ def test_installed_model_is_intact_and_a_second_ensure_reads_no_file(name, monke
 # The GGUF conversion equals transformers' own GGUF reader
 
 
+@pytest.mark.slow
 def test_smollm2_every_tensor_equals_transformers_gguf_reader(smollm_dir):
     from safetensors.torch import load_file
 

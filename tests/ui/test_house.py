@@ -1,0 +1,129 @@
+"""The layout of the house, checked from the source: no import cycle among the project's modules, the layers'
+directions (core never imports ui or gradio; plots know neither torch nor gradio; services never import gradio;
+nothing imports app.py), and the sizes that keep each room readable."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = [ROOT / "app.py", *sorted((ROOT / "core").rglob("*.py")), *sorted((ROOT / "ui").rglob("*.py"))]
+MAX_UI_LINES = 500  # a module of app.py or ui/ over this wants its concern split
+MAX_UI_FUNCTION_LINES = 100
+MAX_MODULES_PER_FOLDER = 12
+MAX_APP_LINES = 150
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in SOURCES}
+
+
+def imports_of(path: Path) -> set[str]:
+    """The project modules that `path` imports, at the top or inside a function: `from a.b import c` counts as
+    a.b.c when that is a module, else a.b; relative imports are resolved against the file's package."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in MODULES:  # `import a.b.c` where c is a name: a.b
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+GRAPH = {name: imports_of(path) for name, path in MODULES.items()}
+
+
+def third_party(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+    return names
+
+
+def test_the_graph_reads_the_imports():
+    assert "ui.services.checks" in GRAPH["ui.services.text"] and "ui.page" in GRAPH["app"]
+    assert "core.kv_cache" in GRAPH["core.model"]
+
+
+def test_no_import_cycle():
+    done, path, cycles = set(), [], []
+
+    def visit(node: str) -> None:
+        if node in path:
+            cycles.append(path[path.index(node):] + [node])
+            return
+        if node in done:
+            return
+        path.append(node)
+        for nxt in sorted(GRAPH[node]):
+            visit(nxt)
+        path.pop()
+        done.add(node)
+
+    for node in sorted(GRAPH):
+        visit(node)
+    assert not cycles, "import cycles: " + "; ".join(" → ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("layer, forbidden", [
+    ("core", {"ui", "app", "gradio"}),
+    ("ui.plots", {"torch", "gradio", "core", "ui.services", "ui.tabs", "ui.views"}),
+    ("ui.services", {"gradio", "ui.tabs", "ui.views", "ui.page", "ui.backend"}),
+    ("ui.views", {"gradio", "ui.tabs", "ui.page", "ui.backend"}),
+    ("ui", {"app"}),
+])
+def test_each_layer_imports_only_what_it_may(layer, forbidden):
+    for name, path in MODULES.items():
+        if name != layer and not name.startswith(layer + "."):
+            continue
+        project = GRAPH[name]
+        bad = {f for f in forbidden if f in third_party(path)}
+        bad |= {m for m in project for f in forbidden if m == f or m.startswith(f + ".")}
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+def test_rooms_stay_readable():
+    too_long, long_functions = [], []
+    for name, path in MODULES.items():
+        if not (name == "app" or name.startswith("ui")):
+            continue
+        source = path.read_text(encoding="utf-8")
+        if len(source.splitlines()) > MAX_UI_LINES:
+            too_long.append(f"{path.relative_to(ROOT)}: {len(source.splitlines())} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_UI_FUNCTION_LINES:
+                    long_functions.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {length} lines")
+    assert len((ROOT / "app.py").read_text(encoding="utf-8").splitlines()) <= MAX_APP_LINES
+    assert not too_long, too_long
+    assert not long_functions, long_functions
+
+
+def test_no_folder_holds_more_than_twelve_modules():
+    crowded = {}
+    for folder in {p.parent for p in SOURCES}:
+        count = len(list(folder.glob("*.py")))
+        if count > MAX_MODULES_PER_FOLDER:
+            crowded[str(folder.relative_to(ROOT))] = count
+    assert not crowded, crowded
