@@ -20,12 +20,13 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
+from core.store import TerminalProgress  # noqa: E402
 from ui import spaces  # noqa: E402
 from ui.backend.routing import route  # noqa: E402
 from ui.page import TITLE, build_page  # noqa: E402
 from ui.services import Services  # noqa: E402
 from ui.services.checks import UserError  # noqa: E402
-from ui.services.models import DEFAULT_MODEL, clean_weight_store, terminal_progress  # noqa: E402
+from ui.services.models import DEFAULT_MODEL, clean_weight_store  # noqa: E402
 from ui.settings import MAX_ATTENTION_TOKENS, AppSettings, SettingError  # noqa: E402
 
 CSS = Path(__file__).resolve().parent / "assets" / "app.css"
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     backend = None
     try:
         services = Services.create(app_settings(args), default_model=args.model)
-        with closing(terminal_progress()) as bar:  # the first start pulls the default model here, with a progress bar
+        with closing(TerminalProgress()) as bar:  # the first start pulls the default model here, with a progress bar
             services.models.get(args.model, bar)
         if args.backend == "ray":
             backend = ray_backend(args)

@@ -10,7 +10,7 @@ import gradio as gr
 
 from ui import links, spaces
 from ui.tabs import attention, generate, heads, lab, masks, picker as model_picker, positions
-from ui.tabs.events import MODEL_GROUPS, ON_ANALYSIS, checked_inputs, user_errors
+from ui.tabs.events import MODEL_GROUPS, ON_ANALYSIS, checked_inputs, message, user_errors
 from ui.tabs.widgets import SVG_BUTTON_JS, Tab
 
 log = logging.getLogger(__name__)
@@ -106,8 +106,8 @@ def deep_links(demo, services, default_model, picker, tabs, current_tab, control
         """The page as the link asks; the picker's choices as the store has them now (new models included)."""
         params = dict(request.query_params) if request is not None else {}
         link = links.parse(params, models.names_ready(), shape, default_model)
-        for message in link.messages:
-            gr.Warning(message)
+        for text in link.messages:
+            gr.Warning(message(text))
         tab = link.tab or "attention"
         chosen = tab if tab in controls else "attention"
         values = [gr.Dropdown(choices=models.names(), value=link.model) if link.model else picker.choices(),

@@ -295,6 +295,23 @@ def test_other_endpoints_reject_bad_settings(client, tiny_models):
         client.predict(tiny_models["bert"], "Hi", False, 5, 0.0, 0, 1.0, 0, api_name="/generate")
 
 
+def test_a_list_or_dict_where_one_choice_is_expected_names_the_field(client, tiny_models):
+    with pytest.raises(AppError, match="Model: choose one value, not a list") as error:
+        client.predict([tiny_models["llama"]], api_name="/load_model")
+    assert "Something went wrong" not in str(error.value)
+    with pytest.raises(AppError, match="Score: choose one value, not a list"):
+        client.predict(tiny_models["llama"], TEXT, ["previous_token"], 0, 0, api_name="/head_atlas")
+    with pytest.raises(AppError, match="Ablation: choose one value, not a dict"):
+        client.predict(tiny_models["llama"], TEXT, "0.0", {"kind": "zero"}, api_name="/ablate_heads")
+
+
+def test_markup_in_a_message_is_escaped(client):
+    """A message that quotes the user's input shows it as text: the page renders toasts as HTML."""
+    with pytest.raises(AppError) as error:
+        client.predict('<img src="https://example.invalid/x.png">', api_name="/load_model")
+    assert "<img" not in str(error.value) and "&lt;img" in str(error.value)
+
+
 @pytest.mark.timeout(60)  # a hang guard: offline, the hub is skipped without a request
 def test_a_model_that_cannot_be_fetched_gives_a_clear_message(client):
     with pytest.raises(AppError, match=r"(?s)Model 'gpt2' cannot be loaded here: .*Hub.*HF_HUB_OFFLINE") as error:
@@ -333,7 +350,7 @@ def test_a_file_over_1_mb_is_refused(client, tmp_path):
 
 def test_typed_text_over_1_mb_is_refused_by_every_text_field_naming_the_cap(client, tiny_models):
     text = "é" * 600_000  # 600,000 characters, 1.2 MB of UTF-8: the cap counts bytes
-    cap = r"is 1.20 MB; the limit for typed and uploaded text is 1 MB.*ATTN_MAX_TEXT_MB=<MB>"
+    cap = r"is 1.20 MB; the limit for typed and uploaded text is 1 MB.*ATTN_MAX_TEXT_MB=5"
     with pytest.raises(AppError, match=cap):
         attention(client, tiny_models["llama"], text=text)
     with pytest.raises(AppError, match=cap):

@@ -108,7 +108,8 @@ def test_lab_attention_gives_encoder_decoder_and_cross_attention_with_token_labe
 
 @pytest.mark.parametrize("bad,message", [
     (dict(heads=3), "multiple of n_heads"), (dict(d_ff=0), "d_ff must be between 1 and"),
-    (dict(task="poetry"), "Unknown task 'poetry'"), (dict(layers=9), "Layers must be between 1 and 4")])
+    (dict(task="poetry"), "Unknown task 'poetry'"), (dict(layers=9), "Layers must be between 1 and 4"),
+    (dict(task=["reverse"]), "Task: choose one value, not a list")])
 def test_bad_configs_are_answered_with_a_message(client, bad, message):
     with pytest.raises(AppError, match=message):
         client.predict(*fields(**bad), "", api_name="/train")
@@ -118,6 +119,7 @@ def test_save_run_puts_it_in_the_weight_store_where_the_app_loads_it(server, cli
     message = client.predict("run1", "lab-reverse", api_name="/save_run")
     folder = server[2] / "lab-reverse"
     assert "Saved **lab-reverse**" in message and (folder / "model.safetensors").is_file()
+    assert "`weights/lab-reverse`" in message and str(folder) not in message  # no server path in a message
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["source"]["type"] == "trained" and manifest["source"]["task"] == "reverse"
     store = server[3]  # the page's picker lists store.names(); the browser test picks it there

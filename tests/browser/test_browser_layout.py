@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import os
 import shutil
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import pytest
 
@@ -22,7 +22,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
-from conftest import open_card, open_page, screenshot  # noqa: E402
+from conftest import WIDE, open_card, open_page, screenshot  # noqa: E402
 from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 
 TIMEOUT_MS = 60_000
@@ -198,3 +198,44 @@ def test_a_model_copied_into_weights_appears_when_a_page_opens(browser, served):
     finally:
         context.close()
     assert not errors, errors
+
+
+MARKUP = {  # what a hostile link or input could try to put into the page: a link, an image that loads, styled text
+    "link": '<a id="injected-link" href="https://example.invalid/">Sign in again</a>',
+    "image": '<img id="injected-image" src="https://example.invalid/pixel.png">',
+    "styled": '<b id="injected-bold" style="font-size:40px">BIG</b>',
+}
+
+
+def no_markup_landed(page: Page, requests: list[str]) -> None:
+    """No element the markup would have made, and no request to the host it names: it stayed text."""
+    assert page.locator("#injected-link, #injected-image, #injected-bold").count() == 0
+    assert not [r for r in requests if urlsplit(r).hostname == "example.invalid"], requests
+
+
+def test_markup_in_a_link_or_a_message_stays_text(browser, app_url):
+    """Every deep-link parameter, and a message that quotes the user's input, shown as the characters typed."""
+    for kind, markup in MARKUP.items():
+        params = {"model": markup, "tab": markup, "layer": markup, "head": markup}
+        context = browser.new_context(viewport=WIDE)
+        page = context.new_page()
+        requests: list[str] = []
+        errors: list[str] = []
+        page.on("request", lambda request: requests.append(request.url))  # before the page loads: every request
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(app_url + "?" + urlencode(params))
+        try:
+            toasts = page.locator(".toast-body")
+            expect(toasts.first).to_be_visible(timeout=TIMEOUT_MS)
+            text = " ".join(toasts.all_inner_texts())
+            assert markup[:20] in text, (kind, text)  # quoted as written
+            # a message that quotes what the user typed: a head that is no head, in the Heads tab's ablation list
+            page.get_by_role("tab", name="Heads").click()
+            page.locator("#heads-ablate-list textarea, #heads-ablate-list input").first.fill(markup)
+            page.locator("#heads-ablate").click()
+            expect(toasts.filter(has_text="is not a head")).to_be_visible(timeout=TIMEOUT_MS)
+            page.wait_for_timeout(500)
+            no_markup_landed(page, requests)
+        finally:
+            context.close()
+        assert not errors, errors

@@ -7,7 +7,7 @@ Each replica builds the same page with its own services (never launched) and run
 names on the arguments the front sends; generators stream back through a streaming DeploymentHandle. A session's
 calls carry its Gradio session hash as Serve's multiplexed model id, so Serve routes them to the replica that
 served the session before, where its kept captures and generation rows live; when that replica is busy, gone or
-has forgotten the session, the call runs elsewhere and the service treats the ticket as a cache miss.
+has forgotten the session, the call runs elsewhere and the services treat the ticket as a cache miss.
 
 Imported only with `--backend ray`: `python app.py` never imports Ray (requirements-scale.txt installs it).
 """
@@ -18,8 +18,6 @@ import asyncio
 import hashlib
 import logging
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +30,7 @@ from ui.backend import routing as backend
 from ui.page import build_page
 from ui.services import Services
 from ui.services.checks import UserError
+from ui.services.models import OncePerName
 from ui.settings import MAX_ATTENTION_TOKENS, AppSettings
 
 log = logging.getLogger(__name__)
@@ -148,34 +147,20 @@ class RayBackend:
     def __init__(self, options: ServeOptions, device: str | None = None,
                  max_tokens: int = MAX_ATTENTION_TOKENS):
         self.options, self.device, self.max_tokens = options, device, max_tokens
-        self._handles: OrderedDict[str, serve.handle.DeploymentHandle] = OrderedDict()
-        self._lock = threading.Lock()  # guards _handles and _deploying
-        self._deploying: dict[str, threading.Lock] = {}
+        # at most MAX_DEPLOYED: a retired model's replicas and their memory go; choosing it again deploys it again
+        self._handles: OncePerName[serve.handle.DeploymentHandle] = OncePerName(
+            MAX_DEPLOYED, on_drop=lambda name, _: self._delete(name))
 
     def deploy(self, model_name: str) -> serve.handle.DeploymentHandle:
         """The model's deployment, deployed now (and waited for) if it is not yet."""
-        with self._lock:
-            if model_name in self._handles:
-                self._handles.move_to_end(model_name)
-                return self._handles[model_name]
-            name_lock = self._deploying.setdefault(model_name, threading.Lock())
-        with name_lock:
-            with self._lock:
-                if model_name in self._handles:
-                    return self._handles[model_name]
-            options = self.options.for_model(model_name)
-            log.info("deploying %s on Ray Serve as %s (%s)", model_name, app_name(model_name), options or "defaults")
-            deployment = ModelReplica.options(name="model", **options)
-            handle = serve.run(deployment.bind(model_name, self.device, self.max_tokens),
-                               name=app_name(model_name), route_prefix=None)
-            with self._lock:
-                self._handles[model_name] = handle
-                retired = list(self._handles)[:-MAX_DEPLOYED]
-                for name in retired:
-                    del self._handles[name]
-            for name in retired:  # its replicas and their memory go; choosing it again deploys it again
-                self._delete(name)
-            return handle
+        return self._handles.get(model_name, lambda: self._run(model_name))
+
+    def _run(self, model_name: str) -> serve.handle.DeploymentHandle:
+        options = self.options.for_model(model_name)
+        log.info("deploying %s on Ray Serve as %s (%s)", model_name, app_name(model_name), options or "defaults")
+        deployment = ModelReplica.options(name="model", **options)
+        return serve.run(deployment.bind(model_name, self.device, self.max_tokens), name=app_name(model_name),
+                         route_prefix=None)
 
     def _handle(self, model_name: str, session: str | None):
         handle = self.deploy(model_name)
@@ -194,10 +179,7 @@ class RayBackend:
 
     def close(self) -> None:
         """Delete the applications this front deployed."""
-        with self._lock:
-            names = list(self._handles)
-            self._handles.clear()
-        for model_name in names:
+        for model_name, _ in self._handles.clear():
             self._delete(model_name)
 
     @staticmethod

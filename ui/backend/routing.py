@@ -19,9 +19,8 @@ and unpacked by `received`: a gr.Error's message is raised again in the front, a
 replica comes back as its bytes and is written under the front's temporary folder.
 
 Kept data (the KeptStore of ui.services: the Attention tab's captures, a generation's rows) stays where it was
-computed. A
-session's calls go to the same replica where the backend can arrange it; where not, a ticket the replica does
-not hold is a cache miss, which the service already handles (a capture is recomputed; a generation's rows are
+computed. A session's calls go to the same replica where the backend can arrange it; where not, a ticket the
+replica does not hold is a cache miss, which the services already handle (a capture is recomputed; a generation's rows are
 reported as dropped).
 """
 

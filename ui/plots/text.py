@@ -1,4 +1,5 @@
-"""Text shaded by numbers, as HTML: every character of it escaped, so a token can never become markup."""
+"""Text as HTML: shaded by numbers, or quoted in a note; every character of it escaped, so a token (or anything a
+user typed) can never become markup."""
 
 from __future__ import annotations
 
@@ -8,6 +9,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from ui.plots.base import CHOSEN_COLOR
+
+
+def escaped(text: str) -> str:
+    """Text to quote in Markdown or in a message the page renders as HTML: <, > and & escaped, so it reads as
+    written and never becomes an element (quotes are left as they are: nothing here goes inside an attribute)."""
+    return html.escape(str(text), quote=False)
+
 
 def surprisal_html(
     pieces: Sequence[str],

@@ -140,6 +140,8 @@ def sweep_scores(model, cache: HeadsCache, limit: int) -> dict[str, torch.Tensor
 def check_score(model, name: str) -> str:
     """A score name this model has, or a UserError that lists them (and why induction may be missing)."""
     names = score_names(model)
+    if not isinstance(name, str):
+        raise UserError(f"The score must be one name, not a {type(name).__name__}; choose one of {', '.join(names)}.")
     if name in names:
         return name
     if name in heads.SCORES:
@@ -185,7 +187,7 @@ def format_heads(pairs) -> str:
 
 
 def check_ablation(kind: str) -> str:
-    if kind not in ("zero", "mean"):
+    if not isinstance(kind, str) or kind not in ("zero", "mean"):
         raise UserError(f"Ablation must be 'zero' or 'mean', got {kind!r}.")
     return kind
 

@@ -12,6 +12,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import torch
 
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL = "smollm2-135m-instruct"
 MAX_MODEL_NAME = 255  # characters; a longer name is no file name, and no registry or hub name either
 ProgressFn = Callable[[float, str], None]
+T = TypeVar("T")
 def known_model_names() -> list[str]:
     """Registry names first (installed or fetchable), then models installed outside the registry."""
     try:
@@ -45,16 +47,52 @@ def clean_weight_store() -> list[str]:
     return removed
 
 
-def terminal_progress() -> weight_store.TerminalProgress:
-    """The weight store's terminal progress bar, for pulling a model before the app starts; close() it after."""
-    return weight_store.TerminalProgress()
+class OncePerName(Generic[T]):
+    """Values made once per name, however many sessions ask at once, at most `capacity` of them kept (the least
+    recently used dropped first, and handed to `on_drop`). A value being made holds only its own name's lock, so
+    those who ask for values already here never wait behind someone else's download."""
+
+    def __init__(self, capacity: int, on_drop: Callable[[str, T], None] | None = None):
+        self.capacity, self.on_drop = capacity, on_drop
+        self._values: OrderedDict[str, T] = OrderedDict()
+        self._lock = threading.Lock()  # guards _values and _making
+        self._making: dict[str, threading.Lock] = {}
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._values)
+
+    def get(self, name: str, make: Callable[[], T]) -> T:
+        with self._lock:
+            if name in self._values:
+                self._values.move_to_end(name)
+                return self._values[name]
+            name_lock = self._making.setdefault(name, threading.Lock())
+        with name_lock:
+            with self._lock:
+                if name in self._values:  # made by another session while this one waited
+                    return self._values[name]
+            value = make()
+            with self._lock:
+                self._values[name] = value
+                dropped = [self._values.popitem(last=False) for _ in range(len(self._values) - self.capacity)]
+                self._making.pop(name, None)
+        for old in dropped:  # outside the lock: dropping may take a while (a Serve application is deleted)
+            if self.on_drop is not None:
+                self.on_drop(*old)
+        return value
+
+    def clear(self) -> list[tuple[str, T]]:
+        """Forget every value; returns them, oldest first."""
+        with self._lock:
+            values = list(self._values.items())
+            self._values.clear()
+        return values
 
 
 class ModelStore:
-    """Loaded models, one per name, shared by all sessions (weights are read-only), at most `capacity`.
-
-    A model being pulled or loaded holds only its own name's lock, so users of models already in memory
-    never wait behind someone else's download."""
+    """Loaded models, one per name, shared by all sessions (weights are read-only), at most `capacity` in memory;
+    a model being pulled or loaded keeps no one else waiting (OncePerName)."""
 
     def __init__(
         self,
@@ -64,9 +102,7 @@ class ModelStore:
     ):
         self.capacity, self.device = capacity, device
         self.extra_names = list(extra_names or [])
-        self._models: OrderedDict[str, torch.nn.Module] = OrderedDict()
-        self._lock = threading.Lock()  # guards _models and _loading
-        self._loading: dict[str, threading.Lock] = {}
+        self._models: OncePerName[torch.nn.Module] = OncePerName(capacity)
         self._sources: dict[str, str] = {}  # name → where its weights came from, for the model card
 
     def source(self, name: str) -> str:
@@ -77,8 +113,7 @@ class ModelStore:
 
     def names_ready(self) -> list[str]:
         """The models that load without fetching anything: in memory, installed, or a folder given at start."""
-        with self._lock:
-            loaded = list(self._models)
+        loaded = self._models.names()
         try:
             installed = list(weight_store.WeightStore.default().installed())
         except OSError:
@@ -89,22 +124,10 @@ class ModelStore:
     def get(self, name: str, progress: ProgressFn | None = None):
         if not name:
             raise UserError("Choose a model first.")
-        with self._lock:
-            if name in self._models:
-                self._models.move_to_end(name)
-                return self._models[name]
-            name_lock = self._loading.setdefault(name, threading.Lock())
-        with name_lock:
-            with self._lock:
-                if name in self._models:  # loaded by another session while this one waited
-                    return self._models[name]
-            model = self._load(name, progress)
-            with self._lock:
-                self._models[name] = model
-                while len(self._models) > self.capacity:
-                    self._models.popitem(last=False)
-                self._loading.pop(name, None)
-            return model
+        if not isinstance(name, str):
+            raise UserError(f"The model must be one name or folder, not a {type(name).__name__}: choose one from the "
+                            "model picker.")
+        return self._models.get(name, lambda: self._load(name, progress))
 
     def _load(self, name: str, progress: ProgressFn | None):
         if not isinstance(name, str) or len(name) > MAX_MODEL_NAME or "\x00" in name:

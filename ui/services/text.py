@@ -54,7 +54,8 @@ def read_upload(path: str | Path | None, cap: int = DEFAULT_TEXT_BYTES) -> str:
 def text_cap_message(what: str, size: int, cap: int = DEFAULT_TEXT_BYTES) -> str:
     return (
         f"{what} is {size / 1e6:.2f} MB; the limit for typed and uploaded text is {cap / 1e6:g} MB. "
-        f"On your own machine, start the app with {TEXT_CAP_SETTING}=<MB> to raise it."
+        f"On your own machine, start the app with {TEXT_CAP_SETTING} set to more megabytes (e.g. {TEXT_CAP_SETTING}=5) "
+        "to raise it."
     )
 
 

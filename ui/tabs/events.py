@@ -19,6 +19,7 @@ from gradio.components.plot import PlotData
 
 from core.store import WeightsError
 from ui.services.checks import UserError, public_text
+from ui.plots.text import escaped
 from ui.services.text import check_text_size
 from ui.views import export
 
@@ -33,13 +34,19 @@ LAB = "lab"  # concurrency group of the training streams; the server-wide job ca
 MODEL_GROUPS = (ANALYSIS, GENERATE)  # the events that run a model: a backend or ZeroGPU takes these
 
 
+def message(text: str) -> str:
+    """A message as the page shows it (a toast renders its text as HTML): no server paths, and whatever it quotes
+    (a model name, a file name, the user's text) escaped, so it reads as typed and never becomes an element."""
+    return escaped(public_text(text))
+
+
 def _as_gradio_error(exc: Exception) -> gr.Error:
     if isinstance(exc, gr.Error):
         return exc
     if isinstance(exc, UserError):
-        return gr.Error(public_text(str(exc)), print_exception=False)
+        return gr.Error(message(str(exc)), print_exception=False)
     if isinstance(exc, WeightsError):
-        return gr.Error(public_text(f"Model weights: {exc}"), print_exception=False)
+        return gr.Error(message(f"Model weights: {exc}"), print_exception=False)
     if isinstance(exc, MemoryError):
         return gr.Error("Out of memory: try a shorter text or a smaller window.", print_exception=False)
     log.exception("unexpected error in an app event")
@@ -154,23 +161,28 @@ def _capped(block, preprocess, cap: int):
             return check_text_size(_label(block), preprocess(payload), cap)
         except UserError as exc:
             log.info("refused a text for %s: over the cap", _label(block))
-            raise gr.Error(str(exc), print_exception=False) from None
+            raise gr.Error(message(str(exc)), print_exception=False) from None
 
     return checked
 
 
 def _refusing_in_words(block, preprocess):
     label = _label(block)
+    one_choice = isinstance(block, (gr.Dropdown, gr.Radio)) and not getattr(block, "multiselect", False)
 
     @functools.wraps(preprocess)
     def checked(payload):
+        if one_choice and isinstance(payload, (list, tuple, dict, set)):
+            log.info("refused a %s for %s: one choice expected", type(payload).__name__, label)
+            raise gr.Error(message(f"{label}: choose one value, not a {type(payload).__name__}."),
+                           print_exception=False)
         try:
             return preprocess(payload)
         except Exception as exc:  # noqa: BLE001 - a refused value is the user's error, not the server's
-            message = public_text(str(exc).strip('"') or type(exc).__name__)
-            if len(message) > 300:
-                message = message[:300] + "…"
-            log.info("refused a value for %s: %s", label, message[:200])
-            raise gr.Error(f"{label}: {message}", print_exception=False) from None
+            text = public_text(str(exc).strip('"') or type(exc).__name__)
+            if len(text) > 300:
+                text = text[:300] + "…"
+            log.info("refused a value for %s: %s", label, text[:200])
+            raise gr.Error(escaped(f"{label}: {text}"), print_exception=False) from None
 
     return checked

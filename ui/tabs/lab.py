@@ -12,6 +12,7 @@ import gradio as gr
 
 from core import train as engine
 from ui.plots.lab import training_curves
+from ui.services.checks import public_text
 from ui.services.lab.configs import EXPERIMENTS, FAMILIES, NORMS, POSITIONS, TABLE_COLUMNS, make_config
 
 from ui.tabs.events import LAB, progress_callback, user_errors
@@ -232,7 +233,7 @@ def lab_events(lab) -> SimpleNamespace:
     @user_errors
     def save_run(run_id, model_name, request: gr.Request, progress=gr.Progress()):
         folder = lab.save(session_key(request), run_id, model_name, progress_callback(progress))
-        return f"Saved **{folder.name}** to `{folder}`; choose it in the model picker above."
+        return f"Saved **{folder.name}** to `{public_text(str(folder))}`; choose it in the model picker above."
 
     @user_errors
     def export_lab(request: gr.Request):

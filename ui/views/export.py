@@ -49,7 +49,7 @@ def filename(model: str, view: str, layer: int | None = None, head: int | str | 
 
 def image_config(name: str) -> dict:
     """Plotly's config for the modebar's camera button: PNG at slide size under `name`. The page adds an SVG button
-    that reads the same settings (ui/downloads.py)."""
+    that reads the same settings (ui/tabs/widgets.py SVG_BUTTON_JS)."""
     return {
         "toImageButtonOptions": {
             "format": "png",

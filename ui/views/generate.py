@@ -11,7 +11,7 @@ import numpy as np
 
 from ui.plots.base import empty_figure
 from ui.plots.generation import kv_timing_figure, step_overview_figure, step_rows_figure, top_probs_figure
-from ui.plots.text import shaded_text_html
+from ui.plots.text import escaped, shaded_text_html
 from ui.services import Services
 from ui.services.attention import pool_edges
 from ui.services.generation import GenerationTrace, GenerationUpdate, cap_note
@@ -35,7 +35,7 @@ def mark_stopped(stats: str) -> str:
 def step_outputs(view: StepView):
     """Note, probabilities, attention row, overview, shaded text and raw numbers of one step."""
     title = f"step {view.step}: {view.token!r}"
-    note = f"**Step {view.step}**, token {view.token!r}. {view.sentence}"
+    note = f"**Step {view.step}**, token {escaped(repr(view.token))}. {escaped(view.sentence)}"
     probs = top_probs_figure(view.top_tokens, view.top_probs, view.chosen_in_top,
                                               f"Top {len(view.top_tokens)} next tokens at {title}")
     if view.rows is None:

@@ -12,7 +12,7 @@ import numpy as np
 from core.analysis.heads import LOCAL_WINDOW, SCORES, named_heads, rank_correlation
 from ui.plots.base import empty_figure
 from ui.plots.heads import attribution_figure, head_score_map, lens_figure, loss_change_figure, paired_head_maps
-from ui.plots.text import surprisal_html
+from ui.plots.text import escaped, surprisal_html
 from ui.services import Services
 from ui.services.checks import UserError, check_range, index_of
 from ui.services.heads import (INDUCTION_LENGTH, INDUCTION_SEED, MAX_HEADS_TOKENS, MAX_IG_STEPS, MAX_IG_TOKEN_STEPS,
@@ -315,7 +315,7 @@ def attribution_view(services: Services, model_name, text_value, position_index,
     relative = f"{share:.0%} of the difference" if share < 2 else f"{share:,.0f}× the difference"
     total = float(result.integrated.sum())
     notes = [
-        f"Position {p} ({tokens.labels[p]}): the model's top {what} is **{target!r}**; "
+        f"Position {p} ({escaped(tokens.labels[p])}): the model's top {what} is **{escaped(repr(target))}**; "
         f"explained over {len(labels)} input tokens in {seconds:.1f} s.",
         f"Integrated gradients, {steps} steps from a baseline of padding tokens: Σ attributions = {total:.3f} against "
         f"logit(text) − logit(baseline) = {difference:.3f}, a completeness error of **{error:.3f}** "
@@ -387,7 +387,7 @@ def surprisal_view(services: Services, model_name, text_value, previous=None, pr
     stats = (
         f"**{len(loss)} predicted tokens**: total loss {loss.sum():.2f} nats, mean **{result.mean:.3f}** nats per "
         f"token, perplexity **{result.perplexity:.2f}** (e^mean). Most surprising: "
-        + ", ".join(f"{tokens.labels[i + 1]} ({loss[i]:.2f} nats)" for i in worst)
+        + ", ".join(f"{escaped(tokens.labels[i + 1])} ({loss[i]:.2f} nats)" for i in worst)
         + "."
     )
     if tokens.note:

@@ -47,13 +47,13 @@ def parse_steps_list(text, steps: int) -> tuple[int, ...]:
 def make_config(settings: LabSettings, task, family, n_layers, d_model, n_heads, d_ff, dropout, positions, norm,
                 causal_mask, scale, seed, steps, lr, snapshot_steps="") -> LabConfig:
     """The page's fields as a checked LabConfig, or a UserError naming the field and its range."""
-    if task not in engine.TASKS:
+    if not isinstance(task, str) or task not in engine.TASKS:
         raise UserError(f"Unknown task {task!r}; the tasks are {', '.join(engine.TASKS)}.")
-    if family not in FAMILIES:
+    if not isinstance(family, str) or family not in FAMILIES:
         raise UserError(f"Family must be 'marian' (encoder-decoder) or 'llama' (decoder only), got {family!r}.")
-    if positions not in POSITIONS:
+    if not isinstance(positions, str) or positions not in POSITIONS:
         raise UserError(f"Positions must be one of {', '.join(POSITIONS)}, got {positions!r}.")
-    if norm not in NORMS:
+    if not isinstance(norm, str) or norm not in NORMS:
         raise UserError(f"Norm must be 'default', 'pre' or 'post', got {norm!r}.")
     ints = {name: check_range(label, value, *LIMITS[name]) for name, label, value in (
         ("n_layers", "Layers", n_layers), ("d_model", "d_model", d_model), ("n_heads", "Heads", n_heads),
@@ -109,7 +109,7 @@ HIGH_LR = 3e-3  # the norm comparison's learning rate, at least
 def experiment_pair(config: LabConfig, experiment: str) -> tuple[LabConfig, LabConfig, str]:
     """The two configs of a comparison, identical but for one switch, and a note of what was changed from the
     page's config to make the comparison meaningful."""
-    if experiment not in EXPERIMENTS:
+    if not isinstance(experiment, str) or experiment not in EXPERIMENTS:
         raise UserError(f"Unknown comparison {experiment!r}; choose one of {', '.join(EXPERIMENTS)}.")
     note = ""
     if experiment == "causal_mask":
