@@ -10,6 +10,7 @@ probability 0; the layer's output is computed from those same blocks. This is ho
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Literal
 
 import torch
@@ -18,16 +19,18 @@ from torch import Tensor
 Kind = Literal["self", "encoder", "cross"]
 
 
-class Observer:
-    """The base of every observer: by default it wants every layer of every kind, whole maps at a time."""
+class Observer(ABC):
+    """The base of every observer: by default it wants every layer of every kind, whole maps at a time. What it
+    does with the probabilities is each observer's own (__call__)."""
 
     rows_per_block: int | None = None  # None: whole maps; else the number of query rows per call
 
     def wants(self, kind: Kind, layer: int) -> bool:
         return True
 
+    @abstractmethod
     def __call__(self, kind: Kind, layer: int, probs: Tensor, start: int = 0, n: int | None = None) -> None:
-        raise NotImplementedError(f"{type(self).__name__} must say what it does with the probabilities")
+        """Take one layer's probabilities (or one block of its query rows, when rows_per_block is set)."""
 
 
 class AttentionRecorder(Observer):

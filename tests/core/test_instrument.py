@@ -295,7 +295,13 @@ def test_an_observer_sees_only_what_it_wants_and_changes_no_number(pairs, name, 
 
 
 def test_the_base_observer_wants_everything_whole():
-    observer = Observer()
+    class Seen(Observer):
+        def __call__(self, kind, layer, probs, start=0, n=None):
+            self.seen = (kind, layer)
+
+    observer = Seen()
     assert observer.wants("cross", 7) and observer.rows_per_block is None
-    with pytest.raises(NotImplementedError, match="Observer must say"):
-        observer("self", 0, torch.zeros(1, 1, 1, 1))
+    observer("self", 0, torch.zeros(1, 1, 1, 1))
+    assert observer.seen == ("self", 0)
+    with pytest.raises(TypeError, match="abstract"):  # an observer must say what it does with the probabilities
+        Observer()
