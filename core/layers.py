@@ -32,6 +32,17 @@ class Norm(nn.Module):
             return self.weight * h.to(x.dtype)
         return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
 
+    def frozen(self, x: Tensor):
+        """The norm at x with its scale frozen, as a linear map c ↦ γ ⊙ P(c) / s (float32): s is x's σ and P
+        removes the mean (LayerNorm), or s is rms(x) and P is the identity (RMSNorm). norm(x) = frozen(x)(x) + β,
+        so the parts of a sum x = Σ c_k map to parts that add up to norm(x) − β. c broadcasts against x."""
+        h = x.float()
+        if self.kind == "rmsnorm":
+            s = torch.sqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+            return lambda c: self.weight.float() * (c.float() / s)
+        s = torch.sqrt(h.var(-1, unbiased=False, keepdim=True) + self.eps)
+        return lambda c: self.weight.float() * ((c.float() - c.float().mean(-1, keepdim=True)) / s)
+
 
 class FeedForward(nn.Module):
     """Position-wise FFN: down(act(up(x))), or gated (SwiGLU): down(act(gate(x)) ⊙ up(x))."""

@@ -24,7 +24,7 @@ from .config import ModelConfig, encoder_config
 from .kv_cache import KVCache
 from .layers import ACTIVATIONS, FeedForward, Norm, rope_cos_sin, rope_inv_freq, rotate, sinusoidal_encoding
 from .observe import AttentionRecorder, Kind, Observer
-from .probe import HeadWeights, LogitLens, Probe, read_logit_lens, split_by_head
+from .probe import HeadWeights, LogitLens, Patch, Probe, read_logit_lens, split_by_head
 
 
 @dataclass
@@ -116,9 +116,12 @@ class Attention(nn.Module):
             allowed, is_causal = setup.allowed, setup.is_causal
         z = self.attend(q, k, v, allowed, is_causal, setup, kind, layer)      # [B, H, T, d_k]
         if probe is not None and not cross:
-            z = probe.ablated(kind, layer, z, setup.query_mask)
-            probe.keep(kind, "z", layer, z.transpose(1, 2))
-        z = z.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.n_heads * self.head_dim)
+            z = probe.ablated(kind, layer, z, setup.query_mask).transpose(1, 2)     # [B, T, H, d_k]
+            z = probe.patched(kind, "z", layer, z)
+            probe.keep(kind, "z", layer, z)
+        else:
+            z = z.transpose(1, 2)
+        z = z.reshape(x.shape[0], x.shape[1], self.n_heads * self.head_dim)
         return self.out(z)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_causal: bool,
@@ -160,12 +163,14 @@ class Block(nn.Module):
         if self.dropout is not None:
             out = self.dropout(out)
         if setup.probe is not None:
+            out = setup.probe.patched(setup.kind, f"{name}_out", layer, out)
             setup.probe.keep(setup.kind, f"{name}_in", layer, h)
             setup.probe.keep(setup.kind, f"{name}_out", layer, out)
         return x + out if self.pre_norm else norm(x + out)
 
     def forward(self, x: Tensor, setup: AttentionSetup, layer: int) -> Tensor:
         if setup.probe is not None:
+            x = setup.probe.patched(setup.kind, "resid_pre", layer, x)
             setup.probe.keep(setup.kind, "resid_pre", layer, x)
         x = self.sublayer(x, "attn", lambda h: self.attn(h, setup, layer), self.attn_norm, setup, layer)
         if self.cross is not None:
@@ -173,6 +178,7 @@ class Block(nn.Module):
                               setup, layer)
         x = self.sublayer(x, "mlp", self.ffn, self.ffn_norm, setup, layer)
         if setup.probe is not None:
+            x = setup.probe.patched(setup.kind, "resid_post", layer, x)
             setup.probe.keep(setup.kind, "resid_post", layer, x)
         return x
 
@@ -414,14 +420,14 @@ class Transformer(nn.Module):
                 decoder_attention_mask: Tensor | None = None, observer: Observer | None = None, *,
                 record: Iterable[str] = (), ablate_heads: Iterable[tuple[int, int]] | Tensor = (), ablation: str = "zero",
                 logit_lens: bool = False, logit_lens_top_k: int | None = 10, grad: bool = False,
-                token_embeddings: Tensor | None = None) -> ModelOutput:
+                token_embeddings: Tensor | None = None, patches: Iterable[Patch] = ()) -> ModelOutput:
         """One full forward pass. Runs in whatever autograd mode the caller chose (parameters of a loaded model
         do not require gradients, so no graph is kept unless something asks for one).
 
         The four switches (causal_mask, padding_mask, scale, positions) exist for the demos: each removes exactly
         what its name says. capture_attention returns every layer's probabilities as float32 [B, H, Tq, Tk];
         `observer` receives them instead, layer by layer.
-        record: names from probe.RECORDABLE → out.records; ablate_heads / ablation: see probe.Probe.
+        record: names from probe.RECORDABLE → out.records; ablate_heads / ablation / patches: see probe.Probe.
         logit_lens: out.logit_lens, each layer's residual stream through the final norm and the LM head
         (top logit_lens_top_k per position, or all with None).
         grad: gradients reach out.token_embeddings [B, T, d] (the input of the main stack, or of the encoder),
@@ -432,8 +438,9 @@ class Transformer(nn.Module):
         asked = {record} if isinstance(record, str) else set(record)
         probe = None
         ablating = isinstance(ablate_heads, Tensor) or bool(ablate_heads)
-        if asked or ablating or logit_lens:  # the lens reads each layer's output
-            probe = Probe(cfg, asked | ({"resid_post"} if logit_lens else set()), ablate_heads, ablation)
+        patches = list(patches)
+        if asked or ablating or logit_lens or patches:  # the lens reads each layer's output
+            probe = Probe(cfg, asked | ({"resid_post"} if logit_lens else set()), ablate_heads, ablation, patches)
         attention_mask, decoder_attention_mask = padding_or_none(attention_mask), padding_or_none(decoder_attention_mask)
         recorder = AttentionRecorder() if capture_attention and observer is None else None
         observer = observer or recorder

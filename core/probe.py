@@ -1,5 +1,5 @@
-"""The model as an instrument: what one forward pass can record (RECORDABLE), the Probe that records it and
-removes heads, the logit lens that reads each layer's residual stream as a prediction, and each attention
+"""The model as an instrument: what one forward pass can record (RECORDABLE), the Probe that records it,
+removes heads and writes chosen values over it (Patch), the logit lens that reads each layer's residual stream as a prediction, and each attention
 layer's weights split by head (HeadWeights)."""
 from __future__ import annotations
 
@@ -24,6 +24,18 @@ RECORDABLE = (
     "mlp_in", "mlp_out",      # the feed-forward sublayer
     "resid_post",   # the block's output
 )
+PATCHABLE = ("resid_pre", "attn_out", "mlp_out", "z", "resid_post")
+
+
+@dataclass
+class Patch:
+    """Values written over one recorded activation of one main-stack layer while the pass runs (activation
+    patching): value and where are in the record's layout ([B, T, d], or [B, T, H, d_head] for z) or broadcast
+    to it; the activation becomes where ? value : activation, and everything after it reads the patched value."""
+    name: str
+    layer: int
+    value: Tensor
+    where: Tensor | bool = True
 
 
 class Probe:
@@ -32,11 +44,20 @@ class Probe:
 
     ablate_heads: (layer, head) pairs of the main stack's self-attention whose output is removed before W^O:
     set to 0 (ablation="zero") or to the head's mean output over the input's real positions ("mean"); or a bool
-    tensor [B, L, H] that picks heads per row of the batch (a sweep ablates a different head in each row)."""
+    tensor [B, L, H] that picks heads per row of the batch (a sweep ablates a different head in each row).
+    patches: Patch values written over activations (after any ablation); records keep the patched values."""
 
     def __init__(self, cfg: ModelConfig, record: Iterable[str] = (),
-                 ablate_heads: Iterable[tuple[int, int]] | Tensor = (), ablation: str = "zero"):
+                 ablate_heads: Iterable[tuple[int, int]] | Tensor = (), ablation: str = "zero",
+                 patches: Iterable[Patch] = ()):
         self.record = set(record)
+        self.patches: dict[tuple[str, int], Patch] = {}
+        for patch in patches:
+            if patch.name not in PATCHABLE:
+                raise ValueError(f"cannot patch {patch.name!r}; patchable names are {', '.join(PATCHABLE)}")
+            if not 0 <= patch.layer < cfg.n_layers:
+                raise IndexError(f"cannot patch layer {patch.layer}: the model has layers 0..{cfg.n_layers - 1}")
+            self.patches[patch.name, patch.layer] = patch
         unknown = sorted(n for n in self.record if n.removeprefix("encoder.") not in RECORDABLE)
         if unknown:
             raise ValueError(f"cannot record {', '.join(unknown)}; names are {', '.join(RECORDABLE)} "
@@ -72,6 +93,14 @@ class Probe:
         full = self.full_name(kind, name)
         if full in self.record:
             self.records.setdefault(full, {})[layer] = value
+
+    def patched(self, kind: Kind, name: str, layer: int, value: Tensor) -> Tensor:
+        """value (record layout) with any Patch of this name and layer written over it."""
+        patch = self.patches.get((name, layer)) if kind == "self" else None
+        if patch is None:
+            return value
+        where = patch.where if isinstance(patch.where, Tensor) else torch.tensor(bool(patch.where))
+        return torch.where(where.to(value.device), patch.value.to(value.device, value.dtype), value)
 
     def ablated(self, kind: Kind, layer: int, z: Tensor, query_mask: Tensor | None) -> Tensor:
         """z [B, H, T, d_head] with the chosen heads of this layer removed."""

@@ -1,0 +1,110 @@
+"""Speed of activation patching, direct logit attribution and the flow graph (core/analysis/patching.py) on a real
+model, beside the plain way, in one run: medians (and ranges) of alternating runs.
+
+  resid_pre    every layer × position of the residual stream patched on the 14-token IOI pair (420 patches),
+               against one forward pass per patch (timed on every 10th patch and scaled to all of them) and,
+               where transformer-lens is installed (requirements-bench.txt), its get_act_patch_resid_pre
+  heads        every head's output patched at all positions (the z sweep)
+  attribution  direct logit attribution of every head and MLP
+  flow graph   the information-flow graph of the last token of a 64-token text
+Usage: python bench/patching.py [--model smollm2-135m-instruct] [--repeats 5] [--flow-tokens 64]
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from common import long_ids, median, row, spread, timed
+from core import load_model
+from core.analysis import patching
+from core.probe import Patch
+from core.store import ensure
+
+IOI = ("When Mary and John went to the store, John gave a drink to",
+       "When Mary and John went to the store, Mary gave a drink to")
+WIDTHS = (46, 22, 22, 9)
+
+
+def one_pass_per_patch(model, clean, corrupted, cells) -> None:
+    """The plain way: a whole forward pass of the corrupted prompt for each patched (layer, position)."""
+    with torch.inference_mode():
+        source = model(clean, record="resid_pre").records["resid_pre"]
+        for layer, position in cells:
+            where = torch.zeros(1, clean.shape[1], 1, dtype=torch.bool)
+            where[:, position] = True
+            model(corrupted, patches=[Patch("resid_pre", layer, source[layer], where)])
+
+
+def transformer_lens_sweep(folder, model, clean, corrupted, answer, foil):
+    """get_act_patch_resid_pre on the same weights, or None where transformer-lens is not installed."""
+    try:
+        from transformer_lens import HookedTransformer, patching as tl_patching
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        return None
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    tl = HookedTransformer.from_pretrained_no_processing("HuggingFaceTB/SmolLM2-135M-Instruct", hf_model=hf,
+                                                         tokenizer=model.tokenizer, device="cpu",
+                                                         dtype=torch.float32)
+    _, cache = tl.run_with_cache(clean)
+
+    def metric(logits):
+        return logits[0, -1, answer] - logits[0, -1, foil]
+
+    return lambda: tl_patching.get_act_patch_resid_pre(tl, corrupted, cache, metric)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--flow-tokens", type=int, default=64)
+    args = parser.parse_args()
+    folder = ensure(args.model)
+    model = load_model(folder, device="cpu", dtype=torch.float32)
+    tok, cfg = model.tokenizer, model.config
+    clean, corrupted = (torch.tensor([tok(t, add_special_tokens=False).input_ids]) for t in IOI)
+    answer, foil = tok(" Mary", add_special_tokens=False).input_ids[0], tok(" John", add_special_tokens=False).input_ids[0]
+    n = clean.shape[1]
+    cells = [(l, p) for l in range(cfg.n_layers) for p in range(n)]
+    sample = cells[::10]
+    flow_ids = long_ids(tok, args.flow_tokens)
+    print(f"model {args.model} ({folder}), cpu, float32, threads {torch.get_num_threads()}, IOI pair of {n} tokens "
+          f"({len(cells)} residual patches), flow graph on {args.flow_tokens} tokens, medians (ranges) of "
+          f"{args.repeats} runs")
+    theirs = transformer_lens_sweep(folder, model, clean, corrupted, answer, foil)
+    patching.patch_sweep(model, clean, corrupted, answer, foil, "z", layer=0)      # warm-up
+    times = {key: [] for key in ("sweep", "per patch", "transformer-lens", "heads", "attribution", "flow")}
+    for _ in range(args.repeats):
+        times["sweep"].append(timed(lambda: patching.patch_sweep(model, clean, corrupted, answer, foil,
+                                                                 "resid_pre"), "cpu")[0])
+        per_patch = timed(lambda: one_pass_per_patch(model, clean, corrupted, sample), "cpu")[0] / len(sample)
+        times["per patch"].append(per_patch * len(cells))
+        if theirs is not None:
+            times["transformer-lens"].append(timed(theirs, "cpu")[0])
+        times["heads"].append(timed(lambda: patching.patch_sweep(model, clean, corrupted, answer, foil, "z"),
+                                    "cpu")[0])
+        times["attribution"].append(timed(lambda: patching.logit_attribution(model, corrupted, answer, foil),
+                                          "cpu")[0])
+        times["flow"].append(timed(lambda: patching.flow_graph(model, flow_ids), "cpu")[0])
+    ratio = median(times["per patch"]) / median(times["sweep"])
+    print(row("", "this core (s)", "plain way (s)", "ratio", widths=WIDTHS))
+    print(row(f"resid_pre sweep, {len(cells)} patches", spread(times["sweep"], 2), spread(times["per patch"], 1),
+              f"{ratio:.1f}x", widths=WIDTHS))
+    tl_note = "transformer-lens not installed"
+    if times["transformer-lens"]:
+        tl_ratio = median(times["transformer-lens"]) / median(times["sweep"])
+        print(row("  against transformer-lens get_act_patch_resid_pre", "", spread(times["transformer-lens"], 1),
+                  f"{tl_ratio:.1f}x", widths=WIDTHS))
+        tl_note = f"{tl_ratio:.1f}x transformer-lens"
+    print(row(f"head sweep, {cfg.n_layers * cfg.n_heads} heads", spread(times["heads"], 2), "", "", widths=WIDTHS))
+    print(row("direct logit attribution", spread(times["attribution"], 2), "", "", widths=WIDTHS))
+    print(row(f"flow graph, {args.flow_tokens} tokens", spread(times["flow"], 2), "", "", widths=WIDTHS))
+    print(f"SUMMARY patching: resid_pre sweep {median(times['sweep']):.2f} s, {ratio:.1f}x one pass per patch "
+          f"(target ≥ 10x), {tl_note}; head sweep {median(times['heads']):.2f} s (≤ 5); flow graph "
+          f"{median(times['flow']):.2f} s (≤ 3)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,408 @@
+"""What carries the answer: activation patching, direct logit attribution and the information-flow graph.
+
+All three explain one next-token prediction of a decoder through the metric logit(answer) − logit(foil) at the
+last position (answer and foil are token ids), and all three read the forward pass's records (core/probe.py).
+
+- patch_sweep: run a corrupted prompt with one activation taken from the clean run (denoising), or the clean
+  run with one from the corrupted run (noising), for every layer × position or layer × head, and report how
+  much of the clean metric comes back. It shows a sufficient path on this pair, not the only one.
+- logit_attribution: the final residual stream is a sum of the embeddings, every head's output and every MLP's
+  output (Pre-LN); with the final norm's scale frozen at its value on this input, the metric splits into one
+  exact part per head and per MLP.
+- flow_graph: the contribution graph of Ferrando & Voita (2024, "Information Flow Routes"): each residual state
+  is a sum of parts (its residual input, each head's contribution from each earlier token, the MLP's output),
+  each part weighted by its proximity to the sum, and the graph keeps the parts above a threshold.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..probe import Patch, Probe
+
+SITES = ("resid_pre", "attn_out", "mlp_out", "z")
+MODES = ("denoise", "noise")
+SWEEP_TOKENS = 4096  # patched rows × resumed positions per batch: bounds a sweep's memory on long prompts
+
+
+def check_decoder(model, what: str) -> None:
+    if model.encoder is not None or model.lm_head is None or not model.config.causal:
+        raise ValueError(f"{what} explains a next-token prediction: it needs a decoder-only model with an LM head "
+                         "(this one is an encoder or an encoder-decoder)")
+
+
+def check_token(model, token: int, name: str) -> int:
+    if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < model.config.vocab_size:
+        raise ValueError(f"{name} must be a token id in 0..{model.config.vocab_size - 1}, got {token!r}")
+    return token
+
+
+def metric(model, hidden: Tensor, answer: int, foil: int) -> Tensor:
+    """logit(answer) − logit(foil) at the last position of hidden [B, T, d] → [B] float32."""
+    logits = model.logits(hidden[:, -1:])[:, 0].float()
+    return logits[:, answer] - logits[:, foil]
+
+
+# ---- activation patching ----
+
+@dataclass
+class PatchSweep:
+    site: str
+    mode: str
+    layer: int | None           # the layer a "z" sweep over heads × positions is at, else None
+    scores: Tensor              # normalised: 1 is the clean run's metric, 0 the corrupted run's
+    metrics: Tensor             # logit(answer) − logit(foil) of each patched run, the same shape
+    clean_metric: float
+    corrupted_metric: float
+    computed: int               # cells that needed a pass; the rest write the value already there
+
+    @property
+    def axes(self) -> tuple[str, str]:
+        """What the rows and columns of `scores` are."""
+        if self.site != "z":
+            return "layer", "position"
+        return ("head", "position") if self.layer is not None else ("layer", "head")
+
+
+@dataclass
+class Cell:
+    index: tuple[int, int]      # where its score goes
+    layer: int                  # the layer whose activation is patched
+    where: Tensor               # bool, the record's layout without the batch: [T, 1] or [T, H, 1]
+    first: int                  # the first position the patch changes (everything before is as in the target)
+
+
+def sweep_cells(site: str, layer: int | None, source: tuple[Tensor, ...], target: tuple[Tensor, ...],
+                n_layers: int, n_heads: int) -> tuple[list[Cell], tuple[int, int], int]:
+    """The sweep's cells whose patch changes something, its shape, and the count of cells that change nothing
+    (the source and target activations there are equal: under a causal mask, every position before the first
+    token that differs)."""
+    n = source[0].shape[1]
+    cells, total = [], 0
+    layers = range(n_layers) if layer is None else [layer]
+    for l in layers:
+        differs = source[l][0] != target[l][0]            # [T, d] or [T, H, d_head]
+        if site == "z" and layer is None:                 # each head at every position
+            changed = differs.any(-1)                      # [T, H]
+            for h in range(n_heads):
+                total += 1
+                rows = changed[:, h].nonzero()
+                if len(rows):
+                    where = torch.zeros(n, n_heads, 1, dtype=torch.bool)
+                    where[:, h] = True
+                    cells.append(Cell((l, h), l, where, int(rows[0])))
+            continue
+        changed = differs.flatten(1).any(-1) if site != "z" else differs.any(-1)   # [T] or [T, H]
+        for p in range(n):
+            heads = range(n_heads) if site == "z" else [None]
+            for h in heads:
+                total += 1
+                if not (changed[p] if h is None else changed[p, h]):
+                    continue
+                if h is None:
+                    where = torch.zeros(n, 1, dtype=torch.bool)
+                    where[p] = True
+                    cells.append(Cell((l, p), l, where, p))
+                else:
+                    where = torch.zeros(n, n_heads, 1, dtype=torch.bool)
+                    where[p, h] = True
+                    cells.append(Cell((h, p), l, where, p))
+    shape = (n_heads, n) if site == "z" and layer is not None else (n_layers, n_heads if site == "z" else n)
+    return cells, shape, total - len(cells)
+
+
+class PrefixCache:
+    """The target run's keys and values before position `start`, read by every resumed row: a read-only KV cache
+    (what Attention and run_stack use of one: write, length, advance, cross). Rows keep their own keys from
+    `start` on, so the batch may grow from one layer to the next."""
+
+    def __init__(self, keys: tuple[Tensor, ...], values: tuple[Tensor, ...], start: int):
+        # records are [1, T, H_kv, d_head]; attention reads [B, H_kv, T, d_head]
+        self.keys = [k[:, :start].transpose(1, 2) for k in keys]
+        self.values = [v[:, :start].transpose(1, 2) for v in values]
+        self.length, self.cross = start, [None] * len(keys)
+
+    def write(self, layer: int, k: Tensor, v: Tensor, slot: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        rows = k.shape[0]
+        return (torch.cat([self.keys[layer].expand(rows, -1, -1, -1), k], 2),
+                torch.cat([self.values[layer].expand(rows, -1, -1, -1), v], 2))
+
+    def advance(self, n: int) -> None:
+        pass
+
+
+def resumed_metrics(model, cells: list[Cell], site: str, source: tuple[Tensor, ...], target: dict,
+                    answer: int, foil: int) -> Tensor:
+    """The metric of each cell's patched run (cells sorted by layer), as one batch that grows layer by layer:
+    a cell's row joins at the layer it patches, as the target run's residual stream entering that layer (the
+    layers before it are the target run's), so the stack runs once for all of them. Every row starts at the
+    cells' first changed position `start`: the keys and values before it are the target run's records."""
+    cfg, ids = model.config, target["ids"]
+    start = min(cell.first for cell in cells)
+    prefix = PrefixCache(target["k"], target["v"], start) if start > 0 else None
+    x = None
+    for layer in range(cells[0].layer, cfg.n_layers):
+        joining = [cell for cell in cells if cell.layer == layer]
+        probe = None
+        if joining:
+            resid = target["resid_pre"][layer][:, start:].expand(len(joining), -1, -1)
+            x = resid if x is None else torch.cat([x, resid])
+            where = torch.zeros(x.shape[0], *joining[0].where[start:].shape, dtype=torch.bool)
+            where[-len(joining):] = torch.stack([cell.where[start:] for cell in joining])
+            patch = Patch(site, layer, source[layer][:, start:], where.to(model.device))
+            probe = Probe(cfg, patches=[patch])
+        last = layer == cfg.n_layers - 1                   # the last block, then the final norm
+        x = model.run_stack(model.stack, ids[:, start:].expand(x.shape[0], -1), None, kind="self", causal=True,
+                            probe=probe, cache=prefix, start_layer=layer, n_layers=None if last else layer + 1,
+                            resid=x)
+    return metric(model, x, answer, foil)
+
+
+def patch_sweep(model, clean_ids: Tensor, corrupted_ids: Tensor, answer: int, foil: int, site: str,
+                mode: str = "denoise", layer: int | None = None, batch_tokens: int = SWEEP_TOKENS,
+                progress=None) -> PatchSweep:
+    """Activation patching of one site over every layer × position (resid_pre, attn_out, mlp_out), layer × head
+    (z: each head's output at all positions) or, with layer given, head × position (z).
+
+    clean_ids, corrupted_ids [1, T]: the same length. mode "denoise" writes clean activations into the corrupted
+    run, "noise" corrupted ones into the clean run. Cells whose activation is the same in both runs are not run
+    (patching them writes what is there). The rest go in batches of at most `batch_tokens` rows × positions
+    (see resumed_metrics), never one whole pass per patch. progress(done, total) after each batch."""
+    check_decoder(model, "patching")
+    cfg = model.config
+    answer, foil = check_token(model, answer, "answer"), check_token(model, foil, "foil")
+    if site not in SITES:
+        raise ValueError(f"site must be one of {', '.join(SITES)}, got {site!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be 'denoise' or 'noise', got {mode!r}")
+    if layer is not None and site != "z":
+        raise ValueError(f"layer= sweeps one layer's heads × positions: it applies to site 'z' only, not {site!r}")
+    if layer is not None and not 0 <= layer < cfg.n_layers:
+        raise IndexError(f"layer {layer} is out of range: the model has layers 0..{cfg.n_layers - 1}")
+    if clean_ids.shape != corrupted_ids.shape or clean_ids.dim() != 2 or clean_ids.shape[0] != 1:
+        raise ValueError(f"the clean and corrupted prompts must be [1, T] with the same T; got "
+                         f"{list(clean_ids.shape)} and {list(corrupted_ids.shape)}")
+    record = {"resid_pre", "k", "v", site}
+    runs = {}
+    with torch.inference_mode():
+        for name, ids in (("clean", clean_ids), ("corrupted", corrupted_ids)):
+            out = model(ids.to(model.device), record=record)
+            logits = out.logits[0, -1].float()
+            runs[name] = dict(out.records, metric=(logits[answer] - logits[foil]).item(), ids=ids.to(model.device))
+        clean, corrupted = runs["clean"]["metric"], runs["corrupted"]["metric"]
+        if clean == corrupted:
+            raise ValueError(f"the clean and corrupted runs give the same logit difference ({clean:.4g}): "
+                             "choose an answer and a foil that tell them apart")
+        source, target = (runs["clean"], runs["corrupted"]) if mode == "denoise" else (runs["corrupted"], runs["clean"])
+        cells, shape, unchanged = sweep_cells(site, layer, source[site], target[site], cfg.n_layers, cfg.n_heads)
+        metrics = torch.full(shape, target["metric"])
+        total, done = len(cells) + unchanged, unchanged
+        cells.sort(key=lambda cell: (cell.layer, cell.first))
+        n = clean_ids.shape[1]
+        i = 0
+        while i < len(cells):    # a batch holds rows × (n − start) ≤ batch_tokens
+            j, start = i, cells[i].first
+            while j < len(cells) and (j + 1 - i) * (n - min(start, cells[j].first)) <= max(batch_tokens, n):
+                start = min(start, cells[j].first)
+                j += 1
+            chunk = cells[i:j]
+            values = resumed_metrics(model, chunk, site, source[site], target, answer, foil)
+            for cell, value in zip(chunk, values.tolist()):
+                metrics[cell.index] = value
+            done += len(chunk)
+            i = j
+            if progress is not None:
+                progress(done, total)
+    scores = (metrics - corrupted) / (clean - corrupted)
+    return PatchSweep(site, mode, layer, scores, metrics, clean, corrupted, len(cells))
+
+
+# ---- direct logit attribution ----
+
+@dataclass
+class LogitAttribution:
+    answer: int
+    foil: int
+    position: int
+    heads: Tensor               # [L, H] each head's direct part of logit(answer) − logit(foil)
+    mlps: Tensor                # [L]
+    embeddings: float           # the token (and position) embeddings' part
+    biases: float               # the attention output biases, the final norm's β and the LM head's bias
+    total: float                # logit(answer) − logit(foil) from the model's logits
+
+    @property
+    def rest(self) -> float:
+        return self.embeddings + self.biases
+
+    @property
+    def parts_sum(self) -> float:
+        return self.heads.sum().item() + self.mlps.sum().item() + self.rest
+
+
+def check_pre_norm(model, what: str) -> None:
+    cfg = model.config
+    if cfg.norm_placement != "pre" or model.lm_head.dense is not None:
+        raise ValueError(f"{what} reads the final residual stream as a sum of parts: it needs Pre-LN blocks "
+                         "(a Post-LN block's norm mixes the parts)")
+
+
+def unembedding(model) -> tuple[Tensor, Tensor | None]:
+    """W_U [vocab, d] and the LM head's bias [vocab] (or None)."""
+    head = model.lm_head
+    return (model.stack.embed.tokens.weight if head.weight is None else head.weight), head.bias
+
+
+def logit_attribution(model, ids: Tensor, answer: int, foil: int, position: int = -1) -> LogitAttribution:
+    """Direct logit attribution of logit(answer) − logit(foil) at `position` of ids [1, T]: each head's output
+    z_h·W_O[h], each MLP's output and the embeddings, read through the final norm with its scale frozen at its
+    value on this input and projected on W_U[answer] − W_U[foil]. The parts add up to the total exactly."""
+    check_decoder(model, "direct logit attribution")
+    check_pre_norm(model, "direct logit attribution")
+    cfg = model.config
+    answer, foil = check_token(model, answer, "answer"), check_token(model, foil, "foil")
+    n = ids.shape[1]
+    if not -n <= position < n:
+        raise IndexError(f"position {position} is out of range: the text has positions 0..{n - 1}")
+    position %= n
+    with torch.inference_mode():
+        out = model(ids.to(model.device), record={"resid_pre", "z", "mlp_out", "resid_post"})
+        rec = out.records
+        logits = out.logits[0, position].float()
+        W_U, b_U = unembedding(model)
+        direction = (W_U[answer] - W_U[foil]).float()                                    # [d]
+        final = model.stack.final_norm
+        frozen = final.frozen(rec["resid_post"][-1][0, position]) if final is not None else (lambda c: c.float())
+        part = lambda c: frozen(c) @ direction                                           # noqa: E731  [..., d] → [...]
+        heads, biases = [], 0.0
+        for l in range(cfg.n_layers):
+            w = model.head_weights(l)
+            per_head = torch.einsum("hk,hkd->hd", rec["z"][l][0, position], w.W_O)       # [H, d]
+            heads.append(part(per_head))
+            if w.b_O is not None:
+                biases += part(w.b_O).item()
+        mlps = torch.stack([part(rec["mlp_out"][l][0, position]) for l in range(cfg.n_layers)])
+        if final is not None and final.bias is not None:
+            biases += (final.bias.float() @ direction).item()
+        if b_U is not None:
+            biases += (b_U[answer] - b_U[foil]).item()
+        embeddings = part(rec["resid_pre"][0][0, position]).item()
+    return LogitAttribution(answer, foil, position, torch.stack(heads).cpu(), mlps.cpu(), embeddings, biases,
+                            (logits[answer] - logits[foil]).item())
+
+
+# ---- the information-flow graph ----
+
+@dataclass
+class FlowEdge:
+    kind: str                   # "head" (a head's contribution from source to target), "mlp", "residual"
+    layer: int
+    head: int | None
+    source: int                 # token positions
+    target: int
+    level: int                  # the target's level; the source is at level − 1
+    importance: float
+
+
+@dataclass
+class FlowGraph:
+    """Levels: 2l is the residual stream entering layer l, 2l + 1 the same after its attention, 2L the output of
+    the last layer. A head edge goes from (2l, j) to (2l + 1, i), an MLP edge from (2l + 1, i) to (2l + 2, i),
+    and residual edges join the same token on neighbouring levels."""
+    position: int
+    n_layers: int
+    heads: Tensor               # [L, H, T, T] importance of head h's part from key j in target i's sum
+    attn_residual: Tensor       # [L, T] importance of the residual input in the sum after attention
+    mlp: Tensor                 # [L, T] importance of the MLP's output in the layer's output
+    mlp_residual: Tensor        # [L, T]
+    threshold: float = 0.0
+    edges: list[FlowEdge] = field(default_factory=list)
+
+    @property
+    def nodes(self) -> set[tuple[int, int]]:
+        """(level, token) of every node on a kept edge, and the prediction's own."""
+        found = {(2 * self.n_layers, self.position)}
+        for e in self.edges:
+            found |= {(e.level - 1, e.source), (e.level, e.target)}
+        return found
+
+    def pruned(self, threshold: float) -> FlowGraph:
+        """The edges of importance ≥ threshold reachable from the prediction, walking down level by level."""
+        edges, frontier = [], {self.position}
+        for level in range(2 * self.n_layers, 0, -1):
+            layer, below = (level - 1) // 2, set()
+            for t in sorted(frontier):
+                if level % 2:   # the sum after attention: residual input and every head's part from j ≤ t
+                    candidates = [("residual", None, t, self.attn_residual[layer, t])]
+                    hits = (self.heads[layer, :, t] >= threshold).nonzero().tolist()
+                    candidates += [("head", h, j, self.heads[layer, h, t, j]) for h, j in hits]
+                else:           # the layer's output: the sum after attention and the MLP's output
+                    candidates = [("residual", None, t, self.mlp_residual[layer, t]),
+                                  ("mlp", None, t, self.mlp[layer, t])]
+                for kind, head, source, importance in candidates:
+                    if float(importance) >= threshold:
+                        edges.append(FlowEdge(kind, layer, head, source, t, level, float(importance)))
+                        below.add(source)
+            frontier = below
+        return FlowGraph(self.position, self.n_layers, self.heads, self.attn_residual, self.mlp,
+                         self.mlp_residual, threshold, edges)
+
+
+def proximity(part: Tensor, total: Tensor) -> Tensor:
+    """max(‖y‖₁ − ‖y − c‖₁, 0) of parts c [..., d] of the sum y [..., d] (broadcast): how much closer to y the
+    part is than nothing at all."""
+    return (total.abs().sum(-1) - (total - part).abs().sum(-1)).clamp_min(0)
+
+
+def attention_importance(x: Tensor, vo: Tensor, probs: Tensor, out: Tensor, bias: Tensor | None,
+                         rows: int = 16) -> tuple[Tensor, Tensor]:
+    """One layer's attention sums y_i = x_i + Σ_h Σ_j a_hij·vo_hj (+ b_O), as normalised proximities: heads
+    [H, T, T] (target i, source j) and residual [T]. x, out [T, d]; vo [H, T, d] each head's value through
+    W_O; probs [H, T, T]. Target rows go `rows` at a time, so [H, rows, T, d] is the largest tensor."""
+    y = x + out                                                          # [T, d]
+    heads = torch.empty_like(probs)
+    for i in range(0, x.shape[0], rows):
+        block = probs[:, i:i + rows, :, None] * vo[:, None]              # [H, r, T, d]
+        heads[:, i:i + rows] = proximity(block, y[None, i:i + rows, None])
+    residual = proximity(x, y)
+    norm = residual + heads.sum((0, 2)) + (proximity(bias, y) if bias is not None else 0)
+    norm = norm.clamp_min(1e-30)
+    return heads / norm[None, :, None], residual / norm
+
+
+def flow_graph(model, ids: Tensor, position: int = -1, threshold: float = 0.04) -> FlowGraph:
+    """The information-flow graph of the prediction at `position` of ids [1, T] (Pre-LN decoders): every part's
+    importance is its proximity to the sum it is part of, normalised over that sum's parts (the norms read by
+    attention and the MLP are inside the parts, as in the paper). Then pruned at `threshold`."""
+    check_decoder(model, "the information-flow graph")
+    check_pre_norm(model, "the information-flow graph")
+    cfg = model.config
+    n = ids.shape[1]
+    if not -n <= position < n:
+        raise IndexError(f"position {position} is out of range: the text has positions 0..{n - 1}")
+    if not 0 <= threshold <= 1:
+        raise ValueError(f"the threshold is an importance between 0 and 1, got {threshold}")
+    with torch.inference_mode():
+        out = model(ids.to(model.device), record={"resid_pre", "v", "pattern", "attn_out", "mlp_out", "resid_post"})
+        rec = out.records
+        group = cfg.n_heads // cfg.n_kv_heads
+        heads, attn_residual, mlp, mlp_residual = [], [], [], []
+        for l in range(cfg.n_layers):
+            w = model.head_weights(l)
+            x = rec["resid_pre"][l][0].float()                                          # [T, d]
+            v = rec["v"][l][0].float().repeat_interleave(group, dim=1)                   # [T, H, d_head]
+            vo = torch.einsum("thk,hkd->htd", v, w.W_O.float())                         # [H, T, d]
+            bias = None if w.b_O is None else w.b_O.float()
+            h, r = attention_importance(x, vo, rec["pattern"][l][0].float(), rec["attn_out"][l][0].float(), bias)
+            heads.append(h)
+            attn_residual.append(r)
+            mid, mlp_out = x + rec["attn_out"][l][0].float(), rec["mlp_out"][l][0].float()
+            y = rec["resid_post"][l][0].float()
+            p_mid, p_mlp = proximity(mid, y), proximity(mlp_out, y)
+            norm = (p_mid + p_mlp).clamp_min(1e-30)
+            mlp.append(p_mlp / norm)
+            mlp_residual.append(p_mid / norm)
+    graph = FlowGraph(position % n, cfg.n_layers, torch.stack(heads).cpu(), torch.stack(attn_residual).cpu(),
+                      torch.stack(mlp).cpu(), torch.stack(mlp_residual).cpu())
+    return graph.pruned(threshold)
