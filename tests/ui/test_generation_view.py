@@ -1,4 +1,4 @@
-"""The Generate tab's step view and KV panel without Gradio (ui/services/generation.py, trace.py, kv_cache.py,
+"""The Generate tab's step view and KV panel without Gradio (ui/services/generation/,
 ui/views/generate.py, ui/plots/generation.py): traces of
 tiny random models, their messages, the cap and the export's pooling; then the real SmolLM2: a generated token's
 row equals a full capture's row at that position, and the cache the core allocates is the formula's size."""
@@ -18,7 +18,8 @@ from tiny_app_model import build_tiny_llama, build_tiny_marian
 from ui.plots import generation as plots_generation
 from ui.plots import text as plots_text
 from ui.plots.base import CHOSEN_COLOR
-from ui.services import generation, kv_cache, trace as traces
+from ui.services import generation
+from ui.services.generation import kv_cache, trace as traces
 from ui.services.checks import UserError
 from ui.services.kept import KeptStore
 from ui.views import generate as generate_views
@@ -45,7 +46,7 @@ def trace_of(model, prompt=PROMPT, n=8, temperature=0.0, seed=0, kept=KEPT):
 
 
 def test_the_modules_import_neither_gradio_nor_torch_in_the_plots():
-    code = ("import sys, ui.services.generation, ui.services.trace, ui.services.kv_cache, ui.views.generate, "
+    code = ("import sys, ui.services.generation, ui.services.generation.trace, ui.services.generation.kv_cache, ui.views.generate, "
             "ui.plots.generation; print('gradio' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

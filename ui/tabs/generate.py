@@ -8,7 +8,7 @@ import gradio as gr
 from ui.services.generation import (MAX_GENERATE_TOKENS, MAX_TEMPERATURE, MAX_TRACE_BYTES, TOP_PROBS, run_trace,
                                     stream_trace)
 from ui.services.text import token_texts
-from ui.services.trace import trace_summary
+from ui.services.generation.trace import trace_summary
 from ui.tabs.events import GENERATE, GENERATE_LIMIT, ON_ANALYSIS, handler, progress_callback, user_errors
 from ui.tabs.widgets import Tab, read_example, text_with_upload
 from ui.views.generate import kv_panel, mark_stopped, stats_line, step_figures, trace_file

@@ -16,9 +16,9 @@ from ui.services import Services
 from ui.services.attention import pool_edges
 from ui.services.generation import GenerationTrace, GenerationUpdate, cap_note
 from ui.services.kept import KeptStore
-from ui.services.kv_cache import kv_headers, kv_report
+from ui.services.generation.kv_cache import kv_headers, kv_report
 from ui.services.text import token_texts
-from ui.services.trace import OVERVIEW_KEYS, StepView, check_trace, pooled_overview, step_view, trace_summary
+from ui.services.generation.trace import OVERVIEW_KEYS, StepView, check_trace, pooled_overview, step_view, trace_summary
 from ui.views import export
 
 MAX_EXPORT_BYTES = export.MAX_EXPORT_BYTES  # the JSON download stays below this

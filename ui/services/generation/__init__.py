@@ -1,4 +1,5 @@
-"""Generation for the Generate tab: the text as the model writes it, and the trace of one generation.
+"""Generation for the Generate tab: the text as the model writes it, and the trace of one generation (its step
+views are in trace.py beside this, the KV-cache panel in kv_cache.py).
 
 A generation is recorded as it streams: for every new token the core hands over a Step (core.generate) with the
 model's top-10 next-token probabilities, the picked token's rank, and the attention row of the query that
