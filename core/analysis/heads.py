@@ -95,7 +95,7 @@ def induction_probe(vocab_size: int, length: int = 100, seed: int = 0, bos: int 
 
 @dataclass
 class InductionResult:
-    scores: Tensor          # [L, H]: mean weight from each second-copy token to the token after its earlier copy
+    scores: Tensor          # [L, H]: mean weight from every second-copy token to the token after its earlier copy
     loss_first: float       # mean next-token loss (nats) over the first copy
     loss_second: float      # ... and over the second: far lower when the model has induction heads
     ids: Tensor             # the probe [1, n]
@@ -125,8 +125,10 @@ def induction(model, length: int = 100, seed: int = 0) -> InductionResult:
     ids = induction_probe(model.config.vocab_size, length, seed, bos, special).to(model.device)
     offset = 0 if bos is None else 1
     n = ids.shape[1]
-    second = torch.arange(offset + length + 1, n, device=model.device)   # second-copy queries with a copy before
-    target = second - length + 1                                          # the token after the earlier copy
+    # every second-copy token is a query, its first one included: each has an earlier copy `length` before it,
+    # and the key is the token after that copy (for the first query, the first copy's second token)
+    second = torch.arange(offset + length, n, device=model.device)
+    target = second - length + 1
     observer = InductionObserver(second, target)
     with torch.inference_mode():
         logits = model(ids, observer=observer).logits[0].float()
@@ -258,17 +260,23 @@ def ranks(x: Tensor) -> Tensor:
 
 # ---- attribution for one prediction ----
 
+BASELINES = ("pad", "mean", "zero")  # integrated gradients' starting points (see baseline_embeddings)
+
+
 @dataclass
 class Attribution:
     position: int           # the query position whose next-token prediction is explained
-    target: int             # the predicted token id (the model's top choice there)
+    target: int             # the explained token id (by default the model's top choice there)
+    foil: int | None        # with a foil, every view explains logit(target) − logit(foil) (contrastive)
+    baseline: str           # integrated gradients' starting point, one of BASELINES
+    steps: int              # points of the path integrated gradients walked
     head: Tensor            # [position + 1] the chosen head's attention row
     head_mean: Tensor       # [position + 1] the mean over the chosen layer's heads
     rollout: Tensor         # [position + 1] attention rollout over all layers
     grad_input: Tensor      # [position + 1] gradient × input, summed over d
     integrated: Tensor      # [position + 1] integrated gradients, summed over d
-    completeness_error: float  # |Σ integrated − (logit(x) − logit(baseline))|, shrinking as steps grow
-    logit_difference: float    # logit(x) − logit(baseline)
+    completeness_error: float  # |Σ integrated − (f(x) − f(baseline))| at these steps; measured, not bounded
+    logit_difference: float    # f(x) − f(baseline), f = logit(target) (− logit(foil))
 
     def correlations(self) -> dict[str, dict[str, float]]:
         views = {"head": self.head, "head mean": self.head_mean, "rollout": self.rollout,
@@ -276,16 +284,98 @@ class Attribution:
         return {a: {b: rank_correlation(x, y) for b, y in views.items()} for a, x in views.items()}
 
 
-def baseline_embeddings(model, embeds: Tensor) -> Tensor:
-    """Integrated gradients' starting point [T, d]: the padding (else end-of-text) token's row at every position,
-    or the mean row where that one is zero."""
+@dataclass
+class Completeness:
+    """Integrated gradients' completeness at one number of steps: Σ IG should equal f(x) − f(baseline)."""
+    steps: int
+    total: float            # Σ integrated gradients over the tokens
+    difference: float       # f(x) − f(baseline)
+
+    @property
+    def error(self) -> float:
+        return abs(self.total - self.difference)
+
+
+def check_baseline(baseline: str) -> str:
+    if baseline not in BASELINES:
+        raise ValueError(f"baseline must be one of {', '.join(map(repr, BASELINES))}, got {baseline!r}")
+    return baseline
+
+
+def baseline_embeddings(model, embeds: Tensor, baseline: str = "pad") -> Tensor:
+    """Integrated gradients' starting point [T, d], positions kept:
+    - "pad": the padding (else end-of-text) token's row at every position, or the mean row where that one is
+      missing or zero (an untrained padding row);
+    - "mean": the mean of the embedding table's rows at every position;
+    - "zero": all zeros. A poor start wherever nothing else enters the stream (no learned positions, no biases:
+      a Llama-style stack): a final RMSNorm or LayerNorm turns a stream near zero into a full-sized one, so the
+      path's whole change crowds into a jump at its very start, which the midpoints of a modest number of steps
+      step over, leaving a large completeness error."""
+    if check_baseline(baseline) == "zero":
+        return torch.zeros_like(embeds)
     cfg = model.config
-    token = cfg.pad_token_id if cfg.pad_token_id is not None else (cfg.eos_ids or [None])[0]
     table = model.stack.embed.tokens.weight.detach()
-    row = table[token] if token is not None else None
-    if row is None or not row.any():  # no such token, or its row is zero (an untrained padding row)
+    token = cfg.pad_token_id if cfg.pad_token_id is not None else (cfg.eos_ids or [None])[0]
+    row = table[token] if baseline == "pad" and token is not None else None
+    if row is None or not row.any():
         row = table.mean(0)
-    return row.expand_as(embeds)
+    return row.to(embeds.dtype).expand_as(embeds)
+
+
+def explained(logits: Tensor, target: int, foil: int | None) -> Tensor:
+    """What attribution explains, from logits [..., V]: logit(target), or logit(target) − logit(foil)."""
+    return logits[..., target] if foil is None else logits[..., target] - logits[..., foil]
+
+
+def integrated_gradients(model, ids: Tensor, embeds: Tensor, baseline: Tensor, position: int, target: int,
+                         foil: int | None, steps: int) -> Tensor:
+    """Integrated gradients (Sundararajan et al. 2017) of f = explained(logits at `position`) for every input
+    token, summed over d: [T]. eq.: IG_i = (x_i − x'_i) · (1/m) Σ_k ∂f(x' + α_k (x − x'))/∂x_i, α_k = (k + ½)/m,
+    the midpoint rule with m = `steps` points of the straight path from the baseline x' to the input x
+    (embeds, baseline [T, d]). The path goes through the model IG_TOKENS_PER_PASS token-points per pass."""
+    alphas = (torch.arange(steps, device=embeds.device, dtype=embeds.dtype) + 0.5) / steps
+    path_grad = torch.zeros_like(embeds)
+    chunk = max(1, IG_TOKENS_PER_PASS // ids.shape[1])  # points of the path per pass: memory stays bounded
+    for a in alphas.split(chunk):
+        points = baseline[None] + a[:, None, None] * (embeds - baseline)[None]   # [chunk, T, d]
+        walked = model(ids.expand(len(a), -1), grad=True, token_embeddings=points)
+        explained(walked.logits[:, position], target, foil).sum().backward()
+        path_grad += walked.token_embeddings.grad.sum(0)
+    return (path_grad / steps * (embeds - baseline)).sum(-1)
+
+
+def explained_at(model, ids: Tensor, rows: Tensor, position: int, target: int, foil: int | None) -> float:
+    """f at the input rows [T, d] (the baseline's, for the difference completeness compares with)."""
+    with torch.inference_mode():
+        return explained(model(ids, token_embeddings=rows[None]).logits[0, position], target, foil).item()
+
+
+def attribution_inputs(model, ids: Tensor, position: int | None, steps) -> tuple[Tensor, int]:
+    """The ids attribution reads ([1, position + 1] for a decoder) and the position, checked."""
+    if model.encoder is not None or model.lm_head is None:
+        raise ValueError("attribution explains a next-token (or masked-token) prediction: it needs a model with "
+                         "an LM head and no separate encoder")
+    n = ids.shape[1]
+    position = n - 1 if position is None else position
+    if not 0 <= position < n:
+        raise IndexError(f"position {position} is out of range: the text has positions 0..{n - 1}")
+    for count in steps:
+        if count < 1:
+            raise ValueError(f"steps must be ≥ 1, got {count}")
+    return (ids[:, :position + 1] if model.config.causal else ids).to(model.device), position
+
+
+def explained_tokens(logits: Tensor, target: int | None, foil: int | None) -> tuple[int, int | None]:
+    """(target, foil) checked against logits [V]: target defaults to the top token; a foil must differ."""
+    vocab = logits.shape[-1]
+    target = int(logits.argmax()) if target is None else int(target)
+    for name, token in (("target", target), ("foil", foil)):
+        if token is not None and not 0 <= token < vocab:
+            raise IndexError(f"{name} token id {token} is out of range: the vocabulary has ids 0..{vocab - 1}")
+    if foil is not None and int(foil) == target:
+        raise ValueError(f"the foil must differ from the target (both are token {target}): "
+                         "logit(target) − logit(foil) would be zero everywhere")
+    return target, None if foil is None else int(foil)
 
 
 def rollout(attentions: list[Tensor]) -> Tensor:
@@ -300,57 +390,61 @@ def rollout(attentions: list[Tensor]) -> Tensor:
     return flow
 
 
-def attribute(model, ids: Tensor, position: int | None = None, layer: int = 0, head: int = 0,
-              steps: int = 32) -> Attribution:
+def attribute(model, ids: Tensor, position: int | None = None, layer: int = 0, head: int = 0, steps: int = 32,
+              target: int | None = None, foil: int | None = None, baseline: str = "pad") -> Attribution:
     """Four answers to "which input tokens does the prediction at `position` depend on?" for a decoder or an
     encoder with an LM head: the chosen head's attention, rollout, gradient × input and integrated gradients
-    (`steps` points of the straight path from a baseline, midpoint rule). The baseline is every token replaced by
-    the padding token (else end-of-text, else zeros), positions kept: a zero baseline would put the path's whole
-    change in a jump at its very start, where a final RMSNorm or LayerNorm turns an all-zero stream into any
-    stream at all, and no number of steps would capture it."""
+    (`steps` points of the straight path from a baseline, midpoint rule; see baseline_embeddings for the
+    choices). The gradients explain f = logit(target), target by default the model's top token there; with a
+    foil, f = logit(target) − logit(foil): why this token rather than that one (contrastive attribution).
+    The completeness error |Σ IG − (f(x) − f(baseline))| is measured, not promised to fall as steps grow:
+    completeness_by_steps measures it at several step counts."""
     cfg = model.config
-    if model.encoder is not None or model.lm_head is None:
-        raise ValueError("attribution explains a next-token (or masked-token) prediction: it needs a model with "
-                         "an LM head and no separate encoder")
-    n = ids.shape[1]
-    position = n - 1 if position is None else position
-    if not 0 <= position < n:
-        raise IndexError(f"position {position} is out of range: the text has positions 0..{n - 1}")
+    ids, position = attribution_inputs(model, ids, position, (steps,))
     if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
         raise IndexError(f"head ({layer}, {head}) is out of range: layers 0..{cfg.n_layers - 1}, "
                          f"heads 0..{cfg.n_heads - 1}")
-    if steps < 1:
-        raise ValueError(f"steps must be ≥ 1, got {steps}")
-    ids = ids[:, :position + 1].to(model.device) if cfg.causal else ids.to(model.device)
+    check_baseline(baseline)  # a wrong name fails before the costly passes
     out = model(ids, grad=True, capture_attention=True)
     logits = out.logits[0, position]
-    target = int(logits.argmax())
-    logits[target].backward()
+    target, foil = explained_tokens(logits.detach(), target, foil)
+    at_input = explained(logits, target, foil)
+    at_input.backward()
     embeds = out.token_embeddings.detach()[0]                                  # [T, d]
     grad_input = (out.token_embeddings.grad[0] * embeds).sum(-1)
-
-    baseline = baseline_embeddings(model, embeds)                                  # [T, d]
-    alphas = (torch.arange(steps, device=model.device, dtype=embeds.dtype) + 0.5) / steps   # midpoints
-    path_grad = torch.zeros_like(embeds)
-    chunk = max(1, IG_TOKENS_PER_PASS // ids.shape[1])  # points of the path per pass: memory stays bounded
-    for a in alphas.split(chunk):
-        points = baseline[None] + a[:, None, None] * (embeds - baseline)[None]   # [chunk, T, d]
-        walked = model(ids.expand(len(a), -1), grad=True, token_embeddings=points)
-        walked.logits[:, position, target].sum().backward()
-        path_grad += walked.token_embeddings.grad.sum(0)
-    integrated = (path_grad / steps * (embeds - baseline)).sum(-1)
-    with torch.inference_mode():
-        at_baseline = model(ids, token_embeddings=baseline[None]).logits[0, position, target]
-    difference = (logits[target] - at_baseline).item()
+    base_rows = baseline_embeddings(model, embeds, baseline)                   # [T, d]
+    integrated = integrated_gradients(model, ids, embeds, base_rows, position, target, foil, steps)
+    difference = at_input.item() - explained_at(model, ids, base_rows, position, target, foil)
     attentions = [a[0] for a in out.attentions]
     keep = slice(0, position + 1) if cfg.causal else slice(None)
     return Attribution(
-        position=position, target=target,
+        position=position, target=target, foil=foil, baseline=baseline, steps=steps,
         head=attentions[layer][head, position, keep].detach().cpu(),
         head_mean=attentions[layer][:, position, keep].mean(0).detach().cpu(),
         rollout=rollout(attentions)[position, keep].detach().cpu(),
         grad_input=grad_input[keep].detach().cpu(), integrated=integrated[keep].detach().cpu(),
-        completeness_error=abs(integrated.sum().item() - difference), logit_difference=difference)
+        completeness_error=Completeness(steps, integrated.sum().item(), difference).error,
+        logit_difference=difference)
+
+
+def completeness_by_steps(model, ids: Tensor, position: int | None = None, steps: tuple[int, ...] = (8, 32, 128),
+                          target: int | None = None, foil: int | None = None,
+                          baseline: str = "pad") -> list[Completeness]:
+    """Integrated gradients' completeness measured at each number of steps, on the same path and the same f
+    as attribute (which gives the same error at the same steps). The error need not shrink as steps grow: the
+    midpoint rule's error falls steadily only where the gradient changes smoothly along the path, and where it
+    changes sharply between points (a norm of a small stream, a softmax switching keys) more points can land
+    worse."""
+    ids, position = attribution_inputs(model, ids, position, steps)
+    check_baseline(baseline)  # a wrong name fails before the costly passes
+    out = model(ids, grad=True)
+    embeds = out.token_embeddings.detach()[0]                                  # [T, d]
+    logits = out.logits[0, position].detach()
+    target, foil = explained_tokens(logits, target, foil)
+    base_rows = baseline_embeddings(model, embeds, baseline)
+    difference = explained(logits, target, foil).item() - explained_at(model, ids, base_rows, position, target, foil)
+    return [Completeness(count, integrated_gradients(model, ids, embeds, base_rows, position, target, foil, count)
+                         .sum().item(), difference) for count in steps]
 
 
 # ---- the logit lens and surprisal ----

@@ -575,6 +575,52 @@ def test_attribute_compares_attention_with_gradients_for_one_prediction(client, 
     assert f"Position {n - 1} " in last
 
 
+def test_attribute_explains_a_target_against_a_foil_from_the_chosen_baseline(client, tiny_models):
+    from core import load_model
+    from core.analysis import heads
+    from ui.services.text import as_batch, encode
+
+    model = load_model(tiny_models["llama"], device="cpu")
+    the, lit = (model.tokenizer(word, add_special_tokens=False).input_ids[0] for word in (" the", " lit"))
+    note, chart, _ = client.predict(tiny_models["llama"], TEXT, 5, 1, 2, 16, " the", " lit", "mean",
+                                    api_name="/attribute")
+    assert "explaining **logit(' the') − logit(' lit')**" in note and "mean embedding row" in note
+    ids = as_batch(encode(model, TEXT).ids)
+    expected = heads.attribute(model, ids, 5, 1, 2, 16, target=the, foil=lit, baseline="mean")
+    traces = figure(chart)["data"]
+    assert "rather than ' lit'" in figure(chart)["layout"]["title"]["text"]
+    np.testing.assert_allclose(plotly_array(traces[4]["customdata"]), expected.integrated.numpy(), atol=1e-4)
+    np.testing.assert_allclose(plotly_array(traces[3]["customdata"]), expected.grad_input.numpy(), atol=1e-4)
+    # the measured table: one row per step count (position 5 reads 6 tokens, so even 128 steps fit the budget)
+    rows = {int(line.split("|")[1].split()[0]): line.split("|")[2:4] for line in note.splitlines()
+            if line.startswith("| ") and line.split("|")[1].strip()[:1].isdigit()}
+    assert sorted(rows) == [8, 16, 32, 128]
+    measured = heads.completeness_by_steps(model, ids, 5, (8, 32, 128), the, lit, "mean")
+    for m in measured:
+        assert float(rows[m.steps][1]) == pytest.approx(m.error, abs=2e-3)
+    assert f"should equal f(text) − f(baseline) = {expected.logit_difference:.3f}" in note
+    assert "need not shrink as steps grow" in note
+    # empty boxes: the model's top token, no foil, as before the boxes existed
+    plain = client.predict(tiny_models["llama"], TEXT, 5, 1, 2, 16, "", "", "pad", api_name="/attribute")[0]
+    assert "the model's top next token" in plain and "foil" not in plain.split("  \n")[0]
+
+
+@pytest.mark.parametrize(
+    ("boxes", "message"),
+    [
+        ((" lamp", "", "pad"), r"Target token must be one token, and ' lamp' splits into 2 here: ' lam' \+ 'p'"),
+        (("", " lamp again", "pad"), r"Foil token must be one token, and ' lamp again' splits into 3 here"),
+        (("<b>x", "", "pad"), r"Target token must be one token, and '&lt;b&gt;x' splits into 4 here: '&lt;' \+ 'b'"),
+        ((" the", " the", "pad"), "the foil must differ from the target"),
+        (("", "", "ones"), "Integrated-gradients baseline"),
+    ],
+)
+def test_attribute_says_in_words_what_is_wrong_with_a_target_foil_or_baseline(client, tiny_models, boxes, message):
+    with pytest.raises(AppError, match=message) as caught:
+        client.predict(tiny_models["llama"], TEXT, 5, 1, 2, 4, *boxes, api_name="/attribute")
+    assert "Something went wrong" not in str(caught.value) and "<b>" not in str(caught.value)
+
+
 def head_view_of(client, model):
     return attention(client, model)[2]
 

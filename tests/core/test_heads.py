@@ -62,9 +62,18 @@ def test_induction_scores_read_the_right_keys(llama):
     ids = result.ids.to(llama.device)
     out = llama(ids, capture_attention=True)
     n, offset, length = ids.shape[1], 1, 30                                # bos first
-    second = torch.arange(offset + length + 1, n)
-    expected = torch.stack([a[0][:, second, second - length + 1].mean(-1) for a in out.attentions])
+    second = torch.arange(offset + length, n)                              # every token of the second copy
+    assert second[0] == 31 and torch.equal(ids[0, second[0]], ids[0, offset])  # its first token, copied from 1
+    keys = second - length + 1                                             # the token after each earlier copy
+    assert keys[0] == offset + 1 and keys[-1] == n - length
+    assert torch.equal(ids[0, keys[:-1]], ids[0, second[1:]])              # the key is what comes next
+    expected = torch.stack([a[0][:, second, keys].mean(-1) for a in out.attentions])
     torch.testing.assert_close(result.scores, expected)
+    by_hand = torch.tensor([[sum(a[0, h, q, q - length + 1].item() for q in range(31, n)) / (n - 31)
+                             for h in range(4)] for a in out.attentions])
+    torch.testing.assert_close(result.scores, by_hand)
+    without_first = torch.stack([a[0][:, second[1:], keys[1:]].mean(-1) for a in out.attentions])
+    assert not torch.allclose(result.scores, without_first)               # the first query is really counted
 
 
 def test_named_heads_use_the_stated_thresholds():
@@ -140,6 +149,76 @@ def test_integrated_gradients_converge_to_the_logit_difference(build):
         heads.attribute(model, ids, layer=5)
 
 
+def test_contrastive_attribution_is_the_difference_of_the_two_logits_attributions(llama):
+    ids = torch.randint(3, tiny.VOCAB - 1, (1, 12), generator=torch.Generator().manual_seed(0))
+    logits = llama(ids).logits[0, -1]
+    top, other = logits.argsort(descending=True)[:2].tolist()
+    of_target, of_foil = heads.attribute(llama, ids, steps=16), heads.attribute(llama, ids, steps=16, target=other)
+    contrast = heads.attribute(llama, ids, steps=16, target=top, foil=other)
+    assert (of_target.target, of_target.foil, contrast.target, contrast.foil) == (top, None, top, other)
+    assert of_foil.target == other and contrast.baseline == "pad" and contrast.steps == 16
+    # gradients are linear: the gradient of logit(t) − logit(f) is the gradient of one minus the other's
+    torch.testing.assert_close(contrast.grad_input, of_target.grad_input - of_foil.grad_input, atol=1e-4, rtol=0)
+    torch.testing.assert_close(contrast.integrated, of_target.integrated - of_foil.integrated, atol=1e-4, rtol=0)
+    assert contrast.logit_difference == pytest.approx(of_target.logit_difference - of_foil.logit_difference, abs=1e-4)
+    baseline = heads.baseline_embeddings(llama, llama(ids, grad=True).token_embeddings.detach()[0])
+    at_baseline = llama(ids, token_embeddings=baseline[None]).logits[0, -1]
+    difference = (logits[top] - logits[other]) - (at_baseline[top] - at_baseline[other])
+    assert contrast.logit_difference == pytest.approx(difference.item(), abs=1e-4)
+    assert contrast.completeness_error == pytest.approx(abs(contrast.integrated.sum().item() - difference.item()),
+                                                        abs=1e-4)
+    with pytest.raises(ValueError, match="the foil must differ from the target"):
+        heads.attribute(llama, ids, steps=2, foil=top)
+    with pytest.raises(IndexError, match=f"foil token id {tiny.VOCAB} is out of range"):
+        heads.attribute(llama, ids, steps=2, foil=tiny.VOCAB)
+
+
+@pytest.mark.parametrize("build", [tiny.gpt2, tiny.llama], ids=["gpt2", "llama"])
+def test_each_baseline_starts_elsewhere_and_the_completeness_identity_holds(build):
+    model = load_model(tiny.save(build()), device="cpu")
+    ids = torch.randint(3, tiny.VOCAB - 1, (1, 12), generator=torch.Generator().manual_seed(0))
+    embeds = model(ids, grad=True).token_embeddings.detach()[0]
+    table = model.stack.embed.tokens.weight.detach()
+    starts = {name: heads.baseline_embeddings(model, embeds, name) for name in heads.BASELINES}
+    torch.testing.assert_close(starts["pad"], table[2].expand_as(embeds))  # no padding token: end-of-text's row
+    torch.testing.assert_close(starts["mean"], table.mean(0).expand_as(embeds))
+    assert not starts["zero"].any()
+    assert all(not torch.equal(starts[a], starts[b]) for a in heads.BASELINES for b in heads.BASELINES if a < b)
+    errors = {}
+    for name in heads.BASELINES:
+        result = heads.attribute(model, ids, steps=128, baseline=name)
+        assert result.baseline == name
+        errors[name] = result.completeness_error
+        at_baseline = model(ids, token_embeddings=starts[name][None]).logits[0, -1, result.target]
+        assert result.logit_difference == pytest.approx(
+            (model(ids).logits[0, -1, result.target] - at_baseline).item(), abs=1e-4)
+    scale = result.integrated.abs().sum().item()
+    assert errors["pad"] <= 1e-3 * scale and errors["mean"] <= 1e-3 * scale
+    if build is tiny.gpt2:  # learned positions and biases: even an all-zero start gives a smooth path
+        assert errors["zero"] <= 1e-3 * scale
+    else:  # RMSNorm of an all-zero stream: the path's change is a jump near its start, which the midpoints miss
+        assert errors["zero"] > 100 * max(errors["pad"], errors["mean"])
+    for call in (lambda: heads.attribute(model, ids, baseline="ones"),
+                 lambda: heads.completeness_by_steps(model, ids, baseline="ones")):
+        with pytest.raises(ValueError, match="baseline must be one of 'pad', 'mean', 'zero', got 'ones'"):
+            call()
+
+
+def test_completeness_by_steps_measures_what_attribute_reports(llama):
+    ids = torch.randint(3, tiny.VOCAB - 1, (1, 10), generator=torch.Generator().manual_seed(3))
+    for target, foil, baseline in ((None, None, "pad"), (5, 7, "mean"), (None, 11, "zero")):
+        measured = heads.completeness_by_steps(llama, ids, 6, steps=(3, 8, 20), target=target, foil=foil,
+                                               baseline=baseline)
+        assert [m.steps for m in measured] == [3, 8, 20]
+        for m in measured:
+            one = heads.attribute(llama, ids, 6, steps=m.steps, target=target, foil=foil, baseline=baseline)
+            assert m.error == pytest.approx(one.completeness_error, abs=1e-5)
+            assert m.difference == pytest.approx(one.logit_difference, abs=1e-5)
+            assert m.total == pytest.approx(one.integrated.sum().item(), abs=1e-5)
+    with pytest.raises(ValueError, match="steps must be ≥ 1, got 0"):
+        heads.completeness_by_steps(llama, ids, steps=(8, 0))
+
+
 def test_logit_lens_table_and_surprisal(llama):
     ids = torch.randint(3, tiny.VOCAB - 1, (1, 10), generator=torch.Generator().manual_seed(4))
     table = heads.lens_table(llama, ids)
@@ -204,6 +283,21 @@ def test_smollm2_lens_ends_at_the_logits_and_gradient_x_input_equals_transformer
     expected = (embeds.grad[0] * embeds[0].detach()).sum(-1)
     torch.testing.assert_close(result.grad_input, expected, atol=1e-3, rtol=1e-3)
     assert abs(result.integrated.sum().item() - result.logit_difference) == pytest.approx(result.completeness_error)
+
+
+@pytest.mark.real_weights
+def test_smollm2_contrastive_gradient_x_input_equals_transformers(smollm):
+    transformers = pytest.importorskip("transformers")
+    tok = smollm.tokenizer
+    ids = tok("When Mary and John went to the store, John gave a drink to", return_tensors="pt").input_ids
+    (mary,), (john,) = (tok(word, add_special_tokens=False).input_ids for word in (" Mary", " John"))
+    result = heads.attribute(smollm, ids, steps=4, target=mary, foil=john)
+    assert (result.target, result.foil) == (mary, john)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(ensure("smollm2-135m-instruct"))
+    embeds = reference.get_input_embeddings()(ids).detach().requires_grad_(True)
+    logits = reference(inputs_embeds=embeds).logits[0, -1]
+    (logits[mary] - logits[john]).backward()
+    torch.testing.assert_close(result.grad_input, (embeds.grad[0] * embeds[0].detach()).sum(-1), atol=1e-3, rtol=1e-3)
 
 
 def test_ablating_an_mlm_encoder_measures_its_own_tokens():

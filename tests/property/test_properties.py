@@ -599,6 +599,23 @@ def test_heads_tab_attribution(page, tiny, kind, text, position, layer, head, st
     assert_small(outputs)
 
 
+@example(kind="llama", target="a\ud800b", foil="", baseline="pad")
+@example(kind="llama", target="", foil="<|im_end|>", baseline="zero")
+@examples(20)
+@given(kind=models, target=st.one_of(texts, texts_with_surrogates, numbers), foil=st.one_of(texts, numbers),
+       baseline=st.one_of(st.sampled_from(["pad", "mean", "zero"]), texts))
+def test_heads_tab_attribution_target_foil_and_baseline(page, tiny, kind, target, foil, baseline):
+    """Whatever is typed as a target or foil token, or sent as a baseline: a result, or a message naming the box."""
+    handlers, _ = page
+    outputs, error = call(handlers["attribute"], tiny[kind], "The keeper lit the lamp.", -1, 0, 0, 2, target, foil,
+                          baseline, None)
+    assert_clear(error)
+    if error is not None:
+        assert any(name in str(error.message) for name in ("Target token", "Foil token", "Baseline", "foil must")), \
+            error.message
+    assert_small(outputs)
+
+
 @examples(20)
 @given(kind=models, text=texts, endpoint=st.sampled_from(["logit_lens", "surprisal"]))
 def test_heads_tab_lens_and_surprisal(page, tiny, kind, text, endpoint):

@@ -349,6 +349,55 @@ def test_attribution_checks_its_settings_and_the_steps_times_tokens_budget(tiny_
     assert len(attribution(model, cache, 3, 0, 0, 256).integrated) == 4  # position 3 reads 4 tokens
 
 
+def test_attribution_reads_target_and_foil_as_one_token_each_and_checks_the_baseline(tiny_llama):
+    from core.analysis import heads
+
+    model = ModelStore().get(tiny_llama)
+    cache = heads_cache(None, tiny_llama, encode(model, HEADS_TEXT))
+    the, lit = (model.tokenizer(word, add_special_tokens=False).input_ids for word in (" the", " lit"))
+    assert len(the) == len(lit) == 1  # one token each in the tiny tokenizer
+    result = attribution(model, cache, 5, 1, 2, 4, " the", " lit", "mean")
+    assert (result.target, result.foil, result.baseline) == (the[0], lit[0], "mean")
+    expected = heads.attribute(model, as_batch(cache.tokens.ids), 5, 1, 2, 4, target=the[0], foil=lit[0],
+                               baseline="mean")
+    torch.testing.assert_close(result.integrated, expected.integrated)
+    top = attribution(model, cache, 5, 1, 2, 4, "", None, "pad")  # empty boxes: the top token, no foil
+    with torch.inference_mode():
+        assert top.foil is None and top.target == model(as_batch(cache.tokens.ids)).logits[0, 5].argmax().item()
+    for args, message in [
+        ((" lamp", "", "pad"), r"Target token must be one token, and ' lamp' splits into 2 here: ' lam' \+ 'p'\. "
+                                r".*leave the field empty for the model's top token"),
+        (("", " lamp again", "pad"), r"Foil token must be one token, and ' lamp again' splits into 3 here: "
+                                     r"' lam' \+ 'p' \+ ' again'.* empty for no foil"),
+        (("", "", "ones"), "Baseline must be one of pad, mean, zero, got 'ones'"),
+        ((" the", " the", "pad"), "the foil must differ from the target"),
+        (("", 3, "pad"), "Foil token must be text typed as one token, got a int"),
+    ]:
+        with pytest.raises(UserError, match=message):
+            attribution(model, cache, 5, 1, 2, 4, *args)
+
+
+def test_the_completeness_table_measures_each_step_count_within_the_budget(tiny_llama):
+    from core.analysis import heads
+    from ui.services.heads import COMPLETENESS_STEPS, completeness_table
+
+    model = ModelStore().get(tiny_llama)
+    cache = heads_cache(None, tiny_llama, encode(model, f"{HEADS_TEXT} {HEADS_TEXT}"))
+    n = len(cache.tokens.ids)
+    assert 32 * n <= 4096 < 128 * n  # this text fits 8 and 32 steps, not 128
+    result = attribution(model, cache, -1, 0, 0, 4, "", " lit", "pad")
+    table = completeness_table(model, cache, result)
+    assert [row.steps for row in table] == sorted({4, *COMPLETENESS_STEPS})
+    assert table[0].measured.error == pytest.approx(result.completeness_error)  # its own steps, read not rerun
+    measured = heads.completeness_by_steps(model, as_batch(cache.tokens.ids), n - 1, (8, 32), result.target,
+                                           result.foil, "pad")
+    assert [row.measured.error for row in table[1:3]] == pytest.approx([m.error for m in measured])
+    assert table[3].measured is None and f"128 steps × {n} tokens" in table[3].skipped
+    assert completeness_table(model, cache, result) is table  # kept for the same settings
+    short = attribution(model, cache, 3, 0, 0, 4)  # 4 tokens: 128 steps fit
+    assert all(row.measured is not None for row in completeness_table(model, cache, short))
+
+
 def test_the_heads_tab_head_map_is_the_attention_tabs_head_view(tiny_llama):
     from ui.views.attention import attention_view
 

@@ -5,11 +5,9 @@ between the Heads tab's sections does not recompute them."""
 
 from __future__ import annotations
 
-import queue
 import re
-import threading
-import time
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,13 +16,15 @@ import torch
 from core.analysis import heads
 from core.analysis.capture import layer_map
 from ui.services.checks import UserError, check_range
-from ui.services.text import Encoded, as_batch, to_numpy, token_grid, token_texts
+from ui.services.jobs import stream_job
+from ui.services.text import Encoded, as_batch, one_token, to_numpy, token_grid, token_texts
 
 MAX_HEADS_TOKENS = 512  # the Heads tab's cap: its sections run the model several times on the text
 MAX_SWEEP_TOKENS = 128  # the sweep runs the text once per head (270 times for SmolLM2)
 SWEEP_BATCH = 16  # heads ablated per forward pass of the sweep
 MAX_IG_STEPS = 256
 MAX_IG_TOKEN_STEPS = 4096  # integrated gradients run steps × tokens at once with gradients (about 8 GB for SmolLM2)
+COMPLETENESS_STEPS = (8, 32, 128)  # the step counts at which the completeness error is measured and shown
 INDUCTION_LENGTH = 100  # the probe: 100 seeded random tokens, then the same 100 again
 INDUCTION_SEED = 0
 TOP_HEADS = 5  # rows per score in the top-heads table, and the heads "top 5 by a score" picks
@@ -86,7 +86,8 @@ class HeadsCache:
     sweeps: dict[str, torch.Tensor] = field(default_factory=dict)  # ablation → [L, H] mean loss increase
     lens: heads.LensTable | None = None
     surprisal: heads.Surprisal | None = None
-    attribution: tuple | None = None  # (settings, heads.Attribution) of the last call
+    attribution: tuple | None = None  # (AttributionSettings, heads.Attribution) of the last call
+    completeness: tuple | None = None  # (its settings, [CompletenessRow]) of the last completeness table
 
     @property
     def model_name(self) -> str:
@@ -245,54 +246,39 @@ class SweepUpdate:
     seconds: float
 
 
-class SweepStopped(Exception):
-    """The sweep's reader went away (the page stopped it), so the worker ends at the next batch."""
-
-
 def stream_sweep(model, ids: list[int], kind: str, batch: int = SWEEP_BATCH) -> Iterator[SweepUpdate]:
     """Ablate every head of the main stack alone, `batch` at a time, yielding after each batch and then the
     [L, H] map of mean loss increase. The sweep runs in a worker thread; closing the iterator stops it."""
     kind = check_ablation(kind)
-    updates: queue.Queue = queue.Queue()
-    stopped = threading.Event()
-
-    def report(done: int, total: int) -> None:
-        if stopped.is_set():
-            raise SweepStopped
-        updates.put(("progress", done, total))
-
-    def work() -> None:
-        try:
-            updates.put(("done", heads.ablation_sweep(model, as_batch(ids, model.device), kind, batch, report)))
-        except SweepStopped:
-            pass
-        except Exception as exc:  # noqa: BLE001 - handed to the reader, which raises it
-            updates.put(("error", exc))
-
-    started = time.perf_counter()
-    total = model.config.n_layers * model.config.n_heads
-    worker = threading.Thread(target=work, name="ablation-sweep", daemon=True)
-    worker.start()
-    try:
-        yield SweepUpdate(0, total, None, 0.0)
-        while True:
-            message = updates.get()
-            seconds = time.perf_counter() - started
-            if message[0] == "progress":
-                yield SweepUpdate(message[1], message[2], None, seconds)
-            elif message[0] == "done":
-                yield SweepUpdate(total, total, message[1], seconds)
-                return
-            else:
-                raise message[1]
-    finally:
-        stopped.set()
+    work = lambda report: heads.ablation_sweep(model, as_batch(ids, model.device), kind, batch, report)  # noqa: E731
+    with closing(stream_job(work, model.config.n_layers * model.config.n_heads, "ablation-sweep")) as updates:
+        for update in updates:
+            yield SweepUpdate(update.done, update.total, update.result, update.seconds)
 
 
-def attribution(model, cache: HeadsCache, position, layer, head, steps) -> heads.Attribution:
-    """Attention, rollout, gradient × input and integrated gradients for the prediction at one position, with
-    every setting checked first (steps × tokens within MAX_IG_TOKEN_STEPS). The last result is kept in the cache
-    with its settings (position, layer, head, steps)."""
+def explained_token(model, field: str, text, empty: str) -> int | None:
+    """A target or foil box's token id (None when empty), within what the LM head predicts."""
+    token = one_token(model, field, text, empty)
+    if token is not None and token >= model.config.vocab_size:
+        raise UserError(f"{field}: {text!r} is token {token}, which this model's LM head does not predict (it "
+                        f"scores ids 0–{model.config.vocab_size - 1}).")
+    return token
+
+
+@dataclass(frozen=True)
+class AttributionSettings:
+    position: int
+    layer: int
+    head: int
+    steps: int
+    target: int | None  # None: the model's top token
+    foil: int | None
+    baseline: str
+
+
+def attribution_settings(model, cache: HeadsCache, position, layer, head, steps, target_text=None, foil_text=None,
+                         baseline="pad") -> AttributionSettings:
+    """Every attribution setting checked, with the steps × tokens budget (MAX_IG_TOKEN_STEPS)."""
     reason = lm_head_reason(model, "Attribution")
     if reason:
         raise UserError(reason)
@@ -310,14 +296,65 @@ def attribution(model, cache: HeadsCache, position, layer, head, steps) -> heads
             f"the limit is {MAX_IG_TOKEN_STEPS:,}. Use at most {max(1, MAX_IG_TOKEN_STEPS // used)} steps"
             + (", or an earlier position." if cfg.causal else ", or a shorter text.")
         )
-    settings = (position, layer, head, steps)
+    if baseline not in heads.BASELINES:
+        raise UserError(f"Baseline must be one of {', '.join(heads.BASELINES)}, got {str(baseline)[:40]!r}.")
+    target = explained_token(model, "Target token", target_text, "for the model's top token")
+    foil = explained_token(model, "Foil token", foil_text, "for no foil")
+    return AttributionSettings(position, layer, head, steps, target, foil, baseline)
+
+
+def attribution(model, cache: HeadsCache, position, layer, head, steps, target_text=None, foil_text=None,
+                baseline="pad") -> heads.Attribution:
+    """Attention, rollout, gradient × input and integrated gradients for the prediction at one position (of
+    logit(target), or of logit(target) − logit(foil)), with every setting checked first. The last result is kept
+    in the cache with its settings."""
+    settings = attribution_settings(model, cache, position, layer, head, steps, target_text, foil_text, baseline)
     if cache.attribution is None or cache.attribution[0] != settings:
+        ids = as_batch(cache.tokens.ids, model.device)
         try:
-            result = heads.attribute(model, as_batch(cache.tokens.ids, model.device), position, layer, head, steps)
+            result = heads.attribute(model, ids, settings.position, settings.layer, settings.head, settings.steps,
+                                     target=settings.target, foil=settings.foil, baseline=settings.baseline)
         except (ValueError, IndexError) as exc:
             raise UserError(str(exc)) from exc
         cache.attribution = (settings, result)
     return cache.attribution[1]
+
+
+@dataclass
+class CompletenessRow:
+    steps: int
+    measured: heads.Completeness | None  # None: not run, for the reason in `skipped`
+    skipped: str = ""
+
+
+def completeness_table(model, cache: HeadsCache, result: heads.Attribution,
+                       counts=COMPLETENESS_STEPS) -> list[CompletenessRow]:
+    """The completeness error of `result`'s integrated gradients (the same position, target, foil and baseline)
+    measured at each number of steps in `counts` and at the result's own, which is read from it rather than run
+    again; a count over the steps × tokens budget is listed as not run. Kept in the cache for these settings."""
+    key = (result.position, result.target, result.foil, result.baseline, result.steps, tuple(counts))
+    if cache.completeness is not None and cache.completeness[0] == key:
+        return cache.completeness[1]
+    used = len(result.integrated)
+    rows = {result.steps: CompletenessRow(result.steps, heads.Completeness(
+        result.steps, float(result.integrated.sum()), result.logit_difference))}
+    todo = []
+    for count in sorted(set(counts) - {result.steps}):
+        if count * used > MAX_IG_TOKEN_STEPS:
+            rows[count] = CompletenessRow(count, None, f"not run: {count} steps × {used} tokens = {count * used:,} "
+                                                       f"token passes, over the limit of {MAX_IG_TOKEN_STEPS:,}")
+        else:
+            todo.append(count)
+    if todo:
+        try:
+            measured = heads.completeness_by_steps(model, as_batch(cache.tokens.ids, model.device), result.position,
+                                                   todo, result.target, result.foil, result.baseline)
+        except (ValueError, IndexError) as exc:
+            raise UserError(str(exc)) from exc
+        rows.update({m.steps: CompletenessRow(m.steps, m) for m in measured})
+    table = [rows[count] for count in sorted(rows)]
+    cache.completeness = (key, table)
+    return table
 
 
 def cached_lens(model, cache: HeadsCache) -> heads.LensTable:

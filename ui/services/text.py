@@ -139,3 +139,25 @@ def token_grid(model, ids: np.ndarray) -> list[list[str]]:
     distinct = np.unique(ids)
     names = dict(zip(distinct.tolist(), token_texts(model, distinct)))
     return [[names[i] for i in row] for row in ids.tolist()]
+
+
+def one_token(model, field: str, text: str | None, empty: str) -> int | None:
+    """The id of the one token `text` is (typed as it appears in running text, e.g. " Mary" with its space), None
+    when the field is empty (`empty` says what that means), or a UserError naming the field and showing how the
+    text splits."""
+    if text is None or text == "":
+        return None
+    if not isinstance(text, str):
+        raise UserError(f"{field} must be text typed as one token, got a {type(text).__name__}.")
+    ids = model.tokenizer(valid_unicode(text), add_special_tokens=False)["input_ids"]
+    if len(ids) == 1:
+        return ids[0]
+    if not ids:
+        raise UserError(f"{field}: {text[:40]!r} gives no token here; type one token, e.g. ' Mary', or leave the "
+                        f"field empty {empty}.")
+    pieces = token_pieces(model, ids)
+    shown = " + ".join(repr(piece) for piece in pieces[:8]) + (f" + … ({len(ids) - 8} more)" if len(ids) > 8 else "")
+    raise UserError(
+        f"{field} must be one token, and {text[:40]!r} splits into {len(ids)} here: {shown}. Type one of them "
+        f"(a leading space is part of a word's token), or leave the field empty {empty}."
+    )

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ui.services.heads import MAX_HEADS_TOKENS, MAX_IG_STEPS, MAX_SWEEP_TOKENS, SWEEP_BATCH, scored_shape
+from ui.services.heads import (COMPLETENESS_STEPS, MAX_HEADS_TOKENS, MAX_IG_STEPS, MAX_SWEEP_TOKENS, SWEEP_BATCH,
+                               scored_shape)
 from ui.tabs.events import ON_ANALYSIS, handler, user_errors
 from ui.tabs.widgets import Tab, export_row, layer_head, read_example, text_with_upload
 from ui.views import heads as views
@@ -22,6 +23,12 @@ whether the output **depends** on a head (ablation), which inputs one prediction
 (attribution), what each layer **would predict** (the logit lens) and how **surprised** the model is by each
 token. The tab reads the first {MAX_HEADS_TOKENS} tokens of the text; the sweep the first
 {MAX_SWEEP_TOKENS}."""
+ATTRIBUTION_HELP = f"""Each box takes one token as it appears in running text (a word's token usually starts
+with its space: `' Mary'`). With a **foil**, every view that uses gradients explains logit(target) − logit(foil):
+why this token rather than that one. Integrated gradients walk from the **baseline** to the text (all zeros is a poor
+start where nothing else enters the stream, as in Llama-style models: the final norm makes a near-zero stream
+full-sized, so the path jumps at its start); the note measures their completeness error (Σ attributions against
+f(text) − f(baseline)) at {', '.join(map(str, COMPLETENESS_STEPS))} steps and at yours."""
 SURPRISAL_CSS = """
 .surprisal { white-space: pre-wrap; line-height: 1.9; }
 .surprisal .tok { border-radius: 3px; padding: 1px 0; cursor: help; }
@@ -162,14 +169,21 @@ def attribution_section(services, picker, initial, text, cache) -> None:
         layer, head = layer_head(services.models, picker, initial, "heads-attr", keep=False, row=False)
         steps = gr.Number(value=32, label=f"Integrated-gradient steps (1–{MAX_IG_STEPS})", precision=0,
                           elem_id="heads-attr-steps")
+    with gr.Row():
+        target = gr.Textbox("", label="Target token", placeholder="empty: the model's top token; e.g. ' Mary'",
+                            elem_id="heads-attr-target")
+        foil = gr.Textbox("", label="Foil token", placeholder="empty: no foil; e.g. ' John'", elem_id="heads-attr-foil")
+        baseline = gr.Radio(views.BASELINE_CHOICES, value="pad", label="Integrated-gradients baseline",
+                            elem_id="heads-attr-baseline")
         button = gr.Button("Attribute", variant="primary", elem_id="heads-attr-run")
+    gr.Markdown(ATTRIBUTION_HELP)
     note = gr.Markdown(label="attribution note", elem_id="heads-attr-note")
     figure = gr.Plot(label="Four views of one prediction", elem_id="heads-attr-chart")
     correlations = gr.Dataframe(headers=["", *views.ATTRIBUTION_VIEWS], label="Spearman rank correlations",
                                 interactive=False, elem_id="heads-attr-corr")
     button.click(handler(views.attribution_view, services, "attribute"),
-                 [picker.model, text, position, layer, head, steps, cache], [note, figure, correlations, cache],
-                 api_name="attribute", **ON_ANALYSIS)
+                 [picker.model, text, position, layer, head, steps, target, foil, baseline, cache],
+                 [note, figure, correlations, cache], api_name="attribute", **ON_ANALYSIS)
 
 
 def lens_section(services, picker, text, cache) -> None:

@@ -15,12 +15,12 @@ from ui.plots.heads import attribution_figure, head_score_map, lens_figure, loss
 from ui.plots.text import escaped, surprisal_html
 from ui.services import Services
 from ui.services.checks import UserError, check_range, index_of
-from ui.services.heads import (INDUCTION_LENGTH, INDUCTION_SEED, MAX_HEADS_TOKENS, MAX_IG_STEPS, MAX_IG_TOKEN_STEPS,
-                               MAX_SWEEP_TOKENS, ablation, alternatives, attribution, check_ablation, check_score,
+from ui.services.heads import (INDUCTION_LENGTH, INDUCTION_SEED, MAX_HEADS_TOKENS, MAX_SWEEP_TOKENS, ablation,
+                               alternatives, attribution, check_ablation, check_score, completeness_table,
                                format_heads, head_map, head_scores, heads_cache, cached_lens, lm_head_reason,
                                loss_tokens, next_token_reason, parse_heads, score_names, scored_shape, stream_sweep,
                                sweep_scores, token_surprisal, top_heads)
-from ui.services.text import Encoded, encode, to_numpy, token_grid, token_pieces, token_texts
+from ui.services.text import Encoded, encode, to_numpy, token_grid, token_pieces
 from ui.views import export
 from ui.views.attention import head_figure
 
@@ -275,11 +275,17 @@ def sweep_view(services: Services, model_name, text_value, ablation_kind, score_
         note += " For entropy, a negative ρ means the focused (low-entropy) heads matter more."
     yield note, export.named(fig, export.filename(name, f"sweep-{kind}-vs-{score}")), cache
 ATTRIBUTION_VIEWS = ("head", "head mean", "rollout", "gradient × input", "integrated gradients")
+BASELINE_CHOICES = [  # (label, value): integrated gradients' starting points, core.analysis.heads.BASELINES
+    ("padding token (else end-of-text, else the mean row)", "pad"),
+    ("mean embedding row", "mean"),
+    ("all zeros", "zero"),
+]
 
 
 def attribution_view(services: Services, model_name, text_value, position_index, layer_index, head_index,
-                     steps_value, previous=None, progress=None):
-    """Attention, rollout and gradients for one prediction; the body of the `attribute` endpoint.
+                     steps_value, target_text="", foil_text="", baseline_name="pad", previous=None, progress=None):
+    """Attention, rollout and gradients for one prediction (of logit(target), or logit(target) − logit(foil)),
+    and the completeness error measured at several step counts; the body of the `attribute` endpoint.
     Returns (note, chart, correlation table, cache)."""
     name, text, position, layer, head, steps = (model_name, text_value, position_index, layer_index, head_index,
                                                 steps_value)
@@ -291,11 +297,14 @@ def attribution_view(services: Services, model_name, text_value, position_index,
     tokens = encode(model, text, MAX_HEADS_TOKENS)
     cache = heads_cache(previous, name, tokens)
     started = time.perf_counter()
-    result = attribution(model, cache, position, layer, head, steps)
+    result = attribution(model, cache, position, layer, head, steps, target_text, foil_text, baseline_name)
+    table = completeness_table(model, cache, result)
     seconds = time.perf_counter() - started
-    p, (layer, head, steps) = result.position, cache.attribution[0][1:]
+    chosen = cache.attribution[0]
+    p, layer, head = result.position, chosen.layer, chosen.head
     labels = tokens.labels[: len(result.head)]
-    target = token_texts(model, [result.target])[0]
+    target = token_pieces(model, [result.target])[0]  # its own text, a leading space kept, as typed in the boxes
+    foil = token_pieces(model, [result.foil])[0] if result.foil is not None else None
     series = {
         f"head {layer}.{head} attention": result.head,
         f"mean of layer {layer}'s heads": result.head_mean,
@@ -303,39 +312,67 @@ def attribution_view(services: Services, model_name, text_value, position_index,
         "gradient × input": result.grad_input,
         "integrated gradients": result.integrated,
     }
-    what = "next token" if model.config.causal else "token at that position (masked-LM head)"
+    rather = f" rather than {foil!r}" if foil is not None else ""
     fig = attribution_figure(
         labels, {k: to_numpy(v) for k, v in series.items()},
-        f"Which inputs does the prediction of {target!r} at position {p} depend on? (each view / its largest |value|)",
+        f"Which inputs does the prediction of {target!r}{rather} at position {p} depend on? "
+        "(each view / its largest |value|)",
     )
     correlations = result.correlations()
     rows = [[row] + [round(correlations[row][col], 3) for col in ATTRIBUTION_VIEWS] for row in ATTRIBUTION_VIEWS]
-    error, difference = result.completeness_error, result.logit_difference
-    share = error / abs(difference) if difference else float("inf")
-    relative = f"{share:.0%} of the difference" if share < 2 else f"{share:,.0f}× the difference"
-    total = float(result.integrated.sum())
+    what = "next token" if model.config.causal else "token at that position (masked-LM head)"
+    whose = f"the model's top {what}" if chosen.target is None else f"the {what} you chose"
+    quoted_target, quoted_foil = escaped(repr(target)), escaped(repr(foil))
+    explained = f"logit({quoted_target})" + (f" − logit({quoted_foil})" if foil is not None else "")
     notes = [
-        f"Position {p} ({escaped(tokens.labels[p])}): the model's top {what} is **{escaped(repr(target))}**; "
-        f"explained over {len(labels)} input tokens in {seconds:.1f} s.",
-        f"Integrated gradients, {steps} steps from a baseline of padding tokens: Σ attributions = {total:.3f} against "
-        f"logit(text) − logit(baseline) = {difference:.3f}, a completeness error of **{error:.3f}** "
-        f"({relative}).",
-    ]
-    if share > 0.1:
-        notes.append(
-            f"⚠️ Not converged: more steps usually shrink the error (at most {MAX_IG_STEPS}, and "
-            f"steps × tokens ≤ {MAX_IG_TOKEN_STEPS:,}); a sharp change along the path can need many."
-        )
-    notes.append(
+        f"Position {p} ({escaped(tokens.labels[p])}): explaining **{explained}**: {quoted_target} is {whose}"
+        + (f", {quoted_foil} the foil you chose" if foil is not None else "")
+        + f". Over {len(labels)} input tokens in {seconds:.1f} s.",
+        *completeness_notes(result, table),
         f"{NOT_EXPLANATION} Here head {layer}.{head}'s weights and integrated gradients rank the inputs with "
         f"ρ = {correlations['head']['integrated gradients']:+.2f}, the layer's mean with "
         f"ρ = {correlations['head mean']['integrated gradients']:+.2f}, rollout with "
-        f"ρ = {correlations['rollout']['integrated gradients']:+.2f}."
-    )
+        f"ρ = {correlations['rollout']['integrated gradients']:+.2f}.",
+    ]
     if tokens.note:
         notes.append("⚠️ " + tokens.note)
     image = export.filename(name, f"attribution-pos{index_of(position_index)}", layer, head)
     return "  \n".join(notes), export.named(fig, image), rows, cache
+
+
+def completeness_notes(result, table) -> list[str]:
+    """Integrated gradients' completeness at the chosen steps, and the table of what was measured at each count."""
+    error, difference, steps = result.completeness_error, result.logit_difference, result.steps
+    f = "f = logit(target) − logit(foil)" if result.foil is not None else "f = logit(target)"
+    baseline = {value: label for label, value in BASELINE_CHOICES}[result.baseline]
+    notes = [
+        f"Integrated gradients of {f}, {steps} steps from a baseline of {baseline}: Σ attributions = "
+        f"{float(result.integrated.sum()):.3f} against f(text) − f(baseline) = {difference:.3f}, a completeness "
+        f"error of **{error:.3f}** (error / |difference|: {relative(error, difference)})."
+    ]
+    if error > 0.1 * abs(difference):
+        notes.append(
+            f"⚠️ At {steps} steps the attributions do not add up to the difference: read them with that in mind, and "
+            "see the table below for other step counts (more steps do not always bring the sum closer)."
+        )
+    lines = [
+        f"**Completeness, measured** (Σ attributions should equal f(text) − f(baseline) = {difference:.3f}):",
+        "",
+        "| steps | Σ attributions | error | error / \\|difference\\| |",
+        "|---:|---:|---:|---:|",
+    ]
+    for row in table:
+        m = row.measured
+        cells = [f"{m.total:.3f}", f"{m.error:.3f}", relative(m.error, m.difference)] if m else [row.skipped, "", ""]
+        lines.append(f"| {row.steps}{' (shown)' if row.steps == steps else ''} | " + " | ".join(cells) + " |")
+    lines += ["", "Each error is what was measured at that count: it need not shrink as steps grow, so no count is "
+                  "promised to be enough.", ""]
+    return [*notes, "\n" + "\n".join(lines)]
+
+
+def relative(error: float, difference: float) -> str:
+    share = error / abs(difference) if difference else float("inf")
+    return f"{share:.0%}" if share < 2 else f"{share:,.0f}×"
 
 
 def lens_view(services: Services, model_name, text_value, previous=None, progress=None):
