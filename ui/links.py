@@ -1,4 +1,5 @@
-"""Deep links: the page's state (model, text when short, tab, layer, head) as query parameters, and back.
+"""Deep links: the page's state (model, text when short, tab, layer, head; the Patching tab's corrupted prompt) as
+query parameters, and back.
 
     http://127.0.0.1:7860/?model=smollm2-135m-instruct&tab=attention&layer=18&head=6&text=The+keeper+lit+the+lamp.
 
@@ -14,10 +15,11 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from ui.services.checks import index_of, public_text
 
-TABS = ("generate", "attention", "positions", "masks", "heads", "lab")
+TABS = ("generate", "attention", "positions", "masks", "heads", "patching", "lab")
 TABS_WITH_HEADS = ("attention", "positions", "masks", "heads")  # the tabs that have a layer and a head to set
+TABS_WITH_LAYER = (*TABS_WITH_HEADS, "patching")
 MAX_LINK_TEXT = 600  # characters; a longer text stays out of the link (links of a few kB break in some mailers)
-KEYS = ("model", "tab", "layer", "head", "text")
+KEYS = ("model", "tab", "layer", "head", "text", "corrupted")
 
 
 @dataclass
@@ -27,11 +29,12 @@ class LinkState:
     layer: int | None = None
     head: int | str | None = None  # "mean": the mean of the layer's heads; None: not given, or not usable
     text: str | None = None
+    corrupted: str | None = None  # the Patching tab's second prompt
     messages: list[str] = field(default_factory=list)
 
     @property
     def given(self) -> bool:
-        return any(v is not None for v in (self.model, self.tab, self.layer, self.head, self.text))
+        return any(v is not None for v in (self.model, self.tab, self.layer, self.head, self.text, self.corrupted))
 
 
 def _whole(name: str, raw: str, high: int, messages: list[str]) -> int | None:
@@ -82,24 +85,31 @@ def parse(params: Mapping[str, str], names: Sequence[str], shape: Callable[[str]
         raw = params["head"]
         state.head = "mean" if raw.strip().lower() in ("mean", "mean of heads") else _whole("head", raw, n_heads - 1,
                                                                                             messages)
-    text = params.get("text")
-    if text is not None:
-        if not text.strip():
-            messages.append("The link's text is empty; showing the example text.")
-        elif len(text) > MAX_LINK_TEXT:
-            messages.append(f"The link's text has {len(text):,} characters; a link carries at most "
-                            f"{MAX_LINK_TEXT}, so the example text is shown.")
-        else:
-            state.text = text
+    state.text = _text("text", params.get("text"), messages)
+    state.corrupted = _text("corrupted prompt", params.get("corrupted"), messages)
     return state
 
 
-def make(page_url: str, model: str, tab: str | None, layer, head, text: str | None) -> tuple[str, str]:
+def _text(name: str, text: str | None, messages: list[str]) -> str | None:
+    if text is None:
+        return None
+    if not text.strip():
+        messages.append(f"The link's {name} is empty; showing the example text.")
+    elif len(text) > MAX_LINK_TEXT:
+        messages.append(f"The link's {name} has {len(text):,} characters; a link carries at most "
+                        f"{MAX_LINK_TEXT}, so the example text is shown.")
+    else:
+        return text
+    return None
+
+
+def make(page_url: str, model: str, tab: str | None, layer, head, text: str | None,
+         corrupted: str | None = None) -> tuple[str, str]:
     """A link to `page_url` (its own query dropped) with this state, and a note on what it leaves out."""
     params: dict[str, str] = {"model": model}
     if tab in TABS:
         params["tab"] = tab
-    if index_of(layer) is not None and tab in TABS_WITH_HEADS:  # a field that holds no whole number is left out
+    if index_of(layer) is not None and tab in TABS_WITH_LAYER:  # a field that holds no whole number is left out
         params["layer"] = str(index_of(layer))
     if head in ("mean", "mean of heads") and tab in TABS_WITH_HEADS:
         params["head"] = "mean"
@@ -111,13 +121,10 @@ def make(page_url: str, model: str, tab: str | None, layer, head, text: str | No
     elif text:
         note = (f"The text ({len(text):,} characters) is longer than a link carries ({MAX_LINK_TEXT}): whoever opens "
                 "the link sees the example text.")
+    if corrupted and len(corrupted) <= MAX_LINK_TEXT and tab == "patching":
+        params["corrupted"] = corrupted
+    elif corrupted and tab == "patching":
+        note += (" " if note else "") + (f"The corrupted prompt is longer than a link carries ({MAX_LINK_TEXT}).")
     parts = urlsplit(page_url or "/")
     return urlunsplit((parts.scheme, parts.netloc, parts.path or "/", urlencode(params), "")), note
 
-
-@dataclass
-class TabControls:
-    """The components of one tab that a link sets: its text box, layer and head (gradio components)."""
-    text: object
-    layer: object
-    head: object

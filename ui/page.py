@@ -9,7 +9,7 @@ import logging
 import gradio as gr
 
 from ui import links, spaces
-from ui.tabs import attention, generate, heads, lab, masks, picker as model_picker, positions
+from ui.tabs import attention, generate, heads, lab, masks, patching, picker as model_picker, positions
 from ui.tabs.events import MODEL_GROUPS, ON_ANALYSIS, checked_inputs, message, user_errors
 from ui.tabs.widgets import SVG_BUTTON_JS, Tab
 
@@ -19,7 +19,7 @@ TITLE = "The attention explorer"
 LINK_JS = """(...args) => { args[args.length - 1] = window.location.href; return args; }"""  # the page's own URL
 COPY_JS = """(link) => { if (link && navigator.clipboard) navigator.clipboard.writeText(link).catch(() => {}); }"""
 TAB_IDS = {"Generate": "generate", "Attention": "attention", "Positional encoding": "positions", "Masks": "masks",
-           "Heads": "heads", "Lab": "lab"}
+           "Heads": "heads", "Patching": "patching", "Lab": "lab"}
 
 
 def build_page(services, default_model: str) -> gr.Blocks:
@@ -50,11 +50,12 @@ def layout(services, default_model: str) -> gr.Blocks:
             built = {}
             for label, name, module in (("Generate", "generate", generate), ("Attention", "attention", attention),
                                         ("Positional encoding", "positions", positions), ("Masks", "masks", masks),
-                                        ("Heads", "heads", heads)):
+                                        ("Heads", "heads", heads), ("Patching", "patching", patching)):
                 with gr.Tab(label, id=name):
                     built[name] = module.build(services, picker, initial)
             lab.build(services, picker, initial)  # its own gr.Tab: train a Transformer from scratch
         wire_send(built["generate"], built["attention"], tabs, current_tab)
+        wire_open_head(services, picker, built["patching"], built["attention"], tabs, current_tab)
         tabs.select(remember_tab, None, current_tab, api_visibility="private", queue=False)
         controls = {name: tab for name, tab in built.items() if tab.text is not None}
         deep_links(demo, services, default_model, picker, tabs, current_tab, controls)
@@ -87,6 +88,28 @@ def wire_send(generate_tab: Tab, attention_tab: Tab, tabs, current_tab) -> None:
                             api_visibility="private").then(**attention_tab.run_event)
 
 
+def wire_open_head(services, picker, source: Tab, attention_tab: Tab, tabs, current_tab) -> None:
+    """A click on a head in `source` (its `picked` value "layer.head") opens that head, on the same text, in the
+    Attention tab."""
+
+    @user_errors
+    def open_head(model_name, text, picked):
+        layer, head = (int(part) for part in str(picked).split("."))
+        cfg = services.models.get(model_name).config
+        if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
+            raise gr.Error(message(f"There is no head {picked} in this model."))
+        return text, layer, str(head), gr.Tabs(selected="attention"), "attention"
+
+    source.picked.click(open_head, [picker.model, source.text, source.picked],
+                        [attention_tab.text, attention_tab.layer, attention_tab.head, tabs, current_tab],
+                        api_visibility="private").then(**attention_tab.run_event)
+
+
+def linked_fields(tab: Tab) -> list:
+    """The components of a tab that a link sets, in links' order; a placeholder where the tab has none."""
+    return [field if field is not None else gr.State(None) for field in (tab.text, tab.layer, tab.head, tab.corrupted)]
+
+
 def deep_links(demo, services, default_model, picker, tabs, current_tab, controls: dict[str, Tab]) -> None:
     """Read the link a page was opened with: model, tab, layer, head, text; then show the Attention tab's view
     when the link asked for it."""
@@ -98,7 +121,7 @@ def deep_links(demo, services, default_model, picker, tabs, current_tab, control
 
     link_outputs = [picker.model, tabs, current_tab]
     for tab in controls.values():
-        link_outputs += [tab.text, tab.layer, tab.head]
+        link_outputs += linked_fields(tab)
     linked = gr.State(False)
 
     @user_errors
@@ -121,6 +144,7 @@ def deep_links(demo, services, default_model, picker, tabs, current_tab, control
             else:
                 values.append("mean of heads" if link.head == "mean" else link.head if name != "attention"
                               else str(link.head))
+            values.append(link.corrupted if here and link.corrupted else gr.skip())
         return *values, link.given and chosen == "attention"
 
     @user_errors
@@ -142,13 +166,13 @@ def wire_share_link(share: dict, picker, current_tab, controls: dict[str, Tab]) 
     @user_errors
     def share_link(model_name, tab, *values):
         *tab_values, page_url = values
-        by_tab = dict(zip(controls, zip(*[iter(tab_values)] * 3)))
-        text, layer, head = by_tab.get(tab, by_tab["attention"])
-        return links.make(page_url, model_name, tab, layer, head, text)
+        by_tab = dict(zip(controls, zip(*[iter(tab_values)] * 4)))
+        text, layer, head, corrupted = by_tab.get(tab, by_tab["attention"])
+        return links.make(page_url, model_name, tab, layer, head, text, corrupted)
 
     inputs = [picker.model, current_tab]
     for tab in controls.values():
-        inputs += [tab.text, tab.layer, tab.head]
+        inputs += linked_fields(tab)
     page_url = gr.Textbox(visible=False)
     share["button"].click(share_link, [*inputs, page_url], [share["link"], share["note"]], js=LINK_JS,
                           api_visibility="private", queue=False).then(None, share["link"], None, js=COPY_JS)

@@ -1,0 +1,63 @@
+"""The Patching tab in a real browser (headless Chromium), on a tiny random model: no figure box before a result,
+the sweep, logit attribution and the flow graph drawn, and a click on a head opening it in the Attention tab."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
+from playwright.sync_api import Page, expect  # noqa: E402
+
+from conftest import screenshot  # noqa: E402
+from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
+
+RUN_TIMEOUT_MS = 60_000
+CLEAN, CORRUPTED = "the bread is warm and the lamp", "the bread is warm and the shop"
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    llama = str(build_tiny_llama(tmp_path_factory.mktemp("patching-browser") / "tiny-llama"))
+    demo, url, _ = launch_app([llama], llama)
+    yield url
+    demo.close()
+
+
+def drawn(page: Page, elem_id: str, layer: str = ".hm image") -> None:
+    expect(page.locator(f"#{elem_id} .js-plotly-plot {layer}").first).to_be_attached(timeout=RUN_TIMEOUT_MS)
+
+
+def test_patching_tab_measures_a_pair_and_a_head_click_opens_it(page):
+    page.get_by_role("tab", name="Patching").click()
+    expect(page.locator("#patch-run")).to_be_visible()
+    for elem_id in ("patch-map", "patch-dla", "patch-flow"):
+        assert page.locator(f"#{elem_id}").count() == 0 or not page.locator(f"#{elem_id}").is_visible()
+    page.locator("#patch-clean textarea").fill(CLEAN)
+    page.locator("#patch-corrupted textarea").fill(CORRUPTED)
+    page.locator("#patch-run").click()
+    drawn(page, "patch-map")
+    expect(page.locator("#patch-note")).to_contain_text("on the clean prompt", timeout=RUN_TIMEOUT_MS)
+    page.locator("#patch-dla-run").click()
+    drawn(page, "patch-dla")
+    expect(page.locator("#patch-dla-note")).to_contain_text("the model's own difference", timeout=RUN_TIMEOUT_MS)
+    page.locator("#patch-flow-run").click()
+    drawn(page, "patch-flow", ".scatterlayer .trace")
+    expect(page.locator("#patch-flow-note")).to_contain_text("edges", timeout=RUN_TIMEOUT_MS)
+    screenshot(page, "patching")
+    # 2 layers across, 4 heads down: the bottom-right tile of the attribution map is layer 1, head 3
+    tiles = page.locator("#patch-dla .js-plotly-plot .nsewdrag").first
+    tiles.scroll_into_view_if_needed()
+    box = tiles.bounding_box()
+    corner = {"x": box["width"] * 0.75, "y": box["height"] * 0.85}
+    tiles.hover(position=corner)
+    expect(page.locator("#patch-dla .hoverlayer .hovertext").first).to_contain_text("L1 H3", timeout=10_000)
+    tiles.click(position=corner)
+    expect(page.get_by_role("tab", name="Attention")).to_have_attribute("aria-selected", "true",
+                                                                        timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#attn-head-view")).to_contain_text("Layer 1, head 3", timeout=RUN_TIMEOUT_MS)
+    assert page.locator("#attn-text textarea").input_value() == CLEAN

@@ -1,0 +1,136 @@
+"""The Patching tab's figures: a patching sweep as a heatmap, direct logit attribution per head with an MLP bar,
+and the information-flow graph (tokens across, layers up). Token labels are escaped: Plotly reads a few tags in
+text, and a token may be one. A point that names a head carries customdata "layer.head", which the page reads on
+a click to open that head."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ui.plots.base import SIGNED_COLORS, as_f32, base_layout
+from ui.plots.text import escaped
+
+EDGE_COLORS = {"head": "#1f77b4", "mlp": "#ff7f0e", "residual": "#b0b0b0"}
+
+
+def signed_limits(values: np.ndarray, at_least: float = 0.0) -> dict:
+    finite = values[np.isfinite(values)]
+    bound = max(float(np.abs(finite).max()) if finite.size else 0.0, at_least) or 1.0
+    return {"zmin": -bound, "zmax": bound, "zmid": 0.0, "reversescale": True}
+
+
+def token_axis(fig: go.Figure, tokens: Sequence[str], title: str, **where) -> None:
+    """Every token labelled ("3 ␣John"), rotated when there are many."""
+    labels = [f"{i} {escaped(t)}" for i, t in enumerate(tokens)]
+    fig.update_xaxes(tickmode="array", tickvals=list(range(len(tokens))), ticktext=labels, title_text=title,
+                     tickangle=-60 if len(tokens) > 12 else 0, tickfont={"size": 11 if len(tokens) <= 32 else 9},
+                     **where)
+
+
+def patch_heatmap(scores: np.ndarray, metrics: np.ndarray, rows: str, cols: str, tokens: Sequence[str],
+                  title: str, layer: int | None = None) -> go.Figure:
+    """scores [R, C] (1: the clean run's metric comes back, 0: the corrupted run's), metrics the raw logit
+    differences. rows/cols name the axes: "layer", "head" or "position"; positions are labelled with tokens.
+    A [layer, head] map is drawn with layers across and heads down, like the Heads tab's maps; a [head, position]
+    map is of one `layer`."""
+    scores, metrics = as_f32(scores), as_f32(metrics)
+    if scores.shape != metrics.shape or scores.ndim != 2:
+        raise ValueError(f"patch_heatmap: scores {scores.shape} and metrics {metrics.shape} must be the same 2-D shape")
+    heads_across = (rows, cols) == ("layer", "head")
+    z, custom = (scores.T, metrics.T) if heads_across else (scores, metrics)
+    y_name, x_name = (cols, rows) if heads_across else (rows, cols)
+    n_y, n_x = z.shape
+    head_ids = np.full(z.shape, "", dtype=object)
+    if heads_across:
+        head_ids = np.array([[f"{x}.{y}" for x in range(n_x)] for y in range(n_y)], dtype=object)
+    elif rows == "head" and layer is not None:
+        head_ids = np.array([[f"{layer}.{y}"] * n_x for y in range(n_y)], dtype=object)
+    x_text = [escaped(t) for t in tokens] if x_name == "position" else [str(i) for i in range(n_x)]
+    text = np.array([[x_text[x] for x in range(n_x)] for _ in range(n_y)], dtype=object)
+    fig = go.Figure(go.Heatmap(
+        z=np.ascontiguousarray(z), x=np.arange(n_x), y=np.arange(n_y), colorscale=SIGNED_COLORS,
+        customdata=np.dstack([custom.astype(object), head_ids, text]),
+        colorbar={"title": {"text": "restored"}},
+        hovertemplate=(f"{y_name} %{{y}}, {x_name} %{{x}} %{{customdata[2]}}<br>restored %{{z:.3f}} "
+                       "(logit difference %{customdata[0]:.3f})<extra></extra>"),
+        **signed_limits(z, 1.0)))
+    base_layout(fig, title, min(720, 160 + 22 * n_y), top=70)
+    if x_name == "position":
+        token_axis(fig, tokens, "position (token)")
+    else:
+        fig.update_xaxes(title_text=x_name, dtick=1 if n_x <= 32 else None)
+    fig.update_yaxes(title_text=y_name, autorange="reversed", dtick=1 if n_y <= 32 else None)
+    return fig
+
+
+def logit_attribution_figure(heads: np.ndarray, mlps: np.ndarray, title: str) -> go.Figure:
+    """heads [L, H] and mlps [L]: each one's direct part of the logit difference; layers across, heads down,
+    the MLPs as bars under the same layers."""
+    heads, mlps = as_f32(heads), as_f32(mlps)
+    n_layers, n_heads = heads.shape
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3], vertical_spacing=0.12,
+                        subplot_titles=("each head's output z·W_O", "each MLP's output"))
+    ids = np.array([[f"{layer}.{head}" for layer in range(n_layers)] for head in range(n_heads)], dtype=object)
+    both = np.concatenate([heads.ravel(), mlps])
+    fig.add_trace(go.Heatmap(
+        z=np.ascontiguousarray(heads.T), x=np.arange(n_layers), y=np.arange(n_heads), colorscale=SIGNED_COLORS,
+        customdata=ids, colorbar={"title": {"text": "logit diff"}, "len": 0.7, "y": 0.64},
+        hovertemplate="L%{x} H%{y}: %{z:+.3f}<extra></extra>", **signed_limits(both)), row=1, col=1)
+    fig.add_trace(go.Bar(x=np.arange(n_layers), y=mlps, marker_color=np.where(mlps >= 0, "#b2182b", "#2166ac"),
+                         hovertemplate="MLP %{x}: %{y:+.3f}<extra></extra>", showlegend=False), row=2, col=1)
+    base_layout(fig, title, min(760, 260 + 26 * n_heads), top=80)
+    fig.update_yaxes(title_text="head", autorange="reversed", dtick=1 if n_heads <= 32 else None, row=1, col=1)
+    fig.update_yaxes(title_text="logit diff", row=2, col=1)
+    fig.update_xaxes(title_text="layer", dtick=1 if n_layers <= 40 else None, row=2, col=1)
+    return fig
+
+
+def flow_figure(tokens: Sequence[str], n_layers: int, edges: Sequence[tuple], position: int, title: str) -> go.Figure:
+    """The flow graph: tokens across, levels up (2l: entering layer l, 2l + 1: after its attention, 2L: the
+    output). edges: (kind, layer, head, source, target, level, importance), the source at level − 1. Line width
+    ∝ importance; a head edge's midpoint carries its hover and its "layer.head" for a click, an MLP edge is a
+    square on its token between the two levels."""
+    fig = go.Figure()
+    labels = [escaped(t) for t in tokens]
+    widths = (0.08, 0.2, 0.4, 1.01)
+    for kind in ("residual", "head"):
+        for low, high in zip((0.0, *widths[:-1]), widths):   # one trace per width band: few traces, any edges
+            xs, ys = [], []
+            for e in edges:
+                if e[0] == kind and low <= e[6] < high:
+                    xs += [e[3], e[4], None]
+                    ys += [e[5] - 1, e[5], None]
+            if xs:
+                fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False,
+                                         line={"color": EDGE_COLORS[kind], "width": 1 + 7 * high},
+                                         opacity=0.8 if kind == "head" else 0.6))
+    heads = [e for e in edges if e[0] == "head"]
+    if heads:
+        fig.add_trace(go.Scatter(
+            x=[(e[3] + e[4]) / 2 for e in heads], y=[e[5] - 0.5 for e in heads], mode="markers",
+            marker={"size": 7, "color": EDGE_COLORS["head"], "opacity": 0.35}, name="head edge",
+            customdata=[[f"{e[1]}.{e[2]}", labels[e[3]], labels[e[4]], e[6]] for e in heads],
+            hovertemplate=("L%{customdata[0]}: %{customdata[1]} → %{customdata[2]}, importance "
+                           "%{customdata[3]:.2f} (click: open the head)<extra></extra>")))
+    mlps = [e for e in edges if e[0] == "mlp"]
+    if mlps:
+        fig.add_trace(go.Scatter(
+            x=[e[4] for e in mlps], y=[e[5] - 0.5 for e in mlps], mode="markers", name="MLP",
+            marker={"symbol": "square", "color": EDGE_COLORS["mlp"], "size": [6 + 14 * e[6] for e in mlps]},
+            customdata=[[e[1], labels[e[4]], e[6]] for e in mlps],
+            hovertemplate="MLP %{customdata[0]} at %{customdata[1]}, importance %{customdata[2]:.2f}<extra></extra>"))
+    nodes = sorted({(e[5] - 1, e[3]) for e in edges} | {(e[5], e[4]) for e in edges} | {(2 * n_layers, position)})
+    fig.add_trace(go.Scatter(x=[t for _, t in nodes], y=[lv for lv, _ in nodes], mode="markers", name="state",
+                             marker={"size": 5, "color": "#333333"}, hoverinfo="skip", showlegend=False))
+    base_layout(fig, title, min(1100, 220 + 18 * n_layers), top=70)
+    token_axis(fig, tokens, "token", range=[-0.6, len(tokens) - 0.4])
+    step = max(1, n_layers // 15)
+    fig.update_yaxes(tickmode="array", tickvals=[2 * layer for layer in range(0, n_layers, step)] + [2 * n_layers],
+                     ticktext=[f"layer {layer}" for layer in range(0, n_layers, step)] + ["output"],
+                     title_text="", range=[-0.8, 2 * n_layers + 0.8])
+    fig.update_layout(legend={"orientation": "h", "y": 1.02, "x": 1, "xanchor": "right"})
+    return fig

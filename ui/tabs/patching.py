@@ -1,0 +1,138 @@
+"""Patching tab: which component, at which position, carries the answer. A clean and a corrupted prompt, the
+answer and the foil, then a patching sweep, direct logit attribution and the information-flow graph; a click on
+a head in any of them opens it in the Attention tab (the page wires that: Tab.picked)."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from ui.services.patching import DEFAULT_THRESHOLD, PRESETS
+from ui.tabs.events import ON_ANALYSIS, handler, user_errors
+from ui.tabs.widgets import Tab
+from ui.views import patching as views
+
+LEAD = """**What carries the answer**: run a prompt and a corrupted copy of it, then move one activation at a time
+from one run into the other and see how much of the answer comes back."""
+
+HOW_TO_READ = """Each cell is one patched run. **1** (red) means that patching this one activation alone brings back
+the clean prompt's answer; **0** (white) means it changes nothing; negative (blue) pushes the other way."""
+
+INTRO = """The metric is logit(answer) − logit(foil) at the last position: positive when the model prefers the
+answer. *Denoise* writes clean activations into the corrupted run (what is enough to restore the answer?);
+*noise* writes corrupted ones into the clean run (what is needed to keep it?). The sweep never runs one whole
+pass per patch: cells that are the same in both runs are skipped, and the rest run in batches that resume at the
+patched layer and the first changed token. Direct logit attribution splits the logit difference into one exact
+part per head and per MLP. The flow graph (Ferrando and Voita, 2024) keeps the parts of each residual sum that
+are closest to it, walking down from the prediction. """ + views.LIMITS
+
+SITE_CHOICES = [("residual stream (layer × position)", "resid_pre"), ("attention output (layer × position)",
+                                                                     "attn_out"),
+                ("MLP output (layer × position)", "mlp_out"), ("each head (layer × head)", "z"),
+                ("one layer's heads (head × position)", "z_by_position")]
+# a click on a point that names a head (customdata "layer.head") writes it into the bridge and fires its click
+HEAD_CLICK_JS = """
+const onClick = (event) => {
+  const point = event.points && event.points[0];
+  if (!point || point.customdata === undefined) return;
+  const found = [].concat(point.customdata).map(String).find((v) => /^\\d+\\.\\d+$/.test(v));
+  if (!found) return;
+  props.value = found;
+  trigger("click");
+};
+const attach = () => {
+  for (const id of ["patch-map", "patch-dla", "patch-flow"]) {
+    const plot = document.querySelector(`#${id} .js-plotly-plot`);
+    if (plot && plot._ev && !plot._ev.listeners("plotly_click").includes(onClick)) plot.on("plotly_click", onClick);
+  }
+};
+new MutationObserver(attach).observe(document.body, { childList: true, subtree: true });
+attach();
+"""
+
+
+def build(services, picker, initial) -> Tab:
+    gr.Markdown(LEAD, elem_classes=["tab-lead"])
+    first = next(iter(PRESETS))
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=1, min_width=300, elem_classes=["tab-controls"]):
+            preset = gr.Dropdown(choices=[*PRESETS, "your own"], value=first, label="Prompt pair",
+                                 elem_id="patch-preset")
+            clean = gr.Textbox(label="Clean prompt", value=PRESETS[first][0], lines=2, elem_id="patch-clean")
+            corrupted = gr.Textbox(label="Corrupted prompt (the same token count)", value=PRESETS[first][1], lines=2,
+                                   elem_id="patch-corrupted")
+            with gr.Row():
+                answer = gr.Textbox(label="Answer token (empty: the clean run's top)", elem_id="patch-answer",
+                                    min_width=120)
+                foil = gr.Textbox(label="Foil token (empty: the corrupted run's top)", elem_id="patch-foil",
+                                  min_width=120)
+            site = gr.Dropdown(choices=SITE_CHOICES, value="resid_pre", label="What to patch", elem_id="patch-site")
+            with gr.Row():
+                mode = gr.Radio(["denoise", "noise"], value="denoise", label="Direction", elem_id="patch-mode",
+                                min_width=160)
+                layer = gr.Number(value=0, label=f"Layer, for one layer's heads (0–{initial.config.n_layers - 1})",
+                                  precision=0, elem_id="patch-layer", min_width=120)
+            run = gr.Button("Patch", variant="primary", elem_id="patch-run")
+        with gr.Column(scale=3, min_width=340):
+            gr.Markdown(HOW_TO_READ, elem_classes=["how-to-read"])
+            note = gr.Markdown(elem_id="patch-note")
+            sweep_fig = gr.Plot(label="Restored fraction of the logit difference", elem_id="patch-map", visible=False)
+            sweep_file = gr.File(label="The sweep's data (CSV)", interactive=False, elem_id="patch-file", height=80,
+                                 visible=False)
+    with gr.Accordion("How to read this tab", open=False):
+        gr.Markdown(INTRO)
+    attribution_section(services, picker, clean, corrupted, answer, foil)
+    flow_section(services, picker, clean)
+    picked = gr.HTML("", html_template="<span hidden>${value}</span>", js_on_load=HEAD_CLICK_JS,
+                     elem_id="patch-head-bridge")
+
+    sweep = dict(fn=handler(views.patch_view, services, "patch_sweep"),
+                 inputs=[picker.model, clean, corrupted, answer, foil, site, mode, layer],
+                 outputs=[note, sweep_fig, sweep_file], **ON_ANALYSIS)
+    run.click(lambda: (gr.Plot(visible=True), gr.File(visible=True)), None, [sweep_fig, sweep_file],
+              api_visibility="private", queue=False).then(**sweep, api_name="patch_sweep")
+
+    @user_errors
+    def fill(name):
+        if name not in PRESETS:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return *PRESETS[name], "", ""
+
+    preset.input(fill, preset, [clean, corrupted, answer, foil], api_visibility="private", queue=False)
+
+    @user_errors
+    def layer_range(name):
+        return gr.Number(label=f"Layer, for one layer's heads (0–{services.models.get(name).config.n_layers - 1})")
+
+    picker.loaded.success(layer_range, picker.model, layer, api_visibility="private")
+    return Tab(text=clean, layer=layer, corrupted=corrupted, picked=picked)
+
+
+def attribution_section(services, picker, clean, corrupted, answer, foil) -> None:
+    gr.Markdown("### Direct logit attribution: what each head writes into the answer")
+    button = gr.Button("Attribute the logit difference", elem_id="patch-dla-run")
+    note = gr.Markdown(elem_id="patch-dla-note")
+    figure = gr.Plot(label="Each head's and each MLP's direct part", elem_id="patch-dla", visible=False)
+    file = gr.File(label="The parts (CSV)", interactive=False, elem_id="patch-dla-file", height=80, visible=False)
+    button.click(lambda: (gr.Plot(visible=True), gr.File(visible=True)), None, [figure, file],
+                 api_visibility="private", queue=False).then(
+        handler(views.attribution_view, services, "logit_attribution"),
+        [picker.model, clean, corrupted, answer, foil], [note, figure, file], api_name="logit_attribution",
+        **ON_ANALYSIS)
+
+
+def flow_section(services, picker, clean) -> None:
+    gr.Markdown("### The information-flow graph of the clean prompt's prediction")
+    with gr.Row():
+        threshold = gr.Slider(0.0, 0.5, value=DEFAULT_THRESHOLD, step=0.01, label="Threshold: keep parts of at least "
+                              "this importance (0–0.5)", elem_id="patch-flow-threshold", scale=3)
+        button = gr.Button("Draw the graph", elem_id="patch-flow-run", scale=1)
+    note = gr.Markdown(elem_id="patch-flow-note")
+    figure = gr.Plot(label="Tokens across, layers up; width ∝ importance", elem_id="patch-flow", visible=False)
+    file = gr.File(label="The kept edges (CSV)", interactive=False, elem_id="patch-flow-file", height=80,
+                   visible=False)
+    cache = gr.State(None, time_to_live=1800)
+    event = dict(fn=handler(views.flow_view, services, "flow_graph"), inputs=[picker.model, clean, threshold, cache],
+                 outputs=[note, figure, file, cache], **ON_ANALYSIS)
+    button.click(lambda: (gr.Plot(visible=True), gr.File(visible=True)), None, [figure, file],
+                 api_visibility="private", queue=False).then(**event, api_name="flow_graph")
+    threshold.release(**event, api_visibility="private")
