@@ -60,15 +60,19 @@ def client(server):
 def test_every_event_is_queued_with_a_concurrency_limit(server):
     demo, _ = server
     fns = {fn.api_name: fn for fn in demo.fns.values() if fn.api_name}
-    heads_endpoints = ("head_atlas", "ablate_heads", "ablation_sweep", "attribute", "logit_lens", "surprisal")
-    for name in ("generate", "attention", "positional_encoding", "mask_demo", *heads_endpoints):
+    short = ("head_atlas", "ablate_heads", "logit_lens", "surprisal", "logit_attribution", "flow_graph")
+    heavy = ("ablation_sweep", "attribute", "patch_sweep")
+    for name in ("generate", "attention", "positional_encoding", "mask_demo", *short, *heavy):
         assert fns[name].queue, name
         assert isinstance(fns[name].concurrency_limit, int) and fns[name].concurrency_limit <= 2, name
-    # the forward-pass events share one slot: two users' long captures never run at once on a small CPU
+    # the short forward-pass events share one slot: two users' long captures never run at once on a small CPU
     assert (
         fns["attention"].concurrency_id == fns["mask_demo"].concurrency_id == fns["positional_encoding"].concurrency_id
     )
-    assert {fns[name].concurrency_id for name in heads_endpoints} == {fns["attention"].concurrency_id}
+    assert {fns[name].concurrency_id for name in short} == {fns["attention"].concurrency_id}
+    # the long jobs have their own slots, so a short call never waits behind a sweep
+    assert len({fns[name].concurrency_id for name in heavy}) == 1
+    assert fns["patch_sweep"].concurrency_id != fns["attention"].concurrency_id
 
 
 def figure(plot: dict) -> dict:

@@ -174,9 +174,9 @@ def test_messages_never_show_absolute_server_paths():
 
     root = WeightStore.default().root.resolve()
     text = public_text(f"no {root}/gpt2, see {REPO_ROOT}/core/x.py, /tmp/a/b/c.txt, /home/alice, "
-                               "https://huggingface.co/a/b, ratio 1/2 and/or")
+                               "https://huggingface.co/a/b, ratio 1/2 and/or, typed: </b> <a/b> /x")
     assert text == ("no weights/gpt2, see core/x.py, …/b/c.txt, …/home/alice, https://huggingface.co/a/b, ratio 1/2 "
-                    "and/or")
+                    "and/or, typed: </b> <a/b> /x")
 
 
 def test_a_folder_that_is_not_a_model_gives_a_clear_message(tmp_path):

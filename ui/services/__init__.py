@@ -1,13 +1,15 @@
 """The services: plain Python between the page and the core, one concern a module; none imports gradio.
 
 `Services` is the app's state, built once (app.main, or a test) and handed to the page: the settings, the
-loaded models, what sessions keep for reuse, and the training lab. Nothing is created at import time.
+loaded models, what sessions keep for reuse, the training lab and the long jobs running now. Nothing is created
+at import time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ui.services.jobs import HeavyJobs
 from ui.services.kept import KeptStore
 from ui.services.lab.runs import Lab
 from ui.services.models import ModelStore
@@ -20,6 +22,7 @@ class Services:
     models: ModelStore
     kept: KeptStore
     lab: Lab
+    heavy: HeavyJobs = field(default_factory=HeavyJobs)
 
     @classmethod
     def create(cls, settings: AppSettings | None = None, models: ModelStore | None = None,

@@ -17,7 +17,9 @@ import core.store as weight_store
 class UserError(ValueError):
     """Bad input from the user: the message is shown in the page (through public_text)."""
 REPO_ROOT = Path(__file__).resolve().parents[2]
-ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~])/(?:[^\s/'\"]+/)*[^\s/'\",;)]+")
+# an absolute path of at least two parts (/tmp/x, /home/alice/...): a lone "/x" is left as typed, as is the
+# slash of a closing tag ("</b>") or of a fraction
+ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~<])/(?:[^\s/'\"<>]+/)+[^\s/'\",;)<>]+")
 
 
 def public_text(text: str) -> str:

@@ -1,6 +1,6 @@
 """Long work (a sweep) in a worker thread that reports its progress, as an iterator the page follows: each report
 is yielded as it comes, and closing the iterator (the page stopped, the client went away) stops the work at its
-next report."""
+next report. HeavyJobs holds the server to one long job per session at a time."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+
+from ui.services.checks import UserError
 
 
 @dataclass
@@ -59,3 +62,29 @@ def stream_job(work: Callable[[Callable[[int, int], None]], Any], total: int, na
                 raise message[1]
     finally:
         stopped.set()
+
+
+class HeavyJobs:
+    """The long jobs running now (sweeps, integrated gradients), by session. A session runs one at a time, so one
+    user cannot fill the server's heavy slots; a second is refused with a message saying what is running."""
+
+    def __init__(self):
+        self._running: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def hold(self, session: str, what: str):
+        with self._lock:
+            if session in self._running:
+                raise UserError(f"{what} was not started: this page is already running {self._running[session]}. "
+                                "One long job per session at a time: wait for it to finish, or stop it first.")
+            self._running[session] = what
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running.pop(session, None)
+
+    def running(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._running)

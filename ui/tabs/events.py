@@ -9,6 +9,7 @@ the view named (ui.views.export.named) sent with its download settings.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -25,13 +26,16 @@ from ui.views import export
 
 log = logging.getLogger(__name__)
 
-ANALYSIS = "analysis"  # concurrency group of the forward-pass events: one at a time on a small CPU
+ANALYSIS = "analysis"  # concurrency group of the short forward-pass events: one at a time on a small CPU
 ANALYSIS_LIMIT = 1
 ON_ANALYSIS = dict(concurrency_id=ANALYSIS, concurrency_limit=ANALYSIS_LIMIT)
+HEAVY = "heavy"  # sweeps and integrated gradients: apart from the short events, so those never wait behind them
+HEAVY_LIMIT = 2  # two sessions' long jobs at once; one per session (HeavyJobs), so one user cannot take both
+ON_HEAVY = dict(concurrency_id=HEAVY, concurrency_limit=HEAVY_LIMIT)
 GENERATE = "generate"
 GENERATE_LIMIT = 2  # two users can generate at once; more wait in the queue
 LAB = "lab"  # concurrency group of the training streams; the server-wide job cap is the Lab's own
-MODEL_GROUPS = (ANALYSIS, GENERATE)  # the events that run a model: a backend or ZeroGPU takes these
+MODEL_GROUPS = (ANALYSIS, HEAVY, GENERATE)  # the events that run a model: a backend or ZeroGPU takes these
 
 
 def message(text: str) -> str:
@@ -98,12 +102,16 @@ def present(value):
     return value if name is None else PlotData(type="plotly", plot=export.figure_json(value, name))
 
 
-def handler(view: Callable, services, name: str, progress: bool = True) -> Callable:
-    """The event function of `view(services, *inputs, ...)`, named `name` (Gradio's event name)."""
+def handler(view: Callable, services, name: str, progress: bool = True, heavy: str | None = None) -> Callable:
+    """The event function of `view(services, *inputs, ...)`, named `name` (Gradio's event name). heavy: what the
+    view is, in words ("An ablation sweep"); the event then runs only while its session runs no other long job."""
     params = list(inspect.signature(view).parameters.values())[1:]
     params = [p for p in params if p.name not in ("progress", "data")]
     if progress:
         params.append(inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=gr.Progress()))
+    if heavy:  # Gradio passes the request to a parameter annotated gr.Request; it is not an API input
+        params.append(inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                                        annotation=gr.Request))
     signature = inspect.Signature(params)
 
     def arguments(args, kwargs) -> dict:
@@ -112,17 +120,35 @@ def handler(view: Callable, services, name: str, progress: bool = True) -> Calla
             bound.arguments["progress"] = progress_callback(bound.arguments.get("progress"))
         return bound.arguments
 
+    def held(values: dict):
+        request = values.pop("request", None)
+        return services.heavy.hold(session_of(request), heavy) if heavy else contextlib.nullcontext()
+
     if inspect.isgeneratorfunction(view):
         def event(*args, **kwargs):
-            for value in view(services, **arguments(args, kwargs)):
-                yield present(value)
+            values = arguments(args, kwargs)
+            with held(values):
+                for value in view(services, **values):
+                    yield present(value)
     else:
         def event(*args, **kwargs):
-            return present(view(services, **arguments(args, kwargs)))
+            values = arguments(args, kwargs)
+            with held(values):
+                return present(view(services, **values))
 
     event.__name__ = event.__qualname__ = name
     event.__signature__ = signature
+    event.__annotations__ = {"request": gr.Request} if heavy else {}
     return user_errors(event)
+
+
+def session_of(request) -> str:
+    """Who a request comes from: its page session (gradio_client has one per Client too), else its host."""
+    session = getattr(request, "session_hash", None)
+    if session:
+        return str(session)
+    client = getattr(request, "client", None)
+    return f"host {getattr(client, 'host', 'unknown')}"
 
 
 # ---------------------------------------------------------------- every input answered in words

@@ -8,7 +8,7 @@ import gradio as gr
 
 from ui.services.heads import (COMPLETENESS_STEPS, MAX_HEADS_TOKENS, MAX_IG_STEPS, MAX_SWEEP_TOKENS, SWEEP_BATCH,
                                scored_shape)
-from ui.tabs.events import ON_ANALYSIS, handler, user_errors
+from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, user_errors
 from ui.tabs.widgets import Tab, export_row, layer_head, read_example, text_with_upload
 from ui.views import heads as views
 
@@ -151,8 +151,9 @@ def ablation_section(services, picker, text, score, cache) -> gr.Textbox:
                         [ablation_note, loss_fig, changed], api_name="ablate_heads", **ON_ANALYSIS)
     top5.click(handler(views.top_heads_text, services, "pick_top", progress=False), [model, text, score, cache],
                [heads_box, cache], api_visibility="private", **ON_ANALYSIS)
-    sweep_button.click(handler(views.sweep_view, services, "ablation_sweep"), [model, text, kind, score, cache],
-                       [sweep_note, sweep_fig, cache], api_name="ablation_sweep", **ON_ANALYSIS)
+    sweep_button.click(handler(views.sweep_view, services, "ablation_sweep", heavy="An ablation sweep"),
+                       [model, text, kind, score, cache], [sweep_note, sweep_fig, cache], api_name="ablation_sweep",
+                       **ON_HEAVY)
     return heads_box
 
 
@@ -181,9 +182,9 @@ def attribution_section(services, picker, initial, text, cache) -> None:
     figure = gr.Plot(label="Four views of one prediction", elem_id="heads-attr-chart")
     correlations = gr.Dataframe(headers=["", *views.ATTRIBUTION_VIEWS], label="Spearman rank correlations",
                                 interactive=False, elem_id="heads-attr-corr")
-    button.click(handler(views.attribution_view, services, "attribute"),
+    button.click(handler(views.attribution_view, services, "attribute", heavy="Integrated gradients"),
                  [picker.model, text, position, layer, head, steps, target, foil, baseline, cache],
-                 [note, figure, correlations, cache], api_name="attribute", **ON_ANALYSIS)
+                 [note, figure, correlations, cache], api_name="attribute", **ON_HEAVY)
 
 
 def lens_section(services, picker, text, cache) -> None:

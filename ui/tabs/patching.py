@@ -7,7 +7,7 @@ from __future__ import annotations
 import gradio as gr
 
 from ui.services.patching import DEFAULT_THRESHOLD, PRESETS
-from ui.tabs.events import ON_ANALYSIS, handler, user_errors
+from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, user_errors
 from ui.tabs.widgets import Tab
 from ui.views import patching as views
 
@@ -85,9 +85,9 @@ def build(services, picker, initial) -> Tab:
     picked = gr.HTML("", html_template="<span hidden>${value}</span>", js_on_load=HEAD_CLICK_JS,
                      elem_id="patch-head-bridge")
 
-    sweep = dict(fn=handler(views.patch_view, services, "patch_sweep"),
+    sweep = dict(fn=handler(views.patch_view, services, "patch_sweep", heavy="A patching sweep"),
                  inputs=[picker.model, clean, corrupted, answer, foil, site, mode, layer],
-                 outputs=[note, sweep_fig, sweep_file], **ON_ANALYSIS)
+                 outputs=[note, sweep_fig, sweep_file], **ON_HEAVY)
     run.click(lambda: (gr.Plot(visible=True), gr.File(visible=True)), None, [sweep_fig, sweep_file],
               api_visibility="private", queue=False).then(**sweep, api_name="patch_sweep")
 
