@@ -12,14 +12,17 @@ Usage: python bench/patching.py [--model smollm2-135m-instruct] [--repeats 5] [-
 from __future__ import annotations
 
 import argparse
+import os
 
-import torch
+os.environ.setdefault("TQDM_DISABLE", "1")   # transformer-lens draws a bar per sweep; read when tqdm is imported
 
-from common import long_ids, median, row, spread, timed
-from core import load_model
-from core.analysis import patching
-from core.probe import Patch
-from core.store import ensure
+import torch  # noqa: E402
+
+from common import long_ids, median, row, spread, timed  # noqa: E402
+from core import load_model  # noqa: E402
+from core.analysis import patching  # noqa: E402
+from core.probe import Patch  # noqa: E402
+from core.store import ensure  # noqa: E402
 
 IOI = ("When Mary and John went to the store, John gave a drink to",
        "When Mary and John went to the store, Mary gave a drink to")
@@ -37,22 +40,27 @@ def one_pass_per_patch(model, clean, corrupted, cells) -> None:
 
 
 def transformer_lens_sweep(folder, model, clean, corrupted, answer, foil):
-    """get_act_patch_resid_pre on the same weights, or None where transformer-lens is not installed."""
+    """get_act_patch_resid_pre on the same weights (TransformerLens 4's TransformerBridge, or 3's
+    HookedTransformer), or None where transformer-lens is not installed."""
     try:
-        from transformer_lens import HookedTransformer, patching as tl_patching
+        import transformer_lens
+        from transformer_lens import patching as tl_patching
         from transformers import AutoModelForCausalLM
     except ImportError:
         return None
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    tl = HookedTransformer.from_pretrained_no_processing("HuggingFaceTB/SmolLM2-135M-Instruct", hf_model=hf,
-                                                         tokenizer=model.tokenizer, device="cpu",
-                                                         dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+        tl = TransformerBridge.boot_transformers(str(folder), hf_model=hf, tokenizer=model.tokenizer, device="cpu")
+    except ImportError:
+        tl = transformer_lens.HookedTransformer.from_pretrained_no_processing(
+            "HuggingFaceTB/SmolLM2-135M-Instruct", hf_model=hf, tokenizer=model.tokenizer, device="cpu")
     _, cache = tl.run_with_cache(clean)
 
     def metric(logits):
         return logits[0, -1, answer] - logits[0, -1, foil]
 
-    return lambda: tl_patching.get_act_patch_resid_pre(tl, corrupted, cache, metric)
+    return lambda: tl_patching.get_act_patch_resid_pre(tl, corrupted, cache, metric).detach()
 
 
 def main() -> None:
@@ -82,7 +90,8 @@ def main() -> None:
         per_patch = timed(lambda: one_pass_per_patch(model, clean, corrupted, sample), "cpu")[0] / len(sample)
         times["per patch"].append(per_patch * len(cells))
         if theirs is not None:
-            times["transformer-lens"].append(timed(theirs, "cpu")[0])
+            seconds, tl_map = timed(theirs, "cpu")
+            times["transformer-lens"].append(seconds)
         times["heads"].append(timed(lambda: patching.patch_sweep(model, clean, corrupted, answer, foil, "z"),
                                     "cpu")[0])
         times["attribution"].append(timed(lambda: patching.logit_attribution(model, corrupted, answer, foil),
@@ -97,6 +106,8 @@ def main() -> None:
         tl_ratio = median(times["transformer-lens"]) / median(times["sweep"])
         print(row("  against transformer-lens get_act_patch_resid_pre", "", spread(times["transformer-lens"], 1),
                   f"{tl_ratio:.1f}x", widths=WIDTHS))
+        ours = patching.patch_sweep(model, clean, corrupted, answer, foil, "resid_pre").metrics
+        print(f"  the two maps of logit differences agree to {(tl_map - ours).abs().max().item():.2g} (largest gap)")
         tl_note = f"{tl_ratio:.1f}x transformer-lens"
     print(row(f"head sweep, {cfg.n_layers * cfg.n_heads} heads", spread(times["heads"], 2), "", "", widths=WIDTHS))
     print(row("direct logit attribution", spread(times["attribution"], 2), "", "", widths=WIDTHS))
