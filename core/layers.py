@@ -1,6 +1,8 @@
 """Norms, feed-forward variants and positional encodings (sinusoidal and rotary)."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -32,15 +34,21 @@ class Norm(nn.Module):
             return self.weight * h.to(x.dtype)
         return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
 
+    def divisor(self, x: Tensor) -> Tensor:
+        """s [..., 1] float32, what the norm divides x [..., d] by: √(σ² + ε) (LayerNorm, eq. 5.4) or
+        rms(x) = √(mean(x²) + ε) (RMSNorm)."""
+        h = x.float()
+        if self.kind == "rmsnorm":
+            return torch.sqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return torch.sqrt(h.var(-1, unbiased=False, keepdim=True) + self.eps)
+
     def frozen(self, x: Tensor):
         """The norm at x with its scale frozen, as a linear map c ↦ γ ⊙ P(c) / s (float32): s is x's σ and P
         removes the mean (LayerNorm), or s is rms(x) and P is the identity (RMSNorm). norm(x) = frozen(x)(x) + β,
         so the parts of a sum x = Σ c_k map to parts that add up to norm(x) − β. c broadcasts against x."""
-        h = x.float()
+        s = self.divisor(x)
         if self.kind == "rmsnorm":
-            s = torch.sqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
             return lambda c: self.weight.float() * (c.float() / s)
-        s = torch.sqrt(h.var(-1, unbiased=False, keepdim=True) + self.eps)
         return lambda c: self.weight.float() * ((c.float() - c.float().mean(-1, keepdim=True)) / s)
 
 
@@ -55,12 +63,22 @@ class FeedForward(nn.Module):
         self.up = nn.Linear(cfg.d_model, (2 if self.gated else 1) * d_ff, bias=cfg.ffn_bias)
         self.down = nn.Linear(d_ff, cfg.d_model, bias=cfg.ffn_bias)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, keep: Callable[[str, Tensor], None] | None = None) -> Tensor:
+        """x [B, T, d] → [B, T, d]. keep(name, value), when given, receives the hidden stages [B, T, d_ff]
+        (probe.RECORDABLE): mlp_up, mlp_gate (gated only) and mlp_hidden, what enters the down projection."""
         h = self.up(x)
         if self.gated:
             gate, up = h.chunk(2, dim=-1)
-            return self.down(self.act(gate) * up)
-        return self.down(self.act(h))
+            gate = self.act(gate)
+            hidden = gate * up
+        else:
+            gate, up = None, h
+            hidden = self.act(h)
+        if keep is not None:
+            for name, value in (("mlp_up", up), ("mlp_gate", gate), ("mlp_hidden", hidden)):
+                if value is not None:
+                    keep(name, value)
+        return self.down(hidden)
 
 
 def sinusoidal_encoding(positions: Tensor | int, d: int, interleaved: bool = True) -> Tensor:
@@ -84,9 +102,14 @@ def rope_inv_freq(head_dim: int, theta: float) -> Tensor:
     return 1.0 / (theta ** (steps / head_dim))
 
 
+def rope_angles(positions: Tensor, inv_freq: Tensor) -> Tensor:
+    """The rotation angle m·θ_i of each frequency pair at each position: positions [...] → [..., hd/2] float32."""
+    return positions[..., None].float() * inv_freq.to(positions.device)
+
+
 def rope_cos_sin(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """positions [B, T] → cos, sin [B, 1, T, head_dim], angles m·θ_i repeated for both halves."""
-    angles = positions[..., None].float() * inv_freq.to(positions.device)  # [B, T, hd/2], float32
+    angles = rope_angles(positions, inv_freq)                               # [B, T, hd/2], float32
     emb = torch.cat([angles, angles], dim=-1)[:, None]                      # [B, 1, T, hd]
     return emb.cos().to(dtype), emb.sin().to(dtype)
 

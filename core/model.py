@@ -60,8 +60,12 @@ class AttentionSetup:
         """The observer takes this layer's probabilities."""
         return self.observer is not None and self.observer.wants(kind, layer)
 
-    def records_pattern(self, kind: Kind) -> bool:
-        return self.probe is not None and kind != "cross" and self.probe.wants(kind, "pattern")
+    def records_pattern(self, kind: Kind, layer: int) -> bool:
+        return self.probe is not None and kind != "cross" and self.probe.wants(kind, "pattern", layer)
+
+    def keeper(self, layer: int) -> Callable[[str, Tensor], None] | None:
+        """keep(name, value) for what a part of this layer records (probe.RECORDABLE), or None: nothing is."""
+        return None if self.probe is None else self.probe.keeper(self.kind, layer)
 
 
 class Attention(nn.Module):
@@ -86,13 +90,22 @@ class Attention(nn.Module):
         """[B, T, n·d_k] → [B, n, T, d_k]"""
         return x.view(x.shape[0], x.shape[1], n, self.head_dim).transpose(1, 2)
 
-    def self_qkv(self, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
-        """q [B, H, T, d_k], k and v [B, H_kv, T, d_k]; RoPE rotates queries and keys (in one go)."""
+    def self_qkv(self, x: Tensor, rope: tuple[Tensor, Tensor] | None,
+                 keep: Callable[[str, Tensor], None] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """q [B, H, T, d_k], k and v [B, H_kv, T, d_k]; RoPE rotates queries and keys (in one go).
+        keep receives q, k, v and, before any rotation, q_unrotated and k_unrotated ([B, T, heads, d_k])."""
         qk, v = self.heads(self.qkv(x), self.n_heads + 2 * self.n_kv_heads).split(
             [self.n_heads + self.n_kv_heads, self.n_kv_heads], dim=1)
+        split = [self.n_heads, self.n_kv_heads]
+        if keep is not None:
+            for name, t in zip(("q_unrotated", "k_unrotated"), qk.split(split, dim=1)):
+                keep(name, t.transpose(1, 2))
         if rope is not None:
             qk = rotate(qk, *rope)
-        q, k = qk.split([self.n_heads, self.n_kv_heads], dim=1)
+        q, k = qk.split(split, dim=1)
+        if keep is not None:
+            for name, t in (("q", q), ("k", k), ("v", v)):
+                keep(name, t.transpose(1, 2))
         return q, k, v
 
     def forward(self, x: Tensor, setup: AttentionSetup, layer: int, cross: bool = False) -> Tensor:
@@ -107,10 +120,7 @@ class Attention(nn.Module):
                     cache.cross[layer] = (k, v)
             allowed, is_causal = setup.memory_allowed, False
         else:
-            q, k, v = self.self_qkv(x, setup.rope)
-            if probe is not None:
-                for name, t in (("q", q), ("k", k), ("v", v)):
-                    probe.keep(kind, name, layer, t.transpose(1, 2))
+            q, k, v = self.self_qkv(x, setup.rope, setup.keeper(layer))
             if cache is not None:
                 k, v = cache.write(layer, k, v, setup.slot)
             allowed, is_causal = setup.allowed, setup.is_causal
@@ -127,7 +137,7 @@ class Attention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_causal: bool,
                setup: AttentionSetup, kind: Kind, layer: int) -> Tensor:
         """Eq. 2.1 on the fast path, or on the explicit one when the probabilities are wanted."""
-        observe, keep = setup.observes(kind, layer), setup.records_pattern(kind)
+        observe, keep = setup.observes(kind, layer), setup.records_pattern(kind, layer)
         rows = setup.observer.rows_per_block if observe and not keep else None
         if rows:  # an observer that takes the probabilities a block of query rows at a time
             out = q.new_empty(q.shape[0], self.n_heads, q.shape[2], self.head_dim)
@@ -176,7 +186,7 @@ class Block(nn.Module):
         if self.cross is not None:
             x = self.sublayer(x, "cross", lambda h: self.cross(h, setup, layer, cross=True), self.cross_norm,
                               setup, layer)
-        x = self.sublayer(x, "mlp", self.ffn, self.ffn_norm, setup, layer)
+        x = self.sublayer(x, "mlp", lambda h: self.ffn(h, setup.keeper(layer)), self.ffn_norm, setup, layer)
         if setup.probe is not None:
             x = setup.probe.patched(setup.kind, "resid_post", layer, x)
             setup.probe.keep(setup.kind, "resid_post", layer, x)
@@ -196,17 +206,25 @@ class Embeddings(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else None
 
     def forward(self, input_ids: Tensor, positions: Tensor, token_type_ids: Tensor | None, use_positions: bool,
-                token_embeddings: Tensor | None = None) -> Tensor:
-        """token_embeddings [B, T, d], when given, stand in for the looked-up rows (before embed_scale)."""
+                token_embeddings: Tensor | None = None, keep: Callable[[str, Tensor], None] | None = None) -> Tensor:
+        """token_embeddings [B, T, d], when given, stand in for the looked-up rows (before embed_scale).
+        keep(name, value), when given, receives the parts before they are added (probe.EMBEDDING_PARTS)."""
         x = self.tokens(input_ids) if token_embeddings is None else token_embeddings
         if self.cfg.embed_scale != 1.0:
             x = x * self.cfg.embed_scale
+        parts = [("embed", x)]                                                 # each [B, T, d]
         if self.token_types is not None:
-            x = x + self.token_types(token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids))
+            types = token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids)
+            parts.append(("type_embed", self.token_types(types)))
         if use_positions and self.positions is not None:
-            x = x + self.positions(positions)
-        if use_positions and self.cfg.positional == "sinusoidal":
-            x = x + sinusoidal_encoding(positions, self.cfg.d_model, interleaved=False).to(x.dtype)
+            parts.append(("pos_embed", self.positions(positions)))
+        if use_positions and self.cfg.positional == "sinusoidal":  # eq. 4.2: X_embed + PE
+            parts.append(("pos_embed", sinusoidal_encoding(positions, self.cfg.d_model, interleaved=False).to(x.dtype)))
+        if keep is not None:
+            for name, part in parts:
+                keep(name, part)
+        for _, part in parts[1:]:
+            x = x + part
         x = self.norm(x) if self.norm is not None else x
         return self.dropout(x) if self.dropout is not None else x
 
@@ -387,7 +405,7 @@ class Transformer(nn.Module):
         if memory is not None and memory_mask is not None and padding_mask:
             setup.memory_allowed = memory_mask.bool()[:, None, None, :]
         if resid is None:
-            x = stack.embed(input_ids, position_ids, token_type_ids, positions, token_embeddings)
+            x = stack.embed(input_ids, position_ids, token_type_ids, positions, token_embeddings, setup.keeper(0))
         else:
             x = resid
         x = stack(x, setup, n_layers, start_layer)

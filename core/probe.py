@@ -4,7 +4,7 @@ layer's weights split by head (HeadWeights)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from torch import Tensor
@@ -12,16 +12,28 @@ from torch import Tensor
 from .config import ModelConfig
 from .observe import Kind
 
-# What a forward pass can record, per layer (TransformerLens's names, without "hook_"). [B, T, d] unless noted.
-RECORDABLE = (
+# What a forward pass can record (TransformerLens's names, without "hook_"). [B, T, d] unless noted.
+# The parts of the embeddings, once per pass (records[name][0]), whatever layers a Probe keeps:
+EMBEDDING_PARTS = (
+    "embed",        # the looked-up token rows × embed_scale
+    "pos_embed",    # the positions added to them: learned rows (GPT-2, BERT) or sinusoids (eq. 4.1, Marian)
+    "type_embed",   # the token-type rows (BERT)
+)
+# Per layer:
+RECORDABLE = EMBEDDING_PARTS + (
     "resid_pre",    # the block's input
     "attn_in",      # what self-attention reads: norm(resid_pre) in Pre-LN blocks, resid_pre in Post-LN ones
     "q", "k", "v",  # per head [B, T, H (k, v: H_kv), d_head], queries and keys after RoPE
+    "q_unrotated", "k_unrotated",  # the same before RoPE (x·W_Q + b_Q); the same as q, k without RoPE
     "pattern",      # attention probabilities [B, H, Tq, Tk] float32
     "z",            # per-head outputs softmax(QKᵀ/√d_k)·V before W^O [B, T, H, d_head] (after any ablation)
     "attn_out",     # the self-attention sublayer's output, W^O·z + b
     "cross_in", "cross_out",  # the cross-attention sublayer (decoder of an encoder-decoder model)
-    "mlp_in", "mlp_out",      # the feed-forward sublayer
+    "mlp_in",       # what the feed-forward sublayer reads
+    "mlp_up",       # [B, T, d_ff] the up projection (before the activation where the FFN is not gated)
+    "mlp_gate",     # [B, T, d_ff] act(gate projection), gated FFNs (SwiGLU) only
+    "mlp_hidden",   # [B, T, d_ff] what enters the down projection: act(up) or act(gate) ⊙ up
+    "mlp_out",      # the feed-forward sublayer's output
     "resid_post",   # the block's output
 )
 PATCHABLE = ("resid_pre", "attn_out", "mlp_out", "z", "resid_post")
@@ -45,12 +57,15 @@ class Probe:
     ablate_heads: (layer, head) pairs of the main stack's self-attention whose output is removed before W^O:
     set to 0 (ablation="zero") or to the head's mean output over the input's real positions ("mean"); or a bool
     tensor [B, L, H] that picks heads per row of the batch (a sweep ablates a different head in each row).
-    patches: Patch values written over activations (after any ablation); records keep the patched values."""
+    patches: Patch values written over activations (after any ablation); records keep the patched values.
+    layers: the layers whose records are kept (None: every layer); the EMBEDDING_PARTS are kept in any case, and
+    a layer whose pattern is not kept keeps attention's fused path."""
 
     def __init__(self, cfg: ModelConfig, record: Iterable[str] = (),
                  ablate_heads: Iterable[tuple[int, int]] | Tensor = (), ablation: str = "zero",
-                 patches: Iterable[Patch] = ()):
+                 patches: Iterable[Patch] = (), layers: Iterable[int] | None = None):
         self.record = set(record)
+        self.record_layers = None if layers is None else set(layers)
         self.patches: dict[tuple[str, int], Patch] = {}
         for patch in patches:
             if patch.name not in PATCHABLE:
@@ -86,13 +101,19 @@ class Probe:
     def full_name(kind: Kind, name: str) -> str:
         return f"encoder.{name}" if kind == "encoder" else name
 
-    def wants(self, kind: Kind, name: str) -> bool:
-        return self.full_name(kind, name) in self.record
+    def wants(self, kind: Kind, name: str, layer: int | None = None) -> bool:
+        """The name is recorded (at this layer, when one is given)."""
+        if self.full_name(kind, name) not in self.record:
+            return False
+        return layer is None or self.record_layers is None or layer in self.record_layers or name in EMBEDDING_PARTS
 
     def keep(self, kind: Kind, name: str, layer: int, value: Tensor) -> None:
-        full = self.full_name(kind, name)
-        if full in self.record:
-            self.records.setdefault(full, {})[layer] = value
+        if self.wants(kind, name, layer):
+            self.records.setdefault(self.full_name(kind, name), {})[layer] = value
+
+    def keeper(self, kind: Kind, layer: int) -> Callable[[str, Tensor], None]:
+        """keep(name, value) for one layer of one stack: what a part of the model calls to record its stages."""
+        return lambda name, value: self.keep(kind, name, layer, value)
 
     def patched(self, kind: Kind, name: str, layer: int, value: Tensor) -> Tensor:
         """value (record layout) with any Patch of this name and layer written over it."""
@@ -116,6 +137,7 @@ class Probe:
         return torch.where(chosen, replacement, z)
 
     def layers(self, name: str) -> tuple[Tensor, ...]:
+        """The kept values in layer order (one per layer, unless `layers` chose some)."""
         found = self.records.get(name, {})
         return tuple(found[i] for i in sorted(found))
 

@@ -34,20 +34,14 @@ def parameter_counts(model) -> dict:
 def queries_keys(model, input_ids: Tensor, layer: int, rotate: bool = True,
                  attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The queries [B, H, T, d_k] and keys [B, H_kv, T, d_k] that self-attention of `layer` in the main stack
-    computes for input_ids; rotate=False gives them before RoPE (x·W_Q + b_Q from the per-head weights)."""
+    computes for input_ids; rotate=False gives them before RoPE (x·W_Q + b_Q, as recorded)."""
     if model.encoder is not None:
         raise ValueError("queries_keys reads the self-attention of decoder-only and encoder-only models")
-    weights = model.head_weights(layer)  # checks the layer
+    model.head_weights(layer)  # checks the layer
+    names = ("q", "k") if rotate else ("q_unrotated", "k_unrotated")
     with torch.inference_mode():
-        out = model(input_ids, attention_mask=attention_mask, record=("attn_in", "q", "k"))
-        if rotate:
-            return out.records["q"][layer].transpose(1, 2), out.records["k"][layer].transpose(1, 2)
-        x = out.records["attn_in"][layer]                                   # [B, T, d]
-        q = torch.einsum("btd,hde->bhte", x, weights.W_Q)
-        k = torch.einsum("btd,hde->bhte", x, weights.W_K)
-        if weights.b_Q is not None:
-            q, k = q + weights.b_Q[:, None], k + weights.b_K[:, None]
-    return q, k
+        records = model(input_ids, attention_mask=attention_mask, record=names).records
+    return records[names[0]][layer].transpose(1, 2), records[names[1]][layer].transpose(1, 2)
 
 
 def learned_positions(model) -> Tensor | None:
