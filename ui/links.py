@@ -15,11 +15,12 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from ui.services.checks import index_of, public_text
 
-TABS = ("generate", "attention", "positions", "masks", "heads", "patching", "lab")
-TABS_WITH_HEADS = ("attention", "positions", "masks", "heads")  # the tabs that have a layer and a head to set
+TABS = ("generate", "attention", "positions", "masks", "heads", "patching", "inside", "lab")
+TABS_WITH_HEADS = ("attention", "positions", "masks", "heads", "inside")  # the tabs with a layer and a head to set
 TABS_WITH_LAYER = (*TABS_WITH_HEADS, "patching")
 MAX_LINK_TEXT = 600  # characters; a longer text stays out of the link (links of a few kB break in some mailers)
-KEYS = ("model", "tab", "layer", "head", "text", "corrupted")
+KEYS = ("model", "tab", "layer", "head", "text", "corrupted", "token")
+MAX_LINK_TOKEN = 4096  # a token position beyond any text a link carries
 
 
 @dataclass
@@ -30,11 +31,13 @@ class LinkState:
     head: int | str | None = None  # "mean": the mean of the layer's heads; None: not given, or not usable
     text: str | None = None
     corrupted: str | None = None  # the Patching tab's second prompt
+    token: int | None = None      # the Inside tab's token to follow
     messages: list[str] = field(default_factory=list)
 
     @property
     def given(self) -> bool:
-        return any(v is not None for v in (self.model, self.tab, self.layer, self.head, self.text, self.corrupted))
+        return any(v is not None for v in (self.model, self.tab, self.layer, self.head, self.text, self.corrupted,
+                                           self.token))
 
 
 def _whole(name: str, raw: str, high: int, messages: list[str]) -> int | None:
@@ -85,6 +88,8 @@ def parse(params: Mapping[str, str], names: Sequence[str], shape: Callable[[str]
         raw = params["head"]
         state.head = "mean" if raw.strip().lower() in ("mean", "mean of heads") else _whole("head", raw, n_heads - 1,
                                                                                             messages)
+    if params.get("token") is not None:
+        state.token = _whole("token", params["token"], MAX_LINK_TOKEN, messages)
     state.text = _text("text", params.get("text"), messages)
     state.corrupted = _text("corrupted prompt", params.get("corrupted"), messages)
     return state
@@ -104,7 +109,7 @@ def _text(name: str, text: str | None, messages: list[str]) -> str | None:
 
 
 def make(page_url: str, model: str, tab: str | None, layer, head, text: str | None,
-         corrupted: str | None = None) -> tuple[str, str]:
+         corrupted: str | None = None, token=None) -> tuple[str, str]:
     """A link to `page_url` (its own query dropped) with this state, and a note on what it leaves out."""
     params: dict[str, str] = {"model": model}
     if tab in TABS:
@@ -115,6 +120,8 @@ def make(page_url: str, model: str, tab: str | None, layer, head, text: str | No
         params["head"] = "mean"
     elif index_of(head) is not None and tab in TABS_WITH_HEADS:
         params["head"] = str(index_of(head))
+    if index_of(token) is not None and tab == "inside":
+        params["token"] = str(index_of(token))
     note = ""
     if text and len(text) <= MAX_LINK_TEXT:
         params["text"] = text

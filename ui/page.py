@@ -9,7 +9,7 @@ import logging
 import gradio as gr
 
 from ui import links, spaces
-from ui.tabs import attention, generate, heads, lab, masks, patching, picker as model_picker, positions
+from ui.tabs import attention, generate, heads, inside, lab, masks, patching, picker as model_picker, positions
 from ui.tabs.events import MODEL_GROUPS, ON_ANALYSIS, checked_inputs, message, user_errors
 from ui.tabs.widgets import SVG_BUTTON_JS, Tab
 
@@ -19,7 +19,7 @@ TITLE = "The attention explorer"
 LINK_JS = """(...args) => { args[args.length - 1] = window.location.href; return args; }"""  # the page's own URL
 COPY_JS = """(link) => { if (link && navigator.clipboard) navigator.clipboard.writeText(link).catch(() => {}); }"""
 TAB_IDS = {"Generate": "generate", "Attention": "attention", "Positional encoding": "positions", "Masks": "masks",
-           "Heads": "heads", "Patching": "patching", "Lab": "lab"}
+           "Heads": "heads", "Patching": "patching", "Inside": "inside", "Lab": "lab"}
 
 
 def build_page(services, default_model: str) -> gr.Blocks:
@@ -50,7 +50,8 @@ def layout(services, default_model: str) -> gr.Blocks:
             built = {}
             for label, name, module in (("Generate", "generate", generate), ("Attention", "attention", attention),
                                         ("Positional encoding", "positions", positions), ("Masks", "masks", masks),
-                                        ("Heads", "heads", heads), ("Patching", "patching", patching)):
+                                        ("Heads", "heads", heads), ("Patching", "patching", patching),
+                                        ("Inside", "inside", inside)):
                 with gr.Tab(label, id=name):
                     built[name] = module.build(services, picker, initial)
             lab.build(services, picker, initial)  # its own gr.Tab: train a Transformer from scratch
@@ -107,7 +108,8 @@ def wire_open_head(services, picker, source: Tab, attention_tab: Tab, tabs, curr
 
 def linked_fields(tab: Tab) -> list:
     """The components of a tab that a link sets, in links' order; a placeholder where the tab has none."""
-    return [field if field is not None else gr.State(None) for field in (tab.text, tab.layer, tab.head, tab.corrupted)]
+    fields = (tab.text, tab.layer, tab.head, tab.corrupted, tab.token)
+    return [field if field is not None else gr.State(None) for field in fields]
 
 
 def deep_links(demo, services, default_model, picker, tabs, current_tab, controls: dict[str, Tab]) -> None:
@@ -145,6 +147,7 @@ def deep_links(demo, services, default_model, picker, tabs, current_tab, control
                 values.append("mean of heads" if link.head == "mean" else link.head if name != "attention"
                               else str(link.head))
             values.append(link.corrupted if here and link.corrupted else gr.skip())
+            values.append(link.token if here and link.token is not None else gr.skip())
         return *values, link.given and chosen == "attention"
 
     @user_errors
@@ -166,9 +169,9 @@ def wire_share_link(share: dict, picker, current_tab, controls: dict[str, Tab]) 
     @user_errors
     def share_link(model_name, tab, *values):
         *tab_values, page_url = values
-        by_tab = dict(zip(controls, zip(*[iter(tab_values)] * 4)))
-        text, layer, head, corrupted = by_tab.get(tab, by_tab["attention"])
-        return links.make(page_url, model_name, tab, layer, head, text, corrupted)
+        by_tab = dict(zip(controls, zip(*[iter(tab_values)] * 5)))
+        text, layer, head, corrupted, token = by_tab.get(tab, by_tab["attention"])
+        return links.make(page_url, model_name, tab, layer, head, text, corrupted, token)
 
     inputs = [picker.model, current_tab]
     for tab in controls.values():

@@ -51,7 +51,8 @@ SVG_BUTTON_JS = """
 
 @dataclass
 class Tab:
-    """What a tab's build hands the page: the inputs a deep link sets (text, layer, head, a second prompt), and for
+    """What a tab's build hands the page: the inputs a deep link sets (text, layer, head, a second prompt, a token),
+    and for
     the tabs that have them, the event to run the tab again from elsewhere, the button and state that send text
     to it, and the component whose click names a head to open ("layer.head")."""
 
@@ -59,6 +60,7 @@ class Tab:
     layer: gr.Number | None = None
     head: gr.Number | gr.Dropdown | None = None
     corrupted: gr.Textbox | None = None
+    token: gr.Number | None = None
     run_event: dict | None = None  # click-event arguments (fn, inputs, outputs, …)
     send: gr.Button | None = None
     sent: gr.State | None = None

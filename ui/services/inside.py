@@ -1,0 +1,158 @@
+"""One forward pass, stage by stage, as plain values over core.analysis.anatomy: the stages of one head and its
+layer on a short text, the numbers worth noticing at each, the next-token distribution under temperature, top-k
+and top-p (core.generate's own filters), and why the head attends where it does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from core.analysis import anatomy
+from core.generate import filter_top_k, filter_top_p
+from ui.services.checks import check_float, check_range
+from ui.services.generation import MAX_TEMPERATURE
+from ui.services.text import Encoded, as_batch, encode, to_numpy
+
+MAX_INSIDE_TOKENS = 32   # every stage is drawn as a matrix over the tokens
+SHOWN_NEXT = 10          # bars of the next-token distribution
+
+
+def encode_walk(model, text) -> Encoded:
+    return encode(model, text, MAX_INSIDE_TOKENS)
+
+
+def shape_of(model) -> tuple[int, int]:
+    cfg = model.attention_stack()[0].cfg
+    return cfg.n_layers, cfg.n_heads
+
+
+def check_head(model, layer, head) -> tuple[int, int]:
+    n_layers, n_heads = shape_of(model)
+    return check_range("Layer", layer, 0, n_layers - 1), check_range("Head", head, 0, n_heads - 1)
+
+
+def check_token(tokens: Encoded, value, field: str = "Token to follow") -> int:
+    """A position in the text; −1 is the last token."""
+    n = len(tokens.ids)
+    index = check_range(field, value, -1, n - 1)
+    return n - 1 if index == -1 else index
+
+
+def walk(model, tokens: Encoded, layer, head) -> anatomy.ForwardStages:
+    layer, head = check_head(model, layer, head)
+    return anatomy.forward_stages(model, as_batch(tokens.ids, model.device), layer, head)
+
+
+@dataclass
+class Measures:
+    """What the walkthrough's notes quote, measured on this text."""
+    qk_variance: float            # variance of q·k over the allowed cells
+    scaled_variance: float        # the same after the scale
+    d_head: int
+    entropy: float                # mean attention entropy of the head's rows, nats
+    entropy_unscaled: float       # the same without the scale
+    attn_share: float             # ‖attn_out‖ / ‖resid_pre‖ at the followed token
+    mlp_share: float              # ‖mlp_out‖ / ‖mlp_in's residual‖ at the followed token
+    norm_scale: float             # the attention norm's 1/s at the followed token
+    gate_closed: float | None     # the share of SwiGLU gate values with |act(gate)| < 0.05 (gated FFNs)
+
+
+def entropy_of(scores: torch.Tensor, mask: torch.Tensor) -> float:
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return float(-(probs * probs.clamp_min(1e-30).log()).sum(-1).mean())
+
+
+def measures(stages: anatomy.ForwardStages, token: int) -> Measures:
+    scores, mask = stages.scores, stages.mask
+    allowed = scores[mask]
+    resid_mid = stages.resid_pre + stages.attn_out
+    gate = stages.mlp_gate
+    return Measures(
+        qk_variance=float(allowed.var()) if allowed.numel() > 1 else 0.0,
+        scaled_variance=float((allowed * stages.scale).var()) if allowed.numel() > 1 else 0.0,
+        d_head=stages.q.shape[-1],
+        entropy=entropy_of(scores * stages.scale, mask), entropy_unscaled=entropy_of(scores, mask),
+        attn_share=float(stages.attn_out[token].norm() / stages.resid_pre[token].norm().clamp_min(1e-12)),
+        mlp_share=float(stages.mlp_out[token].norm() / resid_mid[token].norm().clamp_min(1e-12)),
+        norm_scale=float(stages.norm_scale[token]),
+        gate_closed=None if gate is None else float((gate.abs() < 0.05).float().mean()))
+
+
+@dataclass
+class NextToken:
+    ids: list[int]                # the SHOWN_NEXT most likely after temperature
+    probs: np.ndarray             # their probabilities after temperature (before the cut)
+    kept: np.ndarray              # bool: left by top-k and top-p
+    kept_mass: float              # the probability (after temperature) that top-k and top-p leave
+    kept_count: int
+    temperature: float
+
+
+def next_token(model, stages: anatomy.ForwardStages, token: int, temperature, top_k, top_p) -> NextToken | None:
+    """The next-token distribution at `token` under temperature, then what top-k and top-p keep (None without
+    logits). Temperature 0 is greedy: the top token alone."""
+    if stages.logits is None:
+        return None
+    temperature = check_float("Temperature", temperature, 0.0, MAX_TEMPERATURE)
+    vocab = stages.logits.shape[-1]
+    top_k = None if top_k in (None, "", 0) else check_range("Top-k", top_k, 0, vocab) or None
+    top_p = check_float("Top-p", top_p, 0.0, 1.0, low_open=True)
+    logits = stages.logits[token].float()
+    if temperature == 0:
+        kept = torch.zeros(vocab, dtype=torch.bool)
+        kept[logits.argmax()] = True
+        probs = torch.softmax(logits, -1)
+    else:
+        scaled = logits / temperature
+        probs = torch.softmax(scaled, -1)
+        filtered = scaled
+        if top_k is not None:
+            filtered = filter_top_k(filtered, top_k)
+        if top_p < 1:
+            filtered = filter_top_p(filtered, top_p)
+        kept = torch.isfinite(filtered)
+    order = probs.topk(min(SHOWN_NEXT, vocab)).indices
+    return NextToken(order.tolist(), to_numpy(probs[order]), kept[order].numpy(), float(probs[kept].sum()),
+                     int(kept.sum()), temperature)
+
+
+def anatomy_of(model, tokens: Encoded, layer, head, query, key) -> anatomy.ScoreDecomposition:
+    layer, head = check_head(model, layer, head)
+    query, key = check_token(tokens, query, "Query"), check_token(tokens, key, "Key")
+    return anatomy.score_decomposition(model, as_batch(tokens.ids, model.device), layer, head, query, key)
+
+
+def content_and_position(model, tokens: Encoded, stages: anatomy.ForwardStages, query: int) -> dict[str, np.ndarray]:
+    """Every key's scaled score from one query, and what of it is content and what position: for RoPE, the score
+    with the rotation removed beside the real one; for added positions, the token·token part (from the
+    decomposition, one per key) beside the score."""
+    keys = len(tokens.ids) if bool(stages.mask[query, query + 1:].any()) else query + 1   # a causal mask: ≤ query
+    scale = stages.scale
+    score = to_numpy(stages.scores[query, :keys] * scale)
+    if stages.rope_angles is not None:
+        unrotated = to_numpy((stages.q_unrotated[query] @ stages.k_unrotated[:keys].T) * scale)
+        return {"the score (after RoPE)": score, "without the rotation (content alone)": unrotated,
+                "what the rotation adds (position)": score - unrotated}
+    if stages.positions is None:
+        return {"the score": score}
+    ids = as_batch(tokens.ids, model.device)
+    content = np.array([anatomy.score_decomposition(model, ids, stages.layer, stages.head, query, k).terms["token·token"]
+                        for k in range(keys)])
+    return {"the score": score, "token·token part (content)": content, "the parts with positions": score - content}
+
+
+def geometry(model, tokens: Encoded, layer, head) -> anatomy.QKGeometry:
+    layer, head = check_head(model, layer, head)
+    return anatomy.qk_geometry(model, as_batch(tokens.ids, model.device), layer, head)
+
+
+def stage_arrays(stages: anatomy.ForwardStages) -> dict[str, np.ndarray]:
+    """Every stage as numpy, for the .npz export (stages the model does not have are left out)."""
+    out = {}
+    for name in anatomy.STAGES:
+        value = getattr(stages, name)
+        if value is not None:
+            out[name] = value.numpy() if value.dtype in (torch.bool, torch.long) else to_numpy(value)
+    return out

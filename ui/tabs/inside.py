@@ -1,0 +1,113 @@
+"""Inside tab: one real forward pass, stage by stage, for one head and its layer on a short text (tokens, embeddings
+and positions, norm, Q/K/V, RoPE, scores and softmax, the output and the residual, the feed-forward, logits and
+sampling), then why the head attends from one token to another. Layout and wiring only."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from ui.services.generation import MAX_TEMPERATURE
+from ui.services.inside import MAX_INSIDE_TOKENS, shape_of
+from ui.tabs.events import ON_ANALYSIS, handler, user_errors
+from ui.tabs.widgets import Tab, layer_head
+from ui.views import inside as views
+
+LEAD = """**Inside one forward pass**: follow one token through one real layer, stage by stage, with every number the
+model computed; then ask why a head attends from one token to another."""
+HOW_TO_READ = """Each stage below has its equation, its shapes, the real numbers as a figure (hover for values; one row
+per token, ▶ marks the token you follow) and one measured thing to notice."""
+TEXT = "The keeper lit the lamp, and the lamp lit the bay."
+# a click on a cell of the softmax panel (x and y are "key token" / "query token" labels) asks why
+CELL_CLICK_JS = """
+const onClick = (event) => {
+  const point = event.points && event.points[0];
+  if (!point || point.data.type !== "heatmap") return;
+  const query = parseInt(String(point.y)), key = parseInt(String(point.x));
+  if (Number.isNaN(query) || Number.isNaN(key)) return;
+  props.value = `${query}.${key}`;
+  trigger("click");
+};
+const attach = () => {
+  const plot = document.querySelector("#inside-stage5 .js-plotly-plot");
+  if (plot && plot._ev && !plot._ev.listeners("plotly_click").includes(onClick)) plot.on("plotly_click", onClick);
+};
+new MutationObserver(attach).observe(document.body, { childList: true, subtree: true });
+attach();
+"""
+
+
+def build(services, picker, initial) -> Tab:
+    gr.Markdown(LEAD, elem_classes=["tab-lead"])
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=1, min_width=300, elem_classes=["tab-controls"]):
+            text = gr.Textbox(label=f"Text (its first {MAX_INSIDE_TOKENS} tokens)", value=TEXT, lines=3,
+                              elem_id="inside-text")
+            layer, head = layer_head(services.models, picker, initial, "inside", shape=shape_of)
+            token = gr.Number(value=-1, label="Token to follow (position; −1 = the last)", precision=0,
+                              elem_id="inside-token")
+            with gr.Row():
+                temperature = gr.Slider(0.0, MAX_TEMPERATURE, value=1.0, step=0.05, label="Temperature (0–2)",
+                                        elem_id="inside-temperature", min_width=120)
+                top_k = gr.Number(value=0, label="Top-k (0 = off)", precision=0, elem_id="inside-top-k",
+                                  min_width=100)
+                top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p (0.05–1)", elem_id="inside-top-p",
+                                  min_width=120)
+            run = gr.Button("Walk through", variant="primary", elem_id="inside-run")
+            npz = gr.File(label="Every stage's numbers (.npz)", interactive=False, elem_id="inside-file", height=80,
+                          visible=False)
+        with gr.Column(scale=3, min_width=340):
+            gr.Markdown(HOW_TO_READ, elem_classes=["how-to-read"])
+            overview = gr.Markdown(elem_id="inside-note")
+            stages = []
+            for i in range(1, views.STAGE_COUNT + 1):
+                stages.append(gr.Markdown(elem_id=f"inside-note{i}"))
+                stages.append(gr.Plot(elem_id=f"inside-stage{i}", visible=False, show_label=False))
+    why = why_section(services, picker, text, layer, head)
+    walk = dict(fn=handler(views.walk_view, services, "forward_walk"),
+                inputs=[picker.model, text, layer, head, token, temperature, top_k, top_p],
+                outputs=[overview, *stages, npz], **ON_ANALYSIS)
+    figures = [c for c in stages if isinstance(c, gr.Plot)]
+    reveal = dict(fn=lambda: [gr.Plot(visible=True)] * len(figures) + [gr.File(visible=True)], inputs=None,
+                  outputs=[*figures, npz], api_visibility="private", queue=False)
+    run.click(**reveal).then(**walk, api_name="forward_walk")
+    for control in (temperature, top_p):
+        control.release(**walk, api_visibility="private")
+
+    @user_errors
+    def pick(value):
+        query, key = (int(part) for part in str(value).split("."))
+        return query, key, gr.Plot(visible=True), gr.Plot(visible=True)
+
+    why["picked"].click(pick, why["picked"], [why["query"], why["key"], *why["event"]["outputs"][1:]],
+                        api_visibility="private", queue=False).then(**why["event"], api_visibility="private")
+    return Tab(text=text, layer=layer, head=head, token=token)
+
+
+def why_section(services, picker, text, layer, head) -> dict:
+    gr.Markdown("### Why this head attends here\nA score q·k/√d_k split into what each side's residual stream is made "
+                "of (the embeddings, the positions, every earlier layer's attention and MLP output), content against "
+                "position for every key, and the head's queries and keys in one plane. Click a cell of stage 5's "
+                "weights to ask about it.")
+    with gr.Row():
+        query = gr.Number(value=-1, label="Query (position; −1 = the last)", precision=0, elem_id="inside-query")
+        key = gr.Number(value=0, label="Key (position)", precision=0, elem_id="inside-key")
+        button = gr.Button("Why this weight?", elem_id="inside-why-run")
+        geometry_button = gr.Button("Queries and keys in one plane", elem_id="inside-geometry-run")
+    note = gr.Markdown(elem_id="inside-why-note")
+    with gr.Row():
+        decomposition = gr.Plot(elem_id="inside-decomposition", visible=False, show_label=False)
+        lines = gr.Plot(elem_id="inside-content-position", visible=False, show_label=False)
+    geometry_note = gr.Markdown(elem_id="inside-geometry-note")
+    scatter = gr.Plot(elem_id="inside-geometry", visible=False, show_label=False)
+    picked = gr.HTML("", html_template="<span hidden>${value}</span>", js_on_load=CELL_CLICK_JS,
+                     elem_id="inside-cell-bridge")
+    event = dict(fn=handler(views.anatomy_view, services, "score_anatomy"),
+                 inputs=[picker.model, text, layer, head, query, key], outputs=[note, decomposition, lines],
+                 **ON_ANALYSIS)
+    shown = dict(fn=lambda: (gr.Plot(visible=True), gr.Plot(visible=True)), inputs=None,
+                 outputs=[decomposition, lines], api_visibility="private", queue=False)
+    button.click(**shown).then(**event, api_name="score_anatomy")
+    geometry_button.click(lambda: gr.Plot(visible=True), None, scatter, api_visibility="private", queue=False).then(
+        handler(views.geometry_view, services, "qk_geometry"), [picker.model, text, layer, head],
+        [geometry_note, scatter], api_name="qk_geometry", **ON_ANALYSIS)
+    return dict(query=query, key=key, picked=picked, event=event)
