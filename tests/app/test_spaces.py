@@ -17,7 +17,7 @@ from tiny_app_model import build_tiny_llama  # noqa: E402
 from ui import spaces as space_support  # noqa: E402
 from ui.page import build_page  # noqa: E402
 from ui.services import Services  # noqa: E402
-from ui.tabs.events import ANALYSIS, GENERATE  # noqa: E402
+from ui.tabs.events import MODEL_GROUPS  # noqa: E402
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def test_on_zero_gpu_the_model_events_and_only_they_run_under_spaces_gpu(fake_sp
     assert {"attention", "generate", "mask_demo", "positional_encoding", "head_atlas", "load_model"} <= on_gpu
     for fn in demo.fns.values():
         decorated = hasattr(fn.fn, "zerogpu_duration")
-        assert decorated == (fn.concurrency_id in (ANALYSIS, GENERATE)), fn.api_name or fn.name
+        assert decorated == (fn.concurrency_id in MODEL_GROUPS), fn.api_name or fn.name
         if decorated:
             assert fn.fn.zerogpu_duration == space_support.GPU_SECONDS
     assert "load_text" not in on_gpu and "train" not in on_gpu  # reading a file, the Lab's CPU job

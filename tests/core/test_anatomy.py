@@ -9,7 +9,6 @@ from core import load_model
 from core.analysis import anatomy
 from core.layers import rotate, sinusoidal_encoding
 from core.probe import Probe
-from core.store import WeightsUnavailable, ensure
 from tests import tiny
 
 FAMILIES = {
@@ -258,20 +257,11 @@ def test_errors_name_what_is_wrong_and_what_is_right(models):
 
 # ---- the real SmolLM2 against transformers' own modules ----
 
-@pytest.fixture(scope="module")
-def smollm():
-    try:
-        folder = ensure("smollm2-135m-instruct")
-    except WeightsUnavailable as error:
-        pytest.skip(f"smollm2-135m-instruct: no weight source reachable, so the real-weight test cannot run:\n{error}")
-    return folder, load_model(folder, device="cpu")
-
-
 @pytest.mark.real_weights
-def test_smollm2_stages_equal_transformers_modules(smollm):
+def test_smollm2_stages_equal_transformers_modules(smollm_folder, smollm):
     import transformers
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-    folder, model = smollm
+    folder, model = smollm_folder, smollm
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager",
                                                            dtype=torch.float32).eval()
     ids = torch.tensor([model.tokenizer("The quick brown fox jumps over the lazy dog because it can.").input_ids])

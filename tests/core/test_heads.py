@@ -9,7 +9,7 @@ import torch
 
 from core import load_model
 from core.analysis import heads
-from core.store import WeightsUnavailable, ensure
+from core.store import ensure
 from tests import tiny
 
 CONFIG = Path(__file__).resolve().parents[2] / "bench" / "configs" / "smollm2-135m-instruct.json"
@@ -248,14 +248,6 @@ def test_encoders_are_told_what_does_not_apply():
         heads.lens_table(bert, ids)
     with pytest.raises(ValueError, match="surprisal needs"):
         heads.surprisal(bert, ids)
-
-
-@pytest.fixture(scope="module")
-def smollm():
-    try:
-        return load_model(ensure("smollm2-135m-instruct"), device="cpu")
-    except WeightsUnavailable as error:
-        pytest.skip(f"smollm2-135m-instruct: no weight source reachable, so the real-weight test cannot run:\n{error}")
 
 
 @pytest.mark.real_weights

@@ -6,7 +6,6 @@ import torch
 from core import load_model
 from core.analysis import patching
 from core.probe import Patch
-from core.store import WeightsUnavailable, ensure
 from tests import tiny
 
 ANSWER, FOIL = 11, 23
@@ -171,14 +170,6 @@ def test_flow_graph_edges_follow_the_proximity_definition_and_prune_monotonicall
     # walking down: every kept edge's target is the prediction or the source of a kept edge above it
     sources = {(e.level - 1, e.source) for e in top.edges} | {(2 * cfg.n_layers, 9)}
     assert all((e.level, e.target) in sources for e in top.edges)
-
-
-@pytest.fixture(scope="module")
-def smollm():
-    try:
-        return load_model(ensure("smollm2-135m-instruct"), device="cpu")
-    except WeightsUnavailable as error:
-        pytest.skip(f"smollm2-135m-instruct: no weight source reachable, so the real-weight test cannot run:\n{error}")
 
 
 @pytest.mark.real_weights

@@ -9,7 +9,7 @@ import gradio as gr
 from ui.services.heads import (COMPLETENESS_STEPS, MAX_HEADS_TOKENS, MAX_IG_STEPS, MAX_SWEEP_TOKENS, SWEEP_BATCH,
                                scored_shape)
 from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, user_errors
-from ui.tabs.widgets import Tab, export_row, layer_head, read_example, text_with_upload
+from ui.tabs.widgets import Tab, click_bridge, export_row, layer_head, read_example, text_with_upload
 from ui.views import heads as views
 
 CACHE_TTL_S = 1800  # a session's kept results are dropped after half an hour
@@ -34,21 +34,9 @@ SURPRISAL_CSS = """
 .surprisal .tok { border-radius: 3px; padding: 1px 0; cursor: help; }
 .surprisal-legend { font-size: 0.85em; opacity: 0.7; margin-bottom: 0.4em; }
 """
-# a click on a tile of the score map writes "layer.head" into the bridge and fires its click event
-TILE_CLICK_JS = """
-const onClick = (event) => {
-  const point = event.points && event.points[0];
-  if (!point || point.data.type !== "heatmap") return;
-  props.value = `${point.x}.${point.y}`;
-  trigger("click");
-};
-const attach = () => {
-  const plot = document.querySelector("#heads-map .js-plotly-plot");
-  if (plot && plot._ev && !plot._ev.listeners("plotly_click").includes(onClick)) plot.on("plotly_click", onClick);
-};
-new MutationObserver(attach).observe(document.body, { childList: true, subtree: true });
-attach();
-"""
+# a click on a tile of the score map (x = layer, y = head) reads "layer.head"
+TILE_READ = 'return point.data.type === "heatmap" ? `${point.x}.${point.y}` : null;'
+
 
 
 
@@ -89,8 +77,7 @@ def atlas_section(services, picker, initial, cache) -> dict:
                 head_fig = gr.Plot(label="The chosen head on your text", elem_id="heads-head-view", min_width=320)
     with gr.Accordion("How to read this tab", open=False):
         gr.Markdown(INTRO)
-    bridge = gr.HTML("", html_template="<span hidden>${value}</span>", js_on_load=TILE_CLICK_JS,
-                     elem_id="heads-tile-bridge")
+    bridge = click_bridge("heads-tile-bridge", ["heads-map"], TILE_READ)
     with gr.Row():
         thresholds = gr.Markdown(label="named heads", elem_id="heads-named")
         top = gr.Dataframe(headers=["score", "rank", "head", "value", "named"], label="Top heads per score",

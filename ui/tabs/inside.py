@@ -9,7 +9,7 @@ import gradio as gr
 from ui.services.generation import MAX_TEMPERATURE
 from ui.services.inside import MAX_INSIDE_TOKENS, shape_of
 from ui.tabs.events import ON_ANALYSIS, handler, user_errors
-from ui.tabs.widgets import Tab, layer_head
+from ui.tabs.widgets import Tab, click_bridge, layer_head
 from ui.views import inside as views
 
 LEAD = """**Inside one forward pass**: follow one token through one real layer, stage by stage, with every number the
@@ -17,23 +17,10 @@ model computed; then ask why a head attends from one token to another."""
 HOW_TO_READ = """Each stage below has its equation, its shapes, the real numbers as a figure (hover for values; one row
 per token, ▶ marks the token you follow) and one measured thing to notice."""
 TEXT = "The keeper lit the lamp, and the lamp lit the bay."
-# a click on a cell of the softmax panel (x and y are "key token" / "query token" labels) asks why
-CELL_CLICK_JS = """
-const onClick = (event) => {
-  const point = event.points && event.points[0];
-  if (!point || point.data.type !== "heatmap") return;
-  const query = parseInt(String(point.y)), key = parseInt(String(point.x));
-  if (Number.isNaN(query) || Number.isNaN(key)) return;
-  props.value = `${query}.${key}`;
-  trigger("click");
-};
-const attach = () => {
-  const plot = document.querySelector("#inside-stage5 .js-plotly-plot");
-  if (plot && plot._ev && !plot._ev.listeners("plotly_click").includes(onClick)) plot.on("plotly_click", onClick);
-};
-new MutationObserver(attach).observe(document.body, { childList: true, subtree: true });
-attach();
-"""
+# a click on a cell of stage 5 (x and y are "position token" labels) reads "query.key"
+CELL_READ = ('if (point.data.type !== "heatmap") return null; const q = parseInt(String(point.y)), '
+             'k = parseInt(String(point.x)); return Number.isNaN(q) || Number.isNaN(k) ? null : `${q}.${k}`;')
+
 
 
 def build(services, picker, initial) -> Tab:
@@ -99,8 +86,7 @@ def why_section(services, picker, text, layer, head) -> dict:
         lines = gr.Plot(elem_id="inside-content-position", visible=False, show_label=False)
     geometry_note = gr.Markdown(elem_id="inside-geometry-note")
     scatter = gr.Plot(elem_id="inside-geometry", visible=False, show_label=False)
-    picked = gr.HTML("", html_template="<span hidden>${value}</span>", js_on_load=CELL_CLICK_JS,
-                     elem_id="inside-cell-bridge")
+    picked = click_bridge("inside-cell-bridge", ["inside-stage5"], CELL_READ)
     event = dict(fn=handler(views.anatomy_view, services, "score_anatomy"),
                  inputs=[picker.model, text, layer, head, query, key], outputs=[note, decomposition, lines],
                  **ON_ANALYSIS)

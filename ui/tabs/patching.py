@@ -8,7 +8,7 @@ import gradio as gr
 
 from ui.services.patching import DEFAULT_THRESHOLD, PRESETS
 from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, user_errors
-from ui.tabs.widgets import Tab
+from ui.tabs.widgets import Tab, click_bridge
 from ui.views import patching as views
 
 LEAD = """**What carries the answer**: run a prompt and a corrupted copy of it, then move one activation at a time
@@ -29,25 +29,10 @@ SITE_CHOICES = [("residual stream (layer × position)", "resid_pre"), ("attentio
                                                                      "attn_out"),
                 ("MLP output (layer × position)", "mlp_out"), ("each head (layer × head)", "z"),
                 ("one layer's heads (head × position)", "z_by_position")]
-# a click on a point that names a head (customdata "layer.head") writes it into the bridge and fires its click
-HEAD_CLICK_JS = """
-const onClick = (event) => {
-  const point = event.points && event.points[0];
-  if (!point || point.customdata === undefined) return;
-  const found = [].concat(point.customdata).map(String).find((v) => /^\\d+\\.\\d+$/.test(v));
-  if (!found) return;
-  props.value = found;
-  trigger("click");
-};
-const attach = () => {
-  for (const id of ["patch-map", "patch-dla", "patch-flow"]) {
-    const plot = document.querySelector(`#${id} .js-plotly-plot`);
-    if (plot && plot._ev && !plot._ev.listeners("plotly_click").includes(onClick)) plot.on("plotly_click", onClick);
-  }
-};
-new MutationObserver(attach).observe(document.body, { childList: true, subtree: true });
-attach();
-"""
+# a click on a point that names a head (a "layer.head" among its customdata) reads it
+HEAD_READ = ("return point.customdata === undefined ? null : "
+             "[].concat(point.customdata).map(String).find((v) => /^\\d+\\.\\d+$/.test(v)) || null;")
+
 
 
 def build(services, picker, initial) -> Tab:
@@ -82,8 +67,7 @@ def build(services, picker, initial) -> Tab:
         gr.Markdown(INTRO)
     attribution_section(services, picker, clean, corrupted, answer, foil)
     flow_section(services, picker, clean)
-    picked = gr.HTML("", html_template="<span hidden>${value}</span>", js_on_load=HEAD_CLICK_JS,
-                     elem_id="patch-head-bridge")
+    picked = click_bridge("patch-head-bridge", ["patch-map", "patch-dla", "patch-flow"], HEAD_READ)
 
     sweep = dict(fn=handler(views.patch_view, services, "patch_sweep", heavy="A patching sweep"),
                  inputs=[picker.model, clean, corrupted, answer, foil, site, mode, layer],

@@ -3,6 +3,7 @@ the export row, the file box, and the one return type of every tab's build."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,35 @@ SVG_BUTTON_JS = """
   });
 }
 """
+
+
+# Runs when a click bridge loads: a click on a point of one of its plots reads a value from the point (READ, a JS
+# function body of `point` returning a string or null) into the bridge and fires the bridge's click event.
+PLOT_CLICK_JS = """
+const read = (point) => { READ };
+const onClick = (event) => {
+  const point = event.points && event.points[0];
+  const value = point ? read(point) : null;
+  if (value === null || value === undefined) return;
+  props.value = value;
+  trigger("click");
+};
+const attach = () => {
+  for (const id of PLOTS) {
+    const plot = document.querySelector(`#${id} .js-plotly-plot`);
+    if (plot && plot._ev && !plot._ev.listeners("plotly_click").includes(onClick)) plot.on("plotly_click", onClick);
+  }
+};
+new MutationObserver(attach).observe(document.body, { childList: true, subtree: true });
+attach();
+"""
+
+
+def click_bridge(elem_id: str, plots: list[str], read: str) -> gr.HTML:
+    """A hidden component that a click on a point of the plots (their elem_ids) fills and clicks: its .click event
+    receives what `read` (JS, a body of `point`) returned, e.g. "layer.head"."""
+    js = PLOT_CLICK_JS.replace("READ", read).replace("PLOTS", json.dumps(plots))
+    return gr.HTML("", html_template="<span hidden>${value}</span>", js_on_load=js, elem_id=elem_id)
 
 
 @dataclass
