@@ -9,7 +9,7 @@ import gradio as gr
 from ui.services.generation import MAX_TEMPERATURE
 from ui.services.inside import MAX_INSIDE_TOKENS, shape_of
 from ui.tabs.events import ON_ANALYSIS, handler, user_errors
-from ui.tabs.widgets import Tab, click_bridge, layer_head
+from ui.tabs.widgets import Tab, click_bridge, layer_head, text_with_upload
 from ui.views import inside as views
 
 LEAD = """**Inside one forward pass**: follow one token through one real layer, stage by stage, with every number the
@@ -27,8 +27,8 @@ def build(services, picker, initial) -> Tab:
     gr.Markdown(LEAD, elem_classes=["tab-lead"])
     with gr.Row(equal_height=False):
         with gr.Column(scale=1, min_width=300, elem_classes=["tab-controls"]):
-            text = gr.Textbox(label=f"Text (its first {MAX_INSIDE_TOKENS} tokens)", value=TEXT, lines=3,
-                              elem_id="inside-text")
+            text, _ = text_with_upload(f"Text (its first {MAX_INSIDE_TOKENS} tokens)", TEXT, "inside",
+                                       services.settings.text_cap_bytes, lines=3)
             layer, head = layer_head(services.models, picker, initial, "inside", shape=shape_of)
             token = gr.Number(value=-1, label="Token to follow (position; −1 = the last)", precision=0,
                               elem_id="inside-token")
