@@ -44,7 +44,8 @@ def layout(services, default_model: str) -> gr.Blocks:
             "does and whether it matters."
         )
         share = {}
-        picker = model_picker.build(services.models, default_model, beside=lambda: share.update(share_controls()))
+        picker = model_picker.build(services.models, default_model, beside=lambda: share.update(share_controls()),
+                                    private=services.lab.private_choices)
         current_tab = gr.State("attention")
         with gr.Tabs(selected="attention") as tabs:
             built = {}

@@ -7,6 +7,7 @@ result to the services and the page; tests build AppSettings() with the defaults
     ATTN_KEPT_BUDGET_MB     what all sessions keep for reuse together: captures, generation rows (default 1000)
     ATTN_SESSIONS           sessions whose state Gradio keeps; the oldest is dropped beyond it (default 500)
     ATTN_LAB_JOBS, ATTN_LAB_MAX_STEPS, ATTN_LAB_MAX_SECONDS, ATTN_LAB_EVAL_EXAMPLES   the Lab's limits
+    ATTN_PRIVATE_RUN_MINUTES   how long a saved run is kept on a shared server (a Space, --public; default 60)
     ATTN_WEIGHTS_DIR        where the weight store lives (read by core.store itself)
 """
 
@@ -58,16 +59,22 @@ class LabSettings:
     max_steps: int = 3000  # per run
     max_seconds: float = 300.0  # per run; the run stops after it, keeping what it learned
     eval_examples: int = 200  # held-out examples per evaluation
+    private: bool = False  # saved runs private to their session (a Space, or --public), else weights/NAME for all
+    private_ttl_s: float = 3600.0  # a private run is deleted this long after it was saved
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> LabSettings:
+    def from_env(cls, environ: Mapping[str, str] | None = None, public: bool = False) -> LabSettings:
+        """public: the server is shared (--public); on a Space (SPACE_ID set) it always is."""
         def read(name: str, kind, default, low):
             return env_number(name, default, low, kind, strict=True, environ=environ)
 
+        space = bool((os.environ if environ is None else environ).get("SPACE_ID"))
         return cls(max_jobs=read("ATTN_LAB_JOBS", int, cls.max_jobs, 1),
                    max_steps=read("ATTN_LAB_MAX_STEPS", int, cls.max_steps, 1),
                    max_seconds=read("ATTN_LAB_MAX_SECONDS", float, cls.max_seconds, 1.0),
-                   eval_examples=read("ATTN_LAB_EVAL_EXAMPLES", int, cls.eval_examples, 1))
+                   eval_examples=read("ATTN_LAB_EVAL_EXAMPLES", int, cls.eval_examples, 1),
+                   private=public or space,
+                   private_ttl_s=read("ATTN_PRIVATE_RUN_MINUTES", float, cls.private_ttl_s / 60, 1.0) * 60)
 
 
 @dataclass(frozen=True)
@@ -80,12 +87,13 @@ class AppSettings:
     lab: LabSettings = field(default_factory=LabSettings)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **given) -> AppSettings:
-        """The settings the environment gives, then `given` (the command line's) on top."""
+    def from_env(cls, environ: Mapping[str, str] | None = None, public: bool = False, **given) -> AppSettings:
+        """The settings the environment gives, then `given` (the command line's) on top. public: a shared server
+        (--public): saved Lab runs stay private to their session, as on a Space."""
         read = dict(
             text_cap_bytes=int(env_number(TEXT_CAP_SETTING, 1.0, 0.001, environ=environ) * 1_000_000),
             kept_budget_bytes=int(env_number(KEPT_BUDGET_SETTING, 1000.0, 0.0, environ=environ) * 1_000_000),
             sessions=env_number(SESSIONS_SETTING, cls.sessions, 1, int, strict=True, environ=environ),
-            lab=LabSettings.from_env(environ),
+            lab=LabSettings.from_env(environ, public),
         )
         return cls(**{**read, **given})

@@ -221,11 +221,51 @@ def test_a_saved_run_joins_the_weight_store_and_is_never_overwritten(trained, tm
             saver.save("s", run_id, name)
 
 
+def test_on_a_shared_server_a_saved_run_is_its_sessions_alone_and_expires(trained, tmp_path):
+    from dataclasses import replace
+
+    from ui.services.models import ModelStore
+
+    lab, _, _ = trained
+    saver = Lab(replace(SETTINGS, private=True, private_ttl_s=3600), weights_root=tmp_path)
+    saver._sessions = lab._sessions  # session "s" has run1
+    store = ModelStore()
+    store.private = saver.private_folder
+    folder = saver.save("s", "run1", "mine")
+    assert folder.parent.parent == tmp_path / ".private" and folder.name == "mine"
+    alias = saver.picker_name("s", folder)
+    assert alias.startswith("mine (this page's run, ") and saver.private_choices("s") == [alias]
+    assert saver.private_choices("someone else") == []                       # listed only where it was saved
+    assert "mine" not in store.names() and alias not in store.names()
+    assert not WeightStore(root=tmp_path, registry=load_registry()).installed()  # the store lists none of it
+    assert store.get(alias).config.is_encoder_decoder                         # its session loads it by its alias
+    with pytest.raises(UserError, match="already saved a run named 'mine'"):
+        saver.save("s", "run1", "mine")
+    other = saver.private.folder("t", "mine")                                 # another session may use the name
+    assert other.parent != folder.parent
+    # an hour later it is gone, files and all, and its alias says why
+    assert saver.private.expire(now=time.time() + 3601) == [alias]
+    assert not folder.exists() and saver.private_choices("s") == []
+    fresh = ModelStore()  # a store that never loaded it (a loaded model stays in memory until evicted)
+    fresh.private = saver.private_folder
+    with pytest.raises(UserError, match="deleted 60 minutes after saving"):
+        fresh.get(alias)
+
+
+def test_on_a_laptop_saved_runs_are_everyones_as_before(tmp_path):
+    lab = Lab(SETTINGS, weights_root=tmp_path)
+    assert lab.private is None and lab.private_choices("s") == []
+    assert LabSettings.from_env({}).private is False
+    assert LabSettings.from_env({"SPACE_ID": "someone/space"}).private is True
+    assert LabSettings.from_env({}, public=True).private is True
+    assert LabSettings.from_env({"ATTN_PRIVATE_RUN_MINUTES": "5"}).private_ttl_s == 300
+
+
 def test_alignment_counts_where_the_cross_attention_peaks_per_layer():
     import torch
 
     from core.train import LabAttention
-    from ui.services.lab.runs import alignment_note
+    from ui.services.lab.answers import alignment_note
 
     cross = torch.zeros(2, 1, 5, 5)  # layer 0: the anti-diagonal of abcd -> dcba; layer 1: always the first source
     cross[0, 0, torch.arange(5), torch.tensor([3, 2, 1, 0, 4])] = 1

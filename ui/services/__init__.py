@@ -32,4 +32,7 @@ class Services:
         settings = settings or AppSettings()
         if models is None:
             models = ModelStore(extra_names=[default_model] if default_model else [], device=settings.device)
-        return cls(settings, models, KeptStore(settings.kept_budget_bytes), Lab(settings.lab))
+        lab = Lab(settings.lab)
+        if lab.private is not None:
+            models.private = lab.private_folder  # a session's saved run loads by its alias, listed to it alone
+        return cls(settings, models, KeptStore(settings.kept_budget_bytes), lab)

@@ -104,6 +104,8 @@ class ModelStore:
         self.extra_names = list(extra_names or [])
         self._models: OncePerName[torch.nn.Module] = OncePerName(capacity)
         self._sources: dict[str, str] = {}  # name → where its weights came from, for the model card
+        # alias → folder of a session's private Lab run (Lab.private_folder), on a shared server; never listed
+        self.private: Callable[[str], Path | None] | None = None
 
     def source(self, name: str) -> str:
         return self._sources.get(name, "")
@@ -133,7 +135,7 @@ class ModelStore:
         if not isinstance(name, str) or len(name) > MAX_MODEL_NAME or "\x00" in name:
             shown = repr(name[:40]) + "…" if isinstance(name, str) else f"a {type(name).__name__}"
             raise UserError(f"{shown} is not a model name or folder: choose one from the model picker.")
-        folder = Path(name)
+        folder = (self.private(name) if self.private is not None else None) or Path(name)
         try:
             if not folder.is_dir():
                 folder = weight_store.ensure(name, progress=progress)

@@ -56,8 +56,10 @@ def build(services, picker, initial=None) -> Tab:
                 c = controls(services.lab.settings)
             with gr.Column(scale=3):
                 shown = SimpleNamespace(**vars(progress_section()))
-        for section in (stream_section, runs_section, attention_section, keep_section):
+        for section in (stream_section, runs_section, attention_section):
             shown.__dict__.update(vars(section()))
+        lab = services.lab
+        shown.__dict__.update(vars(keep_section(None if lab.private is None else lab.settings.private_ttl_s / 60)))
     wire(services.lab, picker, c, shown)
     return Tab()
 
@@ -153,9 +155,12 @@ def attention_section() -> SimpleNamespace:
         decoder=decoder)
 
 
-def keep_section() -> SimpleNamespace:
-    gr.Markdown("### Keep a run\nSaved under `weights/NAME`, it appears in the model picker above, with a manifest "
-                "that says it was trained here, on which task and seed.")
+def keep_section(private_minutes: float | None = None) -> SimpleNamespace:
+    """private_minutes: on a shared server, how long a saved run is kept (for this session alone)."""
+    where = ("Saved under `weights/NAME`, it appears in the model picker above" if private_minutes is None else
+             f"On this shared server a saved run is yours alone: it appears in your model picker above, no one "
+             f"else's, and is deleted {private_minutes:g} minutes after saving")
+    gr.Markdown(f"### Keep a run\n{where}, with a manifest that says it was trained here, on which task and seed.")
     with gr.Row():
         name = gr.Textbox(label="Name (letters, digits, - and _)", elem_id="lab-name")
         save = gr.Button("Save run", elem_id="lab-save")
@@ -232,8 +237,14 @@ def lab_events(lab) -> SimpleNamespace:
 
     @user_errors
     def save_run(run_id, model_name, request: gr.Request, progress=gr.Progress()):
-        folder = lab.save(session_key(request), run_id, model_name, progress_callback(progress))
-        return f"Saved **{folder.name}** to `{public_text(str(folder))}`; choose it in the model picker above."
+        key = session_key(request)
+        folder = lab.save(key, run_id, model_name, progress_callback(progress))
+        if lab.private is None:
+            return f"Saved **{folder.name}** to `{public_text(str(folder))}`; choose it in the model picker above."
+        minutes = lab.settings.private_ttl_s / 60
+        return (f"Saved **{folder.name}** for this page only: the model picker above lists it as "
+                f"`{lab.picker_name(key, folder)}`, no other visitor sees it, and it is deleted {minutes:g} minutes "
+                "after saving (this server is shared).")
 
     @user_errors
     def export_lab(request: gr.Request):

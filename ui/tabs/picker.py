@@ -18,11 +18,14 @@ class Picker:
     card: gr.Markdown
     load_card: Callable  # name → card markdown; the page runs it when it opens
     loaded: object  # the event of a successful model change: tabs chain their updates on it with .success
-    choices: Callable  # () → the dropdown with the store's current names (models saved or copied in since start)
+    choices: Callable  # (request) → the dropdown with the store's current names (models saved or copied in since
+    # start) and, on a shared server, the session's own saved runs
 
 
-def build(models, default_model: str, beside: Callable[[], None] | None = None) -> Picker:
-    """The picker in a row (with whatever `beside` builds to its right), then the card, closed."""
+def build(models, default_model: str, beside: Callable[[], None] | None = None,
+          private: Callable[[str | None], list[str]] | None = None) -> Picker:
+    """The picker in a row (with whatever `beside` builds to its right), then the card, closed. private(session):
+    the names only that session's picker lists (its saved Lab runs on a shared server)."""
     with gr.Row(equal_height=False, elem_id="page-top"):
         with gr.Column(scale=2, min_width=260):
             model = gr.Dropdown(
@@ -44,8 +47,9 @@ def build(models, default_model: str, beside: Callable[[], None] | None = None) 
         model_obj = models.get(model_name, progress_callback(progress))
         return model_card(model_name, model_obj, models.source(model_name))
 
-    def choices():
-        return gr.Dropdown(choices=models.names())
+    def choices(request: gr.Request = None):
+        own = private(getattr(request, "session_hash", None)) if private is not None and request is not None else []
+        return gr.Dropdown(choices=[*models.names(), *own])
 
     loaded = model.change(load_card, model, card, api_name="load_model", **ON_ANALYSIS)
     return Picker(model, card, load_card, loaded, choices)

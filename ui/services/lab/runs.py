@@ -8,12 +8,10 @@ to one per session; a session's runs live here, keyed by the session id, until i
 
 from __future__ import annotations
 
-import calendar
 import functools
 import logging
 import math
 import os
-import re
 import shutil
 import threading
 import time
@@ -30,8 +28,10 @@ from core import train as engine
 from core.train import LabConfig
 from ui.plots.lab import Curve
 from ui.services.checks import UserError
+from ui.services.lab.answers import alignment_note, answer_of, expected_answer
 from ui.services.lab.configs import (EXPERIMENTS, MAX_DECODER_SOURCE, MAX_RUNS_PER_SESSION, NAME, POLL_S,
                                      SESSION_IDLE_S, Summary, _finite, _num, _pct, describe, experiment_pair, finding)
+from ui.services.lab.private import PrivateRuns
 from ui.settings import LabSettings
 
 log = logging.getLogger(__name__)
@@ -226,6 +226,8 @@ class Lab:
         self._save_lock = threading.Lock()
         self._sessions: dict[str, LabSession] = {}
         self._jobs: set[Job] = set()
+        # on a shared server saved runs are this session's alone (ui/services/lab/private.py)
+        self.private = PrivateRuns(self.weights_root(), self.settings.private_ttl_s) if self.settings.private else None
 
     # -- sessions and jobs
 
@@ -400,7 +402,8 @@ class Lab:
 
     def save(self, key: str | None, run_id, name, progress: Callable[[float, str], None] | None = None) -> Path:
         """The run as weights/NAME with the store's manifest (source: trained here, task, seed, lab config);
-        never over an existing folder or a registry name."""
+        never over an existing folder or a registry name. On a shared server (self.private) it goes to this
+        session's private folder instead, and only this session's picker lists it (picker_name)."""
         record = self.finished_run(key, run_id)
         name = str(name or "").strip()
         if not NAME.match(name):
@@ -408,11 +411,14 @@ class Lab:
         if name in weight_store.load_registry():
             raise UserError(f"{name!r} is a model of the weight store's registry; choose another name.")
         root = self.weights_root()
-        target = root / name
+        private = self.private is not None
+        target = self.private.folder(str(key), name) if private else root / name
         with self._save_lock:
+            if private and self.private.taken(str(key), name):
+                raise UserError(f"This page already saved a run named {name!r}; choose another name.")
             if target.exists():
-                raise UserError(f"A model named {name!r} already exists ({target}); choose another name.")
-            root.mkdir(parents=True, exist_ok=True)
+                raise UserError(f"A model named {name!r} already exists (weights/{name}); choose another name.")
+            target.parent.mkdir(parents=True, exist_ok=True)
             # written in a hidden folder and renamed into place, so a half-written model never shows in the picker
             staging = root / f".tmp-{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             try:
@@ -424,56 +430,29 @@ class Lab:
                 os.rename(staging / name, target)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
+            if private:
+                self.private.add(str(key), name, target)
         if progress:
             progress(1.0, f"saved {name}")
         return target
 
+    def picker_name(self, key: str | None, folder: Path) -> str:
+        """What the model picker calls a saved run: its name, or on a shared server its session's alias."""
+        if self.private is None:
+            return folder.name
+        return next(alias for alias in self.private.choices(str(key)) if self.private.resolve(alias) == folder)
 
-def answer_of(maps: engine.LabAttention, source: str) -> str:
-    """A decoder-only model's answer: the tokens between <sep> and <eos>."""
-    tokens = maps.target_tokens
-    start = len(source) + 2
-    return "".join(t for t in tokens[start:] if t not in engine.SPECIALS)
+    def private_choices(self, key: str | None) -> list[str]:
+        """The saved runs only this session's picker lists (none on a laptop, where runs are everyone's)."""
+        return [] if self.private is None else self.private.choices(str(key))
 
-
-def expected_answer(task: str, source: str) -> str | None:
-    """The task's right answer for a typed source, when the source is one the task could have made."""
-    if task == "copy":
-        return source
-    if task == "reverse":
-        return source[::-1]
-    if task == "sort":
-        return "".join(sorted(source))
-    if task == "add" and (m := re.fullmatch(r"(\d+)\+(\d+)", source)):
-        return str(int(m[1]) + int(m[2]))
-    if task == "dates" and (m := re.fullmatch(r"(\d{4})-(\d{2})-(\d{2})", source)):
-        year, month, day = int(m[1]), int(m[2]), int(m[3])
-        if 1 <= month <= 12 and 1 <= day <= calendar.monthrange(year, month)[1]:
-            return f"{day} {calendar.month_name[month]} {year}"
-    return None
-
-
-def alignment_note(task: str, source: str, maps: engine.LabAttention) -> str:
-    """Per layer, how many output characters' cross-attention (mean of heads) peaks where the task says the
-    character comes from: the mirror position for reverse, the same position for copy, its field for dates."""
-    if maps.cross is None:
-        return ""
-    target = "".join(maps.target_tokens[1:])
-    if task in ("reverse", "copy"):
-        where = [{len(source) - 1 - i if task == "reverse" else i} for i in range(len(target))]
-        what = "the mirrored source position (the anti-diagonal)" if task == "reverse" else "the same source position"
-    elif task == "dates" and re.fullmatch(r"\d{4}-\d{2}-\d{2}", source):
-        fields = [set(range(8, 10)), set(range(5, 7)), set(range(0, 4))]  # day, month, year in YYYY-MM-DD
-        words = [target[:i].count(" ") for i in range(len(target))]
-        where = [None if c == " " or w > 2 else fields[w] for c, w in zip(target, words)]
-        what = "their own source field (day, month or year)"
-    else:
-        return ""
-    counted = [i for i, w in enumerate(where) if w is not None]
-    if not counted:
-        return ""
-    # row i of the cross-attention is the decoder position that predicts output character i
-    shares = [sum(int(peaks[i]) in where[i] for i in counted)
-              for peaks in maps.cross.mean(1).argmax(-1)]  # [L, T]: each row's peak source position
-    per_layer = ", ".join(f"layer {layer}: {hits} of {len(counted)}" for layer, hits in enumerate(shares))
-    return f"Output characters whose cross-attention (mean of heads) peaks on {what}: {per_layer}."
+    def private_folder(self, name: str) -> Path | None:
+        """The folder of a private run's alias, for the model store; None for any other name."""
+        if self.private is None:
+            return None
+        folder = self.private.resolve(name)
+        if folder is None and name in self.private.gone:
+            minutes = self.settings.private_ttl_s / 60
+            raise UserError(f"{name!r} was a run saved on this page; runs saved on a shared server are deleted "
+                            f"{minutes:g} minutes after saving, and this one has been. Train and save it again.")
+        return folder
