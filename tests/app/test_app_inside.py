@@ -95,3 +95,12 @@ def test_a_link_opens_the_tab_on_a_token():
     assert "tab=inside" in url and "layer=1" in url and "head=2" in url and "token=3" in url
     state = links.parse({"tab": "inside", "token": "3", "layer": "1"}, ["m"], lambda _: (2, 4), "m")
     assert (state.tab, state.token, state.layer, state.messages) == ("inside", 3, 1, [])
+
+
+def test_no_note_names_a_server_folder(served):
+    """The tiny model is a folder under the temporary directory: the notes name it as public_text does."""
+    import tempfile
+
+    result = served["client"].predict(served["llama"], TEXT, 0, 0, -1, 1.0, 0, 1.0, api_name="/forward_walk")
+    notes = [value for value in result if isinstance(value, str) and " " in value]
+    assert notes and not any(tempfile.gettempdir() + "/" in note for note in notes)

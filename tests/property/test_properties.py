@@ -37,7 +37,7 @@ from hypothesis import strategies as st  # noqa: E402
 from tiny_app_model import build_tiny_bert, build_tiny_llama, plotly_array  # noqa: E402
 from ui.services import Services  # noqa: E402
 from ui.services.attention import MAX_WINDOW, pool_attention, pool_edges  # noqa: E402
-from ui.services.checks import UserError, check_float, check_range  # noqa: E402
+from ui.services.checks import REPO_ROOT, UserError, check_float, check_range  # noqa: E402
 from ui.services.generation import MAX_GENERATE_TOKENS  # noqa: E402
 from ui.services.heads import MAX_HEADS_TOKENS, MAX_IG_STEPS, parse_heads  # noqa: E402
 from ui.services.lab import configs as lab  # noqa: E402
@@ -235,14 +235,27 @@ def test_bugs_the_properties_found_stay_fixed(page, tiny, bug):
 
 def call(fn, *args):
     """A handler's outputs (a generator is run to its end, keeping every update), or the gr.Error it raised.
-    Any other exception propagates and fails the property."""
+    Any other exception propagates and fails the property. Every message the page would show (the error, and each
+    text output with a space in it: notes, not the path of a file to download) names no absolute server path."""
     try:
         result = fn(*args)
-        if hasattr(result, "__next__"):
-            return list(result), None
-        return [result], None
+        updates = list(result) if hasattr(result, "__next__") else [result]
     except gr.Error as exc:
+        assert_no_server_path(str(exc.message))
         return [], exc
+    for update in updates:
+        for value in update if isinstance(update, tuple) else (update,):
+            if isinstance(value, str) and " " in value:
+                assert_no_server_path(value)
+    return updates, None
+
+
+def assert_no_server_path(text: str) -> None:
+    """None of the server's own folders (the repository, the weight store, the temporary directory) in a message."""
+    from core.store import WeightStore
+
+    for root in (str(REPO_ROOT), str(WeightStore.default().root.resolve()), tempfile.gettempdir() + "/"):
+        assert root not in text, f"a server path in a message: {root!r} in {text[:300]!r}"
 
 
 def assert_clear(error: gr.Error | None, field: str | None = None) -> None:

@@ -14,6 +14,7 @@ from ui.plots.inside import (content_position_figure, decomposition_figure, geom
                              rotation_figure, stage_panels, token_bars)
 from ui.plots.text import escaped
 from ui.services import Services
+from ui.services.checks import public_text
 from ui.services.inside import (anatomy_of, check_token, content_and_position, encode_walk, geometry, measures,
                                 next_token, stage_arrays, walk)
 from ui.services.text import token_pieces, token_texts
@@ -171,7 +172,7 @@ def walk_view(services: Services, model_name, text_value, layer_index, head_inde
     buffer = io.BytesIO()
     np.savez_compressed(buffer, **stage_arrays(stages), token_pieces=np.array(token_pieces(model, tokens_enc.ids)))
     file = export.write(buffer.getvalue(), base + ".npz")
-    head = (f"{len(tokens)} tokens through layer {stages.layer}, head {stages.head} of {escaped(name)}, following "
+    head = (f"{len(tokens)} tokens through layer {stages.layer}, head {stages.head} of {escaped(public_text(name))}, following "
             f"{quoted(tokens[token])} (position {token}). Every number below is this pass's own.")
     if tokens_enc.note:
         head += f"  \n{escaped(tokens_enc.note)}"
