@@ -1,5 +1,6 @@
 """The Generate tab's step view in Chromium (the shared browser fixtures of conftest.py): picking a token in the
-strip shows that token's row, and the trace downloads as JSON."""
+strip shows that token's row, a second generation clears the old step, the trace downloads as JSON, and with an
+encoder loaded Generate is off and says why."""
 
 from __future__ import annotations
 
@@ -12,15 +13,16 @@ os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 from conftest import PAGE_TIMEOUT_MS, screenshot  # noqa: E402
-from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
+from tiny_app_model import build_tiny_bert, build_tiny_llama, launch_app  # noqa: E402
 
 NEW_TOKENS = 8
 
 
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory):
-    llama = str(build_tiny_llama(tmp_path_factory.mktemp("browser-generate") / "tiny-llama"))
-    demo, url, _ = launch_app([llama], llama)
+    root = tmp_path_factory.mktemp("browser-generate")
+    llama, bert = str(build_tiny_llama(root / "tiny-llama")), str(build_tiny_bert(root / "tiny-bert"))
+    demo, url, _ = launch_app([llama, bert], llama)
     yield url
     demo.close()
 
@@ -78,3 +80,28 @@ def test_the_trace_downloads_as_json(page):
     attention = data["attention"]
     assert attention["layout"] == "per head" and len(attention["self"]) == NEW_TOKENS
     assert len(attention["self"][0][0][0]) == len(data["context_tokens"])  # step 0 reads the prompt
+
+
+def test_a_second_generation_clears_the_old_step(page):
+    from playwright.sync_api import expect
+
+    strip = generate(page)
+    strip.nth(3).click()
+    note = page.locator("#gen-step-note")
+    expect(note).to_contain_text("Step 3", timeout=PAGE_TIMEOUT_MS)
+    page.locator("#gen-run").click()
+    expect(note).not_to_contain_text("Step 3", timeout=PAGE_TIMEOUT_MS)
+    expect(page.locator("#gen-stats")).to_contain_text("done", timeout=PAGE_TIMEOUT_MS)
+    expect(page.locator("#gen-step-row .js-plotly-plot")).to_have_count(0)
+
+
+def test_generate_is_off_with_an_encoder_loaded_and_says_why(page):
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Generate").click()
+    expect(page.locator("#gen-run")).to_be_enabled()
+    picker = page.locator("#model-picker input")
+    picker.click()
+    page.get_by_role("option", name="tiny-bert", exact=False).first.click()
+    expect(page.locator("#gen-run")).to_be_disabled(timeout=PAGE_TIMEOUT_MS)
+    expect(page.locator("#gen-cannot")).to_contain_text("is an encoder", timeout=PAGE_TIMEOUT_MS)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ui.services.generation import (MAX_GENERATE_TOKENS, MAX_TEMPERATURE, MAX_TRACE_BYTES, TOP_PROBS, run_trace,
-                                    stream_trace)
+from ui.services.generation import (MAX_GENERATE_TOKENS, MAX_TEMPERATURE, MAX_TRACE_BYTES, TOP_PROBS,
+                                    generation_reason, run_trace, stream_trace)
 from ui.services.text import token_texts
 from ui.services.generation.trace import trace_summary
 from ui.tabs.events import GENERATE, GENERATE_LIMIT, ON_ANALYSIS, handler, progress_callback, user_errors
@@ -58,8 +58,10 @@ def build(services, picker, initial) -> Tab:
                 top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p (1 = off)")
                 seed = gr.Number(value=0, label="Seed", precision=0)
             with gr.Row():
-                run = gr.Button("Generate", variant="primary", elem_id="gen-run")
+                reason = generation_reason(initial)
+                run = gr.Button("Generate", variant="primary", elem_id="gen-run", interactive=reason is None)
                 stop = gr.Button("Stop", variant="stop", elem_id="gen-stop")
+            cannot = gr.Markdown(reason or "", elem_id="gen-cannot")
     output = gr.Textbox(label="Continuation", lines=8, interactive=False, elem_id="gen-output")
     stats = gr.Markdown(label="stats", elem_id="gen-stats")
     send = gr.Button("Send prompt + continuation to the Attention tab", elem_id="gen-send")
@@ -95,6 +97,9 @@ def build(services, picker, initial) -> Tab:
     kv_numbers = gr.JSON(label="The same in bytes and seconds", elem_id="gen-kv-numbers", visible=False)
 
     settings = [model, prompt, chat, max_new, temperature, top_k, top_p, seed]
+    step_outputs = [step_note, probs_fig, row_fig, overview_fig, shaded, step_numbers]
+    # a new generation starts with an empty step view: the old one described the previous run
+    run.click(lambda: ("", None, None, None, "", None), None, step_outputs, api_visibility="private", queue=False)
     event = run.click(streamed(services), [*settings, trace], [output, stats, sent, trace], api_name="generate",
                       **ON_GENERATE)
     # after a finished stream this reuses the session's trace; called alone it generates (without streaming)
@@ -104,7 +109,7 @@ def build(services, picker, initial) -> Tab:
 
     step_event = dict(fn=handler(step_figures, services, "generation_step", progress=False),
                       inputs=[step, layer, head, trace],
-                      outputs=[step_note, probs_fig, row_fig, overview_fig, shaded, step_numbers], concurrency_limit=4)
+                      outputs=step_outputs, concurrency_limit=4)
     show.click(**step_event, api_name="generation_step")
     strip.input(chosen_step, strip, step, api_visibility="private", queue=False).then(
         **step_event, api_visibility="private")
@@ -120,11 +125,14 @@ def build(services, picker, initial) -> Tab:
     )
 
     @user_errors
-    def chat_default(name):
-        tok = services.models.get(name).tokenizer
-        return gr.Checkbox(value=bool(getattr(tok, "chat_template", None)))
+    def for_model(name):
+        """Chat mode as the model's tokenizer has it; Generate off, saying why, for a model that cannot generate."""
+        loaded = services.models.get(name)
+        why = generation_reason(loaded)
+        return (gr.Checkbox(value=bool(getattr(loaded.tokenizer, "chat_template", None))),
+                gr.Button(interactive=why is None), why or "")
 
-    picker.loaded.success(chat_default, model, chat, api_visibility="private")
+    picker.loaded.success(for_model, model, [chat, run, cannot], api_visibility="private")
     return Tab(send=send, sent=sent)
 
 

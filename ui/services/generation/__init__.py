@@ -53,6 +53,14 @@ class GenerationUpdate:
         return self.n_new / self.seconds if self.seconds > 0 else 0.0
 
 
+def generation_reason(model) -> str | None:
+    """Why this model cannot generate here (an encoder), or None when it can."""
+    if not model.config.causal and not model.config.is_encoder_decoder:
+        return (f"{model.config.family} here is an encoder: it fills in and encodes text but does not generate. "
+                "Pick a decoder model (e.g. smollm2-135m-instruct) to generate.")
+    return None
+
+
 def stream_generation(
     model,
     prompt: str,
@@ -66,11 +74,9 @@ def stream_generation(
 ) -> Iterator[GenerationUpdate]:
     """Yield the text as the model writes it, one update per token. Closing the iterator stops the model.
     With a writer, each step's probabilities and attention rows go to its trace as well."""
-    if not model.config.causal and not model.config.is_encoder_decoder:
-        raise UserError(
-            f"{model.config.family} here is an encoder: it fills in and encodes text but does not "
-            f"generate. Pick a decoder model."
-        )
+    reason = generation_reason(model)
+    if reason:
+        raise UserError(reason)
     if prompt is None or (isinstance(prompt, str) and not prompt.strip()):
         raise UserError("The prompt is empty.")
     prompt = valid_unicode(prompt)
