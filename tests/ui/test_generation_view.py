@@ -189,7 +189,7 @@ def test_the_step_figures_and_html():
     assert "&lt;b&gt;" in html and "cap &amp; &lt;t&gt;" in html and "<b>" not in html.replace("<b>source", "")
     assert html.count("data-weight") == 2 and 'class="tok current" data-pos="2"' in html and "tok later" in html
     overview = plots_generation.step_overview_figure(np.ones((6, 3)) / 3, ["0 a", "1 b", "2 c"], 3, "t")
-    assert list(overview.data[0].y) == ["0.0", "0.1", "0.2", "1.0", "1.1", "1.2"]
+    assert list(overview.data[0].y) == ["L0 H0", "L0 H1", "L0 H2", "L1 H0", "L1 H1", "L1 H2"]
     with pytest.raises(ValueError, match="3 keys for rows of 2"):
         plots_generation.step_rows_figure(["a", "b", "c"], np.ones(2), np.ones(2), 0, "t")
 

@@ -74,16 +74,16 @@ def step_rows_figure(keys: Sequence[str], head_row: np.ndarray, mean_row: np.nda
 def _overview_trace(weights: np.ndarray, keys: Sequence[str], n_heads: int, show_scale: bool) -> go.Heatmap:
     weights = as_f32(weights)
     n_layers = weights.shape[0] // n_heads
-    y = [f"{layer}.{head}" for layer in range(n_layers) for head in range(n_heads)]
+    y = [f"L{layer} H{head}" for layer in range(n_layers) for head in range(n_heads)]  # "1.3" reads as a decimal
     top = float(weights.max(initial=0.0)) or 1.0
     return go.Heatmap(z=weights, x=list(keys), y=y, colorscale=ATTENTION_COLORS, zmin=0.0, zmax=top,
                       showscale=show_scale, colorbar={"title": {"text": "weight"}},
-                      hovertemplate="layer.head %{y} → %{x}<br>weight %{z:.4f}<extra></extra>")
+                      hovertemplate="%{y} → %{x}<br>weight %{z:.4f}<extra></extra>")
 
 
 def step_overview_figure(weights: np.ndarray, keys: Sequence[str], n_heads: int, title: str,
                          cross: np.ndarray | None = None, source_keys: Sequence[str] | None = None) -> go.Figure:
-    """Every layer × head's row for one query: weights [L·H, keys] (rows "layer.head", layer 0 on top);
+    """Every layer × head's row for one query: weights [L·H, keys] (rows "L3 H2", layer 0 on top);
     with `cross` [L·H, source keys] beside it."""
     if weights.shape[1] != len(keys):
         raise ValueError(f"step_overview_figure: {weights.shape[1]} columns for {len(keys)} keys")
@@ -97,7 +97,7 @@ def step_overview_figure(weights: np.ndarray, keys: Sequence[str], n_heads: int,
         fig.add_trace(_overview_trace(cross, source_keys, n_heads, True), row=1, col=2)
     base_layout(fig, title, height)
     fig.update_xaxes(type="category", tickangle=-60, automargin=True)
-    fig.update_yaxes(type="category", autorange="reversed", title_text="layer.head", automargin=True)
+    fig.update_yaxes(type="category", autorange="reversed", title_text="layer and head", automargin=True)
     return fig
 
 
