@@ -82,7 +82,7 @@ def controls(cap) -> SimpleNamespace:
                                 info="default: sinusoidal (marian), rotary (llama)")
         norm = gr.Dropdown(list(NORMS), value="default", label="LayerNorm placement", **free,
                            info="default: post (marian), pre (llama)")
-        dropout = gr.Slider(0.0, 0.5, value=0.0, step=0.05, label="Dropout")
+        dropout = gr.Slider(0.0, 0.5, value=0.0, step=0.05, label="Dropout (0–0.5)")
     with gr.Row():
         causal = gr.Checkbox(True, label="Causal mask in the decoder", elem_id="lab-causal")
         scale = gr.Checkbox(True, label="Scale scores by 1/√d_k", elem_id="lab-scale")
