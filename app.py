@@ -62,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
                         help="port (default 7860, or $GRADIO_SERVER_PORT)")
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link")
+    parser.add_argument("--public", action="store_true", help="a server shared by strangers, as a Space always is: "
+                        "saved Lab runs stay private to their page, deleted after ATTN_PRIVATE_RUN_MINUTES (60)")
     parser.add_argument("--device", default=None,
                         help="cpu or cuda; default: cuda (bfloat16) when there is a GPU, else cpu (float32)")
     parser.add_argument("--max-tokens", type=int, default=MAX_ATTENTION_TOKENS,
@@ -94,7 +96,7 @@ def app_settings(args: argparse.Namespace) -> AppSettings:
     """The environment's settings with the command line's on top. With Ray the replicas hold the weights, and this
     process keeps the models on the meta device: config and tokenizer (the page's labels and limits)."""
     device = "meta" if args.backend == "ray" else args.device
-    return AppSettings.from_env(max_attention_tokens=args.max_tokens, device=device)
+    return AppSettings.from_env(public=args.public, max_attention_tokens=args.max_tokens, device=device)
 
 
 def ray_backend(args: argparse.Namespace):
@@ -112,6 +114,9 @@ def ray_backend(args: argparse.Namespace):
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from ui import memory  # noqa: PLC0415 - the allocator's bound comes before any thread allocates
+
+    memory.bound_arenas()
     args = parse_args(argv)
     if args.max_tokens < 2:
         print(f"error: --max-tokens must be at least 2, got {args.max_tokens}", file=sys.stderr)
@@ -121,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     backend = None
     try:
         services = Services.create(app_settings(args), default_model=args.model)
+        if services.lab.private is not None:  # an earlier process's private runs: no alias reaches them now
+            services.lab.private.clear()
         with closing(TerminalProgress()) as bar:  # the first start pulls the default model here, with a progress bar
             services.models.get(args.model, bar)
         if args.backend == "ray":

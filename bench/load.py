@@ -5,25 +5,39 @@
   short       --short-sessions clients one after another, each a new connection making one /attention call
   switch      --switches calls of load_model, cycling through the default model, minilm-l6 and a third installed
               model when there is one (the server keeps two models in memory, so a third forces reloads)
+  heavy       (with --heavy) long jobs, each client a session of its own: --heavy-sweeps /ablation_sweep calls,
+              --heavy-attributions /attribute calls at --heavy-steps steps (on the Attention example's first 16
+              tokens: the steps × tokens budget), --heavy-generations /generate calls of --heavy-tokens tokens
+              (sampled, so that they run long), all at once, while short /attention calls from
+              --heavy-short-sessions other sessions, taking turns, start about every --heavy-short-every seconds
+              until the long jobs are done (few sessions: the short phase measures what each new one keeps)
 
 For each phase it prints the p50 and p95 latency per endpoint, the errors (every one is a failure, except "queue
 full" from clients beyond the queue's limit, counted apart), and the server's resident memory before the phase,
-at its peak (sampled every 0.2 s) and after, then one SUMMARY line per phase for the README. The server is always
+at its peak (sampled every 0.2 s), right after and --settle seconds after (the memory the allocator gave back),
+then one SUMMARY line per phase for the README. The heavy phase also prints each long job's duration (from
+submission: queueing included) and each generation's time to its first token and tokens/s. The server is always
 stopped at the end; the exit status is 1 when any call failed.
 
 With --backend ray the app runs its model work on a local Ray Serve instance (`python app.py --backend ray
 --replicas N`), so both backends can be compared side by side; the RSS printed is then the front's alone (the
 replicas are Ray's worker processes).
 
-Usage: python bench/load.py [--sessions 16] [--short-sessions 200] [--switches 10] [--seconds 300]
+Usage: python bench/load.py [--sessions 16] [--short-sessions 200] [--switches 10] [--seconds 300] [--settle 60]
                             [--model smollm2-135m-instruct] [--port 0 (a free one)] [--backend local|ray]
                             [--replicas 2]
+                            [--heavy [--heavy-sweeps 2] [--heavy-attributions 1] [--heavy-steps 256]
+                             [--heavy-generations 8] [--heavy-tokens 512] [--heavy-short-every 1]
+                             [--heavy-short-sessions 4]
+                             [--heavy-seconds 1200]]
+  only the heavy phase: python bench/load.py --sessions 0 --short-sessions 0 --switches 0 --heavy
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -41,6 +55,8 @@ ROUNDS = 3  # rounds of the four endpoints per concurrent session, at most
 START_TIMEOUT_S = 600  # the first start may pull the default model
 SWITCH_MODEL = "minilm-l6"
 GENERATE_TOKENS = 16
+ATTRIBUTION_POSITION = 15  # the heavy phase's attributions read 16 tokens: 256 steps × 16 is the tab's budget
+STATS = re.compile(r"\*\*(\d+)\*\* tokens in ([\d.]+) s, \*\*([\d.]+) tokens/s\*\*; (.*)")  # the Generate stats line
 
 
 # ---------------------------------------------------------------- the server
@@ -52,8 +68,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, port: int, log_path: Path, backend: list[str] = ()) -> subprocess.Popen:
-    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
+def start_server(model: str, port: int, log_path: Path, backend: list[str] = (),
+                 env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`python app.py` on the loopback; env: variables to add to (or, with None values, take from) this one's."""
+    env = {k: v for k, v in dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1",
+                                 **(env or {})).items() if v is not None}
     with open(log_path, "wb") as log:  # a file, not a pipe: a full pipe would stall the server
         return subprocess.Popen(
             [sys.executable, "app.py", "--model", model, "--host", "127.0.0.1", "--port", str(port), *backend],
@@ -146,32 +165,38 @@ class Results:
         self.latency: dict[str, list[float]] = defaultdict(list)
         self.errors: list[tuple[str, str]] = []
         self.queue_full: list[str] = []
+        self.notes: list[str] = []  # lines a phase adds to its report
         self._lock = threading.Lock()
 
-    def call(self, client, endpoint: str, timeout: float, **kwargs) -> None:
+    def call(self, client, endpoint: str, timeout: float, watch=None, **kwargs):
+        """One call; its latency, or its error, is recorded. watch(job, deadline), when given, runs in this thread
+        while the job does (it may follow the job's outputs). Returns the job's result, or None if it failed."""
         from gradio_client.exceptions import AppError  # noqa: PLC0415
         from gradio_client.utils import QueueError  # noqa: PLC0415
 
         started = time.perf_counter()
         job = client.submit(api_name=f"/{endpoint}", **kwargs)
         try:
-            job.result(timeout=max(1.0, timeout))
+            if watch is not None:
+                watch(job, time.monotonic() + timeout)
+            result = job.result(timeout=max(1.0, timeout - (time.perf_counter() - started)))
         except QueueError:
             with self._lock:
                 self.queue_full.append(endpoint)
-            return
+            return None
         except TimeoutError:
             job.cancel()
             self.error(endpoint, f"no answer within {timeout:.0f} s")
-            return
+            return None
         except AppError as exc:
             self.error(endpoint, f"AppError: {exc}")
-            return
+            return None
         except Exception as exc:  # noqa: BLE001 - every failure is counted and shown
             self.error(endpoint, f"{type(exc).__name__}: {exc}")
-            return
+            return None
         with self._lock:
             self.latency[endpoint].append(time.perf_counter() - started)
+        return result
 
     def error(self, endpoint: str, message: str) -> None:
         with self._lock:
@@ -274,6 +299,101 @@ def switch_phase(url: str, args, texts: dict[str, str], results: Results) -> str
     return f"{done} switches of load_model through {', '.join(names)}"
 
 
+def first_token(started: float, record: dict):
+    """A watch for Results.call on /generate: the seconds from `started` to the first output that has a token
+    (text in the continuation, or a stats line counting one: a first token may end the text)."""
+
+    def written(output) -> bool:
+        found = STATS.search(output[1] or "") if output and len(output) > 1 else None
+        return bool(output and output[0]) or bool(found and int(found[1]) > 0)
+
+    def watch(job, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            done = job.done()
+            if any(written(output) for output in job.outputs()):
+                record["first"] = time.perf_counter() - started
+                return
+            if done:
+                return
+            time.sleep(0.05)
+
+    return watch
+
+
+def heavy_phase(url: str, args, texts: dict[str, str], results: Results) -> str:
+    """Long jobs from sessions of their own, all at once, while short /attention calls keep coming. The sweeps
+    read their full 128 tokens (the Attention example, repeated); the generations continue the example text,
+    sampled, so that few end before their token budget."""
+    deadline = time.monotonic() + args.heavy_seconds
+    model, sweep_text = args.model, " ".join([texts["attention"]] * 4)
+    generations: list[dict] = []
+    heavy_done = threading.Event()
+
+    def sweep(_: int) -> None:
+        client = connect(url, results)
+        results.call(client, "ablation_sweep", deadline - time.monotonic(), model_name=model, text_value=sweep_text,
+                     ablation_kind="zero", score_name="previous_token")
+
+    def attribute(_: int) -> None:
+        client = connect(url, results)
+        results.call(client, "attribute", deadline - time.monotonic(), model_name=model, text_value=sweep_text,
+                     position_index=ATTRIBUTION_POSITION, layer_index=0, head_index=0, steps_value=args.heavy_steps)
+
+    def generate(index: int) -> None:
+        client = connect(url, results)
+        record: dict = {"client": index}
+        started = time.perf_counter()
+        call = dict(arguments(model, texts)["generate"], prompt_text=texts["attention"], chat_mode=False,
+                    max_new_tokens=args.heavy_tokens, temperature_value=0.8, top_p_value=0.95, seed_value=index)
+        result = results.call(client, "generate", deadline - time.monotonic(), watch=first_token(started, record),
+                              **call)
+        record["seconds"] = time.perf_counter() - started
+        found = STATS.search(result[1]) if result else None
+        if found:
+            record.update(tokens=int(found[1]), writing=float(found[2]), tokens_per_s=float(found[3]),
+                          stop=found[4].strip())
+        with results._lock:
+            generations.append(record)
+
+    def short_calls() -> None:
+        call = arguments(model, texts)["attention"]
+        clients = [connect(url, results) for _ in range(args.heavy_short_sessions)]
+        turn = 0
+        while clients and not heavy_done.is_set() and time.monotonic() < deadline:
+            tick = time.monotonic()
+            results.call(clients[turn % len(clients)], "attention", deadline - time.monotonic(), **call)
+            turn += 1
+            heavy_done.wait(max(0.0, args.heavy_short_every - (time.monotonic() - tick)))
+        for client in clients:
+            client.close()
+
+    jobs = ([(sweep, i) for i in range(args.heavy_sweeps)] + [(attribute, i) for i in range(args.heavy_attributions)]
+            + [(generate, i) for i in range(args.heavy_generations)])
+    with ThreadPoolExecutor(len(jobs) + 1) as pool:
+        shorts = pool.submit(short_calls)
+        for future in [pool.submit(fn, i) for fn, i in jobs]:
+            try:
+                future.result()
+            except Exception as exc:  # noqa: BLE001 - a client that could not connect
+                results.error("(connect)", f"{type(exc).__name__}: {exc}")
+        heavy_done.set()
+        shorts.result()
+    for record in sorted(generations, key=lambda r: r["client"]):
+        first = f"{record['first']:.1f} s" if "first" in record else "never"
+        made = (f"{record['tokens']} tokens at {record['tokens_per_s']:.1f} tokens/s ({record['stop']})"
+                if "tokens" in record else "no stats (failed)")
+        results.notes.append(f"generation {record['client']}: first token after {first}, {made}, "
+                             f"{record['seconds']:.1f} s from submission")
+    firsts = [r["first"] for r in generations if "first" in r]
+    if firsts:
+        results.notes.append(f"generations' time to first token: p50 {percentile(firsts, 50):.1f} s, max "
+                             f"{max(firsts):.1f} s; {len(generations) - len(firsts)} never wrote one")
+    return (f"{args.heavy_sweeps} ablation sweeps, {args.heavy_attributions} attributions at {args.heavy_steps} "
+            f"steps, {args.heavy_generations} generations of {args.heavy_tokens} tokens, each from its own session, "
+            f"with short /attention calls every {args.heavy_short_every:g} s from {args.heavy_short_sessions} "
+            "other sessions")
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -288,23 +408,30 @@ def mb(n: int) -> str:
     return f"{n / 2**20:,.0f} MB"
 
 
-def report(phase: str, what: str, seconds: float, results: Results, rss: tuple[int, int, int]) -> str:
-    before, peak, after = rss
+def report(phase: str, what: str, seconds: float, results: Results, rss: tuple[int, int, int, int | None],
+           settle: float) -> str:
+    before, peak, after, settled = rss
     print(f"\n== {phase}: {what}, {seconds:.1f} s")
     print(f"  {'endpoint':<22}{'calls':>6}{'p50 s':>9}{'p95 s':>9}{'max s':>9}")
     for endpoint, values in sorted(results.latency.items()):
         print(f"  {endpoint:<22}{len(values):>6}{percentile(values, 50):>9.2f}{percentile(values, 95):>9.2f}"
               f"{max(values):>9.2f}")
-    print(f"  errors: {len(results.errors)}; queue full (beyond the queue's limit): {len(results.queue_full)}")
+    refused = ", ".join(f"{e} {results.queue_full.count(e)}" for e in sorted(set(results.queue_full)))
+    print(f"  errors: {len(results.errors)}; queue full (beyond the queue's limit): {len(results.queue_full)}"
+          + (f" ({refused})" if refused else ""))
     for endpoint, message in sorted(set(results.errors))[:10]:
         print(f"    {endpoint}: {message}")
-    print(f"  server RSS: {mb(before)} before, {mb(peak)} peak, {mb(after)} after")
+    for line in results.notes:
+        print(f"  {line}")
+    later = f", {mb(settled)} {settle:.0f} s after" if settled is not None else ""
+    print(f"  server RSS: {mb(before)} before, {mb(peak)} peak, {mb(after)} after{later}")
     latencies = ", ".join(
         f"{endpoint} p50 {percentile(v, 50):.2f} s / p95 {percentile(v, 95):.2f} s ({len(v)})"
         for endpoint, v in sorted(results.latency.items()) if not endpoint.startswith("(")
     )
+    later = f" → {mb(settled)} {settle:.0f} s after" if settled is not None else ""
     return (f"SUMMARY {phase}: {what}; {latencies}; errors {len(results.errors)}, queue full "
-            f"{len(results.queue_full)}; RSS {mb(before)} → {mb(peak)} peak → {mb(after)}")
+            f"{len(results.queue_full)}; RSS {mb(before)} → {mb(peak)} peak → {mb(after)}{later}")
 
 
 def main() -> int:
@@ -313,17 +440,36 @@ def main() -> int:
     parser.add_argument("--short-sessions", type=int, default=200, help="short sessions in a row (default 200)")
     parser.add_argument("--switches", type=int, default=10, help="load_model calls (default 10)")
     parser.add_argument("--seconds", type=float, default=300.0, help="time limit of each phase (default 300)")
+    parser.add_argument("--settle", type=float, default=60.0,
+                        help="seconds after each phase at which RSS is sampled again (default 60; 0: not sampled)")
+    heavy = parser.add_argument_group("the heavy phase (off unless --heavy)")
+    heavy.add_argument("--heavy", action="store_true", help="run the heavy phase after the others")
+    heavy.add_argument("--heavy-sweeps", type=int, default=2, help="/ablation_sweep clients (default 2)")
+    heavy.add_argument("--heavy-attributions", type=int, default=1, help="/attribute clients (default 1)")
+    heavy.add_argument("--heavy-steps", type=int, default=256, help="integrated gradients' steps (default 256)")
+    heavy.add_argument("--heavy-generations", type=int, default=8, help="/generate clients (default 8)")
+    heavy.add_argument("--heavy-tokens", type=int, default=512, help="tokens each generation asks for (default 512)")
+    heavy.add_argument("--heavy-short-every", type=float, default=1.0,
+                       help="seconds between the starts of the short /attention calls (default 1)")
+    heavy.add_argument("--heavy-short-sessions", type=int, default=4,
+                       help="sessions the short /attention calls take turns in (default 4)")
+    heavy.add_argument("--heavy-seconds", type=float, default=1200.0,
+                       help="time limit of the heavy phase (default 1200)")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="the model the app starts on")
     parser.add_argument("--port", type=int, default=0, help="port for the app (default: a free one)")
     parser.add_argument("--backend", choices=("local", "ray"), default="local",
                         help="the app's model work in its own process (default) or on a local Ray Serve instance")
     parser.add_argument("--replicas", type=int, default=2, help="with --backend ray: replicas of the model (default 2)")
     args = parser.parse_args()
-    for name in ("sessions", "short_sessions", "switches"):
+    for name in ("sessions", "short_sessions", "switches", "heavy_sweeps", "heavy_attributions", "heavy_generations"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be 0 or more")
-    if args.seconds <= 0:
-        parser.error("--seconds must be positive")
+    for name in ("seconds", "heavy_seconds", "heavy_short_every", "heavy_steps", "heavy_tokens",
+                 "heavy_short_sessions"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+    if args.settle < 0:
+        parser.error("--settle must be 0 or more")
 
     port = args.port or free_port()
     url = f"http://127.0.0.1:{port}/"
@@ -343,6 +489,7 @@ def main() -> int:
             ("concurrent", concurrent_phase, args.sessions),
             ("short", short_phase, args.short_sessions),
             ("switch", switch_phase, args.switches),
+            ("heavy", heavy_phase, int(args.heavy)),
         ]
         for phase, run, count in phases:
             if count == 0:
@@ -354,7 +501,12 @@ def main() -> int:
             seconds = time.perf_counter() - t0
             time.sleep(0.5)  # let the sampler see the end of the phase
             after = rss_bytes(proc.pid) or 0
-            summaries.append(report(phase, what, seconds, results, (before, max(sampler.peak, after), after)))
+            peak = max(sampler.peak, after)
+            settled = None
+            if args.settle > 0 and proc.poll() is None:
+                time.sleep(args.settle)  # idle: what the allocator gives back
+                settled = rss_bytes(proc.pid)
+            summaries.append(report(phase, what, seconds, results, (before, peak, after, settled), args.settle))
             failed |= bool(results.errors)
             if proc.poll() is not None:
                 print(f"the app died during the {phase} phase (status {proc.returncode}):\n{tail(log_path)}")

@@ -338,10 +338,17 @@ def integrated_gradients(model, ids: Tensor, embeds: Tensor, baseline: Tensor, p
     chunk = max(1, IG_TOKENS_PER_PASS // ids.shape[1])  # points of the path per pass: memory stays bounded
     for a in alphas.split(chunk):
         points = baseline[None] + a[:, None, None] * (embeds - baseline)[None]   # [chunk, T, d]
-        walked = model(ids.expand(len(a), -1), grad=True, token_embeddings=points)
-        explained(walked.logits[:, position], target, foil).sum().backward()
-        path_grad += walked.token_embeddings.grad.sum(0)
+        path_grad += path_gradient(model, ids.expand(len(a), -1), points, position, target, foil)
     return (path_grad / steps * (embeds - baseline)).sum(-1)
+
+
+def path_gradient(model, ids: Tensor, points: Tensor, position: int, target: int, foil: int | None) -> Tensor:
+    """Σ over the path's points of ∂f/∂x at each: ids [P, T], points [P, T, d] → [T, d]. One pass; its outputs
+    (the logits of every point, P × T × vocabulary) are freed on return, before the next pass allocates its own,
+    so the peak is one pass's whatever the number of steps."""
+    walked = model(ids, grad=True, token_embeddings=points)
+    explained(walked.logits[:, position], target, foil).sum().backward()
+    return walked.token_embeddings.grad.sum(0)
 
 
 def explained_at(model, ids: Tensor, rows: Tensor, position: int, target: int, foil: int | None) -> float:

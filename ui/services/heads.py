@@ -23,7 +23,8 @@ MAX_HEADS_TOKENS = 512  # the Heads tab's cap: its sections run the model severa
 MAX_SWEEP_TOKENS = 128  # the sweep runs the text once per head (270 times for SmolLM2)
 SWEEP_BATCH = 16  # heads ablated per forward pass of the sweep
 MAX_IG_STEPS = 256
-MAX_IG_TOKEN_STEPS = 4096  # integrated gradients run steps × tokens at once with gradients (about 8 GB for SmolLM2)
+MAX_IG_TOKEN_STEPS = 4096  # steps × tokens bounds integrated gradients' time; memory is one pass's of
+                           # heads.IG_TOKENS_PER_PASS token-points, whatever the steps
 COMPLETENESS_STEPS = (8, 32, 128)  # the step counts at which the completeness error is measured and shown
 INDUCTION_LENGTH = 100  # the probe: 100 seeded random tokens, then the same 100 again
 INDUCTION_SEED = 0

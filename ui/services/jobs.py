@@ -1,6 +1,7 @@
 """Long work (a sweep) in a worker thread that reports its progress, as an iterator the page follows: each report
 is yielded as it comes, and closing the iterator (the page stopped, the client went away) stops the work at its
-next report. HeavyJobs holds the server to one long job per session at a time."""
+next report. HeavyJobs holds the server to one long job per session at a time, and hands the allocator's free
+memory back to the system when each one ends."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from ui import memory
 from ui.services.checks import UserError
 
 
@@ -28,13 +30,20 @@ class JobStopped(Exception):
     """Raised inside the work at its next report once the reader went away."""
 
 
-def stream_job(work: Callable[[Callable[[int, int], None]], Any], total: int, name: str) -> Iterator[JobUpdate]:
-    """Run work(report) in a thread; report(done, total) yields an update here. Errors are raised to the reader."""
+ABANDONED_S = 10.0  # updates waiting this long unread: the reader is gone (a page that left without closing us)
+
+
+def stream_job(work: Callable[[Callable[[int, int], None]], Any], total: int, name: str,
+               abandoned_s: float = ABANDONED_S) -> Iterator[JobUpdate]:
+    """Run work(report) in a thread; report(done, total) yields an update here. Errors are raised to the reader.
+    The work stops at its next report once the iterator is closed, or once its updates have gone unread for
+    `abandoned_s` (a client that disconnected may leave the iterator suspended rather than closed)."""
     updates: queue.Queue = queue.Queue()
     stopped = threading.Event()
+    last_read = [time.monotonic()]
 
     def report(done: int, of: int) -> None:
-        if stopped.is_set():
+        if stopped.is_set() or (not updates.empty() and time.monotonic() - last_read[0] > abandoned_s):
             raise JobStopped
         updates.put(("progress", done, of))
 
@@ -52,6 +61,7 @@ def stream_job(work: Callable[[Callable[[int, int], None]], Any], total: int, na
         yield JobUpdate(0, total, None, 0.0)
         while True:
             message = updates.get()
+            last_read[0] = time.monotonic()
             seconds = time.perf_counter() - started
             if message[0] == "progress":
                 yield JobUpdate(message[1], message[2], None, seconds)
@@ -66,11 +76,14 @@ def stream_job(work: Callable[[Callable[[int, int], None]], Any], total: int, na
 
 class HeavyJobs:
     """The long jobs running now (sweeps, integrated gradients), by session. A session runs one at a time, so one
-    user cannot fill the server's heavy slots; a second is refused with a message saying what is running."""
+    user cannot fill the server's heavy slots; a second is refused with a message saying what is running.
+    release() runs when a job ends, however it ends: by default ui.memory.trim, which returns the memory the job's
+    activations held (freed, but still resident in the allocator's arenas) to the system."""
 
-    def __init__(self):
+    def __init__(self, release: Callable[[], object] = memory.trim):
         self._running: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._release = release
 
     @contextmanager
     def hold(self, session: str, what: str):
@@ -84,6 +97,7 @@ class HeavyJobs:
         finally:
             with self._lock:
                 self._running.pop(session, None)
+            self._release()
 
     def running(self) -> dict[str, str]:
         with self._lock:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from core.generate import Step
+from ui import memory
 from ui.services.checks import UserError, check_float, check_range, check_seed
 from ui.services.kept import KeptStore, new_ticket
 from ui.services.text import as_batch, valid_unicode
@@ -73,7 +74,8 @@ def stream_generation(
     writer: TraceWriter | None = None,
 ) -> Iterator[GenerationUpdate]:
     """Yield the text as the model writes it, one update per token. Closing the iterator stops the model.
-    With a writer, each step's probabilities and attention rows go to its trace as well."""
+    With a writer, each step's probabilities and attention rows go to its trace as well. However it ends, the
+    allocator's free pages go back to the system (memory.trim), as after any long job."""
     reason = generation_reason(model)
     if reason:
         raise UserError(reason)
@@ -128,6 +130,7 @@ def stream_generation(
             )
     finally:
         stream.close()
+        memory.trim()
     reason = "token budget reached" if len(new) >= max_new_tokens else "end of text"
     yield GenerationUpdate(
         text, tok.decode(new, skip_special_tokens=True), len(new), time.perf_counter() - started, True, reason, note

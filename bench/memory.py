@@ -1,0 +1,91 @@
+"""Does the server give memory back after heavy jobs? `python app.py` started once per allocator setting, each
+time running the same integrated-gradients attributions (--attributions sessions at once, --steps steps, on the
+Attention example's first 16 tokens) through gradio_client, with the server's RSS printed before, at the peak
+(sampled every 0.2 s), right after and --settle seconds after.
+
+  glibc default       ATTN_MALLOC_ARENAS=0 ATTN_MALLOC_TRIM=0: up to 8 arenas per core, never trimmed
+  environment         MALLOC_ARENA_MAX=2 set before the process starts (what re-executing app.py with it would do)
+  mallopt             mallopt(M_ARENA_MAX, 2) first thing in app.py's main() (ui/memory.py), no trim
+  trim                malloc_trim(0) after each heavy job, arenas as glibc bounds them
+  mallopt + trim      both (the app's default)
+
+Usage: python bench/memory.py [--attributions 3] [--steps 256] [--settle 60] [--model smollm2-135m-instruct]
+                              [--only "glibc default,mallopt + trim"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from load import MemorySampler, free_port, mb, read_texts, rss_bytes, start_server, stop_server, wait_until_up
+
+OFF = dict(ATTN_MALLOC_ARENAS="0", ATTN_MALLOC_TRIM="0", MALLOC_ARENA_MAX=None)
+VARIANTS = {
+    "glibc default": OFF,
+    "environment": dict(OFF, MALLOC_ARENA_MAX="2"),
+    "mallopt": dict(OFF, ATTN_MALLOC_ARENAS="2"),
+    "trim": dict(OFF, ATTN_MALLOC_TRIM="1"),
+    "mallopt + trim": dict(ATTN_MALLOC_ARENAS="2", ATTN_MALLOC_TRIM="1", MALLOC_ARENA_MAX=None),
+}
+POSITION = 15  # 16 tokens: 256 steps × 16 tokens is the Heads tab's budget of 4,096
+
+
+def attribute(url: str, model: str, text: str, steps: int) -> float:
+    from gradio_client import Client  # noqa: PLC0415
+
+    client = Client(url, verbose=False)  # a session of its own: the Heads tab keeps one attribution per session
+    started = time.perf_counter()
+    client.predict(model, text, POSITION, 0, 0, steps, "", "", "pad", api_name="/attribute")
+    client.close()
+    return time.perf_counter() - started
+
+
+def measure(name: str, env: dict, args, text: str) -> str:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    log_path = Path(tempfile.gettempdir()) / f"attention-explorer-memory-{port}.log"
+    proc = start_server(args.model, port, log_path, env=env)
+    try:
+        wait_until_up(proc, url, log_path)
+        sampler = MemorySampler(proc.pid).start()
+        before = sampler.reset()
+        with ThreadPoolExecutor(args.attributions) as pool:
+            seconds = list(pool.map(lambda _: attribute(url, args.model, text, args.steps), range(args.attributions)))
+        time.sleep(0.5)
+        after = rss_bytes(proc.pid) or 0
+        peak = max(sampler.peak, after)
+        time.sleep(args.settle)
+        settled = rss_bytes(proc.pid) or 0
+        sampler.stop()
+    finally:
+        stop_server(proc)
+    return (f"{name:<16} RSS {mb(before)} before, {mb(peak)} peak, {mb(after)} after, {mb(settled)} "
+            f"{args.settle:.0f} s after ({(settled - before) / 2**20:+,.0f} MB); {args.attributions} attributions "
+            f"at {args.steps} steps: {', '.join(f'{s:.0f}' for s in seconds)} s")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--attributions", type=int, default=3, help="attributions, each from its own session")
+    parser.add_argument("--steps", type=int, default=256, help="integrated gradients' steps (1–256)")
+    parser.add_argument("--settle", type=float, default=60.0, help="seconds after the last one to sample RSS again")
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--only", default="", help=f"comma-separated variants, of: {', '.join(VARIANTS)}")
+    args = parser.parse_args()
+    chosen = [v.strip() for v in args.only.split(",") if v.strip()] or list(VARIANTS)
+    unknown = [v for v in chosen if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(unknown)}: choose from {', '.join(VARIANTS)}")
+    text = read_texts()["attention"]
+    for name in chosen:
+        print(measure(name, VARIANTS[name], args, text), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""ui/memory.py: the allocator's arenas bounded and its free pages handed back on glibc, nothing done (and nothing
+raised) elsewhere; HeavyJobs hands memory back whenever a long job ends."""
+
+from __future__ import annotations
+
+import logging
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tiny_app_model import build_tiny_llama
+from ui import memory
+from ui.services.checks import UserError
+from ui.services.generation import stream_generation
+from ui.services.jobs import HeavyJobs
+
+ROOT = Path(__file__).resolve().parents[2]
+ON_GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+
+# In a fresh process: 8 threads alive at once, each allocating, then glibc's own count of its arenas.
+ARENAS_IN_A_FRESH_PROCESS = """
+import ctypes, sys, threading
+from ui import memory
+bound = sys.argv[1] != "none"
+if bound:
+    assert memory.bound_arenas(int(sys.argv[1]))
+libc = memory.glibc()
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+held, barrier = [], threading.Barrier(8)
+def allocate():
+    barrier.wait()
+    held.append(libc.malloc(4096))
+    barrier.wait()
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+libc.malloc_stats()  # one "Arena N:" line per arena, on stderr
+"""
+
+
+def arenas_after_eight_threads(bound: str) -> int:
+    done = subprocess.run([sys.executable, "-c", ARENAS_IN_A_FRESH_PROCESS, bound], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    return sum(line.startswith("Arena ") for line in done.stderr.splitlines())
+
+
+@pytest.mark.skipif(not ON_GLIBC, reason="mallopt and malloc_trim are glibc's")
+def test_on_glibc_mallopt_and_malloc_trim_are_found_and_succeed(monkeypatch):
+    monkeypatch.delenv(memory.TRIM_SETTING, raising=False)
+    libc = memory.glibc()
+    assert libc is not None and hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim")
+    assert libc.mallopt(memory.M_ARENA_MAX, 64) == 1  # glibc returns 1 on success (64: no real bound here)
+    assert memory.trim() is True
+
+
+@pytest.mark.skipif(not ON_GLIBC, reason="mallopt and malloc_trim are glibc's")
+def test_bound_arenas_before_the_threads_start_holds_them_to_the_bound():
+    assert arenas_after_eight_threads("none") > 2  # glibc's own: a new arena for each thread, up to 8 per core
+    assert arenas_after_eight_threads("2") <= 2
+
+
+def test_the_settings_turn_both_off(monkeypatch):
+    calls = []
+    monkeypatch.setattr(memory, "glibc", lambda: calls.append("looked up"))
+    monkeypatch.setenv(memory.ARENAS_SETTING, "0")
+    monkeypatch.setenv(memory.TRIM_SETTING, "0")
+    assert memory.bound_arenas() is False and memory.trim() is False
+    assert calls == []  # not even looked up
+
+
+class NoMalloptLibc:
+    """A C library without mallopt or malloc_trim (musl has no malloc_trim; macOS neither)."""
+
+
+@pytest.mark.parametrize("lookup", [lambda: None, NoMalloptLibc], ids=["not glibc", "no mallopt"])
+def test_without_glibc_nothing_is_done_nothing_raised_and_the_log_says_so(monkeypatch, caplog, lookup):
+    monkeypatch.delenv(memory.ARENAS_SETTING, raising=False)
+    monkeypatch.delenv(memory.TRIM_SETTING, raising=False)
+    monkeypatch.setattr(memory, "_unavailable_said", set())
+    if lookup is NoMalloptLibc:  # the real lookup (uncached), loading a library that lacks both functions
+        monkeypatch.setattr(memory.ctypes, "CDLL", lambda *a, **k: NoMalloptLibc())
+        monkeypatch.setattr(memory, "glibc", memory.glibc.__wrapped__)
+    else:
+        monkeypatch.setattr(memory, "glibc", lookup)
+    with caplog.at_level(logging.INFO, logger=memory.__name__):
+        assert memory.bound_arenas(2) is False
+        assert memory.trim() is False
+        assert memory.trim() is False
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and all("not done" in line and "not glibc" in line for line in said)  # once each
+
+
+def test_heavy_jobs_release_memory_when_a_job_ends_however_it_ends():
+    released = []
+    jobs = HeavyJobs(release=lambda: released.append(dict(jobs.running())))
+    with jobs.hold("a", "A sweep"):
+        assert released == []
+    assert released == [{}]  # after the job left the table
+    with pytest.raises(RuntimeError, match="the work failed"):
+        with jobs.hold("a", "A sweep"):
+            raise RuntimeError("the work failed")
+    assert released == [{}, {}] and jobs.running() == {}
+    with jobs.hold("a", "A sweep"):
+        with pytest.raises(UserError, match="already running A sweep"):
+            with jobs.hold("a", "Integrated gradients"):
+                pass
+        assert len(released) == 2  # a refused job never ran: nothing to release
+    assert len(released) == 3
+
+
+def test_heavy_jobs_release_by_default_through_the_allocator():
+    assert HeavyJobs()._release is memory.trim
+
+
+def test_a_generation_hands_memory_back_when_it_ends_or_is_stopped(tmp_path, monkeypatch):
+    from core import load_model
+
+    model = load_model(build_tiny_llama(tmp_path / "tiny-llama", max_positions=64), device="cpu")
+    trims = []
+    monkeypatch.setattr(memory, "trim", lambda: trims.append("trim") or True)
+    updates = list(stream_generation(model, "The lamp", False, 4, 0.0, None, None, 0))
+    assert updates[-1].done and trims == ["trim"]
+    stream = stream_generation(model, "The lamp", False, 8, 0.0, None, None, 0)
+    next(stream)
+    assert trims == ["trim"]  # not while it writes
+    stream.close()  # the page's Stop, or the client gone
+    assert trims == ["trim", "trim"]

@@ -1,0 +1,96 @@
+"""The C allocator, asked to give memory back: glibc malloc only, through ctypes; elsewhere nothing is done.
+
+glibc gives each thread that allocates while the others hold theirs an arena of its own (up to 8 per core), and
+memory freed inside an arena stays mapped in the process: after a heavy job (a sweep, integrated gradients)
+that ran in a few of Gradio's worker threads, the freed activations of each stay resident. Two calls fix that:
+
+- bound_arenas(n): mallopt(M_ARENA_MAX, n), made before any other thread allocates (first thing in app.py's
+  main()), so that all threads share at most n arenas; this is what MALLOC_ARENA_MAX=n does when it is in the
+  environment before the process starts, without re-executing the process to put it there.
+- trim(): malloc_trim(0), which hands every arena's free pages back to the system; HeavyJobs calls it when a
+  long job ends.
+
+Settings (environment, read when called): ATTN_MALLOC_ARENAS (default 2; 0 leaves glibc's own bound) and
+ATTN_MALLOC_TRIM (default 1; 0 never trims), so that the two can be measured with and without.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+import platform
+import sys
+
+log = logging.getLogger(__name__)
+
+ARENAS = 2  # arenas every thread shares: measured against glibc's default by bench/memory.py
+M_ARENA_MAX = -8  # glibc's malloc.h
+ARENAS_SETTING = "ATTN_MALLOC_ARENAS"
+TRIM_SETTING = "ATTN_MALLOC_TRIM"
+
+_unavailable_said: set[str] = set()
+
+
+@functools.cache
+def glibc():
+    """glibc as a ctypes library when this process runs on it and it has mallopt and malloc_trim, else None."""
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")  # glibc's soname on every Linux
+        mallopt, malloc_trim = libc.mallopt, libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    malloc_trim.argtypes, malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return libc
+
+
+def _unavailable(what: str) -> bool:
+    if what not in _unavailable_said:  # once per process: trim() runs after every heavy job
+        _unavailable_said.add(what)
+        log.info("%s: not done, this platform's C library is not glibc with mallopt and malloc_trim (%s, %s)",
+                 what, sys.platform, platform.libc_ver()[0] or "unknown libc")
+    return False
+
+
+def _setting(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = int(raw) if raw else default
+    except ValueError:
+        value = -1
+    if value < 0:
+        log.warning("%s must be a whole number ≥ 0, got %r: using %d", name, raw, default)
+        return default
+    return value
+
+
+def bound_arenas(n: int | None = None) -> bool:
+    """mallopt(M_ARENA_MAX, n), n by default ATTN_MALLOC_ARENAS (2; 0: leave glibc's bound). True when set."""
+    n = _setting(ARENAS_SETTING, ARENAS) if n is None else n
+    if n == 0:
+        log.info("malloc arenas: glibc's own bound (%s=0)", ARENAS_SETTING)
+        return False
+    libc = glibc()
+    if libc is None:
+        return _unavailable("malloc arenas bound")
+    if libc.mallopt(M_ARENA_MAX, int(n)) != 1:
+        log.warning("malloc arenas: mallopt(M_ARENA_MAX, %d) was refused; glibc's own bound stays", n)
+        return False
+    log.info("malloc arenas: at most %d, shared by every thread", n)
+    return True
+
+
+def trim() -> bool:
+    """malloc_trim(0): the free pages of every arena back to the system. True when it was called (whether or not
+    there was anything to hand back); False where there is no glibc or ATTN_MALLOC_TRIM=0."""
+    if _setting(TRIM_SETTING, 1) == 0:
+        return False
+    libc = glibc()
+    if libc is None:
+        return _unavailable("malloc_trim")
+    libc.malloc_trim(0)
+    return True
