@@ -14,7 +14,8 @@ import pytest
 from tiny_app_model import build_tiny_llama
 from ui import memory
 from ui.services.checks import UserError
-from ui.services.generation import stream_generation
+from ui.services.generation import stream_generation, stream_trace
+from ui.services.kept import KeptStore
 from ui.services.jobs import HeavyJobs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,10 +117,16 @@ def test_heavy_jobs_release_by_default_through_the_allocator():
     assert HeavyJobs()._release is memory.trim
 
 
-def test_a_generation_hands_memory_back_when_it_ends_or_is_stopped(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
     from core import load_model
 
-    model = load_model(build_tiny_llama(tmp_path / "tiny-llama", max_positions=64), device="cpu")
+    return load_model(build_tiny_llama(tmp_path_factory.mktemp("memory") / "tiny-llama", max_positions=64),
+                      device="cpu")
+
+
+def test_a_generation_hands_memory_back_when_it_ends_or_is_stopped(tiny_model, monkeypatch):
+    model = tiny_model
     trims = []
     monkeypatch.setattr(memory, "trim", lambda: trims.append("trim") or True)
     updates = list(stream_generation(model, "The lamp", False, 4, 0.0, None, None, 0))
@@ -129,3 +136,16 @@ def test_a_generation_hands_memory_back_when_it_ends_or_is_stopped(tmp_path, mon
     assert trims == ["trim"]  # not while it writes
     stream.close()  # the page's Stop, or the client gone
     assert trims == ["trim", "trim"]
+
+
+def test_kept_attention_rows_hold_only_the_bytes_counted_against_the_budget(tiny_model):
+    """Each step's rows arrive as a view of the whole cache's width (prompt + max new tokens keys); a kept row is
+    a compact copy, so the trace's row_bytes is the memory it holds."""
+    kept = KeptStore(budget_bytes=10**9)
+    for _, trace in stream_trace(tiny_model, "tiny", "The lamp", False, 12, 0.0, None, None, 0, kept):
+        pass
+    rows = [r for r in trace.rows(kept) if r is not None]
+    assert len(rows) == len(trace.tokens) == 12
+    for step, row in enumerate(rows):
+        assert row.shape[-1] == len(trace.context_ids(step)) and row.flags["C_CONTIGUOUS"]
+    assert trace.row_bytes == sum(r.nbytes for r in rows)

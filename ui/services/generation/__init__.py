@@ -227,7 +227,9 @@ class TraceWriter:
                 and trace.row_bytes + size <= MAX_TRACE_BYTES and kept.grow(trace.ticket, key, size))
         if keep:
             trace.row_bytes += size
-            as_numpy = lambda r: None if r is None else r.to(torch.float16).cpu().numpy()  # noqa: E731
+            # a copy of its own: the step's rows are a view [..., :Tk] of the whole cache's width, and a kept view
+            # would hold all of it (prompt + max new tokens wide), not the size counted against the budgets
+            as_numpy = lambda r: None if r is None else r.to(torch.float16).contiguous().cpu().numpy()  # noqa: E731
             bank["rows"].append(as_numpy(step.rows))
             bank["cross"].append(as_numpy(step.cross_rows))
 
