@@ -10,7 +10,8 @@
               tokens: the steps × tokens budget), --heavy-generations /generate calls of --heavy-tokens tokens
               (sampled, so that they run long), all at once, while short /attention calls from
               --heavy-short-sessions other sessions, taking turns, start about every --heavy-short-every seconds
-              until the long jobs are done (few sessions: the short phase measures what each new one keeps)
+              until the long jobs are done (few sessions: the short phase measures what each new one keeps);
+              first, one short call of each kind warms the server up (see warm_up)
 
 For each phase it prints the p50 and p95 latency per endpoint, the errors (every one is a failure, except "queue
 full" from clients beyond the queue's limit, counted apart), and the server's resident memory before the phase,
@@ -320,6 +321,20 @@ def first_token(started: float, record: dict):
     return watch
 
 
+def warm_up(url: str, args, texts: dict[str, str], results: Results) -> None:
+    """One short call of each kind the heavy phase makes, so that its "before" counts the pages of the memory-mapped
+    weights (read on first use, then kept by the kernel's page cache) as a server that has served once holds them;
+    the latencies are not the phase's."""
+    calls, warm = arguments(args.model, texts), Results()
+    client = connect(url, warm)
+    warm.call(client, "attention", 300, **calls["attention"])
+    warm.call(client, "generate", 300, **dict(calls["generate"], max_new_tokens=4))
+    warm.call(client, "attribute", 300, model_name=args.model, text_value=texts["attention"],
+              position_index=ATTRIBUTION_POSITION, layer_index=0, head_index=0, steps_value=1)
+    client.close()
+    results.errors.extend(warm.errors)
+
+
 def heavy_phase(url: str, args, texts: dict[str, str], results: Results) -> str:
     """Long jobs from sessions of their own, all at once, while short /attention calls keep coming. The sweeps
     read their full 128 tokens (the Attention example, repeated); the generations continue the example text,
@@ -495,6 +510,11 @@ def main() -> int:
             if count == 0:
                 continue
             results = Results()
+            if phase == "heavy":
+                cold = rss_bytes(proc.pid) or 0
+                warm_up(url, args, texts, results)
+                print(f"\nheavy phase: warmed up (one /attention, a 4-token /generate, a 1-step /attribute): RSS "
+                      f"{mb(cold)} → {mb(rss_bytes(proc.pid) or 0)}, the weights' memory-mapped pages read in")
             before = sampler.reset()
             t0 = time.perf_counter()
             what = run(url, args, texts, results)
