@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -9,6 +10,27 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ui.plots.base import ATTENTION_COLORS, MASKED_COLOR, SIGNED_COLORS, as_f32, base_layout
+from ui.plots.text import escaped
+
+LABEL_EVERY_TOKEN_UP_TO = 64  # an axis of up to this many tokens names every one; beyond, plotly thins its labels
+
+
+def label_font_px(n: int) -> int:
+    """Tick-label size for n tokens side by side: 12 px up to 16 tokens, shrinking linearly to 8 px at 64 (7 px
+    beyond), so that every label fits in its row."""
+    return 12 if n <= 16 else max(7, round(12 - 4 * (n - 16) / 48))
+
+
+def label_pitch_px(n: int) -> int:
+    """Pixels per row (or column) that keep n labels of label_font_px(n) apart: 17 px at 16 tokens, 12 at 64."""
+    return math.ceil(label_font_px(n) * 1.4)
+
+
+def plotly_text(labels: Sequence[str]) -> list[str]:
+    """Labels as plotly draws them literally: plotly reads <b>, <br>, &amp; and the like in text, so <, > and &
+    are escaped (a token "<b>" then reads "<b>", not bold)."""
+    return [escaped(label) for label in labels]
+
 
 def weight_trace(weights: np.ndarray, x, y, zmax: float | None, hovertemplate: str) -> go.Heatmap:
     """The heatmap trace of attention weights: 0 to zmax (default: the largest finite weight) in ATTENTION_COLORS."""
@@ -28,8 +50,10 @@ def attention_heatmap(
 ) -> go.Figure:
     """One attention matrix [Tq, Tk] with token labels; hovering shows query → key and the weight.
 
-    Labels must be unique (plotly merges equal category names), so callers pass
-    labels that carry the token's position, e.g. "12 the".
+    An axis of up to LABEL_EVERY_TOKEN_UP_TO tokens names every one (label_font_px(n) small, keys written
+    upwards), and the figure is at least `height` px, taller when its rows need label_pitch_px each. The keys need
+    as much width, label_pitch_px(Tk) per column, or their labels touch. Labels must be unique (plotly merges
+    equal category names), so callers pass labels that carry the token's position, e.g. "12 the".
     """
     weights = as_f32(weights)
     if weights.ndim != 2:
@@ -39,13 +63,35 @@ def attention_heatmap(
             f"attention_heatmap: matrix shape {weights.shape} does not match "
             f"{len(query_labels)} query labels × {len(key_labels)} key labels"
         )
-    fig = go.Figure(weight_trace(weights, list(key_labels), list(query_labels), zmax,
+    queries, keys = plotly_text(query_labels), plotly_text(key_labels)
+    fig = go.Figure(weight_trace(weights, keys, queries, zmax,
                                  "query %{y} → key %{x}<br>weight %{z:.4f}<extra></extra>"))
-    base_layout(fig, title, height)
+    base_layout(fig, title, legible_height(queries, keys, height))
     fig.update_xaxes(title_text="key (attended to)", type="category", tickangle=-60, automargin=True)
     fig.update_yaxes(title_text="query (attending)", type="category", autorange="reversed", automargin=True)
+    if len(keys) <= LABEL_EVERY_TOKEN_UP_TO:
+        fig.update_xaxes(every_label(keys), tickangle=-60 if len(keys) <= 16 else -90)
+    if len(queries) <= LABEL_EVERY_TOKEN_UP_TO:
+        fig.update_yaxes(every_label(queries))
     fig.update_layout(plot_bgcolor=MASKED_COLOR)
     return fig
+
+
+def every_label(labels: list[str]) -> dict:
+    """Axis settings that name every category (plotly's automatic ticks skip some once they crowd)."""
+    return {"tickmode": "array", "tickvals": labels, "ticktext": labels, "tickfont": {"size": label_font_px(len(labels))}}
+
+
+def legible_height(query_labels: list[str], key_labels: list[str], at_least: int) -> int:
+    """A heatmap's height in px: the title, label_pitch_px per query row, and below the plot the key labels
+    written upwards (their length, up to 18 characters) and the axis title; never below at_least. Axes of more
+    than LABEL_EVERY_TOKEN_UP_TO tokens keep plotly's thinned labels and at_least."""
+    rows, cols = len(query_labels), len(key_labels)
+    if rows > LABEL_EVERY_TOKEN_UP_TO:
+        return at_least
+    longest = min(18, max((len(k) for k in key_labels), default=0)) if cols <= LABEL_EVERY_TOKEN_UP_TO else 8
+    below = 50 + math.ceil(longest * label_font_px(cols) * 0.62)
+    return max(at_least, 60 + rows * label_pitch_px(rows) + below)
 
 
 def pooled_heatmap(
@@ -159,6 +205,7 @@ def model_view(overview: np.ndarray, title: str, layer_labels: Sequence[str] | N
     return fig
 
 
+# eq. 2.1's three stages, as the figures title them: short enough for a panel a third of a wide page across
 def stages_figure(
     stages: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
     query_labels: Sequence[str],
@@ -211,3 +258,4 @@ def stages_figure(
     fig.update_yaxes(type="category", autorange="reversed", tickfont={"size": 9})
     fig.update_layout(plot_bgcolor=MASKED_COLOR)
     return fig
+
