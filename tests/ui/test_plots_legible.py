@@ -1,11 +1,15 @@
-"""Legible attention figures: the heatmap names every token up to 64 per axis."""
+"""Legible attention figures: the heatmap names every token up to 64 per axis, and the two-column view draws one
+line per weight, at the weight's quantised opacity, grouped per token so that a hover can filter them."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from ui.plots.attention import LABEL_EVERY_TOKEN_UP_TO, attention_heatmap, label_font_px, label_pitch_px
+from ui.plots.attention import (LABEL_EVERY_TOKEN_UP_TO, MIN_LINE_WEIGHT, OPACITY_LEVELS, attention_heatmap,
+                                label_font_px, label_pitch_px, line_levels, two_column_view)
+from ui.plots.base import figure_nbytes
+from ui.tabs.hover import hover_filter_js
 
 
 def causal_weights(n: int, seed: int = 0, sharpness: float = 3.0) -> np.ndarray:
@@ -59,3 +63,72 @@ def test_heatmap_draws_markup_in_tokens_as_text():
     fig = attention_heatmap(np.eye(3), labels, labels, "h")
     escaped = ["0 &lt;b&gt;x&lt;/b&gt;", "1 a&amp;b", "2 &lt;br&gt;"]  # plotly reads &lt; as <, and <b> as bold
     assert list(fig.layout.xaxis.ticktext) == escaped and list(fig.data[0].y) == escaped
+
+
+def line_traces(fig, side: str):
+    return [t for t in fig.data if t.meta and t.meta.get("role") == "lines" and t.meta["side"] == side]
+
+
+def segments(trace) -> list[tuple[int, int]]:
+    """The (query, key) pairs of one line trace: x = [0, 1, None, ...], y = [i, j, None, ...]."""
+    x, y = list(trace.x), list(trace.y)
+    assert x == [0, 1, None] * (len(x) // 3) and y[2::3] == [None] * (len(y) // 3)
+    return list(zip(y[0::3], y[1::3]))
+
+
+def test_two_column_lines_are_the_weights_at_their_quantised_opacity():
+    n = 40
+    w = causal_weights(n)
+    fig = two_column_view(w, token_labels(n), "layer 0, head 1")
+    step = 1 / OPACITY_LEVELS
+    for side, shown in (("query", True), ("key", False)):
+        drawn = {}
+        for trace in line_traces(fig, side):
+            opacity = trace.meta["opacity"]
+            assert trace.opacity == (opacity if shown else 0)  # key groups wait for a hover
+            for i, j in segments(trace):
+                assert trace.meta["index"] == (i if side == "query" else j)
+                assert abs(opacity - w[i, j]) <= step and opacity == line_levels(w)[i, j] / OPACITY_LEVELS
+                assert (i, j) not in drawn
+                drawn[(i, j)] = opacity
+        assert set(drawn) == {(int(i), int(j)) for i, j in zip(*np.nonzero(w >= MIN_LINE_WEIGHT))}
+    assert {level for level in np.unique(line_levels(w))} == set(range(OPACITY_LEVELS + 1))  # the test spans them
+
+
+def test_line_levels_round_to_eighths_and_skip_small_weights():
+    w = np.array([[0.005, 0.01, 0.0625, 0.3, 0.99, np.nan]])
+    assert line_levels(w).tolist() == [[0, 1, 1, 2, 8, 0]]
+
+
+def test_two_column_view_labels_every_token_once_per_column_as_text():
+    labels = ["0 <b>x</b>", "1 the", "2 a&b", "3 </span><script>"]
+    fig = two_column_view(causal_weights(4), labels, "h")
+    texts = [t for t in fig.data if t.type == "scatter" and t.mode == "text"]
+    assert len(texts) == 2
+    escaped = ["0 &lt;b&gt;x&lt;/b&gt;", "1 the", "2 a&amp;b", "3 &lt;/span&gt;&lt;script&gt;"]
+    for trace, x in zip(texts, (-0.03, 1.03)):  # beside the lines' ends at 0 and 1
+        assert list(trace.text) == escaped and set(trace.x) == {x} and list(trace.y) == [0, 1, 2, 3]
+        assert trace.hoverinfo == "skip"
+    tokens = [t for t in fig.data if t.meta and t.meta.get("role") == "tokens"]
+    assert len(tokens) == 1 and np.asarray(tokens[0].z).shape == (4, 3)  # queries, the gap, keys
+
+
+def test_two_column_view_of_40_tokens_stays_a_few_hundred_traces_and_small():
+    n = 40
+    fig = two_column_view(causal_weights(n), token_labels(n), "h")
+    assert len(fig.data) <= 2 * n * OPACITY_LEVELS + 3
+    assert len(fig.data) < 600 and figure_nbytes(fig) < 400_000
+    assert fig.layout.meta["view"] == "two-column" and fig.layout.height >= n * label_pitch_px(n)
+
+
+def test_two_column_view_rejects_a_matrix_that_does_not_fit_its_labels():
+    with pytest.raises(ValueError, match="square"):
+        two_column_view(np.zeros((3, 4)), token_labels(3), "h")
+    with pytest.raises(ValueError, match="at most 64"):
+        two_column_view(np.eye(65), token_labels(65), "h")
+
+
+def test_hover_filter_js_names_its_plots():
+    js = hover_filter_js(["attn-columns", "gen-columns"])
+    assert '["attn-columns", "gen-columns"]' in js and "PLOTS" not in js
+    assert "plotly_hover" in js and "plotly_unhover" in js and "innerHTML" not in js

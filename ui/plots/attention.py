@@ -1,4 +1,5 @@
-"""Attention maps: one head cell by cell or pooled, every layer × head at a glance, and eq. 2.1 stage by stage."""
+"""Attention maps: one head cell by cell or pooled, every layer × head at a glance, eq. 2.1 stage by stage, and
+the two-column view (queries on the left, keys on the right, a line per weight)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from ui.plots.base import ATTENTION_COLORS, MASKED_COLOR, SIGNED_COLORS, as_f32,
 from ui.plots.text import escaped
 
 LABEL_EVERY_TOKEN_UP_TO = 64  # an axis of up to this many tokens names every one; beyond, plotly thins its labels
+OPACITY_LEVELS = 8  # two-column view: a line's opacity is level / 8, level = round(8 · weight) clipped to 1..8
+MIN_LINE_WEIGHT = 0.01  # two-column view: weights below this draw no line
+LINE_COLOR = "#08519c"  # the darkest blue of ATTENTION_COLORS
 
 
 def label_font_px(n: int) -> int:
@@ -259,3 +263,72 @@ def stages_figure(
     fig.update_layout(plot_bgcolor=MASKED_COLOR)
     return fig
 
+
+def line_levels(weights: np.ndarray) -> np.ndarray:
+    """The two-column view's opacity level of each weight [Tq, Tk] as int8: round(OPACITY_LEVELS · w) clipped to
+    1..OPACITY_LEVELS where w ≥ MIN_LINE_WEIGHT, else 0 (no line). A line's opacity level / OPACITY_LEVELS then
+    lies within 1/OPACITY_LEVELS of its weight (within half that for w ≥ 1/(2·OPACITY_LEVELS))."""
+    w = np.where(np.isfinite(weights), weights, 0.0)
+    levels = np.clip(np.rint(w * OPACITY_LEVELS), 1, OPACITY_LEVELS).astype(np.int8)
+    return np.where(w >= MIN_LINE_WEIGHT, levels, 0).astype(np.int8)
+
+
+def line_group(pairs: Sequence[tuple[int, int]], level: int, side: str, index: int, shown: bool) -> go.Scatter:
+    """One trace of lines from query i (x = 0) to key j (x = 1) for the (i, j) in pairs, all of one opacity level,
+    joined by None gaps. meta says which token the group belongs to, for the hover filter; the group is drawn at
+    its opacity if shown, else at 0 until a hover shows it."""
+    x, y = [], []
+    for i, j in pairs:
+        x += [0, 1, None]
+        y += [int(i), int(j), None]
+    opacity = level / OPACITY_LEVELS
+    return go.Scatter(x=x, y=y, mode="lines", line={"color": LINE_COLOR, "width": 2}, opacity=opacity if shown else 0,
+                      hoverinfo="skip", showlegend=False,
+                      meta={"role": "lines", "side": side, "index": index, "opacity": opacity})
+
+
+def two_column_view(matrix: np.ndarray, labels: Sequence[str], title: str) -> go.Figure:
+    """One head [n, n] as two columns of the same tokens, queries on the left and keys on the right, and a line
+    from query i to key j whose opacity is the weight, quantised by line_levels (none below MIN_LINE_WEIGHT).
+
+    Lines are grouped per token and opacity level, so the figure has at most 2 · n · OPACITY_LEVELS line traces:
+    per query (drawn, the whole head) and per key (opacity 0). Each carries meta {"role": "lines", "side": "query"
+    or "key", "index", "opacity"}; one transparent heatmap (meta {"role": "tokens"}, column 0 the queries, column 2
+    the keys, row = token) is what a hover on a token hits. ui/tabs/hover.py's script uses these to show only the
+    hovered token's lines. For up to about 40 tokens; above LABEL_EVERY_TOKEN_UP_TO the labels would not fit.
+    """
+    weights = as_f32(matrix)
+    n = len(labels)
+    if weights.ndim != 2 or weights.shape != (n, n):
+        raise ValueError(f"two_column_view wants a square matrix [n, n] for its {n} labels, got shape {weights.shape}")
+    if n > LABEL_EVERY_TOKEN_UP_TO:
+        raise ValueError(f"two_column_view draws at most {LABEL_EVERY_TOKEN_UP_TO} tokens, got {n}: pool the text or "
+                         "use the heatmap")
+    levels = line_levels(weights)
+    font, pitch = label_font_px(n), label_pitch_px(n)
+    reach = 0.75  # each label column's width in units of the gap between the columns
+    tokens = plotly_text(labels)
+    cells = np.zeros((n, 3), dtype=np.float32)
+    cells[:, 1] = np.nan  # the gap between the columns hovers as nothing (hoverongaps=False)
+    fig = go.Figure(go.Heatmap(
+        z=cells, x=[-reach, 0, 1, 1 + reach], y=np.arange(n + 1) - 0.5, hoverongaps=False, hoverinfo="none",
+        colorscale=[[0, "rgba(0,0,0,0)"], [1, "rgba(0,0,0,0)"]], showscale=False, meta={"role": "tokens"},
+    ))
+    for level in range(1, OPACITY_LEVELS + 1):
+        at = levels == level
+        for i in np.flatnonzero(at.any(axis=1)):
+            fig.add_trace(line_group([(i, j) for j in np.flatnonzero(at[i])], level, "query", int(i), shown=True))
+        for j in np.flatnonzero(at.any(axis=0)):
+            fig.add_trace(line_group([(i, j) for i in np.flatnonzero(at[:, j])], level, "key", int(j), shown=False))
+    for x, position in ((-0.03, "middle left"), (1.03, "middle right")):  # a little apart from the lines' ends
+        fig.add_trace(go.Scatter(x=[x] * n, y=list(range(n)), mode="text", text=tokens, textposition=position,
+                                 textfont={"size": font}, hoverinfo="skip", showlegend=False))
+    base_layout(fig, title, height=max(300, 90 + n * pitch), top=60)
+    fig.update_xaxes(visible=False, range=[-reach, 1 + reach], fixedrange=True)
+    fig.update_yaxes(visible=False, range=[n - 0.5, -1.5], fixedrange=True)
+    for x, anchor, text in ((0, "right", "query (attending)"), (1, "left", "key (attended to)")):
+        fig.add_annotation(x=x, y=-0.8, xanchor=anchor, yanchor="bottom", text=text, showarrow=False,
+                           font={"size": 12})
+    fig.update_layout(margin={"l": 10, "r": 10}, hovermode="closest", dragmode=False,
+                      meta={"view": "two-column", "tokens": n, "levels": OPACITY_LEVELS, "min_weight": MIN_LINE_WEIGHT})
+    return fig
