@@ -210,56 +210,107 @@ def model_view(overview: np.ndarray, title: str, layer_labels: Sequence[str] | N
 
 
 # eq. 2.1's three stages, as the figures title them: short enough for a panel a third of a wide page across
+STAGES = ("scores", "masked", "softmax")
+STAGE_TITLES = {"scores": "scores QKᵀ/√d_k", "masked": "+ mask M", "softmax": "softmax → weights"}
+STAGE_HEIGHT = 340
+
+
+def score_bound(matrices: Sequence[np.ndarray]) -> float:
+    """The largest finite |score| among the matrices: one signed colour scale for every score panel, so that
+    panels drawn apart still compare."""
+    finite = np.concatenate([as_f32(m).ravel() for m in matrices]) if len(matrices) else np.zeros(0, np.float32)
+    finite = finite[np.isfinite(finite)]
+    return float(np.abs(finite).max()) if finite.size and np.abs(finite).max() > 0 else 1.0
+
+
+def stage_trace(z: np.ndarray, stage: str, key_labels: Sequence[str], query_labels: Sequence[str], bound: float,
+                hover_name: str, colorbar: dict | None) -> go.Heatmap:
+    """One stage of eq. 2.1 as a heatmap: scores signed around 0 (±bound), weights from 0 to 1. Masked entries (−∞)
+    travel as NaN (JSON has no infinity) and are drawn as gaps, which the figure's grey background shows."""
+    if stage not in STAGE_TITLES:
+        raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
+    z = as_f32(z)
+    z = np.where(np.isfinite(z), z, np.nan)
+    signed = stage != "softmax"
+    return go.Heatmap(
+        z=z,
+        x=plotly_text(key_labels),
+        y=plotly_text(query_labels),
+        colorscale=SIGNED_COLORS if signed else ATTENTION_COLORS,
+        reversescale=signed,
+        zmid=0.0 if signed else None,
+        zmin=-bound if signed else 0.0,
+        zmax=bound if signed else 1.0,
+        showscale=colorbar is not None,
+        colorbar=colorbar,
+        hovertemplate="query %{y} → key %{x}<br>%{z:.3f}<extra>" + hover_name + "</extra>",
+        hoverongaps=False,
+    )
+
+
+def stage_figure(
+    matrix: np.ndarray,
+    stage: str,
+    query_labels: Sequence[str],
+    key_labels: Sequence[str],
+    subtitle: str,
+    bound: float | None = None,
+    height: int = STAGE_HEIGHT,
+) -> go.Figure:
+    """One stage of eq. 2.1 ("scores", "masked" or "softmax") for a window [Tq, Tk], as a figure of its own.
+
+    Its colour bar sits in its own right margin, so figures side by side (or stacked on a phone) never cover each
+    other. bound: the ± range of a score stage's colours (default: this matrix's largest finite |score|); pass
+    score_bound of every score panel shown together so their colours compare."""
+    matrix = as_f32(matrix)
+    if matrix.shape != (len(query_labels), len(key_labels)):
+        raise ValueError(f"stage_figure: matrix shape {matrix.shape} does not match {len(query_labels)} query "
+                         f"labels × {len(key_labels)} key labels")
+    bound = score_bound([matrix]) if bound is None else float(bound)
+    colorbar = {"thickness": 10, "len": 1.0, "tickfont": {"size": 9}, "outlinewidth": 0}
+    title = STAGE_TITLES.get(stage, "")  # an unknown stage: stage_trace says which are known
+    fig = go.Figure(stage_trace(matrix, stage, key_labels, query_labels, bound, title, colorbar))
+    base_layout(fig, title, height, top=64)
+    fig.update_layout(title={"subtitle": {"text": subtitle, "font": {"size": 11}}},
+                      margin={"l": 10, "r": 10, "b": 10}, plot_bgcolor=MASKED_COLOR)
+    fig.update_xaxes(title_text="key", title_font_size=10, type="category", tickangle=-60, tickfont={"size": 9},
+                     automargin=True)
+    fig.update_yaxes(title_text="query", title_font_size=10, type="category", autorange="reversed",
+                     tickfont={"size": 9}, automargin=True)
+    return fig
+
+
 def stages_figure(
     stages: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
     query_labels: Sequence[str],
     key_labels: Sequence[str],
     title: str,
 ) -> go.Figure:
-    """Eq. 2.1 step by step: one row per variant (e.g. "causal mask on" / "off"),
-    three columns: scaled scores QKᵀ/√d_k, scores + mask M, softmax.
+    """Eq. 2.1 step by step in one figure: one row per variant (e.g. a head, or "causal mask on" / "off", named on
+    the row's first y axis), three columns: scaled scores QKᵀ/√d_k, scores + mask M, softmax.
 
-    Masked entries (−∞) are drawn grey; JSON has no infinity, so they travel as NaN.
-    """
+    Masked entries (−∞) are drawn grey; JSON has no infinity, so they travel as NaN. The two colour bars (scores,
+    weights) stand at the right edge, clear of every panel."""
     names = list(stages)
-    columns = ("scaled scores QKᵀ/√d_k", "masked scores (+M)", "softmax → attention weights")
     fig = make_subplots(
         rows=len(names),
         cols=3,
-        subplot_titles=[f"{name}: {col}" for name in names for col in columns],
+        subplot_titles=[STAGE_TITLES[stage] for _ in names for stage in STAGES],
         horizontal_spacing=0.08,
         vertical_spacing=0.14 if len(names) > 1 else 0.1,
     )
-    all_scores = np.concatenate([as_f32(stages[n][0]).ravel() for n in names])
-    all_scores = all_scores[np.isfinite(all_scores)]
-    bound = float(np.abs(all_scores).max()) if all_scores.size else 1.0
+    bound = score_bound([stages[n][0] for n in names])
+    bars = {"masked": {"x": 1.02, "y": 0.76, "len": 0.45, "thickness": 10, "title": {"text": "score"}},
+            "softmax": {"x": 1.02, "y": 0.24, "len": 0.45, "thickness": 10, "title": {"text": "weight"}}}
     for r, name in enumerate(names, start=1):
-        scores, masked, probs = (as_f32(a) for a in stages[name])
-        masked = np.where(np.isfinite(masked), masked, np.nan)
-        for c, (z, signed) in enumerate(((scores, True), (masked, True), (probs, False)), start=1):
-            fig.add_trace(
-                go.Heatmap(
-                    z=z,
-                    x=list(key_labels),
-                    y=list(query_labels),
-                    colorscale=SIGNED_COLORS if signed else ATTENTION_COLORS,
-                    reversescale=signed,
-                    zmid=0.0 if signed else None,
-                    zmin=-bound if signed else 0.0,
-                    zmax=bound if signed else 1.0,
-                    showscale=(r == 1 and c in (2, 3)),
-                    colorbar={"x": 0.64 if c == 2 else 1.0, "len": 0.4, "y": 0.8, "thickness": 10}
-                    if r == 1 and c in (2, 3)
-                    else None,
-                    hovertemplate="query %{y} → key %{x}<br>%{z:.3f}<extra>" + name + "</extra>",
-                    hoverongaps=False,
-                ),
-                row=r,
-                col=c,
-            )
+        for c, (stage, z) in enumerate(zip(STAGES, stages[name]), start=1):
+            colorbar = bars.get(stage) if r == 1 else None
+            fig.add_trace(stage_trace(z, stage, key_labels, query_labels, bound, name, colorbar), row=r, col=c)
+        fig.update_yaxes(title_text=name, title_font_size=11, row=r, col=1)
     base_layout(fig, title, height=340 * len(names) + 80)
     fig.update_xaxes(type="category", tickangle=-60, tickfont={"size": 9})
     fig.update_yaxes(type="category", autorange="reversed", tickfont={"size": 9})
+    fig.update_annotations(font_size=12)  # the subplot titles
     fig.update_layout(plot_bgcolor=MASKED_COLOR)
     return fig
 

@@ -7,7 +7,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from ui.plots.base import SIGNED_COLORS, as_f32, base_layout
+import plotly.io as pio
+
+from ui.plots.base import SIGNED_COLORS, TEMPLATE, as_f32, base_layout
 
 def matrix_heatmap(
     matrix: np.ndarray,
@@ -59,8 +61,10 @@ def line_figure(
     y_title: str,
     height: int = 380,
     reference: Mapping[str, float] | None = None,
+    subtitle: str | None = None,
 ) -> go.Figure:
-    """Several named curves over one x axis; `reference` adds dashed horizontal lines."""
+    """Several named curves over one x axis; `reference` adds dashed horizontal lines, `subtitle` a smaller line
+    under the title."""
     x = np.asarray(x)
     fig = go.Figure()
     for name, ys in series.items():
@@ -79,7 +83,7 @@ def line_figure(
     )
     fig.update_yaxes(title_text=y_title)
     fig.update_layout(legend={"orientation": "h", "y": -0.25})
-    return fig
+    return with_subtitle(fig, subtitle)
 
 
 def bar_figure(
@@ -90,11 +94,19 @@ def bar_figure(
     height: int = 380,
     text_format: str = ".3f",
     x_title: str | None = None,
+    subtitle: str | None = None,
+    mark_zeros: bool = False,
 ) -> go.Figure:
-    """Grouped bars: one group per category, one bar per named series (values printed when there are few)."""
+    """Grouped bars: one group per category, one bar per named series (values printed when there are few).
+
+    A bar of exactly 0 has no height, and plotly draws nothing for it. mark_zeros puts a dot on the baseline
+    where it stands, in its series' colour, that hovers as "exactly 0" (one dot trace per series, grouped with
+    its bars, named in the legend where a series has a zero); the value itself stays 0. subtitle: a smaller line
+    under the title."""
     fig = go.Figure()
     show_values = len(categories) <= 8
-    for name, values in series.items():
+    colors = pio.templates[TEMPLATE].layout.colorway
+    for index, (name, values) in enumerate(series.items()):
         values = [float(v) for v in values]
         if len(values) != len(categories):
             raise ValueError(f"bar_figure: series {name!r} has {len(values)} values for {len(categories)} categories")
@@ -108,8 +120,41 @@ def bar_figure(
                 cliponaxis=False,
             )
         )
+        if mark_zeros:
+            color = colors[index % len(colors)]
+            fig.data[-1].update(marker_color=color, offsetgroup=name, legendgroup=name)
+            fig.add_trace(zero_marks(categories, values, name, color, text_format))
     base_layout(fig, title, height)
     fig.update_xaxes(title_text=x_title, type="category")
     fig.update_yaxes(title_text=y_title)
     fig.update_layout(barmode="group", legend={"orientation": "h", "y": -0.2}, margin={"t": 80})
+    if mark_zeros:
+        fig.update_layout(scattermode="group")  # each dot stands under its own bar of the group
+    return with_subtitle(fig, subtitle)
+
+
+def zero_marks(categories: Sequence[str], values: Sequence[float], name: str, color: str,
+               text_format: str) -> go.Scatter:
+    """Dots on the baseline under the bars of `values` that are exactly 0 (a gap elsewhere), at the bars' offset."""
+    zeros = [v == 0.0 for v in values]
+    return go.Scatter(
+        x=list(categories),
+        y=[0.0 if zero else None for zero in zeros],
+        mode="markers",
+        marker={"color": color, "size": 8, "symbol": "circle", "line": {"color": "white", "width": 1}},
+        text=[format(0.0, text_format) if zero else "" for zero in zeros],
+        name=f"{name}: exactly 0",
+        offsetgroup=name,
+        legendgroup=name,
+        showlegend=any(zeros),
+        cliponaxis=False,
+        hovertemplate="%{x}: %{text} (exactly 0)<extra>" + name + "</extra>",
+    )
+
+
+def with_subtitle(fig: go.Figure, subtitle: str | None) -> go.Figure:
+    """A smaller second line under the figure's title, with the top margin to hold both."""
+    if subtitle:
+        fig.update_layout(title={"subtitle": {"text": subtitle, "font": {"size": 12}}},
+                          margin={"t": max(fig.layout.margin.t or 0, 80)})
     return fig
