@@ -209,11 +209,11 @@ def test_mask_demo_endpoint(client, tiny_models):
         "Rain again.",
         api_name="/mask_demo",
     )
-    note, stages, causal, causal_note, padding, padding_note, entropy, entropy_note = out
-    traces = figure(stages)["data"]
-    assert len(traces) == 6
-    masked_on = plotly_array(traces[1]["z"]).astype(np.float64)
-    probs_on, probs_off = plotly_array(traces[2]["z"]), plotly_array(traces[5]["z"])
+    note, *stages, causal, causal_note, padding, padding_note, entropy, entropy_note = out
+    traces = [figure(stage)["data"] for stage in stages]  # causal mask on: scores, + mask, softmax; then off
+    assert [len(t) for t in traces] == [1] * 6
+    masked_on = plotly_array(traces[1][0]["z"]).astype(np.float64)
+    probs_on, probs_off = plotly_array(traces[2][0]["z"]), plotly_array(traces[5][0]["z"])
     assert masked_on.shape == (6, 6)
     assert np.isnan(masked_on[np.triu_indices(6, 1)]).all()  # −∞ above the diagonal travels as a gap
     assert np.all(probs_on[np.triu_indices(6, 1)] == 0) and probs_off[0, 1:].sum() > 0.1
@@ -231,8 +231,9 @@ def test_mask_demo_on_an_encoder_explains_what_is_missing(client, tiny_models):
     out = client.predict(
         tiny_models["bert"], TEXT, 0, 0, 0, 8, "A longer sentence than the other one.", "Short.", api_name="/mask_demo"
     )
-    assert "no language-model head" in out[3]
-    assert "right" in out[5]
+    causal_note, padding_note = out[8], out[10]  # after the note and the six stages
+    assert "no language-model head" in causal_note
+    assert "right" in padding_note
 
 
 @pytest.mark.parametrize(
@@ -373,7 +374,7 @@ def test_a_1_mb_upload_feeds_the_attention_tab(client, tiny_models, tmp_path):
     assert figure(head_view)["data"][0]["z"]
     # the other tabs take the same text
     out = client.predict(tiny_models["llama"], text, 0, 0, 0, 8, text, "Short.", api_name="/mask_demo")
-    assert "only the first 512 are used" in out[0] and len(figure(out[1])["data"]) == 6
+    assert "only the first 512 are used" in out[0] and [len(figure(f)["data"]) for f in out[1:7]] == [1] * 6
     out = client.predict(tiny_models["llama"], 64, 16, 0, 1, 0, 0, text, api_name="/positional_encoding")
     assert "depends only on the distance" in out[8]
     continuation, stats = client.predict(tiny_models["llama"], text, False, 4, 0.0, 0, 1.0, 0, api_name="/generate")

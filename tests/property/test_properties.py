@@ -546,9 +546,9 @@ def test_mask_tab(page, tiny, kind, text, layer, head, start, size, text_a, text
 
 def assert_mask_outputs(outputs) -> None:
     assert_small([outputs])
-    ((_, stages),) = figures([outputs[1]])
-    softmax = stages["data"][2::3]  # the third column of each row (causal mask on / off): the softmax
-    assert len(softmax) == 2
+    stages = [fig for _, fig in figures(outputs[1:7])]  # causal mask on: scores, + mask, softmax; then off
+    softmax = [fig["data"][0] for fig in stages[2::3]]
+    assert len(stages) == 6 and len(softmax) == 2
     for trace in softmax:
         assert_rows_sum_to_one(plotly_array(trace["z"]), "a softmax stage of the mask demo")
 

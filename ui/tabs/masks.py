@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gradio as gr
 
+from ui.plots.attention import STAGE_TITLES, STAGES
 from ui.services.masks import MAX_STAGE_WINDOW
 from ui.tabs.events import ON_ANALYSIS, handler
 from ui.tabs.widgets import Tab, export_row, layer_head, read_example, text_with_upload
@@ -13,9 +14,37 @@ from ui.views.masks import export_data, mask_view
 LEAD = """**What each safeguard of eq. 2.1 changes**: the scores QKᵀ/√d_k, the mask M and the softmax step by step,
 then the causal mask, the padding mask and the 1/√d_k factor switched off on the loaded model."""
 
+HOW_TO_READ = """Each square is one window of your text: a row is a query token, a column a key token it may look at.
+Red and blue are scores above and below 0, grey is masked (−∞, never looked at), and the softmax turns each row
+into weights that sum to 1."""
+
 INTRO = """Eq. 2.1 step by step for a window of tokens: scores QKᵀ/√d_k, then the mask M added (0 where attention is
 allowed, −∞ where it is not, drawn grey), then the row-wise softmax. Below, the model is run on your text with each
-safeguard switched off, to measure what it protects against."""
+safeguard switched off, to measure what it protects against. The window and the two texts of the padding demo
+are under "Padding texts and window", beside the button."""
+
+STAGE_MIN_WIDTH = 260  # three stages side by side in the figures' column of a wide screen, one a row on a phone
+
+
+def show(figures: list) -> dict:
+    """The event arguments that make the tab's figures visible at once, before a result arrives: they start hidden,
+    so that no empty box is shown (queue=False: no wait behind the model's queue)."""
+    return dict(fn=lambda: [gr.Plot(visible=True)] * len(figures), inputs=None, outputs=figures,
+                api_visibility="private", queue=False)
+
+
+def stage_rows() -> list[gr.Plot]:
+    """The six stages of eq. 2.1, three a row (causal mask on, then off), in rows whose figures wrap one under the
+    other on a narrow screen. elem_ids mask-stage-{on,off}-{scores,masked,softmax}; all inside #mask-stages."""
+    figures = []
+    with gr.Column(elem_id="mask-stages"):
+        for mask in ("on", "off"):
+            with gr.Row(equal_height=False):
+                for stage in STAGES:
+                    figures.append(gr.Plot(label=f"causal mask {mask}: {STAGE_TITLES[stage]}", show_label=False,
+                                           elem_id=f"mask-stage-{mask}-{stage}", elem_classes=["mask-stage"],
+                                           min_width=STAGE_MIN_WIDTH, visible=False))
+    return figures
 
 
 def build(services, picker, initial) -> Tab:
@@ -25,36 +54,45 @@ def build(services, picker, initial) -> Tab:
             text, _ = text_with_upload("Text", read_example("masks.txt"), "mask", services.settings.text_cap_bytes,
                                        lines=4)
             layer, head = layer_head(services.models, picker, initial, "mask")
-            with gr.Row():
-                start = gr.Number(value=0, label="Window start", precision=0, min_width=120)
-                size = gr.Slider(2, MAX_STAGE_WINDOW, value=12, step=1, label="Window size", min_width=120)
-            text_a = gr.Textbox(value=read_example("padding_long.txt"), label="Padding demo: a longer text", lines=2)
-            text_b = gr.Textbox(
-                value=read_example("padding_short.txt"), label="…and a shorter one (it gets padded)", lines=2
-            )
             button = gr.Button("Run the mask demo", variant="primary", elem_id="mask-run")
             note = gr.Markdown(label="note", elem_id="mask-note")
+            with gr.Accordion("Padding texts and window", open=False, elem_id="mask-options"):
+                with gr.Row():
+                    start = gr.Number(value=0, label="Window start", precision=0, min_width=120)
+                    size = gr.Slider(2, MAX_STAGE_WINDOW, value=12, step=1,
+                                     label=f"Window size (2–{MAX_STAGE_WINDOW})", min_width=120)
+                text_a = gr.Textbox(value=read_example("padding_long.txt"), label="Padding demo: a longer text",
+                                    lines=2)
+                text_b = gr.Textbox(
+                    value=read_example("padding_short.txt"), label="…and a shorter one (it gets padded)", lines=2
+                )
             export_button, export_file, export_note, _ = export_row("mask", "Export every matrix (CSV in a .zip)")
         with gr.Column(scale=3, min_width=340):
-            stages = gr.Plot(label="Stages of eq. 2.1", elem_id="mask-stages")
+            gr.Markdown("### Eq. 2.1 stage by stage: scores, + mask M, softmax")
+            gr.Markdown(HOW_TO_READ, elem_classes=["how-to-read"])
+            stages = stage_rows()
             gr.Markdown("### Causal mask: next-token prediction with and without it")
             with gr.Row():
-                causal_fig = gr.Plot(label="Causal mask effect", elem_id="mask-causal", min_width=320)
+                causal_fig = gr.Plot(label="Causal mask effect", elem_id="mask-causal", min_width=320, visible=False)
                 causal_text = gr.Markdown(label="causal mask note")
             gr.Markdown("### Padding mask: a batch of two texts of different lengths")
             with gr.Row():
-                padding_fig = gr.Plot(label="Padding mask effect", elem_id="mask-padding", min_width=320)
+                padding_fig = gr.Plot(label="Padding mask effect", elem_id="mask-padding", min_width=320,
+                                      visible=False)
                 padding_text = gr.Markdown(label="padding mask note")
             gr.Markdown("### Scaling by 1/√d_k: attention entropy")
             with gr.Row():
-                entropy_fig = gr.Plot(label="Entropy with and without scaling", elem_id="mask-entropy", min_width=320)
+                entropy_fig = gr.Plot(label="Entropy with and without scaling", elem_id="mask-entropy", min_width=320,
+                                      visible=False)
                 entropy_text = gr.Markdown(label="scaling note")
     with gr.Accordion("How to read this tab", open=False):
         gr.Markdown(INTRO)
 
+    figures = [*stages, causal_fig, padding_fig, entropy_fig]
     inputs = [picker.model, text, layer, head, start, size, text_a, text_b]
-    outputs = [note, stages, causal_fig, causal_text, padding_fig, padding_text, entropy_fig, entropy_text]
-    button.click(handler(mask_view, services, "run"), inputs, outputs, api_name="mask_demo", **ON_ANALYSIS)
+    outputs = [note, *stages, causal_fig, causal_text, padding_fig, padding_text, entropy_fig, entropy_text]
+    run = dict(fn=handler(mask_view, services, "run"), inputs=inputs, outputs=outputs, **ON_ANALYSIS)
+    button.click(**show(figures)).then(**run, api_name="mask_demo")
     export_button.click(handler(export_data, services, "export_masks"), inputs, [export_file, export_note],
                         api_name="export_masks", **ON_ANALYSIS)
-    return Tab(text=text, layer=layer, head=head)
+    return Tab(text=text, layer=layer, head=head, run_event={**run, "api_visibility": "private"})

@@ -15,8 +15,13 @@ from ui.services.masks import (MAX_MASK_TOKENS, MAX_STAGE_WINDOW, causal_effect,
 from ui.services.text import Encoded, encode
 from ui.views import export
 from ui.views.export import named
-def stages_figure(model, tokens: Encoded, layer: int, head: int, start: int, size: int,
-                  data: dict | None = None):
+
+
+def stage_figures(model, tokens: Encoded, layer: int, head: int, start: int, size: int,
+                  data: dict | None = None) -> list[tuple[str, object]]:
+    """Eq. 2.1 for the window, one figure per stage: the causal mask on (scores, + mask, softmax), then off; each
+    with its view's name ("stage-on-masked"). The score panels share one colour scale, so that on and off
+    compare."""
     n = len(tokens.ids)
     start = check_range("Window start", start, 0, n - 1)
     size = check_range("Window size", size, 2, MAX_STAGE_WINDOW)
@@ -24,16 +29,16 @@ def stages_figure(model, tokens: Encoded, layer: int, head: int, start: int, siz
     q, k = qk_for_head(model, tokens.ids, layer, head)
     stages = mask_stages(q[start:stop], k[start:stop], model.config.head_dim)
     labels = tokens.labels[start:stop]
-    if data is not None:
-        for mask, matrices in stages.items():
-            for stage, matrix in zip(("scores", "masked", "softmax"), matrices):
+    bound = attention_plots.score_bound([matrices[0] for matrices in stages.values()])
+    figures = []
+    for mask, matrices in stages.items():
+        for stage, matrix in zip(attention_plots.STAGES, matrices):
+            if data is not None:
                 data[f"stage_{stage}_{mask.replace(' ', '_')}"] = (matrix, labels, labels, "query \\ key")
-    return attention_plots.stages_figure(
-        stages,
-        labels,
-        labels,
-        f"Layer {layer}, head {head}, tokens {start}–{stop - 1} (softmax over the keys inside the window)",
-    )
+            figures.append((f"stage-{mask.split()[-1]}-{stage}", attention_plots.stage_figure(
+                matrix, stage, labels, labels, f"<b>{mask}</b> · L{layer} H{head} · tokens {start}–{stop - 1}",
+                bound)))
+    return figures
 
 
 def causal_section(model, ids: list[int], data: dict | None = None):
@@ -52,8 +57,9 @@ def causal_section(model, ids: list[int], data: dict | None = None):
     fig = bar_figure(
         ["next-token loss (nats)", "next-token accuracy"],
         {"causal mask on": [loss_on, acc_on], "causal mask off": [loss_off, acc_off]},
-        f"Predicting each next token of your text ({effect['predictions']} predictions)",
+        "Next-token loss and accuracy",
         "value",
+        subtitle=f"on your text, {effect['predictions']} predictions",
     )
     if not model.config.causal:
         text = "This model is an encoder: it never used a causal mask, so switching it off changes nothing."
@@ -78,9 +84,11 @@ def padding_section(model, text_a: str, text_b: str, data: dict | None = None):
     fig = bar_figure(
         layers,
         {name: r["pad_mass"] for name, r in result["results"].items()},
-        f"Weight the short text puts on its {result['n_pad']} pad tokens ({result['side']} padding)",
+        "Weight on pad tokens, per layer",
         "mean weight on pad keys",
         x_title="layer",
+        subtitle=f"the short text's {result['n_pad']} pad tokens, {result['side']} padding",
+        mark_zeros=True,
     )
     on, off = result["results"]["padding mask on"], result["results"]["padding mask off"]
     text = (
@@ -104,10 +112,11 @@ def entropy_section(model, ids: list[int], layer: int, head: int, data: dict | N
     fig = line_figure(
         np.arange(n_layers),
         {name: np.array(c["per_layer"]) for name, c in curves.items()},
-        "Mean attention entropy per layer: lower means sharper, more one-hot rows",
+        "Mean attention entropy per layer",
         "layer",
         "entropy (nats)",
         reference={"uniform attention": result["uniform"]},
+        subtitle="lower: sharper rows, closer to one-hot",
     )
     scaled, raw = curves["scaled by 1/√d_k"], curves["not scaled"]
     text = (
@@ -121,8 +130,10 @@ def entropy_section(model, ids: list[int], layer: int, head: int, data: dict | N
 
 def mask_view(services: Services, model_name, text_value, layer_index, head_index, window_start, window_size,
               longer_text, shorter_text, progress=None, data: dict | None = None):
-    """Every figure of the tab; the body of the `mask_demo` endpoint. `data`, when given, receives every matrix behind
-    them: name → (matrix, row labels, column labels, corner)."""
+    """Every figure of the tab; the body of the `mask_demo` endpoint: the note, the six stages of eq. 2.1 (causal
+    mask on: scores, + mask, softmax; then off), then figure and note of the causal mask, the padding mask and the
+    scaling. `data`, when given, receives every matrix behind them: name → (matrix, row labels, column labels,
+    corner)."""
     name, text, text_a, text_b = model_name, text_value, longer_text, shorter_text
     model = services.models.get(name, progress)
     cfg = model.config
@@ -136,12 +147,12 @@ def mask_view(services: Services, model_name, text_value, layer_index, head_inde
     tokens = encode(model, text, MAX_MASK_TOKENS)
     if len(tokens.ids) < 2:
         raise UserError("The mask demo needs at least 2 tokens of text.")
-    stages = stages_figure(model, tokens, layer, head, window_start, window_size, data)
+    stages = stage_figures(model, tokens, layer, head, window_start, window_size, data)
     causal_fig, causal_text = causal_section(model, tokens.ids, data)
     padding_fig, padding_text = padding_section(model, text_a, text_b, data)
     entropy_fig, entropy_text = entropy_section(model, tokens.ids, layer, head, data)
     note = f"⚠️ {tokens.note}" if tokens.note else f"{len(tokens.ids)} tokens."
-    return (note, named(stages, export.filename(name, "stages", layer, head)),
+    return (note, *(named(fig, export.filename(name, view, layer, head)) for view, fig in stages),
             named(causal_fig, export.filename(name, "causal-mask")), causal_text,
             named(padding_fig, export.filename(name, "padding-mask")), padding_text,
             named(entropy_fig, export.filename(name, "entropy")), entropy_text)
