@@ -1,10 +1,12 @@
 """The Heads tab's views: what each head does (scores per layer × head, the induction probe), whether the output
 depends on it (ablation, the sweep), which inputs one prediction depends on (attribution against attention),
 what each layer would predict (the logit lens) and how surprised the model is by each token; the bodies of the
-tab's endpoints. Each returns the session's HeadsCache last, for the next call."""
+tab's endpoints. Each returns the session's HeadsCache last, for the next call: a new one, never the one it was
+passed changed in place, since a result (the atlas of the default text) may be shared by every session."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -15,8 +17,8 @@ from ui.plots.heads import attribution_figure, head_score_map, lens_figure, loss
 from ui.plots.text import escaped, surprisal_html
 from ui.services import Services
 from ui.services.checks import UserError, check_range, index_of
-from ui.services.heads import (INDUCTION_LENGTH, INDUCTION_SEED, MAX_HEADS_TOKENS, MAX_SWEEP_TOKENS, ablation,
-                               alternatives, attribution, check_ablation, check_score, completeness_table,
+from ui.services.heads import (INDUCTION_LENGTH, INDUCTION_SEED, MAX_HEADS_TOKENS, MAX_SWEEP_TOKENS, HeadsCache,
+                               ablation, alternatives, attribution, check_ablation, check_score, completeness_table,
                                format_heads, head_map, head_scores, heads_cache, cached_lens, lm_head_reason,
                                loss_tokens, next_token_reason, parse_heads, score_names, scored_shape, stream_sweep,
                                sweep_scores, token_surprisal, top_heads)
@@ -38,6 +40,18 @@ NOT_EXPLANATION = (
     "A strong attention weight says where a head looked, not why the model decided anything: attention weights "
     "are not explanations. Gradients measure what the prediction is sensitive to."
 )
+
+
+def session_cache(previous, model_name: str, tokens: Encoded) -> HeadsCache:
+    """This call's cache for the model and text: a copy of the session's previous one when it still fits (what
+    the call adds goes into the copy), else a new one."""
+    cache = heads_cache(previous, model_name, tokens)
+    return dataclasses.replace(cache, sweeps=dict(cache.sweeps)) if cache is previous else cache
+
+
+def head_label(layer: int, head: int) -> str:
+    """A head as the overviews name it: "L3 H2" (a number like 3.2 reads as a decimal)."""
+    return f"L{layer} H{head}"
 
 
 def score_choices(model) -> list[tuple[str, str]]:
@@ -73,25 +87,23 @@ def model_note(model) -> str:
 
 
 def thresholds_markdown(model, named: dict[str, list[tuple[int, int, float]]]) -> str:
-    """The naming thresholds (from core.analysis.heads.SCORES) and the heads that pass them on this text."""
-    lines = [
-        "| score | what it measures | names a head at | as |",
-        "|---|---|---:|---|",
-    ]
-    for name in score_names(model):
-        description, threshold, head_name = SCORES[name]
-        at = f"≥ {threshold:g}" if threshold is not None else "–"
-        cells = (SCORE_LABELS[name], description, at, head_name or "–")
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    lines += ["", "Thresholds are set so that the same model with random weights names no head.", ""]
+    """The heads that pass a naming threshold on this text, then the thresholds (from core.analysis.heads.SCORES):
+    lists, which wrap on a phone where a four-column table does not."""
     found = []
     for name, hits in named.items():
         if not hits:
             continue
-        shown = ", ".join(f"{layer}.{head} ({value:.2f})" for layer, head, value in hits[:SHOWN_NAMES])
+        shown = ", ".join(f"{head_label(layer, head)} ({value:.2f})" for layer, head, value in hits[:SHOWN_NAMES])
         more = f" and {len(hits) - SHOWN_NAMES} more" if len(hits) > SHOWN_NAMES else ""
         found.append(f"- **{SCORES[name][2]}s** ({len(hits)}): {shown}{more}")
-    lines += ["**Named heads** (layer.head, score):", *(found or ["- none: no head passes a threshold on this text."])]
+    lines = ["**Named heads** (layer and head, score):",
+             *(found or ["- none: no head passes a threshold on this text."]),
+             "", "**How a head is named**: its score passes the threshold, set so that the same model with random "
+             "weights names no head.", ""]
+    for name in score_names(model):
+        description, threshold, head_name = SCORES[name]
+        rule = f"≥ {threshold:g} names a *{head_name}*" if threshold is not None else "names no head"
+        lines.append(f"- **{SCORE_LABELS[name]}**: {description}; {rule}.")
     return "\n".join(lines)
 
 
@@ -131,7 +143,7 @@ def atlas_view(services: Services, model_name, text_value, score_name, layer_ind
     score = check_score(model, score)
     layer, head = check_head(model, layer, head)
     started = time.perf_counter()
-    cache = heads_cache(previous, name, tokens)
+    cache = session_cache(previous, name, tokens)
     kept = cache.scores is not None
     scores = head_scores(model, cache)
     named = named_heads(scores)
@@ -216,7 +228,7 @@ def top_heads_text(services: Services, model_name, text_value, score_name, previ
     model = services.models.get(name)
     score = check_score(model, score)
     tokens = encode(model, text, MAX_HEADS_TOKENS)
-    cache = heads_cache(previous, name, tokens)
+    cache = session_cache(previous, name, tokens)
     table = head_scores(model, cache)[score]
     return format_heads(top_heads(table, score)), cache
 
@@ -233,7 +245,7 @@ def sweep_view(services: Services, model_name, text_value, ablation_kind, score_
     kind = check_ablation(kind)
     score = check_score(model, score)
     tokens = encode(model, text, MAX_HEADS_TOKENS)
-    cache = heads_cache(previous, name, tokens)
+    cache = session_cache(previous, name, tokens)
     ids = tokens.ids[: MAX_SWEEP_TOKENS]
     if len(ids) < loss_tokens(model):
         raise UserError("The sweep needs at least 2 tokens: there is no next token to predict in one.")
@@ -261,7 +273,7 @@ def sweep_view(services: Services, model_name, text_value, ablation_kind, score_
         f"Every head ablated alone ({kind}) on the first {len(ids)} tokens, beside the {label} score: "
         f"Spearman's ρ = {rho:+.2f}",
     )
-    worst = ", ".join(f"{layer}.{head} ({value:+.3f})" for layer, head, value in top_heads(increase, "loss"))
+    worst = ", ".join(f"{head_label(layer, head)} ({value:+.3f})" for layer, head, value in top_heads(increase, "loss"))
     timing = "kept from the last run" if seconds is None else f"in {seconds:.1f} s"
     cut = f" (the text's first {len(ids)} tokens: the sweep's limit)" if len(tokens.ids) > len(ids) else ""
     note = (
@@ -295,7 +307,7 @@ def attribution_view(services: Services, model_name, text_value, position_index,
         image = export.filename(name, f"attribution-pos{index_of(position)}", index_of(layer), index_of(head))
         return reason, export.named(empty_figure(reason), image), empty_table(), previous
     tokens = encode(model, text, MAX_HEADS_TOKENS)
-    cache = heads_cache(previous, name, tokens)
+    cache = session_cache(previous, name, tokens)
     started = time.perf_counter()
     result = attribution(model, cache, position, layer, head, steps, target_text, foil_text, baseline_name)
     table = completeness_table(model, cache, result)
@@ -383,7 +395,7 @@ def lens_view(services: Services, model_name, text_value, previous=None, progres
     if reason:
         return reason, export.named(empty_figure(reason), export.filename(name, "logit-lens")), previous
     tokens = encode(model, text, MAX_HEADS_TOKENS)
-    cache = heads_cache(previous, name, tokens)
+    cache = session_cache(previous, name, tokens)
     table = cached_lens(model, cache)
     top = to_numpy(table.top).astype(np.int64)
     texts = token_grid(model, top)
@@ -415,7 +427,7 @@ def surprisal_view(services: Services, model_name, text_value, previous=None, pr
     if reason:
         return reason, "", previous
     tokens = encode(model, text, MAX_HEADS_TOKENS)
-    cache = heads_cache(previous, name, tokens)
+    cache = session_cache(previous, name, tokens)
     result = token_surprisal(model, cache)
     loss = to_numpy(result.loss)
     choices = alternatives(model, result)
@@ -438,7 +450,7 @@ def export_data(services: Services, model_name, text_value, previous=None, progr
     name, text = model_name, text_value
     model = services.models.get(name, progress)
     tokens = encode(model, text, MAX_HEADS_TOKENS)
-    cache = heads_cache(previous, name, tokens)
+    cache = session_cache(previous, name, tokens)
     scores = {key: to_numpy(table) for key, table in head_scores(model, cache).items()}
     n_layers, n_heads = next(iter(scores.values())).shape
     rows = [[layer, head, f"{layer}.{head}", *(round(float(scores[k][layer, head]), 6) for k in scores)]
