@@ -3,6 +3,7 @@ ablation, attribution against attention, and the logit lens."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -10,6 +11,18 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ui.plots.base import ATTENTION_COLORS, SIGNED_COLORS, as_f32, base_layout
+
+TITLE_CHARS = 46  # a title line's length: it fits a phone-wide plot at the title's 14 px
+TICK_FONT = {"size": 11}
+SLIM_COLORBAR = {"thickness": 14, "xpad": 6}  # the score's name is in the title: the bar needs no title of its own
+
+
+def wrapped_title(title: str, width: int = TITLE_CHARS) -> tuple[str, int]:
+    """The title broken into lines of at most `width` characters (its own <br> kept) and the number of lines:
+    plotly never wraps a title, it clips it."""
+    lines = [line for part in title.split("<br>") for line in (textwrap.wrap(part, width) or [""])]
+    return "<br>".join(lines), len(lines)
+
 
 def head_score_map(
     scores: np.ndarray,
@@ -27,7 +40,7 @@ def head_score_map(
     if scores.ndim != 2:
         raise ValueError(f"head_score_map wants [layers, heads], got shape {scores.shape}")
     n_layers, n_heads = scores.shape
-    fig = go.Figure(head_map_trace(scores, value_name, zmax, ATTENTION_COLORS))
+    fig = go.Figure(head_map_trace(scores, value_name, zmax, ATTENTION_COLORS, colorbar=SLIM_COLORBAR))
     if marked:
         fig.add_trace(
             go.Scatter(
@@ -40,14 +53,18 @@ def head_score_map(
                 showlegend=False,
             )
         )
-    base_layout(fig, title, height or min(560, 140 + 34 * n_heads))
+    text, lines = wrapped_title(title)
+    top = 30 + 18 * lines
+    base_layout(fig, text, height or top + min(560, 90 + 30 * n_heads), top=top)
+    fig.update_layout(margin={"l": 48})
     _head_axes(fig, n_layers, n_heads)
     return fig
 
 
 def head_map_trace(scores: np.ndarray, value_name: str, zmax: float | None, colorscale: str,
-                   signed: bool = False, colorbar_x: float | None = None) -> go.Heatmap:
-    """The [L, H] heatmap trace, transposed so that layers run across."""
+                   signed: bool = False, colorbar_x: float | None = None, colorbar: dict | None = None) -> go.Heatmap:
+    """The [L, H] heatmap trace, transposed so that layers run across; `colorbar` replaces the colour bar's
+    settings (by default titled with the value's name)."""
     finite = scores[np.isfinite(scores)]
     bound = float(np.abs(finite).max()) if finite.size else 1.0
     if signed:
@@ -60,20 +77,30 @@ def head_map_trace(scores: np.ndarray, value_name: str, zmax: float | None, colo
         x=np.arange(n_layers),
         y=np.arange(n_heads),
         colorscale=colorscale,
-        colorbar={"title": {"text": value_name}, **({"x": colorbar_x} if colorbar_x is not None else {})},
-        hovertemplate=f"layer %{{x}}, head %{{y}}<br>{value_name} %{{z:.4f}}<extra></extra>",
+        colorbar={**(colorbar if colorbar is not None else {"title": {"text": value_name}}),
+                  **({"x": colorbar_x} if colorbar_x is not None else {})},
+        hovertemplate=f"<b>L%{{x}} H%{{y}}</b>: layer %{{x}}, head %{{y}}<br>{value_name} %{{z:.4f}}<extra></extra>",
         xgap=1,
         ygap=1,
         **limits,
     )
 
 
+def tick_step(n: int, every: int) -> int:
+    """Label every tile up to `every` of them, else every 2nd, 4th, ...: no more than `every` labels."""
+    step = 1
+    while n > every * step:
+        step *= 2
+    return step
+
+
 def _head_axes(fig: go.Figure, n_layers: int, n_heads: int, every_layer: int = 32, **where) -> None:
-    """Layer and head axes fixed to the tiles (markers on named heads must not widen them), head 0 on top."""
-    fig.update_xaxes(title_text="layer", dtick=1 if n_layers <= every_layer else None, range=[-0.5, n_layers - 0.5],
-                     showgrid=False, zeroline=False, **where)
-    fig.update_yaxes(title_text="head", dtick=1 if n_heads <= 16 else None, range=[n_heads - 0.5, -0.5],
-                     showgrid=False, zeroline=False, **where)
+    """Layer and head axes fixed to the tiles (markers on named heads must not widen them), head 0 on top, with
+    a label on every layer (every 2nd, 4th, … past `every_layer`) and on every head up to 32."""
+    fig.update_xaxes(title_text="layer", tickmode="linear", tick0=0, dtick=tick_step(n_layers, every_layer),
+                     tickfont=TICK_FONT, range=[-0.5, n_layers - 0.5], showgrid=False, zeroline=False, **where)
+    fig.update_yaxes(title_text="head", tickmode="linear", tick0=0, dtick=tick_step(n_heads, 32), tickfont=TICK_FONT,
+                     range=[n_heads - 0.5, -0.5], showgrid=False, zeroline=False, **where)
 
 
 def paired_head_maps(
@@ -95,9 +122,10 @@ def paired_head_maps(
         colours = SIGNED_COLORS if sign else ATTENTION_COLORS
         fig.add_trace(head_map_trace(scores, name, None, colours, sign, colorbar_x=0.44 if col == 1 else 1.0),
                       row=1, col=col)
-        _head_axes(fig, n_layers, n_heads, every_layer=12, row=1, col=col)
-    base_layout(fig, title, min(600, 180 + 34 * n_heads))
-    fig.update_layout(margin={"t": 90})
+        _head_axes(fig, n_layers, n_heads, every_layer=16, row=1, col=col)
+    text, lines = wrapped_title(title, 2 * TITLE_CHARS)
+    base_layout(fig, text, min(600, 180 + 34 * n_heads))
+    fig.update_layout(margin={"t": 72 + 18 * lines})  # the title's lines, then the two maps' own titles
     return fig
 
 
