@@ -9,13 +9,13 @@ import gradio as gr
 from ui.services.heads import (COMPLETENESS_STEPS, MAX_HEADS_TOKENS, MAX_IG_STEPS, MAX_SWEEP_TOKENS, SWEEP_BATCH,
                                scored_shape)
 from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, user_errors
-from ui.tabs.widgets import Tab, click_bridge, export_row, layer_head, read_example, text_with_upload
+from ui.tabs.widgets import Tab, click_bridge, export_row, layer_head, read_example, upload
 from ui.views import heads as views
 
 CACHE_TTL_S = 1800  # a session's kept results are dropped after half an hour
 
-LEAD = """**What each head of eq. 3.1 does, and whether the output depends on it**: scores of every head's eq. 2.1
-attention map, ablation, attribution, the logit lens and surprisal."""
+LEAD = """**What each head does, and whether the output depends on it**: scores of every head's attention map
+(eqs. 2.1 and 3.1 in the repository's docs/theory.md), ablation, attribution, the logit lens and surprisal."""
 
 INTRO = f"""Heads specialise. Each score below is one number per layer × head, measured on your text: where the
 head's attention goes. Choose a tile (click it, or type its layer and head) to see that head's map. Then ask
@@ -23,6 +23,9 @@ whether the output **depends** on a head (ablation), which inputs one prediction
 (attribution), what each layer **would predict** (the logit lens) and how **surprised** the model is by each
 token. The tab reads the first {MAX_HEADS_TOKENS} tokens of the text; the sweep the first
 {MAX_SWEEP_TOKENS}."""
+HOW_TO_READ = """**How to read it:** each tile is one head, layers across and heads down; its colour is the chosen
+score on your text, and a ring marks a head that passes the score's naming threshold. Click a tile to open that
+head's attention map below it (a row per query token, a column per key)."""
 ATTRIBUTION_HELP = f"""Each box takes one token as it appears in running text (a word's token usually starts
 with its space: `' Mary'`). With a **foil**, every view that uses gradients explains logit(target) − logit(foil):
 why this token rather than that one. Integrated gradients walk from the **baseline** to the text (all zeros is a poor
@@ -38,6 +41,14 @@ SURPRISAL_CSS = """
 TILE_READ = 'return point.data.type === "heatmap" ? `${point.x}.${point.y}` : null;'
 
 
+def shown(components: list) -> dict:
+    """The arguments of the quick event that shows `components`, hidden until their section has a result; a run
+    chains its own event after it, so its progress shows in their boxes."""
+    def show():
+        updates = [gr.update(visible=True) for _ in components]
+        return updates if len(updates) > 1 else updates[0]
+
+    return dict(fn=show, inputs=None, outputs=components, api_visibility="private", queue=False)
 
 
 def build(services, picker, initial) -> Tab:
@@ -50,45 +61,50 @@ def build(services, picker, initial) -> Tab:
     attribution_section(services, picker, initial, atlas["text"], cache)
     lens_section(services, picker, atlas["text"], cache)
     surprisal_section(services, picker, atlas["text"], cache)
-    return Tab(text=atlas["text"], layer=atlas["layer"], head=atlas["head"])
+    # the atlas's last output is the session's HeadsCache (a State); the views never change a passed-in one
+    return Tab(text=atlas["text"], layer=atlas["layer"], head=atlas["head"],
+               run_event={**atlas["event"], "api_visibility": "private"}, reveal=atlas["figures"])
 
 
 def atlas_section(services, picker, initial, cache) -> dict:
-    """The scores of every head, the chosen score's map and one head's map; the export of every score."""
+    """The scores of every head, the chosen score's map and one head's map; the export of every score. Returns
+    its inputs, its run event and the figures that event fills (hidden until it has)."""
     model = picker.model
     with gr.Row(equal_height=False):
         with gr.Column(scale=1, min_width=300, elem_classes=["tab-controls"]):
-            text, _ = text_with_upload("Text", read_example("attention.txt"), "heads", services.settings.text_cap_bytes,
-                                       lines=4)
+            text = gr.Textbox(label="Text", value=read_example("attention.txt"), lines=3, max_lines=6,
+                              elem_id="heads-text")
             score = gr.Dropdown(choices=views.score_choices(initial), value="previous_token", label="Score",
                                 elem_id="heads-score")
             run = gr.Button("Score every head", variant="primary", elem_id="heads-run")
+            note = gr.Markdown(label="note", elem_id="heads-note")
             layer, head = layer_head(services.models, picker, initial, "heads", shape=scored_shape)
             with gr.Row():
                 open_button = gr.Button("Open this head", elem_id="heads-open", min_width=120)
                 add_button = gr.Button("Add it to the ablation list", elem_id="heads-add", min_width=120)
             capabilities = gr.Markdown(views.model_note(initial), elem_id="heads-model-note")
-            note = gr.Markdown(label="note", elem_id="heads-note")
+            upload(text, "heads", services.settings.text_cap_bytes)
             export_button, export_file, export_note, _ = export_row("heads", "Export every head's scores (CSV)")
         with gr.Column(scale=3, min_width=340):
-            with gr.Row():
-                score_map = gr.Plot(label="Score per layer × head (click a tile to open that head)",
-                                    elem_id="heads-map", min_width=320)
-                head_fig = gr.Plot(label="The chosen head on your text", elem_id="heads-head-view", min_width=320)
+            gr.Markdown(HOW_TO_READ, elem_classes=["how-to-read"])
+            score_map = gr.Plot(label="Score per layer × head (click a tile)", elem_id="heads-map", visible=False)
+            head_fig = gr.Plot(label="The chosen head on your text", elem_id="heads-head-view", visible=False)
+    thresholds = gr.Markdown(label="named heads", elem_id="heads-named")
+    with gr.Accordion("The top five heads per score", open=False, elem_id="heads-top-box"):
+        top = gr.Dataframe(headers=["score", "rank", "layer.head", "value", "named"], label="Top heads per score",
+                           interactive=False, elem_id="heads-top")
     with gr.Accordion("How to read this tab", open=False):
         gr.Markdown(INTRO)
     bridge = click_bridge("heads-tile-bridge", ["heads-map"], TILE_READ)
-    with gr.Row():
-        thresholds = gr.Markdown(label="named heads", elem_id="heads-named")
-        top = gr.Dataframe(headers=["score", "rank", "head", "value", "named"], label="Top heads per score",
-                           interactive=False, elem_id="heads-top")
 
+    figures = [score_map, head_fig]
     atlas = dict(fn=handler(views.atlas_view, services, "head_atlas"), inputs=[model, text, score, layer, head, cache],
                  outputs=[note, score_map, top, thresholds, head_fig, cache], **ON_ANALYSIS)
-    run.click(**atlas, api_name="head_atlas")
-    score.input(**atlas, api_visibility="private")
-    open_button.click(handler(views.open_head, services, "show_head", progress=False), [model, text, layer, head],
-                      head_fig, api_visibility="private", **ON_ANALYSIS)
+    run.click(**shown(figures)).then(**atlas, api_name="head_atlas")
+    score.input(**shown(figures)).then(**atlas, api_visibility="private")
+    open_button.click(**shown([head_fig])).then(
+        handler(views.open_head, services, "show_head", progress=False), [model, text, layer, head], head_fig,
+        api_visibility="private", **ON_ANALYSIS)
     bridge.click(handler(views.pick_tile, services, "pick_tile", progress=False), [model, text, bridge],
                  [layer, head, head_fig], api_visibility="private", **ON_ANALYSIS)
     export_button.click(handler(views.export_data, services, "export_heads"), [model, text, cache],
@@ -100,7 +116,7 @@ def atlas_section(services, picker, initial, cache) -> dict:
         return gr.Dropdown(choices=views.score_choices(loaded), value="previous_token"), views.model_note(loaded)
 
     picker.loaded.success(scores_for, model, [score, capabilities], api_visibility="private")
-    return dict(text=text, layer=layer, head=head, score=score, add=add_button)
+    return dict(text=text, layer=layer, head=head, score=score, add=add_button, event=atlas, figures=figures)
 
 
 def ablation_section(services, picker, text, score, cache) -> gr.Textbox:
@@ -121,10 +137,10 @@ def ablation_section(services, picker, text, score, cache) -> gr.Textbox:
         sweep_button = gr.Button("Sweep: ablate every head alone", elem_id="heads-sweep-run")
     ablation_note = gr.Markdown(label="ablation note", elem_id="heads-ablation-note")
     with gr.Row():
-        loss_fig = gr.Plot(label="Loss change per token", elem_id="heads-ablation-loss")
+        loss_fig = gr.Plot(label="Loss change per token", elem_id="heads-ablation-loss", visible=False)
         changed = gr.Dataframe(
             headers=["position", "token", "clean prediction", "ablated prediction", "answer in the text"],
-            label="Changed predictions", interactive=False, elem_id="heads-ablation-changed",
+            label="Changed predictions", interactive=False, elem_id="heads-ablation-changed", visible=False,
         )
     gr.Markdown(
         f"The sweep removes each head alone, {SWEEP_BATCH} heads per forward pass, on the first "
@@ -132,15 +148,16 @@ def ablation_section(services, picker, text, score, cache) -> gr.Textbox:
         "score's map."
     )
     sweep_note = gr.Markdown(label="sweep note", elem_id="heads-sweep-note")
-    sweep_fig = gr.Plot(label="Loss increase beside the score", elem_id="heads-sweep-map")
+    sweep_fig = gr.Plot(label="Loss increase beside the score", elem_id="heads-sweep-map", visible=False)
 
-    ablate_button.click(handler(views.ablation_view, services, "ablate_heads"), [model, text, heads_box, kind],
-                        [ablation_note, loss_fig, changed], api_name="ablate_heads", **ON_ANALYSIS)
+    ablate_button.click(**shown([loss_fig, changed])).then(
+        handler(views.ablation_view, services, "ablate_heads"), [model, text, heads_box, kind],
+        [ablation_note, loss_fig, changed], api_name="ablate_heads", **ON_ANALYSIS)
     top5.click(handler(views.top_heads_text, services, "pick_top", progress=False), [model, text, score, cache],
                [heads_box, cache], api_visibility="private", **ON_ANALYSIS)
-    sweep_button.click(handler(views.sweep_view, services, "ablation_sweep", heavy="An ablation sweep"),
-                       [model, text, kind, score, cache], [sweep_note, sweep_fig, cache], api_name="ablation_sweep",
-                       **ON_HEAVY)
+    sweep_button.click(**shown([sweep_fig])).then(
+        handler(views.sweep_view, services, "ablation_sweep", heavy="An ablation sweep"),
+        [model, text, kind, score, cache], [sweep_note, sweep_fig, cache], api_name="ablation_sweep", **ON_HEAVY)
     return heads_box
 
 
@@ -164,23 +181,26 @@ def attribution_section(services, picker, initial, text, cache) -> None:
         baseline = gr.Radio(views.BASELINE_CHOICES, value="pad", label="Integrated-gradients baseline",
                             elem_id="heads-attr-baseline")
         button = gr.Button("Attribute", variant="primary", elem_id="heads-attr-run")
-    gr.Markdown(ATTRIBUTION_HELP)
+    with gr.Accordion("What the boxes mean", open=False):
+        gr.Markdown(ATTRIBUTION_HELP)
     note = gr.Markdown(label="attribution note", elem_id="heads-attr-note")
-    figure = gr.Plot(label="Four views of one prediction", elem_id="heads-attr-chart")
+    figure = gr.Plot(label="Five views of one prediction", elem_id="heads-attr-chart", visible=False)
     correlations = gr.Dataframe(headers=["", *views.ATTRIBUTION_VIEWS], label="Spearman rank correlations",
-                                interactive=False, elem_id="heads-attr-corr")
-    button.click(handler(views.attribution_view, services, "attribute", heavy="Integrated gradients"),
-                 [picker.model, text, position, layer, head, steps, target, foil, baseline, cache],
-                 [note, figure, correlations, cache], api_name="attribute", **ON_HEAVY)
+                                interactive=False, elem_id="heads-attr-corr", visible=False)
+    button.click(**shown([figure, correlations])).then(
+        handler(views.attribution_view, services, "attribute", heavy="Integrated gradients"),
+        [picker.model, text, position, layer, head, steps, target, foil, baseline, cache],
+        [note, figure, correlations, cache], api_name="attribute", **ON_HEAVY)
 
 
 def lens_section(services, picker, text, cache) -> None:
     gr.Markdown("### Logit lens: what each layer would predict")
     button = gr.Button("Read every layer", elem_id="heads-lens-run")
     note = gr.Markdown(label="lens note", elem_id="heads-lens-note")
-    figure = gr.Plot(label="Logit lens", elem_id="heads-lens")
-    button.click(handler(views.lens_view, services, "logit_lens"), [picker.model, text, cache], [note, figure, cache],
-                 api_name="logit_lens", **ON_ANALYSIS)
+    figure = gr.Plot(label="Logit lens", elem_id="heads-lens", visible=False)
+    button.click(**shown([figure])).then(
+        handler(views.lens_view, services, "logit_lens"), [picker.model, text, cache], [note, figure, cache],
+        api_name="logit_lens", **ON_ANALYSIS)
 
 
 def surprisal_section(services, picker, text, cache) -> None:

@@ -1,0 +1,151 @@
+"""The Heads tab's first screen and layout in a real browser (Debian's Chromium, headless, Playwright).
+
+At 1400 × 1000 the primary button lies above the fold and no figure box is shown empty; once the atlas has run,
+the score map is at least 600 px wide with a label on every layer and head. At 390 × 844 no two figure boxes
+overlap once every section has drawn. Screenshots: tests/screenshots/heads-wide.png and heads-narrow.png.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
+from playwright.sync_api import Page, expect  # noqa: E402
+
+from conftest import open_page, screenshot  # noqa: E402
+from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
+
+TIMEOUT_MS = 60_000
+NARROW = {"width": 390, "height": 844}
+FOLD_PX = 1000
+# every figure of the tab, as the page's own config lists its plot components (elem_id, visible)
+PLOTS_JS = """() => window.gradio_config.components
+  .filter((c) => c.type === "plot" && String(c.props.elem_id || "").startsWith("heads-"))
+  .map((c) => c.props.elem_id)"""
+BOX_JS = """(e) => { const r = e.getBoundingClientRect();
+  return {x: r.x + window.scrollX, y: r.y + window.scrollY, width: r.width, height: r.height}; }"""
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    root = tmp_path_factory.mktemp("browser-heads")
+    llama = str(build_tiny_llama(root / "tiny-llama"))  # 2 layers × 4 heads
+    demo, url, _ = launch_app([llama], llama)
+    yield url
+    demo.close()
+
+
+def open_heads(browser, url: str, viewport: dict | None = None):
+    context, page, errors = open_page(browser, url, viewport)
+    page.goto(f"{url}?tab=heads")
+    expect(page.locator("#heads-run")).to_be_visible(timeout=TIMEOUT_MS)
+    page.wait_for_timeout(1500)  # the tab's opening events (a reveal, a first result) have had time to start
+    return context, page, errors
+
+
+def box(page: Page, selector: str) -> dict:
+    """The element's box in page coordinates (not the window's, which move as the page scrolls)."""
+    return page.locator(selector).first.evaluate(BOX_JS)
+
+
+def shown_plots(page: Page) -> list[str]:
+    """The elem_ids of the tab's figure boxes that are on screen (display, size), whatever they hold."""
+    return [elem_id for elem_id in page.evaluate(PLOTS_JS) if page.locator(f"#{elem_id}").first.is_visible()]
+
+
+def expect_no_empty_plot(page: Page) -> None:
+    """Every figure box shown holds a drawn figure (or comes to, while its result is on the way)."""
+    for elem_id in shown_plots(page):
+        expect(page.locator(f"#{elem_id} .js-plotly-plot").first, elem_id).to_be_attached(timeout=TIMEOUT_MS)
+
+
+def svg_texts(plot, selector: str) -> list[str]:
+    return plot.locator(selector).evaluate_all("(els) => els.map((e) => e.textContent)")
+
+
+def run_atlas(page: Page) -> None:
+    page.locator("#heads-run").click()
+    expect(page.locator("#heads-map .js-plotly-plot .hm image").first).to_be_attached(timeout=TIMEOUT_MS)
+    expect(page.locator("#heads-head-view .js-plotly-plot .hm image").first).to_be_attached(timeout=TIMEOUT_MS)
+    page.wait_for_timeout(500)
+
+
+def test_the_first_screen_has_the_button_above_the_fold_and_no_empty_figure(browser, app_url):
+    context, page, errors = open_heads(browser, app_url)
+    try:
+        plots = page.evaluate(PLOTS_JS)
+        assert {"heads-map", "heads-head-view", "heads-ablation-loss", "heads-sweep-map", "heads-lens"} <= set(plots)
+        run = box(page, "#heads-run")
+        assert run["y"] + run["height"] <= FOLD_PX, run
+        expect_no_empty_plot(page)
+        # before any result the sections below the atlas take little room (the page was 4,236 px with six
+        # empty figure boxes)
+        assert page.evaluate("document.documentElement.scrollHeight") < 3500
+    finally:
+        context.close()
+    assert not errors, errors
+
+
+def test_the_score_map_is_wide_with_every_layer_and_head_labelled(browser, app_url):
+    context, page, errors = open_heads(browser, app_url)
+    try:
+        run_atlas(page)
+        score_map = box(page, "#heads-map")
+        assert score_map["width"] >= 600, score_map
+        plot = page.locator("#heads-map .js-plotly-plot")
+        assert svg_texts(plot, ".xtick text") == ["0", "1"]
+        assert sorted(svg_texts(plot, ".ytick text")) == ["0", "1", "2", "3"]
+        title = plot.locator(".gtitle").first
+        title_box, plot_box = title.evaluate(BOX_JS), plot.evaluate(BOX_JS)
+        assert title_box["x"] + title_box["width"] <= plot_box["x"] + plot_box["width"], (title_box, plot_box)
+        # a tile's hover names its head "L1 H3"
+        tiles = plot.locator(".nsewdrag").first
+        corner = {"x": tiles.bounding_box()["width"] * 0.75, "y": tiles.bounding_box()["height"] * 0.85}
+        tiles.hover(position=corner)
+        expect(page.locator("#heads-map .hoverlayer .hovertext").first).to_contain_text("L1 H3", timeout=10_000)
+        expect_no_empty_plot(page)
+        screenshot(page, "heads-wide")
+    finally:
+        context.close()
+    assert not errors, errors
+
+
+def test_on_a_phone_no_two_figures_overlap(browser, app_url):
+    context, page, errors = open_heads(browser, app_url, NARROW)
+    try:
+        expect_no_empty_plot(page)
+        run_atlas(page)
+        page.locator("#heads-ablate-list textarea, #heads-ablate-list input").first.fill("0.1, 1.2")
+        page.locator("#heads-ablate").click()
+        expect(page.locator("#heads-ablation-loss .js-plotly-plot .barlayer .trace").first).to_be_attached(
+            timeout=TIMEOUT_MS)
+        page.locator("#heads-lens-run").click()
+        expect(page.locator("#heads-lens .js-plotly-plot .hm image").first).to_be_attached(timeout=TIMEOUT_MS)
+        page.wait_for_timeout(500)
+        shown = shown_plots(page)
+        assert {"heads-map", "heads-head-view", "heads-ablation-loss", "heads-lens"} <= set(shown), shown
+        boxes = {elem_id: box(page, f"#{elem_id}") for elem_id in shown}
+        for elem_id, b in boxes.items():
+            assert b["x"] >= 0 and b["x"] + b["width"] <= NARROW["width"] + 1, (elem_id, b)
+        names = sorted(boxes)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                assert not overlap(boxes[a], boxes[b]), (a, boxes[a], b, boxes[b])
+        expect_no_empty_plot(page)
+        widths = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+        assert widths[0] <= widths[1], f"the page scrolls sideways: {widths}"
+        screenshot(page, "heads-narrow")
+    finally:
+        context.close()
+    assert not errors, errors
+
+
+def overlap(a: dict, b: dict) -> bool:
+    """Two boxes share more than a pixel's edge."""
+    return (a["x"] + 1 < b["x"] + b["width"] and b["x"] + 1 < a["x"] + a["width"]
+            and a["y"] + 1 < b["y"] + b["height"] and b["y"] + 1 < a["y"] + a["height"])
