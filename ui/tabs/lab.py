@@ -13,7 +13,8 @@ import gradio as gr
 from core import train as engine
 from ui.plots.lab import training_curves
 from ui.services.checks import public_text
-from ui.services.lab.configs import EXPERIMENTS, FAMILIES, NORMS, POSITIONS, TABLE_COLUMNS, make_config
+from ui.services.lab.configs import (DEFAULT_SNAPSHOT_STEPS, EXPERIMENTS, FAMILIES, NORMS, POSITIONS,
+                                     TABLE_COLUMNS, make_config)
 
 from ui.tabs.events import LAB, progress_callback, user_errors
 from ui.tabs.widgets import Tab, file_box
@@ -91,7 +92,7 @@ def controls(cap) -> SimpleNamespace:
         steps = gr.Number(600, label=f"Steps (at most {cap.max_steps})", precision=0,
                           elem_id="lab-steps")
         lr = gr.Number(1e-3, label="Learning rate", elem_id="lab-lr")
-    snapshot_steps = gr.Textbox("50, 150, 600", label="Snapshot steps (keep the attention after these)",
+    snapshot_steps = gr.Textbox(DEFAULT_SNAPSHOT_STEPS, label="Snapshot steps (keep the attention after these)",
                                 elem_id="lab-snapshot-steps")
     with gr.Row():
         train = gr.Button("Train", variant="primary", elem_id="lab-train")
