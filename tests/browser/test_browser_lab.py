@@ -1,6 +1,7 @@
-"""The Lab tab in a real browser (Debian's Chromium, headless, driven by Playwright): a tiny run trains and draws
-its curves and snapshots, its attention is drawn, it is saved into the model picker, Stop ends a long run, and a
-bad config is a message. Screenshots land in tests/screenshots/ (git-ignored)."""
+"""The Lab tab in a real browser (Debian's Chromium, headless, driven by Playwright): its first screen holds the
+Train button and no empty figure box, a tiny run trains and draws its curves and snapshots, its attention is drawn,
+it is saved into the model picker, Stop ends a long run, and a bad config is a message. Screenshots land in
+tests/screenshots/ (git-ignored)."""
 
 from __future__ import annotations
 
@@ -17,22 +18,57 @@ TIMEOUT_MS = 60_000
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
-from conftest import screenshot  # noqa: E402
+from conftest import open_page, screenshot  # noqa: E402
 from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 
 LAB_ENV = {"ATTN_LAB_EVAL_EXAMPLES": "16"}
+FOLD_Y = 1000  # the bottom of a 1400 × 1000 window, in page coordinates, before any scrolling
+NARROW = {"width": 390, "height": 844}
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
+def app(tmp_path_factory):
     root = tmp_path_factory.mktemp("browser-lab")
     with pytest.MonkeyPatch.context() as patch:  # the settings hold for the module, then go back
         for name, value in {**LAB_ENV, "ATTN_WEIGHTS_DIR": str(root / "weights")}.items():
             patch.setenv(name, value)
         llama = str(build_tiny_llama(root / "tiny-llama"))
         demo, url, _ = launch_app([llama], llama)
-        yield url
+        yield demo, url
         demo.close()
+
+
+@pytest.fixture(scope="module")
+def app_url(app):
+    return app[1]
+
+
+@pytest.fixture(scope="module")
+def lab_plots(app) -> list[str]:
+    """The elem_id of every plot component of the Lab tab, read from the page's own config."""
+    ids = [c["props"].get("elem_id") or "" for c in app[0].config["components"] if c.get("type") == "plot"]
+    lab = [i for i in ids if i.startswith("lab-")]
+    assert len(lab) >= 5, ids  # curves, snapshots, cross, encoder, decoder
+    return lab
+
+
+def box(page: Page, selector: str) -> dict:
+    """The element's box in page coordinates (not the window's, which move as the page scrolls)."""
+    return page.locator(selector).first.evaluate(
+        "(e) => { const r = e.getBoundingClientRect();"
+        " return {x: r.x + window.scrollX, y: r.y + window.scrollY, width: r.width, height: r.height}; }")
+
+
+def expect_no_plot_shown(page: Page, plots: list[str]) -> None:
+    for elem_id in plots:
+        expect(page.locator(f"#{elem_id}")).to_be_hidden()
+
+
+def open_settings(page: Page) -> None:
+    """Unfold the closed section of secondary settings (model, training, snapshots), once."""
+    if not page.locator("#lab-layers input").is_visible():
+        page.locator("#lab-settings > button, #lab-settings .label-wrap").first.click()
+        expect(page.locator("#lab-layers input")).to_be_visible()
 
 
 @pytest.fixture
@@ -43,6 +79,7 @@ def page(page):
 
 
 def tiny_config(page: Page, steps: int, snapshots: str = "") -> None:
+    open_settings(page)
     for elem_id, value in (("lab-layers", "1"), ("lab-d-model", "32"), ("lab-heads", "2"), ("lab-d-ff", "64"),
                            ("lab-steps", str(steps)), ("lab-lr", "0.003")):
         page.locator(f"#{elem_id} input").fill(value)
@@ -54,9 +91,37 @@ def expect_drawn(page: Page, elem_id: str, kind: str) -> None:
     expect(page.locator(f"#{elem_id} .js-plotly-plot {layer}").first).to_be_attached(timeout=TIMEOUT_MS)
 
 
+def test_the_first_screen_holds_the_train_button_and_no_empty_figure(page, lab_plots):
+    train = box(page, "#lab-train")
+    assert train["height"] > 0 and train["y"] + train["height"] <= FOLD_Y, train
+    for elem_id in ("lab-task", "lab-steps", "lab-stop"):
+        assert box(page, f"#{elem_id}")["y"] < FOLD_Y, elem_id
+    expect_no_plot_shown(page, lab_plots)
+    screenshot(page, "lab-wide")
+    open_settings(page)
+    page.locator("#lab-heads input").fill("3")  # d_model 128 is no multiple of 3
+    page.locator("#lab-train").click()
+    expect(page.locator(".toast-body").first).to_contain_text("multiple of n_heads", timeout=TIMEOUT_MS)
+    expect_no_plot_shown(page, lab_plots)  # a bad config opens no figure box
+
+
+def test_the_narrow_screen_opens_on_the_controls_and_no_empty_figure(browser, app_url, lab_plots):
+    context, page, errors = open_page(browser, app_url, NARROW)
+    try:
+        page.goto(f"{app_url}?tab=lab")  # a narrow screen folds the tab bar into a menu; the link opens the tab
+        expect(page.locator("#lab-train")).to_be_visible(timeout=TIMEOUT_MS)
+        expect_no_plot_shown(page, lab_plots)
+        assert box(page, "#lab-train")["y"] < box(page, "#lab-status")["y"]  # controls above the results
+        screenshot(page, "lab-narrow")
+    finally:
+        context.close()
+    assert not errors, errors
+
+
 def test_a_tiny_run_trains_draws_its_curves_and_attention_and_is_saved(page):
     tiny_config(page, 20, "10, 20")
     page.locator("#lab-train").click()
+    expect(page.locator("#lab-curves")).to_be_visible(timeout=TIMEOUT_MS)  # shown as the stream starts
     expect(page.locator("#lab-status")).to_contain_text("done, step 20 / 20", timeout=TIMEOUT_MS)
     expect(page.locator("#lab-run-id textarea")).to_have_value("run1")
     expect_drawn(page, "lab-curves", "line")

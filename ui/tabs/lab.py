@@ -12,9 +12,9 @@ import gradio as gr
 
 from core import train as engine
 from ui.plots.lab import training_curves
-from ui.services.checks import public_text
-from ui.services.lab.configs import (DEFAULT_SNAPSHOT_STEPS, EXPERIMENTS, FAMILIES, NORMS, POSITIONS,
-                                     TABLE_COLUMNS, make_config)
+from ui.services.checks import UserError, public_text
+from ui.services.lab.configs import (DEFAULT_FIELDS, DEFAULT_SNAPSHOT_STEPS, EXPERIMENTS, FAMILIES, NORMS,
+                                     POSITIONS, TABLE_COLUMNS, experiment_pair, make_config)
 
 from ui.tabs.events import LAB, progress_callback, user_errors
 from ui.tabs.widgets import Tab, file_box
@@ -51,11 +51,11 @@ def build(services, picker, initial=None) -> Tab:
     """The Lab tab inside the caller's gr.Tabs (it opens its own gr.Tab)."""
     with gr.Tab("Lab", id="lab"):
         gr.Markdown(LEAD, elem_classes=["tab-lead"])
-        gr.Markdown(INTRO)
-        with gr.Row():
-            with gr.Column(scale=2):
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=2, min_width=300, elem_classes=["tab-controls"]):
                 c = controls(services.lab.settings)
-            with gr.Column(scale=3):
+            with gr.Column(scale=3, min_width=340):
+                gr.Markdown(INTRO)
                 shown = SimpleNamespace(**vars(progress_section()))
         for section in (stream_section, runs_section, attention_section):
             shown.__dict__.update(vars(section()))
@@ -66,42 +66,46 @@ def build(services, picker, initial=None) -> Tab:
 
 
 def controls(cap) -> SimpleNamespace:
-    """The run's config, the Train and Stop buttons, and the comparison."""
+    """The run's config (task and steps on top, the rest in a closed section), the Train and Stop buttons, and
+    the comparison."""
     free = dict(allow_custom_value=True)  # API values outside the choices reach make_config, which names them
+    d = DEFAULT_FIELDS
     with gr.Row():
-        task = gr.Dropdown([(f"{t}: {h}", t) for t, h in TASK_HELP.items()], value="reverse",
-                           label="Task", **free, elem_id="lab-task")
-        family = gr.Dropdown([(f"{f}: {d}", f) for f, d in FAMILIES.items()], value="marian",
-                             label="Model family", **free, elem_id="lab-family")
-    with gr.Row():
-        n_layers = gr.Number(2, label="Layers (1–4)", precision=0, elem_id="lab-layers")
-        d_model = gr.Number(128, label="d_model (32–256)", precision=0, elem_id="lab-d-model")
-        n_heads = gr.Number(4, label="Heads (1–8, dividing d_model)", precision=0, elem_id="lab-heads")
-        d_ff = gr.Number(256, label="d_ff", precision=0, elem_id="lab-d-ff")
-    with gr.Row():
-        positions = gr.Dropdown(list(POSITIONS), value="default", label="Positions", **free,
-                                info="default: sinusoidal (marian), rotary (llama)")
-        norm = gr.Dropdown(list(NORMS), value="default", label="LayerNorm placement", **free,
-                           info="default: post (marian), pre (llama)")
-        dropout = gr.Slider(0.0, 0.5, value=0.0, step=0.05, label="Dropout (0–0.5)")
-    with gr.Row():
-        causal = gr.Checkbox(True, label="Causal mask in the decoder", elem_id="lab-causal")
-        scale = gr.Checkbox(True, label="Scale scores by 1/√d_k", elem_id="lab-scale")
-    with gr.Row():
-        seed = gr.Number(0, label="Seed", precision=0, elem_id="lab-seed")
-        steps = gr.Number(600, label=f"Steps (at most {cap.max_steps})", precision=0,
-                          elem_id="lab-steps")
-        lr = gr.Number(1e-3, label="Learning rate", elem_id="lab-lr")
-    snapshot_steps = gr.Textbox(DEFAULT_SNAPSHOT_STEPS, label="Snapshot steps (keep the attention after these)",
-                                elem_id="lab-snapshot-steps")
+        task = gr.Dropdown([(f"{t}: {h}", t) for t, h in TASK_HELP.items()], value=d["task"],
+                           label="Task", **free, elem_id="lab-task", min_width=180, scale=2)
+        steps = gr.Number(d["steps"], label=f"Steps (at most {cap.max_steps})", precision=0,
+                          elem_id="lab-steps", min_width=110, scale=1)
     with gr.Row():
         train = gr.Button("Train", variant="primary", elem_id="lab-train")
         stop = gr.Button("Stop", variant="stop", elem_id="lab-stop")
+    with gr.Accordion("Model, training and snapshot settings", open=False, elem_id="lab-settings"):
+        family = gr.Dropdown([(f"{f}: {what}", f) for f, what in FAMILIES.items()], value=d["family"],
+                             label="Model family", **free, elem_id="lab-family")
+        with gr.Row():
+            n_layers = gr.Number(d["n_layers"], label="Layers (1–4)", precision=0, elem_id="lab-layers")
+            d_model = gr.Number(d["d_model"], label="d_model (32–256)", precision=0, elem_id="lab-d-model")
+            n_heads = gr.Number(d["n_heads"], label="Heads (1–8, dividing d_model)", precision=0,
+                                elem_id="lab-heads")
+            d_ff = gr.Number(d["d_ff"], label="d_ff", precision=0, elem_id="lab-d-ff")
+        with gr.Row():
+            positions = gr.Dropdown(list(POSITIONS), value=d["positions"], label="Positions", **free,
+                                    info="default: sinusoidal (marian), rotary (llama)")
+            norm = gr.Dropdown(list(NORMS), value=d["norm"], label="LayerNorm placement", **free,
+                               info="default: post (marian), pre (llama)")
+        dropout = gr.Slider(0.0, 0.5, value=d["dropout"], step=0.05, label="Dropout (0–0.5)")
+        with gr.Row():
+            causal = gr.Checkbox(d["causal_mask"], label="Causal mask in the decoder", elem_id="lab-causal")
+            scale = gr.Checkbox(d["scale"], label="Scale scores by 1/√d_k", elem_id="lab-scale")
+        with gr.Row():
+            seed = gr.Number(d["seed"], label="Seed", precision=0, elem_id="lab-seed")
+            lr = gr.Number(d["lr"], label="Learning rate", elem_id="lab-lr")
+        snapshot_steps = gr.Textbox(DEFAULT_SNAPSHOT_STEPS, label="Snapshot steps (keep the attention after these)",
+                                    elem_id="lab-snapshot-steps")
     with gr.Row():
         experiment = gr.Dropdown([(e.label, k) for k, e in EXPERIMENTS.items()], value="causal_mask",
                                  label="Break it on purpose: compare with one switch off", **free,
-                                 elem_id="lab-experiment")
-        compare = gr.Button("Compare", elem_id="lab-compare")
+                                 elem_id="lab-experiment", min_width=200, scale=3)
+        compare = gr.Button("Compare", elem_id="lab-compare", min_width=100, scale=1)
     gr.Markdown(f"Each run stops after {cap.max_seconds:g} s at most; the server trains at most "
                 f"{cap.max_jobs} jobs at once, one per session.")
     return SimpleNamespace(task=task, family=family, n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_ff=d_ff,
@@ -111,14 +115,14 @@ def controls(cap) -> SimpleNamespace:
 
 def progress_section() -> SimpleNamespace:
     status = gr.Markdown("No run yet.", label="status", elem_id="lab-status")
-    curves = gr.Plot(training_curves([], ""), label="Training curves", elem_id="lab-curves")
+    curves = gr.Plot(training_curves([], ""), label="Training curves", elem_id="lab-curves", visible=False)
     run_id = gr.Textbox(label="Run id(s)", interactive=False, elem_id="lab-run-id")
     return SimpleNamespace(status=status, curves=curves, run_id=run_id)
 
 
 def stream_section() -> SimpleNamespace:
     snapshots = gr.Plot(label="Attention as it formed (snapshot steps × layers, mean of heads)",
-                        elem_id="lab-snapshots")
+                        elem_id="lab-snapshots", visible=False)
     with gr.Accordion("Raw numbers of the stream", open=False):
         latest = gr.JSON(label="latest", elem_id="lab-latest")
     return SimpleNamespace(snapshots=snapshots, latest=latest)
@@ -148,10 +152,10 @@ def attention_section() -> SimpleNamespace:
         show = gr.Button("Show attention", elem_id="lab-attn-run")
     attn_note = gr.Markdown(label="attention note", elem_id="lab-attn-note")
     cross = gr.Plot(label="Cross-attention: each output token over the source (layers × heads)",
-                    elem_id="lab-cross")
+                    elem_id="lab-cross", visible=False)
     with gr.Row():
-        encoder = gr.Plot(label="Encoder self-attention", elem_id="lab-encoder")
-        decoder = gr.Plot(label="Decoder self-attention", elem_id="lab-decoder")
+        encoder = gr.Plot(label="Encoder self-attention", elem_id="lab-encoder", visible=False)
+        decoder = gr.Plot(label="Decoder self-attention", elem_id="lab-decoder", visible=False)
     return SimpleNamespace(pick=pick, source=source, show=show, attn_note=attn_note, cross=cross, encoder=encoder,
         decoder=decoder)
 
@@ -256,16 +260,52 @@ def lab_events(lab) -> SimpleNamespace:
                            save_run=save_run, export_lab=export_lab)
 
 
+def figure_reveals(lab) -> SimpleNamespace:
+    """Non-queued steps that show figure boxes just before their event fills them (the figures start hidden, so
+    the first screen holds no empty box). A config that will be refused, or a run that is not there, shows none:
+    the event says what is wrong, since a non-queued step's error reaches no toast."""
+    cap = lab.settings
+
+    def reveal_train(*fields):  # run_train's fields
+        try:
+            make_config(cap, *fields)
+        except UserError:
+            return gr.skip(), gr.skip()
+        return gr.Plot(visible=True), gr.Plot(visible=True)
+
+    def reveal_compare(*fields):  # run_compare's
+        *config, experiment = fields
+        try:
+            experiment_pair(make_config(cap, *config), experiment)
+        except UserError:
+            return gr.skip()
+        return gr.Plot(visible=True)
+
+    def reveal_attention(run_id, request: gr.Request):
+        """Cross-attention, encoder, decoder: a decoder-only run has only the last."""
+        try:
+            seq2seq = lab.finished_run(session_key(request), run_id).lab.family == "marian"
+        except UserError:
+            return gr.skip(), gr.skip(), gr.skip()
+        return gr.Plot(visible=seq2seq), gr.Plot(visible=seq2seq), gr.Plot(visible=True)
+
+    # named apart from the endpoints, whose names Gradio would otherwise give these private steps
+    return SimpleNamespace(train=reveal_train, compare=reveal_compare, attention=reveal_attention)
+
+
 def wire(lab, picker, c, shown) -> None:
-    e = lab_events(lab)
+    e, show = lab_events(lab), figure_reveals(lab)
     fields = [c.task, c.family, c.n_layers, c.d_model, c.n_heads, c.d_ff, c.dropout, c.positions, c.norm, c.causal,
               c.scale, c.seed, c.steps, c.lr]
     progress = [shown.status, shown.curves, shown.snapshots, shown.latest, shown.run_id]
     stream_args = dict(concurrency_id=LAB, concurrency_limit=lab.settings.max_jobs + 2)
-    train_event = c.train.click(e.run_train, fields + [c.snapshot_steps], progress, api_name="train", **stream_args)
-    compare_event = c.compare.click(e.run_compare, fields + [c.experiment],
-                                    [shown.status, shown.curves, shown.latest, shown.run_id], api_name="compare",
-                                    **stream_args)
+    reveal = dict(api_visibility="private", queue=False)  # the figure boxes open as their event starts
+    train_event = c.train.click(show.train, fields + [c.snapshot_steps], [shown.curves, shown.snapshots],
+                                **reveal).then(e.run_train, fields + [c.snapshot_steps], progress,
+                                               api_name="train", **stream_args)
+    compare_event = c.compare.click(show.compare, fields + [c.experiment], shown.curves, **reveal).then(
+        e.run_compare, fields + [c.experiment], [shown.status, shown.curves, shown.latest, shown.run_id],
+        api_name="compare", **stream_args)
     refresh_args = dict(fn=e.list_runs, inputs=None, outputs=[shown.table, shown.findings], api_visibility="private")
     choices = dict(fn=e.run_choices, inputs=None, outputs=shown.pick, api_visibility="private")
     for event in (train_event, compare_event):
@@ -274,9 +314,9 @@ def wire(lab, picker, c, shown) -> None:
     c.stop.click(e.request_stop, None, shown.status, api_name="stop_training", cancels=[train_event, compare_event]
                  ).then(e.after_stop, None, progress, api_visibility="private").then(**refresh_args).then(**choices)
     shown.refresh.click(e.list_runs, None, [shown.table, shown.findings], api_name="lab_runs").then(**choices)
-    shown.show.click(e.attention, [shown.pick, shown.source], [shown.attn_note, shown.encoder, shown.decoder,
-                                                               shown.cross],
-                     api_name="lab_attention", concurrency_limit=ATTENTION_LIMIT)
+    shown.show.click(show.attention, shown.pick, [shown.cross, shown.encoder, shown.decoder], **reveal).then(
+        e.attention, [shown.pick, shown.source], [shown.attn_note, shown.encoder, shown.decoder, shown.cross],
+        api_name="lab_attention", concurrency_limit=ATTENTION_LIMIT)
     shown.save.click(e.save_run, [shown.pick, shown.name], shown.saved, api_name="save_run").success(
         picker.choices, None, picker.model, api_visibility="private")
     shown.export_button.click(e.export_lab, None, [shown.export_file, shown.export_note], api_name="export_lab")
