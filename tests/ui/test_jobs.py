@@ -1,12 +1,13 @@
 """Long work in a worker thread (ui/services/jobs.py): its updates stream to the reader, and the work stops when
-the reader closes the stream or leaves it unread, as a page that went away does."""
+the reader closes the stream or leaves it unread, as a page that went away does; streams that take their steps in
+turn (Turns) are served first come, first served, and none takes its slot back ahead of one that waited."""
 
 import threading
 import time
 
 import pytest
 
-from ui.services.jobs import stream_job
+from ui.services.jobs import Turns, in_turns, stream_job
 
 
 def slow_work(steps: int, seconds: float, ran: list):
@@ -59,3 +60,82 @@ def test_an_error_in_the_work_reaches_the_reader():
 
     with pytest.raises(RuntimeError, match="the work failed"):
         list(stream_job(broken, 2, "job-broken"))
+
+
+def tokens(name: str, count: int, log: list, started: threading.Event | None = None):
+    """A stream of `count` steps that logs each one as it is computed."""
+    for i in range(count):
+        if started is not None:
+            started.set()
+        log.append(name)
+        time.sleep(0.01)
+        yield f"{name}{i}"
+
+
+def test_streams_in_turns_alternate_instead_of_one_running_to_its_end():
+    turns, log = Turns(1), []
+    first_started = threading.Event()
+    results = {}
+
+    def consume(name, started=None):
+        results[name] = list(in_turns(tokens(name, 5, log, started), turns))
+
+    a = threading.Thread(target=consume, args=("a", first_started))
+    a.start()
+    first_started.wait(5)
+    b = threading.Thread(target=consume, args=("b",))
+    b.start()
+    a.join(10)
+    b.join(10)
+    assert results == {"a": [f"a{i}" for i in range(5)], "b": [f"b{i}" for i in range(5)]}
+    # b asked while a computed its first step: from then on they alternate; a never takes two steps in a row
+    # while b waits (with one slot and a lock that let the releasing thread take it back, a would run to its end)
+    first_b = log.index("b")
+    assert first_b <= 2, log
+    between = log[first_b - 1:first_b + 7]
+    assert all(x != y for x, y in zip(between, between[1:])), log
+
+
+def test_turns_serve_waiters_in_the_order_they_asked_and_never_more_than_the_slots():
+    turns, order, running, peak = Turns(2), [], [0], [0]
+    lock, gate = threading.Lock(), threading.Event()
+
+    def step(name):
+        with turns.turn():
+            with lock:
+                order.append(name)
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+            gate.wait(5)
+            time.sleep(0.01)
+            with lock:
+                running[0] -= 1
+
+    threads = []
+    for name in "abcdef":
+        thread = threading.Thread(target=step, args=(name,))
+        thread.start()
+        threads.append(thread)
+        time.sleep(0.05)  # each asks after the one before
+    gate.set()
+    for thread in threads:
+        thread.join(10)
+    assert order == list("abcdef") and peak[0] == 2
+
+
+def test_closing_a_stream_in_turns_closes_the_stream_and_frees_its_slot():
+    turns, closed = Turns(1), []
+
+    def stream():
+        try:
+            yield 1
+            yield 2
+        finally:
+            closed.append(True)
+
+    taken = in_turns(stream(), turns)
+    assert next(taken) == 1
+    taken.close()
+    assert closed == [True]
+    with turns.turn():  # the slot is free again
+        pass

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 MAX_DEPLOYED = 2  # models deployed at once, like the in-process ModelStore's capacity; the least recent goes
 SESSIONS_PER_REPLICA = 500  # sessions a replica remembers for routing (like app.SESSIONS), least recent forgotten
-REPLICA_ONGOING = 2  # requests a replica runs at once (the page's own GENERATE_LIMIT); more wait in Serve's queue
+REPLICA_ONGOING = 2  # requests a replica runs at once (the page's GENERATION_SLOTS); more wait in Serve's queue
 APP_PREFIX = "attn-"
 _DONE = object()
 

@@ -1,13 +1,14 @@
 """Long work (a sweep) in a worker thread that reports its progress, as an iterator the page follows: each report
 is yielded as it comes, and closing the iterator (the page stopped, the client went away) stops the work at its
 next report. HeavyJobs holds the server to one long job per session at a time, and hands the allocator's free
-memory back to the system when each one ends."""
+memory back to the system when each one ends. Turns lets many streams (generations) take their steps in turn."""
 
 from __future__ import annotations
 
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -102,3 +103,49 @@ class HeavyJobs:
     def running(self) -> dict[str, str]:
         with self._lock:
             return dict(self._running)
+
+
+class Turns:
+    """The steps of long streams (a generation's tokens) taken in turn: at most `slots` steps run at once, and a
+    stream waiting for a slot gets one before any stream that asked after it (first come, first served), so one
+    that has just finished a step cannot take its slot again ahead of one that waited. Eight generations then
+    each write a token in turn, instead of two running to their end while six wait for a first token."""
+
+    def __init__(self, slots: int):
+        self.slots = slots
+        self._free = slots
+        self._waiting: deque[object] = deque()
+        self._changed = threading.Condition()
+
+    @contextmanager
+    def turn(self):
+        me = object()
+        with self._changed:
+            self._waiting.append(me)
+            while self._waiting[0] is not me or self._free == 0:
+                self._changed.wait()
+            self._waiting.popleft()
+            self._free -= 1
+            self._changed.notify_all()  # the next in line may take another free slot
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._free += 1
+                self._changed.notify_all()
+
+
+def in_turns(stream: Iterator, turns: Turns) -> Iterator:
+    """The stream's items, each one computed in a turn of `turns`; closing this closes the stream."""
+    try:
+        while True:
+            with turns.turn():
+                try:
+                    item = next(stream)
+                except StopIteration:
+                    return
+            yield item
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
