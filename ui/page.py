@@ -9,9 +9,10 @@ import logging
 import gradio as gr
 
 from ui import links, spaces
+from ui.tabs import events
 from ui.tabs import attention, generate, heads, inside, lab, masks, patching, picker as model_picker, positions
-from ui.tabs.events import MODEL_GROUPS, ON_ANALYSIS, checked_inputs, message, user_errors
-from ui.tabs.widgets import SVG_BUTTON_JS, Tab
+from ui.tabs.events import MODEL_GROUPS, ON_ANALYSIS, ON_FIRST, checked_inputs, message, user_errors
+from ui.tabs.widgets import SVG_BUTTON_JS, Tab, checked_pick
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,9 @@ def layout(services, default_model: str) -> gr.Blocks:
                                         ("Positional encoding", "positions", positions), ("Masks", "masks", masks),
                                         ("Heads", "heads", heads), ("Patching", "patching", patching),
                                         ("Inside", "inside", inside)):
-                with gr.Tab(label, id=name):
+                with gr.Tab(label, id=name) as tab_block:
                     built[name] = module.build(services, picker, initial)
+                wire_opening(tab_block.select, built[name])
             lab.build(services, picker, initial)  # its own gr.Tab: train a Transformer from scratch
         wire_send(built["generate"], built["attention"], tabs, current_tab)
         wire_open_head(services, picker, built["patching"], built["attention"], tabs, current_tab)
@@ -96,15 +98,23 @@ def wire_open_head(services, picker, source: Tab, attention_tab: Tab, tabs, curr
 
     @user_errors
     def open_head(model_name, text, picked):
-        layer, head = (int(part) for part in str(picked).split("."))
-        cfg = services.models.get(model_name).config
-        if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
-            raise gr.Error(message(f"There is no head {picked} in this model."))
+        layer, head = checked_pick(services.models.get(model_name), picked)
         return text, layer, str(head), gr.Tabs(selected="attention"), "attention"
 
     source.picked.click(open_head, [picker.model, source.text, source.picked],
                         [attention_tab.text, attention_tab.layer, attention_tab.head, tabs, current_tab],
                         api_visibility="private").then(**attention_tab.run_event)
+
+
+def wire_opening(trigger, tab: Tab) -> None:
+    """When the tab opens: its hidden figures shown, then its first screen (events.opening) filled."""
+    if tab.opening is None:
+        return
+    if tab.reveal:
+        trigger(lambda: [gr.Plot(visible=True)] * len(tab.reveal), None, tab.reveal, queue=False,
+                api_visibility="private").then(**tab.opening)
+    else:
+        trigger(**tab.opening)
 
 
 def linked_fields(tab: Tab) -> list:
@@ -157,10 +167,40 @@ def deep_links(demo, services, default_model, picker, tabs, current_tab, control
             return (gr.skip(),) * len(attention_event["outputs"])
         return attention_event["fn"](*args)
 
+    opening = {name: tab for name, tab in controls.items() if tab.opening is not None}
+    revealed = [figure for tab in opening.values() for figure in tab.reveal or []]
+
+    def reveal(tab_name):
+        return [gr.Plot(visible=True) if tab_name == name else gr.skip()
+                for name, tab in opening.items() for _ in tab.reveal or []]
+
+    first_inputs, first_outputs = [], []
+    for tab in opening.values():
+        first_inputs += tab.opening["inputs"]
+        first_outputs += tab.opening["outputs"]
+
+    def open_first(tab_name, flag, *rest):
+        """The first screen of the tab the page opens on (not when the link asked for the Attention view: that
+        ran above)."""
+        *values, progress = rest
+        out, at = [], 0
+        for name, tab in opening.items():
+            width, outs = len(tab.opening["inputs"]), len(tab.opening["outputs"])
+            if name == tab_name and not (flag and name == "attention"):
+                out += list(tab.opening["fn"](*values[at:at + width], progress))
+            else:
+                out += [gr.skip()] * outs
+            at += width
+        return out
+
+    open_first.__signature__ = events.signature(["tab_name", "flag"] + [f"input_{i}" for i in range(len(first_inputs))])
     demo.load(None, js=SVG_BUTTON_JS)
     demo.load(open_link, None, [*link_outputs, linked], api_visibility="private").then(
+        reveal, current_tab, revealed, api_visibility="private", queue=False).then(
         show_linked, [linked, *attention_event["inputs"]], attention_event["outputs"], api_visibility="private",
-        **ON_ANALYSIS)
+        **ON_ANALYSIS).then(
+        user_errors(open_first), [current_tab, linked, *first_inputs], first_outputs, api_visibility="private",
+        **ON_FIRST)
     demo.load(picker.load_card, picker.model, picker.card, api_visibility="private")
 
 

@@ -64,7 +64,8 @@ def test_every_event_is_queued_with_a_concurrency_limit(server):
     heavy = ("ablation_sweep", "attribute", "patch_sweep")
     for name in ("generate", "attention", "positional_encoding", "mask_demo", *short, *heavy):
         assert fns[name].queue, name
-        assert isinstance(fns[name].concurrency_limit, int) and fns[name].concurrency_limit <= 2, name
+        limit = 8 if name == "generate" else 2  # generations stream together, their tokens computed in turn
+        assert isinstance(fns[name].concurrency_limit, int) and fns[name].concurrency_limit <= limit, name
     # the short forward-pass events share one slot: two users' long captures never run at once on a small CPU
     assert (
         fns["attention"].concurrency_id == fns["mask_demo"].concurrency_id == fns["positional_encoding"].concurrency_id
@@ -82,8 +83,12 @@ def figure(plot: dict) -> dict:
     return json.loads(plot["plot"])
 
 
-def attention(client, model, text=TEXT, layer=0, head="mean of heads", hide=False, q0=0, k0=0, window=64):
-    return client.predict(model, text, layer, head, hide, q0, k0, window, api_name="/attention")
+def attention(client, model, text=TEXT, layer=0, head="mean of heads", hide=False, q0=0, k0=0, window=64,
+              columns=False):
+    """The note, the model view, the head view and the window (and the two-column view when `columns`)."""
+    out = client.predict(model, text, layer, head, hide, q0, k0, window, api_name="/attention")
+    assert len(out) == 5
+    return out if columns else out[:4]
 
 
 def test_every_endpoint_is_named_in_the_api(client):
@@ -117,6 +122,29 @@ def test_attention_on_a_decoder_gives_model_view_head_view_and_window(client, ti
     assert wz.shape == (5, 5)
     assert win["y"][0].startswith("3 ") and win["x"][0].startswith("1 ")
     np.testing.assert_allclose(wz, z[3:8, 1:6], atol=1e-6)  # the window is the same matrix, unpooled
+
+
+def test_the_two_column_view_draws_the_window_queries_weights_as_line_opacities(client, tiny_models):
+    *_, head_view, _, columns = attention(client, tiny_models["llama"], layer=1, head="2", window=6, q0=2,
+                                          columns=True)
+    z = plotly_array(figure(head_view)["data"][0]["z"]).astype(np.float64)
+    fig = figure(columns)
+    assert fig["layout"]["meta"]["view"] == "two-column" and fig["layout"]["meta"]["tokens"] == 6
+    step = 1 / fig["layout"]["meta"]["levels"]
+    drawn = {}
+    for trace in fig["data"]:
+        meta = trace.get("meta") or {}
+        if meta.get("role") == "lines" and meta["side"] == "query":
+            ys = [y for y in trace["y"] if y is not None]
+            for i, j in zip(ys[::2], ys[1::2]):
+                drawn[(i, j)] = meta["opacity"]
+    window = z[2:8, 2:8]  # tokens 2–7 attending among themselves
+    for i in range(6):
+        for j in range(6):
+            if window[i, j] >= fig["layout"]["meta"]["min_weight"]:
+                assert abs(drawn[(i, j)] - window[i, j]) <= step, (i, j)
+            else:
+                assert (i, j) not in drawn
 
 
 def test_attention_on_an_encoder_is_bidirectional_and_can_hide_special_tokens(client, tiny_models):

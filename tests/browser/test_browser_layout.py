@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import shutil
 from urllib.parse import urlencode, urlsplit
 
@@ -131,6 +132,10 @@ def test_the_modebar_saves_png_and_svg_named_by_view(page):
 
 
 def test_a_data_export_downloads_the_head_as_csv(page):
+    # the tab opened on its clearest head; the file is named by the layer and head shown
+    expect(page.locator("#attn-note")).to_contain_text("Opened on", timeout=TIMEOUT_MS)
+    layer = page.locator("#attn-layer input").input_value()
+    head = page.locator("#attn-head input").input_value()
     page.locator("#attn-export-box button, #attn-export-box .label-wrap").first.click()
     page.locator("#attn-export").click()
     link = page.locator("#attn-export-file a").first
@@ -138,7 +143,7 @@ def test_a_data_export_downloads_the_head_as_csv(page):
     with page.expect_download(timeout=TIMEOUT_MS) as info:
         link.click()
     download = info.value
-    assert download.suggested_filename.endswith("_L0_Hmean_head.csv")
+    assert download.suggested_filename.endswith(f"_L{layer}_H{head}_head.csv"), (layer, head)
     lines = [line for line in open(download.path(), encoding="utf-8") if not line.startswith("#")]
     rows = list(csv.reader(lines))
     assert rows[0][0] == "query \\ key"
@@ -181,7 +186,10 @@ def test_a_bad_link_falls_back_with_a_message(browser, app_url):
         text = " ".join(toasts.all_inner_texts())
         assert "not offered here" in text or "does not exist" in text or "out of range" in text, text
         expect(page.get_by_role("tab", name="Attention")).to_have_attribute("aria-selected", "true")
-        assert page.locator("#attn-layer input").input_value() == "0"
+        # layer 99 was not taken: the tab opened on its clearest head, and says which
+        expect(page.locator("#attn-note")).to_contain_text("Opened on", timeout=TIMEOUT_MS)
+        opened = re.search(r"Opened on L(\d+) H(\d+)", page.locator("#attn-note").inner_text())
+        assert opened and page.locator("#attn-layer input").input_value() == opened.group(1)
         assert "Traceback" not in page.content()
     finally:
         context.close()

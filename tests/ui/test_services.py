@@ -121,7 +121,7 @@ def test_the_attention_cap_is_a_setting_of_the_store(tiny_llama):
 
     services = Services.create(AppSettings(max_attention_tokens=20))
 
-    note, _, head_view, _, capture = attention_view(services, tiny_llama, "the lamp at dawn " * 20, 0, "0", False, 0, 0, 8)
+    note, _, head_view, _, _, capture = attention_view(services, tiny_llama, "the lamp at dawn " * 20, 0, "0", False, 0, 0, 8)
     assert "only the first 20 are used (this view's limit" in note
     assert len(head_view.data[0].x) == 20
     assert capture.overview(services.kept).shape[-1] == 20
@@ -139,10 +139,10 @@ def test_a_sessions_kept_capture_holds_no_model_and_an_evicted_model_is_freed(ti
 
     services = Services.create(models=store)
     model = weakref.ref(store.get(tiny_llama))
-    _, _, _, _, kept = attention_view(services, tiny_llama, "the lamp at dawn", 1, "0", False, 0, 0, 8)
+    _, _, _, _, _, kept = attention_view(services, tiny_llama, "the lamp at dawn", 1, "0", False, 0, 0, 8)
     assert len(pickle.dumps(kept)) < 500  # a key and a ticket: nothing that can keep a model alive
     again = attention_view(services, tiny_llama, "the lamp at dawn", 0, "0", False, 0, 0, 8, previous=kept)
-    assert "recomputed" in again[0] and again[4] == kept  # the other layers came from the server-wide store
+    assert "recomputed" in again[0] and again[-1] == kept  # the other layers came from the server-wide store
     store.get(str(build_tiny_bert(tmp_path / "bert")))  # capacity 1: the llama is evicted
     gc.collect()
     assert model() is None, "an evicted model is still referenced"
@@ -217,7 +217,7 @@ def test_an_encoder_decoder_shows_its_encoder_attention_and_says_what_it_cannot_
     folder = str(build_tiny_marian(tmp_path / "tiny-marian"))
     store = ModelStore()
     services = Services.create(models=store)
-    note, model_view, head_view, _, _ = attention_view(services, folder, "The lamp at dawn.", 1, "2", False, 0, 0, 8)
+    note, model_view, head_view, _, _, _ = attention_view(services, folder, "The lamp at dawn.", 1, "2", False, 0, 0, 8)
     z = np.asarray(head_view.data[0].z)
     assert z[np.triu_indices(len(z), 1)].max() > 0  # the encoder reads both ways
     assert "encoder's self-attention" in model_view.layout.title.text
@@ -406,7 +406,7 @@ def test_the_heads_tab_head_map_is_the_attention_tabs_head_view(tiny_llama):
     services = Services.create(models=store)
     model = store.get(tiny_llama)
     ids = encode(model, HEADS_TEXT).ids
-    _, _, head_view, _, _ = attention_view(services, tiny_llama, HEADS_TEXT, 1, "3", False, 0, 0, 8)
+    _, _, head_view, _, _, _ = attention_view(services, tiny_llama, HEADS_TEXT, 1, "3", False, 0, 0, 8)
     np.testing.assert_allclose(head_map(model, ids, 1, 3), np.asarray(head_view.data[0].z), atol=1e-6)
 
 
@@ -428,3 +428,32 @@ def test_an_encoder_decoder_gets_its_encoders_scores_and_reasons_for_the_rest(tm
     assert "decoder needs a target text" in heads_views.surprisal_view(services, folder, HEADS_TEXT)[0]
     with pytest.raises(UserError, match="induction score is not available"):
         heads_views.atlas_view(services, folder, HEADS_TEXT, "induction", 0, 0)
+
+
+def test_first_views_compute_each_key_once_even_when_two_sessions_ask_at_once():
+    import threading
+    import time as clock
+
+    from ui.services.kept import FirstViews
+
+    views, calls = FirstViews(size=2), []
+
+    def compute():
+        calls.append(1)
+        clock.sleep(0.2)  # the second session asks while the first computes
+        return "screen"
+
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(views.get(("attention", "m", 1), compute)))
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(5)
+    assert got == ["screen", "screen"] and len(calls) == 1
+    views.get(("masks", "m", 1), lambda: "masks")
+    views.get(("heads", "m", 1), lambda: "heads")  # the least recently used, attention, is dropped
+    assert len(views) == 2 and views.get(("attention", "m", 1), lambda: "again") == "again"
+    with pytest.raises(ZeroDivisionError):  # an error is raised, and nothing is kept
+        views.get(("bad", "m", 1), lambda: 1 / 0)
+    assert views.get(("bad", "m", 1), lambda: "fixed") == "fixed"

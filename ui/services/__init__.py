@@ -1,7 +1,8 @@
 """The services: plain Python between the page and the core, one concern a module; none imports gradio.
 
 `Services` is the app's state, built once (app.main, or a test) and handed to the page: the settings, the
-loaded models, what sessions keep for reuse, the training lab and the long jobs running now. Nothing is created
+loaded models, what sessions keep for reuse, the training lab, the long jobs running now and the
+cheap tabs' first screens. Nothing is created
 at import time.
 """
 
@@ -9,8 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ui.services.jobs import HeavyJobs
-from ui.services.kept import KeptStore
+GENERATION_SLOTS = 2
+
+from ui.services.jobs import HeavyJobs, Turns
+from ui.services.kept import FirstViews, KeptStore
 from ui.services.lab.runs import Lab
 from ui.services.models import ModelStore
 from ui.settings import AppSettings
@@ -23,6 +26,9 @@ class Services:
     kept: KeptStore
     lab: Lab
     heavy: HeavyJobs = field(default_factory=HeavyJobs)
+    first_views: FirstViews = field(default_factory=FirstViews)
+    # generation steps: two tokens computed at once (the old limit of two generations), every stream in turn
+    turns: Turns = field(default_factory=lambda: Turns(GENERATION_SLOTS))
 
     @classmethod
     def create(cls, settings: AppSettings | None = None, models: ModelStore | None = None,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.analysis.capture import AttentionMaps, capture, stack_inputs
+from core.analysis.heads import pattern_scores
 from ui.services.checks import UserError, check_range, parse_head
 from ui.services.kept import KeptStore, new_ticket
 from ui.services.text import Encoded, as_batch, encode
@@ -98,6 +99,14 @@ def capture_attention(
     head_matrix = maps.head(layer, head)
     seconds = time.perf_counter() - started
     return AttentionResult(tokens, maps.overview, layer, head, head_matrix, seconds, reused, CaptureCache(key, ticket))
+
+
+def clearest_head(model, tokens: Encoded) -> tuple[int, int, float]:
+    """The head whose pattern is plainest to see on this text: the most weight on each query's previous token
+    (core.analysis.heads' previous_token score, one pass that keeps no maps). Returns (layer, head, score)."""
+    scores = pattern_scores(model, as_batch(tokens.ids, model.device))["previous_token"]  # [L, H]
+    layer, head = divmod(int(scores.argmax()), scores.shape[1])
+    return layer, head, float(scores[layer, head])
 
 
 def visible_positions(tokens: Encoded, start: int, stop: int, hide_special: bool) -> np.ndarray:

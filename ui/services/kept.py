@@ -1,4 +1,5 @@
-"""What sessions keep for reuse, server-wide, within one byte budget (AppSettings.kept_budget_bytes)."""
+"""What sessions keep for reuse, server-wide, within one byte budget (AppSettings.kept_budget_bytes), and the
+cheap tabs' first screens, computed once per model for every visitor."""
 
 from __future__ import annotations
 
@@ -65,6 +66,45 @@ class KeptStore:
         while total > self.budget_bytes:
             _, (_, _, dropped) = self._entries.popitem(last=False)
             total -= dropped
+
+
+class FirstViews:
+    """The results a cheap tab shows when it opens on its default inputs, computed once per model and shared by
+    every session, so a public Space does not recompute the same first screen for each visitor. Keyed by what
+    the caller names (tab, model name, the model object's id: a reloaded model is computed afresh); at most
+    `size` entries, the least recently used dropped. Two sessions opening the same tab at once compute it once:
+    the second waits for the first."""
+
+    def __init__(self, size: int = 16):
+        self.size = size
+        self._entries: OrderedDict[tuple, object] = OrderedDict()
+        self._computing: dict[tuple, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: tuple, compute):
+        """The value under key, computed by compute() the first time (an error is raised and nothing kept)."""
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return self._entries[key]
+            computing = self._computing.setdefault(key, threading.Lock())
+        with computing:
+            with self._lock:
+                if key in self._entries:
+                    return self._entries[key]
+            try:
+                value = compute()
+            finally:
+                with self._lock:
+                    self._computing.pop(key, None)
+            with self._lock:
+                self._entries[key] = value
+                while len(self._entries) > self.size:
+                    self._entries.popitem(last=False)
+            return value
 
 
 def new_ticket() -> str:

@@ -32,10 +32,12 @@ ON_ANALYSIS = dict(concurrency_id=ANALYSIS, concurrency_limit=ANALYSIS_LIMIT)
 HEAVY = "heavy"  # sweeps and integrated gradients: apart from the short events, so those never wait behind them
 HEAVY_LIMIT = 2  # two sessions' long jobs at once; one per session (HeavyJobs), so one user cannot take both
 ON_HEAVY = dict(concurrency_id=HEAVY, concurrency_limit=HEAVY_LIMIT)
+FIRST = "first"  # a tab's first screen when it opens: cached for every visitor, computed once per model
+ON_FIRST = dict(concurrency_id=FIRST, concurrency_limit=1)
 GENERATE = "generate"
-GENERATE_LIMIT = 2  # two users can generate at once; more wait in the queue
+GENERATE_LIMIT = 8  # eight streams at once, their tokens taken in turn (services.turns: two computed at a time)
 LAB = "lab"  # concurrency group of the training streams; the server-wide job cap is the Lab's own
-MODEL_GROUPS = (ANALYSIS, HEAVY, GENERATE)  # the events that run a model: a backend or ZeroGPU takes these
+MODEL_GROUPS = (ANALYSIS, HEAVY, GENERATE, FIRST)  # the events that run a model: a backend or ZeroGPU takes these
 
 
 def message(text: str) -> str:
@@ -140,6 +142,44 @@ def handler(view: Callable, services, name: str, progress: bool = True, heavy: s
     event.__signature__ = signature
     event.__annotations__ = {"request": gr.Request} if heavy else {}
     return user_errors(event)
+
+
+def opening(services, tab: str, event: dict, fresh: tuple[int, ...] = ()) -> dict:
+    """The arguments of the event that shows a tab's result when it opens (its select, or a link to it).
+
+    event: the tab's run (fn, inputs with the model picker first, outputs). While its inputs hold the values the
+    page was built with, the result is computed once per model and shared by every session
+    (services.first_views); otherwise (a link's text) the tab's own event runs on what is there. Once per page:
+    a State remembers the tab was shown. fresh: the outputs that are a session's own State (a kept capture's
+    ticket), handed out as None rather than shared."""
+    fn, inputs, outputs = event["fn"], event["inputs"], event["outputs"]
+    defaults = [getattr(component, "value", None) for component in inputs[1:]]
+    shown = gr.State(False)
+
+    def first(was_shown, model_name, *rest):
+        *values, progress = rest
+        if was_shown:
+            return (True, *[gr.skip()] * len(outputs))
+        if list(values) == defaults:
+            model = services.models.get(model_name)
+            result = services.first_views.get((tab, model_name, id(model)),
+                                              lambda: fn(model_name, *values, progress=progress))
+        else:
+            result = fn(model_name, *values, progress=progress)
+        return (True, *[None if i in fresh else value for i, value in enumerate(result)])
+
+    first.__signature__ = signature(["was_shown", "model_name"] + [f"input_{i}" for i in range(len(defaults))])
+    first.__name__ = first.__qualname__ = f"first_{tab}"
+    first = user_errors(first)
+    return dict(fn=first, inputs=[shown, *inputs], outputs=[shown, *outputs], api_visibility="private", **ON_FIRST)
+
+
+def signature(names: list[str]) -> inspect.Signature:
+    """Named positional parameters and gr.Progress last, as Gradio and the backends' routing read them, for a
+    function that takes (*names, progress) through *args."""
+    return inspect.Signature([inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in names]
+                             + [inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                  default=gr.Progress())])
 
 
 def session_of(request) -> str:

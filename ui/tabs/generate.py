@@ -7,13 +7,16 @@ import gradio as gr
 
 from ui.services.generation import (MAX_GENERATE_TOKENS, MAX_TEMPERATURE, MAX_TRACE_BYTES, TOP_PROBS,
                                     generation_reason, run_trace, stream_trace)
+from ui.services.jobs import in_turns
 from ui.services.text import token_texts
 from ui.services.generation.trace import trace_summary
 from ui.tabs.events import GENERATE, GENERATE_LIMIT, ON_ANALYSIS, handler, progress_callback, user_errors
-from ui.tabs.widgets import Tab, read_example, text_with_upload
+from ui.tabs.widgets import Tab, checked_pick, click_bridge, layer_head, read_example, text_with_upload
 from ui.views.generate import kv_panel, mark_stopped, stats_line, step_figures, trace_file
 
 TRACE_TTL_S = 1800  # a session's trace is dropped after half an hour
+# a click on a row of the step's all-heads overview (labelled "L3 H2") reads "layer.head"
+ROW_READ = 'const m = /^L(\\d+) H(\\d+)$/.exec(String(point.y)); return m ? `${m[1]}.${m[2]}` : null;'
 ON_GENERATE = dict(concurrency_id=GENERATE, concurrency_limit=GENERATE_LIMIT)
 
 STEP_INTRO = f"""### Step by step
@@ -72,15 +75,16 @@ def build(services, picker, initial) -> Tab:
     strip = gr.Radio([], label="Generated tokens (pick one)", elem_id="gen-strip", elem_classes=["token-strip"])
     with gr.Row():
         step = gr.Number(value=0, label="Step (0 = first generated token)", precision=0, elem_id="gen-step")
-        layer = gr.Number(value=0, label="Layer", precision=0, elem_id="gen-layer")
-        head = gr.Number(value=0, label="Head", precision=0, elem_id="gen-head")
+        layer, head = layer_head(services.models, picker, initial, "gen", row=False)
         show = gr.Button("Show this step", elem_id="gen-show-step")
     step_note = gr.Markdown(label="step note", elem_id="gen-step-note")
     with gr.Row():
-        probs_fig = gr.Plot(label="Next-token probabilities", elem_id="gen-step-probs")
-        row_fig = gr.Plot(label="Attention row", elem_id="gen-step-row")
+        probs_fig = gr.Plot(label="Next-token probabilities", elem_id="gen-step-probs", visible=False)
+        row_fig = gr.Plot(label="Attention row", elem_id="gen-step-row", visible=False)
     shaded = gr.HTML(label="shaded text", elem_id="gen-step-text")
-    overview_fig = gr.Plot(label="Every layer × head for this token", elem_id="gen-step-overview")
+    overview_fig = gr.Plot(label="Every layer × head for this token (click a row to show that head above)",
+                           elem_id="gen-step-overview", visible=False)
+    picked = click_bridge("gen-overview-bridge", ["gen-step-overview"], ROW_READ)
     with gr.Accordion("This step's numbers, the whole trace, the download", open=False):
         step_numbers = gr.JSON(label="Attention rows of this step (chosen layer)", elem_id="gen-step-numbers")
         trace_json = gr.JSON(label="Trace: top-10 probabilities and rank per token", elem_id="gen-trace-json")
@@ -93,13 +97,14 @@ def build(services, picker, initial) -> Tab:
     kv_run = gr.Button("Measure the KV cache on this prompt", elem_id="gen-kv-run")
     kv_note = gr.Markdown(label="KV note", elem_id="gen-kv-note")
     kv_table = gr.Dataframe(label="KV cache size", elem_id="gen-kv-table", interactive=False, wrap=True)
-    kv_fig = gr.Plot(label="Time per new token", elem_id="gen-kv-fig")
+    kv_fig = gr.Plot(label="Time per new token", elem_id="gen-kv-fig", visible=False)
     kv_numbers = gr.JSON(label="The same in bytes and seconds", elem_id="gen-kv-numbers", visible=False)
 
     settings = [model, prompt, chat, max_new, temperature, top_k, top_p, seed]
     step_outputs = [step_note, probs_fig, row_fig, overview_fig, shaded, step_numbers]
-    # a new generation starts with an empty step view: the old one described the previous run
-    run.click(lambda: ("", None, None, None, "", None), None, step_outputs, api_visibility="private", queue=False)
+    # a new generation starts with no step view: the old one described the previous run
+    run.click(lambda: ("", *[gr.Plot(value=None, visible=False)] * 3, "", None), None, step_outputs,
+              api_visibility="private", queue=False)
     event = run.click(streamed(services), [*settings, trace], [output, stats, sent, trace], api_name="generate",
                       **ON_GENERATE)
     # after a finished stream this reuses the session's trace; called alone it generates (without streaming)
@@ -107,18 +112,12 @@ def build(services, picker, initial) -> Tab:
                   **ON_GENERATE)
     trace.change(strip_of(services), trace, strip, api_visibility="private", trigger_mode="always_last", queue=False)
 
-    step_event = dict(fn=handler(step_figures, services, "generation_step", progress=False),
-                      inputs=[step, layer, head, trace],
-                      outputs=step_outputs, concurrency_limit=4)
-    show.click(**step_event, api_name="generation_step")
-    strip.input(chosen_step, strip, step, api_visibility="private", queue=False).then(
-        **step_event, api_visibility="private")
-    for box in (layer, head):
-        box.submit(**step_event, api_visibility="private")
+    wire_steps(services, model, step, layer, head, trace, show, strip, picked, step_outputs)
     export.click(handler(trace_file, services, "export_generation", progress=False), trace,
                  [export_file, export_note], api_name="export_generation")
-    kv_run.click(handler(kv_panel, services, "kv_cache"), [model, prompt], [kv_note, kv_table, kv_fig, kv_numbers],
-                 api_name="kv_cache", **ON_ANALYSIS)
+    kv_run.click(lambda: gr.Plot(visible=True), None, kv_fig, api_visibility="private", queue=False).then(
+        handler(kv_panel, services, "kv_cache"), [model, prompt], [kv_note, kv_table, kv_fig, kv_numbers],
+        api_name="kv_cache", **ON_ANALYSIS)
     # cancel first, then relabel: an update still in flight from the stream must not overwrite "stopped"
     stop.click(None, None, None, cancels=[event], api_visibility="private").then(
         mark_stopped, stats, stats, api_visibility="private", queue=False
@@ -136,6 +135,27 @@ def build(services, picker, initial) -> Tab:
     return Tab(send=send, sent=sent)
 
 
+def wire_steps(services, model, step, layer, head, trace, show, strip, picked, step_outputs) -> None:
+    """The step view: shown for the step picked on the strip or typed, the layer and head typed or clicked on
+    the all-heads overview; its figures (step_outputs[1:4]) hidden until then."""
+    reveal = dict(fn=lambda: [gr.Plot(visible=True)] * 3, inputs=None, outputs=step_outputs[1:4],
+                  api_visibility="private", queue=False)
+    step_event = dict(fn=handler(step_figures, services, "generation_step", progress=False),
+                      inputs=[step, layer, head, trace], outputs=step_outputs, concurrency_limit=4)
+    show.click(**reveal).then(**step_event, api_name="generation_step")
+    strip.input(chosen_step, strip, step, api_visibility="private", queue=False).then(**reveal).then(
+        **step_event, api_visibility="private")
+    for box in (layer, head):
+        box.submit(**reveal).then(**step_event, api_visibility="private")
+
+    @user_errors
+    def open_row(name, value):
+        return checked_pick(services.models.get(name), value)
+
+    picked.click(open_row, [model, picked], [layer, head], api_visibility="private", queue=False).then(
+        **step_event, api_visibility="private")
+
+
 def streamed(services):
     """The `generate` endpoint: the continuation as it is written, with the session's trace growing."""
 
@@ -143,9 +163,9 @@ def streamed(services):
     def generate(model_name, prompt_text, chat_mode, max_new_tokens, temperature_value, top_k_value, top_p_value,
                  seed_value, session_trace=None, progress=gr.Progress()):
         model_obj = services.models.get(model_name, progress_callback(progress))
-        for update, recorded in stream_trace(model_obj, model_name, prompt_text, chat_mode, max_new_tokens,
-                                             temperature_value, top_k_value, top_p_value, seed_value, services.kept,
-                                             previous=session_trace):
+        stream = stream_trace(model_obj, model_name, prompt_text, chat_mode, max_new_tokens, temperature_value,
+                              top_k_value, top_p_value, seed_value, services.kept, previous=session_trace)
+        for update, recorded in in_turns(stream, services.turns):  # each token in turn with the other streams
             yield update.new_text, stats_line(update), update.prompt_text + update.new_text, recorded
 
     return generate

@@ -8,7 +8,7 @@ import gradio as gr
 
 from ui.services.heads import (COMPLETENESS_STEPS, MAX_HEADS_TOKENS, MAX_IG_STEPS, MAX_SWEEP_TOKENS, SWEEP_BATCH,
                                scored_shape)
-from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, user_errors
+from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, opening, user_errors
 from ui.tabs.widgets import Tab, click_bridge, export_row, layer_head, read_example, upload
 from ui.views import heads as views
 
@@ -63,7 +63,8 @@ def build(services, picker, initial) -> Tab:
     surprisal_section(services, picker, atlas["text"], cache)
     # the atlas's last output is the session's HeadsCache (a State); the views never change a passed-in one
     return Tab(text=atlas["text"], layer=atlas["layer"], head=atlas["head"],
-               run_event={**atlas["event"], "api_visibility": "private"}, reveal=atlas["figures"])
+               run_event={**atlas["event"], "api_visibility": "private"}, reveal=atlas["figures"],
+               opening=opening(services, "heads", atlas["event"], fresh=(5,)))
 
 
 def atlas_section(services, picker, initial, cache) -> dict:

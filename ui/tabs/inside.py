@@ -9,7 +9,7 @@ import gradio as gr
 from ui.services.generation import MAX_TEMPERATURE
 from ui.services.inside import MAX_INSIDE_TOKENS, shape_of
 from ui.tabs.events import ON_ANALYSIS, handler, user_errors
-from ui.tabs.widgets import Tab, click_bridge, layer_head, text_with_upload
+from ui.tabs.widgets import Tab, click_bridge, layer_head, upload
 from ui.views import inside as views
 
 LEAD = """**Inside one forward pass**: follow one token through one real layer, stage by stage, with every number the
@@ -27,19 +27,21 @@ def build(services, picker, initial) -> Tab:
     gr.Markdown(LEAD, elem_classes=["tab-lead"])
     with gr.Row(equal_height=False):
         with gr.Column(scale=1, min_width=300, elem_classes=["tab-controls"]):
-            text, _ = text_with_upload(f"Text (its first {MAX_INSIDE_TOKENS} tokens)", TEXT, "inside",
-                                       services.settings.text_cap_bytes, lines=3)
+            text = gr.Textbox(label=f"Text (its first {MAX_INSIDE_TOKENS} tokens)", value=TEXT, lines=3,
+                              max_lines=14, elem_id="inside-text")
             layer, head = layer_head(services.models, picker, initial, "inside", shape=shape_of)
             token = gr.Number(value=-1, label="Token to follow (position; −1 = the last)", precision=0,
                               elem_id="inside-token")
-            with gr.Row():
-                temperature = gr.Slider(0.0, MAX_TEMPERATURE, value=1.0, step=0.05, label="Temperature (0–2)",
-                                        elem_id="inside-temperature", min_width=120)
-                top_k = gr.Number(value=0, label="Top-k (0 = off)", precision=0, elem_id="inside-top-k",
-                                  min_width=100)
-                top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p (0.05–1)", elem_id="inside-top-p",
-                                  min_width=120)
             run = gr.Button("Walk through", variant="primary", elem_id="inside-run")
+            with gr.Accordion("Sampling at the last stage", open=False, elem_id="inside-sampling"):
+                with gr.Row():
+                    temperature = gr.Slider(0.0, MAX_TEMPERATURE, value=1.0, step=0.05, label="Temperature (0–2)",
+                                            elem_id="inside-temperature", min_width=120)
+                    top_k = gr.Number(value=0, label="Top-k (0 = off)", precision=0, elem_id="inside-top-k",
+                                      min_width=100)
+                    top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p (0.05–1)",
+                                      elem_id="inside-top-p", min_width=120)
+            upload(text, "inside", services.settings.text_cap_bytes)
             npz = gr.File(label="Every stage's numbers (.npz)", interactive=False, elem_id="inside-file", height=80,
                           visible=False)
         with gr.Column(scale=3, min_width=340):

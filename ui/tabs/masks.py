@@ -7,7 +7,7 @@ import gradio as gr
 
 from ui.plots.attention import STAGE_TITLES, STAGES
 from ui.services.masks import MAX_STAGE_WINDOW
-from ui.tabs.events import ON_ANALYSIS, handler
+from ui.tabs.events import ON_ANALYSIS, handler, opening
 from ui.tabs.widgets import Tab, export_row, layer_head, read_example, text_with_upload
 from ui.views.masks import export_data, mask_view
 
@@ -95,4 +95,5 @@ def build(services, picker, initial) -> Tab:
     button.click(**show(figures)).then(**run, api_name="mask_demo")
     export_button.click(handler(export_data, services, "export_masks"), inputs, [export_file, export_note],
                         api_name="export_masks", **ON_ANALYSIS)
-    return Tab(text=text, layer=layer, head=head, run_event={**run, "api_visibility": "private"})
+    return Tab(text=text, layer=layer, head=head, run_event={**run, "api_visibility": "private"},
+               opening=opening(services, "masks", run), reveal=figures)

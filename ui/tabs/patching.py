@@ -45,18 +45,19 @@ def build(services, picker, initial) -> Tab:
             clean = gr.Textbox(label="Clean prompt", value=PRESETS[first][0], lines=2, elem_id="patch-clean")
             corrupted = gr.Textbox(label="Corrupted prompt (the same token count)", value=PRESETS[first][1], lines=2,
                                    elem_id="patch-corrupted")
-            with gr.Row():
-                answer = gr.Textbox(label="Answer token (empty: the clean run's top)", elem_id="patch-answer",
-                                    min_width=120)
-                foil = gr.Textbox(label="Foil token (empty: the corrupted run's top)", elem_id="patch-foil",
-                                  min_width=120)
             site = gr.Dropdown(choices=SITE_CHOICES, value="resid_pre", label="What to patch", elem_id="patch-site")
-            with gr.Row():
-                mode = gr.Radio(["denoise", "noise"], value="denoise", label="Direction", elem_id="patch-mode",
-                                min_width=160)
-                layer = gr.Number(value=0, label=f"Layer, for one layer's heads (0–{initial.config.n_layers - 1})",
-                                  precision=0, elem_id="patch-layer", min_width=120)
             run = gr.Button("Patch", variant="primary", elem_id="patch-run")
+            with gr.Accordion("Answer, foil and direction", open=False, elem_id="patch-more"):
+                with gr.Row():
+                    answer = gr.Textbox(label="Answer token (empty: the clean run's top)", elem_id="patch-answer",
+                                        min_width=120)
+                    foil = gr.Textbox(label="Foil token (empty: the corrupted run's top)", elem_id="patch-foil",
+                                      min_width=120)
+                with gr.Row():
+                    mode = gr.Radio(["denoise", "noise"], value="denoise", label="Direction", elem_id="patch-mode",
+                                    min_width=160)
+                    layer = gr.Number(value=0, label=f"Layer, for one layer's heads (0–{initial.config.n_layers - 1})",
+                                      precision=0, elem_id="patch-layer", min_width=120)
         with gr.Column(scale=3, min_width=340):
             gr.Markdown(HOW_TO_READ, elem_classes=["how-to-read"])
             note = gr.Markdown(elem_id="patch-note")

@@ -6,18 +6,25 @@ from __future__ import annotations
 import gradio as gr
 
 from ui.services.positions import MAX_PE_DIM, MAX_PE_POSITIONS
-from ui.tabs.events import ON_ANALYSIS, handler
-from ui.tabs.widgets import Tab, export_row, layer_head, read_example, text_with_upload
-from ui.views.positions import export_data, permutation_view, positional_view
+from ui.tabs.events import ON_ANALYSIS, handler, opening
+from ui.tabs.widgets import Tab, export_row, layer_head, read_example, upload
+from ui.views.positions import export_data, first_view, permutation_view, positional_view
 
-LEAD = """**How a Transformer knows where each token is**: eq. 4.1's sinusoids added to the embeddings (eq. 4.2),
-learned positions, rotary positions, and what a model sees of order with its positions switched off."""
+LEAD = """**How a Transformer knows where each token is**: sinusoids (eq. 4.1 in the repository's docs/theory.md)
+added to the embeddings (eq. 4.2), learned positions, rotary positions, and what a model sees of order with its
+positions switched off."""
+
+HOW_TO_READ = """**How to read it:** in the heatmap each row is a position and each column one dimension of its
+encoding, from fast waves (left) to slow ones (right); in the similarity map a cell is how alike two positions'
+encodings are, so nearby positions are bright and far ones dim."""
+
 INTRO = """Attention with no positions and no mask treats the text as a set: shuffling the tokens only shuffles the
 outputs, so an **encoder** needs positions to know the order. A **causal decoder** is different: its mask lets each
 token read only the tokens before it, so it sees order through the mask even without positions (the check below
-measures both on your text). The original Transformer **adds** fixed sinusoids (eq. 4.1: PE(pos, 2i) = sin(pos / 10000^(2i/d)),
-PE(pos, 2i+1) = cos(pos / 10000^(2i/d))); GPT-2 and BERT **learn** one vector per position; Llama-style models
-**rotate** queries and keys (RoPE) so that a query·key score depends on how far apart the tokens are."""
+measures both on your text). The original Transformer **adds** fixed sinusoids (eq. 4.1: PE(pos, 2i) = sin(pos /
+10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))); GPT-2 and BERT **learn** one vector per position;
+Llama-style models **rotate** queries and keys (RoPE) so that a query·key score depends on how far apart the tokens
+are."""
 
 
 def build(services, picker, initial) -> Tab:
@@ -25,49 +32,54 @@ def build(services, picker, initial) -> Tab:
     with gr.Row(equal_height=False):
         with gr.Column(scale=1, min_width=300, elem_classes=["tab-controls"]):
             with gr.Row():
-                n = gr.Slider(2, MAX_PE_POSITIONS, value=128, step=1, label="Positions n", min_width=140)
-                d = gr.Slider(2, MAX_PE_DIM, value=64, step=2, label="Dimensions d", min_width=140)
-            with gr.Row():
-                p = gr.Number(value=0, label="Start position p (dot product)", precision=0, min_width=120)
-                k = gr.Number(value=5, label="Offset k (rotation check)", precision=0, min_width=120)
-            layer, head = layer_head(services.models, picker, initial, "pe", note="RoPE scores; ")
-            text, _ = text_with_upload(
-                "Text: its first and last tokens (of its first 256) give the RoPE query/key pair; the permutation "
-                "check shuffles it",
-                read_example("attention.txt"),
-                "pe",
-                services.settings.text_cap_bytes,
-                lines=2,
-            )
+                n = gr.Slider(2, MAX_PE_POSITIONS, value=128, step=1, label=f"Positions n (2–{MAX_PE_POSITIONS})",
+                              min_width=140)
+                d = gr.Slider(2, MAX_PE_DIM, value=64, step=2, label=f"Dimensions d (2–{MAX_PE_DIM}, even)",
+                              min_width=140)
+            text = gr.Textbox(
+                label="Text: its first and last tokens (of its first 256) give the RoPE query/key pair; the "
+                      "permutation check shuffles it",
+                value=read_example("attention.txt"), lines=2, max_lines=14, elem_id="pe-text")
             button = gr.Button("Show positional encodings", variant="primary", elem_id="pe-run")
+            with gr.Accordion("Positions to compare, and the head for RoPE", open=False, elem_id="pe-more"):
+                with gr.Row():
+                    p = gr.Number(value=0, label="Start position p (dot product)", precision=0, min_width=120)
+                    k = gr.Number(value=5, label="Offset k (rotation check)", precision=0, min_width=120)
+                layer, head = layer_head(services.models, picker, initial, "pe", note="RoPE scores; ")
+            upload(text, "pe", services.settings.text_cap_bytes)
             export_button, export_file, export_note, _ = export_row("pe", "Export every matrix (CSV in a .zip)")
         with gr.Column(scale=3, min_width=340):
+            gr.Markdown(HOW_TO_READ, elem_classes=["how-to-read"])
             gr.Markdown("### Sinusoidal (eq. 4.1)")
             with gr.Row():
-                heat = gr.Plot(label="PE heatmap", elem_id="pe-heatmap", min_width=320)
-                sim = gr.Plot(label="Similarity", elem_id="pe-similarity", min_width=320)
-            dots = gr.Plot(label="Dot product vs offset", elem_id="pe-dots")
+                heat = gr.Plot(label="PE heatmap", elem_id="pe-heatmap", min_width=320, visible=False)
+                sim = gr.Plot(label="Similarity", elem_id="pe-similarity", min_width=320, visible=False)
+            dots = gr.Plot(label="Dot product vs offset", elem_id="pe-dots", visible=False)
             check = gr.Markdown(label="rotation check", elem_id="pe-check")
             gr.Markdown("### The loaded model's learned positions (GPT-2, BERT)")
             with gr.Row():
-                learned_heat = gr.Plot(label="Learned positions", elem_id="pe-learned", min_width=320)
-                learned_sim = gr.Plot(label="Learned similarity", elem_id="pe-learned-sim", min_width=320)
+                learned_heat = gr.Plot(label="Learned positions", elem_id="pe-learned", min_width=320, visible=False)
+                learned_sim = gr.Plot(label="Learned similarity", elem_id="pe-learned-sim", min_width=320,
+                                      visible=False)
             gr.Markdown("### Rotary positions (Llama-style models)")
             with gr.Row():
-                angles = gr.Plot(label="Rotation angles", elem_id="pe-rope-angles", min_width=320)
-                scores = gr.Plot(label="Score vs distance", elem_id="pe-rope-scores", min_width=320)
+                angles = gr.Plot(label="Rotation angles", elem_id="pe-rope-angles", min_width=320, visible=False)
+                scores = gr.Plot(label="Score vs distance", elem_id="pe-rope-scores", min_width=320, visible=False)
             rope_text = gr.Markdown(label="RoPE note", elem_id="pe-rope-note")
             gr.Markdown("### Order without positions: shuffle the tokens")
             perm_text = gr.Markdown(label="permutation check", elem_id="pe-permutation")
-    with gr.Accordion("How to read this tab", open=False):
+    with gr.Accordion("More on reading this tab", open=False):
         gr.Markdown(INTRO)
-
     inputs = [picker.model, n, d, p, k, layer, head, text]
     outputs = [heat, dots, sim, check, learned_heat, learned_sim, angles, scores, rope_text]
-    button.click(handler(positional_view, services, "run"), inputs, outputs, api_name="positional_encoding",
-                 **ON_ANALYSIS).success(
+    figures = [heat, dots, sim, learned_heat, learned_sim, angles, scores]
+    button.click(lambda: [gr.Plot(visible=True)] * len(figures), None, figures, api_visibility="private",
+                 queue=False).then(
+        handler(positional_view, services, "run"), inputs, outputs, api_name="positional_encoding",
+        **ON_ANALYSIS).success(
         handler(permutation_view, services, "permutation_check", progress=False), [picker.model, text], perm_text,
         api_name="permutation_check", **ON_ANALYSIS)
     export_button.click(handler(export_data, services, "export_positions"), inputs, [export_file, export_note],
                         api_name="export_positions", **ON_ANALYSIS)
-    return Tab(text=text, layer=layer, head=head)
+    first = dict(fn=handler(first_view, services, "first_positions"), inputs=inputs, outputs=[*outputs, perm_text])
+    return Tab(text=text, layer=layer, head=head, opening=opening(services, "positions", first), reveal=figures)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from ui.services.checks import index_of
+from ui.services.checks import UserError, index_of
 from ui.services.text import UPLOAD_SUFFIXES, read_upload
 from ui.tabs.events import user_errors
 
@@ -82,8 +82,8 @@ def click_bridge(elem_id: str, plots: list[str], read: str) -> gr.HTML:
 @dataclass
 class Tab:
     """What a tab's build hands the page: the inputs a deep link sets (text, layer, head, a second prompt, a token),
-    and for
-    the tabs that have them, the event to run the tab again from elsewhere, the button and state that send text
+    and for the tabs that have them, the event to run the tab again from elsewhere, the event that shows its first
+    screen when it opens (events.opening) with the figures it reveals first, the button and state that send text
     to it, and the component whose click names a head to open ("layer.head")."""
 
     text: gr.Textbox | None = None
@@ -92,6 +92,8 @@ class Tab:
     corrupted: gr.Textbox | None = None
     token: gr.Number | None = None
     run_event: dict | None = None  # click-event arguments (fn, inputs, outputs, …)
+    opening: dict | None = None  # the same for the first screen (events.opening)
+    reveal: list | None = None  # the figures hidden until a result: shown when the first screen comes
     send: gr.Button | None = None
     sent: gr.State | None = None
     picked: gr.HTML | None = None
@@ -107,7 +109,12 @@ def text_with_upload(label: str, value: str, prefix: str, cap: int, lines: int =
     """A text box (elem_id prefix-text) with a .txt/.md upload (prefix-upload) that fills it, both held to `cap`
     bytes. Returns (textbox, file)."""
     text = gr.Textbox(label=label, value=value, lines=lines, max_lines=max_lines, elem_id=f"{prefix}-text")
-    upload = gr.File(
+    return text, upload(text, prefix, cap, api_name)
+
+
+def upload(text: gr.Textbox, prefix: str, cap: int, api_name: str | None = None) -> gr.File:
+    """A .txt/.md upload (elem_id prefix-upload) that fills `text`, held to `cap` bytes."""
+    file = gr.File(
         label=f"…or upload a .txt / .md file (at most {cap / 1e6:g} MB, UTF-8)",
         file_types=list(UPLOAD_SUFFIXES),
         type="filepath",
@@ -121,9 +128,9 @@ def text_with_upload(label: str, value: str, prefix: str, cap: int, lines: int =
         """The uploaded file's text, for the text box next to it."""
         return read_upload(path, cap)
 
-    upload.upload(load_upload, inputs=upload, outputs=text, api_name=api_name,
-                  api_visibility="public" if api_name else "private", concurrency_limit=4)
-    return text, upload
+    file.upload(load_upload, inputs=file, outputs=text, api_name=api_name,
+                api_visibility="public" if api_name else "private", concurrency_limit=4)
+    return file
 
 
 def file_box(elem_id: str, label: str = "Data behind the figures") -> gr.File:
@@ -144,6 +151,15 @@ def export_row(prefix: str, label: str, before: Callable[[], object] | None = No
 
 def head_choices(n_heads: int) -> list[str]:
     return ["mean of heads"] + [str(h) for h in range(n_heads)]
+
+
+def checked_pick(model, picked) -> tuple[int, int]:
+    """A clicked head ("layer.head", from a click bridge) as (layer, head), checked against the model."""
+    layer, head = (int(part) for part in str(picked).split("."))
+    cfg = model.config
+    if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
+        raise UserError(f"There is no head {picked} in this model.")
+    return layer, head
 
 
 def kept_index(value, size: int) -> int:

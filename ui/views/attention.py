@@ -6,16 +6,17 @@ from __future__ import annotations
 import numpy as np
 
 from core.analysis.capture import capture
-from ui.plots.attention import attention_heatmap, model_view, pooled_heatmap
+from ui.plots.attention import LABEL_EVERY_TOKEN_UP_TO, attention_heatmap, model_view, pooled_heatmap, two_column_view
 from ui.services import Services
 from ui.services.attention import (FULL_VIEW_TOKENS, HEAD_OVERVIEW_SIZE, CaptureCache, capture_attention,
-                                   checked_settings, pool_attention, pool_edges, visible_positions, window_positions)
+                                   checked_settings, clearest_head, pool_attention, pool_edges, visible_positions, window_positions)
 from ui.services.checks import UserError
-from ui.services.text import Encoded, as_batch
+from ui.services.text import Encoded, as_batch, encode
 from ui.views import export
 from ui.views.export import named
 
 EXPORTS = ("head CSV", "window CSV", "all maps .npz")
+COLUMN_TOKENS = 40  # the two-column view draws at most this many tokens: more lines would be a blur
 def head_figure(tokens: Encoded, matrix: np.ndarray, title: str, hide_special: bool = False):
     """One head's map [n, n] over the whole text: cell by cell with token labels up to FULL_VIEW_TOKENS, else
     pooled to HEAD_OVERVIEW_SIZE blocks per side (rows still sum to 1)."""
@@ -31,6 +32,14 @@ def head_figure(tokens: Encoded, matrix: np.ndarray, title: str, hide_special: b
     return pooled_heatmap(
         pooled, edges, edges, f"{title}: {n:,} tokens pooled to {len(edges) - 1}×{len(edges) - 1}"
     )
+def columns_figure(tokens: Encoded, matrix: np.ndarray, positions: np.ndarray, title: str):
+    """The two-column view of the window's first COLUMN_TOKENS queries, attending among themselves."""
+    shown = positions[:COLUMN_TOKENS]
+    cut = "" if len(shown) == len(positions) else f" (the window's first {COLUMN_TOKENS})"
+    return two_column_view(matrix[np.ix_(shown, shown)], [tokens.labels[p] for p in shown],
+                           f"{title}: tokens {shown[0]}–{shown[-1]}{cut}; hover a token to see only its lines")
+
+
 def checked_view(services: Services, model_name, text_value, layer_index, head_index, window_query_start,
                  window_key_start, window_size, progress=None):
     """The model and the tab's settings checked against it and the text: (model, tokens, layer, head, first query,
@@ -82,6 +91,7 @@ def attention_view(
         f"Queries {q_pos[0]}–{q_pos[-1]} × keys {k_pos[0]}–{k_pos[-1]}, full resolution",
         height=560,
     )
+    columns_fig = columns_figure(tokens, matrix, q_pos, f"Layer {layer}, {head_name}")
     notes = [
         f"**{n:,} tokens**, "
         + (
@@ -94,6 +104,9 @@ def attention_view(
         notes.append("⚠️ " + tokens.note)
     if side != n:
         notes.append(f"Model view: each tile averages blocks of about {n / side:.1f} × {n / side:.1f} tokens.")
+    if LABEL_EVERY_TOKEN_UP_TO < n <= FULL_VIEW_TOKENS:
+        notes.append(f"Head view: one cell per token pair, but above {LABEL_EVERY_TOKEN_UP_TO} tokens only some are "
+                     "labelled; the window below names every token of the part it shows.")
     if n > FULL_VIEW_TOKENS:
         notes.append(
             "Head view: each cell is the mean, over a block of queries, of the weight they put on a block of keys, "
@@ -102,8 +115,26 @@ def attention_view(
     if hide_special and any(tokens.special):
         notes.append("Special tokens are hidden in the head view and window (their weights are not renormalised).")
     names = figure_names(name, layer, head)
-    figures = [named(fig, image) for fig, image in zip((model_fig, head_fig, window_fig), names)]
+    figures = [named(fig, image) for fig, image in zip((model_fig, head_fig, window_fig, columns_fig), names)]
     return "  \n".join(notes), *figures, result.capture
+
+
+def first_view(services: Services, model_name, text_value, layer_index, head_index, hide_special_tokens,
+               window_query_start, window_key_start, window_size, previous: CaptureCache | None = None,
+               progress=None):
+    """What the tab opens on: not the layer and head it was built with but the head with the clearest pattern on
+    this text, the one that puts the most weight on each query's previous token (the Heads tab's score), with a
+    note that says why. Returns that layer and head for the inputs, then the tab's own view of them."""
+    model = services.models.get(model_name, progress)
+    tokens = encode(model, text_value, services.settings.max_attention_tokens)
+    layer, head, score = clearest_head(model, tokens)
+    note, *figures, kept = attention_view(services, model_name, text_value, layer, str(head), hide_special_tokens,
+                                          window_query_start, window_key_start, window_size, progress=progress)
+    cfg = model.config
+    why = (f"Opened on **L{layer} H{head}**: of the model's {cfg.n_layers * cfg.n_heads} heads, it puts the most "
+           f"weight on the token just before each query on this text ({score:.2f} of each row on average; the "
+           "Heads tab calls it the previous-token score). Choose any layer and head to compare.")
+    return layer, str(head), why + "  \n" + note, *figures, kept
 
 
 def export_data(services: Services, model_name, text_value, layer_index, head_index, hide_special_tokens,
@@ -146,7 +177,7 @@ def export_data(services: Services, model_name, text_value, layer_index, head_in
     return str(path), note
 
 
-def figure_names(name: str, layer, head) -> tuple[str, str, str]:
-    """Image filenames of the model view, the head view and the window."""
+def figure_names(name: str, layer, head) -> tuple[str, str, str, str]:
+    """Image filenames of the model view, the head view, the window and the two-column view."""
     return (export.filename(name, "model-view"), export.filename(name, "head-view", layer, head),
-            export.filename(name, "window", layer, head))
+            export.filename(name, "window", layer, head), export.filename(name, "two-column", layer, head))

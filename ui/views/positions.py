@@ -179,6 +179,14 @@ def permutation_view(services: Services, model_name, text_value, progress=None) 
     return permutation_check(model, tokens.ids).sentence()
 
 
+def first_view(services: Services, model_name, n_positions, d_model, start_position, offset, layer_index, head_index,
+               text_value, progress=None):
+    """The tab's figures and its permutation check together: what the tab opens on."""
+    figures = positional_view(services, model_name, n_positions, d_model, start_position, offset, layer_index,
+                              head_index, text_value, progress)
+    return *figures, permutation_view(services, model_name, text_value, progress)
+
+
 def export_data(services: Services, model_name, n_positions, d_model, start_position, offset, layer_index,
                 head_index, text_value, progress=None) -> tuple[str, str]:
     """Every matrix of the tab as CSV in one .zip; the body of the `export_positions` endpoint."""

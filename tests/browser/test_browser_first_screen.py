@@ -1,0 +1,178 @@
+"""Every tab's first screen in a real browser (Debian's Chromium, headless, Playwright), on a tiny random model.
+
+At 1400 × 1000 each tab's primary button lies above the fold, and no plot box is shown empty: a figure is hidden
+until it has a result, or drawn. The cheap tabs (Attention, Positional encoding, Masks, the Heads atlas) show their default text's
+results when they open, computed once per model for every visitor: a second page gets the same first screen
+without a second computation. The Attention tab opens on its clearest head and says why. A click on a model-view
+tile opens that head. Screenshots of every tab at 1400 and 390 px land in tests/screenshots/ (git-ignored).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
+from playwright.sync_api import Page, expect  # noqa: E402
+
+from conftest import open_page, screenshot  # noqa: E402
+from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
+
+TIMEOUT_MS = 60_000
+NARROW = {"width": 390, "height": 844}
+FOLD = 1000  # the wide window's height
+TABS = {  # tab label → (its id in links, its primary button, a figure its first screen draws, or None)
+    "Generate": ("generate", "gen-run", None),
+    "Attention": ("attention", "attn-run", "attn-head-view"),
+    "Positional encoding": ("positions", "pe-run", "pe-heatmap"),
+    "Masks": ("masks", "mask-run", "mask-stage-on-scores"),
+    "Heads": ("heads", "heads-run", "heads-map"),
+    "Patching": ("patching", "patch-run", None),
+    "Inside": ("inside", "inside-run", None),
+    "Lab": ("lab", "lab-train", None),
+}
+CHEAP = {"attention", "positions", "masks", "heads"}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    llama = str(build_tiny_llama(tmp_path_factory.mktemp("first-screen") / "tiny-llama"))
+    demo, url, services = launch_app([llama], llama)
+    import gradio as gr
+
+    plots = [block.elem_id for block in demo.blocks.values() if isinstance(block, gr.Plot)]
+    assert all(plots), "every plot has an elem_id, so a test can find it"
+    computed = []
+    get = services.first_views.get
+
+    def counted(key, compute):
+        return get(key, lambda: computed.append(key[0]) or compute())
+
+    services.first_views.get = counted
+    yield url, computed, plots
+    demo.close()
+
+
+def page_box(page: Page, selector: str) -> dict:
+    return page.locator(selector).first.evaluate(
+        "(e) => { const r = e.getBoundingClientRect();"
+        " return {x: r.x + window.scrollX, y: r.y + window.scrollY, width: r.width, height: r.height}; }"
+    )
+
+
+def open_tab(page: Page, label: str) -> None:
+    page.get_by_role("tab", name=label, exact=True).click()
+    expect(page.locator(f"#{TABS[label][1]}")).to_be_visible(timeout=TIMEOUT_MS)
+
+
+def empty_plots(page: Page, plots: list[str]) -> list[str]:
+    """The plot components (by elem_id) shown on the page that hold no drawn figure."""
+    return page.evaluate(
+        """(ids) => ids.filter((id) => {
+             const e = document.getElementById(id);
+             return e && e.offsetParent !== null && e.getBoundingClientRect().height > 0
+                    && !e.querySelector('.js-plotly-plot .main-svg'); })""",
+        plots,
+    )
+
+
+def test_every_tab_opens_with_its_button_above_the_fold_and_no_empty_figure(browser, served):
+    url, _, plots = served
+    context, page, errors = open_page(browser, url)
+    try:
+        for label, (tab, button, figure) in TABS.items():
+            open_tab(page, label)
+            if figure is not None:  # a cheap tab: its first screen comes by itself
+                expect(page.locator(f"#{figure} .js-plotly-plot .main-svg").first).to_be_attached(
+                    timeout=TIMEOUT_MS)
+                page.wait_for_timeout(800)
+            else:
+                page.wait_for_timeout(500)
+            at = page_box(page, f"#{button}")
+            assert at["y"] + at["height"] <= FOLD, f"{label}: its button ends at y = {at['y'] + at['height']:.0f}"
+            assert not empty_plots(page, plots), f"{label}: empty figure boxes {empty_plots(page, plots)}"
+            if figure is not None:
+                assert page_box(page, f"#{figure}")["y"] < FOLD, f"{label}: its first figure starts below the fold"
+            screenshot(page, f"first-{tab}-wide")
+    finally:
+        context.close()
+    assert not errors, errors
+
+
+def test_the_cheap_tabs_first_screens_are_computed_once_for_every_page(browser, served):
+    url, computed, _ = served
+    notes = []
+    for _ in range(2):
+        context, page, errors = open_page(browser, url)
+        try:
+            expect(page.locator("#attn-note")).to_contain_text("Opened on", timeout=TIMEOUT_MS)
+            notes.append(re.search(r"Opened on .*captured in [\d.]+ s", page.locator("#attn-note").inner_text(),
+                                   re.S).group(0))
+            for label in ("Positional encoding", "Masks", "Heads"):
+                open_tab(page, label)
+                expect(page.locator(f"#{TABS[label][2]} .js-plotly-plot .main-svg").first).to_be_attached(
+                    timeout=TIMEOUT_MS)
+        finally:
+            context.close()
+        assert not errors, errors
+    assert notes[0] == notes[1]  # the same first screen, timing included: computed once, not per page
+    assert sorted(set(computed)) == sorted(CHEAP) and len(computed) == len(CHEAP), computed
+
+
+def test_the_attention_tab_opens_on_its_clearest_head_and_a_tile_click_opens_another(browser, served):
+    url, _, plots = served
+    context, page, errors = open_page(browser, url)
+    try:
+        note = page.locator("#attn-note")
+        expect(note).to_contain_text("Opened on", timeout=TIMEOUT_MS)
+        layer, head = re.search(r"Opened on L(\d+) H(\d+)", note.inner_text()).groups()
+        assert page.locator("#attn-layer input").input_value() == layer
+        assert page.locator("#attn-head input").input_value() == head
+        expect(page.locator("#attn-head-view")).to_contain_text(f"Layer {layer}, head {head}")
+        # the tile of layer 0, head 1 (the model view: layers across, heads down, tiles of 64 + 1 gap)
+        plot = page.locator("#attn-model-view .js-plotly-plot")
+        plot.scroll_into_view_if_needed()
+        target = page.evaluate(
+            """() => { const gd = document.querySelector('#attn-model-view .js-plotly-plot');
+                 const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, r = gd.getBoundingClientRect();
+                 const tile = gd._fullLayout.meta.tile, cell = tile + 1;
+                 return {x: r.left + xa._offset + xa.l2p(0 * cell + tile / 2),
+                         y: r.top + ya._offset + ya.l2p(1 * cell + tile / 2)}; }"""
+        )
+        page.mouse.move(target["x"], target["y"])
+        page.wait_for_timeout(300)
+        page.mouse.click(target["x"], target["y"])
+        expect(page.locator("#attn-head-view")).to_contain_text("Layer 0, head 1", timeout=TIMEOUT_MS)
+        assert page.locator("#attn-layer input").input_value() == "0"
+        assert page.locator("#attn-head input").input_value() == "1"
+    finally:
+        context.close()
+    assert not errors, errors
+
+
+def test_every_tab_on_a_phone(browser, served):
+    url, _, plots = served
+    for label, (tab, button, figure) in TABS.items():
+        context = browser.new_context(viewport=NARROW)
+        page = context.new_page()
+        errors = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(f"{url}?tab={tab}")
+        try:
+            expect(page.locator(f"#{button}")).to_be_visible(timeout=TIMEOUT_MS)
+            if figure is not None:
+                expect(page.locator(f"#{figure} .js-plotly-plot .main-svg").first).to_be_attached(
+                    timeout=TIMEOUT_MS)
+                page.wait_for_timeout(800)
+            widths = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+            assert widths[0] <= widths[1], f"{label} scrolls sideways: {widths}"
+            assert not empty_plots(page, plots), f"{label}: empty figure boxes {empty_plots(page, plots)}"
+            screenshot(page, f"first-{tab}-narrow")
+        finally:
+            context.close()
+        assert not errors, errors
