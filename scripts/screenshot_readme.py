@@ -1,7 +1,8 @@
-"""Make the README's screenshot: `python app.py` on the default model, the Attention tab run on the example
-text, captured by headless Chromium into assets/screenshot-attention.png.
+"""Make the README's screenshots: `python app.py` on the default model, the Attention tab's first screen (what
+a newcomer sees: the default text on the head the tab opens on, nothing clicked), captured by headless Chromium at
+1400 × 1000 into assets/screenshot-attention.png and on a 390 × 844 phone into assets/screenshot-phone.png.
 
-    python scripts/screenshot_readme.py [--model NAME] [--out PATH]
+    python scripts/screenshot_readme.py [--model NAME] [--out PATH] [--phone PATH]
 
 Not a test (pytest does not collect it); run it again when the Attention tab changes.
 """
@@ -26,8 +27,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--out", default=str(ROOT / "assets" / "screenshot-attention.png"))
-    parser.add_argument("--layer", type=int, default=3)
-    parser.add_argument("--head", default="2")
+    parser.add_argument("--phone", default=str(ROOT / "assets" / "screenshot-phone.png"))
     args = parser.parse_args()
 
     with socket.socket() as s:
@@ -53,30 +53,20 @@ def main() -> int:
             browser = p.chromium.launch(
                 executable_path=os.environ.get("CHROMIUM", "/usr/bin/chromium"), args=CHROMIUM_ARGS
             )
-            page = browser.new_page(viewport={"width": 1360, "height": 900}, device_scale_factor=1)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000}, device_scale_factor=1)
             page.goto(f"http://127.0.0.1:{port}/")
-            expect(page.locator("#model-card table")).to_be_visible(timeout=120_000)
-            page.get_by_role("tab", name="Attention").click()
-            page.locator("#attn-layer input").fill(str(args.layer))
-            page.locator("#attn-head input").fill(args.head)
-            page.locator("#attn-head input").press("Enter")
-            page.locator("#attn-run").click()
+            expect(page.locator("#attn-note")).to_contain_text("Opened on", timeout=300_000)
             expect(page.locator("#attn-head-view .js-plotly-plot .hm image")).to_be_attached(timeout=120_000)
-            time.sleep(1.0)  # let plotly finish laying out the colour bars
-            # page coordinates (bounding_box is relative to the viewport, which scrolls)
-            top = (
-                page.evaluate("document.querySelector('[role=tablist]').getBoundingClientRect().top + window.scrollY")
-                - 10
-            )
-            bottom = page.evaluate(
-                "(() => { const r = document.querySelector('#attn-head-view').getBoundingClientRect();"
-                " return r.bottom + window.scrollY; })()"
-            )
-            page.screenshot(
-                path=args.out, full_page=True, clip={"x": 0, "y": top, "width": 1360, "height": bottom - top + 10}
-            )
+            time.sleep(1.5)  # let plotly finish laying out the colour bars
+            page.screenshot(path=args.out, clip={"x": 0, "y": 0, "width": 1400, "height": 1000})
+            phone = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2)
+            phone.goto(f"http://127.0.0.1:{port}/")
+            expect(phone.locator("#attn-note")).to_contain_text("Opened on", timeout=120_000)
+            expect(phone.locator("#attn-head-view .js-plotly-plot .hm image")).to_be_attached(timeout=120_000)
+            time.sleep(1.5)
+            phone.screenshot(path=args.phone, full_page=True, clip={"x": 0, "y": 0, "width": 390, "height": 1688})
             browser.close()
-        print(args.out)
+        print(args.out, args.phone)
         return 0
     finally:
         server.terminate()
