@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 import gradio as gr
 
-from ui.tabs.events import MODEL_GROUPS, user_errors
+from ui.tabs.events import MODEL_GROUPS, stays_behind, user_errors
 from ui.views import export
 
 TRACE_READERS = ("generation_step", "export_generation")  # read the rows a generation kept where it ran
@@ -73,7 +73,7 @@ def travelling_args(fn: Callable, key: str) -> int:
     """How many leading parameters travel; the ones that cannot (gr.Progress, gr.Request) must come last, so
     that the function called elsewhere without them takes their defaults."""
     params = list(inspect.signature(fn).parameters.values())
-    stays = [isinstance(p.default, gr.Progress) or p.annotation in (gr.Request, "gr.Request") for p in params]
+    stays = [stays_behind(p) for p in params]
     n = stays.index(True) if True in stays else len(params)
     if any(not s for s in stays[n:]):
         raise TypeError(f"event {key}: gr.Progress / gr.Request must be the last parameters to run elsewhere")

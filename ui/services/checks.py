@@ -112,9 +112,13 @@ def check_seed(value) -> int | None:
         return None
     return check_range("Seed", value, 0, MAX_SEED)
 
+
+MEAN_OF_HEADS = ("mean", "mean of heads")  # what a head field takes for the mean of a layer's heads
+
+
 def parse_head(value, n_heads: int, allow_mean: bool = True) -> int | None:
     """'mean of heads' → None (when allowed), else an index in range, or a UserError."""
-    if value in ("mean", "mean of heads") and allow_mean:
+    if value in MEAN_OF_HEADS and allow_mean:
         return None
     return check_range("Head", value, 0, n_heads - 1)
 

@@ -8,7 +8,8 @@ import gradio as gr
 from ui.services.attention import MAX_WINDOW
 from ui.tabs.events import ON_ANALYSIS, handler, opening, user_errors
 from ui.tabs.hover import hover_filter_js
-from ui.tabs.widgets import Tab, checked_pick, click_bridge, export_row, layer_head, read_example, upload
+from ui.tabs.widgets import (Tab, checked_pick, click_bridge, export_row, layer_head, read_example, run_checked,
+                             upload)
 from ui.views.attention import EXPORTS, attention_view, export_data, first_view
 
 CAPTURE_TTL_S = 1800  # a session's kept capture is dropped after half an hour
@@ -36,7 +37,8 @@ def build(services, picker, initial) -> Tab:
         with gr.Column(scale=1, min_width=300, elem_classes=["tab-controls"]):
             text = gr.Textbox(label="Text", value=read_example("attention.txt"), lines=5, max_lines=14,
                               elem_id="attn-text")
-            layer, head = layer_head(services.models, picker, initial, "attn", mean=True)
+            fields = layer_head(services.models, picker, initial, "attn", mean=True)
+            layer, head = fields.layer, fields.head
             button = gr.Button("Show attention", variant="primary", elem_id="attn-run")
             note = gr.Markdown(label="note", elem_id="attn-note")
             hide_special = gr.Checkbox(value=False, label="Hide special tokens (BOS, [CLS], [SEP], chat markers)")
@@ -73,11 +75,11 @@ def build(services, picker, initial) -> Tab:
     figures = [model_fig, head_fig, window_fig, columns_fig]
     event = dict(fn=handler(attention_view, services, "run"), inputs=[*settings, last_capture],
                  outputs=[note, *figures, last_capture], **ON_ANALYSIS)
-    revealed = dict(fn=lambda: [gr.Plot(visible=True)] * len(figures), inputs=None, outputs=figures,
-                    api_visibility="private", queue=False)
-    button.click(**revealed).then(**event, api_name="attention")
-    export_button.click(handler(export_data, services, "export_attention"), [*settings, what, last_capture],
-                        [export_file, export_note], api_name="export_attention", **ON_ANALYSIS)
+    # a wrong layer or head is a note under them, and the figures keep the last result
+    run_checked(button.click, services.models, picker.model, fields, event, reveal=figures, api_name="attention")
+    export = dict(fn=handler(export_data, services, "export_attention"), inputs=[*settings, what, last_capture],
+                  outputs=[export_file, export_note], **ON_ANALYSIS)
+    run_checked(export_button.click, services.models, picker.model, fields, export, api_name="export_attention")
 
     @user_errors
     def open_tile(name, value):

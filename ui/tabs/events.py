@@ -144,6 +144,56 @@ def handler(view: Callable, services, name: str, progress: bool = True, heavy: s
     return user_errors(event)
 
 
+def stays_behind(param: inspect.Parameter) -> bool:
+    """A parameter that Gradio fills and no call sends (gr.Progress, gr.Request): such parameters come last, and an
+    event run elsewhere (ui.backend.routing) takes their defaults."""
+    return isinstance(param.default, gr.Progress) or param.annotation in (gr.Request, "gr.Request")
+
+
+FIELDS_OK = "fields_ok"  # the parameter `gated` adds: whether the page's check of the fields passed
+
+
+def gated(event: dict, ok: gr.State) -> dict:
+    """The arguments of `event` (fn, inputs, outputs, …) run only while the State `ok` holds: otherwise every output
+    keeps what it shows (gr.skip). The State is one more input, before gr.Progress / gr.Request; an API call sends no
+    State and gets its default, True, so the endpoint checks and fails as before."""
+    fn, inputs, n_outputs = event["fn"], as_list(event["inputs"]), len(as_list(event["outputs"]))
+    params = list(inspect.signature(fn).parameters.values())
+    at = next((i for i, p in enumerate(params) if stays_behind(p)), len(params))
+    params.insert(at, inspect.Parameter(FIELDS_OK, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=True))
+    signature = inspect.Signature(params)
+    kept = tuple(gr.skip() for _ in range(n_outputs)) if n_outputs != 1 else gr.skip()
+
+    def split(args, kwargs) -> tuple[bool, tuple, dict]:
+        bound = signature.bind(*args, **kwargs)
+        fine = bound.arguments.pop(FIELDS_OK, True)
+        return fine is not False, bound.args, bound.kwargs
+
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            fine, args, kwargs = split(args, kwargs)
+            if not fine:
+                yield kept
+                return
+            yield from fn(*args, **kwargs)
+    else:
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            fine, args, kwargs = split(args, kwargs)
+            return fn(*args, **kwargs) if fine else kept
+
+    run.__signature__ = signature
+    return {**event, "fn": run, "inputs": [*inputs, ok]}
+
+
+def as_list(components) -> list:
+    """An event's inputs or outputs, given as one component, a list, or None, as a list."""
+    if components is None:
+        return []
+    return list(components) if isinstance(components, (list, tuple)) else [components]
+
+
 def opening(services, tab: str, event: dict, fresh: tuple[int, ...] = ()) -> dict:
     """The arguments of the event that shows a tab's result when it opens (its select, or a link to it).
 

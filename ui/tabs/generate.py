@@ -11,7 +11,7 @@ from ui.services.jobs import in_turns
 from ui.services.text import token_texts
 from ui.services.generation.trace import trace_summary
 from ui.tabs.events import GENERATE, GENERATE_LIMIT, ON_ANALYSIS, handler, progress_callback, user_errors
-from ui.tabs.widgets import Tab, checked_pick, click_bridge, layer_head, read_example, text_with_upload
+from ui.tabs.widgets import Tab, checked_pick, click_bridge, layer_head, read_example, run_checked, text_with_upload
 from ui.views.generate import kv_panel, mark_stopped, stats_line, step_figures, trace_file
 
 TRACE_TTL_S = 1800  # a session's trace is dropped after half an hour
@@ -75,8 +75,9 @@ def build(services, picker, initial) -> Tab:
     strip = gr.Radio([], label="Generated tokens (pick one)", elem_id="gen-strip", elem_classes=["token-strip"])
     with gr.Row():
         step = gr.Number(value=0, label="Step (0 = first generated token)", precision=0, elem_id="gen-step")
-        layer, head = layer_head(services.models, picker, initial, "gen", row=False)
+        fields = layer_head(services.models, picker, initial, "gen", row=False)
         show = gr.Button("Show this step", elem_id="gen-show-step")
+    fields.note.render()
     step_note = gr.Markdown(label="step note", elem_id="gen-step-note")
     with gr.Row():
         probs_fig = gr.Plot(label="Next-token probabilities", elem_id="gen-step-probs", visible=False)
@@ -112,7 +113,7 @@ def build(services, picker, initial) -> Tab:
                   **ON_GENERATE)
     trace.change(strip_of(services), trace, strip, api_visibility="private", trigger_mode="always_last", queue=False)
 
-    wire_steps(services, model, step, layer, head, trace, show, strip, picked, step_outputs)
+    wire_steps(services, model, step, fields, trace, show, strip, picked, step_outputs)
     export.click(handler(trace_file, services, "export_generation", progress=False), trace,
                  [export_file, export_note], api_name="export_generation")
     kv_run.click(lambda: gr.Plot(visible=True), None, kv_fig, api_visibility="private", queue=False).then(
@@ -135,18 +136,19 @@ def build(services, picker, initial) -> Tab:
     return Tab(send=send, sent=sent)
 
 
-def wire_steps(services, model, step, layer, head, trace, show, strip, picked, step_outputs) -> None:
+def wire_steps(services, model, step, fields, trace, show, strip, picked, step_outputs) -> None:
     """The step view: shown for the step picked on the strip or typed, the layer and head typed or clicked on
-    the all-heads overview; its figures (step_outputs[1:4]) hidden until then."""
-    reveal = dict(fn=lambda: [gr.Plot(visible=True)] * 3, inputs=None, outputs=step_outputs[1:4],
-                  api_visibility="private", queue=False)
+    the all-heads overview; its figures (step_outputs[1:4]) hidden until then. A wrong layer or head is a note
+    under them, and the step view keeps what it shows."""
+    layer, head, models = fields.layer, fields.head, services.models
     step_event = dict(fn=handler(step_figures, services, "generation_step", progress=False),
                       inputs=[step, layer, head, trace], outputs=step_outputs, concurrency_limit=4)
-    show.click(**reveal).then(**step_event, api_name="generation_step")
-    strip.input(chosen_step, strip, step, api_visibility="private", queue=False).then(**reveal).then(
-        **step_event, api_visibility="private")
+    figures = step_outputs[1:4]
+    run_checked(show.click, models, model, fields, step_event, reveal=figures, api_name="generation_step")
+    run_checked(strip.input(chosen_step, strip, step, api_visibility="private", queue=False).then, models, model,
+                fields, step_event, reveal=figures, api_visibility="private")
     for box in (layer, head):
-        box.submit(**reveal).then(**step_event, api_visibility="private")
+        run_checked(box.submit, models, model, fields, step_event, reveal=figures, api_visibility="private")
 
     @user_errors
     def open_row(name, value):

@@ -9,7 +9,7 @@ import gradio as gr
 from ui.services.heads import (COMPLETENESS_STEPS, MAX_HEADS_TOKENS, MAX_IG_STEPS, MAX_SWEEP_TOKENS, SWEEP_BATCH,
                                scored_shape)
 from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, opening, user_errors
-from ui.tabs.widgets import Tab, click_bridge, export_row, layer_head, read_example, upload
+from ui.tabs.widgets import Tab, click_bridge, export_row, layer_head, read_example, run_checked, upload
 from ui.views import heads as views
 
 CACHE_TTL_S = 1800  # a session's kept results are dropped after half an hour
@@ -79,7 +79,8 @@ def atlas_section(services, picker, initial, cache) -> dict:
                                 elem_id="heads-score")
             run = gr.Button("Score every head", variant="primary", elem_id="heads-run")
             note = gr.Markdown(label="note", elem_id="heads-note")
-            layer, head = layer_head(services.models, picker, initial, "heads", shape=scored_shape)
+            fields = layer_head(services.models, picker, initial, "heads", shape=scored_shape)
+            layer, head = fields.layer, fields.head
             with gr.Row():
                 open_button = gr.Button("Open this head", elem_id="heads-open", min_width=120)
                 add_button = gr.Button("Add it to the ablation list", elem_id="heads-add", min_width=120)
@@ -101,11 +102,13 @@ def atlas_section(services, picker, initial, cache) -> dict:
     figures = [score_map, head_fig]
     atlas = dict(fn=handler(views.atlas_view, services, "head_atlas"), inputs=[model, text, score, layer, head, cache],
                  outputs=[note, score_map, top, thresholds, head_fig, cache], **ON_ANALYSIS)
-    run.click(**shown(figures)).then(**atlas, api_name="head_atlas")
-    score.input(**shown(figures)).then(**atlas, api_visibility="private")
-    open_button.click(**shown([head_fig])).then(
-        handler(views.open_head, services, "show_head", progress=False), [model, text, layer, head], head_fig,
-        api_visibility="private", **ON_ANALYSIS)
+    # a wrong layer or head is a note under them, and the figures keep the last result
+    run_checked(run.click, services.models, model, fields, atlas, reveal=figures, api_name="head_atlas")
+    run_checked(score.input, services.models, model, fields, atlas, reveal=figures, api_visibility="private")
+    show_head = dict(fn=handler(views.open_head, services, "show_head", progress=False),
+                     inputs=[model, text, layer, head], outputs=head_fig, **ON_ANALYSIS)
+    run_checked(open_button.click, services.models, model, fields, show_head, reveal=[head_fig],
+                api_visibility="private")
     bridge.click(handler(views.pick_tile, services, "pick_tile", progress=False), [model, text, bridge],
                  [layer, head, head_fig], api_visibility="private", **ON_ANALYSIS)
     export_button.click(handler(views.export_data, services, "export_heads"), [model, text, cache],
@@ -172,9 +175,10 @@ def attribution_section(services, picker, initial, text, cache) -> None:
     with gr.Row():
         position = gr.Number(value=-1, label="Position (−1 = the last token)", precision=0,
                              elem_id="heads-attr-position")
-        layer, head = layer_head(services.models, picker, initial, "heads-attr", keep=False, row=False)
+        fields = layer_head(services.models, picker, initial, "heads-attr", keep=False, row=False)
         steps = gr.Number(value=32, label=f"Integrated-gradient steps (1–{MAX_IG_STEPS})", precision=0,
                           elem_id="heads-attr-steps")
+    fields.note.render()
     with gr.Row():
         target = gr.Textbox("", label="Target token", placeholder="empty: the model's top token; e.g. ' Mary'",
                             elem_id="heads-attr-target")
@@ -188,10 +192,11 @@ def attribution_section(services, picker, initial, text, cache) -> None:
     figure = gr.Plot(label="Five views of one prediction", elem_id="heads-attr-chart", visible=False)
     correlations = gr.Dataframe(headers=["", *views.ATTRIBUTION_VIEWS], label="Spearman rank correlations",
                                 interactive=False, elem_id="heads-attr-corr", visible=False)
-    button.click(**shown([figure, correlations])).then(
-        handler(views.attribution_view, services, "attribute", heavy="Integrated gradients"),
-        [picker.model, text, position, layer, head, steps, target, foil, baseline, cache],
-        [note, figure, correlations, cache], api_name="attribute", **ON_HEAVY)
+    event = dict(fn=handler(views.attribution_view, services, "attribute", heavy="Integrated gradients"),
+                 inputs=[picker.model, text, position, fields.layer, fields.head, steps, target, foil, baseline, cache],
+                 outputs=[note, figure, correlations, cache], **ON_HEAVY)
+    run_checked(button.click, services.models, picker.model, fields, event, reveal=[figure, correlations],
+                api_name="attribute")
 
 
 def lens_section(services, picker, text, cache) -> None:

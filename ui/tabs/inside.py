@@ -9,7 +9,7 @@ import gradio as gr
 from ui.services.generation import MAX_TEMPERATURE
 from ui.services.inside import MAX_INSIDE_TOKENS, shape_of
 from ui.tabs.events import ON_ANALYSIS, handler, user_errors
-from ui.tabs.widgets import Tab, click_bridge, layer_head, upload
+from ui.tabs.widgets import Tab, click_bridge, layer_head, run_checked, upload
 from ui.views import inside as views
 
 LEAD = """**Inside one forward pass**: follow one token through one real layer, stage by stage, with every number the
@@ -29,7 +29,8 @@ def build(services, picker, initial) -> Tab:
         with gr.Column(scale=1, min_width=300, elem_classes=["tab-controls"]):
             text = gr.Textbox(label=f"Text (its first {MAX_INSIDE_TOKENS} tokens)", value=TEXT, lines=3,
                               max_lines=14, elem_id="inside-text")
-            layer, head = layer_head(services.models, picker, initial, "inside", shape=shape_of)
+            fields = layer_head(services.models, picker, initial, "inside", shape=shape_of)
+            layer, head = fields.layer, fields.head
             token = gr.Number(value=-1, label="Token to follow (position; −1 = the last)", precision=0,
                               elem_id="inside-token")
             run = gr.Button("Walk through", variant="primary", elem_id="inside-run")
@@ -51,16 +52,16 @@ def build(services, picker, initial) -> Tab:
             for i in range(1, views.STAGE_COUNT + 1):
                 stages.append(gr.Markdown(elem_id=f"inside-note{i}"))
                 stages.append(gr.Plot(elem_id=f"inside-stage{i}", visible=False, show_label=False))
-    why = why_section(services, picker, text, layer, head)
+    why = why_section(services, picker, text, fields)
     walk = dict(fn=handler(views.walk_view, services, "forward_walk"),
                 inputs=[picker.model, text, layer, head, token, temperature, top_k, top_p],
                 outputs=[overview, *stages, npz], **ON_ANALYSIS)
     figures = [c for c in stages if isinstance(c, gr.Plot)]
-    reveal = dict(fn=lambda: [gr.Plot(visible=True)] * len(figures) + [gr.File(visible=True)], inputs=None,
-                  outputs=[*figures, npz], api_visibility="private", queue=False)
-    run.click(**reveal).then(**walk, api_name="forward_walk")
+    # a wrong layer or head is a note under them, and the stages keep the last walk
+    run_checked(run.click, services.models, picker.model, fields, walk, reveal=[*figures, npz],
+                api_name="forward_walk")
     for control in (temperature, top_p):
-        control.release(**walk, api_visibility="private")
+        run_checked(control.release, services.models, picker.model, fields, walk, api_visibility="private")
 
     @user_errors
     def pick(value):
@@ -72,7 +73,7 @@ def build(services, picker, initial) -> Tab:
     return Tab(text=text, layer=layer, head=head, token=token)
 
 
-def why_section(services, picker, text, layer, head) -> dict:
+def why_section(services, picker, text, fields) -> dict:
     gr.Markdown("### Why this head attends here\nA score q·k/√d_k split into what each side's residual stream is made "
                 "of (the embeddings, the positions, every earlier layer's attention and MLP output), content against "
                 "position for every key, and the head's queries and keys in one plane. Click a cell of stage 5's "
@@ -89,13 +90,14 @@ def why_section(services, picker, text, layer, head) -> dict:
     geometry_note = gr.Markdown(elem_id="inside-geometry-note")
     scatter = gr.Plot(elem_id="inside-geometry", visible=False, show_label=False)
     picked = click_bridge("inside-cell-bridge", ["inside-stage5"], CELL_READ)
+    layer, head, models = fields.layer, fields.head, services.models
     event = dict(fn=handler(views.anatomy_view, services, "score_anatomy"),
                  inputs=[picker.model, text, layer, head, query, key], outputs=[note, decomposition, lines],
                  **ON_ANALYSIS)
-    shown = dict(fn=lambda: (gr.Plot(visible=True), gr.Plot(visible=True)), inputs=None,
-                 outputs=[decomposition, lines], api_visibility="private", queue=False)
-    button.click(**shown).then(**event, api_name="score_anatomy")
-    geometry_button.click(lambda: gr.Plot(visible=True), None, scatter, api_visibility="private", queue=False).then(
-        handler(views.geometry_view, services, "qk_geometry"), [picker.model, text, layer, head],
-        [geometry_note, scatter], api_name="qk_geometry", **ON_ANALYSIS)
+    run_checked(button.click, models, picker.model, fields, event, reveal=[decomposition, lines],
+                api_name="score_anatomy")
+    geometry = dict(fn=handler(views.geometry_view, services, "qk_geometry"), inputs=[picker.model, text, layer, head],
+                    outputs=[geometry_note, scatter], **ON_ANALYSIS)
+    run_checked(geometry_button.click, models, picker.model, fields, geometry, reveal=[scatter],
+                api_name="qk_geometry")
     return dict(query=query, key=key, picked=picked, event=event)

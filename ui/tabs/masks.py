@@ -8,7 +8,7 @@ import gradio as gr
 from ui.plots.attention import STAGE_TITLES, STAGES
 from ui.services.masks import MAX_STAGE_WINDOW
 from ui.tabs.events import ON_ANALYSIS, handler, opening
-from ui.tabs.widgets import Tab, export_row, layer_head, read_example, text_with_upload
+from ui.tabs.widgets import Tab, export_row, layer_head, read_example, run_checked, text_with_upload
 from ui.views.masks import export_data, mask_view
 
 LEAD = """**What each safeguard of eq. 2.1 changes**: the scores QKᵀ/√d_k, the mask M and the softmax step by step,
@@ -24,13 +24,6 @@ safeguard switched off, to measure what it protects against. The window and the 
 are under "Padding texts and window", beside the button."""
 
 STAGE_MIN_WIDTH = 260  # three stages side by side in the figures' column of a wide screen, one a row on a phone
-
-
-def show(figures: list) -> dict:
-    """The event arguments that make the tab's figures visible at once, before a result arrives: they start hidden,
-    so that no empty box is shown (queue=False: no wait behind the model's queue)."""
-    return dict(fn=lambda: [gr.Plot(visible=True)] * len(figures), inputs=None, outputs=figures,
-                api_visibility="private", queue=False)
 
 
 def stage_rows() -> list[gr.Plot]:
@@ -53,7 +46,8 @@ def build(services, picker, initial) -> Tab:
         with gr.Column(scale=1, min_width=300, elem_classes=["tab-controls"]):
             text, _ = text_with_upload("Text", read_example("masks.txt"), "mask", services.settings.text_cap_bytes,
                                        lines=4)
-            layer, head = layer_head(services.models, picker, initial, "mask")
+            fields = layer_head(services.models, picker, initial, "mask")
+            layer, head = fields.layer, fields.head
             button = gr.Button("Run the mask demo", variant="primary", elem_id="mask-run")
             note = gr.Markdown(label="note", elem_id="mask-note")
             with gr.Accordion("Padding texts and window", open=False, elem_id="mask-options"):
@@ -92,8 +86,10 @@ def build(services, picker, initial) -> Tab:
     inputs = [picker.model, text, layer, head, start, size, text_a, text_b]
     outputs = [note, *stages, causal_fig, causal_text, padding_fig, padding_text, entropy_fig, entropy_text]
     run = dict(fn=handler(mask_view, services, "run"), inputs=inputs, outputs=outputs, **ON_ANALYSIS)
-    button.click(**show(figures)).then(**run, api_name="mask_demo")
-    export_button.click(handler(export_data, services, "export_masks"), inputs, [export_file, export_note],
-                        api_name="export_masks", **ON_ANALYSIS)
+    # a wrong layer or head is a note under them, and the figures keep the last result
+    run_checked(button.click, services.models, picker.model, fields, run, reveal=figures, api_name="mask_demo")
+    export = dict(fn=handler(export_data, services, "export_masks"), inputs=inputs, outputs=[export_file, export_note],
+                  **ON_ANALYSIS)
+    run_checked(export_button.click, services.models, picker.model, fields, export, api_name="export_masks")
     return Tab(text=text, layer=layer, head=head, run_event={**run, "api_visibility": "private"},
                opening=opening(services, "masks", run), reveal=figures)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import gradio as gr
 
 from ui.services.positions import MAX_PE_DIM, MAX_PE_POSITIONS
-from ui.tabs.events import ON_ANALYSIS, handler, opening
-from ui.tabs.widgets import Tab, export_row, layer_head, read_example, upload
+from ui.tabs.events import ON_ANALYSIS, gated, handler, opening
+from ui.tabs.widgets import Tab, export_row, layer_head, read_example, run_checked, upload
 from ui.views.positions import export_data, first_view, permutation_view, positional_view
 
 LEAD = """**How a Transformer knows where each token is**: sinusoids (eq. 4.1 in the repository's docs/theory.md)
@@ -45,7 +45,8 @@ def build(services, picker, initial) -> Tab:
                 with gr.Row():
                     p = gr.Number(value=0, label="Start position p (dot product)", precision=0, min_width=120)
                     k = gr.Number(value=5, label="Offset k (rotation check)", precision=0, min_width=120)
-                layer, head = layer_head(services.models, picker, initial, "pe", note="RoPE scores; ")
+                fields = layer_head(services.models, picker, initial, "pe", note="RoPE scores; ")
+                layer, head = fields.layer, fields.head
             upload(text, "pe", services.settings.text_cap_bytes)
             export_button, export_file, export_note, _ = export_row("pe", "Export every matrix (CSV in a .zip)")
         with gr.Column(scale=3, min_width=340):
@@ -73,13 +74,14 @@ def build(services, picker, initial) -> Tab:
     inputs = [picker.model, n, d, p, k, layer, head, text]
     outputs = [heat, dots, sim, check, learned_heat, learned_sim, angles, scores, rope_text]
     figures = [heat, dots, sim, learned_heat, learned_sim, angles, scores]
-    button.click(lambda: [gr.Plot(visible=True)] * len(figures), None, figures, api_visibility="private",
-                 queue=False).then(
-        handler(positional_view, services, "run"), inputs, outputs, api_name="positional_encoding",
-        **ON_ANALYSIS).success(
-        handler(permutation_view, services, "permutation_check", progress=False), [picker.model, text], perm_text,
-        api_name="permutation_check", **ON_ANALYSIS)
-    export_button.click(handler(export_data, services, "export_positions"), inputs, [export_file, export_note],
-                        api_name="export_positions", **ON_ANALYSIS)
+    run = dict(fn=handler(positional_view, services, "run"), inputs=inputs, outputs=outputs, **ON_ANALYSIS)
+    permutation = dict(fn=handler(permutation_view, services, "permutation_check", progress=False),
+                       inputs=[picker.model, text], outputs=perm_text, **ON_ANALYSIS)
+    # a wrong layer or head is a note under them, and the figures keep the last result
+    run_checked(button.click, services.models, picker.model, fields, run, reveal=figures,
+                api_name="positional_encoding").success(**gated(permutation, fields.ok), api_name="permutation_check")
+    export = dict(fn=handler(export_data, services, "export_positions"), inputs=inputs,
+                  outputs=[export_file, export_note], **ON_ANALYSIS)
+    run_checked(export_button.click, services.models, picker.model, fields, export, api_name="export_positions")
     first = dict(fn=handler(first_view, services, "first_positions"), inputs=inputs, outputs=[*outputs, perm_text])
     return Tab(text=text, layer=layer, head=head, opening=opening(services, "positions", first), reveal=figures)

@@ -1,5 +1,6 @@
-"""What the tabs share: the text box with its upload, the layer and head inputs that follow the chosen model,
-the export row, the file box, and the one return type of every tab's build."""
+"""What the tabs share: the text box with its upload, the layer and head inputs that follow the chosen model
+(checked before a run, with a note under them), the export row, the file box, and the one return type of every
+tab's build."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from pathlib import Path
 
 import gradio as gr
 
-from ui.services.checks import UserError, index_of
+from ui.services.checks import MEAN_OF_HEADS, UserError, check_range, index_of, kept_index
 from ui.services.text import UPLOAD_SUFFIXES, read_upload
-from ui.tabs.events import user_errors
+from ui.tabs.events import gated, message, user_errors
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "assets" / "examples"
 # Runs once when a page opens (demo.load js=). Gradio's plot component draws with Plotly.react(gd, data, layout,
@@ -162,50 +163,113 @@ def checked_pick(model, picked) -> tuple[int, int]:
     return layer, head
 
 
-def kept_index(value, size: int) -> int:
-    """A layer or head index kept across a change of model when the new model has it, else 0."""
-    index = index_of(value)
-    return index if index is not None and 0 <= index < size else 0
+def out_of_range(name: str, value, size: int, also: str = "") -> str:
+    """'' when value is an index of `size` things, else one sentence that says so and gives the model's range
+    ("Layer 99 is out of range: this model has layers 0–29."). also: what else the field takes (", or the mean")."""
+    try:
+        check_range(name, value, 0, size - 1)
+    except UserError as exc:
+        index = index_of(value)
+        if index is None or abs(index) >= 10**6:  # not a whole number, or one no one means: the check's words
+            return str(exc)
+        return f"{name} {index} is out of range: this model has {name.lower()}s 0–{size - 1}{also}."
+    return ""
+
+
+@dataclass
+class Fields:
+    """A layer input and a head input that follow the chosen model (layer_head), the note under them that says
+    what is wrong with them, and the State that says whether they passed their last check (run_checked)."""
+
+    layer: gr.Number
+    head: gr.Number | gr.Dropdown | None
+    note: gr.Markdown
+    ok: gr.State
+    shape: Callable  # model → (layers, heads)
+    mean: bool = False  # the head may be "mean of heads"
+
+    def problem(self, model, layer, head=None) -> str:
+        """'' when the layer and the head are the model's, else what is wrong, in one or two sentences."""
+        n_layers, n_heads = self.shape(model)
+        problems = [out_of_range("Layer", layer, n_layers)]
+        if self.head is not None and not (self.mean and head in MEAN_OF_HEADS):
+            problems.append(out_of_range("Head", head, n_heads, ", or the mean" if self.mean else ""))
+        return " ".join(p for p in problems if p)
+
+
+def head_label(note: str, n_heads: int, mean: bool) -> str:
+    return f"Head ({note}0–{n_heads - 1}{', or the mean' if mean else ''})"
 
 
 def layer_head(models, picker, initial, prefix: str, shape: Callable = None, note: str = "", mean: bool = False,
-               keep: bool = True, row: bool = True) -> tuple[gr.Number, gr.Number | gr.Dropdown]:
-    """A layer input and a head input whose ranges follow the chosen model (elem_ids prefix-layer, prefix-head).
+               keep: bool = True, row: bool = True, head: bool = True) -> Fields:
+    """A layer input and a head input whose ranges follow the chosen model (elem_ids prefix-layer, prefix-head),
+    and the note under them (prefix-field-note) where run_checked says what is wrong with them.
 
     shape(model) → (layers, heads): the main stack's by default. note goes before the range in both labels
     ("RoPE scores; "). mean: the head is a dropdown that offers the mean of the layer's heads. keep: a new model
-    keeps the layer and head where it has them (else both go back to 0)."""
+    keeps the layer and head where it has them (else both go back to 0). row: the two in a row of their own, the
+    note under it; else laid out where the caller is, the note left for the caller to render (fields.note.render()).
+    head: False for a layer alone."""
     shape = shape or (lambda model: (model.config.n_layers, model.config.n_heads))
     n_layers, n_heads = shape(initial)
 
     def layout():
         layer = gr.Number(value=0, label=f"Layer ({note}0–{n_layers - 1})", precision=0, elem_id=f"{prefix}-layer",
                           min_width=120)
-        if mean:
-            head = gr.Dropdown(choices=head_choices(n_heads), value="mean of heads", label="Head",
-                               allow_custom_value=True, elem_id=f"{prefix}-head", min_width=120)
-        else:
-            head = gr.Number(value=0, label=f"Head ({note}0–{n_heads - 1})", precision=0, elem_id=f"{prefix}-head",
-                             min_width=120)
-        return layer, head
+        if not head:
+            return layer, None
+        if mean:  # wide enough for "mean of heads" in full
+            return layer, gr.Dropdown(choices=head_choices(n_heads), value="mean of heads",
+                                      label=head_label(note, n_heads, mean), allow_custom_value=True,
+                                      elem_id=f"{prefix}-head", min_width=170)
+        return layer, gr.Number(value=0, label=head_label(note, n_heads, mean), precision=0,
+                                elem_id=f"{prefix}-head", min_width=120)
 
     if row:
         with gr.Row():
-            layer, head = layout()
+            layer, head_box = layout()
     else:
-        layer, head = layout()
+        layer, head_box = layout()
+    field_note = gr.Markdown(elem_id=f"{prefix}-field-note", elem_classes=["field-note"], render=row)
+    fields = Fields(layer, head_box, field_note, gr.State(True), shape, mean)
 
     @user_errors
-    def limits(name, layer_index, head_index):
-        """New ranges for the chosen model; the layer and head stay where they are when the model has them."""
+    def limits(name, layer_index, head_index=None):
+        """New ranges for the chosen model; the layer and head stay where they are when the model has them; the
+        note about the last model's fields goes."""
         layers, heads = shape(models.get(name))
         layer_value = kept_index(layer_index, layers) if keep else 0
         new_layer = gr.Number(value=layer_value, label=f"Layer ({note}0–{layers - 1})")
+        if head_box is None:
+            return new_layer, ""
         if mean:
             kept_head = head_index if head_index in head_choices(heads) else "mean of heads"
-            return new_layer, gr.Dropdown(choices=head_choices(heads), value=kept_head)
+            return new_layer, gr.Dropdown(choices=head_choices(heads), value=kept_head,
+                                          label=head_label(note, heads, mean)), ""
         head_value = kept_index(head_index, heads) if keep else 0
-        return new_layer, gr.Number(value=head_value, label=f"Head ({note}0–{heads - 1})")
+        return new_layer, gr.Number(value=head_value, label=head_label(note, heads, mean)), ""
 
-    picker.loaded.success(limits, [picker.model, layer, head], [layer, head], api_visibility="private")
-    return layer, head
+    boxes = [layer] if head_box is None else [layer, head_box]
+    picker.loaded.success(limits, [picker.model, *boxes], [*boxes, field_note], api_visibility="private")
+    return fields
+
+
+def run_checked(trigger: Callable, models, model, fields: Fields, event: dict, reveal: list = (), **options):
+    """trigger(...) (a button's .click, a step's .then) checks the layer and head first, at once, against the model:
+    a wrong one is a message in the note under them and every figure keeps what it shows; right ones clear the note,
+    show `reveal` (components hidden until a result) and run `event` with `options` (its api_name). The event's
+    own checks stay as they were: an API call, which has no page to check it, gets its error. Returns the run's
+    dependency, to chain on."""
+    boxes = [fields.layer] if fields.head is None else [fields.layer, fields.head]
+
+    def check_fields(name, layer, head=None):
+        try:
+            problem = fields.problem(models.get(name), layer, head)
+        except UserError:  # no model to check against: the run says why
+            problem = ""
+        shown = [gr.skip() if problem else gr.update(visible=True) for _ in reveal]
+        return message(problem), not problem, *shown
+
+    return trigger(user_errors(check_fields), [model, *boxes], [fields.note, fields.ok, *reveal],
+                   api_visibility="private", queue=False).then(**gated(event, fields.ok), **options)
