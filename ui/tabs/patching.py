@@ -8,7 +8,7 @@ import gradio as gr
 
 from ui.services.patching import DEFAULT_THRESHOLD, PRESETS
 from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, user_errors
-from ui.tabs.widgets import Tab, click_bridge
+from ui.tabs.widgets import Tab, click_bridge, layer_head
 from ui.views import patching as views
 
 LEAD = """**What carries the answer**: run a prompt and a corrupted copy of it, then move one activation at a time
@@ -56,8 +56,10 @@ def build(services, picker, initial) -> Tab:
                 with gr.Row():
                     mode = gr.Radio(["denoise", "noise"], value="denoise", label="Direction", elem_id="patch-mode",
                                     min_width=160)
-                    layer = gr.Number(value=0, label=f"Layer, for one layer's heads (0–{initial.config.n_layers - 1})",
-                                      precision=0, elem_id="patch-layer", min_width=120)
+                    fields = layer_head(services.models, picker, initial, "patch", note="for one layer's heads; ",
+                                        row=False, head=False)
+                fields.note.render()
+                layer = fields.layer
         with gr.Column(scale=3, min_width=340):
             gr.Markdown(HOW_TO_READ, elem_classes=["how-to-read"])
             note = gr.Markdown(elem_id="patch-note")
@@ -84,11 +86,6 @@ def build(services, picker, initial) -> Tab:
 
     preset.input(fill, preset, [clean, corrupted, answer, foil], api_visibility="private", queue=False)
 
-    @user_errors
-    def layer_range(name):
-        return gr.Number(label=f"Layer, for one layer's heads (0–{services.models.get(name).config.n_layers - 1})")
-
-    picker.loaded.success(layer_range, picker.model, layer, api_visibility="private")
     return Tab(text=clean, layer=layer, corrupted=corrupted, picked=picked)
 
 
