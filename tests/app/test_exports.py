@@ -78,7 +78,7 @@ def test_attention_head_csv_equals_the_head_view(client, tiny):
     matrix = matrix_of(rows)
     np.testing.assert_allclose(matrix.sum(1), 1.0, atol=1e-4)  # rows of eq. 2.1's softmax
     assert np.all(matrix[np.triu_indices(len(matrix), 1)] == 0)  # causal
-    _, _, head_view, _ = client.predict(tiny["llama"], TEXT, 1, "2", False, 0, 0, 8, api_name="/attention")
+    _, _, head_view, _, _ = client.predict(tiny["llama"], TEXT, 1, "2", False, 0, 0, 8, api_name="/attention")
     shown = json.loads(head_view["plot"])
     z = shown["data"][0]["z"]
     import base64
