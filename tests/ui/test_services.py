@@ -221,7 +221,9 @@ def test_an_encoder_decoder_shows_its_encoder_attention_and_says_what_it_cannot_
     z = np.asarray(head_view.data[0].z)
     assert z[np.triu_indices(len(z), 1)].max() > 0  # the encoder reads both ways
     assert "encoder's self-attention" in model_view.layout.title.text
-    assert "two attention blocks" in model_card("marian", store.get(folder))
+    card = model_card("marian", store.get(folder))
+    assert "two attention blocks" in card
+    assert "Marian: an encoder-decoder translation model family, as in MarianMT" in card  # the word explained
     learned = positional_view(services, folder, 32, 8, 0, 1, 0, 0, "The lamp")[4]
     assert "adds the fixed sinusoids" in learned.layout.annotations[0].text
     with pytest.raises(UserError, match="encoder-decoder"):

@@ -18,6 +18,7 @@ from ui.services.lab.configs import (DEFAULT_FIELDS, DEFAULT_SNAPSHOT_STEPS, EXP
 
 from ui.tabs.events import LAB, progress_callback, user_errors
 from ui.tabs.widgets import Tab, file_box
+from ui.views.card import FAMILY_WORDS
 from ui.views.lab import job_curves, run_attention, runs_export, snapshot_count, snapshot_figure
 
 ATTENTION_LIMIT = 2
@@ -30,7 +31,8 @@ INTRO = """Train a small Transformer **from scratch** on a toy task (characters 
 few seconds to a minute. The curves stream as it learns: training loss every step, and every tenth of the run
 the held-out loss and **exact match** (the model writes whole answers on its own, greedily, for examples it never
 trained on). Snapshot steps keep its attention as it forms. Then break it on purpose: *Compare* trains the same
-config twice, differing in one switch, and says what the numbers show."""
+config twice, differing in one switch, and says what the numbers show. The default family, **marian**, is """ + \
+    FAMILY_WORDS["marian"] + """; **llama** is a decoder alone, as in Llama."""
 
 TASK_HELP = {
     "copy": "abcdef → abcdef",
@@ -80,7 +82,8 @@ def controls(cap) -> SimpleNamespace:
         stop = gr.Button("Stop", variant="stop", elem_id="lab-stop")
     with gr.Accordion("Model, training and snapshot settings", open=False, elem_id="lab-settings"):
         family = gr.Dropdown([(f"{f}: {what}", f) for f, what in FAMILIES.items()], value=d["family"],
-                             label="Model family", **free, elem_id="lab-family")
+                             label="Model family", **free, elem_id="lab-family",
+                             info=f"marian: {FAMILY_WORDS['marian']}; llama: a decoder alone, as in Llama")
         with gr.Row():
             n_layers = gr.Number(d["n_layers"], label="Layers (1–4)", precision=0, elem_id="lab-layers")
             d_model = gr.Number(d["d_model"], label="d_model (32–256)", precision=0, elem_id="lab-d-model")

@@ -4,6 +4,13 @@
 from __future__ import annotations
 
 from core.analysis.inspect import parameter_counts
+# a family name a newcomer may not know, in words: said where the name first shows (the card, the Lab)
+FAMILY_WORDS = {
+    "marian": "an encoder-decoder translation model family, as in MarianMT: an encoder reads the source, a decoder "
+              "writes the output and reads the encoder through cross-attention",
+}
+
+
 def parameter_table(model) -> list[list[str]]:
     """Rows [part, measured, formula, ratio] comparing the model's counts with the theory's 4d² and 8d²."""
     cfg = model.config
@@ -60,6 +67,7 @@ def model_card(name: str, model, source: str = "") -> str:
         f"**{cfg.family}** {kind}: {cfg.n_layers} layers, {cfg.n_heads} heads{gqa}, d = {d}, d_k = {cfg.head_dim}, "
         f"d_ff = {cfg.d_ff}, vocabulary {cfg.vocab_size:,}, context {cfg.max_positions:,} tokens.  ",
         f"Positions: **{cfg.positional}**; norm: {cfg.norm} ({cfg.norm_placement}-LN).  ",
+        f"{cfg.family.capitalize()}: {FAMILY_WORDS[cfg.family]}.  " if cfg.family in FAMILY_WORDS else "",
         source,
         "",
         "| part | parameters | theory | measured / theory |",

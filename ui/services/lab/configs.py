@@ -12,7 +12,7 @@ from core.train import LabConfig
 from ui.services.checks import UserError, check_float, check_range
 from ui.settings import LabSettings
 
-FAMILIES = {"marian": "encoder-decoder (Marian layout)", "llama": "decoder only (Llama layout)"}
+FAMILIES = {"marian": "encoder-decoder (MarianMT's layout)", "llama": "decoder only (Llama's layout)"}
 POSITIONS = ("default", "sinusoidal", "learned", "rope", "none")  # "default": the family's own
 NORMS = ("default", "pre", "post")
 MAX_RUNS_PER_SESSION = 8  # older finished runs are dropped: each holds its model in memory
