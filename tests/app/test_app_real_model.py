@@ -97,7 +97,7 @@ def test_rope_makes_smollm2s_own_forward_pass_depend_only_on_distance(store, mon
 
 def test_long_text_on_smollm2_keeps_every_figure_under_2_mb(store):
     text = " ".join([TEXT] * 40)  # ~1,400 tokens
-    note, model_view, head_view, window, _ = attention_view(
+    note, model_view, head_view, window, _, _ = attention_view(
         Services.create(models=store), SMOLLM, text, 5, "mean of heads", False, 700, 600, 256
     )
     sizes = [figure_nbytes(f) for f in (model_view, head_view, window)]

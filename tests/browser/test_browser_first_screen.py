@@ -37,6 +37,7 @@ TABS = {  # tab label → (its id in links, its primary button, a figure its fir
     "Lab": ("lab", "lab-train", None),
 }
 CHEAP = {"attention", "positions", "masks", "heads"}
+FORTY = {}  # the served model, for a text of exactly 40 tokens
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +46,7 @@ def served(tmp_path_factory):
     demo, url, services = launch_app([llama], llama)
     import gradio as gr
 
+    FORTY["model"] = services.models.get(llama)
     plots = [block.elem_id for block in demo.blocks.values() if isinstance(block, gr.Plot)]
     assert all(plots), "every plot has an elem_id, so a test can find it"
     computed = []
@@ -176,3 +178,40 @@ def test_every_tab_on_a_phone(browser, served):
         finally:
             context.close()
         assert not errors, errors
+
+
+def test_the_head_view_labels_every_token_of_a_40_token_text(browser, served):
+    url, _, _ = served
+    text = forty_tokens()
+    context, page, errors = open_page(browser, url)
+    try:
+        expect(page.locator("#attn-note")).to_contain_text("Opened on", timeout=TIMEOUT_MS)
+        page.locator("#attn-text textarea").fill(text)
+        page.locator("#attn-run").click()
+        expect(page.locator("#attn-note")).to_contain_text("40 tokens", timeout=TIMEOUT_MS)
+        page.wait_for_timeout(800)
+        ticks = page.evaluate(
+            """() => ['xtick', 'ytick'].map((axis) => [...document.querySelectorAll(
+                 `#attn-head-view .${axis} text`)].map((t) => t.textContent))"""
+        )
+        for labels in ticks:  # every token, in order: "0 …" to "39 …"
+            assert [int(label.split(" ", 1)[0]) for label in labels] == list(range(40)), labels
+    finally:
+        context.close()
+    assert not errors, errors
+
+
+def forty_tokens() -> str:
+    """A text of exactly 40 tokens for the tiny model's tokenizer (BOS included, as the tab counts them)."""
+    from ui.services.text import encode
+
+    model = FORTY["model"]
+    words, text = ["the", "lamp", "and", "a", "keeper", "at", "dawn", "."], ""
+    for i in range(200):
+        longer = (text + " " + words[i % len(words)]).strip()
+        n = len(encode(model, longer, 2048).ids)
+        if n <= 40:
+            text = longer
+        if n == 40:
+            return text
+    raise AssertionError(f"no 40-token text from these words: {text!r} has {len(encode(model, text, 2048).ids)}")

@@ -468,7 +468,7 @@ def test_attention_tab(page, tiny, kind, text, layer, head, hide, q0, k0, window
 
 
 def assert_attention_outputs(outputs, hide: bool, kept) -> None:
-    note, model_fig, head_fig, window_fig, capture = outputs
+    note, model_fig, head_fig, window_fig, columns_fig, capture = outputs
     assert isinstance(note, str) and note
     assert_small([outputs])
     overview, n_tokens = capture.overview(kept), capture.key[1]  # [L, H, S, S]: means over blocks of queries and keys

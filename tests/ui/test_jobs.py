@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ui.services.jobs import Turns, in_turns, stream_job
+from ui.services.jobs import Turns, stream_job
 
 
 def slow_work(steps: int, seconds: float, ran: list):
@@ -62,13 +62,14 @@ def test_an_error_in_the_work_reaches_the_reader():
         list(stream_job(broken, 2, "job-broken"))
 
 
-def tokens(name: str, count: int, log: list, started: threading.Event | None = None):
-    """A stream of `count` steps that logs each one as it is computed."""
+def tokens(name: str, count: int, log: list, turns: Turns, started: threading.Event | None = None):
+    """A stream of `count` steps, each computed in a turn (as stream_generation takes them), logged as computed."""
     for i in range(count):
-        if started is not None:
-            started.set()
-        log.append(name)
-        time.sleep(0.01)
+        with turns.turn():
+            if started is not None:
+                started.set()
+            log.append(name)
+            time.sleep(0.01)
         yield f"{name}{i}"
 
 
@@ -78,7 +79,7 @@ def test_streams_in_turns_alternate_instead_of_one_running_to_its_end():
     results = {}
 
     def consume(name, started=None):
-        results[name] = list(in_turns(tokens(name, 5, log, started), turns))
+        results[name] = list(tokens(name, 5, log, turns, started))
 
     a = threading.Thread(target=consume, args=("a", first_started))
     a.start()
@@ -123,19 +124,25 @@ def test_turns_serve_waiters_in_the_order_they_asked_and_never_more_than_the_slo
     assert order == list("abcdef") and peak[0] == 2
 
 
-def test_closing_a_stream_in_turns_closes_the_stream_and_frees_its_slot():
-    turns, closed = Turns(1), []
 
-    def stream():
-        try:
-            yield 1
-            yield 2
-        finally:
-            closed.append(True)
+def test_a_generation_computes_each_token_in_a_turn(tmp_path):
+    """stream_generation with turns takes one turn per token (and one more to find the end), never holding a
+    slot while its update is read."""
+    from core import load_model
+    from tiny_app_model import build_tiny_llama
+    from ui.services.generation import stream_generation
 
-    taken = in_turns(stream(), turns)
-    assert next(taken) == 1
-    taken.close()
-    assert closed == [True]
-    with turns.turn():  # the slot is free again
-        pass
+    model = load_model(build_tiny_llama(tmp_path / "tiny-llama", max_positions=64), device="cpu")
+    turns, taken = Turns(1), []
+    turn = turns.turn
+
+    def counted():
+        taken.append(1)
+        return turn()
+
+    turns.turn = counted
+    updates = []
+    for update in stream_generation(model, "The lamp", False, 4, 0.0, None, None, 0, turns=turns):
+        with turn():  # the slot is free while the reader holds an update: this would block otherwise
+            updates.append(update)
+    assert [u.n_new for u in updates] == [1, 2, 3, 4, 4] and len(taken) == 5

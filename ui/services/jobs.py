@@ -134,18 +134,3 @@ class Turns:
                 self._free += 1
                 self._changed.notify_all()
 
-
-def in_turns(stream: Iterator, turns: Turns) -> Iterator:
-    """The stream's items, each one computed in a turn of `turns`; closing this closes the stream."""
-    try:
-        while True:
-            with turns.turn():
-                try:
-                    item = next(stream)
-                except StopIteration:
-                    return
-            yield item
-    finally:
-        close = getattr(stream, "close", None)
-        if close is not None:
-            close()

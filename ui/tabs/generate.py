@@ -7,7 +7,6 @@ import gradio as gr
 
 from ui.services.generation import (MAX_GENERATE_TOKENS, MAX_TEMPERATURE, MAX_TRACE_BYTES, TOP_PROBS,
                                     generation_reason, run_trace, stream_trace)
-from ui.services.jobs import in_turns
 from ui.services.text import token_texts
 from ui.services.generation.trace import trace_summary
 from ui.tabs.events import GENERATE, GENERATE_LIMIT, ON_ANALYSIS, handler, progress_callback, user_errors
@@ -165,9 +164,10 @@ def streamed(services):
     def generate(model_name, prompt_text, chat_mode, max_new_tokens, temperature_value, top_k_value, top_p_value,
                  seed_value, session_trace=None, progress=gr.Progress()):
         model_obj = services.models.get(model_name, progress_callback(progress))
-        stream = stream_trace(model_obj, model_name, prompt_text, chat_mode, max_new_tokens, temperature_value,
-                              top_k_value, top_p_value, seed_value, services.kept, previous=session_trace)
-        for update, recorded in in_turns(stream, services.turns):  # each token in turn with the other streams
+        # each token computed in turn with the other generations (services.turns)
+        for update, recorded in stream_trace(model_obj, model_name, prompt_text, chat_mode, max_new_tokens,
+                                             temperature_value, top_k_value, top_p_value, seed_value, services.kept,
+                                             previous=session_trace, turns=services.turns):
             yield update.new_text, stats_line(update), update.prompt_text + update.new_text, recorded
 
     return generate

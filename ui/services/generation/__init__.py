@@ -11,6 +11,7 @@ probabilities only).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ import torch
 from core.generate import Step
 from ui import memory
 from ui.services.checks import UserError, check_float, check_range, check_seed
+from ui.services.jobs import Turns
 from ui.services.kept import KeptStore, new_ticket
 from ui.services.text import as_batch, valid_unicode
 
@@ -72,9 +74,11 @@ def stream_generation(
     top_p: float | None,
     seed: int | None,
     writer: TraceWriter | None = None,
+    turns: Turns | None = None,
 ) -> Iterator[GenerationUpdate]:
     """Yield the text as the model writes it, one update per token. Closing the iterator stops the model.
-    With a writer, each step's probabilities and attention rows go to its trace as well. However it ends, the
+    With a writer, each step's probabilities and attention rows go to its trace as well. With turns, each token
+    is computed in a turn shared with the other generations (ui.services.jobs.Turns). However it ends, the
     allocator's free pages go back to the system (memory.trim), as after any long job."""
     reason = generation_reason(model)
     if reason:
@@ -116,7 +120,11 @@ def stream_generation(
     new: list[int] = []
     started = time.perf_counter()
     try:
-        for step in stream:
+        while True:
+            with turns.turn() if turns is not None else contextlib.nullcontext():
+                step = next(stream, None)
+            if step is None:
+                break
             if writer is not None:
                 writer.record(step)
             new.append(int(step.token))
@@ -239,7 +247,7 @@ def settings_key(prompt, chat, max_new_tokens, temperature, top_k, top_p, seed) 
 
 
 def stream_trace(model, model_name: str, prompt, chat, max_new_tokens, temperature, top_k, top_p,
-                 seed, kept: KeptStore, previous: GenerationTrace | None = None,
+                 seed, kept: KeptStore, previous: GenerationTrace | None = None, turns: Turns | None = None,
                  ) -> Iterator[tuple[GenerationUpdate, GenerationTrace]]:
     """stream_generation's updates, each with the trace so far (the same object, growing). The new trace takes
     over the session's ticket, so its rows replace the previous trace's in the KeptStore."""
@@ -248,7 +256,8 @@ def stream_trace(model, model_name: str, prompt, chat, max_new_tokens, temperatu
     trace = GenerationTrace(model_name, settings_key(prompt, chat, max_new_tokens, temperature, top_k, top_p, seed),
                             cfg.is_encoder_decoder, cfg.n_layers, cfg.n_heads, **ticket)
     writer = TraceWriter(trace, kept, cfg.decoder_start_token_id)
-    for update in stream_generation(model, prompt, chat, max_new_tokens, temperature, top_k, top_p, seed, writer):
+    for update in stream_generation(model, prompt, chat, max_new_tokens, temperature, top_k, top_p, seed, writer,
+                                    turns):
         trace.prompt_text, trace.new_text, trace.note = update.prompt_text, update.new_text, update.note
         trace.done, trace.stop_reason = update.done, update.stop_reason
         yield update, trace
