@@ -57,7 +57,8 @@ class Probe:
     ablate_heads: (layer, head) pairs of the main stack's self-attention whose output is removed before W^O:
     set to 0 (ablation="zero") or to the head's mean output over the input's real positions ("mean"); or a bool
     tensor [B, L, H] that picks heads per row of the batch (a sweep ablates a different head in each row).
-    patches: Patch values written over activations (after any ablation); records keep the patched values.
+    patches: Patch values written over activations (after any ablation), in the order given: two patches of one
+    (name, layer) compose, the later written over the earlier where both apply; records keep the patched values.
     layers: the layers whose records are kept (None: every layer); the EMBEDDING_PARTS are kept in any case, and
     a layer whose pattern is not kept keeps attention's fused path."""
 
@@ -66,13 +67,13 @@ class Probe:
                  patches: Iterable[Patch] = (), layers: Iterable[int] | None = None):
         self.record = set(record)
         self.record_layers = None if layers is None else set(layers)
-        self.patches: dict[tuple[str, int], Patch] = {}
+        self.patches: dict[tuple[str, int], list[Patch]] = {}
         for patch in patches:
             if patch.name not in PATCHABLE:
                 raise ValueError(f"cannot patch {patch.name!r}; patchable names are {', '.join(PATCHABLE)}")
             if not 0 <= patch.layer < cfg.n_layers:
                 raise IndexError(f"cannot patch layer {patch.layer}: the model has layers 0..{cfg.n_layers - 1}")
-            self.patches[patch.name, patch.layer] = patch
+            self.patches.setdefault((patch.name, patch.layer), []).append(patch)
         unknown = sorted(n for n in self.record if n.removeprefix("encoder.") not in RECORDABLE)
         if unknown:
             raise ValueError(f"cannot record {', '.join(unknown)}; names are {', '.join(RECORDABLE)} "
@@ -116,12 +117,11 @@ class Probe:
         return lambda name, value: self.keep(kind, name, layer, value)
 
     def patched(self, kind: Kind, name: str, layer: int, value: Tensor) -> Tensor:
-        """value (record layout) with any Patch of this name and layer written over it."""
-        patch = self.patches.get((name, layer)) if kind == "self" else None
-        if patch is None:
-            return value
-        where = patch.where if isinstance(patch.where, Tensor) else torch.tensor(bool(patch.where))
-        return torch.where(where.to(value.device), patch.value.to(value.device, value.dtype), value)
+        """value (record layout) with the Patches of this name and layer written over it, in order."""
+        for patch in self.patches.get((name, layer), ()) if kind == "self" else ():
+            where = patch.where if isinstance(patch.where, Tensor) else torch.tensor(bool(patch.where))
+            value = torch.where(where.to(value.device), patch.value.to(value.device, value.dtype), value)
+        return value
 
     def ablated(self, kind: Kind, layer: int, z: Tensor, query_mask: Tensor | None) -> Tensor:
         """z [B, H, T, d_head] with the chosen heads of this layer removed."""

@@ -11,7 +11,8 @@ last position (answer and foil are token ids), and all three read the forward pa
   exact part per head and per MLP.
 - flow_graph: the contribution graph of Ferrando & Voita (2024, "Information Flow Routes"): each residual state
   is a sum of parts (its residual input, each head's contribution from each earlier token, the MLP's output),
-  each part weighted by its proximity to the sum, and the graph keeps the parts above a threshold.
+  each part weighted by its proximity to the sum; a token→token attention edge adds its heads' weights, and the
+  graph keeps the edges at or above a threshold, walking down from the prediction.
 """
 from __future__ import annotations
 
@@ -296,20 +297,22 @@ def logit_attribution(model, ids: Tensor, answer: int, foil: int, position: int 
 
 @dataclass
 class FlowEdge:
-    kind: str                   # "head" (a head's contribution from source to target), "mlp", "residual"
+    kind: str                   # "attention" (source token → target token through one layer's heads), "mlp", "residual"
     layer: int
-    head: int | None
+    head: int | None            # attention: the head with the largest part of the edge, else None
     source: int                 # token positions
     target: int
     level: int                  # the target's level; the source is at level − 1
     importance: float
+    heads: tuple[tuple[int, float], ...] = ()   # attention: (head, its part) for every part > 0, largest first
 
 
 @dataclass
 class FlowGraph:
     """Levels: 2l is the residual stream entering layer l, 2l + 1 the same after its attention, 2L the output of
-    the last layer. A head edge goes from (2l, j) to (2l + 1, i), an MLP edge from (2l + 1, i) to (2l + 2, i),
-    and residual edges join the same token on neighbouring levels."""
+    the last layer. An attention edge goes from (2l, j) to (2l + 1, i), an MLP edge from (2l + 1, i) to
+    (2l + 2, i), and residual edges join the same token on neighbouring levels. The i → i attention edge (what
+    the heads carry from token i itself) is apart from the residual edge i → i."""
     position: int
     n_layers: int
     heads: Tensor               # [L, H, T, T] importance of head h's part from key j in target i's sum
@@ -320,6 +323,11 @@ class FlowGraph:
     edges: list[FlowEdge] = field(default_factory=list)
 
     @property
+    def tokens(self) -> Tensor:
+        """[L, T, T] the importance of each attention edge j → i: the sum of its heads' parts."""
+        return self.heads.sum(1)
+
+    @property
     def nodes(self) -> set[tuple[int, int]]:
         """(level, token) of every node on a kept edge, and the prediction's own."""
         found = {(2 * self.n_layers, self.position)}
@@ -327,23 +335,32 @@ class FlowGraph:
             found |= {(e.level - 1, e.source), (e.level, e.target)}
         return found
 
+    def head_parts(self, layer: int, target: int, source: int) -> tuple[tuple[int, float], ...]:
+        """(head, part) of one attention edge, every part > 0, largest first."""
+        parts = self.heads[layer, :, target, source]
+        order = parts.argsort(descending=True, stable=True).tolist()
+        return tuple((h, float(parts[h])) for h in order if parts[h] > 0)
+
     def pruned(self, threshold: float) -> FlowGraph:
         """The edges of importance ≥ threshold reachable from the prediction, walking down level by level."""
-        edges, frontier = [], {self.position}
+        edges, frontier, tokens = [], {self.position}, self.tokens
         for level in range(2 * self.n_layers, 0, -1):
             layer, below = (level - 1) // 2, set()
             for t in sorted(frontier):
-                if level % 2:   # the sum after attention: residual input and every head's part from j ≤ t
-                    candidates = [("residual", None, t, self.attn_residual[layer, t])]
-                    hits = (self.heads[layer, :, t] >= threshold).nonzero().tolist()
-                    candidates += [("head", h, j, self.heads[layer, h, t, j]) for h, j in hits]
+                if level % 2:   # the sum after attention: the residual input, and each token j ≤ t through the heads
+                    if float(self.attn_residual[layer, t]) >= threshold:
+                        edges.append(FlowEdge("residual", layer, None, t, t, level, float(self.attn_residual[layer, t])))
+                        below.add(t)
+                    for j in (tokens[layer, t] >= threshold).nonzero()[:, 0].tolist():
+                        parts = self.head_parts(layer, t, j)
+                        edges.append(FlowEdge("attention", layer, parts[0][0] if parts else None, j, t, level,
+                                              float(tokens[layer, t, j]), parts))
+                        below.add(j)
                 else:           # the layer's output: the sum after attention and the MLP's output
-                    candidates = [("residual", None, t, self.mlp_residual[layer, t]),
-                                  ("mlp", None, t, self.mlp[layer, t])]
-                for kind, head, source, importance in candidates:
-                    if float(importance) >= threshold:
-                        edges.append(FlowEdge(kind, layer, head, source, t, level, float(importance)))
-                        below.add(source)
+                    for kind, importance in (("residual", self.mlp_residual[layer, t]), ("mlp", self.mlp[layer, t])):
+                        if float(importance) >= threshold:
+                            edges.append(FlowEdge(kind, layer, None, t, t, level, float(importance)))
+                            below.add(t)
             frontier = below
         return FlowGraph(self.position, self.n_layers, self.heads, self.attn_residual, self.mlp,
                          self.mlp_residual, threshold, edges)
@@ -351,30 +368,30 @@ class FlowGraph:
 
 def proximity(part: Tensor, total: Tensor) -> Tensor:
     """max(‖y‖₁ − ‖y − c‖₁, 0) of parts c [..., d] of the sum y [..., d] (broadcast): how much closer to y the
-    part is than nothing at all."""
+    part is than nothing at all; a part that moves away from y counts 0."""
     return (total.abs().sum(-1) - (total - part).abs().sum(-1)).clamp_min(0)
 
 
-def attention_importance(x: Tensor, vo: Tensor, probs: Tensor, out: Tensor, bias: Tensor | None,
-                         rows: int = 16) -> tuple[Tensor, Tensor]:
-    """One layer's attention sums y_i = x_i + Σ_h Σ_j a_hij·vo_hj (+ b_O), as normalised proximities: heads
-    [H, T, T] (target i, source j) and residual [T]. x, out [T, d]; vo [H, T, d] each head's value through
-    W_O; probs [H, T, T]. Target rows go `rows` at a time, so [H, rows, T, d] is the largest tensor."""
+def attention_importance(x: Tensor, vo: Tensor, probs: Tensor, out: Tensor, rows: int = 16) -> tuple[Tensor, Tensor]:
+    """One layer's attention sums y_i = x_i + Σ_h Σ_j a_hij·vo_hj (+ b_O), as proximities normalised over the
+    parts x_i and every (h, j): heads [H, T, T] (target i, source j) and residual [T]. The output bias b_O is in
+    y but is not a part. x, out [T, d]; vo [H, T, d] each head's value through W_O; probs [H, T, T]. Target
+    rows go `rows` at a time, so [H, rows, T, d] is the largest tensor."""
     y = x + out                                                          # [T, d]
     heads = torch.empty_like(probs)
     for i in range(0, x.shape[0], rows):
         block = probs[:, i:i + rows, :, None] * vo[:, None]              # [H, r, T, d]
         heads[:, i:i + rows] = proximity(block, y[None, i:i + rows, None])
     residual = proximity(x, y)
-    norm = residual + heads.sum((0, 2)) + (proximity(bias, y) if bias is not None else 0)
-    norm = norm.clamp_min(1e-30)
+    norm = (residual + heads.sum((0, 2))).clamp_min(1e-30)
     return heads / norm[None, :, None], residual / norm
 
 
 def flow_graph(model, ids: Tensor, position: int = -1, threshold: float = 0.04) -> FlowGraph:
     """The information-flow graph of the prediction at `position` of ids [1, T] (Pre-LN decoders): every part's
     importance is its proximity to the sum it is part of, normalised over that sum's parts (the norms read by
-    attention and the MLP are inside the parts, as in the paper). Then pruned at `threshold`."""
+    attention and the MLP are inside the parts, as in the paper); an attention edge j → i weighs the sum of its
+    heads' parts. Then pruned at `threshold`."""
     check_decoder(model, "the information-flow graph")
     check_pre_norm(model, "the information-flow graph")
     cfg = model.config
@@ -393,8 +410,7 @@ def flow_graph(model, ids: Tensor, position: int = -1, threshold: float = 0.04) 
             x = rec["resid_pre"][l][0].float()                                          # [T, d]
             v = rec["v"][l][0].float().repeat_interleave(group, dim=1)                   # [T, H, d_head]
             vo = torch.einsum("thk,hkd->htd", v, w.W_O.float())                         # [H, T, d]
-            bias = None if w.b_O is None else w.b_O.float()
-            h, r = attention_importance(x, vo, rec["pattern"][l][0].float(), rec["attn_out"][l][0].float(), bias)
+            h, r = attention_importance(x, vo, rec["pattern"][l][0].float(), rec["attn_out"][l][0].float())
             heads.append(h)
             attn_residual.append(r)
             mid, mlp_out = x + rec["attn_out"][l][0].float(), rec["mlp_out"][l][0].float()

@@ -305,3 +305,20 @@ def test_the_base_observer_wants_everything_whole():
     assert observer.seen == ("self", 0)
     with pytest.raises(TypeError, match="abstract"):  # an observer must say what it does with the probabilities
         Observer()
+
+
+def test_two_patches_of_one_activation_compose_in_order(pairs):
+    from core.probe import Patch
+    _, _, model = pairs["llama-gqa"]
+    x, other = ids(batch=1), ids(batch=1, seed=5)
+    with torch.inference_mode():
+        source = model(other, record="resid_pre").records["resid_pre"][1]            # [1, T, d]
+        at = lambda *ps: torch.tensor([p in ps for p in range(10)])[None, :, None]    # noqa: E731
+        both = model(x, patches=[Patch("resid_pre", 1, source, at(2)), Patch("resid_pre", 1, source, at(6))])
+        one = model(x, patches=[Patch("resid_pre", 1, source, at(2, 6))])
+        torch.testing.assert_close(both.logits, one.logits, atol=0, rtol=0)
+        # where both apply, the later one is written last
+        first, last = Patch("resid_pre", 1, source, at(3)), Patch("resid_pre", 1, torch.zeros_like(source), at(3))
+        ordered = model(x, patches=[first, last], record="resid_pre").records["resid_pre"][1]
+        assert torch.equal(ordered[0, 3], torch.zeros_like(ordered[0, 3]))
+        assert torch.equal(ordered[0, 2], model(x, record="resid_pre").records["resid_pre"][1][0, 2])
