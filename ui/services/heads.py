@@ -29,22 +29,25 @@ COMPLETENESS_STEPS = (8, 32, 128)  # the step counts at which the completeness e
 INDUCTION_LENGTH = 100  # the probe: 100 seeded random tokens, then the same 100 again
 INDUCTION_SEED = 0
 TOP_HEADS = 5  # rows per score in the top-heads table, and the heads "top 5 by a score" picks
-def next_token_reason(model, what: str) -> str | None:
-    """Why `what` (a next-token measurement) cannot run on this model, or None when it can."""
+ATLAS_ADVICE = "The atlas above shows its encoder's heads."
+
+
+def next_token_reason(model, what: str, advice: str | None = None) -> str | None:
+    """Why `what` (a next-token measurement) cannot run on this model, or None when it can. advice: a sentence
+    after every reason (the Patching tab's); without it an encoder-decoder is pointed to the atlas."""
     cfg = model.config
     if cfg.is_encoder_decoder:
-        return (
-            f"{what} reads decoder-only models here: this is an encoder-decoder, whose decoder needs a target text "
-            "of its own. The atlas above shows its encoder's heads."
-        )
+        reason = (f"{what} reads decoder-only models here: this is an encoder-decoder, whose decoder needs a target "
+                  "text of its own.")
+        return f"{reason} {advice or ATLAS_ADVICE}"
     if not cfg.causal:
-        return (
-            f"{what} measures next-token prediction, and this model is an encoder: it reads the text in both "
-            "directions and predicts no next token."
-        )
-    if model.lm_head is None:
-        return f"{what} needs an LM head to predict tokens, and this checkpoint has none."
-    return None
+        reason = (f"{what} measures next-token prediction, and this model is an encoder: it reads the text in both "
+                  "directions and predicts no next token.")
+    elif model.lm_head is None:
+        reason = f"{what} needs an LM head to predict tokens, and this checkpoint has none."
+    else:
+        return None
+    return reason if advice is None else f"{reason} {advice}"
 
 
 def lm_head_reason(model, what: str) -> str | None:
