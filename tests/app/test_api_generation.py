@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -17,6 +20,7 @@ from gradio_client.exceptions import AppError  # noqa: E402
 
 from tiny_app_model import build_tiny_bert, build_tiny_llama, build_tiny_marian, launch_app  # noqa: E402
 from ui.services import generation  # noqa: E402
+from ui.services.jobs import Turns  # noqa: E402
 from ui.views import generate as generate_views  # noqa: E402
 
 PROMPT = "The lighthouse keeper rowed out"
@@ -31,10 +35,15 @@ def tiny_models(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def url(tiny_models):
-    demo, url, _ = launch_app(list(tiny_models.values()), tiny_models["llama"])
-    yield url
+def server(tiny_models):
+    demo, url, services = launch_app(list(tiny_models.values()), tiny_models["llama"])
+    yield url, services
     demo.close()
+
+
+@pytest.fixture(scope="module")
+def url(server):
+    return server[0]
 
 
 @pytest.fixture
@@ -166,3 +175,56 @@ def test_streamed_generation_fills_the_trace_used_by_the_step_view(client, tiny_
     numbers = client.predict(0, 0, 0, api_name="/generation_step")[-1]
     assert numbers["step"] == 0 and numbers["head_row"] is not None
     assert continuation
+
+
+class LoggedTurns(Turns):
+    """One slot, logging which request (its worker thread) holds each turn. The first turn is held until a second
+    request waits for one, so the two requests overlap however the server schedules them."""
+
+    def __init__(self):
+        super().__init__(1)
+        self.log: list[int] = []
+        self.held = threading.local()
+
+    @contextmanager
+    def turn(self):
+        with super().turn():
+            if not self.log:
+                deadline = time.monotonic() + 30
+                while self.waiting() == 0 and time.monotonic() < deadline:
+                    time.sleep(0.005)
+            self.log.append(threading.get_ident())
+            self.held.now = True
+            try:
+                yield
+            finally:
+                self.held.now = False
+
+
+def test_generation_trace_takes_its_tokens_in_turn_like_the_page(server, tiny_models, monkeypatch):
+    """Two API traces at once, with one slot: every token is computed inside a turn of the shared Turns, and the
+    second request's first token comes right after the first request's first token, not after its whole run."""
+    url, services = server
+    turns = LoggedTurns()
+    monkeypatch.setattr(services, "turns", turns)
+    model = services.models.get(tiny_models["llama"])
+    original, outside = model.stream, []
+
+    def stream(*args, **kwargs):  # the model's own stream; notes a step computed outside a turn
+        for step in original(*args, **kwargs):
+            if not getattr(turns.held, "now", False):
+                outside.append(int(step.token))
+            yield step
+
+    monkeypatch.setattr(model, "stream", stream)
+    settings = (False, 12, 0.0, 0, 1.0, 0)
+    jobs = [Client(url, verbose=False).submit(tiny_models["llama"], PROMPT, *settings, api_name="/generation_trace")
+            for _ in range(2)]
+    (text_a, trace_a), (text_b, trace_b) = (job.result(timeout=120) for job in jobs)
+    assert text_a == text_b and trace_a["n_tokens"] == trace_b["n_tokens"] > 0  # greedy: the same continuation
+    assert not outside, f"{len(outside)} tokens were computed outside the generation turns"
+    requests = list(dict.fromkeys(turns.log))
+    assert len(requests) == 2, turns.log
+    # one turn per token and one more that finds the end
+    assert sorted(turns.log.count(r) for r in requests) == [trace_a["n_tokens"] + 1] * 2
+    assert turns.log[1] == requests[1], "the second trace waited for the whole first one"

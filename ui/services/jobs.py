@@ -117,6 +117,11 @@ class Turns:
         self._waiting: deque[object] = deque()
         self._changed = threading.Condition()
 
+    def waiting(self) -> int:
+        """How many streams are waiting for a slot now."""
+        with self._changed:
+            return len(self._waiting)
+
     @contextmanager
     def turn(self):
         me = object()

@@ -181,7 +181,7 @@ def finished(services):
                          top_p_value, seed_value, session_trace):
         model_obj = services.models.get(model_name)
         done = run_trace(model_obj, model_name, session_trace, prompt_text, chat_mode, max_new_tokens,
-                         temperature_value, top_k_value, top_p_value, seed_value, services.kept)
+                         temperature_value, top_k_value, top_p_value, seed_value, services.kept, services.turns)
         return done.new_text, trace_summary(model_obj, done, services.kept), done
 
     return generation_trace

@@ -264,14 +264,15 @@ def stream_trace(model, model_name: str, prompt, chat, max_new_tokens, temperatu
 
 
 def run_trace(model, model_name: str, previous: GenerationTrace | None, prompt, chat, max_new_tokens, temperature,
-              top_k, top_p, seed, kept: KeptStore) -> GenerationTrace:
-    """The finished trace for these settings: the session's own when it already has it, else a new run."""
+              top_k, top_p, seed, kept: KeptStore, turns: Turns | None = None) -> GenerationTrace:
+    """The finished trace for these settings: the session's own when it already has it, else a new run, the
+    streamed one read to its end, so its tokens take the same turns as every other generation."""
     key = settings_key(prompt, chat, max_new_tokens, temperature, top_k, top_p, seed)
     if previous is not None and previous.done and previous.model_name == model_name and previous.settings == key:
         return previous
     trace = None
     for _, trace in stream_trace(model, model_name, prompt, chat, max_new_tokens, temperature, top_k, top_p, seed,
-                                 kept, previous):
+                                 kept, previous, turns):
         pass
     return trace
 
