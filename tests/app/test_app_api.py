@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -199,7 +200,8 @@ def test_seeded_sampling_repeats_and_chat_mode_uses_the_template(client, tiny_mo
 
 def test_positional_encoding_endpoint(client, tiny_models):
     out = client.predict(tiny_models["llama"], 64, 16, 3, 5, 1, 2, TEXT, api_name="/positional_encoding")
-    heat, dots, sim, check, learned, learned_sim, angles, scores, rope_note = out
+    heat, dots, sim, check, learned, learned_sim, angles, scores, rope_note, *notes = out
+    assert notes == ["", "", ""]  # nothing refused: no note under the sinusoids, the dot products, the learned table
     pe = plotly_array(figure(heat)["data"][0]["z"])
     assert pe.shape == (64, 16)
     np.testing.assert_allclose(pe[1, 2], np.sin(1 / 10000 ** (2 / 16)), atol=1e-6)  # eq. 4.1, i = 1
@@ -303,13 +305,23 @@ def test_nan_and_infinity_in_raw_json_are_answered_naming_the_field(server, tiny
     assert "Layer must be a number from 0 to 1, got" in events and "finite" in events
 
 
+def test_a_bad_positional_setting_is_a_note_under_the_figures_it_changes(client, tiny_models):
+    out = client.predict(tiny_models["llama"], 64, 15, 0, 1, 0, 0, TEXT, api_name="/positional_encoding")
+    assert "Dimensions d must be even" in out[9] and "Dimensions d must be even" in out[3]
+    assert "depends only on the distance" in out[8]  # RoPE reads n, not d: drawn
+    out = client.predict(tiny_models["llama"], 5000, 16, 0, 1, 0, 0, TEXT, api_name="/positional_encoding")
+    assert "Positions n must be between 2 and 512, got 5000" in out[9]
+    out = client.predict(tiny_models["llama"], 64, "-inf", 0, 1, 0, 0, TEXT, api_name="/positional_encoding")
+    assert re.search(r"Dimensions d must be a number from 2 to 512, got -?inf", out[9])
+    out = client.predict(tiny_models["llama"], 4, 16, 0, 5, 0, 0, TEXT, api_name="/positional_encoding")
+    assert "Offset k must be between 1 and 3, got 5" in out[3] and out[9] == out[10] == ""
+    assert plotly_array(figure(out[0])["data"][0]["z"]).shape == (4, 16)  # the heatmap is still drawn
+    assert "depends only on the distance" in out[8]
+
+
 def test_other_endpoints_reject_bad_settings(client, tiny_models):
-    with pytest.raises(AppError, match="Dimensions d must be even"):
-        client.predict(tiny_models["llama"], 64, 15, 0, 1, 0, 0, TEXT, api_name="/positional_encoding")
-    with pytest.raises(AppError, match="Positions n must be between 2 and 512, got 5000"):
-        client.predict(tiny_models["llama"], 5000, 16, 0, 1, 0, 0, TEXT, api_name="/positional_encoding")
-    with pytest.raises(AppError, match=r"Dimensions d must be a number from 2 to 512, got -?inf"):
-        client.predict(tiny_models["llama"], 64, "-inf", 0, 1, 0, 0, TEXT, api_name="/positional_encoding")
+    with pytest.raises(AppError, match="Offset k"):
+        client.predict(tiny_models["llama"], 4, 16, 0, 5, 0, 0, TEXT, api_name="/export_positions")
     with pytest.raises(AppError, match="same number of tokens"):
         client.predict(tiny_models["llama"], TEXT, 0, 0, 0, 6, "Rain.", "Rain.", api_name="/mask_demo")
     with pytest.raises(AppError, match="The prompt is empty"):

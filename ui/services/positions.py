@@ -17,11 +17,44 @@ import torch
 
 from core.analysis.inspect import queries_keys, rope_frequencies
 from core.layers import apply_rope, sinusoidal_encoding
-from ui.services.checks import UserError
+from ui.services.checks import UserError, check_range
 from ui.services.text import as_batch, to_numpy
 
 MAX_PE_POSITIONS = 512
 MAX_PE_DIM = 512
+
+
+# Each figure of the tab checks only the inputs it draws from, so one bad field leaves the other figures.
+def check_positions(n_positions) -> int:
+    return check_range("Positions n", n_positions, 2, MAX_PE_POSITIONS)
+
+
+def check_sinusoid_size(n_positions, d_model) -> tuple[int, int]:
+    """(n, d) of eq. 4.1: d even, since sin and cos come in pairs."""
+    n = check_positions(n_positions)
+    d = check_range("Dimensions d", d_model, 2, MAX_PE_DIM)
+    if d % 2:
+        raise UserError(f"Dimensions d must be even (sin and cos come in pairs), got {d}.")
+    return n, d
+
+
+def check_start(start_position, n: int) -> int:
+    """The start position p of the dot-product curve: at least one offset after it (p ≤ n − 2)."""
+    return _within_positions("Start position p", start_position, 0, n - 2, n)
+
+
+def check_offset(offset, n: int) -> int:
+    """The offset k of the rotation check: 1 ≤ k ≤ n − 1, so that some p has p + k among the n positions."""
+    return _within_positions("Offset k", offset, 1, n - 1, n)
+
+
+def _within_positions(name: str, value, low: int, high: int, n: int) -> int:
+    try:
+        return check_range(name, value, low, high)
+    except UserError as exc:
+        raise UserError(f"{exc} With n = {n} positions, {name.split()[-1]} goes from {low} to {high}.") from None
+
+
 def sinusoidal(n: int, d: int) -> np.ndarray:
     """Eq. 4.1 as [n, d] float64 (interleaved sin/cos, as the theory writes it)."""
     return sinusoidal_encoding(n, d).double().cpu().numpy()

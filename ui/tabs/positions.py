@@ -33,36 +33,41 @@ def build(services, picker, initial) -> Tab:
         with gr.Column(scale=1, min_width=300, elem_classes=["tab-controls"]):
             with gr.Row():
                 n = gr.Slider(2, MAX_PE_POSITIONS, value=128, step=1, label=f"Positions n (2–{MAX_PE_POSITIONS})",
-                              min_width=140)
+                              min_width=140, elem_id="pe-n")
                 d = gr.Slider(2, MAX_PE_DIM, value=64, step=2, label=f"Dimensions d (2–{MAX_PE_DIM}, even)",
-                              min_width=140)
+                              min_width=140, elem_id="pe-d")
             text = gr.Textbox(
                 label="Text: its first and last tokens (of its first 256) give the RoPE query/key pair; the "
                       "permutation check shuffles it",
                 value=read_example("attention.txt"), lines=2, max_lines=14, elem_id="pe-text")
             button = gr.Button("Show positional encodings", variant="primary", elem_id="pe-run")
-            with gr.Accordion("Positions to compare, and the head for RoPE", open=False, elem_id="pe-more"):
-                with gr.Row():
-                    p = gr.Number(value=0, label="Start position p (dot product)", precision=0, min_width=120)
-                    k = gr.Number(value=5, label="Offset k (rotation check)", precision=0, min_width=120)
-                fields = layer_head(services.models, picker, initial, "pe", note="RoPE scores; ")
-                layer, head = fields.layer, fields.head
             upload(text, "pe", services.settings.text_cap_bytes)
             export_button, export_file, export_note, _ = export_row("pe", "Export every matrix (CSV in a .zip)")
+        # each setting sits beside the figure it changes, and each figure has the note that says why it is not drawn
         with gr.Column(scale=3, min_width=340):
             gr.Markdown(HOW_TO_READ, elem_classes=["how-to-read"])
             gr.Markdown("### Sinusoidal (eq. 4.1)")
             with gr.Row():
                 heat = gr.Plot(label="PE heatmap", elem_id="pe-heatmap", min_width=320, visible=False)
                 sim = gr.Plot(label="Similarity", elem_id="pe-similarity", min_width=320, visible=False)
+            sinusoid_note = gr.Markdown(elem_id="pe-sinusoid-note", elem_classes=["field-note"])
+            with gr.Row():
+                p = gr.Number(value=0, label="Start position p (dot product)", precision=0, min_width=120,
+                              elem_id="pe-p")
+                k = gr.Number(value=5, label="Offset k (rotation check)", precision=0, min_width=120,
+                              elem_id="pe-k")
             dots = gr.Plot(label="Dot product vs offset", elem_id="pe-dots", visible=False)
+            dots_note = gr.Markdown(elem_id="pe-dots-note", elem_classes=["field-note"])
             check = gr.Markdown(label="rotation check", elem_id="pe-check")
             gr.Markdown("### The loaded model's learned positions (GPT-2, BERT)")
             with gr.Row():
                 learned_heat = gr.Plot(label="Learned positions", elem_id="pe-learned", min_width=320, visible=False)
                 learned_sim = gr.Plot(label="Learned similarity", elem_id="pe-learned-sim", min_width=320,
                                       visible=False)
+            learned_note = gr.Markdown(elem_id="pe-learned-note", elem_classes=["field-note"])
             gr.Markdown("### Rotary positions (Llama-style models)")
+            fields = layer_head(services.models, picker, initial, "pe", note="RoPE scores; ")
+            layer, head = fields.layer, fields.head
             with gr.Row():
                 angles = gr.Plot(label="Rotation angles", elem_id="pe-rope-angles", min_width=320, visible=False)
                 scores = gr.Plot(label="Score vs distance", elem_id="pe-rope-scores", min_width=320, visible=False)
@@ -72,7 +77,8 @@ def build(services, picker, initial) -> Tab:
     with gr.Accordion("More on reading this tab", open=False):
         gr.Markdown(INTRO)
     inputs = [picker.model, n, d, p, k, layer, head, text]
-    outputs = [heat, dots, sim, check, learned_heat, learned_sim, angles, scores, rope_text]
+    outputs = [heat, dots, sim, check, learned_heat, learned_sim, angles, scores, rope_text, sinusoid_note,
+               dots_note, learned_note]
     figures = [heat, dots, sim, learned_heat, learned_sim, angles, scores]
     run = dict(fn=handler(positional_view, services, "run"), inputs=inputs, outputs=outputs, **ON_ANALYSIS)
     permutation = dict(fn=handler(permutation_view, services, "permutation_check", progress=False),

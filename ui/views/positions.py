@@ -10,32 +10,25 @@ from core.analysis.inspect import learned_positions, rope_frequencies
 from ui.plots.base import empty_figure
 from ui.plots.charts import line_figure, matrix_heatmap
 from ui.services import Services
-from ui.services.checks import UserError, check_range, index_of, parse_head
-from ui.services.positions import (MAX_PE_DIM, MAX_PE_POSITIONS, PERMUTATION_TOKENS, cosine_similarity, pe_shift_check,
-                                   permutation_check, rope_scores, sinusoidal)
+from ui.services.checks import UserError, check_range, index_of, parse_head, public_text
+from ui.plots.text import escaped
+from ui.services.positions import (PERMUTATION_TOKENS, check_offset, check_positions, check_sinusoid_size,
+                                   check_start, cosine_similarity, pe_shift_check, permutation_check, rope_scores,
+                                   sinusoidal)
 from ui.services.text import encode, to_numpy
 from ui.views import export
 from ui.views.export import named
 
 MAX_LEARNED_CELLS = 200_000  # learned-position heatmap: positions × d cells sent to the browser
-def sinusoid_figures(n: int, d: int, p: int, k: int, data: dict | None = None):
-    """Figures and the rotation check for the sinusoidal encoding with n positions and d dimensions; `data`, when
-    given, receives the matrices behind them (for the export)."""
+NOT_DRAWN = "Not drawn: the note below says why."
+
+
+def sinusoid_figures(n: int, d: int, data: dict | None = None):
+    """The heatmap of eq. 4.1 with n positions and d dimensions, and its cosine similarity; `data`, when given,
+    receives the matrices behind them (for the export)."""
     pe = sinusoidal(n, d)  # [n, d]
     heat = matrix_heatmap(
         pe, f"Sinusoidal encoding, eq. 4.1 (n = {n}, d = {d})", "dimension", "position", value_name="PE"
-    )
-    offsets = np.arange(0, n - p)
-    dots = {f"PE({p})·PE({p}+k)": (pe[p] * pe[p + offsets]).sum(-1)}
-    if p != 0:
-        dots["PE(0)·PE(k)"] = (pe[0] * pe[offsets]).sum(-1)
-    dot_fig = line_figure(
-        offsets,
-        dots,
-        "Dot product against offset k: it depends on k only, not on where you start",
-        "offset k",
-        "dot product",
-        reference={"d/2 (k = 0)": d / 2},
     )
     sim = pe @ pe.T / (d / 2)  # |PE(p)|² = d/2, so this is the cosine
     sim_fig = matrix_heatmap(
@@ -45,13 +38,36 @@ def sinusoid_figures(n: int, d: int, p: int, k: int, data: dict | None = None):
         "position p",
         value_name="cosine",
     )
-    check = pe_shift_check(pe, d, k)
     if data is not None:
         data["sinusoidal_pe"] = (pe, [str(i) for i in range(n)], [str(j) for j in range(d)], "position \\ dimension")
         data["sinusoidal_similarity"] = (sim, [str(i) for i in range(n)], [str(i) for i in range(n)], "p \\ q")
+    return heat, sim_fig
+
+
+def dot_figure(n: int, d: int, p: int, data: dict | None = None):
+    """PE(p)·PE(p+k) against the offset k (and PE(0)·PE(k) beside it when p ≠ 0)."""
+    pe = sinusoidal(n, d)  # [n, d]
+    offsets = np.arange(0, n - p)
+    dots = {f"PE({p})·PE({p}+k)": (pe[p] * pe[p + offsets]).sum(-1)}
+    if p != 0:
+        dots["PE(0)·PE(k)"] = (pe[0] * pe[offsets]).sum(-1)
+    if data is not None:
         data["sinusoidal_dot_vs_offset"] = (np.stack(list(dots.values()), 1), [str(o) for o in offsets], list(dots),
                                             "offset k")
-    text = (
+    return line_figure(
+        offsets,
+        dots,
+        "Dot product against offset k: it depends on k only, not on where you start",
+        "offset k",
+        "dot product",
+        reference={"d/2 (k = 0)": d / 2},
+    )
+
+
+def rotation_text(n: int, d: int, k: int) -> str:
+    """The rotation check of eq. 4.1 at offset k, in words with its measured errors."""
+    check = pe_shift_check(sinusoidal(n, d), d, k)
+    return (
         f"**PE(p + {k}) is a rotation of PE(p)**, checked on all {check['pairs']} positions p: each "
         f"(sin, cos) pair i turns by "
         f"the angle k·ω_i with ω_i = 1/10000^(2i/d).  \n"
@@ -60,7 +76,6 @@ def sinusoid_figures(n: int, d: int, p: int, k: int, data: dict | None = None):
         f"Fitting one matrix by least squares to all pairs (PE(p), PE(p+k)), without the formula, leaves a residual of "
         f"{check['fit_max_error']:.1e}: one linear map serves every position."
     )
-    return heat, dot_fig, sim_fig, text
 
 
 def learned_figures(model, n: int, data: dict | None = None):
@@ -146,30 +161,56 @@ def rope_figures(model, text: str, layer: int, head: int, n: int, data: dict | N
     return angle_fig, score_fig, text_out
 
 
+def drawn(draw, figures: int) -> tuple:
+    """One part of the tab: draw() → its `figures` figures, then its text when it has one. When draw refuses one of
+    the inputs it reads, as many figures that say so, and the refusal as the text under them."""
+    try:
+        out = draw()
+    except UserError as exc:
+        return (*[empty_figure(NOT_DRAWN)] * figures, escaped(public_text(str(exc))))
+    out = out if isinstance(out, tuple) else (out,)
+    return out if len(out) > figures else (*out, "")
+
+
 def positional_view(services: Services, model_name, n_positions, d_model, start_position, offset, layer_index,
                     head_index, text_value, progress=None, data: dict | None = None):
-    """All figures of the tab; the body of the `positional_encoding` endpoint. `data`, when given, receives every
-    matrix behind them: name → (matrix, row labels, column labels, corner)."""
+    """All figures of the tab; the body of the `positional_encoding` endpoint. Each part checks only the inputs it
+    reads and, when one is refused, says why in the note under it while the other parts are drawn. `data`, when
+    given, receives every matrix behind them: name → (matrix, row labels, column labels, corner).
+
+    Returns (PE heatmap, dot product vs offset, similarity, rotation check, learned positions, learned similarity,
+    RoPE angles, RoPE scores, RoPE note, sinusoid note, dot-product note, learned note)."""
     name, text = model_name, text_value
-    n = check_range("Positions n", n_positions, 2, MAX_PE_POSITIONS)
-    d = check_range("Dimensions d", d_model, 2, MAX_PE_DIM)
-    if d % 2:
-        raise UserError(f"Dimensions d must be even (sin and cos come in pairs), got {d}.")
-    p = check_range("Start position p", start_position, 0, n - 2)
-    k = check_range("Offset k", offset, 1, n - 1)
-    heat, dot_fig, sim_fig, check_text = sinusoid_figures(n, d, p, k, data)
-    model = services.models.get(name, progress)
-    cfg = model.config
-    layer = check_range("Layer", layer_index, 0, cfg.n_layers - 1)
-    head = parse_head(head_index, cfg.n_heads, allow_mean=False)
-    learned_heat, learned_sim = learned_figures(model, n, data)
-    angle_fig, score_fig, rope_text = rope_figures(model, text, layer, head, n, data)
-    figures = zip((heat, dot_fig, sim_fig, learned_heat, learned_sim, angle_fig, score_fig),
+    where = {}  # the RoPE head, once checked, for the figure's file name
+
+    def dots():
+        n, d = check_sinusoid_size(n_positions, d_model)
+        return dot_figure(n, d, check_start(start_position, n), data)
+
+    def rotation():
+        n, d = check_sinusoid_size(n_positions, d_model)
+        return rotation_text(n, d, check_offset(offset, n))
+
+    def rope():
+        model = services.models.get(name, progress)
+        cfg = model.config
+        layer = check_range("Layer", layer_index, 0, cfg.n_layers - 1)
+        where.update(layer=layer, head=parse_head(head_index, cfg.n_heads, allow_mean=False))
+        return rope_figures(model, text, where["layer"], where["head"], check_positions(n_positions), data)
+
+    heat, sim_fig, sinusoid_note = drawn(lambda: sinusoid_figures(*check_sinusoid_size(n_positions, d_model), data), 2)
+    dot_fig, dot_note = drawn(dots, 1)
+    (check_text,) = drawn(rotation, 0)
+    learned_heat, learned_sim, learned_note = drawn(
+        lambda: learned_figures(services.models.get(name, progress), check_positions(n_positions), data), 2)
+    angle_fig, score_fig, rope_text = drawn(rope, 2)
+    figures = zip((heat, dot_fig, sim_fig, learned_heat, learned_sim, angle_fig),
                   ("pe", "pe-dots", "pe-similarity", "learned-positions", "learned-similarity", "rope-angles"))
     heat, dot_fig, sim_fig, learned_heat, learned_sim, angle_fig = (named(f, export.filename(name, view))
                                                                      for f, view in figures)
-    score_fig = named(score_fig, export.filename(name, "rope-scores", layer, head))
-    return heat, dot_fig, sim_fig, check_text, learned_heat, learned_sim, angle_fig, score_fig, rope_text
+    score_fig = named(score_fig, export.filename(name, "rope-scores", where.get("layer"), where.get("head")))
+    return (heat, dot_fig, sim_fig, check_text, learned_heat, learned_sim, angle_fig, score_fig, rope_text,
+            sinusoid_note, dot_note, learned_note)
 
 
 def permutation_view(services: Services, model_name, text_value, progress=None) -> str:
@@ -184,12 +225,20 @@ def first_view(services: Services, model_name, n_positions, d_model, start_posit
     """The tab's figures and its permutation check together: what the tab opens on."""
     figures = positional_view(services, model_name, n_positions, d_model, start_position, offset, layer_index,
                               head_index, text_value, progress)
-    return *figures, permutation_view(services, model_name, text_value, progress)
+    (permutation,) = drawn(lambda: permutation_view(services, model_name, text_value, progress), 0)
+    return *figures, permutation
 
 
 def export_data(services: Services, model_name, n_positions, d_model, start_position, offset, layer_index,
                 head_index, text_value, progress=None) -> tuple[str, str]:
-    """Every matrix of the tab as CSV in one .zip; the body of the `export_positions` endpoint."""
+    """Every matrix of the tab as CSV in one .zip; the body of the `export_positions` endpoint. Unlike the figures,
+    which are drawn where they can be, the export refuses any bad input: a .zip is all the matrices or none."""
+    n, _ = check_sinusoid_size(n_positions, d_model)
+    check_start(start_position, n)
+    check_offset(offset, n)
+    cfg = services.models.get(model_name, progress).config
+    check_range("Layer", layer_index, 0, cfg.n_layers - 1)
+    parse_head(head_index, cfg.n_heads, allow_mean=False)
     data: dict = {}
     positional_view(services, model_name, n_positions, d_model, start_position, offset, layer_index, head_index,
                     text_value, progress, data)
