@@ -1,7 +1,7 @@
 """The Patching tab's figures: a patching sweep as a heatmap, direct logit attribution per head with an MLP bar,
 and the information-flow graph (tokens across, layers up). Token labels are escaped: Plotly reads a few tags in
 text, and a token may be one. A point that names a head carries customdata "layer.head", which the page reads on
-a click to open that head."""
+a click to open that head (an attention edge of the flow graph: its strongest head)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from plotly.subplots import make_subplots
 from ui.plots.base import SIGNED_COLORS, as_f32, base_layout
 from ui.plots.text import escaped
 
-EDGE_COLORS = {"head": "#1f77b4", "mlp": "#ff7f0e", "residual": "#b0b0b0"}
+EDGE_COLORS = {"attention": "#1f77b4", "mlp": "#ff7f0e", "residual": "#b0b0b0"}
+HOVER_HEADS = 8  # heads listed in an attention edge's hover; the CSV has them all
 
 
 def signed_limits(values: np.ndarray, at_least: float = 0.0) -> dict:
@@ -32,11 +33,13 @@ def token_axis(fig: go.Figure, tokens: Sequence[str], title: str, **where) -> No
 
 
 def patch_heatmap(scores: np.ndarray, metrics: np.ndarray, rows: str, cols: str, tokens: Sequence[str],
-                  title: str, layer: int | None = None) -> go.Figure:
-    """scores [R, C] (1: the clean run's metric comes back, 0: the corrupted run's), metrics the raw logit
-    differences. rows/cols name the axes: "layer", "head" or "position"; positions are labelled with tokens.
-    A [layer, head] map is drawn with layers across and heads down, like the Heads tab's maps; a [head, position]
-    map is of one `layer`."""
+                  title: str, layer: int | None = None, value_name: str = "restored",
+                  scale_title: str = "restored") -> go.Figure:
+    """scores [R, C] (1: the clean run's metric, 0: the corrupted run's), metrics the raw logit differences.
+    rows/cols name the axes: "layer", "head" or "position"; positions are labelled with tokens. value_name is
+    what a cell is called in its hover and scale_title the colour bar's title (they differ by direction: what
+    comes back when denoising, what stays when noising). A [layer, head] map is drawn with layers across and
+    heads down, like the Heads tab's maps; a [head, position] map is of one `layer`."""
     scores, metrics = as_f32(scores), as_f32(metrics)
     if scores.shape != metrics.shape or scores.ndim != 2:
         raise ValueError(f"patch_heatmap: scores {scores.shape} and metrics {metrics.shape} must be the same 2-D shape")
@@ -54,8 +57,8 @@ def patch_heatmap(scores: np.ndarray, metrics: np.ndarray, rows: str, cols: str,
     fig = go.Figure(go.Heatmap(
         z=np.ascontiguousarray(z), x=np.arange(n_x), y=np.arange(n_y), colorscale=SIGNED_COLORS,
         customdata=np.dstack([custom.astype(object), head_ids, text]),
-        colorbar={"title": {"text": "restored"}},
-        hovertemplate=(f"{y_name} %{{y}}, {x_name} %{{x}} %{{customdata[2]}}<br>restored %{{z:.3f}} "
+        colorbar={"title": {"text": scale_title}},
+        hovertemplate=(f"{y_name} %{{y}}, {x_name} %{{x}} %{{customdata[2]}}<br>{value_name} %{{z:.3f}} "
                        "(logit difference %{customdata[0]:.3f})<extra></extra>"),
         **signed_limits(z, 1.0)))
     base_layout(fig, title, min(720, 160 + 22 * n_y), top=70)
@@ -89,15 +92,23 @@ def logit_attribution_figure(heads: np.ndarray, mlps: np.ndarray, title: str) ->
     return fig
 
 
+def head_list(heads: Sequence[tuple[int, float]], layer: int) -> str:
+    """"L3 H2 0.12, L3 H5 0.04": an attention edge's heads, strongest first, the first HOVER_HEADS of them."""
+    shown = ", ".join(f"L{layer} H{h} {part:.2f}" for h, part in heads[:HOVER_HEADS])
+    more = len(heads) - HOVER_HEADS
+    return shown + (f" … ({more} more)" if more > 0 else "") if shown else "no head above 0"
+
+
 def flow_figure(tokens: Sequence[str], n_layers: int, edges: Sequence[tuple], position: int, title: str) -> go.Figure:
     """The flow graph: tokens across, levels up (2l: entering layer l, 2l + 1: after its attention, 2L: the
-    output). edges: (kind, layer, head, source, target, level, importance), the source at level − 1. Line width
-    ∝ importance; a head edge's midpoint carries its hover and its "layer.head" for a click, an MLP edge is a
-    square on its token between the two levels."""
+    output). edges: (kind, layer, head, source, target, level, importance, heads), the source at level − 1;
+    an attention edge's head is its strongest and heads its (head, part) pairs, strongest first. Line width
+    ∝ importance; an attention edge's midpoint carries its hover (its heads) and its strongest head's
+    "layer.head" for a click, an MLP edge is a square on its token between the two levels."""
     fig = go.Figure()
     labels = [escaped(t) for t in tokens]
     widths = (0.08, 0.2, 0.4, 1.01)
-    for kind in ("residual", "head"):
+    for kind in ("residual", "attention"):
         for low, high in zip((0.0, *widths[:-1]), widths):   # one trace per width band: few traces, any edges
             xs, ys = [], []
             for e in edges:
@@ -107,15 +118,18 @@ def flow_figure(tokens: Sequence[str], n_layers: int, edges: Sequence[tuple], po
             if xs:
                 fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False,
                                          line={"color": EDGE_COLORS[kind], "width": 1 + 7 * high},
-                                         opacity=0.8 if kind == "head" else 0.6))
-    heads = [e for e in edges if e[0] == "head"]
-    if heads:
+                                         opacity=0.8 if kind == "attention" else 0.6))
+    # an edge with no head above 0 (kept only at threshold 0) has no head to open: drawn, but not a point
+    attention = [e for e in edges if e[0] == "attention" and e[2] is not None]
+    if attention:
         fig.add_trace(go.Scatter(
-            x=[(e[3] + e[4]) / 2 for e in heads], y=[e[5] - 0.5 for e in heads], mode="markers",
-            marker={"size": 7, "color": EDGE_COLORS["head"], "opacity": 0.35}, name="head edge",
-            customdata=[[f"{e[1]}.{e[2]}", labels[e[3]], labels[e[4]], e[6]] for e in heads],
-            hovertemplate=("L%{customdata[0]}: %{customdata[1]} → %{customdata[2]}, importance "
-                           "%{customdata[3]:.2f} (click: open the head)<extra></extra>")))
+            x=[(e[3] + e[4]) / 2 for e in attention], y=[e[5] - 0.5 for e in attention], mode="markers",
+            marker={"size": 7, "color": EDGE_COLORS["attention"], "opacity": 0.35}, name="attention edge",
+            customdata=[[f"{e[1]}.{e[2]}", labels[e[3]], labels[e[4]], e[6],
+                         head_list(e[7], e[1]), e[1]] for e in attention],
+            hovertemplate=("layer %{customdata[5]} attention: %{customdata[1]} → %{customdata[2]}, importance "
+                           "%{customdata[3]:.2f} (its heads summed)<br>heads: %{customdata[4]}<br>click: open the "
+                           "strongest head<extra></extra>")))
     mlps = [e for e in edges if e[0] == "mlp"]
     if mlps:
         fig.add_trace(go.Scatter(

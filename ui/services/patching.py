@@ -1,18 +1,24 @@
 """What carries the answer, as plain values over core.analysis.patching: a clean and a corrupted prompt checked
-and encoded, the answer and foil tokens (typed, or the two runs' top tokens), the patching sweep streamed with
-its progress, direct logit attribution, and the information-flow graph."""
+and encoded whole (a prompt over the limit is refused, never cut: the prediction explained is always the
+prompt's own), the answer and foil tokens (typed, or the runs' top tokens), the patching sweep streamed with its
+progress, direct logit attribution, and the information-flow graph, kept server-wide in the KeptStore under a
+session's ticket so a new threshold only re-prunes it. The core's refusals of its input come back as UserError."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
 from core.analysis import patching
 from ui.services.checks import UserError, check_float, check_range
+from ui.services.heads import next_token_reason
 from ui.services.jobs import JobUpdate, stream_job
-from ui.services.text import Encoded, as_batch, encode, one_token, token_pieces, token_texts
+from ui.services.kept import KeptStore, new_ticket
+from ui.services.text import Encoded, as_batch, encode, one_token, token_pieces, token_texts, valid_unicode
 
 MAX_PATCH_TOKENS = 64   # a residual sweep patches layers × tokens cells (1,920 for SmolLM2 at 64 tokens)
 MAX_FLOW_TOKENS = 64    # the flow graph holds layers × heads × tokens² importances
@@ -34,15 +40,8 @@ SITES = {  # the API's site name → (core site, by position at one layer)
 
 
 def patching_reason(model) -> str | None:
-    """Why this model cannot be patched here, or None when it can."""
-    cfg = model.config
-    if cfg.is_encoder_decoder:
-        return ("Patching compares next-token predictions of one prompt, and this is an encoder-decoder: its "
-                "predictions come from a decoder that needs a target text of its own. Choose a decoder model.")
-    if not cfg.causal or model.lm_head is None:
-        return ("Patching compares next-token predictions, and this model is an encoder: it reads the text in both "
-                "directions and predicts no next token. Choose a decoder model (e.g. smollm2-135m-instruct).")
-    return None
+    """Why this model cannot be patched here, or None when it can (the Heads tab's check, with this tab's advice)."""
+    return next_token_reason(model, "Patching", advice="Choose a decoder model (e.g. smollm2-135m-instruct).")
 
 
 def attribution_reason(model) -> str | None:
@@ -65,15 +64,61 @@ class TokenMismatch(UserError):
 @dataclass
 class PatchPair:
     clean: Encoded
-    corrupted: Encoded
+    corrupted: Encoded | None   # None: attribution without a corrupted prompt (the foil is then the clean run's)
     answer: int
     foil: int
     chosen: str          # how the answer and foil were chosen, in words
     pieces: tuple[str, str]   # the answer's and the foil's own text (a leading space kept)
 
     @property
-    def ids(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return as_batch(self.clean.ids), as_batch(self.corrupted.ids)
+    def ids(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return as_batch(self.clean.ids), None if self.corrupted is None else as_batch(self.corrupted.ids)
+
+
+@contextmanager
+def refusals_in_words():
+    """The core's refusals of its input (ValueError, IndexError: equal metrics, a token id or layer out of range)
+    as a UserError, whose words reach the page."""
+    try:
+        yield
+    except UserError:
+        raise
+    except (ValueError, IndexError) as error:
+        raise UserError(sentence(str(error))) from error
+
+
+def sentence(text: str) -> str:
+    text = text.strip() or "The input was refused"
+    return text[0].upper() + text[1:] + ("" if text.endswith((".", "?", "!")) else ".")
+
+
+def token_count(model, text) -> int:
+    """How many tokens the whole text is (with the tokenizer's own special tokens), nothing cut."""
+    if text is None or (isinstance(text, str) and not text.strip()):
+        return 0
+    return len(model.tokenizer(valid_unicode(text))["input_ids"])
+
+
+def limit_of(model, limit: int) -> int:
+    return min(limit, model.config.max_positions)
+
+
+def check_lengths(model, what: str, limit: int, clean_text, corrupted_text=None) -> None:
+    """A UserError naming the limit and each prompt's token count when one is over it: cutting would change
+    the prediction explained (the end) or drop the token the tokenizer adds first (the start)."""
+    limit = limit_of(model, limit)
+    counts = [token_count(model, clean_text)] + ([] if corrupted_text is None else [token_count(model, corrupted_text)])
+    if max(counts) <= limit:
+        return
+    have = f"the clean prompt has {counts[0]:,} tokens" + (f" and the corrupted one {counts[1]:,}" if counts[1:] else "")
+    raise UserError(f"{what} reads prompts of at most {limit} tokens, and {have}. Shorten "
+                    f"{'them' if counts[1:] else 'it'} to {limit} tokens or fewer: cutting would explain a prediction "
+                    "other than the prompt's own.")
+
+
+def encode_whole(model, text, limit: int) -> Encoded:
+    """The prompt's tokens, all of them (check_lengths has refused a longer one)."""
+    return encode(model, text, limit_of(model, limit))
 
 
 def side_by_side(model, clean: Encoded, corrupted: Encoded) -> list[list]:
@@ -88,27 +133,52 @@ def top_tokens(model, ids: list[int], k: int = 2) -> list[int]:
     return logits.topk(k).indices.tolist()
 
 
-def prepare_pair(model, clean_text, corrupted_text, answer_text, foil_text) -> PatchPair:
-    """Both prompts encoded (the same token count, at most MAX_PATCH_TOKENS), and the answer and foil ids."""
+def is_empty(text) -> bool:
+    return text is None or (isinstance(text, str) and not text.strip())
+
+
+def prepare_pair(model, clean_text, corrupted_text, answer_text, foil_text, what: str = "Patching",
+                 corrupted_needed: bool = True) -> PatchPair:
+    """Both prompts encoded whole (the same token count, at most MAX_PATCH_TOKENS), and the answer and foil ids.
+    Without corrupted_needed an empty corrupted prompt is allowed: the foil is then the clean run's most likely
+    token after the answer."""
     reason = patching_reason(model)
     if reason:
         raise UserError(reason)
-    clean = encode(model, clean_text, MAX_PATCH_TOKENS)
-    if corrupted_text is None or (isinstance(corrupted_text, str) and not corrupted_text.strip()):
+    if is_empty(clean_text):
+        raise UserError("The clean prompt is empty: type the prompt whose next token is explained.")
+    without = is_empty(corrupted_text)
+    if without and corrupted_needed:
         raise UserError("The corrupted prompt is empty: type the clean prompt with the detail that matters changed.")
-    corrupted = encode(model, corrupted_text, MAX_PATCH_TOKENS)
+    check_lengths(model, what, MAX_PATCH_TOKENS, clean_text, None if without else corrupted_text)
+    clean = encode_whole(model, clean_text, MAX_PATCH_TOKENS)
+    if without:
+        return choose_tokens(model, clean, None, answer_text, foil_text)
+    corrupted = encode_whole(model, corrupted_text, MAX_PATCH_TOKENS)
     if len(clean.ids) != len(corrupted.ids):
         raise TokenMismatch(
             f"The two prompts must have the same number of tokens, position for position, and the clean one has "
             f"{len(clean.ids)} while the corrupted one has {len(corrupted.ids)}. Change a word for one of the same "
             "token count (the tokens are listed side by side).", side_by_side(model, clean, corrupted))
+    return choose_tokens(model, clean, corrupted, answer_text, foil_text)
+
+
+def choose_tokens(model, clean: Encoded, corrupted: Encoded | None, answer_text, foil_text) -> PatchPair:
+    """The answer (typed, or the clean run's top token) and the foil (typed, or the corrupted run's top token;
+    without a corrupted prompt, the clean run's most likely token after the answer)."""
     answer = one_token(model, "Answer", answer_text, "to use the clean run's top token")
-    foil = one_token(model, "Foil", foil_text, "to use the corrupted run's top token")
+    foil_source = "the clean run's second token" if corrupted is None else "the corrupted run's top token"
+    foil = one_token(model, "Foil", foil_text, f"to use {foil_source}")
     chosen = []
     if answer is None:
         answer = top_tokens(model, clean.ids, 1)[0]
         chosen.append("the answer is the clean run's top token")
-    if foil is None:
+    if foil is None and corrupted is None:
+        ranked = top_tokens(model, clean.ids)
+        foil = ranked[1] if ranked[0] == answer else ranked[0]
+        chosen.append("there is no corrupted prompt, so the foil is the clean run's "
+                      + ("second most likely token" if ranked[0] == answer else "most likely token"))
+    elif foil is None:
         ranked = top_tokens(model, corrupted.ids)
         foil = ranked[1] if ranked[0] == answer else ranked[0]
         chosen.append("the foil is the corrupted run's top token" + (" after the answer" if ranked[0] == answer else ""))
@@ -137,17 +207,45 @@ def sweep_shape(model, site: str, by_position: bool, n_tokens: int) -> tuple[int
     return cfg.n_layers, n_tokens
 
 
-def stream_patching(model, pair: PatchPair, site_name: str, mode: str, layer) -> Iterator[JobUpdate]:
-    """The sweep in a worker thread, an update after each batch and then the core's PatchSweep as the result."""
+def check_differ(model, pair: PatchPair) -> None:
+    if pair.clean.ids == pair.corrupted.ids:
+        raise UserError(f"The clean and corrupted prompts are the same {len(pair.clean.ids)} tokens, so every patch "
+                        "writes what is already there: change the detail that matters in the corrupted prompt.")
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    site: str               # the core's site
+    by_position: bool       # one layer's heads × positions
+    mode: str
+    layer: int | None       # the layer of a by-position sweep
+
+
+def check_sweep(model, site_name, mode, layer) -> SweepSettings:
+    """The sweep's settings checked, each error naming its field."""
     site, by_position = check_site(site_name)
     mode = check_mode(mode)
     chosen = check_range("Layer", layer, 0, model.config.n_layers - 1) if by_position else None
+    return SweepSettings(site, by_position, mode, chosen)
+
+
+def stream_patching(model, pair: PatchPair, settings: SweepSettings) -> Iterator[JobUpdate]:
+    """The sweep in a worker thread, an update after each batch and then the core's PatchSweep as the result.
+    The core's refusals (equal metrics on both runs) are raised as UserError by the iterator."""
+    site, by_position, mode, chosen = settings.site, settings.by_position, settings.mode, settings.layer
+    check_differ(model, pair)
     clean, corrupted = pair.ids
     total = sweep_shape(model, site, by_position, len(pair.clean.ids))
     work = lambda report: patching.patch_sweep(  # noqa: E731
         model, clean.to(model.device), corrupted.to(model.device), pair.answer, pair.foil, site, mode, chosen,
         progress=report)
-    return stream_job(work, total[0] * total[1], "patch-sweep")
+    return updates_in_words(stream_job(work, total[0] * total[1], "patch-sweep"))
+
+
+def updates_in_words(updates: Iterator[JobUpdate]) -> Iterator[JobUpdate]:
+    """The job's updates; closing this closes the job (yield from passes the close on)."""
+    with refusals_in_words():
+        yield from updates
 
 
 def logit_parts(model, pair: PatchPair) -> patching.LogitAttribution:
@@ -155,7 +253,8 @@ def logit_parts(model, pair: PatchPair) -> patching.LogitAttribution:
     reason = attribution_reason(model)
     if reason:
         raise UserError(reason)
-    return patching.logit_attribution(model, pair.ids[0].to(model.device), pair.answer, pair.foil)
+    with refusals_in_words():
+        return patching.logit_attribution(model, pair.ids[0].to(model.device), pair.answer, pair.foil)
 
 
 def check_threshold(value) -> float:
@@ -167,8 +266,52 @@ def flow(model, tokens: Encoded, threshold) -> patching.FlowGraph:
     reason = attribution_reason(model)
     if reason:
         raise UserError(reason)
-    return patching.flow_graph(model, as_batch(tokens.ids, model.device), -1, check_threshold(threshold))
+    with refusals_in_words():
+        return patching.flow_graph(model, as_batch(tokens.ids, model.device), -1, check_threshold(threshold))
 
 
 def encode_flow(model, text) -> Encoded:
-    return encode(model, text, MAX_FLOW_TOKENS)
+    """The flow graph's prompt, whole, or a UserError naming the limit and its token count."""
+    if is_empty(text):
+        raise UserError("The clean prompt is empty: type the prompt whose next token is explained.")
+    check_lengths(model, "The flow graph", MAX_FLOW_TOKENS, text)
+    return encode_whole(model, text, MAX_FLOW_TOKENS)
+
+
+@dataclass(frozen=True)
+class FlowCache:
+    """What a session keeps between flow graphs: which prompt its graph was of and the ticket it is kept under
+    in the server-wide KeptStore. A few hundred bytes: the graph's [L, H, T, T] parts are in the store."""
+    key: tuple      # (model name, the prompt's token ids)
+    ticket: str
+
+
+@dataclass
+class FlowResult:
+    graph: patching.FlowGraph
+    tokens: Encoded
+    seconds: float | None   # None: re-pruned from the kept graph, no pass
+    cache: FlowCache
+
+
+def graph_bytes(graph: patching.FlowGraph) -> int:
+    """The kept graph's real size: its tensors (the edges are re-pruned on every call)."""
+    return sum(t.nbytes for t in (graph.heads, graph.attn_residual, graph.mlp, graph.mlp_residual))
+
+
+def kept_flow(model, model_name: str, text, threshold, kept: KeptStore, previous=None) -> FlowResult:
+    """The flow graph of the prompt's prediction at `threshold`: re-pruned from the graph kept under the
+    session's ticket when it is of the same model and prompt, else computed (one pass) and kept."""
+    threshold = check_threshold(threshold)
+    tokens = encode_flow(model, text)
+    key = (model_name, tuple(tokens.ids))
+    ticket = previous.ticket if isinstance(previous, FlowCache) else new_ticket()
+    found = kept.get(ticket, key) if isinstance(previous, FlowCache) else None
+    if found is not None:
+        with refusals_in_words():
+            return FlowResult(found.pruned(threshold), tokens, None, FlowCache(key, ticket))
+    started = time.perf_counter()
+    graph = flow(model, tokens, threshold)
+    seconds = time.perf_counter() - started
+    kept.put(ticket, key, graph, graph_bytes(graph))
+    return FlowResult(graph, tokens, seconds, FlowCache(key, ticket))

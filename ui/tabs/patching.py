@@ -14,16 +14,21 @@ from ui.views import patching as views
 LEAD = """**What carries the answer**: run a prompt and a corrupted copy of it, then move one activation at a time
 from one run into the other and see how much of the answer comes back."""
 
-HOW_TO_READ = """Each cell is one patched run. **1** (red) means that patching this one activation alone brings back
-the clean prompt's answer; **0** (white) means it changes nothing; negative (blue) pushes the other way."""
+HOW_TO_READ = (views.how_to_read("denoise") + "  \n" + views.how_to_read("noise")
+               + " Red is 1, white 0, blue below 0 in both.")
 
 INTRO = """The metric is logit(answer) − logit(foil) at the last position: positive when the model prefers the
 answer. *Denoise* writes clean activations into the corrupted run (what is enough to restore the answer?);
-*noise* writes corrupted ones into the clean run (what is needed to keep it?). The sweep never runs one whole
-pass per patch: cells that are the same in both runs are skipped, and the rest run in batches that resume at the
-patched layer and the first changed token. Direct logit attribution splits the logit difference into one exact
-part per head and per MLP. The flow graph (Ferrando and Voita, 2024) keeps the parts of each residual sum that
-are closest to it, walking down from the prediction. """ + views.LIMITS
+*noise* writes corrupted ones into the clean run (what is needed to keep it?). The score is the same fraction
+in both, (patched − corrupted) / (clean − corrupted), so it reads the other way round: denoising, 1 is the answer
+brought back and 0 nothing changed; noising, 1 is nothing changed and near 0 an activation the answer needs.
+The sweep never runs one whole pass per patch: cells that are the same in both runs are skipped, and the rest run
+in batches that resume at the patched layer and the first changed token. Direct logit attribution splits the
+logit difference into one exact part per head and per MLP; it needs no corrupted prompt (without one, the foil
+is the clean run's second most likely token). The flow graph (Ferrando and Voita, 2024) weighs each part of
+each residual sum by its proximity to the sum; an attention edge between two tokens adds its heads' parts
+(heads summed, then thresholded) and is kept when that sum reaches the threshold, walking down from the
+prediction. """ + views.LIMITS
 
 SITE_CHOICES = [("residual stream (layer × position)", "resid_pre"), ("attention output (layer × position)",
                                                                      "attn_out"),
@@ -43,7 +48,7 @@ def build(services, picker, initial) -> Tab:
             preset = gr.Dropdown(choices=[*PRESETS, "your own"], value=first, label="Prompt pair",
                                  elem_id="patch-preset")
             clean = gr.Textbox(label="Clean prompt", value=PRESETS[first][0], lines=2, elem_id="patch-clean")
-            corrupted = gr.Textbox(label="Corrupted prompt (the same token count)", value=PRESETS[first][1], lines=2,
+            corrupted = gr.Textbox(label="Corrupted prompt (the same token count; attribution may leave it empty)", value=PRESETS[first][1], lines=2,
                                    elem_id="patch-corrupted")
             site = gr.Dropdown(choices=SITE_CHOICES, value="resid_pre", label="What to patch", elem_id="patch-site")
             run = gr.Button("Patch", variant="primary", elem_id="patch-run")
@@ -63,7 +68,7 @@ def build(services, picker, initial) -> Tab:
         with gr.Column(scale=3, min_width=340):
             gr.Markdown(HOW_TO_READ, elem_classes=["how-to-read"])
             note = gr.Markdown(elem_id="patch-note")
-            sweep_fig = gr.Plot(label="Restored fraction of the logit difference", elem_id="patch-map", visible=False)
+            sweep_fig = gr.Plot(label="The sweep: one patched run per cell", elem_id="patch-map", visible=False)
             sweep_file = gr.File(label="The sweep's data (CSV)", interactive=False, elem_id="patch-file", height=80,
                                  visible=False)
     with gr.Accordion("How to read this tab", open=False):
@@ -105,14 +110,14 @@ def attribution_section(services, picker, clean, corrupted, answer, foil) -> Non
 def flow_section(services, picker, clean) -> None:
     gr.Markdown("### The information-flow graph of the clean prompt's prediction")
     with gr.Row():
-        threshold = gr.Slider(0.0, 0.5, value=DEFAULT_THRESHOLD, step=0.01, label="Threshold: keep parts of at least "
+        threshold = gr.Slider(0.0, 0.5, value=DEFAULT_THRESHOLD, step=0.01, label="Threshold: keep edges of at least "
                               "this importance (0–0.5)", elem_id="patch-flow-threshold", scale=3)
         button = gr.Button("Draw the graph", elem_id="patch-flow-run", scale=1)
     note = gr.Markdown(elem_id="patch-flow-note")
     figure = gr.Plot(label="Tokens across, layers up; width ∝ importance", elem_id="patch-flow", visible=False)
     file = gr.File(label="The kept edges (CSV)", interactive=False, elem_id="patch-flow-file", height=80,
                    visible=False)
-    cache = gr.State(None, time_to_live=1800)
+    cache = gr.State(None, time_to_live=1800)   # a FlowCache: the ticket of the graph kept in services.kept
     event = dict(fn=handler(views.flow_view, services, "flow_graph"), inputs=[picker.model, clean, threshold, cache],
                  outputs=[note, figure, file, cache], **ON_ANALYSIS)
     button.click(lambda: (gr.Plot(visible=True), gr.File(visible=True)), None, [figure, file],

@@ -1,21 +1,21 @@
 """The Patching tab's views: which component, at which position, carries the answer. A patching sweep between a
 clean and a corrupted prompt, direct logit attribution of every head and MLP, and the information-flow graph;
-the bodies of the tab's endpoints. A pair the tab cannot measure (different token counts, an answer of several
-tokens, an encoder) is answered in the note, with the figures left empty."""
+the bodies of the tab's endpoints. A pair the tab cannot measure (different token counts, a prompt over the
+limit, equal prompts, an answer of several tokens, an encoder) is answered in the note, with the figures left
+empty. Every word about a cell follows the direction shown: denoising measures what a patch brings back,
+noising what stays."""
 
 from __future__ import annotations
 
-import time
 from contextlib import closing
-from dataclasses import dataclass
 
 from ui.plots.base import empty_figure
 from ui.plots.patching import flow_figure, logit_attribution_figure, patch_heatmap
 from ui.plots.text import escaped
 from ui.services import Services
 from ui.services.checks import UserError
-from ui.services.patching import (MAX_FLOW_TOKENS, MAX_PATCH_TOKENS, PatchPair, TokenMismatch, check_threshold,
-                                  encode_flow, flow, logit_parts, prepare_pair, stream_patching)
+from ui.services.patching import (MAX_FLOW_TOKENS, MAX_PATCH_TOKENS, FlowResult, PatchPair, TokenMismatch,
+                                  check_sweep, check_threshold, kept_flow, logit_parts, prepare_pair, stream_patching)
 from ui.services.text import token_texts
 from ui.views import export
 
@@ -31,14 +31,30 @@ WHAT_PATCHING_SHOWS = (
     "prompts apart. It is not the only path, and a cell near 0 may still matter on other prompts or together "
     "with other cells."
 )
+WHAT_NOISING_SHOWS = (
+    "Noising shows what is **necessary** on this pair: a cell near 0 is an activation the clean answer cannot do "
+    "without. A cell near 1 may still matter when other cells are noised with it."
+)
+
+# what a cell's score, (patched − corrupted) / (clean − corrupted), means in each direction
+MODE_WORDS = {
+    "denoise": dict(
+        gerund="Denoising", value="restored", scale="restored<br>(1: the clean<br>answer back)",
+        direction="clean activations written into the corrupted run", verb="comes back",
+        meaning="**1** means this patch alone brings back the clean prompt's answer, **0** that it changes "
+                "nothing (the corrupted run's answer stays), negative that it pushes further the other way"),
+    "noise": dict(
+        gerund="Noising", value="kept", scale="kept<br>(1: no change,<br>0: needed)",
+        direction="corrupted activations written into the clean run", verb="stays",
+        meaning="**1** means this patch changes nothing (the clean answer stays), **near 0** that this "
+                "activation is needed: the corrupted value here alone takes the clean answer away"),
+}
 
 
-@dataclass
-class PatchingCache:
-    """A session's last flow graph, so moving the threshold re-prunes it without another pass."""
-    key: tuple
-    tokens: list[str]
-    graph: object
+def how_to_read(mode: str) -> str:
+    """What a cell of the sweep means in this direction, in one line."""
+    words = MODE_WORDS[mode]
+    return f"**{words['gerund']}** ({words['direction']}): each cell is one patched run; {words['meaning']}."
 
 
 def quoted(piece: str) -> str:
@@ -59,6 +75,10 @@ def mismatch_note(error: TokenMismatch) -> str:
     return f"{escaped(str(error))}\n\n| position | clean | corrupted |\n|---|---|---|\n{rows}"
 
 
+def sentence_of(words: str) -> str:
+    return words[:1].upper() + words[1:] + "."
+
+
 def nothing(message: str, name: str, view: str):
     return export.named(empty_figure(message), export.filename(name, view))
 
@@ -66,52 +86,53 @@ def nothing(message: str, name: str, view: str):
 def patch_view(services: Services, model_name, clean_prompt, corrupted_prompt, answer_token, foil_token, site,
                mode, layer_index, progress=None):
     """Yields (note, figure, data file) as the sweep goes, then the map of how much of the clean metric each
-    patch brings back; the body of the `patch_sweep` endpoint."""
+    patch brings back (denoise) or keeps (noise); the body of the `patch_sweep` endpoint."""
     name = model_name
     model = services.models.get(name, progress)
     view = f"patch-{site}-{mode}"
+    settings = check_sweep(model, site, mode, layer_index)   # a wrong setting is a message by its field
+    result, seconds = None, 0.0
     try:
         pair = prepare_pair(model, clean_prompt, corrupted_prompt, answer_token, foil_token)
+        with closing(stream_patching(model, pair, settings)) as updates:   # a page gone: the sweep stops
+            for update in updates:
+                message = f"{update.done} of {update.total} patches"
+                if progress is not None:
+                    progress(update.done / max(update.total, 1), message)
+                if update.finished:
+                    result, seconds = update.result, update.seconds
+                else:
+                    yield f"Patching: {message} ({update.seconds:.0f} s)…", nothing(message, name, view), None
     except TokenMismatch as error:
         yield mismatch_note(error), nothing("The prompts differ in token count.", name, view), None
         return
     except UserError as error:
         yield escaped(str(error)), nothing("Nothing to patch yet.", name, view), None
         return
-    result, seconds = None, 0.0
-    with closing(stream_patching(model, pair, site, mode, layer_index)) as updates:   # a page gone: the sweep stops
-        for update in updates:
-            message = f"{update.done} of {update.total} patches"
-            if progress is not None:
-                progress(update.done / max(update.total, 1), message)
-            if update.finished:
-                result, seconds = update.result, update.seconds
-            else:
-                yield f"Patching: {message} ({update.seconds:.0f} s)…", nothing(message, name, view), None
+    words = MODE_WORDS[result.mode]
     tokens = token_texts(model, pair.clean.ids)
     rows, cols = result.axes
     where = SITE_WORDS[site]
     layer_words = f" of layer {result.layer}" if result.layer is not None else ""
-    direction = ("clean activations written into the corrupted run" if mode == "denoise"
-                 else "corrupted activations written into the clean run")
-    title = f"{'Denoising' if mode == 'denoise' else 'Noising'} {site}{layer_words}: how much of {metric_words(pair)} comes back"
-    fig = patch_heatmap(result.scores.numpy(), result.metrics.numpy(), rows, cols, tokens, title, result.layer)
+    title = f"{words['gerund']} {site}{layer_words}: how much of {metric_words(pair)} {words['verb']}"
+    fig = patch_heatmap(result.scores.numpy(), result.metrics.numpy(), rows, cols, tokens, title, result.layer,
+                        value_name=words["value"], scale_title=words["scale"])
     note = (
-        f"**{escaped(where)}{layer_words}**, {direction}, one patch per cell. The metric is {metric_words(pair)} at "
-        f"the last position: **{result.clean_metric:+.3f}** on the clean prompt, **{result.corrupted_metric:+.3f}** "
-        f"on the corrupted one ({escaped(pair.chosen) or 'both typed'}). Each cell shows (patched − corrupted) / "
-        f"(clean − corrupted): 1 is the clean run's answer, 0 the corrupted run's.  \n"
+        f"**{escaped(where)}{layer_words}**, {words['direction']}, one patch per cell. The metric is "
+        f"{metric_words(pair)} at the last position: **{result.clean_metric:+.3f}** on the clean prompt, "
+        f"**{result.corrupted_metric:+.3f}** on the corrupted one ({escaped(pair.chosen) or 'both typed'}). Each "
+        f"cell shows (patched − corrupted) / (clean − corrupted), the fraction that {words['verb']}: "
+        f"{words['meaning']}.  \n"
         f"{result.scores.numel()} cells in {seconds:.1f} s; {result.computed} needed a pass, the rest patch an "
         "activation that is the same in both runs (before the first token that differs, under the causal mask). "
-        f"{WHAT_PATCHING_SHOWS}"
+        f"{WHAT_PATCHING_SHOWS if result.mode == 'denoise' else WHAT_NOISING_SHOWS}"
     )
-    if pair.clean.note:
-        note += f"  \n{escaped(pair.clean.note)}"
     labels_r = [str(i) for i in range(result.scores.shape[0])]
     labels_c = [f"{i} {t}" for i, t in enumerate(tokens)] if cols == "position" else [str(i) for i in range(result.scores.shape[1])]
     csv = export.matrix_csv(result.scores.numpy(), labels_r, labels_c, f"{rows} \\ {cols}",
-                            comments=[f"model {name}", f"{mode} {site}{layer_words}: restored fraction of "
-                                      f"logit({pair.pieces[0]!r}) - logit({pair.pieces[1]!r})",
+                            comments=[f"model {name}", f"{result.mode} {site}{layer_words}: (patched - corrupted) / "
+                                      f"(clean - corrupted) of logit({pair.pieces[0]!r}) - logit({pair.pieces[1]!r}), "
+                                      f"the fraction {words['value']}",
                                       f"clean {result.clean_metric:.6g}, corrupted {result.corrupted_metric:.6g}"])
     file = export.write(csv, export.filename(name, view) + ".csv")
     yield note, export.named(fig, export.filename(name, view)), str(file)
@@ -120,11 +141,13 @@ def patch_view(services: Services, model_name, clean_prompt, corrupted_prompt, a
 def attribution_view(services: Services, model_name, clean_prompt, corrupted_prompt, answer_token, foil_token,
                      progress=None):
     """(note, figure, data file): each head's and each MLP's direct part of logit(answer) − logit(foil) on the
-    clean prompt; the body of the `logit_attribution` endpoint."""
+    clean prompt; the body of the `logit_attribution` endpoint. The corrupted prompt may be empty: the foil is
+    then the clean run's second most likely token."""
     name = model_name
     model = services.models.get(name, progress)
     try:
-        pair = prepare_pair(model, clean_prompt, corrupted_prompt, answer_token, foil_token)
+        pair = prepare_pair(model, clean_prompt, corrupted_prompt, answer_token, foil_token, "Logit attribution",
+                            corrupted_needed=False)
         parts = logit_parts(model, pair)
     except TokenMismatch as error:
         return mismatch_note(error), nothing("The prompts differ in token count.", name, "logit-attribution"), None
@@ -145,6 +168,8 @@ def attribution_view(services: Services, model_name, clean_prompt, corrupted_pro
         f"Largest heads: {largest}. A direct part counts only what a head writes straight into the answer's "
         "direction: a head that moves information for later layers to use shows little here (patching finds it)."
     )
+    if pair.chosen:
+        note += f"  \n{escaped(sentence_of(pair.chosen))}"
     rows = [[f"L{l} H{h}", float(heads[l, h])] for l in range(heads.shape[0]) for h in range(heads.shape[1])]
     rows += [[f"MLP {l}", float(v)] for l, v in enumerate(mlps)]
     rows += [["embeddings", parts.embeddings], ["biases", parts.biases], ["total", parts.total]]
@@ -153,22 +178,39 @@ def attribution_view(services: Services, model_name, clean_prompt, corrupted_pro
     return note, export.named(fig, export.filename(name, "logit-attribution")), str(file)
 
 
-def flow_note(graph, tokens: list[str], seconds: float | None) -> str:
-    heads = sorted((e for e in graph.edges if e.kind == "head"), key=lambda e: -e.importance)[:5]
-    named = ", ".join(f"L{e.layer} H{e.head} {quoted(tokens[e.source])} → {quoted(tokens[e.target])} "
-                      f"({e.importance:.2f})" for e in heads) or "none above this threshold"
-    timing = "" if seconds is None else f" Computed in {seconds:.1f} s."
+FLOW_DEFINITION = (
+    "Every residual state is a sum of parts. After a layer's attention the parts are the residual input and "
+    "every (head, source token) part, a head's attention weight times the source's value through W_O; the "
+    "output bias is in the sum but is not a part. Each part's importance is its proximity to the sum "
+    "(‖y‖₁ − ‖y − part‖₁, a proximity below 0 counts as 0), normalised over the sum's parts. An attention edge "
+    "source → target adds its heads' parts (token edges: heads summed, then thresholded), and the i → i attention "
+    "edge stays apart from the residual edge. After the MLP the parts are the sum after attention and the MLP's "
+    "output. An edge is kept when its importance is ≥ the threshold and it leads, walking down, to the prediction."
+)
+
+
+def edge_words(edge, tokens: list[str]) -> str:
+    """"layer 3 'Mary' → 'to' (0.31: H2 0.12, H5 0.04, …)": an attention edge and its three strongest heads."""
+    heads = ", ".join(f"H{h} {part:.2f}" for h, part in edge.heads[:3]) + (", …" if len(edge.heads) > 3 else "")
+    return (f"layer {edge.layer} {quoted(tokens[edge.source])} → {quoted(tokens[edge.target])} "
+            f"({edge.importance:.2f}: {heads or 'no head above 0'})")
+
+
+def flow_note(result: FlowResult, tokens: list[str]) -> str:
+    graph, seconds = result.graph, result.seconds
+    attention = sorted((e for e in graph.edges if e.kind == "attention"), key=lambda e: -e.importance)[:5]
+    named = "; ".join(edge_words(e, tokens) for e in attention) or "none above this threshold"
+    timing = " Re-pruned from the kept graph, no pass." if seconds is None else f" Computed in {seconds:.1f} s."
     return (
-        f"How the prediction after {quoted(tokens[graph.position])} was assembled: every residual state is a sum "
-        "(its residual input, each head's part from each earlier token, the MLP's output), and each part is "
-        "weighted by how much closer to the sum it is than nothing (its proximity, normalised over the sum's "
-        f"parts). Kept: **{len(graph.edges)} edges** of importance ≥ {graph.threshold:g}, walking down from the "
-        f"prediction.{timing}  \nStrongest head edges: {named}. Click a head edge's dot to open that head."
+        f"How the prediction after {quoted(tokens[graph.position])} was assembled (Ferrando and Voita, 2024). "
+        f"{FLOW_DEFINITION} Kept: **{len(graph.edges)} edges** of importance ≥ {graph.threshold:g}.{timing}  \n"
+        f"Strongest attention edges (their strongest heads): {named}. Hover an attention edge's dot for all its "
+        "heads; a click opens the strongest in the Attention tab."
     )
 
 
 def flow_figure_of(graph, tokens: list[str], name: str):
-    edges = [(e.kind, e.layer, e.head, e.source, e.target, e.level, e.importance) for e in graph.edges]
+    edges = [(e.kind, e.layer, e.head, e.source, e.target, e.level, e.importance, e.heads) for e in graph.edges]
     fig = flow_figure(tokens, graph.n_layers, edges, graph.position,
                       f"Information flow into the prediction after {quoted(tokens[graph.position])} "
                       f"(threshold {graph.threshold:g})")
@@ -176,36 +218,34 @@ def flow_figure_of(graph, tokens: list[str], name: str):
 
 
 def flow_file(graph, tokens: list[str], name: str) -> str:
-    rows = [[e.kind, e.layer, "" if e.head is None else e.head, e.source, tokens[e.source], e.target,
-             tokens[e.target], e.level, e.importance] for e in graph.edges]
-    header = ["kind", "layer", "head", "source", "source token", "target", "target token", "level", "importance"]
+    """One row per kept edge × head: an attention edge has a row for each head with a part > 0 (its share in
+    "head part", strongest first); another edge one row with the head empty."""
+    rows = []
+    for e in graph.edges:
+        edge = [e.kind, e.layer, e.source, tokens[e.source], e.target, tokens[e.target], e.level, e.importance]
+        parts = e.heads if e.kind == "attention" and e.heads else [("", "")]
+        rows += [[*edge[:2], head, *edge[2:], part] for head, part in parts]
+    header = ["kind", "layer", "head", "source", "source token", "target", "target token", "level", "importance",
+              "head part"]
     return str(export.write(export.csv_text(rows, header), export.filename(name, "flow-graph") + ".csv"))
 
 
 def flow_view(services: Services, model_name, clean_prompt, threshold, previous=None, progress=None):
     """(note, figure, data file, cache): the information-flow graph of the last token of the clean prompt; the
-    body of the `flow_graph` endpoint. The graph is kept, so a new threshold only re-prunes it."""
+    body of the `flow_graph` endpoint. The graph is kept in the server-wide store and the session holds its
+    ticket, so a new threshold only re-prunes it."""
     name = model_name
     model = services.models.get(name, progress)
-    threshold = check_threshold(threshold)   # a wrong setting is a message by the field; a wrong text, the note
+    check_threshold(threshold)   # a wrong setting is a message by the field; a wrong text, the note
     try:
-        tokens = encode_flow(model, clean_prompt)
-        key = (name, tuple(tokens.ids))
-        started = time.perf_counter()
-        if isinstance(previous, PatchingCache) and previous.key == key:
-            graph, seconds = previous.graph.pruned(threshold), None
-        else:
-            graph = flow(model, tokens, threshold)
-            seconds = time.perf_counter() - started
+        result = kept_flow(model, name, clean_prompt, threshold, services.kept, previous)
     except UserError as error:
         return escaped(str(error)), nothing("No graph yet.", name, "flow-graph"), None, previous
-    texts = token_texts(model, tokens.ids)
-    note = flow_note(graph, texts, seconds)
-    if tokens.note:
-        note += f"  \n{escaped(tokens.note)}"
-    return (note, flow_figure_of(graph, texts, name), flow_file(graph, texts, name),
-            PatchingCache(key, texts, graph))
+    texts = token_texts(model, result.tokens.ids)
+    return (flow_note(result, texts), flow_figure_of(result.graph, texts, name),
+            flow_file(result.graph, texts, name), result.cache)
 
 
-LIMITS = (f"The prompts are read up to {MAX_PATCH_TOKENS} tokens, the flow graph's text up to "
-          f"{MAX_FLOW_TOKENS}.")
+LIMITS = (f"Patching and logit attribution read prompts of up to {MAX_PATCH_TOKENS} tokens, the flow graph up to "
+          f"{MAX_FLOW_TOKENS}; a longer prompt is refused, not cut, so the prediction explained is always the "
+          "prompt's own.")
