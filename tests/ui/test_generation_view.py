@@ -21,7 +21,7 @@ from ui.plots.base import CHOSEN_COLOR
 from ui.services import generation
 from ui.services.generation import kv_cache, trace as traces
 from ui.services.checks import UserError
-from ui.services.kept import KeptStore
+from ui.services.kept import KeptStore, nbytes_of
 from ui.views import generate as generate_views
 
 KEPT = KeptStore(budget_bytes=10**9)  # the server-wide store these traces keep their rows in
@@ -119,11 +119,13 @@ def test_rows_past_the_cap_are_dropped_and_the_page_says_so(llama, monkeypatch):
 def test_rows_live_in_the_servers_kept_budget_and_a_sessions_next_trace_replaces_them(llama, monkeypatch):
     kept = KeptStore(budget_bytes=10**9)
     first = trace_of(llama, n=4, kept=kept)
-    assert kept.nbytes == first.row_bytes > 0 and first.rows_kept(kept) == 4
+    # the whole trace is kept and counted: its rows, its probabilities and its texts
+    assert kept.nbytes == nbytes_of(kept.find(first.ref())) > first.row_bytes > 0 and first.rows_kept(kept) == 4
     updates = list(generation.stream_trace(llama, "tiny", PROMPT, False, 3, 0.0, 0, 1.0, 0, kept, previous=first))
     second = updates[-1][1]
     assert second.ticket == first.ticket and len(kept) == 1  # the session's one entry, now the new trace's
-    assert kept.nbytes == second.row_bytes and first.rows_kept(kept) == 0 and second.rows_kept(kept) == 3
+    assert kept.nbytes == nbytes_of(kept.find(second.ref())) and first.rows_kept(kept) == 0
+    assert second.rows_kept(kept) == 3
     with pytest.raises(UserError, match="Temperature"):  # a refused call takes nothing from the session's trace
         list(generation.stream_trace(llama, "tiny", PROMPT, False, 3, 9.0, 0, 1.0, 0, kept, previous=second))
     assert second.rows_kept(kept) == 3 and not second.rows_dropped(kept)

@@ -1,6 +1,6 @@
 """What each head does and whether the output depends on it, as plain values over core.analysis.heads: scores per
 layer × head, the induction probe, ablation and the sweep, attribution for one prediction, the logit lens and
-surprisal. A session's results for its model and text are kept in its HeadsCache (its gr.State), so moving
+surprisal. A session's results for its model and text are kept in its HeadsCache (in the KeptStore), so moving
 between the Heads tab's sections does not recompute them."""
 
 from __future__ import annotations
@@ -75,6 +75,9 @@ def score_names(model) -> list[str]:
     """The head scores that make sense for this model: the induction probe only where it predicts next tokens."""
     skip = heads.CAUSAL_ONLY if next_token_reason(model, "The probe") else ()
     return [name for name in heads.SCORES if name not in skip]
+
+
+HEADS_KEPT = ("heads",)  # a session's HeadsCache in the KeptStore, under its own ticket
 
 
 @dataclass

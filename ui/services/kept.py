@@ -3,14 +3,90 @@ cheap tabs' first screens, computed once per model for every visitor."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import threading
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KeptRef:
+    """What a session's gr.State holds for a value kept in the KeptStore: its ticket and key, a few bytes. version
+    changes with the value (a trace that grew), so Gradio, which compares a State's hash, sees a new value."""
+
+    ticket: str
+    key: tuple
+    version: tuple = ()
+
+
+def nbytes_of(value, seen: set | None = None) -> int:
+    """The bytes a value holds in its tensors (numel × element size), numpy arrays and strings, found through
+    dataclasses, dicts, lists, tuples and objects' attributes; each array counted once. Plain numbers and the
+    containers themselves are left out: next to the arrays they are small."""
+    seen = set() if seen is None else seen
+    if isinstance(value, (str, bytes, bytearray)):  # counted wherever it appears: a caller can add them up too
+        return len(value)
+    if value is None or isinstance(value, (bool, int, float, complex)) or id(value) in seen:
+        return 0
+    seen.add(id(value))
+    if hasattr(value, "element_size") and hasattr(value, "numel"):  # a torch tensor
+        return value.numel() * value.element_size()
+    if hasattr(value, "nbytes") and hasattr(value, "dtype"):  # a numpy array
+        return int(value.nbytes)
+    if isinstance(value, dict):
+        return sum(nbytes_of(k, seen) + nbytes_of(v, seen) for k, v in value.items())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return sum(nbytes_of(v, seen) for v in value)
+    if dataclasses.is_dataclass(value):
+        return sum(nbytes_of(getattr(value, f.name), seen) for f in dataclasses.fields(value))
+    if hasattr(value, "__dict__"):
+        return nbytes_of(vars(value), seen)
+    return 0
+
+
+def keeping(view: Callable, kept: KeptStore, key: tuple, param: str = "previous") -> Callable:
+    """view(services, ..., previous=value) → (..., value) as a function whose `previous` is the KeptRef that a
+    session's State holds: the view gets the kept value (None after a miss, so it recomputes) and the value it
+    returns last is kept under the same ticket, the event returning its KeptRef. A generator view is kept at
+    every yield. The view's signature stays, so its parameters still name the API's inputs."""
+
+    def take(args, kwargs) -> tuple[tuple, dict, KeptRef | None]:
+        bound = inspect.signature(view).bind(*args, **kwargs)
+        ref = bound.arguments.get(param)
+        if isinstance(ref, KeptRef):
+            bound.arguments[param] = kept.find(ref)
+        else:  # an API call sends no State: nothing kept yet
+            ref, bound.arguments[param] = None, None
+        return bound.args, bound.kwargs, ref
+
+    def give(outputs, ref: KeptRef | None):
+        *rest, value = outputs
+        return (*rest, None if value is None else kept.keep(value, key, ref))
+
+    if inspect.isgeneratorfunction(view):
+        @functools.wraps(view)
+        def kept_generator(*args, **kwargs):
+            args, kwargs, ref = take(args, kwargs)
+            for outputs in view(*args, **kwargs):
+                yield give(outputs, ref)
+        return kept_generator
+
+    @functools.wraps(view)
+    def kept_view(*args, **kwargs):
+        args, kwargs, ref = take(args, kwargs)
+        return give(view(*args, **kwargs), ref)
+    return kept_view
+
 
 class KeptStore:
-    """What sessions keep for reuse, server-wide, within one byte budget: the Attention tab's float16 overview
-    and the Generate tab's float16 attention rows, under a ticket per session, the least recently used dropped
-    first. A session holds only its ticket (and the key of what it kept), so the budget bounds them all.
+    """What sessions keep for reuse, server-wide, within one byte budget: the Attention tab's float16 overview,
+    the Generate tab's trace with its float16 attention rows, the Heads tab's results, under a ticket per session
+    and value, the least recently used dropped first. A session holds only its tickets (a KeptRef, or the key of
+    what it kept), so the budget bounds them all.
     Nothing kept refers to a model, so a model evicted from the ModelStore is freed; a dropped entry costs its
     session one more pass (or, for generation rows, the rows)."""
 
@@ -60,6 +136,17 @@ class KeptStore:
                 return None
             self._entries.move_to_end(ticket)
             return entry[1]
+
+    def keep(self, value, key: tuple, ref: KeptRef | None = None, version: tuple = ()) -> KeptRef:
+        """Keep value under the ticket of `ref` (a new one when None), counted by nbytes_of; the KeptRef a
+        session's State holds for it. A value over the whole budget is not kept: finding it is a miss."""
+        ticket = ref.ticket if ref is not None else new_ticket()
+        self.put(ticket, key, value, nbytes_of(value))
+        return KeptRef(ticket, key, version)
+
+    def find(self, ref: KeptRef | None):
+        """The value `ref` names, or None: no ref, or the budget dropped it (the caller recomputes)."""
+        return None if ref is None else self.get(ref.ticket, ref.key)
 
     def _evict(self) -> None:
         total = sum(entry[2] for entry in self._entries.values())

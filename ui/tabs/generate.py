@@ -3,10 +3,13 @@ token can be opened (its attention, its probabilities), and the KV cache is meas
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import gradio as gr
 
-from ui.services.generation import (MAX_GENERATE_TOKENS, MAX_TEMPERATURE, MAX_TRACE_BYTES, TOP_PROBS,
-                                    generation_reason, run_trace, stream_trace)
+from ui.services.generation import (MAX_GENERATE_TOKENS, MAX_TEMPERATURE, MAX_TRACE_BYTES, TOP_PROBS, find_trace,
+                                    generation_reason, kept_trace, run_trace, stream_trace)
 from ui.services.text import token_texts
 from ui.services.generation.trace import trace_summary
 from ui.tabs.events import GENERATE, GENERATE_LIMIT, ON_ANALYSIS, handler, progress_callback, user_errors
@@ -68,7 +71,7 @@ def build(services, picker, initial) -> Tab:
     stats = gr.Markdown(label="stats", elem_id="gen-stats")
     send = gr.Button("Send prompt + continuation to the Attention tab", elem_id="gen-send")
     sent = gr.State("")
-    trace = gr.State(None, time_to_live=TRACE_TTL_S)
+    trace = gr.State(None, time_to_live=TRACE_TTL_S)  # a TraceRef: the trace itself is in the KeptStore
 
     gr.Markdown(STEP_INTRO)
     strip = gr.Radio([], label="Generated tokens (pick one)", elem_id="gen-strip", elem_classes=["token-strip"])
@@ -113,7 +116,7 @@ def build(services, picker, initial) -> Tab:
     trace.change(strip_of(services), trace, strip, api_visibility="private", trigger_mode="always_last", queue=False)
 
     wire_steps(services, model, step, fields, trace, show, strip, picked, step_outputs)
-    export.click(handler(trace_file, services, "export_generation", progress=False), trace,
+    export.click(handler(reading_trace(trace_file), services, "export_generation", progress=False), trace,
                  [export_file, export_note], api_name="export_generation")
     kv_run.click(lambda: gr.Plot(visible=True), None, kv_fig, api_visibility="private", queue=False).then(
         handler(kv_panel, services, "kv_cache"), [model, prompt], [kv_note, kv_table, kv_fig, kv_numbers],
@@ -140,7 +143,7 @@ def wire_steps(services, model, step, fields, trace, show, strip, picked, step_o
     the all-heads overview; its figures (step_outputs[1:4]) hidden until then. A wrong layer or head is a note
     under them, and the step view keeps what it shows."""
     layer, head, models = fields.layer, fields.head, services.models
-    step_event = dict(fn=handler(step_figures, services, "generation_step", progress=False),
+    step_event = dict(fn=handler(reading_trace(step_figures), services, "generation_step", progress=False),
                       inputs=[step, layer, head, trace], outputs=step_outputs, concurrency_limit=4)
     figures = step_outputs[1:4]
     run_checked(show.click, models, model, fields, step_event, reveal=figures, api_name="generation_step")
@@ -164,11 +167,13 @@ def streamed(services):
     def generate(model_name, prompt_text, chat_mode, max_new_tokens, temperature_value, top_k_value, top_p_value,
                  seed_value, session_trace=None, progress=gr.Progress()):
         model_obj = services.models.get(model_name, progress_callback(progress))
+        previous = find_trace(services.kept, session_trace)
+        ticket = getattr(session_trace, "ticket", None)
         # each token computed in turn with the other generations (services.turns)
         for update, recorded in stream_trace(model_obj, model_name, prompt_text, chat_mode, max_new_tokens,
                                              temperature_value, top_k_value, top_p_value, seed_value, services.kept,
-                                             previous=session_trace, turns=services.turns):
-            yield update.new_text, stats_line(update), update.prompt_text + update.new_text, recorded
+                                             previous=previous, turns=services.turns, ticket=ticket):
+            yield update.new_text, stats_line(update), update.prompt_text + update.new_text, recorded.ref()
 
     return generate
 
@@ -180,9 +185,11 @@ def finished(services):
     def generation_trace(model_name, prompt_text, chat_mode, max_new_tokens, temperature_value, top_k_value,
                          top_p_value, seed_value, session_trace):
         model_obj = services.models.get(model_name)
-        done = run_trace(model_obj, model_name, session_trace, prompt_text, chat_mode, max_new_tokens,
-                         temperature_value, top_k_value, top_p_value, seed_value, services.kept, services.turns)
-        return done.new_text, trace_summary(model_obj, done, services.kept), done
+        # a trace the server's budget dropped is generated again (the same settings and seed: the same tokens)
+        done = run_trace(model_obj, model_name, find_trace(services.kept, session_trace), prompt_text, chat_mode,
+                         max_new_tokens, temperature_value, top_k_value, top_p_value, seed_value, services.kept,
+                         services.turns, getattr(session_trace, "ticket", None))
+        return done.new_text, trace_summary(model_obj, done, services.kept), done.ref()
 
     return generation_trace
 
@@ -192,12 +199,25 @@ def strip_of(services):
 
     @user_errors
     def show_strip(recorded):
-        if recorded is None or not recorded.tokens:
+        if recorded is None or not recorded.tokens:  # the TraceRef carries the ids: no trip to the KeptStore
             return gr.Radio(choices=[], value=None)
-        labels = token_texts(services.models.get(recorded.model_name), recorded.tokens)
+        labels = token_texts(services.models.get(recorded.model_name), list(recorded.tokens))
         return gr.Radio(choices=[(label, str(i)) for i, label in enumerate(labels)])
 
     return show_strip
+
+
+def reading_trace(view):
+    """view(services, ..., session_trace) given the trace that the session's TraceRef names; one the server's
+    budget dropped is a message that says so."""
+
+    @functools.wraps(view)
+    def read(services, *args, **kwargs):
+        bound = inspect.signature(view).bind(services, *args, **kwargs)
+        bound.arguments["session_trace"] = kept_trace(services.kept, bound.arguments.get("session_trace"))
+        return view(*bound.args, **bound.kwargs)
+
+    return read
 
 
 def chosen_step(value: str | None) -> int:

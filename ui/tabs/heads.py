@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ui.services.heads import (COMPLETENESS_STEPS, MAX_HEADS_TOKENS, MAX_IG_STEPS, MAX_SWEEP_TOKENS, SWEEP_BATCH,
-                               scored_shape)
+from ui.services.heads import (COMPLETENESS_STEPS, HEADS_KEPT, MAX_HEADS_TOKENS, MAX_IG_STEPS, MAX_SWEEP_TOKENS,
+                               SWEEP_BATCH, scored_shape)
+from ui.services.kept import keeping
 from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, opening, user_errors
 from ui.tabs.widgets import Tab, click_bridge, export_row, layer_head, read_example, run_checked, upload
 from ui.views import heads as views
@@ -51,20 +52,33 @@ def shown(components: list) -> dict:
     return dict(fn=show, inputs=None, outputs=components, api_visibility="private", queue=False)
 
 
+def kept_cache(view, services):
+    """The view with the session's HeadsCache in the server-wide KeptStore: the State holds its KeptRef, and a
+    cache the budget dropped is recomputed."""
+    return keeping(view, services.kept, HEADS_KEPT)
+
+
 def build(services, picker, initial) -> Tab:
     gr.Markdown(LEAD, elem_classes=["tab-lead"])
     cache = gr.State(None, time_to_live=CACHE_TTL_S)
     atlas = atlas_section(services, picker, initial, cache)
-    heads_box = ablation_section(services, picker, atlas["text"], atlas["score"], cache)
+    heads_box, ablation = ablation_section(services, picker, atlas["text"], atlas["score"], cache)
     atlas["add"].click(user_errors(views.add_head), [heads_box, atlas["layer"], atlas["head"]], heads_box,
                        api_visibility="private", queue=False)
-    attribution_section(services, picker, initial, atlas["text"], cache)
-    lens_section(services, picker, atlas["text"], cache)
-    surprisal_section(services, picker, atlas["text"], cache)
-    # the atlas's last output is the session's HeadsCache (a State); the views never change a passed-in one
+    # each section's results and the buttons that fill its notes, cleared on a model change
+    sections = [ablation, attribution_section(services, picker, initial, atlas["text"], cache),
+                lens_section(services, picker, atlas["text"], cache),
+                surprisal_section(services, picker, atlas["text"], cache)]
+    # the atlas's last output is the session's HeadsCache, kept in the KeptStore (the State holds its KeptRef);
+    # the views never change a passed-in one
+    press = {atlas["note"]: atlas["run"]}
+    for section in sections:
+        press.update(section["press"])
     return Tab(text=atlas["text"], layer=atlas["layer"], head=atlas["head"],
                run_event={**atlas["event"], "api_visibility": "private"}, reveal=atlas["figures"],
-               opening=opening(services, "heads", atlas["event"], fresh=(5,)))
+               opening=opening(services, "heads", atlas["event"], fresh=(5,)), switched=atlas["followed"],
+               results=[c for section in sections for c in section["results"]],
+               press=press)
 
 
 def atlas_section(services, picker, initial, cache) -> dict:
@@ -100,7 +114,8 @@ def atlas_section(services, picker, initial, cache) -> dict:
     bridge = click_bridge("heads-tile-bridge", ["heads-map"], TILE_READ)
 
     figures = [score_map, head_fig]
-    atlas = dict(fn=handler(views.atlas_view, services, "head_atlas"), inputs=[model, text, score, layer, head, cache],
+    atlas = dict(fn=handler(kept_cache(views.atlas_view, services), services, "head_atlas"),
+                 inputs=[model, text, score, layer, head, cache],
                  outputs=[note, score_map, top, thresholds, head_fig, cache], **ON_ANALYSIS)
     # a wrong layer or head is a note under them, and the figures keep the last result
     run_checked(run.click, services.models, model, fields, atlas, reveal=figures, api_name="head_atlas")
@@ -111,8 +126,8 @@ def atlas_section(services, picker, initial, cache) -> dict:
                 api_visibility="private")
     bridge.click(handler(views.pick_tile, services, "pick_tile", progress=False), [model, text, bridge],
                  [layer, head, head_fig], api_visibility="private", **ON_ANALYSIS)
-    export_button.click(handler(views.export_data, services, "export_heads"), [model, text, cache],
-                        [export_file, export_note, cache], api_name="export_heads", **ON_ANALYSIS)
+    export_button.click(handler(kept_cache(views.export_data, services), services, "export_heads"),
+                        [model, text, cache], [export_file, export_note, cache], api_name="export_heads", **ON_ANALYSIS)
 
     @user_errors
     def scores_for(name):
@@ -120,7 +135,8 @@ def atlas_section(services, picker, initial, cache) -> dict:
         return gr.Dropdown(choices=views.score_choices(loaded), value="previous_token"), views.model_note(loaded)
 
     picker.loaded.success(scores_for, model, [score, capabilities], api_visibility="private")
-    return dict(text=text, layer=layer, head=head, score=score, add=add_button, event=atlas, figures=figures)
+    return dict(text=text, layer=layer, head=head, score=score, add=add_button, event=atlas, figures=figures,
+                note=note, run=run, followed=fields.followed)
 
 
 def ablation_section(services, picker, text, score, cache) -> gr.Textbox:
@@ -157,15 +173,16 @@ def ablation_section(services, picker, text, score, cache) -> gr.Textbox:
     ablate_button.click(**shown([loss_fig, changed])).then(
         handler(views.ablation_view, services, "ablate_heads"), [model, text, heads_box, kind],
         [ablation_note, loss_fig, changed], api_name="ablate_heads", **ON_ANALYSIS)
-    top5.click(handler(views.top_heads_text, services, "pick_top", progress=False), [model, text, score, cache],
-               [heads_box, cache], api_visibility="private", **ON_ANALYSIS)
+    top5.click(handler(kept_cache(views.top_heads_text, services), services, "pick_top", progress=False),
+               [model, text, score, cache], [heads_box, cache], api_visibility="private", **ON_ANALYSIS)
     sweep_button.click(**shown([sweep_fig])).then(
-        handler(views.sweep_view, services, "ablation_sweep", heavy="An ablation sweep"),
+        handler(kept_cache(views.sweep_view, services), services, "ablation_sweep", heavy="An ablation sweep"),
         [model, text, kind, score, cache], [sweep_note, sweep_fig, cache], api_name="ablation_sweep", **ON_HEAVY)
-    return heads_box
+    return heads_box, dict(results=[ablation_note, loss_fig, changed, sweep_note, sweep_fig],
+                           press={ablation_note: ablate_button, sweep_note: sweep_button})
 
 
-def attribution_section(services, picker, initial, text, cache) -> None:
+def attribution_section(services, picker, initial, text, cache) -> dict:
     """Five answers to which inputs one prediction depends on, side by side."""
     gr.Markdown(
         "### Attribution against attention, for one prediction\nFive answers to *which inputs does this prediction "
@@ -192,27 +209,31 @@ def attribution_section(services, picker, initial, text, cache) -> None:
     figure = gr.Plot(label="Five views of one prediction", elem_id="heads-attr-chart", visible=False)
     correlations = gr.Dataframe(headers=["", *views.ATTRIBUTION_VIEWS], label="Spearman rank correlations",
                                 interactive=False, elem_id="heads-attr-corr", visible=False)
-    event = dict(fn=handler(views.attribution_view, services, "attribute", heavy="Integrated gradients"),
+    event = dict(fn=handler(kept_cache(views.attribution_view, services), services, "attribute",
+                            heavy="Integrated gradients"),
                  inputs=[picker.model, text, position, fields.layer, fields.head, steps, target, foil, baseline, cache],
                  outputs=[note, figure, correlations, cache], **ON_HEAVY)
     run_checked(button.click, services.models, picker.model, fields, event, reveal=[figure, correlations],
                 api_name="attribute")
+    return dict(results=[note, figure, correlations], press={note: button})
 
 
-def lens_section(services, picker, text, cache) -> None:
+def lens_section(services, picker, text, cache) -> dict:
     gr.Markdown("### Logit lens: what each layer would predict")
     button = gr.Button("Read every layer", elem_id="heads-lens-run")
     note = gr.Markdown(label="lens note", elem_id="heads-lens-note")
     figure = gr.Plot(label="Logit lens", elem_id="heads-lens", visible=False)
     button.click(**shown([figure])).then(
-        handler(views.lens_view, services, "logit_lens"), [picker.model, text, cache], [note, figure, cache],
-        api_name="logit_lens", **ON_ANALYSIS)
+        handler(kept_cache(views.lens_view, services), services, "logit_lens"), [picker.model, text, cache],
+        [note, figure, cache], api_name="logit_lens", **ON_ANALYSIS)
+    return dict(results=[note, figure], press={note: button})
 
 
-def surprisal_section(services, picker, text, cache) -> None:
+def surprisal_section(services, picker, text, cache) -> dict:
     gr.Markdown("### Surprisal: how unexpected each token is")
     button = gr.Button("Shade the text by loss", elem_id="heads-surprisal-run")
     stats = gr.Markdown(label="surprisal stats", elem_id="heads-surprisal-stats")
     page = gr.HTML(label="shaded text", elem_id="heads-surprisal", css_template=SURPRISAL_CSS)
-    button.click(handler(views.surprisal_view, services, "surprisal"), [picker.model, text, cache],
-                 [stats, page, cache], api_name="surprisal", **ON_ANALYSIS)
+    button.click(handler(kept_cache(views.surprisal_view, services), services, "surprisal"),
+                 [picker.model, text, cache], [stats, page, cache], api_name="surprisal", **ON_ANALYSIS)
+    return dict(results=[stats, page], press={stats: button})

@@ -4,9 +4,9 @@ views are in trace.py beside this, the KV-cache panel in kv_cache.py).
 A generation is recorded as it streams: for every new token the core hands over a Step (core.generate) with the
 model's top-10 next-token probabilities, the picked token's rank, and the attention row of the query that
 produced it, per layer and head (float16; seq2seq models also their cross-attention row over the source). A
-trace lives in the session's state and holds only ids and probabilities; its rows live in the server-wide
-KeptStore under the session's ticket, capped at MAX_TRACE_BYTES per session (later tokens keep their
-probabilities only).
+trace and its rows live in the server-wide KeptStore under the session's ticket, counted with their real size, the
+rows capped at MAX_TRACE_BYTES per session (later tokens keep their probabilities only); the session's State holds
+a TraceRef: the ticket, the model's name and the token ids.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from core.generate import Step
 from ui import memory
 from ui.services.checks import UserError, check_float, check_range, check_seed
 from ui.services.jobs import Turns
-from ui.services.kept import KeptStore, new_ticket
+from ui.services.kept import KeptRef, KeptStore, nbytes_of, new_ticket
 from ui.services.text import as_batch, valid_unicode
 
 MAX_GENERATE_TOKENS = 512
@@ -203,6 +203,36 @@ class GenerationTrace:
         """The decoder tokens the query of `step` could see: the prompt (or start token) and earlier tokens."""
         return self.prompt_ids + self.tokens[:step]
 
+    def ref(self) -> TraceRef:
+        """What the session's State holds for this trace."""
+        return TraceRef(self.ticket, self._kept_key, (len(self.tokens), self.done), self.model_name,
+                        tuple(self.tokens))
+
+
+@dataclass(frozen=True)
+class TraceRef(KeptRef):
+    """A session's last generation as its State holds it: where the trace lives in the KeptStore, the model that
+    wrote it (a backend runs the step view there) and its token ids (the strip's labels): at most
+    MAX_GENERATE_TOKENS ints."""
+
+    model_name: str = ""
+    tokens: tuple[int, ...] = ()
+
+
+def find_trace(kept: KeptStore, ref: TraceRef | None) -> GenerationTrace | None:
+    """The trace `ref` names, or None: no generation yet, or the server's budget dropped it."""
+    bank = kept.find(ref) if isinstance(ref, TraceRef) else None
+    return None if bank is None else bank["trace"]
+
+
+def kept_trace(kept: KeptStore, ref: TraceRef | None) -> GenerationTrace | None:
+    """The trace `ref` names; None before any generation, a UserError when the server's budget dropped it."""
+    trace = find_trace(kept, ref)
+    if trace is None and isinstance(ref, TraceRef) and ref.tokens:
+        raise UserError("This session's last generation was dropped to keep the server's memory within its budget "
+                        "(the least recently used go first). Generate again to look at its steps.")
+    return trace
+
 
 
 class TraceWriter:
@@ -212,11 +242,15 @@ class TraceWriter:
         self.trace, self.kept, self.decoder_start = trace, kept, decoder_start
 
     def begin(self, ids: list[int]) -> None:
-        """The prompt as the model reads it (seq2seq: the source, and the decoder starts from its start token)."""
-        if self.trace.seq2seq:
-            self.trace.source_ids, self.trace.prompt_ids = ids, [self.decoder_start]
+        """The prompt as the model reads it (seq2seq: the source, and the decoder starts from its start token); the
+        trace takes the session's entry in the KeptStore, replacing the previous trace and its rows."""
+        trace = self.trace
+        if trace.seq2seq:
+            trace.source_ids, trace.prompt_ids = ids, [self.decoder_start]
         else:
-            self.trace.prompt_ids = ids
+            trace.prompt_ids = ids
+        bank = {"rows": [], "cross": [], "trace": trace}
+        self.kept.put(trace.ticket, trace._kept_key, bank, nbytes_of(bank))
 
     def record(self, step: Step) -> None:
         trace, kept, key = self.trace, self.kept, self.trace._kept_key
@@ -227,13 +261,14 @@ class TraceWriter:
         trace.chosen_rank.append(int(step.chosen_rank))
         rows = [step.rows] + ([step.cross_rows] if trace.seq2seq else [])
         size = sum(r.numel() * 2 for r in rows if r is not None)
-        if len(trace.tokens) == 1:  # the first token: the session's earlier rows give way to this trace's
-            kept.put(trace.ticket, key, {"rows": [], "cross": []}, 0)
         bank = kept.get(trace.ticket, key)
-        # rows are kept from the first token on, while the session's cap and the server's budget allow
-        keep = (step.rows is not None and bank is not None and len(bank["rows"]) == len(trace.tokens) - 1
-                and trace.row_bytes + size <= MAX_TRACE_BYTES and kept.grow(trace.ticket, key, size))
-        if keep:
+        if bank is None:  # the budget dropped this trace: it goes on without rows, and its session recomputes it
+            return
+        # rows are kept from the first token on, while the session's cap allows; the step's probabilities always
+        fits = (step.rows is not None and len(bank["rows"]) == len(trace.tokens) - 1
+                and trace.row_bytes + size <= MAX_TRACE_BYTES)
+        extra = trace.top_ids[-1].nbytes + trace.top_probs[-1].nbytes + (size if fits else 0)
+        if kept.grow(trace.ticket, key, extra) and fits:
             trace.row_bytes += size
             # a copy of its own: the step's rows are a view [..., :Tk] of the whole cache's width, and a kept view
             # would hold all of it (prompt + max new tokens wide), not the size counted against the budgets
@@ -242,29 +277,38 @@ class TraceWriter:
             bank["cross"].append(as_numpy(step.cross_rows))
 
 
+def text_bytes(trace: GenerationTrace) -> int:
+    """The trace's texts as nbytes_of counts them, so the KeptStore counts what a stream adds to them."""
+    return len(trace.prompt_text) + len(trace.new_text) + len(trace.note) + len(trace.stop_reason)
+
+
 def settings_key(prompt, chat, max_new_tokens, temperature, top_k, top_p, seed) -> tuple:
     return (prompt, bool(chat), max_new_tokens, temperature, top_k, top_p, seed)
 
 
 def stream_trace(model, model_name: str, prompt, chat, max_new_tokens, temperature, top_k, top_p,
                  seed, kept: KeptStore, previous: GenerationTrace | None = None, turns: Turns | None = None,
-                 ) -> Iterator[tuple[GenerationUpdate, GenerationTrace]]:
+                 ticket: str | None = None) -> Iterator[tuple[GenerationUpdate, GenerationTrace]]:
     """stream_generation's updates, each with the trace so far (the same object, growing). The new trace takes
-    over the session's ticket, so its rows replace the previous trace's in the KeptStore."""
+    over the session's ticket (the previous trace's, or `ticket` when that one was dropped), so it replaces the
+    previous trace and its rows in the KeptStore."""
     cfg = model.config
-    ticket = {} if previous is None else {"ticket": previous.ticket}
+    ticket = previous.ticket if previous is not None else ticket
     trace = GenerationTrace(model_name, settings_key(prompt, chat, max_new_tokens, temperature, top_k, top_p, seed),
-                            cfg.is_encoder_decoder, cfg.n_layers, cfg.n_heads, **ticket)
+                            cfg.is_encoder_decoder, cfg.n_layers, cfg.n_heads, **({"ticket": ticket} if ticket else {}))
     writer = TraceWriter(trace, kept, cfg.decoder_start_token_id)
     for update in stream_generation(model, prompt, chat, max_new_tokens, temperature, top_k, top_p, seed, writer,
                                     turns):
+        before = text_bytes(trace)
         trace.prompt_text, trace.new_text, trace.note = update.prompt_text, update.new_text, update.note
         trace.done, trace.stop_reason = update.done, update.stop_reason
+        kept.grow(trace.ticket, trace._kept_key, text_bytes(trace) - before)  # the rest as the writer records it
         yield update, trace
 
 
 def run_trace(model, model_name: str, previous: GenerationTrace | None, prompt, chat, max_new_tokens, temperature,
-              top_k, top_p, seed, kept: KeptStore, turns: Turns | None = None) -> GenerationTrace:
+              top_k, top_p, seed, kept: KeptStore, turns: Turns | None = None, ticket: str | None = None
+              ) -> GenerationTrace:
     """The finished trace for these settings: the session's own when it already has it, else a new run, the
     streamed one read to its end, so its tokens take the same turns as every other generation."""
     key = settings_key(prompt, chat, max_new_tokens, temperature, top_k, top_p, seed)
@@ -272,7 +316,7 @@ def run_trace(model, model_name: str, previous: GenerationTrace | None, prompt, 
         return previous
     trace = None
     for _, trace in stream_trace(model, model_name, prompt, chat, max_new_tokens, temperature, top_k, top_p, seed,
-                                 kept, previous, turns):
+                                 kept, previous, turns, ticket):
         pass
     return trace
 
