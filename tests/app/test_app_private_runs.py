@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 import pytest
 
@@ -17,6 +18,7 @@ from gradio_client.exceptions import AppError  # noqa: E402
 
 from test_app_lab import LAB_ENV, fields  # noqa: E402
 from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
+from ui.services.checks import UserError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -49,3 +51,24 @@ def test_a_run_saved_on_a_space_is_its_pages_alone(space):
     assert services.models.get(alias).config.is_encoder_decoder
     with pytest.raises(AppError, match="no run 'run1'"):                      # nor can another page save it
         theirs.predict("run1", "stolen", api_name="/save_run")
+
+
+def test_a_saved_run_expires_on_time_and_its_name_then_says_why(space, monkeypatch):
+    """A lifetime of 2 s on the running app: the run's files go when it is due, with nothing reading the picker,
+    and the model loaded by its alias is forgotten: the alias then answers why."""
+    url, weights, services = space
+    monkeypatch.setattr(services.lab.private, "ttl_s", 2.0)
+    page = Client(url, verbose=False)
+    page.submit(*fields(), "", api_name="/train").result(timeout=120)
+    message = page.predict("run1", "short-lived", api_name="/save_run")
+    alias = re.search(r"`(short-lived \(this page's run, [^`]+\))`", message).group(1)
+    (folder,) = (weights / ".private").glob("*/short-lived")
+    # the page's picker loads it by its alias (the API's dropdown lists no session's runs: tests/browser picks it)
+    assert services.models.get(alias).config.is_encoder_decoder and alias in services.models.loaded()
+    deadline = time.monotonic() + 30
+    while (folder.exists() or alias in services.models.loaded()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not folder.exists() and alias not in services.models.loaded()
+    with pytest.raises(UserError, match="deleted 2 seconds after saving, and this one has been"):
+        services.models.get(alias)
+    assert services.lab.private_choices(page.session_hash) == []

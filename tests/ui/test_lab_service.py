@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -250,6 +251,46 @@ def test_on_a_shared_server_a_saved_run_is_its_sessions_alone_and_expires(traine
     fresh.private = saver.private_folder
     with pytest.raises(UserError, match="deleted 60 minutes after saving"):
         fresh.get(alias)
+
+
+def expiry_threads() -> set:
+    return {t for t in threading.enumerate() if t.name == "private-runs-expiry"}
+
+
+def test_a_private_run_expires_on_time_on_an_idle_server_even_once_loaded(trained, tmp_path, monkeypatch):
+    """Nothing reads the picker: the expiry thread deletes the run's files when it is due, and the model store
+    forgets it, so its alias answers why; a generation already reading the model finishes."""
+    from dataclasses import replace
+
+    from ui.services import Services
+    from ui.services.generation import stream_generation
+    from ui.services.models import ModelStore
+    from ui.settings import AppSettings
+
+    lab, _, _ = trained
+    monkeypatch.setenv("ATTN_WEIGHTS_DIR", str(tmp_path))
+    before = expiry_threads()
+    services = Services.create(AppSettings(lab=replace(SETTINGS, private=True, private_ttl_s=2.0)), ModelStore())
+    services.lab._sessions = lab._sessions  # session "s" has run1
+    folder = services.lab.save("s", "run1", "brief")
+    alias = services.lab.picker_name("s", folder)
+    model = services.models.get(alias)
+    assert alias in services.models.loaded()
+    running = stream_generation(model, "abcd", False, 6, 0.0, None, None, 0)
+    first = next(running)  # a request holding the model when it expires
+    deadline = time.monotonic() + 30
+    while (folder.exists() or alias in services.models.loaded()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not folder.exists(), "the run's files outlived its lifetime on an idle server"
+    assert alias not in services.models.loaded(), "the expired run stayed in the model store"
+    rest = list(running)
+    assert rest[-1].done and rest[-1].n_new >= first.n_new  # the generation under way finished
+    with pytest.raises(UserError, match="deleted 2 seconds after saving, and this one has been"):
+        services.models.get(alias)
+    assert services.lab.private_choices("s") == []
+    (thread,) = expiry_threads() - before
+    services.lab.private.close()
+    assert not thread.is_alive()
 
 
 def test_on_a_laptop_saved_runs_are_everyones_as_before(tmp_path):

@@ -41,4 +41,5 @@ class Services:
         lab = Lab(settings.lab)
         if lab.private is not None:
             models.private = lab.private_folder  # a session's saved run loads by its alias, listed to it alone
+            lab.private.on_expire.append(models.forget)  # and once expired, answers why instead of loading
         return cls(settings, models, KeptStore(settings.kept_budget_bytes), lab)

@@ -82,6 +82,14 @@ class OncePerName(Generic[T]):
                 self.on_drop(*old)
         return value
 
+    def forget(self, name: str) -> bool:
+        """Drop one name's value (handed to `on_drop`); whoever already holds the value keeps using it."""
+        with self._lock:
+            value = self._values.pop(name, None)
+        if value is not None and self.on_drop is not None:
+            self.on_drop(name, value)
+        return value is not None
+
     def clear(self) -> list[tuple[str, T]]:
         """Forget every value; returns them, oldest first."""
         with self._lock:
@@ -113,6 +121,16 @@ class ModelStore:
     def names(self) -> list[str]:
         return list(dict.fromkeys(self.extra_names + known_model_names()))
 
+    def loaded(self) -> list[str]:
+        """The names in memory now, least recently used first."""
+        return self._models.names()
+
+    def forget(self, name: str) -> None:
+        """Drop a model from memory (a private run that expired: its name then answers why, through `private`);
+        a request already using it finishes with the object it holds."""
+        self._models.forget(name)
+        self._sources.pop(name, None)
+
     def names_ready(self) -> list[str]:
         """The models that load without fetching anything: in memory, installed, or a folder given at start."""
         loaded = self._models.names()
@@ -135,7 +153,8 @@ class ModelStore:
         if not isinstance(name, str) or len(name) > MAX_MODEL_NAME or "\x00" in name:
             shown = repr(name[:40]) + "…" if isinstance(name, str) else f"a {type(name).__name__}"
             raise UserError(f"{shown} is not a model name or folder: choose one from the model picker.")
-        folder = (self.private(name) if self.private is not None else None) or Path(name)
+        private = self.private(name) if self.private is not None else None
+        folder = private or Path(name)
         try:
             if not folder.is_dir():
                 folder = weight_store.ensure(name, progress=progress)
@@ -154,6 +173,8 @@ class ModelStore:
         except (ConfigError, CheckpointError) as exc:
             raise UserError(f"Model {name!r} cannot be loaded: {exc}") from exc
         model.eval()
+        if private is not None:
+            self.private(name)  # expired while it loaded: say so, rather than keep it in memory by its name
         self._sources[name] = weights_provenance(Path(folder))
         if progress:
             progress(1.0, f"{name} ready")

@@ -1,18 +1,23 @@
 """Saved Lab runs on a shared server (a Space, or `python app.py --public`): private to the session that saved
 them. Each is stored under weights/.private/TOKEN/NAME (a hidden folder: the weight store lists none of it),
 known to the model picker by an alias that only its session is shown ("NAME (this page's run, abc123…)"), and
-deleted `ttl_s` after it was saved. On a laptop none of this applies: runs go to weights/NAME for everyone."""
+deleted `ttl_s` after it was saved, on time, by a thread that sleeps until the next run is due (an idle server
+keeps nothing longer); whoever listens (on_expire: the model store) then forgets the alias. On a laptop none of
+this applies: runs go to weights/NAME for everyone."""
 
 from __future__ import annotations
 
+import logging
 import secrets
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 PRIVATE_DIR = ".private"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -25,14 +30,19 @@ class PrivateRun:
 
 
 class PrivateRuns:
-    """Every session's private runs, behind one lock; one object per server."""
+    """Every session's private runs, behind one lock; one object per server. The first run saved starts the
+    expiry thread (a daemon; close() stops it)."""
 
     def __init__(self, root: Path, ttl_s: float):
         self.root, self.ttl_s = root / PRIVATE_DIR, ttl_s
         self._runs: dict[str, PrivateRun] = {}        # alias → run
         self._tokens: dict[str, str] = {}             # session → its folder's random token
         self.gone: set[str] = set()                   # aliases of runs deleted after ttl_s
+        self.on_expire: list[Callable[[str], object]] = []  # called with each expired alias, its files gone
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # a run added, or close(): the expiry thread looks again
+        self._expiry: threading.Thread | None = None
+        self._closed = False
 
     def clear(self) -> None:
         """Remove what an earlier process left: its aliases died with it, so nothing can reach those folders."""
@@ -54,7 +64,32 @@ class PrivateRuns:
         run = PrivateRun(session, name, f"{name} (this page's run, {token[:6]}…{token[-4:]})", folder, time.time())
         with self._lock:
             self._runs[run.alias] = run
+            if self._expiry is None and not self._closed:
+                self._expiry = threading.Thread(target=self._expire_on_time, name="private-runs-expiry", daemon=True)
+                self._expiry.start()
+            self._changed.notify_all()
         return run
+
+    def _expire_on_time(self) -> None:
+        """Sleep until the oldest run is due (or forever while there is none), then expire; until close()."""
+        while True:
+            with self._changed:
+                if self._closed:
+                    return
+                due = min((r.saved_at + self.ttl_s for r in self._runs.values()), default=None)
+                wait = None if due is None else due - time.time()
+                if wait is None or wait > 0:
+                    self._changed.wait(wait)
+                    continue
+            self.expire()
+
+    def close(self) -> None:
+        """Stop the expiry thread (the runs stay where they are)."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+        if self._expiry is not None:
+            self._expiry.join()
 
     def choices(self, session: str | None) -> list[str]:
         """The aliases this session may see, oldest first."""
@@ -70,13 +105,18 @@ class PrivateRuns:
         return None if run is None else run.folder
 
     def expire(self, now: float | None = None) -> list[str]:
-        """Delete the runs saved more than ttl_s ago; returns their aliases."""
+        """Delete the runs saved ttl_s ago or earlier, then tell on_expire; returns their aliases."""
         now = time.time() if now is None else now
         with self._lock:
-            old = [r for r in self._runs.values() if now - r.saved_at > self.ttl_s]
+            old = [r for r in self._runs.values() if now - r.saved_at >= self.ttl_s]
             for run in old:
                 del self._runs[run.alias]
                 self.gone.add(run.alias)
         for run in old:
             shutil.rmtree(run.folder, ignore_errors=True)
+            for listener in self.on_expire:
+                try:
+                    listener(run.alias)
+                except Exception:  # noqa: BLE001 - one listener's failure must not stop the expiry thread
+                    log.exception("could not forget the expired run %s", run.alias)
         return [r.alias for r in old]

@@ -452,7 +452,12 @@ class Lab:
             return None
         folder = self.private.resolve(name)
         if folder is None and name in self.private.gone:
-            minutes = self.settings.private_ttl_s / 60
             raise UserError(f"{name!r} was a run saved on this page; runs saved on a shared server are deleted "
-                            f"{minutes:g} minutes after saving, and this one has been. Train and save it again.")
+                            f"{duration(self.private.ttl_s)} after saving, and this one has been. Train and save it "
+                            "again.")
         return folder
+
+
+def duration(seconds: float) -> str:
+    """'60 minutes', or '2 seconds' for a lifetime under a minute."""
+    return f"{seconds / 60:g} minutes" if seconds >= 60 else f"{seconds:g} second{'' if seconds == 1 else 's'}"
