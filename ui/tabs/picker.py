@@ -19,7 +19,7 @@ class Picker:
     load_card: Callable  # name → card markdown; the page runs it when it opens
     loaded: object  # the event of a successful model change: tabs chain their updates on it with .success
     choices: Callable  # (request) → the dropdown with the store's current names (models saved or copied in since
-    # start) and, on a shared server, the session's own saved runs
+    # start, each marked when not installed) and, on a shared server, the session's own saved runs
 
 
 def build(models, default_model: str, beside: Callable[[], None] | None = None,
@@ -29,10 +29,10 @@ def build(models, default_model: str, beside: Callable[[], None] | None = None,
     with gr.Row(equal_height=False, elem_id="page-top"):
         with gr.Column(scale=2, min_width=260):
             model = gr.Dropdown(
-                choices=models.names(),
+                choices=models.choices(),  # (label, name): the value stays the plain name
                 value=default_model,
                 label="Model",
-                info="Installed and known models; a missing one is fetched when chosen.",
+                info="Installed and known models; one marked not installed is fetched when chosen.",
                 elem_id="model-picker",
             )
         if beside is not None:
@@ -49,7 +49,7 @@ def build(models, default_model: str, beside: Callable[[], None] | None = None,
 
     def choices(request: gr.Request = None):
         own = private(getattr(request, "session_hash", None)) if private is not None and request is not None else []
-        return gr.Dropdown(choices=[*models.names(), *own])
+        return gr.Dropdown(choices=[*models.choices(), *((alias, alias) for alias in own)])
 
     loaded = model.change(load_card, model, card, api_name="load_model", **ON_ANALYSIS)
     return Picker(model, card, load_card, loaded, choices)
