@@ -81,7 +81,7 @@ class PrivateRuns:
                 if wait is None or wait > 0:
                     self._changed.wait(wait)
                     continue
-            self.expire()
+            self.expire(now=max(time.time(), due))  # due itself, however the clock's sums round
 
     def close(self) -> None:
         """Stop the expiry thread (the runs stay where they are)."""
