@@ -5,6 +5,9 @@
   short       --short-sessions clients one after another, each a new connection making one /attention call
   switch      --switches calls of load_model, cycling through the default model, minilm-l6 and a third installed
               model when there is one (the server keeps two models in memory, so a third forces reloads)
+  patching    --patching-sessions clients one after another, each a new connection calling /patch_sweep,
+              /logit_attribution and /flow_graph on the Patching tab's first preset (the IOI pair); the server's
+              RSS growth divided by the sessions is what each one keeps (its States and its kept results)
   heavy       (with --heavy) long jobs, each client a session of its own: --heavy-sweeps /ablation_sweep calls,
               --heavy-attributions /attribute calls at --heavy-steps steps (on the Attention example's first 16
               tokens: the steps × tokens budget), --heavy-generations /generate calls of --heavy-tokens tokens
@@ -24,14 +27,16 @@ With --backend ray the app runs its model work on a local Ray Serve instance (`p
 --replicas N`), so both backends can be compared side by side; the RSS printed is then the front's alone (the
 replicas are Ray's worker processes).
 
-Usage: python bench/load.py [--sessions 16] [--short-sessions 200] [--switches 10] [--seconds 300] [--settle 60]
+Usage: python bench/load.py [--sessions 16] [--short-sessions 200] [--switches 10] [--patching-sessions 20]
+                            [--seconds 300] [--settle 60]
                             [--model smollm2-135m-instruct] [--port 0 (a free one)] [--backend local|ray]
                             [--replicas 2]
                             [--heavy [--heavy-sweeps 2] [--heavy-attributions 1] [--heavy-steps 256]
                              [--heavy-generations 8] [--heavy-tokens 512] [--heavy-short-every 1]
                              [--heavy-short-sessions 4]
                              [--heavy-seconds 1200]]
-  only the heavy phase: python bench/load.py --sessions 0 --short-sessions 0 --switches 0 --heavy
+  only the heavy phase: python bench/load.py --sessions 0 --short-sessions 0 --switches 0 --patching-sessions 0 --heavy
+  only the patching phase: python bench/load.py --sessions 0 --short-sessions 0 --switches 0 --patching-sessions 20
 """
 
 from __future__ import annotations
@@ -167,6 +172,7 @@ class Results:
         self.errors: list[tuple[str, str]] = []
         self.queue_full: list[str] = []
         self.notes: list[str] = []  # lines a phase adds to its report
+        self.sessions = 0  # sessions a phase opened one after another: its RSS growth is reported per session
         self._lock = threading.Lock()
 
     def call(self, client, endpoint: str, timeout: float, watch=None, **kwargs):
@@ -274,7 +280,37 @@ def short_phase(url: str, args, texts: dict[str, str], results: Results) -> str:
         results.call(client, "attention", left, **call)
         client.close()
         done += 1
+    results.sessions = done
     return f"{done} sessions in a row, one /attention each"
+
+
+def patching_phase(url: str, args, texts: dict[str, str], results: Results) -> str:
+    """New sessions one after another, each calling the Patching tab's three endpoints on its first preset."""
+    sys.path.insert(0, str(ROOT))
+    from ui.services.patching import DEFAULT_THRESHOLD, PRESETS  # noqa: PLC0415 - the tab's own pair
+
+    name, (clean, corrupted) = next(iter(PRESETS.items()))
+    pair = dict(model_name=args.model, clean_prompt=clean, corrupted_prompt=corrupted, answer_token="",
+                foil_token="")
+    calls = [("patch_sweep", dict(pair, site="resid_pre", mode="denoise", layer_index=0)),
+             ("logit_attribution", pair),
+             ("flow_graph", dict(model_name=args.model, clean_prompt=clean, threshold=DEFAULT_THRESHOLD))]
+    deadline = time.monotonic() + args.seconds
+    done = 0
+    for _ in range(args.patching_sessions):
+        if deadline - time.monotonic() <= 0:
+            break
+        try:
+            client = connect(url, results)
+        except Exception as exc:  # noqa: BLE001
+            results.error("(connect)", f"{type(exc).__name__}: {exc}")
+            continue
+        for endpoint, call in calls:
+            results.call(client, endpoint, max(1.0, deadline - time.monotonic()), **call)
+        client.close()
+        done += 1
+    results.sessions = done
+    return f"{done} sessions in a row, each /patch_sweep, /logit_attribution and /flow_graph on {name!r}"
 
 
 def installed_models() -> list[str]:
@@ -440,13 +476,19 @@ def report(phase: str, what: str, seconds: float, results: Results, rss: tuple[i
         print(f"  {line}")
     later = f", {mb(settled)} {settle:.0f} s after" if settled is not None else ""
     print(f"  server RSS: {mb(before)} before, {mb(peak)} peak, {mb(after)} after{later}")
+    per_session = ""
+    if results.sessions:
+        grown = ((settled if settled is not None else after) - before) / results.sessions
+        per_session = f"; RSS per session {grown / 2**20:+.2f} MB"
+        print(f"  RSS growth per session: {grown / 2**20:+.2f} MB ({results.sessions} sessions"
+              + (f", {settle:.0f} s after" if settled is not None else ", right after") + ")")
     latencies = ", ".join(
         f"{endpoint} p50 {percentile(v, 50):.2f} s / p95 {percentile(v, 95):.2f} s ({len(v)})"
         for endpoint, v in sorted(results.latency.items()) if not endpoint.startswith("(")
     )
     later = f" → {mb(settled)} {settle:.0f} s after" if settled is not None else ""
     return (f"SUMMARY {phase}: {what}; {latencies}; errors {len(results.errors)}, queue full "
-            f"{len(results.queue_full)}; RSS {mb(before)} → {mb(peak)} peak → {mb(after)}{later}")
+            f"{len(results.queue_full)}; RSS {mb(before)} → {mb(peak)} peak → {mb(after)}{later}{per_session}")
 
 
 def main() -> int:
@@ -454,6 +496,8 @@ def main() -> int:
     parser.add_argument("--sessions", type=int, default=16, help="concurrent sessions (default 16)")
     parser.add_argument("--short-sessions", type=int, default=200, help="short sessions in a row (default 200)")
     parser.add_argument("--switches", type=int, default=10, help="load_model calls (default 10)")
+    parser.add_argument("--patching-sessions", type=int, default=20,
+                        help="sessions in a row, each calling the Patching tab's three endpoints (default 20)")
     parser.add_argument("--seconds", type=float, default=300.0, help="time limit of each phase (default 300)")
     parser.add_argument("--settle", type=float, default=60.0,
                         help="seconds after each phase at which RSS is sampled again (default 60; 0: not sampled)")
@@ -476,7 +520,8 @@ def main() -> int:
                         help="the app's model work in its own process (default) or on a local Ray Serve instance")
     parser.add_argument("--replicas", type=int, default=2, help="with --backend ray: replicas of the model (default 2)")
     args = parser.parse_args()
-    for name in ("sessions", "short_sessions", "switches", "heavy_sweeps", "heavy_attributions", "heavy_generations"):
+    for name in ("sessions", "short_sessions", "switches", "patching_sessions", "heavy_sweeps", "heavy_attributions",
+                 "heavy_generations"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be 0 or more")
     for name in ("seconds", "heavy_seconds", "heavy_short_every", "heavy_steps", "heavy_tokens",
@@ -504,6 +549,7 @@ def main() -> int:
             ("concurrent", concurrent_phase, args.sessions),
             ("short", short_phase, args.short_sessions),
             ("switch", switch_phase, args.switches),
+            ("patching", patching_phase, args.patching_sessions),
             ("heavy", heavy_phase, int(args.heavy)),
         ]
         for phase, run, count in phases:
