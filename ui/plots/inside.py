@@ -124,11 +124,14 @@ def content_position_figure(tokens: Sequence[str], series: dict[str, np.ndarray]
         fig.add_trace(go.Scatter(x=keys[:len(values)], y=np.asarray(values, dtype=np.float64), mode="lines+markers",
                                  name=escaped(name), hovertemplate="key %{x}: %{y:.3f}<extra>" + escaped(name)
                                  + "</extra>"))
-    base_layout(fig, title, 340)
+    # the legend sits between the title and the plot: below it, slanted key labels push the axis title onto it
+    base_layout(fig, title, 400, top=110)
     fig.update_xaxes(type="category", tickangle=-60 if len(tokens) > 12 else 0, tickfont={"size": 10},
                      title_text=f"key (the query is {query} {escaped(tokens[query])})")
     fig.update_yaxes(title_text="scaled score q·k/√d_k")
-    fig.update_layout(legend={"orientation": "h", "y": -0.35})
+    # the title at the very top, so a legend wrapped on a phone (three rows) still fits under it
+    fig.update_layout(legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "left", "x": 0},
+                      title={"yref": "container", "y": 0.98, "yanchor": "top"})
     return fig
 
 
