@@ -213,8 +213,9 @@ def test_noise_mode_says_what_a_cell_means_and_keeps_its_scores(served):
                                             api_name="/patch_sweep")
         data = json.loads(figure["plot"])
         heatmap = next(t for t in data["data"] if t["type"] == "heatmap")
-        words[mode] = dict(note=note, scale=heatmap["colorbar"]["title"]["text"], hover=heatmap["hovertemplate"],
-                           title=data["layout"]["title"]["text"])
+        bar = heatmap["colorbar"]
+        words[mode] = dict(note=note, scale=bar["title"]["text"], ticks=" ".join(bar["ticktext"]),
+                           hover=heatmap["hovertemplate"], title=data["layout"]["title"]["text"])
         answer = int(model(clean).logits[0, -1].argmax())
         with torch.inference_mode():
             ranked = model(corrupted).logits[0, -1].topk(2).indices.tolist()
@@ -223,12 +224,14 @@ def test_noise_mode_says_what_a_cell_means_and_keeps_its_scores(served):
         torch.testing.assert_close(torch.tensor(plotly_array(heatmap["z"]), dtype=torch.float32), expected.scores)
         assert float(csv_rows(path)[1][-1]) == pytest.approx(expected.scores[0, -1].item(), abs=1e-5)
     denoise, noise = words["denoise"], words["noise"]
-    assert denoise["scale"].startswith("restored") and "<br>restored %{z" in denoise["hover"]
+    assert denoise["scale"] == "restored" and "<br>restored %{z" in denoise["hover"]
+    assert "1 clean answer back" in denoise["ticks"] and "0 no change" in denoise["ticks"]
     assert "brings back the clean prompt's answer" in denoise["note"] and "comes back" in denoise["title"]
-    assert noise["scale"].startswith("kept") and "<br>kept %{z" in noise["hover"]
+    assert noise["scale"] == "kept" and "<br>kept %{z" in noise["hover"]
+    assert "1 no change" in noise["ticks"] and "0 needed" in noise["ticks"]
     assert "changes nothing (the clean answer stays)" in noise["note"] and "activation is needed" in noise["note"]
     assert "stays" in noise["title"]
-    assert not any("restor" in text or "brings back" in text for text in noise.values()), noise
+    assert not any("restor" in text or "back" in text for text in noise.values()), noise
 
 
 def long_pair(model, shared_tokens: int = 70):

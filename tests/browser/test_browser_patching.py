@@ -1,5 +1,7 @@
 """The Patching tab in a real browser (headless Chromium), on a tiny random model: no figure box before a result,
-the sweep, logit attribution and the flow graph drawn, and a click on a head opening it in the Attention tab."""
+the sweep, logit attribution and the flow graph drawn, a click on a head opening it in the Attention tab (from
+the attribution map, and from a flow-graph attention edge, its strongest head), and the sweep's colour bar
+saying what a cell means in each direction."""
 
 from __future__ import annotations
 
@@ -61,3 +63,57 @@ def test_patching_tab_measures_a_pair_and_a_head_click_opens_it(page):
                                                                         timeout=RUN_TIMEOUT_MS)
     expect(page.locator("#attn-head-view")).to_contain_text("Layer 1, head 3", timeout=RUN_TIMEOUT_MS)
     assert page.locator("#attn-text textarea").input_value() == CLEAN
+
+
+def open_patching(page: Page) -> None:
+    page.get_by_role("tab", name="Patching").click()
+    expect(page.locator("#patch-run")).to_be_visible()
+    page.locator("#patch-clean textarea").fill(CLEAN)
+    page.locator("#patch-corrupted textarea").fill(CORRUPTED)
+
+
+def test_the_sweeps_colour_bar_says_what_a_cell_means_in_each_direction(page):
+    open_patching(page)
+    title = page.locator("#patch-map .js-plotly-plot .cbtitle").first
+    scale = page.locator("#patch-map .js-plotly-plot .colorbar").first   # its title and its ticks in words
+    page.locator("#patch-run").click()
+    # the run came back when the note names the direction it ran in
+    expect(page.locator("#patch-note")).to_contain_text("clean activations written into the corrupted run",
+                                                        timeout=RUN_TIMEOUT_MS)
+    expect(title).to_have_text("restored")
+    expect(scale).to_contain_text("clean answer back")
+    expect(scale).to_contain_text("0 no change")
+    page.locator("#patch-more").get_by_text("Answer, foil and direction").click()
+    page.locator("#patch-mode input[value=noise]").check()
+    page.locator("#patch-run").click()
+    expect(page.locator("#patch-note")).to_contain_text("corrupted activations written into the clean run",
+                                                        timeout=RUN_TIMEOUT_MS)
+    expect(title).to_have_text("kept")
+    expect(scale).to_contain_text("1 no change")
+    expect(scale).to_contain_text("0 needed")
+    expect(scale).not_to_contain_text("back")
+    expect(page.locator("#patch-note")).to_contain_text("this patch changes nothing")
+
+
+def test_a_click_on_a_flow_graph_edge_opens_its_strongest_head(page):
+    open_patching(page)
+    page.locator("#patch-flow-threshold input[type=number]").fill("0.02")
+    page.locator("#patch-flow-threshold input[type=number]").press("Enter")
+    page.locator("#patch-flow-run").click()
+    expect(page.locator("#patch-flow-note")).to_contain_text("edges of importance ≥ 0.02", timeout=RUN_TIMEOUT_MS)
+    plot = page.locator("#patch-flow .js-plotly-plot")
+    index = plot.evaluate("(el) => el._fullData.findIndex((t) => t.name === 'attention edge')")
+    assert index >= 0, "no attention edge drawn"
+    head = plot.evaluate(f"(el) => el._fullData[{index}].customdata[0][0]")
+    point = page.locator("#patch-flow .scatterlayer .trace").nth(index).locator(".point").first
+    point.scroll_into_view_if_needed()
+    box = point.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    layer, strongest = head.split(".")
+    hover = page.locator("#patch-flow .hoverlayer .hovertext").first
+    expect(hover).to_contain_text(f"heads: L{layer} H{strongest}", timeout=10_000)
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    expect(page.get_by_role("tab", name="Attention")).to_have_attribute("aria-selected", "true",
+                                                                        timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#attn-head-view")).to_contain_text(f"Layer {layer}, head {strongest}",
+                                                            timeout=RUN_TIMEOUT_MS)

@@ -24,6 +24,14 @@ def signed_limits(values: np.ndarray, at_least: float = 0.0) -> dict:
     return {"zmin": -bound, "zmax": bound, "zmid": 0.0, "reversescale": True}
 
 
+def colour_bar(title: str, ticks: dict[float, str] | None) -> dict:
+    """A colour bar titled `title`, its ticks in words where given ({1: "1 no change"}); the limits are ≥ 1."""
+    bar = {"title": {"text": title}}
+    if ticks:
+        bar.update(tickmode="array", tickvals=list(ticks), ticktext=[escaped(t) for t in ticks.values()])
+    return bar
+
+
 def token_axis(fig: go.Figure, tokens: Sequence[str], title: str, **where) -> None:
     """Every token labelled ("3 ␣John"), rotated when there are many."""
     labels = [f"{i} {escaped(t)}" for i, t in enumerate(tokens)]
@@ -34,12 +42,13 @@ def token_axis(fig: go.Figure, tokens: Sequence[str], title: str, **where) -> No
 
 def patch_heatmap(scores: np.ndarray, metrics: np.ndarray, rows: str, cols: str, tokens: Sequence[str],
                   title: str, layer: int | None = None, value_name: str = "restored",
-                  scale_title: str = "restored") -> go.Figure:
+                  scale_ticks: dict[float, str] | None = None) -> go.Figure:
     """scores [R, C] (1: the clean run's metric, 0: the corrupted run's), metrics the raw logit differences.
     rows/cols name the axes: "layer", "head" or "position"; positions are labelled with tokens. value_name is
-    what a cell is called in its hover and scale_title the colour bar's title (they differ by direction: what
-    comes back when denoising, what stays when noising). A [layer, head] map is drawn with layers across and
-    heads down, like the Heads tab's maps; a [head, position] map is of one `layer`."""
+    what a cell is called (the colour bar's title and its hover) and scale_ticks what the bar's values mean
+    (they differ by direction: what comes back when denoising, what stays when noising). A [layer, head] map is
+    drawn with layers across and heads down, like the Heads tab's maps; a [head, position] map is of one
+    `layer`."""
     scores, metrics = as_f32(scores), as_f32(metrics)
     if scores.shape != metrics.shape or scores.ndim != 2:
         raise ValueError(f"patch_heatmap: scores {scores.shape} and metrics {metrics.shape} must be the same 2-D shape")
@@ -57,11 +66,11 @@ def patch_heatmap(scores: np.ndarray, metrics: np.ndarray, rows: str, cols: str,
     fig = go.Figure(go.Heatmap(
         z=np.ascontiguousarray(z), x=np.arange(n_x), y=np.arange(n_y), colorscale=SIGNED_COLORS,
         customdata=np.dstack([custom.astype(object), head_ids, text]),
-        colorbar={"title": {"text": scale_title}},
+        colorbar=colour_bar(value_name, scale_ticks),
         hovertemplate=(f"{y_name} %{{y}}, {x_name} %{{x}} %{{customdata[2]}}<br>{value_name} %{{z:.3f}} "
                        "(logit difference %{customdata[0]:.3f})<extra></extra>"),
         **signed_limits(z, 1.0)))
-    base_layout(fig, title, min(720, 160 + 22 * n_y), top=70)
+    base_layout(fig, title, min(720, max(300, 160 + 22 * n_y)), top=70)   # room for the colour bar's words
     if x_name == "position":
         token_axis(fig, tokens, "position (token)")
     else:

@@ -39,12 +39,12 @@ WHAT_NOISING_SHOWS = (
 # what a cell's score, (patched − corrupted) / (clean − corrupted), means in each direction
 MODE_WORDS = {
     "denoise": dict(
-        gerund="Denoising", value="restored", scale="restored<br>(1: the clean<br>answer back)",
+        gerund="Denoising", value="restored", ticks={1: "1 clean answer back", 0: "0 no change"},
         direction="clean activations written into the corrupted run", verb="comes back",
         meaning="**1** means this patch alone brings back the clean prompt's answer, **0** that it changes "
                 "nothing (the corrupted run's answer stays), negative that it pushes further the other way"),
     "noise": dict(
-        gerund="Noising", value="kept", scale="kept<br>(1: no change,<br>0: needed)",
+        gerund="Noising", value="kept", ticks={1: "1 no change", 0: "0 needed"},
         direction="corrupted activations written into the clean run", verb="stays",
         meaning="**1** means this patch changes nothing (the clean answer stays), **near 0** that this "
                 "activation is needed: the corrupted value here alone takes the clean answer away"),
@@ -116,7 +116,7 @@ def patch_view(services: Services, model_name, clean_prompt, corrupted_prompt, a
     layer_words = f" of layer {result.layer}" if result.layer is not None else ""
     title = f"{words['gerund']} {site}{layer_words}: how much of {metric_words(pair)} {words['verb']}"
     fig = patch_heatmap(result.scores.numpy(), result.metrics.numpy(), rows, cols, tokens, title, result.layer,
-                        value_name=words["value"], scale_title=words["scale"])
+                        value_name=words["value"], scale_ticks=words["ticks"])
     note = (
         f"**{escaped(where)}{layer_words}**, {words['direction']}, one patch per cell. The metric is "
         f"{metric_words(pair)} at the last position: **{result.clean_metric:+.3f}** on the clean prompt, "
