@@ -96,7 +96,7 @@ def build_tiny_llama(folder: Path, max_positions: int = 2048) -> Path:
     return folder
 
 
-def build_tiny_bert(folder: Path) -> Path:
+def build_tiny_bert(folder: Path, layers: int = 2, heads: int = 4) -> Path:
     from transformers import BertConfig, BertModel
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -105,8 +105,8 @@ def build_tiny_bert(folder: Path) -> Path:
         vocab_size=len(tok),
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
         max_position_embeddings=128,
         pad_token_id=tok.pad_token_id,
     )

@@ -58,6 +58,8 @@ def layout(services, default_model: str) -> gr.Blocks:
                     built[name] = module.build(services, picker, initial)
                 wire_opening(tab_block.select, built[name])
             lab.build(services, picker, initial)  # its own gr.Tab: train a Transformer from scratch
+        for name, tab in built.items():
+            wire_switch(picker, current_tab, name, tab)
         wire_send(built["generate"], built["attention"], tabs, current_tab)
         wire_open_head(services, picker, built["patching"], built["attention"], tabs, current_tab)
         tabs.select(remember_tab, None, current_tab, api_visibility="private", queue=False)
@@ -111,10 +113,64 @@ def wire_opening(trigger, tab: Tab) -> None:
     if tab.opening is None:
         return
     if tab.reveal:
-        trigger(lambda: [gr.Plot(visible=True)] * len(tab.reveal), None, tab.reveal, queue=False,
-                api_visibility="private").then(**tab.opening)
+        def show():
+            shown = [gr.update(visible=True) for _ in tab.reveal]
+            return shown if len(shown) > 1 else shown[0]
+
+        trigger(show, None, tab.reveal, queue=False, api_visibility="private").then(**tab.opening)
     else:
         trigger(**tab.opening)
+
+
+def cleared(component, line: str = ""):
+    """What a component that showed another model's result shows after a model change: nothing, hidden where it
+    was hidden until a result; a note says `line` (which button to press)."""
+    if isinstance(component, gr.State):
+        return None
+    if isinstance(component, (gr.Markdown, gr.HTML)):
+        return line
+    if isinstance(component, gr.Radio):
+        return gr.update(value=None, choices=[])
+    return gr.update(value=None, visible=component.visible)
+
+
+def wire_switch(picker, current_tab, name: str, tab: Tab) -> None:
+    """After a model change (once the tab's fields follow the new model): the tab on screen shows its first screen
+    again, computed for the new model; every other result of the tab, and all of a tab not on screen, is cleared,
+    its notes saying which button to press (a tab not on screen computes its first screen when it opens)."""
+    if tab.switched is None:
+        return
+    opening, results, press = tab.opening, tab.results or [], tab.press or {}
+    first_inputs = opening["inputs"] if opening else []  # [shown, model, the tab's inputs]
+    first_outputs = opening["outputs"] if opening else []  # [shown, the first screen's outputs]
+
+    def line(component, model_name, why: str) -> str:
+        button = press.get(component)
+        if button is None:
+            return ""
+        return why or f"Now on {message(model_name)}: press **{button.value}** to compute this for it."
+
+    def clear(components, model_name, why: str = "") -> list:
+        return [gr.skip() if component in first_inputs else cleared(component, line(component, model_name, why))
+                for component in components]
+
+    def switch(model_name, on_screen, *rest):
+        *values, progress = rest
+        if opening and on_screen == name:
+            try:
+                shown, *first = opening["fn"](False, *values[1:], progress)
+            except gr.Error as exc:  # the first screen cannot be computed: cleared, and its notes say why
+                return [False, *clear(first_outputs[1:], model_name, exc.message), *clear(results, model_name)]
+            first = [gr.update(value=value, visible=True) if isinstance(component, gr.Plot) and value is not None
+                     else value for component, value in zip(first_outputs[1:], first)]
+            return [shown, *first, *clear(results, model_name)]
+        return [False, *clear(first_outputs[1:], model_name), *clear(results, model_name)][0 if opening else 1:]
+
+    switch.__signature__ = events.signature(["model_name", "on_screen"]
+                                            + [f"input_{i}" for i in range(len(first_inputs))])
+    switch.__name__ = switch.__qualname__ = f"switch_{name}"
+    tab.switched.then(user_errors(switch), [picker.model, current_tab, *first_inputs],
+                      [*first_outputs, *results], api_visibility="private", **ON_FIRST)
 
 
 def linked_fields(tab: Tab) -> list:
@@ -146,8 +202,10 @@ def deep_links(demo, services, default_model, picker, tabs, current_tab, control
             gr.Warning(message(text))
         tab = link.tab or "attention"
         chosen = tab if tab in controls else "attention"
+        # the tab is the page's only when the link names one: a page opened on no tab keeps the one its user chose
+        # while this ran (tabs.select has already set it), so a link made later names the tab on screen
         values = [gr.Dropdown(choices=models.names(), value=link.model) if link.model else picker.choices(),
-                  gr.Tabs(selected=tab) if link.tab else gr.skip(), tab]
+                  gr.Tabs(selected=tab) if link.tab else gr.skip(), tab if link.tab else gr.skip()]
         for name in controls:
             here = name == chosen
             values.append(link.text if here and link.text else gr.skip())

@@ -91,4 +91,5 @@ def build(services, picker, initial) -> Tab:
     first = dict(fn=handler(first_view, services, "first_attention"), inputs=[*settings, last_capture],
                  outputs=[layer, head, note, *figures, last_capture])
     return Tab(text=text, layer=layer, head=head, run_event={**event, "api_visibility": "private"},
-               opening=opening(services, "attention", first, fresh=(7,)), reveal=figures)
+               opening=opening(services, "attention", first, fresh=(7,)), reveal=figures,
+               switched=fields.followed, results=[export_file, export_note], press={note: button})

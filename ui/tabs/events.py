@@ -200,8 +200,9 @@ def opening(services, tab: str, event: dict, fresh: tuple[int, ...] = ()) -> dic
     event: the tab's run (fn, inputs with the model picker first, outputs). While its inputs hold the values the
     page was built with, the result is computed once per model and shared by every session
     (services.first_views); otherwise (a link's text) the tab's own event runs on what is there. Once per page:
-    a State remembers the tab was shown. fresh: the outputs that are a session's own State (a kept capture's
-    ticket), handed out as None rather than shared."""
+    a State remembers the tab was shown. A streaming event shows its finished result. fresh: the outputs that are
+    a session's own (a kept capture's ticket, a file to download that expires), handed out as None rather than
+    shared."""
     fn, inputs, outputs = event["fn"], event["inputs"], event["outputs"]
     defaults = [getattr(component, "value", None) for component in inputs[1:]]
     shown = gr.State(False)
@@ -213,15 +214,25 @@ def opening(services, tab: str, event: dict, fresh: tuple[int, ...] = ()) -> dic
         if list(values) == defaults:
             model = services.models.get(model_name)
             result = services.first_views.get((tab, model_name, id(model)),
-                                              lambda: fn(model_name, *values, progress=progress))
+                                              lambda: final(fn(model_name, *values, progress=progress)))
         else:
-            result = fn(model_name, *values, progress=progress)
+            result = final(fn(model_name, *values, progress=progress))
         return (True, *[None if i in fresh else value for i, value in enumerate(result)])
 
     first.__signature__ = signature(["was_shown", "model_name"] + [f"input_{i}" for i in range(len(defaults))])
     first.__name__ = first.__qualname__ = f"first_{tab}"
     first = user_errors(first)
     return dict(fn=first, inputs=[shown, *inputs], outputs=[shown, *outputs], api_visibility="private", **ON_FIRST)
+
+
+def final(result):
+    """A streaming view's last update (its finished result); any other view's result as it is."""
+    if not inspect.isgenerator(result):
+        return result
+    last = None
+    for last in result:
+        pass
+    return last
 
 
 def signature(names: list[str]) -> inspect.Signature:

@@ -8,7 +8,7 @@ import gradio as gr
 
 from ui.services.generation import MAX_TEMPERATURE
 from ui.services.inside import MAX_INSIDE_TOKENS, shape_of
-from ui.tabs.events import ON_ANALYSIS, handler, user_errors
+from ui.tabs.events import ON_ANALYSIS, handler, opening, user_errors
 from ui.tabs.widgets import Tab, click_bridge, layer_head, run_checked, upload
 from ui.views import inside as views
 
@@ -70,7 +70,11 @@ def build(services, picker, initial) -> Tab:
 
     why["picked"].click(pick, why["picked"], [why["query"], why["key"], *why["event"]["outputs"][1:]],
                         api_visibility="private", queue=False).then(**why["event"], api_visibility="private")
-    return Tab(text=text, layer=layer, head=head, token=token)
+    # the tab opens on the default text's stages, computed once per model for every visitor; the .npz expires, so
+    # each page gets its own with its first walk
+    return Tab(text=text, layer=layer, head=head, token=token, reveal=figures,
+               opening=opening(services, "inside", walk, fresh=(len(walk["outputs"]) - 1,)),
+               switched=fields.followed, results=why["results"], press={overview: run, **why["press"]})
 
 
 def why_section(services, picker, text, fields) -> dict:
@@ -100,4 +104,6 @@ def why_section(services, picker, text, fields) -> dict:
                     outputs=[geometry_note, scatter], **ON_ANALYSIS)
     run_checked(geometry_button.click, models, picker.model, fields, geometry, reveal=[scatter],
                 api_name="qk_geometry")
-    return dict(query=query, key=key, picked=picked, event=event)
+    return dict(query=query, key=key, picked=picked, event=event,
+                results=[note, decomposition, lines, geometry_note, scatter],
+                press={note: button, geometry_note: geometry_button})

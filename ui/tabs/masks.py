@@ -92,4 +92,5 @@ def build(services, picker, initial) -> Tab:
                   **ON_ANALYSIS)
     run_checked(export_button.click, services.models, picker.model, fields, export, api_name="export_masks")
     return Tab(text=text, layer=layer, head=head, run_event={**run, "api_visibility": "private"},
-               opening=opening(services, "masks", run), reveal=figures)
+               opening=opening(services, "masks", run), reveal=figures,
+               switched=fields.followed, results=[export_file, export_note], press={note: button})

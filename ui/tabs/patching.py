@@ -7,7 +7,7 @@ from __future__ import annotations
 import gradio as gr
 
 from ui.services.patching import DEFAULT_THRESHOLD, PRESETS
-from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, user_errors
+from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, opening, user_errors
 from ui.tabs.widgets import Tab, click_bridge, layer_head
 from ui.views import patching as views
 
@@ -48,8 +48,8 @@ def build(services, picker, initial) -> Tab:
             preset = gr.Dropdown(choices=[*PRESETS, "your own"], value=first, label="Prompt pair",
                                  elem_id="patch-preset")
             clean = gr.Textbox(label="Clean prompt", value=PRESETS[first][0], lines=2, elem_id="patch-clean")
-            corrupted = gr.Textbox(label="Corrupted prompt (the same token count; attribution may leave it empty)", value=PRESETS[first][1], lines=2,
-                                   elem_id="patch-corrupted")
+            corrupted = gr.Textbox(label="Corrupted prompt (the same token count; attribution may leave it empty)",
+                                   value=PRESETS[first][1], lines=2, elem_id="patch-corrupted")
             site = gr.Dropdown(choices=SITE_CHOICES, value="resid_pre", label="What to patch", elem_id="patch-site")
             run = gr.Button("Patch", variant="primary", elem_id="patch-run")
             with gr.Accordion("Answer, foil and direction", open=False, elem_id="patch-more"):
@@ -73,8 +73,8 @@ def build(services, picker, initial) -> Tab:
                                  visible=False)
     with gr.Accordion("How to read this tab", open=False):
         gr.Markdown(INTRO)
-    attribution_section(services, picker, clean, corrupted, answer, foil)
-    flow_section(services, picker, clean)
+    attribution = attribution_section(services, picker, clean, corrupted, answer, foil)
+    flow = flow_section(services, picker, clean)
     picked = click_bridge("patch-head-bridge", ["patch-map", "patch-dla", "patch-flow"], HEAD_READ)
 
     sweep = dict(fn=handler(views.patch_view, services, "patch_sweep", heavy="A patching sweep"),
@@ -91,10 +91,17 @@ def build(services, picker, initial) -> Tab:
 
     preset.input(fill, preset, [clean, corrupted, answer, foil], api_visibility="private", queue=False)
 
-    return Tab(text=clean, layer=layer, corrupted=corrupted, picked=picked)
+    # the tab opens on the first preset's map, computed once per model for every visitor (no session's heavy job);
+    # the CSV expires, so each page gets its own with its first Patch
+    first_sweep = dict(sweep, fn=handler(views.patch_view, services, "first_patching"))
+    return Tab(text=clean, layer=layer, corrupted=corrupted, picked=picked, reveal=[sweep_fig],
+               opening=opening(services, "patching", first_sweep, fresh=(2,)), switched=fields.followed,
+               results=[*attribution["results"], *flow["results"]],
+               press={note: run, **attribution["press"], **flow["press"]})
 
 
-def attribution_section(services, picker, clean, corrupted, answer, foil) -> None:
+def attribution_section(services, picker, clean, corrupted, answer, foil) -> dict:
+    """Returns its results and its note's button, for a model change (Tab.results, Tab.press)."""
     gr.Markdown("### Direct logit attribution: what each head writes into the answer")
     button = gr.Button("Attribute the logit difference", elem_id="patch-dla-run")
     note = gr.Markdown(elem_id="patch-dla-note")
@@ -105,9 +112,11 @@ def attribution_section(services, picker, clean, corrupted, answer, foil) -> Non
         handler(views.attribution_view, services, "logit_attribution"),
         [picker.model, clean, corrupted, answer, foil], [note, figure, file], api_name="logit_attribution",
         **ON_ANALYSIS)
+    return dict(results=[note, figure, file], press={note: button})
 
 
-def flow_section(services, picker, clean) -> None:
+def flow_section(services, picker, clean) -> dict:
+    """Returns its results and its note's button, for a model change (Tab.results, Tab.press)."""
     gr.Markdown("### The information-flow graph of the clean prompt's prediction")
     with gr.Row():
         threshold = gr.Slider(0.0, 0.5, value=DEFAULT_THRESHOLD, step=0.01, label="Threshold: keep edges of at least "
@@ -123,3 +132,4 @@ def flow_section(services, picker, clean) -> None:
     button.click(lambda: (gr.Plot(visible=True), gr.File(visible=True)), None, [figure, file],
                  api_visibility="private", queue=False).then(**event, api_name="flow_graph")
     threshold.release(**event, api_visibility="private")
+    return dict(results=[note, figure, file, cache], press={note: button})

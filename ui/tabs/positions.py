@@ -90,4 +90,6 @@ def build(services, picker, initial) -> Tab:
                   outputs=[export_file, export_note], **ON_ANALYSIS)
     run_checked(export_button.click, services.models, picker.model, fields, export, api_name="export_positions")
     first = dict(fn=handler(first_view, services, "first_positions"), inputs=inputs, outputs=[*outputs, perm_text])
-    return Tab(text=text, layer=layer, head=head, opening=opening(services, "positions", first), reveal=figures)
+    return Tab(text=text, layer=layer, head=head, opening=opening(services, "positions", first), reveal=figures,
+               switched=fields.followed, results=[export_file, export_note],
+               press={rope_text: button, perm_text: button})
