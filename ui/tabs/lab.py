@@ -22,6 +22,9 @@ from ui.views.card import FAMILY_WORDS
 from ui.views.lab import job_curves, run_attention, runs_export, snapshot_count, snapshot_figure
 
 ATTENTION_LIMIT = 2
+RUN_COLUMN_WIDTHS = {"run": "56px", "label": "130px", "task": "84px", "model": "210px", "steps": "64px",
+                     "status": "76px"}  # the runs table's text columns; the numbers take NUMBER_COLUMN_WIDTH
+NUMBER_COLUMN_WIDTH = "92px"  # "training", "tokens/s" on a line of their own, never cut inside a word
 
 LEAD = """**Why each part is there, by training without it**: the original encoder-decoder of the theory (Post-LN
 blocks, eqs. 5.1–5.4; eq. 4.1's sinusoids; a causal decoder with cross-attention) or a Llama-style decoder,
@@ -135,15 +138,18 @@ def runs_section() -> SimpleNamespace:
     gr.Markdown("### Runs of this session")
     with gr.Row():
         refresh = gr.Button("Refresh", size="sm", elem_id="lab-refresh")
+    # widths that fit the 1,400 px page; a narrower screen scrolls the table inside its own box
+    widths = [RUN_COLUMN_WIDTHS.get(column, NUMBER_COLUMN_WIDTH) for column in TABLE_COLUMNS]
     table = gr.Dataframe(headers=list(TABLE_COLUMNS), label="runs", interactive=False, wrap=True,
-                         elem_id="lab-runs")
+                         column_widths=widths, elem_id="lab-runs")
     findings = gr.Markdown(label="findings", elem_id="lab-findings")
     with gr.Row():
         export_button = gr.Button("Export the runs: curves and results (JSON)", size="sm", elem_id="lab-export")
-        export_file = file_box("lab-export-file", "Runs of this session")
+        with gr.Column(visible=False, min_width=200) as export_box:  # shown once it holds a file
+            export_file = file_box("lab-export-file", "Runs of this session")
     export_note = gr.Markdown(elem_id="lab-export-note")
     return SimpleNamespace(refresh=refresh, table=table, findings=findings, export_button=export_button,
-        export_file=export_file, export_note=export_note)
+        export_box=export_box, export_file=export_file, export_note=export_note)
 
 
 def attention_section() -> SimpleNamespace:
@@ -322,5 +328,7 @@ def wire(lab, picker, c, shown) -> None:
         api_name="lab_attention", concurrency_limit=ATTENTION_LIMIT)
     shown.save.click(e.save_run, [shown.pick, shown.name], shown.saved, api_name="save_run").success(
         picker.choices, None, picker.model, api_visibility="private")
-    shown.export_button.click(e.export_lab, None, [shown.export_file, shown.export_note], api_name="export_lab")
+    exported = shown.export_button.click(e.export_lab, None, [shown.export_file, shown.export_note],
+                                         api_name="export_lab")
+    exported.success(lambda: gr.Column(visible=True), None, shown.export_box, api_visibility="private", queue=False)
     c.task.change(lambda t: EXAMPLE_SOURCE.get(t, ""), c.task, shown.source, api_visibility="private", queue=False)
