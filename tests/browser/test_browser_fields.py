@@ -18,7 +18,6 @@ from playwright.sync_api import Page, expect  # noqa: E402
 from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 
 TIMEOUT_MS = 60_000
-SETTLE_MS = 2_500  # long enough for the skipped run to come back through the queue
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +39,18 @@ def errors_shown(page: Page, figures: list[str]) -> list[str]:
     return marked + page.locator(".toast-body").all_inner_texts()
 
 
+def runs_done(page: Page, note: str) -> int:
+    """How many runs checked by the fields whose note is `note` have come back (run_checked counts them in the
+    page, on <body data-runs-NOTE>)."""
+    return int(page.evaluate("(a) => Number(document.body.getAttribute(a) || 0)", f"data-runs-{note}"))
+
+
+def wait_for_run(page: Page, note: str, before: int) -> None:
+    """Until a run begun after `before` runs came back: what is checked next is what that run left."""
+    page.wait_for_function("([a, n]) => Number(document.body.getAttribute(a) || 0) > n", arg=[f"data-runs-{note}", before],
+                           timeout=TIMEOUT_MS)
+
+
 def title_of(page: Page, figure: str) -> str:
     return page.locator(f"#{figure} .js-plotly-plot .gtitle").first.text_content()
 
@@ -52,10 +63,11 @@ def test_a_wrong_layer_in_the_attention_tab_is_a_note_and_the_figures_stay(page)
     assert title.startswith("Layer "), title
 
     page.locator("#attn-layer input").fill("99")
+    before = runs_done(page, "attn-field-note")
     page.locator("#attn-run").click()
     note = page.locator("#attn-field-note")
     expect(note).to_contain_text("Layer 99 is out of range: this model has layers 0–1.", timeout=TIMEOUT_MS)
-    page.wait_for_timeout(SETTLE_MS)
+    wait_for_run(page, "attn-field-note", before)
     assert not errors_shown(page, figures)
     assert page.locator("#attn-head-view .js-plotly-plot .main-svg").count() > 0, "the head view was emptied"
     assert title_of(page, "attn-head-view") == title
@@ -87,21 +99,44 @@ def test_a_wrong_layer_in_the_masks_tab_keeps_its_figures(page):
     figures = ["mask-stage-on-scores", "mask-stage-on-softmax", "mask-causal", "mask-entropy"]
     expect(page.locator("#mask-stage-on-scores .js-plotly-plot .main-svg").first).to_be_attached(timeout=TIMEOUT_MS)
     page.locator("#mask-layer input").fill("99")
+    before = runs_done(page, "mask-field-note")
     page.locator("#mask-run").click()
     expect(page.locator("#mask-field-note")).to_contain_text("Layer 99 is out of range: this model has layers 0–1.",
                                                              timeout=TIMEOUT_MS)
-    page.wait_for_timeout(SETTLE_MS)
+    wait_for_run(page, "mask-field-note", before)
     assert not errors_shown(page, figures)
     assert page.locator("#mask-stage-on-scores .js-plotly-plot .main-svg").count() > 0
 
 
-def test_a_wrong_head_in_the_inside_tab_shows_no_empty_stage(page):
+def test_a_wrong_head_in_the_inside_tab_keeps_its_stages(page):
     page.get_by_role("tab", name="Inside").click()
-    expect(page.locator("#inside-run")).to_be_visible()
+    stage = page.locator("#inside-stage1 .js-plotly-plot .main-svg").first
+    expect(stage).to_be_attached(timeout=TIMEOUT_MS)  # the tab opens on the default text's stages
     page.locator("#inside-head input").fill("9")
+    before = runs_done(page, "inside-field-note")
     page.locator("#inside-run").click()
     expect(page.locator("#inside-field-note")).to_contain_text("Head 9 is out of range: this model has heads 0–3.",
                                                                timeout=TIMEOUT_MS)
-    page.wait_for_timeout(SETTLE_MS)
+    wait_for_run(page, "inside-field-note", before)
     assert not errors_shown(page, [f"inside-stage{i}" for i in range(1, 9)])
-    assert not page.locator("#inside-stage1").is_visible(), "a stage box was shown with nothing to show"
+    assert stage.is_visible(), "the stages of the last walk were emptied"
+
+
+def test_an_offset_past_n_is_a_note_under_the_rotation_check_and_the_other_figures_are_drawn(page):
+    page.get_by_role("tab", name="Positional encoding").click()
+    expect(page.locator("#pe-rope-scores .js-plotly-plot .main-svg").first).to_be_attached(timeout=TIMEOUT_MS)
+    k = page.locator("#pe-k input")
+    assert k.is_visible(), "the offset k sits beside the figure it changes, not in a closed section"
+    n = page.locator("#pe-n input[type=number]")
+    n.fill("4")
+    n.press("Enter")
+    k.fill("5")
+    page.locator("#pe-run").click()
+    # the run came back: its rotation check says what is wrong with k
+    expect(page.locator("#pe-check")).to_contain_text("Offset k must be between 1 and 3, got 5", timeout=TIMEOUT_MS)
+    figures = ["pe-heatmap", "pe-similarity", "pe-dots", "pe-learned", "pe-rope-angles", "pe-rope-scores"]
+    assert not errors_shown(page, figures)
+    expect(page.locator("#pe-heatmap")).to_contain_text("n = 4", timeout=TIMEOUT_MS)  # drawn for the new n
+    for figure in figures:
+        assert page.locator(f"#{figure} .js-plotly-plot .main-svg").count() > 0, f"{figure} is not drawn"
+    expect(page.locator("#pe-rope-note")).to_contain_text("depends only on the distance")
