@@ -1,5 +1,5 @@
-"""The Inside tab in a real browser (headless Chromium), on a tiny random model: no stage drawn before a walk, all
-eight stages drawn after one, and a click on a cell of the weights asking why that weight."""
+"""The Inside tab in a real browser (headless Chromium), on a tiny random model: the tab opens on the default text's
+walk, all eight stages drawn again after another, and a click on a cell of the weights asking why that weight."""
 
 from __future__ import annotations
 
@@ -30,9 +30,10 @@ def app_url(tmp_path_factory):
 def test_inside_tab_walks_every_stage_and_a_cell_click_asks_why(page):
     page.get_by_role("tab", name="Inside").click()
     expect(page.locator("#inside-run")).to_be_visible()
-    assert not page.locator("#inside-stage1").is_visible()
+    expect(page.locator("#inside-note")).to_contain_text("through layer 0, head 0", timeout=RUN_TIMEOUT_MS)
     page.locator("#inside-layer input").fill("1")
     page.locator("#inside-run").click()
+    expect(page.locator("#inside-note")).to_contain_text("through layer 1, head 0", timeout=RUN_TIMEOUT_MS)
     for i in range(1, 9):
         expect(page.locator(f"#inside-stage{i} .js-plotly-plot").first).to_be_attached(timeout=RUN_TIMEOUT_MS)
     expect(page.locator("#inside-note5")).to_contain_text("with d_k = ", timeout=RUN_TIMEOUT_MS)
