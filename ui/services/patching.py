@@ -92,9 +92,13 @@ def sentence(text: str) -> str:
     return text[0].upper() + text[1:] + ("" if text.endswith((".", "?", "!")) else ".")
 
 
+def is_empty(text) -> bool:
+    return text is None or (isinstance(text, str) and not text.strip())
+
+
 def token_count(model, text) -> int:
     """How many tokens the whole text is (with the tokenizer's own special tokens), nothing cut."""
-    if text is None or (isinstance(text, str) and not text.strip()):
+    if is_empty(text):
         return 0
     return len(model.tokenizer(valid_unicode(text))["input_ids"])
 
@@ -133,10 +137,6 @@ def top_tokens(model, ids: list[int], k: int = 2) -> list[int]:
     return logits.topk(k).indices.tolist()
 
 
-def is_empty(text) -> bool:
-    return text is None or (isinstance(text, str) and not text.strip())
-
-
 def prepare_pair(model, clean_text, corrupted_text, answer_text, foil_text, what: str = "Patching",
                  corrupted_needed: bool = True) -> PatchPair:
     """Both prompts encoded whole (the same token count, at most MAX_PATCH_TOKENS), and the answer and foil ids.
@@ -167,7 +167,7 @@ def choose_tokens(model, clean: Encoded, corrupted: Encoded | None, answer_text,
     """The answer (typed, or the clean run's top token) and the foil (typed, or the corrupted run's top token;
     without a corrupted prompt, the clean run's most likely token after the answer)."""
     answer = one_token(model, "Answer", answer_text, "to use the clean run's top token")
-    foil_source = "the clean run's second token" if corrupted is None else "the corrupted run's top token"
+    foil_source = "the clean run's second most likely token" if corrupted is None else "the corrupted run's top token"
     foil = one_token(model, "Foil", foil_text, f"to use {foil_source}")
     chosen = []
     if answer is None:
@@ -207,7 +207,7 @@ def sweep_shape(model, site: str, by_position: bool, n_tokens: int) -> tuple[int
     return cfg.n_layers, n_tokens
 
 
-def check_differ(model, pair: PatchPair) -> None:
+def check_differ(pair: PatchPair) -> None:
     if pair.clean.ids == pair.corrupted.ids:
         raise UserError(f"The clean and corrupted prompts are the same {len(pair.clean.ids)} tokens, so every patch "
                         "writes what is already there: change the detail that matters in the corrupted prompt.")
@@ -233,7 +233,7 @@ def stream_patching(model, pair: PatchPair, settings: SweepSettings) -> Iterator
     """The sweep in a worker thread, an update after each batch and then the core's PatchSweep as the result.
     The core's refusals (equal metrics on both runs) are raised as UserError by the iterator."""
     site, by_position, mode, chosen = settings.site, settings.by_position, settings.mode, settings.layer
-    check_differ(model, pair)
+    check_differ(pair)
     clean, corrupted = pair.ids
     total = sweep_shape(model, site, by_position, len(pair.clean.ids))
     work = lambda report: patching.patch_sweep(  # noqa: E731

@@ -56,8 +56,8 @@ def build(services, picker, initial) -> Tab:
                 with gr.Row():
                     answer = gr.Textbox(label="Answer token (empty: the clean run's top)", elem_id="patch-answer",
                                         min_width=120)
-                    foil = gr.Textbox(label="Foil token (empty: the corrupted run's top)", elem_id="patch-foil",
-                                      min_width=120)
+                    foil = gr.Textbox(label="Foil token (empty: the corrupted run's top; without a corrupted prompt, "
+                                            "the clean run's second)", elem_id="patch-foil", min_width=120)
                 with gr.Row():
                     mode = gr.Radio(["denoise", "noise"], value="denoise", label="Direction", elem_id="patch-mode",
                                     min_width=160)
