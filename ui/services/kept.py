@@ -72,7 +72,9 @@ def keeping(view: Callable, kept: KeptStore, key: tuple, param: str = "previous"
         def kept_generator(*args, **kwargs):
             args, kwargs, ref = take(args, kwargs)
             for outputs in view(*args, **kwargs):
-                yield give(outputs, ref)
+                outputs = give(outputs, ref)
+                ref = outputs[-1] or ref  # every yield under the one ticket
+                yield outputs
         return kept_generator
 
     @functools.wraps(view)
