@@ -128,3 +128,39 @@ def test_no_folder_holds_more_than_twelve_modules():
         if count > MAX_MODULES_PER_FOLDER:
             crowded[str(folder.relative_to(ROOT))] = count
     assert not crowded, crowded
+
+
+def test_no_view_imports_the_core():
+    # views present, services decide: a view turns a service's result into figures and words; only services call
+    # the core (the model card included)
+    reach = {name: sorted(m for m in GRAPH[name] if m == "core" or m.startswith("core."))
+             for name in MODULES if name.startswith("ui.views")}
+    assert not {name: found for name, found in reach.items() if found}
+
+
+# views whose input checks have moved into services; the others still hold some of their own
+CHECKED_IN_SERVICES = ("ui.views.attention", "ui.views.heads", "ui.views.inside", "ui.views.generate", "ui.views.card")
+CHECKS = {"UserError", "check_range", "check_float", "parse_head", "check_seed"}
+
+
+@pytest.mark.parametrize("name", CHECKED_IN_SERVICES)
+def test_these_views_check_no_input_themselves(name):
+    found = []
+    for node in ast.walk(ast.parse(MODULES[name].read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            found.append(f"line {node.lineno}: raises")
+        elif isinstance(node, ast.Name) and node.id in CHECKS:
+            found.append(f"line {node.lineno}: {node.id}")
+    assert not found, f"{name} checks input itself ({', '.join(found)}); a service's check belongs there"
+
+
+def test_one_function_per_check():
+    from ui.services import checks, heads, inside
+    from ui.views import heads as head_views
+
+    # the Heads and Inside tabs' layer and head, checked by the one function
+    assert heads.check_head is checks.check_head is inside.check_head
+    assert heads.scored_shape is checks.stack_shape is inside.shape_of
+    tree = ast.parse(MODULES["ui.views.heads"].read_text(encoding="utf-8"))
+    defined = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+    assert not defined & {"check_head", "session_cache", "add_head"}, "the Heads view decides what its service does"

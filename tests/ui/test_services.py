@@ -459,3 +459,38 @@ def test_first_views_compute_each_key_once_even_when_two_sessions_ask_at_once():
     with pytest.raises(ZeroDivisionError):  # an error is raised, and nothing is kept
         views.get(("bad", "m", 1), lambda: 1 / 0)
     assert views.get(("bad", "m", 1), lambda: "fixed") == "fixed"
+
+
+def test_the_kv_panel_refuses_an_encoder_in_the_words_of_generate(tmp_path):
+    from tiny_app_model import build_tiny_bert
+    from ui.services.generation import generation_reason
+    from ui.services.generation.kv_cache import check_generator, kv_report
+
+    bert = ModelStore().get(str(build_tiny_bert(tmp_path / "bert")))
+    reason = generation_reason(bert)
+    assert reason and "is an encoder" in reason
+    with pytest.raises(UserError) as refused:
+        kv_report(bert, "The keeper lit the lamp.")
+    assert str(refused.value) == reason
+    with pytest.raises(UserError) as again:
+        check_generator(bert)
+    assert str(again.value) == reason
+
+
+def test_the_attention_tabs_checks_are_the_services_own(tiny_llama):
+    from ui.services.attention import EXPORTS, all_maps, check_export, text_positions
+
+    model = ModelStore().get(tiny_llama)
+    tokens = encode(model, "The keeper lit the lamp.", 64)
+    assert [check_export(kind) for kind in EXPORTS] == list(EXPORTS)
+    with pytest.raises(UserError, match="Export must be one of 'head CSV'"):
+        check_export("all maps .zip")
+    assert text_positions(tokens, hide_special=False).tolist() == list(range(len(tokens.ids)))
+    special = encode(model, "<|endoftext|>", 64)
+    assert all(special.special)
+    with pytest.raises(UserError, match="untick 'hide special tokens' to export them"):
+        text_positions(special, hide_special=True, what="export them")
+    cfg, n = model.config, len(tokens.ids)
+    assert all_maps(model, tokens, side=3).shape == (cfg.n_layers, cfg.n_heads, 3, 3)
+    full = all_maps(model, tokens, side=n)  # not pooled: every map as the head view draws it
+    np.testing.assert_allclose(full[1, 2], head_map(model, tokens.ids, 1, 2), atol=1e-3)

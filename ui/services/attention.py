@@ -23,6 +23,7 @@ FULL_VIEW_TOKENS = 256  # up to this many tokens a head is drawn cell by cell, w
 HEAD_OVERVIEW_SIZE = 256  # longer inputs: the head view is pooled to this many blocks per side
 MODEL_VIEW_CELLS = 600_000  # cells in the model-view mosaic (uint8): about 1 MB of JSON
 MAX_WINDOW = 256  # the full-resolution window is at most this many tokens per side
+EXPORTS = ("head CSV", "window CSV", "all maps .npz")  # the files behind the Attention tab
 def pool_edges(n: int, blocks: int) -> np.ndarray:
     """Block boundaries splitting n positions into min(n, blocks) nearly equal blocks."""
     blocks = max(1, min(n, blocks))
@@ -115,6 +116,26 @@ def visible_positions(tokens: Encoded, start: int, stop: int, hide_special: bool
     if hide_special:
         positions = positions[[not tokens.special[p] for p in positions]]
     return positions
+def text_positions(tokens: Encoded, hide_special: bool, what: str = "see them") -> np.ndarray:
+    """Every position of the text (without special tokens when asked), or a UserError when none is left."""
+    positions = visible_positions(tokens, 0, len(tokens.ids), hide_special)
+    if positions.size == 0:
+        raise UserError(f"Every token is a special token; untick 'hide special tokens' to {what}.")
+    return positions
+
+
+def check_export(kind) -> str:
+    """One of EXPORTS, or a UserError listing them."""
+    if kind not in EXPORTS:
+        raise UserError(f"Export must be one of {', '.join(repr(e) for e in EXPORTS)}, got {kind!r}.")
+    return kind
+
+
+def all_maps(model, tokens: Encoded, side: int) -> np.ndarray:
+    """Every layer × head's map over the text, pooled to `side` positions per side: [L, H, side, side]."""
+    return capture(model, as_batch(tokens.ids, model.device), overview_size=side, keep_full_up_to=0).overview
+
+
 def window_positions(tokens: Encoded, q_start: int, k_start: int, window: int, hide_special: bool):
     """Query and key positions of the window (without special tokens when asked), or a UserError."""
     n = len(tokens.ids)

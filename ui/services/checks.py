@@ -123,6 +123,18 @@ def parse_head(value, n_heads: int, allow_mean: bool = True) -> int | None:
     return check_range("Head", value, 0, n_heads - 1)
 
 
+def stack_shape(model) -> tuple[int, int]:
+    """(layers, heads) of the stack a head index names: the main one, or a seq2seq model's encoder."""
+    cfg = model.attention_stack()[0].cfg
+    return cfg.n_layers, cfg.n_heads
+
+
+def check_head(model, layer, head) -> tuple[int, int]:
+    """A layer and a head of the model's stack (stack_shape), each in range, or a UserError naming the range."""
+    n_layers, n_heads = stack_shape(model)
+    return check_range("Layer", layer, 0, n_layers - 1), check_range("Head", head, 0, n_heads - 1)
+
+
 def kept_index(value, size: int) -> int:
     """A layer or head index kept across a change of model when the new model has it, else 0."""
     index = index_of(value)

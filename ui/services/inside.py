@@ -9,9 +9,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from core.analysis import anatomy
+from core.analysis import anatomy, inspect
 from core.generate import filter_top_k, filter_top_p
-from ui.services.checks import check_float, check_range
+from ui.services.checks import check_float, check_head, check_range
+from ui.services.checks import stack_shape as shape_of  # the Inside tab's fields read the same stack
 from ui.services.generation import MAX_TEMPERATURE
 from ui.services.text import Encoded, as_batch, encode, to_numpy
 
@@ -19,18 +20,19 @@ MAX_INSIDE_TOKENS = 32   # every stage is drawn as a matrix over the tokens
 SHOWN_NEXT = 10          # bars of the next-token distribution
 
 
+def parameter_counts(model) -> dict:
+    """The model's parameters by part (core.analysis.inspect): embeddings, attention, feed_forward, norms, lm_head,
+    total, and per_layer {attention, feed_forward}; what the model card sets against 4d² and 8d²."""
+    return inspect.parameter_counts(model)
+
+
+def stack_config(model):
+    """The config of the stack the walk reads: the model's own, or a seq2seq model's encoder's."""
+    return model.attention_stack()[0].cfg
+
+
 def encode_walk(model, text) -> Encoded:
     return encode(model, text, MAX_INSIDE_TOKENS)
-
-
-def shape_of(model) -> tuple[int, int]:
-    cfg = model.attention_stack()[0].cfg
-    return cfg.n_layers, cfg.n_heads
-
-
-def check_head(model, layer, head) -> tuple[int, int]:
-    n_layers, n_heads = shape_of(model)
-    return check_range("Layer", layer, 0, n_layers - 1), check_range("Head", head, 0, n_heads - 1)
 
 
 def check_token(tokens: Encoded, value, field: str = "Token to follow") -> int:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from core.analysis.inspect import queries_keys, rope_frequencies
+from core.analysis.inspect import learned_positions, queries_keys, rope_frequencies  # the view reads two here
 from core.layers import apply_rope, sinusoidal_encoding
 from ui.services.checks import UserError, check_range
 from ui.services.text import as_batch, to_numpy

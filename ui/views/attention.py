@@ -5,26 +5,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.analysis.capture import capture
 from ui.plots.attention import LABEL_EVERY_TOKEN_UP_TO, attention_heatmap, model_view, pooled_heatmap, two_column_view
 from ui.services import Services
-from ui.services.attention import (FULL_VIEW_TOKENS, HEAD_OVERVIEW_SIZE, CaptureCache, capture_attention,
-                                   checked_settings, clearest_head, pool_attention, pool_edges, visible_positions, window_positions)
-from ui.services.checks import UserError
-from ui.services.text import Encoded, as_batch, encode
+from ui.services.attention import (EXPORTS, FULL_VIEW_TOKENS, HEAD_OVERVIEW_SIZE, CaptureCache, all_maps,
+                                   capture_attention, check_export, checked_settings, clearest_head, pool_attention,
+                                   pool_edges, text_positions, window_positions)
+from ui.services.text import Encoded, encode
 from ui.views import export
 from ui.views.export import named
 
-EXPORTS = ("head CSV", "window CSV", "all maps .npz")
 COLUMN_TOKENS = 40  # the two-column view draws at most this many tokens: more lines would be a blur
 def head_figure(tokens: Encoded, matrix: np.ndarray, title: str, hide_special: bool = False):
     """One head's map [n, n] over the whole text: cell by cell with token labels up to FULL_VIEW_TOKENS, else
     pooled to HEAD_OVERVIEW_SIZE blocks per side (rows still sum to 1)."""
     n = len(tokens.ids)
     if n <= FULL_VIEW_TOKENS:
-        pos = visible_positions(tokens, 0, n, hide_special)
-        if pos.size == 0:
-            raise UserError("Every token is a special token; untick 'hide special tokens' to see them.")
+        pos = text_positions(tokens, hide_special)
         labels = [tokens.labels[p] for p in pos]
         return attention_heatmap(matrix[np.ix_(pos, pos)], labels, labels, title)
     edges = pool_edges(n, HEAD_OVERVIEW_SIZE)
@@ -142,28 +138,24 @@ def export_data(services: Services, model_name, text_value, layer_index, head_in
                 previous: CaptureCache | None = None, progress=None):
     """The file behind the tab: the chosen head (or mean) over the whole text or the window as CSV, or every layer ×
     head as float16 .npz; the body of the `export_attention` endpoint. Returns (path, note)."""
-    name, what, hide_special = model_name, export_kind, bool(hide_special_tokens)
-    if what not in EXPORTS:
-        raise UserError(f"Export must be one of {', '.join(repr(e) for e in EXPORTS)}, got {what!r}.")
+    name, what, hide_special = model_name, check_export(export_kind), bool(hide_special_tokens)
     model, tokens, layer, head, q_start, k_start, window = checked_view(
         services, name, text_value, layer_index, head_index, window_query_start, window_key_start, window_size, progress)
     cfg, n = model.config, len(tokens.ids)
     if what == "all maps .npz":
         side = min(n, export.npz_side_limit(cfg.n_layers * cfg.n_heads))
-        maps = capture(model, as_batch(tokens.ids, model.device), overview_size=side, keep_full_up_to=0)
+        overview = all_maps(model, tokens, side)
         pooled = (f"every map pooled from {n:,} to {side} positions per side (adaptive average pooling: bin_start and "
                   "bin_end give each bin's tokens) to stay under 50 MB" if side < n else "not pooled: one row and "
                   "column per token")
         note = f"{name}: {cfg.n_layers} layers × {cfg.n_heads} heads over {n:,} tokens, {pooled}."
-        data = export.attention_npz(maps.overview, tokens.labels, name, note)
+        data = export.attention_npz(overview, tokens.labels, name, note)
         path = export.write(data, export.filename(name, "all-maps") + ".npz")
         return str(path), note
     result = capture_attention(model, name, tokens, layer, head, services.kept, previous)
     head_name = "mean of heads" if head is None else f"head {head}"
     if what == "head CSV":
-        q_pos = k_pos = visible_positions(tokens, 0, n, hide_special)
-        if q_pos.size == 0:
-            raise UserError("Every token is a special token; untick 'hide special tokens' to export them.")
+        q_pos = k_pos = text_positions(tokens, hide_special, "export them")
         what_text, view = f"layer {layer}, {head_name}, the whole text", "head"
     else:
         q_pos, k_pos = window_positions(tokens, q_start, k_start, window, hide_special)

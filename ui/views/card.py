@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from core.analysis.inspect import parameter_counts
+from ui.services.inside import parameter_counts
 # a family name a newcomer may not know, in words: said where the name first shows (the card, the Lab)
 FAMILY_WORDS = {
     "marian": "an encoder-decoder translation model family, as in MarianMT: an encoder reads the source, a decoder "

@@ -16,7 +16,7 @@ from ui.plots.text import escaped
 from ui.services import Services
 from ui.services.checks import public_text
 from ui.services.inside import (anatomy_of, check_token, content_and_position, encode_walk, geometry, measures,
-                                next_token, stage_arrays, walk)
+                                next_token, stack_config, stage_arrays, walk)
 from ui.services.text import token_pieces, token_texts
 from ui.views import export
 
@@ -158,7 +158,7 @@ def walk_view(services: Services, model_name, text_value, layer_index, head_inde
     stages = walk(model, tokens_enc, layer_index, head_index)
     token = check_token(tokens_enc, token_index)
     tokens = token_texts(model, tokens_enc.ids)
-    cfg = model.attention_stack()[0].cfg
+    cfg = stack_config(model)
     m = measures(stages, token)
     parts = [embedding_stage(stages, tokens, token, cfg), norm_stage(stages, tokens, token, cfg, m),
              qkv_stage(stages, tokens, token, model.config), rope_stage(stages, tokens, token),

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.analysis.inspect import learned_positions, rope_frequencies
 from ui.plots.base import empty_figure
 from ui.plots.charts import line_figure, matrix_heatmap
 from ui.services import Services
 from ui.services.checks import UserError, check_range, index_of, parse_head, public_text
 from ui.plots.text import escaped
+from ui.services.positions import learned_positions, rope_frequencies  # the model's own tables
 from ui.services.positions import (PERMUTATION_TOKENS, check_offset, check_positions, check_sinusoid_size,
                                    check_start, cosine_similarity, pe_shift_check, permutation_check, rope_scores,
                                    sinusoidal)

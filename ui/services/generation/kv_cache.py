@@ -12,6 +12,7 @@ import numpy as np
 
 from core import generate as generation
 from ui.services.checks import UserError
+from ui.services.generation import generation_reason
 from ui.services.text import valid_unicode
 
 KV_TIMED_TOKENS = 16  # the continuation timed with and without the cache
@@ -53,9 +54,10 @@ def encode_prompt(model, prompt) -> list[int]:
 
 
 def check_generator(model) -> None:
-    if not model.config.causal and not model.config.is_encoder_decoder:
-        raise UserError(f"{model.config.family} here is an encoder: it keeps no KV cache because it does not "
-                        "generate. Pick a decoder model.")
+    """A model that generates, so keeps a KV cache, or a UserError in the words of Generate (generation_reason)."""
+    reason = generation_reason(model)
+    if reason:
+        raise UserError(reason)
 
 
 def kv_sizes(model, source: list[int], decoder: list[int]) -> KVSizes:
