@@ -63,3 +63,39 @@ def test_the_score_map_labels_every_layer_up_to_32_and_every_head():
     assert len(lines) > 1 and max(map(len, lines)) <= 46 and fig.layout.margin.t >= 18 * len(lines)
     assert tick_step(32, 32) == 1 and tick_step(33, 32) == 2 and tick_step(80, 32) == 4
     assert wrapped_title("a<br>b") == ("a<br>b", 2)
+
+
+def subplot_titles(fig) -> list[str]:
+    return [a.text for a in fig.layout.annotations]
+
+
+def test_the_sweep_measures_the_induction_score_and_the_loss_on_the_same_probe(setup):
+    from core.analysis import heads as core_heads
+    from ui.services.heads import INDUCTION_LENGTH, INDUCTION_SEED
+
+    services, folder = setup
+    model = services.models.get(folder)
+    *_, cache = views.atlas_view(services, folder, TEXT, "previous_token", 0, 0)
+    note, fig, swept = list(views.sweep_view(services, folder, TEXT, "zero", "induction", previous=cache))[-1]
+    # computed here from the core alone: the probe, every head ablated on it, the rank correlation
+    probe = core_heads.induction(model, INDUCTION_LENGTH, INDUCTION_SEED)
+    increase = core_heads.ablation_sweep(model, probe.ids, "zero")
+    rho = core_heads.rank_correlation(increase, probe.scores)
+    np.testing.assert_allclose(np.asarray(fig.data[0].z, dtype=float).T, increase.numpy(), atol=1e-4)  # drawn [H, L]
+    np.testing.assert_allclose(np.asarray(fig.data[1].z, dtype=float).T, probe.scores.numpy(), atol=1e-4)
+    assert f"ρ = {rho:+.2f}" in note and f"ρ = {rho:+.2f}" in fig.layout.title.text
+    # and the figure says where both were measured
+    assert all("on the probe" in title for title in subplot_titles(fig)), subplot_titles(fig)
+    assert "induction probe" in fig.layout.title.text.replace("<br>", " ")
+    # the probe's sweep belongs to the model, not the text: a new text keeps it, and the text's own sweep is apart
+    assert "zero" in swept.probe_sweeps and not swept.sweeps
+    again, *_ = list(views.sweep_view(services, folder, TEXT + " More.", "zero", "induction", previous=swept))[-1]
+    assert "kept from the last run" in again
+
+
+def test_the_sweep_of_a_text_score_says_it_is_measured_on_the_text(setup):
+    services, folder = setup
+    note, fig, swept = list(views.sweep_view(services, folder, TEXT, "zero", "previous_token"))[-1]
+    titles = subplot_titles(fig)
+    assert all("on your text" in title for title in titles), titles
+    assert "probe" not in " ".join(titles) + fig.layout.title.text and "zero" in swept.sweeps

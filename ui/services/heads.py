@@ -5,6 +5,7 @@ between the Heads tab's sections does not recompute them."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
 from contextlib import closing
@@ -15,7 +16,8 @@ import torch
 
 from core.analysis import heads
 from core.analysis.capture import layer_map
-from ui.services.checks import UserError, check_range
+from ui.services.checks import UserError, check_head, check_range, index_of
+from ui.services.checks import stack_shape as scored_shape  # the stack the Heads tab scores
 from ui.services.jobs import stream_job
 from ui.services.text import Encoded, as_batch, one_token, to_numpy, token_grid, token_texts
 
@@ -29,6 +31,8 @@ COMPLETENESS_STEPS = (8, 32, 128)  # the step counts at which the completeness e
 INDUCTION_LENGTH = 100  # the probe: 100 seeded random tokens, then the same 100 again
 INDUCTION_SEED = 0
 TOP_HEADS = 5  # rows per score in the top-heads table, and the heads "top 5 by a score" picks
+SCORES, LOCAL_WINDOW = heads.SCORES, heads.LOCAL_WINDOW  # score name → (description, threshold, head name)
+named_heads, rank_correlation = heads.named_heads, heads.rank_correlation
 ATLAS_ADVICE = "The atlas above shows its encoder's heads."
 
 
@@ -65,12 +69,6 @@ def lm_head_reason(model, what: str) -> str | None:
     return None
 
 
-def scored_shape(model) -> tuple[int, int]:
-    """(layers, heads) of the stack the Heads tab scores: the main one, or a seq2seq model's encoder."""
-    cfg = model.attention_stack()[0].cfg
-    return cfg.n_layers, cfg.n_heads
-
-
 def score_names(model) -> list[str]:
     """The head scores that make sense for this model: the induction probe only where it predicts next tokens."""
     skip = heads.CAUSAL_ONLY if next_token_reason(model, "The probe") else ()
@@ -91,6 +89,7 @@ class HeadsCache:
     induction: heads.InductionResult | None = None
     sweep_scores: dict[str, torch.Tensor] | None = None  # the same scores on the sweep's first tokens
     sweeps: dict[str, torch.Tensor] = field(default_factory=dict)  # ablation → [L, H] mean loss increase
+    probe_sweeps: dict[str, torch.Tensor] = field(default_factory=dict)  # the same on the induction probe
     lens: heads.LensTable | None = None
     surprisal: heads.Surprisal | None = None
     attribution: tuple | None = None  # (AttributionSettings, heads.Attribution) of the last call
@@ -108,8 +107,16 @@ def heads_cache(previous: HeadsCache | None, model_name: str, tokens: Encoded) -
         return previous
     cache = HeadsCache(key, tokens)
     if previous is not None and previous.model_name == model_name:
-        cache.induction = previous.induction
+        cache.induction, cache.probe_sweeps = previous.induction, previous.probe_sweeps
     return cache
+
+
+def session_cache(previous: HeadsCache | None, model_name: str, tokens: Encoded) -> HeadsCache:
+    """This call's cache for the model and text: a copy of the session's previous one when it still fits (what
+    the call adds goes into the copy), else a new one. Never the previous one itself: a result (the atlas of the
+    default text) may be shared by every session."""
+    cache = heads_cache(previous, model_name, tokens)
+    return dataclasses.replace(cache, sweeps=dict(cache.sweeps), probe_sweeps=dict(cache.probe_sweeps))
 
 
 def cached_induction(model, cache: HeadsCache) -> heads.InductionResult | None:
@@ -261,6 +268,46 @@ def stream_sweep(model, ids: list[int], kind: str, batch: int = SWEEP_BATCH) -> 
     with closing(stream_job(work, model.config.n_layers * model.config.n_heads, "ablation-sweep")) as updates:
         for update in updates:
             yield SweepUpdate(update.done, update.total, update.result, update.seconds)
+
+
+@dataclass
+class SweepPlan:
+    """Where the sweep removes each head: on the tokens its score was measured on, so that the two maps compare."""
+    ids: list[int]  # the tokens whose mean loss each ablation changes
+    on_probe: bool  # the induction probe (INDUCTION_LENGTH seeded random tokens, twice), else the text's start
+    text_tokens: int  # the text's own count, to say when the sweep read only its first MAX_SWEEP_TOKENS
+
+
+def sweep_plan(model, cache: HeadsCache, score: str) -> SweepPlan:
+    """The induction score is measured on the probe, so its sweep runs on the probe; every other score and its
+    sweep read the text's first MAX_SWEEP_TOKENS tokens (sweep_scores)."""
+    n = len(cache.tokens.ids)
+    probe = cached_induction(model, cache) if score == "induction" else None
+    if probe is not None:
+        return SweepPlan(probe.ids[0].tolist(), True, n)
+    ids = cache.tokens.ids[:MAX_SWEEP_TOKENS]
+    if len(ids) < loss_tokens(model):
+        raise UserError("The sweep needs at least 2 tokens: there is no next token to predict in one.")
+    return SweepPlan(ids, False, n)
+
+
+def kept_sweep(cache: HeadsCache, plan: SweepPlan, kind: str) -> torch.Tensor | None:
+    """The session's [L, H] loss increase for this ablation on the plan's tokens, or None when not run yet."""
+    return (cache.probe_sweeps if plan.on_probe else cache.sweeps).get(kind)
+
+
+def keep_sweep(cache: HeadsCache, plan: SweepPlan, kind: str, increase: torch.Tensor) -> None:
+    (cache.probe_sweeps if plan.on_probe else cache.sweeps)[kind] = increase
+
+
+def added_head(listed: str | None, layer_value, head_value) -> str:
+    """The ablation list "3.2, 5.0" with layer.head added once, or a UserError when either is not a whole number."""
+    layer, head = index_of(layer_value or 0), index_of(head_value or 0)
+    if layer is None or head is None:
+        raise UserError(f"Layer and head must be whole numbers to add a head, got {layer_value!r}.{head_value!r}.")
+    entry = f"{layer}.{head}"
+    items = [item.strip() for item in (listed or "").split(",") if item.strip()]
+    return ", ".join(items if entry in items else [*items, entry])
 
 
 def explained_token(model, field: str, text, empty: str) -> int | None:

@@ -6,21 +6,20 @@ passed changed in place, since a result (the atlas of the default text) may be s
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import numpy as np
 
-from core.analysis.heads import LOCAL_WINDOW, SCORES, named_heads, rank_correlation
 from ui.plots.base import empty_figure
 from ui.plots.heads import attribution_figure, head_score_map, lens_figure, loss_change_figure, paired_head_maps
 from ui.plots.text import escaped, surprisal_html
 from ui.services import Services
-from ui.services.checks import UserError, check_range, index_of
-from ui.services.heads import (INDUCTION_LENGTH, INDUCTION_SEED, MAX_HEADS_TOKENS, MAX_SWEEP_TOKENS, HeadsCache,
-                               ablation, alternatives, attribution, check_ablation, check_score, completeness_table,
-                               format_heads, head_map, head_scores, heads_cache, cached_lens, lm_head_reason,
-                               loss_tokens, next_token_reason, parse_heads, score_names, scored_shape, stream_sweep,
+from ui.services.checks import index_of
+from ui.services.heads import (INDUCTION_LENGTH, INDUCTION_SEED, LOCAL_WINDOW, MAX_HEADS_TOKENS, MAX_SWEEP_TOKENS,
+                               SCORES, ablation, added_head, alternatives, attribution, cached_lens, check_ablation,
+                               check_head, check_score, completeness_table, format_heads, head_map, head_scores,
+                               keep_sweep, kept_sweep, lm_head_reason, named_heads, next_token_reason, parse_heads,
+                               rank_correlation, score_names, scored_shape, session_cache, stream_sweep, sweep_plan,
                                sweep_scores, token_surprisal, top_heads)
 from ui.services.text import Encoded, encode, to_numpy, token_grid, token_pieces
 from ui.views import export
@@ -40,13 +39,6 @@ NOT_EXPLANATION = (
     "A strong attention weight says where a head looked, not why the model decided anything: attention weights "
     "are not explanations. Gradients measure what the prediction is sensitive to."
 )
-
-
-def session_cache(previous, model_name: str, tokens: Encoded) -> HeadsCache:
-    """This call's cache for the model and text: a copy of the session's previous one when it still fits (what
-    the call adds goes into the copy), else a new one."""
-    cache = heads_cache(previous, model_name, tokens)
-    return dataclasses.replace(cache, sweeps=dict(cache.sweeps)) if cache is previous else cache
 
 
 def head_label(layer: int, head: int) -> str:
@@ -176,11 +168,6 @@ def atlas_view(services: Services, model_name, text_value, score_name, layer_ind
     )
 
 
-def check_head(model, layer, head) -> tuple[int, int]:
-    n_layers, n_heads = scored_shape(model)
-    return (check_range("Layer", layer, 0, n_layers - 1), check_range("Head", head, 0, n_heads - 1))
-
-
 def open_head(services: Services, model_name, text_value, layer_index, head_index):
     """One head's map on the text, from the layer/head inputs."""
     name, text, layer, head = model_name, text_value, layer_index, head_index
@@ -246,12 +233,10 @@ def sweep_view(services: Services, model_name, text_value, ablation_kind, score_
     score = check_score(model, score)
     tokens = encode(model, text, MAX_HEADS_TOKENS)
     cache = session_cache(previous, name, tokens)
-    ids = tokens.ids[: MAX_SWEEP_TOKENS]
-    if len(ids) < loss_tokens(model):
-        raise UserError("The sweep needs at least 2 tokens: there is no next token to predict in one.")
-    seconds = None
-    if kind not in cache.sweeps:
-        for update in stream_sweep(model, ids, kind):
+    plan = sweep_plan(model, cache, score)
+    seconds, increase = None, kept_sweep(cache, plan, kind)
+    if increase is None:
+        for update in stream_sweep(model, plan.ids, kind):
             message = f"{update.done} of {update.total} heads ablated"
             if progress is not None:
                 progress(update.done / update.total, message)
@@ -259,25 +244,39 @@ def sweep_view(services: Services, model_name, text_value, ablation_kind, score_
                 waiting = export.named(empty_figure(message), export.filename(name, f"sweep-{kind}-vs-{score}"))
                 yield f"Sweeping: {message} ({update.seconds:.0f} s)…", waiting, cache
             else:
-                cache.sweeps[kind], seconds = update.increase, update.seconds
-    increase = cache.sweeps[kind]
+                increase, seconds = update.increase, update.seconds
+                keep_sweep(cache, plan, kind, increase)
     table = sweep_scores(model, cache, MAX_SWEEP_TOKENS)[score]
     rho = rank_correlation(increase, table)
-    label = SCORE_LABELS[score]
+    label, n = SCORE_LABELS[score], len(plan.ids)
+    # both maps name the tokens they were measured on: the same ones, the probe or the text's start
+    if plan.on_probe:
+        measured_on = (f"the induction probe ({n} tokens: {INDUCTION_LENGTH} seeded random tokens, then the same "
+                       "again), not your text")
+        where = "on the probe"
+    else:
+        measured_on = f"the first {n} tokens of your text" if plan.text_tokens > n else f"your text ({n} tokens)"
+        where = f"on your text's first {n} tokens" if plan.text_tokens > n else "on your text"
     fig = paired_head_maps(
         to_numpy(increase),
         to_numpy(table),
-        ("loss increase when the head alone is removed", f"{label} score" + (" (probe)" if score == "induction"
-                                                                             else "")),
+        (f"loss increase when the head alone is removed, {where}", f"{label} score, {where}"),
         ("Δ loss (nats)", label),
-        f"Every head ablated alone ({kind}) on the first {len(ids)} tokens, beside the {label} score: "
+        f"Every head ablated alone ({kind}), beside the {label} score, both measured on {measured_on}: "
         f"Spearman's ρ = {rho:+.2f}",
     )
     worst = ", ".join(f"{head_label(layer, head)} ({value:+.3f})" for layer, head, value in top_heads(increase, "loss"))
     timing = "kept from the last run" if seconds is None else f"in {seconds:.1f} s"
-    cut = f" (the text's first {len(ids)} tokens: the sweep's limit)" if len(tokens.ids) > len(ids) else ""
+    if plan.on_probe:
+        what = (f"{n} tokens of the induction probe ({INDUCTION_LENGTH} seeded random tokens, then the same again), "
+                "not your text: the induction score is measured there, where a head that copies has something to "
+                "copy, so the loss it is compared with is measured there too")
+    else:
+        cut = plan.text_tokens > n
+        what = f"{n} tokens" + (f" (the text's first {n} tokens: the sweep's limit; the scores beside it read the "
+                                "same tokens)" if cut else "")
     note = (
-        f"Swept {model.config.n_layers * model.config.n_heads} heads on {len(ids)} tokens{cut}, {timing}. "
+        f"Swept {model.config.n_layers * model.config.n_heads} heads on {what}, {timing}. "
         f"Largest loss increases: {worst}.  \n"
         f"Is the head the attention map points at the one the output depends on? Spearman's rank correlation "
         f"between the {label} score and the loss increase: **ρ = {rho:+.2f}** "
@@ -470,11 +469,4 @@ def pick_tile(services: Services, model_name, text_value, tile):
     return layer, head, open_head(services, model_name, text_value, layer, head)
 
 
-def add_head(listed, layer_index, head_index) -> str:
-    """The ablation list with layer.head added (once)."""
-    layer, head = index_of(layer_index or 0), index_of(head_index or 0)
-    if layer is None or head is None:
-        raise UserError(f"Layer and head must be whole numbers to add a head, got {layer_index!r}.{head_index!r}.")
-    entry = f"{layer}.{head}"
-    items = [item.strip() for item in (listed or "").split(",") if item.strip()]
-    return ", ".join(items if entry in items else [*items, entry])
+add_head = added_head  # the ablation list with layer.head added once (the tab's "add" button)
