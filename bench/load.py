@@ -173,6 +173,7 @@ class Results:
         self.queue_full: list[str] = []
         self.notes: list[str] = []  # lines a phase adds to its report
         self.sessions = 0  # sessions a phase opened one after another: its RSS growth is reported per session
+        self.session_rss: list[int] = []  # the server's RSS after each of them, where the phase samples it
         self._lock = threading.Lock()
 
     def call(self, client, endpoint: str, timeout: float, watch=None, **kwargs):
@@ -309,6 +310,7 @@ def patching_phase(url: str, args, texts: dict[str, str], results: Results) -> s
             results.call(client, endpoint, max(1.0, deadline - time.monotonic()), **call)
         client.close()
         done += 1
+        results.session_rss.append(rss_bytes(args.server_pid) or 0)
     results.sessions = done
     return f"{done} sessions in a row, each /patch_sweep, /logit_attribution and /flow_graph on {name!r}"
 
@@ -482,6 +484,12 @@ def report(phase: str, what: str, seconds: float, results: Results, rss: tuple[i
         per_session = f"; RSS per session {grown / 2**20:+.2f} MB"
         print(f"  RSS growth per session: {grown / 2**20:+.2f} MB ({results.sessions} sessions"
               + (f", {settle:.0f} s after" if settled is not None else ", right after") + ")")
+    if len(results.session_rss) >= 3:  # the first session warms up (the allocator keeps its activations' memory)
+        first, last = results.session_rss[0], results.session_rss[-1]
+        marginal = (last - first) / (len(results.session_rss) - 1)
+        per_session += f" ({marginal / 2**20:+.2f} MB each after the first)"
+        print(f"  after the first session: {marginal / 2**20:+.2f} MB per further session (RSS {mb(first)} after "
+              f"the first, {mb(last)} after the last)")
     latencies = ", ".join(
         f"{endpoint} p50 {percentile(v, 50):.2f} s / p95 {percentile(v, 95):.2f} s ({len(v)})"
         for endpoint, v in sorted(results.latency.items()) if not endpoint.startswith("(")
@@ -538,6 +546,7 @@ def main() -> int:
     started = time.perf_counter()
     backend = ["--backend", "ray", "--replicas", str(args.replicas)] if args.backend == "ray" else []
     proc = start_server(args.model, port, log_path, backend)
+    args.server_pid = proc.pid  # the phases that sample the server's RSS after each session
     summaries, failed = [], False
     sampler = None
     try:
