@@ -44,11 +44,30 @@ def test_patching_all_of_layer_0_gives_the_clean_run_and_patching_nothing_the_co
         assert torch.equal(nothing, model(corrupted).logits)
 
 
+def single_patch(site: str, layer: int | None, r: int, c: int, n: int, n_heads: int) -> tuple[int, torch.Tensor]:
+    """The layer and the bool mask of the one patch behind the sweep's cell (r, c), for a prompt of n tokens."""
+    if site == "z" and layer is None:           # head c of layer r at every position
+        where = torch.zeros(1, n, n_heads, 1, dtype=torch.bool)
+        where[:, :, c] = True
+        return r, where
+    if site == "z":                              # head r of `layer` at position c
+        where = torch.zeros(1, n, n_heads, 1, dtype=torch.bool)
+        where[:, c, r] = True
+        return layer, where
+    where = torch.zeros(1, n, 1, dtype=torch.bool)   # position c of layer r
+    where[:, c] = True
+    return r, where
+
+
 @pytest.mark.parametrize("site,layer", [("resid_pre", None), ("attn_out", None), ("mlp_out", None), ("z", None),
                                         ("z", 1)])
 @pytest.mark.parametrize("mode", ["denoise", "noise"])
-def test_batched_sweep_equals_single_patched_passes(model, site, layer, mode):
-    clean, corrupted = pair(at=(3, 5))
+@pytest.mark.parametrize("at", [(3, 5), (0,)], ids=["differs-at-3-and-5", "differs-at-0"])
+def test_batched_sweep_equals_single_patched_passes(model, site, layer, mode, at):
+    # every cell against its own one-pass-per-patch run; a pair that differs at position 0 leaves the batches no
+    # shared prefix to resume from
+    clean, corrupted = pair(at=at)
+    n = clean.shape[1]
     result = patching.patch_sweep(model, clean, corrupted, ANSWER, FOIL, site, mode=mode, layer=layer,
                                   batch_tokens=16)   # several batches, each resuming from its own start
     cfg = model.config
@@ -60,24 +79,15 @@ def test_batched_sweep_equals_single_patched_passes(model, site, layer, mode):
         rows, cols = result.scores.shape
         assert result.axes == (("head", "position") if layer is not None else
                                ("layer", "head") if site == "z" else ("layer", "position"))
-        expected_shape = {("z", None): (cfg.n_layers, cfg.n_heads), ("z", 1): (cfg.n_heads, 9)}.get(
-            (site, layer), (cfg.n_layers, 9))
+        expected_shape = {("z", None): (cfg.n_layers, cfg.n_heads), ("z", 1): (cfg.n_heads, n)}.get(
+            (site, layer), (cfg.n_layers, n))
         assert (rows, cols) == expected_shape
-        for r, c in [(0, 3), (1, cols - 1), (rows - 1, cols // 2), (0, 0), (rows - 1, cols - 2)]:
-            if site == "z" and layer is None:       # head c of layer r at every position
-                where = torch.zeros(1, 9, cfg.n_heads, 1, dtype=torch.bool)
-                where[:, :, c] = True
-                l = r
-            elif site == "z":                        # head r of `layer` at position c
-                where = torch.zeros(1, 9, cfg.n_heads, 1, dtype=torch.bool)
-                where[:, c, r] = True
-                l = layer
-            else:
-                where = torch.zeros(1, 9, 1, dtype=torch.bool)
-                where[:, c] = True
-                l = r
-            single = last_metric(model, target, [Patch(site, l, records[l], where)])
-            assert result.metrics[r, c].item() == pytest.approx(single, abs=1e-5), (r, c)
+        singles = torch.empty(rows, cols)
+        for r in range(rows):
+            for c in range(cols):
+                l, where = single_patch(site, layer, r, c, n, cfg.n_heads)
+                singles[r, c] = last_metric(model, target, [Patch(site, l, records[l], where)])
+    torch.testing.assert_close(result.metrics, singles, atol=1e-5, rtol=0)
     expected = (result.metrics - result.corrupted_metric) / (result.clean_metric - result.corrupted_metric)
     torch.testing.assert_close(result.scores, expected)
 
