@@ -1,11 +1,14 @@
 """The Generate tab's step view in Chromium (the shared browser fixtures of conftest.py): picking a token in the
-strip shows that token's row, a second generation clears the old step, the trace downloads as JSON, and with an
-encoder loaded Generate is off and says why."""
+strip shows that token's row, a second generation clears the old step, the trace downloads as JSON, with an
+encoder loaded Generate is off and says why, and Stop ends a long generation at once (the strip fills after it,
+not on every token)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import time
 
 import pytest
 
@@ -19,12 +22,17 @@ NEW_TOKENS = 8
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
+def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("browser-generate")
     llama, bert = str(build_tiny_llama(root / "tiny-llama")), str(build_tiny_bert(root / "tiny-bert"))
-    demo, url, _ = launch_app([llama, bert], llama)
-    yield url
+    demo, url, services = launch_app([llama, bert], llama)
+    yield url, services.models.get(llama)
     demo.close()
+
+
+@pytest.fixture(scope="module")
+def app_url(served):
+    return served[0]
 
 
 def generate(page):
@@ -105,3 +113,49 @@ def test_generate_is_off_with_an_encoder_loaded_and_says_why(page):
     page.get_by_role("option", name="tiny-bert", exact=False).first.click()
     expect(page.locator("#gen-run")).to_be_disabled(timeout=PAGE_TIMEOUT_MS)
     expect(page.locator("#gen-cannot")).to_contain_text("is an encoder", timeout=PAGE_TIMEOUT_MS)
+
+
+def written(stats: str) -> int:
+    """The token count of the stats line ("**37** tokens in …")."""
+    return int(re.search(r"(\d+)\s+tokens in", stats).group(1))
+
+
+def test_stop_ends_a_long_generation_and_the_strip_fills_once_after_it(page, served, monkeypatch):
+    from playwright.sync_api import expect
+
+    # the tiny model writes 512 tokens in about a second, faster than a click; pace it like a real model
+    model = served[1]
+    real_stream = model.stream
+
+    def paced_stream(*args, **kwargs):
+        for token in real_stream(*args, **kwargs):
+            time.sleep(0.02)
+            yield token
+
+    monkeypatch.setattr(model, "stream", paced_stream)
+    page.get_by_role("tab", name="Generate").click()
+    page.locator("#gen-chat input").uncheck()
+    slider = page.locator("#gen-max-new input[type=number]")
+    slider.fill("512")
+    slider.press("Enter")
+    page.locator("#gen-run").click()
+    stats, strip = page.locator("#gen-stats"), page.locator("#gen-strip label")
+    # once the page has been sent 20 tokens, the strip is still empty: it is not redrawn per token
+    page.wait_for_function("() => /(\\d+)\\s+tokens in/.test(document.querySelector('#gen-stats').innerText) && "
+                           "Number(/(\\d+)\\s+tokens in/.exec(document.querySelector('#gen-stats').innerText)[1]) >= 20",
+                           timeout=PAGE_TIMEOUT_MS)
+    assert "writing" in stats.inner_text() and strip.count() == 0, "the strip was filled while the model wrote"
+    page.locator("#gen-stop").click()  # Playwright's own 30 s: a page that keeps up answers at once
+    expect(stats).to_contain_text("stopped", timeout=10_000)
+    # the Stop handler fills the strip with the tokens of the session's trace
+    expect(strip.first).to_be_attached(timeout=PAGE_TIMEOUT_MS)
+    n = strip.count()
+    # at least the tokens the page shows: updates still on their way when Stop cancels the stream reach the
+    # session's trace, not the page
+    assert 20 <= written(stats.inner_text()) <= n < 512
+    text = page.locator("#gen-output textarea").input_value()
+    # a round trip through the queue (the step view of the first token) comes back; the text has not grown
+    strip.first.click()
+    expect(page.locator("#gen-step-note")).to_contain_text("Step 0", timeout=PAGE_TIMEOUT_MS)
+    assert page.locator("#gen-output textarea").input_value() == text, "text kept growing after Stop"
+    assert "stopped" in stats.inner_text() and "done" not in stats.inner_text() and strip.count() == n

@@ -494,3 +494,26 @@ def test_the_attention_tabs_checks_are_the_services_own(tiny_llama):
     assert all_maps(model, tokens, side=3).shape == (cfg.n_layers, cfg.n_heads, 3, 3)
     full = all_maps(model, tokens, side=n)  # not pooled: every map as the head view draws it
     np.testing.assert_allclose(full[1, 2], head_map(model, tokens.ids, 1, 2), atol=1e-3)
+
+
+def test_the_page_is_sent_the_first_tokens_each_then_at_most_ten_updates_a_second(monkeypatch):
+    from ui.views import generate as generate_views
+
+    clock = iter(np.arange(0, 100, 0.01))  # a token every 10 ms
+    monkeypatch.setattr(generate_views.time, "monotonic", lambda: float(next(clock)))
+    sent = list(generate_views.paced(iter(range(200)), every_s=0.1, first=16))
+    assert sent[:16] == list(range(16)) and sent[-1] == 199  # the first each, the last always
+    gaps = np.diff(sent[15:-1])  # tokens between two updates after the first 16: 0.1 s of them
+    assert len(sent) < 40 and (gaps >= 9).all() and (gaps <= 11).all()
+    closed = []
+
+    def stream():
+        try:
+            yield from range(100)
+        finally:
+            closed.append(True)
+
+    updates = generate_views.paced(stream())
+    next(updates)
+    updates.close()  # what Stop does to the page's generator
+    assert closed == [True], "closing the paced updates must close the model's stream"

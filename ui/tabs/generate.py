@@ -14,7 +14,7 @@ from ui.services.text import token_texts
 from ui.services.generation.trace import trace_summary
 from ui.tabs.events import GENERATE, GENERATE_LIMIT, ON_ANALYSIS, handler, progress_callback, user_errors
 from ui.tabs.widgets import Tab, checked_pick, click_bridge, layer_head, read_example, run_checked, text_with_upload
-from ui.views.generate import kv_panel, mark_stopped, stats_line, step_figures, trace_file
+from ui.views.generate import kv_panel, mark_stopped, paced, stats_line, step_figures, trace_file
 
 TRACE_TTL_S = 1800  # a session's trace is dropped after half an hour
 # a click on a row of the step's all-heads overview (labelled "L3 H2") reads "layer.head"
@@ -105,15 +105,15 @@ def build(services, picker, initial) -> Tab:
 
     settings = [model, prompt, chat, max_new, temperature, top_k, top_p, seed]
     step_outputs = [step_note, probs_fig, row_fig, overview_fig, shaded, step_numbers]
-    # a new generation starts with no step view: the old one described the previous run
-    run.click(lambda: ("", *[gr.Plot(value=None, visible=False)] * 3, "", None), None, step_outputs,
-              api_visibility="private", queue=False)
+    # a new generation starts with no step view and no strip: both described the previous run
+    run.click(lambda: ("", *[gr.Plot(value=None, visible=False)] * 3, "", None, gr.Radio(choices=[], value=None)),
+              None, [*step_outputs, strip], api_visibility="private", queue=False)
     event = run.click(streamed(services), [*settings, trace], [output, stats, sent, trace], api_name="generate",
                       **ON_GENERATE)
     # after a finished stream this reuses the session's trace; called alone it generates (without streaming)
-    event.success(finished(services), [*settings, trace], [output, trace_json, trace], api_name="generation_trace",
-                  **ON_GENERATE)
-    trace.change(strip_of(services), trace, strip, api_visibility="private", trigger_mode="always_last", queue=False)
+    done = event.success(finished(services), [*settings, trace], [output, trace_json, trace],
+                         api_name="generation_trace", **ON_GENERATE)
+    wire_stop_and_strip(services, event, done, stop, stats, trace, strip)
 
     wire_steps(services, model, step, fields, trace, show, strip, picked, step_outputs)
     export.click(handler(reading_trace(trace_file), services, "export_generation", progress=False), trace,
@@ -121,11 +121,6 @@ def build(services, picker, initial) -> Tab:
     kv_run.click(lambda: gr.Plot(visible=True), None, kv_fig, api_visibility="private", queue=False).then(
         handler(kv_panel, services, "kv_cache"), [model, prompt], [kv_note, kv_table, kv_fig, kv_numbers],
         api_name="kv_cache", **ON_ANALYSIS)
-    # cancel first, then relabel: an update still in flight from the stream must not overwrite "stopped"
-    stop.click(None, None, None, cancels=[event], api_visibility="private").then(
-        mark_stopped, stats, stats, api_visibility="private", queue=False
-    )
-
     @user_errors
     def for_model(name):
         """Chat mode as the model's tokenizer has it; Generate off, saying why, for a model that cannot generate."""
@@ -135,7 +130,21 @@ def build(services, picker, initial) -> Tab:
                 gr.Button(interactive=why is None), why or "")
 
     picker.loaded.success(for_model, model, [chat, run, cannot], api_visibility="private")
-    return Tab(send=send, sent=sent)
+    return Tab(send=send, sent=sent, switched=fields.followed,
+               results=[output, stats, sent, trace, strip, *step_outputs, trace_json, export_file, export_note, kv_note,
+                        kv_table, kv_fig, kv_numbers],
+               press={stats: run, step_note: show, kv_note: kv_run})
+
+
+def wire_stop_and_strip(services, stream, done, stop, stats, trace, strip) -> None:
+    """Stop cancels the stream; the strip of generated tokens fills once, when the stream is `done` or after Stop
+    (from the Stop handler: a cancelled stream's own chain never runs). Not on every token: that re-rendered the
+    strip per token and, with the page's other updates, kept a busy browser from answering a click on Stop."""
+    fill = dict(fn=strip_of(services), inputs=trace, outputs=strip, api_visibility="private", queue=False)
+    done.success(**fill)
+    # cancel first, then relabel: an update still in flight from the stream must not overwrite "stopped"
+    stop.click(None, None, None, cancels=[stream], api_visibility="private").then(
+        mark_stopped, stats, stats, api_visibility="private", queue=False).then(**fill)
 
 
 def wire_steps(services, model, step, fields, trace, show, strip, picked, step_outputs) -> None:
@@ -170,9 +179,10 @@ def streamed(services):
         previous = find_trace(services.kept, session_trace)
         ticket = getattr(session_trace, "ticket", None)
         # each token computed in turn with the other generations (services.turns)
-        for update, recorded in stream_trace(model_obj, model_name, prompt_text, chat_mode, max_new_tokens,
-                                             temperature_value, top_k_value, top_p_value, seed_value, services.kept,
-                                             previous=previous, turns=services.turns, ticket=ticket):
+        stream = stream_trace(model_obj, model_name, prompt_text, chat_mode, max_new_tokens, temperature_value,
+                              top_k_value, top_p_value, seed_value, services.kept, previous=previous,
+                              turns=services.turns, ticket=ticket)
+        for update, recorded in paced(stream):  # the page is sent the text at most ten times a second
             yield update.new_text, stats_line(update), update.prompt_text + update.new_text, recorded.ref()
 
     return generate

@@ -263,6 +263,10 @@ def layer_head(models, picker, initial, prefix: str, shape: Callable = None, not
     return fields
 
 
+RUNS_DONE = """() => { const a = 'data-runs-NOTE', b = document.body;
+  b.setAttribute(a, String(Number(b.getAttribute(a) || 0) + 1)); }"""
+
+
 def run_checked(trigger: Callable, models, model, fields: Fields, event: dict, reveal: list = (), **options):
     """trigger(...) (a button's .click, a step's .then) checks the layer and head first, at once, against the model:
     a wrong one is a message in the note under them and every figure keeps what it shows; right ones clear the note,
@@ -279,5 +283,9 @@ def run_checked(trigger: Callable, models, model, fields: Fields, event: dict, r
         shown = [gr.skip() if problem else gr.update(visible=True) for _ in reveal]
         return message(problem), not problem, *shown
 
-    return trigger(user_errors(check_fields), [model, *boxes], [fields.note, fields.ok, *reveal],
-                   api_visibility="private", queue=False).then(**gated(event, fields.ok), **options)
+    run = trigger(user_errors(check_fields), [model, *boxes], [fields.note, fields.ok, *reveal],
+                  api_visibility="private", queue=False).then(**gated(event, fields.ok), **options)
+    # the page counts the runs that came back (data-runs-<note id> on <body>): a test that checks that nothing
+    # changed waits for it, not for a fixed time
+    run.then(None, None, None, js=RUNS_DONE.replace("NOTE", fields.note.elem_id or ""), api_visibility="private")
+    return run

@@ -22,6 +22,30 @@ from ui.services.generation.trace import OVERVIEW_KEYS, StepView, check_trace, p
 from ui.views import export
 
 MAX_EXPORT_BYTES = export.MAX_EXPORT_BYTES  # the JSON download stays below this
+SHOWN_EVERY_S = 0.1  # after the first tokens, the page is sent the text at most this often
+SHOWN_FIRST = 16  # tokens sent one by one, so the first words show at once
+
+
+def paced(updates, every_s: float = SHOWN_EVERY_S, first: int = SHOWN_FIRST):
+    """The stream's updates as the page is sent them: the first `first` each, then at most one per `every_s`
+    seconds, and always the last. Each update the page receives costs the browser a pass over the whole page;
+    at one per token a busy machine's browser fell behind and answered a click on Stop only after tens of
+    seconds."""
+    held, last, stream = None, 0.0, iter(updates)
+    try:
+        for count, update in enumerate(stream, start=1):
+            now = time.monotonic()
+            if count <= first or now - last >= every_s:
+                held, last = None, now
+                yield update
+            else:
+                held = update
+    finally:  # closing this closes the stream, so Stop still ends the model's loop
+        getattr(stream, "close", lambda: None)()
+    if held is not None:
+        yield held
+
+
 def stats_line(update: GenerationUpdate) -> str:
     state = f"done ({update.stop_reason})" if update.done else "writing…"
     line = f"**{update.n_new}** tokens in {update.seconds:.2f} s, **{update.tokens_per_second:.1f} tokens/s**; {state}"
