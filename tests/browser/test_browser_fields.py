@@ -88,7 +88,8 @@ def test_the_attention_head_says_its_range_and_shows_the_mean_in_full(page):
     head = page.locator("#attn-head input")
     head.fill("mean of heads")
     head.press("Enter")
-    page.wait_for_timeout(300)
+    # two animation frames: the page has handled the key and drawn what followed it
+    page.evaluate("() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
     assert head.input_value() == "mean of heads"
     cut = head.evaluate("(e) => e.scrollWidth > e.clientWidth")
     assert not cut, "the Head dropdown cuts off 'mean of heads'"
