@@ -16,8 +16,8 @@ import torch
 
 from core.analysis import heads
 from core.analysis.capture import layer_map
-from ui.services.checks import UserError, check_head, check_range, index_of
-from ui.services.checks import stack_shape as scored_shape  # the stack the Heads tab scores
+from ui.services.checks import UserError, check_range, index_of
+from ui.services.checks import check_head, stack_shape as scored_shape  # noqa: F401 - the tab's layer and head
 from ui.services.jobs import stream_job
 from ui.services.text import Encoded, as_batch, one_token, to_numpy, token_grid, token_texts
 
