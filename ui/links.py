@@ -95,6 +95,15 @@ def parse(params: Mapping[str, str], names: Sequence[str], shape: Callable[[str]
     return state
 
 
+def linked_tab(params: Mapping[str, str], tabs: Sequence[str]) -> str | None:
+    """The tab a link opens on and sets (one of `tabs`, else the Attention tab), or None for a query that names
+    nothing a link holds."""
+    if not any(key in params for key in KEYS):
+        return None
+    tab = str(params.get("tab") or "attention").strip().lower()
+    return tab if tab in tabs else "attention"
+
+
 def _text(name: str, text: str | None, messages: list[str]) -> str | None:
     if text is None:
         return None

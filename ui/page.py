@@ -5,6 +5,7 @@ to run on the GPU. (Sending the model work to another backend is ui/backend's: a
 from __future__ import annotations
 
 import logging
+from urllib.parse import parse_qsl
 
 import gradio as gr
 
@@ -18,6 +19,7 @@ log = logging.getLogger(__name__)
 
 TITLE = "The attention explorer"
 LINK_JS = """(...args) => { args[args.length - 1] = window.location.href; return args; }"""  # the page's own URL
+SEARCH_JS = """(...args) => { args[0] = window.location.search; return args; }"""  # the page's own query
 COPY_JS = """(link) => { if (link && navigator.clipboard) navigator.clipboard.writeText(link).catch(() => {}); }"""
 TAB_IDS = {"Generate": "generate", "Attention": "attention", "Positional encoding": "positions", "Masks": "masks",
            "Heads": "heads", "Patching": "patching", "Inside": "inside", "Lab": "lab"}
@@ -48,6 +50,8 @@ def layout(services, default_model: str) -> gr.Blocks:
         picker = model_picker.build(services.models, default_model, beside=lambda: share.update(share_controls()),
                                     private=services.lab.private_choices)
         current_tab = gr.State("attention")
+        linked = gr.State(False)  # the page opens on a link's Attention view, not yet drawn
+        query = gr.Textbox(visible=False)  # the page's query string, read by the tabs' openings
         with gr.Tabs(selected="attention") as tabs:
             built = {}
             for label, name, module in (("Generate", "generate", generate), ("Attention", "attention", attention),
@@ -56,15 +60,15 @@ def layout(services, default_model: str) -> gr.Blocks:
                                         ("Inside", "inside", inside)):
                 with gr.Tab(label, id=name) as tab_block:
                     built[name] = module.build(services, picker, initial)
-                wire_opening(tab_block.select, built[name])
+                wire_opening(tab_block.select, name, built[name], query)
             lab.build(services, picker, initial)  # its own gr.Tab: train a Transformer from scratch
         for name, tab in built.items():
-            wire_switch(picker, current_tab, name, tab)
+            wire_switch(picker, current_tab, linked, name, tab)
         wire_send(built["generate"], built["attention"], tabs, current_tab)
         wire_open_head(services, picker, built["patching"], built["attention"], tabs, current_tab)
         tabs.select(remember_tab, None, current_tab, api_visibility="private", queue=False)
         controls = {name: tab for name, tab in built.items() if tab.text is not None}
-        deep_links(demo, services, default_model, picker, tabs, current_tab, controls)
+        deep_links(demo, services, default_model, picker, tabs, current_tab, linked, controls)
         wire_share_link(share, picker, current_tab, controls)
     return demo
 
@@ -108,18 +112,32 @@ def wire_open_head(services, picker, source: Tab, attention_tab: Tab, tabs, curr
                         api_visibility="private").then(**attention_tab.run_event)
 
 
-def wire_opening(trigger, tab: Tab) -> None:
-    """When the tab opens: its hidden figures shown, then its first screen (events.opening) filled."""
+def wire_opening(trigger, name: str, tab: Tab, query) -> None:
+    """When the tab opens: its hidden figures shown, then its first screen (events.opening) filled; not on the tab
+    a link opens on (a tab is selected as the page mounts), whose values and view deep_links sets."""
     if tab.opening is None:
         return
+    first, outputs = tab.opening["fn"], tab.opening["outputs"]
+
+    def unless_linked(search, was_shown, *args):
+        never_shown = was_shown is False  # a model change sets "": the tab then computes the new model's
+        if never_shown and links.linked_tab(dict(parse_qsl(str(search or "").lstrip("?"))), links.TABS) == name:
+            return [gr.skip()] * len(outputs)
+        return first(was_shown, *args)
+
+    n_inputs = len(tab.opening["inputs"])
+    unless_linked.__signature__ = events.signature(["search", "was_shown"]
+                                                   + [f"input_{i}" for i in range(n_inputs - 1)])
+    unless_linked.__name__ = unless_linked.__qualname__ = f"open_{name}"
+    opening = {**tab.opening, "fn": unless_linked, "inputs": [query, *tab.opening["inputs"]], "js": SEARCH_JS}
     if tab.reveal:
         def show():
             shown = [gr.update(visible=True) for _ in tab.reveal]
             return shown if len(shown) > 1 else shown[0]
 
-        trigger(show, None, tab.reveal, queue=False, api_visibility="private").then(**tab.opening)
+        trigger(show, None, tab.reveal, queue=False, api_visibility="private").then(**opening)
     else:
-        trigger(**tab.opening)
+        trigger(**opening)
 
 
 def cleared(component, line: str = ""):
@@ -134,10 +152,12 @@ def cleared(component, line: str = ""):
     return gr.update(value=None, visible=component.visible)
 
 
-def wire_switch(picker, current_tab, name: str, tab: Tab) -> None:
+def wire_switch(picker, current_tab, linked, name: str, tab: Tab) -> None:
     """After a model change (once the tab's fields follow the new model): the tab on screen shows its first screen
     again, computed for the new model; every other result of the tab, and all of a tab not on screen, is cleared,
-    its notes saying which button to press (a tab not on screen computes its first screen when it opens)."""
+    its notes saying which button to press (a tab not on screen computes its first screen when it opens). A tab
+    whose first screen is already the new model's (a link's model, shown as the page opened) is left as it is, and
+    so is the Attention view a link asks for while it is being drawn."""
     if tab.switched is None:
         return
     opening, results, press = tab.opening, tab.results or [], tab.press or {}
@@ -154,22 +174,25 @@ def wire_switch(picker, current_tab, name: str, tab: Tab) -> None:
         return [gr.skip() if component in first_inputs else cleared(component, line(component, model_name, why))
                 for component in components]
 
-    def switch(model_name, on_screen, *rest):
+    def switch(model_name, on_screen, linking, *rest):
         *values, progress = rest
+        if opening and (values[0] == model_name or (linking and name == "attention")):
+            return [gr.skip()] * (len(first_outputs) + len(results))
         if opening and on_screen == name:
             try:
                 shown, *first = opening["fn"](False, *values[1:], progress)
             except gr.Error as exc:  # the first screen cannot be computed: cleared, and its notes say why
-                return [False, *clear(first_outputs[1:], model_name, exc.message), *clear(results, model_name)]
+                return ["", *clear(first_outputs[1:], model_name, exc.message), *clear(results, model_name)]
             first = [gr.update(value=value, visible=True) if isinstance(component, gr.Plot) and value is not None
                      else value for component, value in zip(first_outputs[1:], first)]
             return [shown, *first, *clear(results, model_name)]
-        return [False, *clear(first_outputs[1:], model_name), *clear(results, model_name)][0 if opening else 1:]
+        # "" (not False): shown for no model since the change, so the tab computes its first screen when it opens
+        return ["", *clear(first_outputs[1:], model_name), *clear(results, model_name)][0 if opening else 1:]
 
-    switch.__signature__ = events.signature(["model_name", "on_screen"]
+    switch.__signature__ = events.signature(["model_name", "on_screen", "linking"]
                                             + [f"input_{i}" for i in range(len(first_inputs))])
     switch.__name__ = switch.__qualname__ = f"switch_{name}"
-    tab.switched.then(user_errors(switch), [picker.model, current_tab, *first_inputs],
+    tab.switched.then(user_errors(switch), [picker.model, current_tab, linked, *first_inputs],
                       [*first_outputs, *results], api_visibility="private", **ON_FIRST)
 
 
@@ -179,7 +202,7 @@ def linked_fields(tab: Tab) -> list:
     return [field if field is not None else gr.State(None) for field in fields]
 
 
-def deep_links(demo, services, default_model, picker, tabs, current_tab, controls: dict[str, Tab]) -> None:
+def deep_links(demo, services, default_model, picker, tabs, current_tab, linked, controls: dict[str, Tab]) -> None:
     """Read the link a page was opened with: model, tab, layer, head, text; then show the Attention tab's view
     when the link asked for it."""
     models, attention_event = services.models, controls["attention"].run_event
@@ -191,7 +214,7 @@ def deep_links(demo, services, default_model, picker, tabs, current_tab, control
     link_outputs = [picker.model, tabs, current_tab]
     for tab in controls.values():
         link_outputs += linked_fields(tab)
-    linked = gr.State(False)
+    attention_shown = controls["attention"].opening["inputs"][0]  # the model its first screen was computed for
 
     @user_errors
     def open_link(request: gr.Request):
@@ -220,10 +243,11 @@ def deep_links(demo, services, default_model, picker, tabs, current_tab, control
         return *values, link.given and chosen == "attention"
 
     @user_errors
-    def show_linked(flag, *args):
+    def show_linked(flag, model_name, *args):
+        """The Attention view the link asks for; then the tab counts as shown for this model."""
         if not flag:
-            return (gr.skip(),) * len(attention_event["outputs"])
-        return attention_event["fn"](*args)
+            return (gr.skip(),) * (len(attention_event["outputs"]) + 2)
+        return *attention_event["fn"](model_name, *args), model_name, False
 
     opening = {name: tab for name, tab in controls.items() if tab.opening is not None}
     revealed = [figure for tab in opening.values() for figure in tab.reveal or []]
@@ -255,8 +279,8 @@ def deep_links(demo, services, default_model, picker, tabs, current_tab, control
     demo.load(None, js=SVG_BUTTON_JS)
     demo.load(open_link, None, [*link_outputs, linked], api_visibility="private").then(
         reveal, current_tab, revealed, api_visibility="private", queue=False).then(
-        show_linked, [linked, *attention_event["inputs"]], attention_event["outputs"], api_visibility="private",
-        **ON_ANALYSIS).then(
+        show_linked, [linked, *attention_event["inputs"]], [*attention_event["outputs"], attention_shown, linked],
+        api_visibility="private", **ON_ANALYSIS).then(
         user_errors(open_first), [current_tab, linked, *first_inputs], first_outputs, api_visibility="private",
         **ON_FIRST)
     demo.load(picker.load_card, picker.model, picker.card, api_visibility="private")

@@ -9,9 +9,11 @@ model: no title, note or range of the old model remains in any tab.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
+from urllib.parse import quote
 
 import pytest
 
@@ -57,7 +59,7 @@ def served(tmp_path_factory):
     llama = str(build_tiny_llama(root / "tiny-llama"))
     bert = str(build_tiny_bert(root / "tiny-bert", layers=3, heads=8))
     demo, url, services = launch_app([llama, bert], llama)
-    yield url, services
+    yield url, services, demo
     demo.close()
 
 
@@ -92,7 +94,7 @@ def old_left(page: Page, label: str) -> list[str]:
 
 @pytest.mark.parametrize("label", list(TABS))
 def test_a_model_switch_leaves_nothing_of_the_old_model_in_the_tab_on_screen(browser, served, label):
-    url, _ = served
+    url, *_ = served
     context, page, errors = open_page(browser, url)
     try:
         show_llama_results(page, label)
@@ -111,7 +113,7 @@ def test_a_model_switch_leaves_nothing_of_the_old_model_in_the_tab_on_screen(bro
 
 
 def test_after_a_switch_every_other_tab_opens_on_the_new_model(browser, served):
-    url, _ = served
+    url, *_ = served
     context, page, errors = open_page(browser, url)
     try:
         for label in TABS:
@@ -129,7 +131,7 @@ def test_after_a_switch_every_other_tab_opens_on_the_new_model(browser, served):
 
 
 def test_the_share_link_names_the_tab_chosen_while_the_page_opened(browser, served, monkeypatch):
-    url, services = served
+    url, services, _ = served
     models, released = services.models, threading.Event()
     names_ready = models.names_ready
 
@@ -156,3 +158,30 @@ def test_the_share_link_names_the_tab_chosen_while_the_page_opened(browser, serv
     finally:
         released.set()
         context.close()
+
+
+def test_a_link_to_a_head_of_another_model_opens_that_head(browser, served, monkeypatch):
+    url, services, demo = served
+    bert = next(name for name in services.models.names() if name.endswith("tiny-bert"))
+    switched = threading.Event()  # the page's model change (to the link's model) has come back
+    for block_fn in demo.fns.values():
+        if getattr(block_fn.fn, "__name__", "") == "switch_attention":
+            def signalled(*args, _fn=block_fn.fn, **kwargs):
+                try:
+                    return _fn(*args, **kwargs)
+                finally:
+                    switched.set()
+
+            monkeypatch.setattr(block_fn, "fn", functools.update_wrapper(signalled, block_fn.fn))
+    context, page, errors = open_page(browser, f"{url}?model={quote(bert)}&layer=2&head=5")
+    try:
+        expect(page.locator("#attn-head-view")).to_contain_text("Layer 2, head 5", timeout=TIMEOUT_MS)
+        assert switched.wait(60), "the model change never came back"
+        page.locator("#copy-link").click()  # the link reads the page's layer and head after every event above
+        expect(page.locator("#share-link textarea, #share-link input").first).to_have_value(
+            re.compile(r"tab=attention&layer=2&head=5"), timeout=TIMEOUT_MS)
+        expect(page.locator("#attn-head-view")).to_contain_text("Layer 2, head 5")
+        assert "Opened on" not in page.locator("#attn-note").inner_text()
+    finally:
+        context.close()
+    assert not errors, errors

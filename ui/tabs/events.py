@@ -200,9 +200,9 @@ def opening(services, tab: str, event: dict, fresh: tuple[int, ...] = ()) -> dic
     event: the tab's run (fn, inputs with the model picker first, outputs). While its inputs hold the values the
     page was built with, the result is computed once per model and shared by every session
     (services.first_views); otherwise (a link's text) the tab's own event runs on what is there. Once per page:
-    a State remembers the tab was shown. A streaming event shows its finished result. fresh: the outputs that are
-    a session's own (a kept capture's ticket, a file to download that expires), handed out as None rather than
-    shared."""
+    a State remembers the model the tab was shown for (a model change resets it). A streaming event shows its
+    finished result. fresh: the outputs that are a session's own (a kept capture's ticket, a file to download that
+    expires), handed out as None rather than shared."""
     fn, inputs, outputs = event["fn"], event["inputs"], event["outputs"]
     defaults = [getattr(component, "value", None) for component in inputs[1:]]
     shown = gr.State(False)
@@ -210,14 +210,14 @@ def opening(services, tab: str, event: dict, fresh: tuple[int, ...] = ()) -> dic
     def first(was_shown, model_name, *rest):
         *values, progress = rest
         if was_shown:
-            return (True, *[gr.skip()] * len(outputs))
+            return (gr.skip(), *[gr.skip()] * len(outputs))
         if list(values) == defaults:
             model = services.models.get(model_name)
             result = services.first_views.get((tab, model_name, id(model)),
                                               lambda: final(fn(model_name, *values, progress=progress)))
         else:
             result = final(fn(model_name, *values, progress=progress))
-        return (True, *[None if i in fresh else value for i, value in enumerate(result)])
+        return (model_name, *[None if i in fresh else value for i, value in enumerate(result)])
 
     first.__signature__ = signature(["was_shown", "model_name"] + [f"input_{i}" for i in range(len(defaults))])
     first.__name__ = first.__qualname__ = f"first_{tab}"
