@@ -496,7 +496,7 @@ def test_the_attention_tabs_checks_are_the_services_own(tiny_llama):
     np.testing.assert_allclose(full[1, 2], head_map(model, tokens.ids, 1, 2), atol=1e-3)
 
 
-def test_the_page_is_sent_the_first_tokens_each_then_at_most_ten_updates_a_second(monkeypatch):
+def test_the_page_is_sent_the_first_tokens_each_then_one_update_per_interval(monkeypatch):
     from ui.views import generate as generate_views
 
     clock = iter(np.arange(0, 100, 0.01))  # a token every 10 ms

@@ -182,7 +182,7 @@ def streamed(services):
         stream = stream_trace(model_obj, model_name, prompt_text, chat_mode, max_new_tokens, temperature_value,
                               top_k_value, top_p_value, seed_value, services.kept, previous=previous,
                               turns=services.turns, ticket=ticket)
-        for update, recorded in paced(stream):  # the page is sent the text at most ten times a second
+        for update, recorded in paced(stream):  # the page is sent the text at most four times a second
             yield update.new_text, stats_line(update), update.prompt_text + update.new_text, recorded.ref()
 
     return generate

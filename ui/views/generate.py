@@ -22,7 +22,7 @@ from ui.services.generation.trace import OVERVIEW_KEYS, StepView, check_trace, p
 from ui.views import export
 
 MAX_EXPORT_BYTES = export.MAX_EXPORT_BYTES  # the JSON download stays below this
-SHOWN_EVERY_S = 0.1  # after the first tokens, the page is sent the text at most this often
+SHOWN_EVERY_S = 0.25  # after the first tokens, the page is sent the text at most this often
 SHOWN_FIRST = 16  # tokens sent one by one, so the first words show at once
 
 
