@@ -227,7 +227,7 @@ def deep_links(demo, services, default_model, picker, tabs, current_tab, linked,
         chosen = tab if tab in controls else "attention"
         # the tab is the page's only when the link names one: a page opened on no tab keeps the one its user chose
         # while this ran (tabs.select has already set it), so a link made later names the tab on screen
-        values = [gr.Dropdown(choices=models.names(), value=link.model) if link.model else picker.choices(),
+        values = [gr.Dropdown(choices=models.choices(), value=link.model) if link.model else picker.choices(),
                   gr.Tabs(selected=tab) if link.tab else gr.skip(), tab if link.tab else gr.skip()]
         for name in controls:
             here = name == chosen
