@@ -57,6 +57,11 @@ def open_page(browser, url: str, viewport: dict | None = None, accept_downloads:
     return context, page, errors
 
 
+def drawn(page) -> None:
+    """Returns once the page has drawn two frames since the call: what the last DOM change made is on screen."""
+    page.evaluate("() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
+
+
 def open_card(page):
     """Unfold the model card (closed when the page opens) and wait for its table."""
     from playwright.sync_api import expect

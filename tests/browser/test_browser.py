@@ -20,7 +20,7 @@ RUN_TIMEOUT_MS = 60_000
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
-from conftest import open_card, screenshot  # noqa: E402
+from conftest import drawn, open_card, screenshot  # noqa: E402
 from tiny_app_model import build_tiny_bert, build_tiny_llama, launch_app  # noqa: E402
 
 
@@ -105,7 +105,8 @@ def test_a_model_that_cannot_be_fetched_gives_one_clear_message(page):
     page.get_by_role("option", name="gpt2 (not installed, from the Hugging Face Hub)", exact=True).click()
     toast = page.locator(".toast-body")
     expect(toast.first).to_contain_text("Model 'gpt2' cannot be loaded here", timeout=RUN_TIMEOUT_MS)
-    page.wait_for_timeout(1000)
+    # the message is the failed load coming back, and every tab's update chains on a load's success only
+    drawn(page)
     assert toast.count() == 1, "one failed load should give one message, not one per tab"
 
 

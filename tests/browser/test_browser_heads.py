@@ -17,7 +17,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
-from conftest import open_page, screenshot  # noqa: E402
+from conftest import drawn, open_page, screenshot  # noqa: E402
 from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 
 TIMEOUT_MS = 60_000
@@ -44,7 +44,9 @@ def open_heads(browser, url: str, viewport: dict | None = None):
     context, page, errors = open_page(browser, url, viewport)
     page.goto(f"{url}?tab=heads")
     expect(page.locator("#heads-run")).to_be_visible(timeout=TIMEOUT_MS)
-    page.wait_for_timeout(1500)  # the tab's opening events (a reveal, a first result) have had time to start
+    # the tab opens on the atlas of its default text: wait for that result, drawn
+    expect(page.locator("#heads-map .js-plotly-plot .hm image").first).to_be_attached(timeout=TIMEOUT_MS)
+    drawn(page)
     return context, page, errors
 
 

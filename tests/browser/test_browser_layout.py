@@ -23,7 +23,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
-from conftest import WIDE, open_card, open_page, screenshot  # noqa: E402
+from conftest import WIDE, drawn, open_card, open_page, screenshot  # noqa: E402
 from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 
 TIMEOUT_MS = 60_000
@@ -242,7 +242,7 @@ def test_markup_in_a_link_or_a_message_stays_text(browser, app_url):
             page.locator("#heads-ablate-list textarea, #heads-ablate-list input").first.fill(markup)
             page.locator("#heads-ablate").click()
             expect(toasts.filter(has_text="is not a head")).to_be_visible(timeout=TIMEOUT_MS)
-            page.wait_for_timeout(500)
+            drawn(page)   # the message is on screen: any element its markup made would be too
             no_markup_landed(page, requests)
         finally:
             context.close()

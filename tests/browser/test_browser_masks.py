@@ -18,7 +18,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
-from conftest import open_page, screenshot  # noqa: E402
+from conftest import drawn, open_page, screenshot  # noqa: E402
 from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 
 TIMEOUT_MS = 60_000
@@ -47,7 +47,14 @@ def box(page: Page, selector: str) -> dict:
 def open_masks(page: Page) -> None:
     page.get_by_role("tab", name="Masks").click()
     expect(page.locator("#mask-run")).to_be_visible(timeout=TIMEOUT_MS)
-    page.wait_for_timeout(300)
+    first_screen(page)
+
+
+def first_screen(page: Page) -> None:
+    """The tab's opening result has come back and is drawn (it opens on the default text's stages)."""
+    for elem_id in FIGURES[:6]:
+        expect(page.locator(f"#{elem_id} .js-plotly-plot .main-svg").first).to_be_attached(timeout=TIMEOUT_MS)
+    drawn(page)
 
 
 def run_masks(page: Page) -> None:
@@ -137,7 +144,7 @@ def test_narrow_the_figures_stack_in_one_column_without_overlap(browser, app_url
     try:
         page.goto(f"{app_url}?tab=masks")
         expect(page.locator("#mask-run")).to_be_visible(timeout=TIMEOUT_MS)
-        page.wait_for_timeout(500)
+        first_screen(page)
         assert_no_empty_figure(page)
         run_masks(page)
         boxes = figure_boxes(page)
