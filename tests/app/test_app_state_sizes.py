@@ -168,7 +168,7 @@ def test_every_state_stays_small_after_every_endpoint(served, tmp_path):
     assert not too_big, too_big
     refused = {name.split(":")[0] for name in ran if ":" in name}
     assert refused <= NEEDS_THE_PAGE and len(ran) > 20, ran
-    assert {"first_attention", "first_heads", "head_atlas_1", "pick_top", "flow_graph_1"} <= set(ran), ran
+    assert {"open_attention", "open_heads", "head_atlas_1", "pick_top", "flow_graph_1"} <= set(ran), ran
 
 
 def drop_everything(services) -> None:
