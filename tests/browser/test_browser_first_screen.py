@@ -21,7 +21,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
-from conftest import open_page, screenshot  # noqa: E402
+from conftest import drawn, open_page, screenshot  # noqa: E402
 from tiny_app_model import build_tiny_bert, build_tiny_llama, launch_app  # noqa: E402
 
 TIMEOUT_MS = 60_000
@@ -101,8 +101,8 @@ def test_every_tab_opens_with_its_button_above_the_fold_and_no_empty_figure(brow
                 expect(page.locator(f"#{figure} .js-plotly-plot .main-svg").first).to_be_attached(
                     timeout=TIMEOUT_MS)
                 page.wait_for_timeout(800)
-            else:
-                page.wait_for_timeout(500)
+            else:  # no opening event: what the tab switch made is on screen once two frames are drawn
+                drawn(page)
             at = page_box(page, f"#{button}")
             assert at["y"] + at["height"] <= FOLD, f"{label}: its button ends at y = {at['y'] + at['height']:.0f}"
             assert not empty_plots(page, plots), f"{label}: empty figure boxes {empty_plots(page, plots)}"

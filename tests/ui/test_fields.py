@@ -71,3 +71,16 @@ def test_a_gated_event_keeps_its_outputs_when_the_check_failed_and_runs_otherwis
     stream = gated(dict(fn=streaming, inputs=["model", "layer"], outputs=["note", "figure"]), "ok-state")["fn"]
     assert list(stream("m", 1, True)) == [("m:1", "figure")]
     assert len(list(stream("m", 99, False))) == 1
+
+
+def test_a_picked_head_that_is_not_layer_dot_head_is_refused_in_words():
+    from ui.services.checks import UserError
+    from ui.tabs.widgets import checked_pick
+
+    model = SimpleNamespace(config=SimpleNamespace(n_layers=2, n_heads=4))
+    assert checked_pick(model, "1.3") == (1, 3)
+    for picked in ("", None, "x.1", "1", "1.2.3", "-1.2"):
+        with pytest.raises(UserError, match="layer.head"):
+            checked_pick(model, picked)
+    with pytest.raises(UserError, match="no head 2.0"):
+        checked_pick(model, "2.0")

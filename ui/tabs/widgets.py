@@ -162,7 +162,10 @@ def head_choices(n_heads: int) -> list[str]:
 
 def checked_pick(model, picked) -> tuple[int, int]:
     """A clicked head ("layer.head", from a click bridge) as (layer, head), checked against the model."""
-    layer, head = (int(part) for part in str(picked).split("."))
+    parts = str(picked if picked is not None else "").split(".")
+    if len(parts) != 2 or not all(part.isdigit() for part in parts):
+        raise UserError(f"A head is picked as 'layer.head' (for example 3.2), not {str(picked)[:40]!r}.")
+    layer, head = (int(part) for part in parts)
     cfg = model.config
     if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
         raise UserError(f"There is no head {picked} in this model.")
