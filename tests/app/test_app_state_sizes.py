@@ -141,11 +141,11 @@ def test_every_state_stays_small_after_every_endpoint(served, tmp_path):
     demo, llama = served["demo"], served["llama"]
     upload = tmp_path / "text.txt"
     upload.write_text(TEXT, encoding="utf-8")
-    todo = calls(llama, str(upload))
-    assert {name for name, _ in todo} == public_endpoints(demo), "an endpoint without a call here, or a stale one"
+    planned = calls(llama, str(upload))
+    assert {name for name, _ in planned} == public_endpoints(demo), "an endpoint without a call here, or a stale one"
     client = Client(served["url"], verbose=False)
     too_big = {}
-    for name, args in todo:
+    for name, args in planned:
         client.predict(*args, api_name=f"/{name}")
         for state, size in state_sizes(demo, client.session_hash).items():
             if size > MAX_STATE_BYTES:
