@@ -438,7 +438,8 @@ class Transformer(nn.Module):
                 decoder_attention_mask: Tensor | None = None, observer: Observer | None = None, *,
                 record: Iterable[str] = (), ablate_heads: Iterable[tuple[int, int]] | Tensor = (), ablation: str = "zero",
                 logit_lens: bool = False, logit_lens_top_k: int | None = 10, grad: bool = False,
-                token_embeddings: Tensor | None = None, patches: Iterable[Patch] = ()) -> ModelOutput:
+                token_embeddings: Tensor | None = None, patches: Iterable[Patch] = (),
+                return_logits: bool = True) -> ModelOutput:
         """One full forward pass. Runs in whatever autograd mode the caller chose (parameters of a loaded model
         do not require gradients, so no graph is kept unless something asks for one).
 
@@ -451,6 +452,8 @@ class Transformer(nn.Module):
         grad: gradients reach out.token_embeddings [B, T, d] (the input of the main stack, or of the encoder),
         even inside torch.inference_mode. token_embeddings: rows to use instead of looking input_ids up (for
         integrated gradients), before embed_scale, positions and token types.
+        return_logits=False leaves out.logits None: a caller that reads the logits a block of positions at a time
+        (model.logits on slices of out.hidden_states) never holds [B, T, vocab] at once.
         """
         cfg = self.config
         asked = {record} if isinstance(record, str) else set(record)
@@ -484,7 +487,7 @@ class Transformer(nn.Module):
                 hidden = self.run_stack(self.stack, input_ids, attention_mask, kind="self",
                                         causal=causal_mask and cfg.causal, token_type_ids=token_type_ids,
                                         token_embeddings=token_embeddings, **switches)
-            out = ModelOutput(logits=self.logits(hidden), hidden_states=hidden, encoder_hidden_states=memory,
+            out = ModelOutput(logits=self.logits(hidden) if return_logits else None, hidden_states=hidden, encoder_hidden_states=memory,
                               token_embeddings=token_embeddings if grad else None)
             if logit_lens:
                 out.logit_lens = read_logit_lens(self, probe.layers("resid_post"), logit_lens_top_k)
