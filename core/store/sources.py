@@ -68,19 +68,44 @@ def _hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in HF_OFFLINE_VALUES
 
 
+def hub_token() -> str | None:
+    """The user's HF_TOKEN, passed explicitly to every hub call (gated repos such as Gemma need it). None when
+    unset: huggingface_hub then uses a token saved by `hf auth login`, or none."""
+    return os.environ.get("HF_TOKEN", "").strip() or None
+
+
+def hub_refusal(repo: str, error: Exception) -> str | None:
+    """A clear reason for a hub that answered but refused (gated repo, 401, 403); None for any other error."""
+    from huggingface_hub import constants  # noqa: PLC0415
+    from huggingface_hub.errors import GatedRepoError  # noqa: PLC0415
+
+    status = getattr(getattr(error, "response", None), "status_code", None)
+    token = "HF_TOKEN is set; the hub says its account has no access yet" if hub_token() else "HF_TOKEN is not set"
+    if isinstance(error, GatedRepoError):
+        return f"{repo} is gated: accept its licence at {constants.ENDPOINT}/{repo} and set HF_TOKEN ({token})"
+    if status == 401:
+        return (f"{repo}: the hub answered 401 (no such repo, or a private or gated one): check the name, "
+                f"or set HF_TOKEN to a token that may read it ({token})")
+    if status == 403:
+        return f"{repo}: the hub answered 403: HF_TOKEN lacks read permission for this repo"
+    return None
+
+
 def fetch_hub(source: dict, dest: Path, progress: Progress) -> dict:
-    """snapshot_download of a repo's model files into `dest`, pinned to the commit model_info names."""
+    """snapshot_download of a repo's model files into `dest`, pinned to the commit model_info names; HF_TOKEN,
+    when set, goes with both calls."""
     repo = source["repo"]
     if _hub_offline():
         raise SourceFailed("skipped: HF_HUB_OFFLINE=1 is set")
     from huggingface_hub import HfApi, constants, snapshot_download  # noqa: PLC0415 - only for hub pulls
 
     progress(0.0, f"asking {constants.ENDPOINT} about {repo}")
+    token = hub_token()
     try:
         # a bounded first request, so an unreachable hub fails in seconds
-        info = HfApi().model_info(repo, timeout=HUB_TIMEOUT_S)
+        info = HfApi().model_info(repo, timeout=HUB_TIMEOUT_S, token=token)
     except Exception as e:  # network, DNS, 401/404: all mean "this source is not reachable"
-        raise SourceFailed(f"{type(e).__name__}: {_first_line(e)}") from None
+        raise SourceFailed(hub_refusal(repo, e) or f"{type(e).__name__}: {_first_line(e)}") from None
     if not any(s.rfilename.endswith(".safetensors") and is_model_file(s.rfilename) for s in info.siblings or []):
         raise SourceFailed("the repo has no model*.safetensors weights (pickled .bin files are never loaded)")
     try:
@@ -91,10 +116,11 @@ def fetch_hub(source: dict, dest: Path, progress: Progress) -> dict:
             allow_patterns=list(MODEL_FILE_PATTERNS),
             ignore_patterns=[SUBFOLDERS],
             etag_timeout=HUB_TIMEOUT_S,
+            token=token,
             tqdm_class=_files_done_bar(progress),
         )
-    except Exception as e:
-        raise SourceFailed(f"downloading: {type(e).__name__}: {_first_line(e)}") from None
+    except Exception as e:  # a gated repo lists its files to anyone and refuses them here
+        raise SourceFailed(hub_refusal(repo, e) or f"downloading: {type(e).__name__}: {_first_line(e)}") from None
     shutil.rmtree(dest / ".cache", ignore_errors=True)  # snapshot_download's bookkeeping
     progress(1.0, f"downloaded {repo}")
     licence = info.card_data.get("license") if info.card_data else None
