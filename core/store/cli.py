@@ -10,7 +10,7 @@ from .errors import WeightsError
 from .folders import WeightStore
 from .manifest import MANIFEST, manifest_size, read_manifest
 from .progress import TerminalProgress
-from .registry import describe_source
+from .registry import describe_source, gated_phrase, size_phrase
 
 
 def format_size(size: int) -> str:
@@ -22,38 +22,54 @@ def format_size(size: int) -> str:
 UNVERIFIED = "put here by hand, no manifest yet: adopted (its files recorded) when first loaded"
 
 
-def list_rows(store: WeightStore) -> list[tuple[str, str, str, str, str]]:
-    """(name, family, licence, installed size or '-', source) for registered and installed models."""
+def list_rows(store: WeightStore) -> list[tuple[str, str, str, str, str, str]]:
+    """(name, family, licence, size on disk, memory as float32, source) for registered and installed models; a
+    model not installed shows the registry's sizes, so the cost of a pull is known before it starts."""
     installed = store.installed()
     rows = []
     for name, entry in sorted(store.registry.items()):
         manifest = installed.pop(name, None)
+        memory = f"{entry['memory_mb']:,} MiB" if entry.get("memory_mb") else "-"
         if manifest is None:
-            where = "not installed; sources: " + ", ".join(describe_source(s) for s in entry["sources"])
-            rows.append((name, entry["family"], entry["licence"], "-", where))
+            where = "not installed; sources: " + ", ".join(_describe_registry_source(s) for s in entry["sources"])
+            if gated_phrase(entry):
+                where += f"; {gated_phrase(entry)}"
+            rows.append((name, entry["family"], entry["licence"], "-", memory, where))
         elif not manifest:
-            rows.append((name, entry["family"], entry["licence"], "?", UNVERIFIED))
+            rows.append((name, entry["family"], entry["licence"], "?", memory, UNVERIFIED))
         else:
             size = format_size(manifest_size(manifest))
-            rows.append((name, entry["family"], entry["licence"], size, describe_source(manifest["source"])))
+            rows.append((name, entry["family"], entry["licence"], size, memory, describe_source(manifest["source"])))
     for name, manifest in installed.items():
         if not manifest:
-            rows.append((name, "?", "unknown", "?", UNVERIFIED))
+            rows.append((name, "?", "unknown", "?", "-", UNVERIFIED))
             continue
         size = format_size(manifest_size(manifest))
-        rows.append((name, "?", manifest.get("licence", "unknown"), size, describe_source(manifest["source"])))
+        rows.append((name, "?", manifest.get("licence", "unknown"), size, "-", describe_source(manifest["source"])))
     return rows
 
 
+def _describe_registry_source(source: dict) -> str:
+    size = f": {source['disk_mb']:,} MB" if source.get("disk_mb") else ""
+    return describe_source(source) + size
+
+
 def print_list(store: WeightStore) -> None:
-    rows = [("NAME", "FAMILY", "LICENCE", "SIZE", "SOURCE"), *list_rows(store)]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    rows = [("NAME", "FAMILY", "LICENCE", "SIZE", "MEMORY", "SOURCE"), *list_rows(store)]
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
     for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[5])
     print(f"\nfolder: {store.root}")
+    print("MEMORY: float32 parameters once loaded. A gated model needs its licence accepted on the hub, and HF_TOKEN.")
 
 
 def pull(store: WeightStore, name: str, force: bool) -> None:
+    entry = store.registry.get(name)
+    if entry is not None and (force or name not in store.installed()):
+        # the cost and the conditions of a download, before it starts
+        for line in (size_phrase(entry), entry.get("licence_note", "") if entry.get("gated") else ""):
+            if line:
+                print(f"{name}: {line}")
     bar = TerminalProgress()
     start = time.monotonic()
     try:

@@ -18,7 +18,7 @@ import torch
 
 import core.store as weight_store
 from core import CheckpointError, ConfigError, load_model
-from core.store.registry import HUB_REPO_ID
+from core.store.registry import HUB_REPO_ID, SOURCE_PLACES, gated_phrase, memory_phrase
 from ui.services.checks import UserError
 
 log = logging.getLogger(__name__)
@@ -38,20 +38,22 @@ def known_model_names() -> list[str]:
 
 def not_installed_label(name: str, entry: dict | None) -> str:
     """The picker's label of a model that a choice would fetch: where from, in the registry's order, with its size
-    on disk where the registry knows it (a source's disk_mb), e.g. "gpt2 (not installed, from the Hugging Face
-    Hub)". A name the registry does not know is a hub repo id ("owner/name") or stays as it is."""
+    on disk where the registry knows it (a source's disk_mb), then its memory as float32 (memory_mb) and, for a
+    gated model, where to accept the licence, e.g. "gpt2 (not installed, from the Hugging Face Hub)". A name the
+    registry does not know is a hub repo id ("owner/name") or stays as it is."""
     if entry is None:
         hub_id = HUB_REPO_ID.match(name) and not Path(name).exists()
         return f"{name} (not installed, from the Hugging Face Hub)" if hub_id else name
     wheres = []
     for source in entry.get("sources", []):
-        where = {"hub": "the Hugging Face Hub", "pypi": "PyPI"}.get(source.get("type"), str(source.get("type")))
+        where = SOURCE_PLACES.get(source.get("type"), str(source.get("type")))
         size = source.get("disk_mb")
         if size:
             wheres.append(f"{size:,} MB on disk from {where}")
         else:
             wheres.append(f"from {where}" + (", size unknown" if source.get("type") != "hub" else ""))
-    return f"{name} (not installed, {' or '.join(wheres) or 'no source known'})"
+    notes = [" or ".join(wheres) or "no source known", memory_phrase(entry), gated_phrase(entry)]
+    return f"{name} (not installed, {'; '.join(n for n in notes if n)})"
 
 
 def clean_weight_store() -> list[str]:
