@@ -39,6 +39,20 @@ def test_installed_models_are_plain_and_the_others_say_where_they_come_from(stor
     assert labels["opus-mt-en-de"] == "opus-mt-en-de (not installed, from the Hugging Face Hub)"
 
 
+def test_a_label_gives_disk_and_memory_before_a_download_and_says_when_a_licence_must_be_accepted(store):
+    labels = dict((value, label) for label, value in store.choices())
+    # weights/registry.json: 166 MB of safetensors, 70,426,624 float32 parameters = 269 MiB
+    assert labels["pythia-70m"] == ("pythia-70m (not installed, 166 MB on disk from the Hugging Face Hub; "
+                                    "269 MiB in memory as float32)")
+    assert labels["gemma-3-270m"] == (
+        "gemma-3-270m (not installed, 540 MB on disk from the Hugging Face Hub; 1,030 MiB in memory as float32; "
+        "gated: accept its licence at https://huggingface.co/google/gemma-3-270m and set HF_TOKEN, which the "
+        "download uses)")
+    memory_only = {"memory_mb": 12, "sources": [{"type": "hub", "repo": "o/m"}]}
+    label = not_installed_label("m", memory_only)
+    assert label == "m (not installed, from the Hugging Face Hub; 12 MiB in memory as float32)"
+
+
 def test_a_model_in_memory_is_plain_and_a_source_without_a_size_says_so(store):
     folder = store.extra_names[0]
     store.get(folder)
