@@ -32,7 +32,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 from common import median  # noqa: E402
 
 NUMBER = r"([\d.]+)"
-RANGE = r"[\d.]+ \([^)]*\)"  # '28.3 (27.1–29.0)': the script's own median (range); the median is read before it
 
 
 def parse_generate(text: str) -> dict[str, tuple[float, str]]:
@@ -89,7 +88,8 @@ def resolve(revision: str) -> str:
     try:
         return git("rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}")
     except subprocess.CalledProcessError:
-        raise SystemExit(f"{revision!r} is not a commit of this repository; give a hash, a branch or e.g. HEAD~1") from None
+        raise SystemExit(f"{revision!r} is not a commit of this repository; "
+                         "give a hash, a branch or e.g. HEAD~1") from None
 
 
 def weights_root() -> Path:
@@ -162,7 +162,7 @@ def main() -> None:
     script = str(Path(script).resolve().relative_to(ROOT)) if Path(script).is_absolute() else script
     parse = PARSERS.get(Path(script).name, lambda text: {})
     commits = {args.before: resolve(args.before), args.after: resolve(args.after)}
-    labels = (f"{args.before}", f"{args.after}")
+    labels = (args.before, args.after)
     if labels[0] == labels[1]:  # the same revision twice: an A/A run that shows the noise alone
         labels = (f"{args.before} (1)", f"{args.after} (2)")
     print(f"{script} {' '.join(script_args)}: BEFORE {args.before} = {commits[args.before][:10]}, "
