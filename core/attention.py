@@ -3,6 +3,12 @@
 One signature, two paths. The fast path calls torch's fused scaled_dot_product_attention and
 returns no weights; the explicit path computes every stage and returns the probabilities.
 Masks are boolean, True where a query may attend to a key; M is 0 there and -∞ elsewhere.
+
+The variants are named terms of the same function, in this order:
+  S = QKᵀ·scale                     scale 1/√d_k, or the family's own (1 for T5)
+  S = c·tanh(S / c)                 softcap c (Gemma 2): the scores stay within ±c
+  S = S + bias                      a bias on the scores: ALiBi's −m_h·(i − j), T5's relative buckets
+  P = softmax(S + M)                M from the mask, which also holds a sliding window (i − j < w)
 """
 from __future__ import annotations
 
@@ -34,16 +40,28 @@ def masked_softmax_(scores: Tensor, allowed: Tensor | None) -> Tensor:
     return probs.nan_to_num(0.0) if probs.requires_grad else probs.nan_to_num_(0.0)  # autograd keeps softmax's output
 
 
-def attention_stages(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """The stages of eq. 2.1 kept apart for display, all float32: scores S = QKᵀ·scale, masked S + M,
-    probabilities softmax(S + M). q [B, H, Tq, d_k], k [B, H, Tk, d_k], allowed broadcastable to [B, H, Tq, Tk]."""
-    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+def scored(scores: Tensor, softcap: float | None, bias: Tensor | None) -> Tensor:
+    """The terms between the scaled scores and the mask, in place where it can be: c·tanh(S / c), then + bias."""
+    if softcap is not None:
+        scores = scores.div_(softcap).tanh_().mul_(softcap)
+    if bias is not None:
+        scores = scores.add_(bias)
+    return scores
+
+
+def attention_stages(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float, softcap: float | None = None,
+                     bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """The stages of eq. 2.1 kept apart for display, all float32: scores S = QKᵀ·scale (after any soft-cap and
+    bias), masked S + M, probabilities softmax(S + M). q [B, H, Tq, d_k], k [B, H, Tk, d_k], allowed and bias
+    broadcastable to [B, H, Tq, Tk]."""
+    scores = scored((q.float() @ k.float().transpose(-1, -2)) * scale, softcap, bias)
     masked = scores if allowed is None else scores.masked_fill(~allowed, float("-inf"))
     return scores, masked, masked_softmax_(masked.clone(), allowed)
 
 
 def attention_rows(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_causal: bool, scale: float,
-                   rows: int) -> Iterator[tuple[int, Tensor, Tensor]]:
+                   rows: int, softcap: float | None = None,
+                   bias: Tensor | None = None) -> Iterator[tuple[int, Tensor, Tensor]]:
     """Eq. 2.1 a block of query rows at a time: yields (first row, probs [B, H, rows, width] float32,
     output [B, H, rows, d_k] = probs·V). A block of a long text stays in the CPU's cache through every stage
     instead of streaming an n × n matrix through memory once per stage. Under a causal mask the keys after a
@@ -60,6 +78,9 @@ def attention_rows(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_c
         q_block = q[:, :, start:stop].reshape(batch, n_kv, group * (stop - start), d_k)
         scores = (q_block.float() @ k[:, :, :width].float().transpose(-1, -2)).mul_(scale)
         scores = scores.view(batch, n_heads, stop - start, width)
+        if softcap is not None or bias is not None:
+            rows_bias = None if bias is None else bias[..., start:stop, :width] if bias.shape[-2] > 1 else bias[..., :width]
+            scores = scored(scores, softcap, rows_bias)
         mask = None
         if allowed is not None:
             mask = allowed[..., start:stop, :width] if allowed.shape[-2] > 1 else allowed[..., :width]
@@ -75,17 +96,23 @@ def attention_rows(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_c
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, is_causal: bool = False,
-              scale: float | None = None, return_probs: bool = False) -> tuple[Tensor, Tensor | None]:
+              scale: float | None = None, return_probs: bool = False, softcap: float | None = None,
+              bias: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """q [B, H, Tq, d_k]; k, v [B, H_kv, Tk, d_k] with H a multiple of H_kv (grouped-query attention).
 
     allowed: bool mask broadcastable to [B, H, Tq, Tk], or None; is_causal adds the causal mask.
     scale: the factor on QKᵀ, 1/√d_k by default; 1.0 turns scaling off.
+    softcap: c, the scores become c·tanh(S / c) (no fused kernel has it: the explicit path runs).
+    bias: float, broadcastable to [B, H, Tq, Tk], added to the scores (ALiBi, T5's relative buckets).
     Returns the output [B, H, Tq, d_k] and, when return_probs, the probabilities [B, H, Tq, Tk] float32.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if not return_probs:
-        if is_causal and allowed is not None:
-            allowed, is_causal = allowed & causal_mask(q.shape[-2], k.shape[-2], q.device), False
+    if not return_probs and softcap is None:
+        if is_causal and (allowed is not None or bias is not None):
+            causal = causal_mask(q.shape[-2], k.shape[-2], q.device)
+            allowed, is_causal = causal if allowed is None else allowed & causal, False
+        if bias is not None:  # one float mask: the bias where allowed, -∞ elsewhere
+            allowed = bias.to(q.dtype) if allowed is None else bias.to(q.dtype).masked_fill(~allowed, float("-inf"))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, is_causal=is_causal, scale=scale,
                                              enable_gqa=k.shape[1] != q.shape[1])
         return out, None
@@ -95,6 +122,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, is
     if is_causal:
         causal = causal_mask(q.shape[-2], k.shape[-2], q.device)
         allowed = causal if allowed is None else allowed & causal
-    scores = (q.float() @ k.float().transpose(-1, -2)).mul_(scale)   # [B, H, Tq, Tk] float32
+    scores = scored((q.float() @ k.float().transpose(-1, -2)).mul_(scale), softcap, bias)  # [B, H, Tq, Tk] float32
     probs = masked_softmax_(scores, allowed)
     return probs.to(v.dtype) @ v, probs

@@ -11,7 +11,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    family: str                      # "gpt2" | "llama" | "bert" | "marian"
+    family: str                      # a module of core/families: "gpt2", "llama", "bert", "marian", "t5", ...
     n_layers: int                    # blocks in the main stack (the decoder for seq2seq)
     n_heads: int                     # query heads h
     n_kv_heads: int                  # key/value heads (< n_heads: grouped-query attention)
@@ -20,7 +20,8 @@ class ModelConfig:
     d_ff: int                        # feed-forward width
     vocab_size: int
     max_positions: int
-    positional: str                  # "learned" | "sinusoidal" | "rope" | "none" (a lab model without positions)
+    positional: str                  # "learned" | "sinusoidal" | "rope" | "none" (no positions added to the
+                                     # embeddings: a lab model without positions, or one whose score_bias says them)
     norm: str                        # "layernorm" | "rmsnorm"
     norm_placement: str              # "pre" (x + f(norm(x))) | "post" (norm(x + f(x)))
     causal: bool                     # the main stack masks future positions
@@ -51,6 +52,36 @@ class ModelConfig:
     model_type: str = ""
     scale_attention: bool = True     # QKᵀ/√d_k; False only for a lab model trained without it
     dropout: float = 0.0             # on each sublayer's output and on the embeddings, in training only
+    # The named terms of the one attention function and block; each family's reader says which it uses.
+    attn_scale: float | None = None  # the factor on QKᵀ when it is not 1/√d_k: 1 (T5), query_pre_attn_scalar^-½ (Gemma)
+    attn_softcap: float | None = None   # scores → c·tanh(scores / c) after scaling, before the mask (Gemma 2)
+    score_bias: str = "none"         # a term added to the scores: "alibi" (−m_h·(i − j), BLOOM) or "relative"
+                                     # (T5's learned bias per head and bucket of j − i, shared by a stack's layers)
+    relative_buckets: int = 32       # T5: buckets of relative distance
+    relative_max_distance: int = 128  # T5: distances past this share the last bucket
+    sliding_window: int | None = None  # "sliding" layers mask keys w or more positions back (i − j ≥ w)
+    layer_types: tuple[str, ...] = ()  # "full" | "sliding" per layer of the main stack; () means all "full"
+    rotary_dim: int = 0              # RoPE rotates the first rotary_dim dims of each head (0: all of them)
+    rope_local_theta: float = 0.0    # the RoPE base of "sliding" layers when it differs (Gemma 3); 0: rope_theta
+    qk_norm: bool = False            # an RMSNorm over d_k on each head's q and k, before RoPE (Qwen3, Gemma 3)
+    parallel_block: bool = False     # x + attn(norm₁(x)) + mlp(norm₂(x)): both sublayers read the block's input
+    sandwich_norm: bool = False      # a norm on each sublayer's output too, before it joins the residual (Gemma 2/3)
+    norm_offset: float = 0.0         # norms scale by (offset + γ): 1 for Gemma's (1 + γ)
+    position_offset: int = 0         # learned positions are read at position + offset (OPT: 2)
+    final_softcap: float | None = None  # logits → c·tanh(logits / c) (Gemma 2)
+    lm_head_scale: float = 1.0       # hidden × this before the vocabulary projection (T5 with tied embeddings: d^-½)
+    encoder_head_dim: int = 0        # seq2seq: the encoder's d_k when it is not d_model / its heads (T5's d_kv)
+
+    @property
+    def score_scale(self) -> float:
+        """The factor on QKᵀ in eq. 2.1: 1/√d_k unless the family says otherwise."""
+        if self.attn_scale is not None:
+            return self.attn_scale
+        return self.head_dim ** -0.5 if self.scale_attention else 1.0
+
+    def layer_type(self, layer: int) -> str:
+        """"full" or "sliding" (a window of sliding_window keys) for one layer of the main stack."""
+        return self.layer_types[layer] if self.layer_types else "full"
 
     @property
     def eos_ids(self) -> list[int]:
@@ -62,5 +93,7 @@ class ModelConfig:
 def encoder_config(cfg: ModelConfig) -> ModelConfig:
     """The seq2seq encoder's own shape: bidirectional, its own depth, width and head count."""
     heads = cfg.encoder_n_heads or cfg.n_heads
+    head_dim = cfg.encoder_head_dim or cfg.d_model // heads
     return dataclasses.replace(cfg, n_layers=cfg.n_encoder_layers, n_heads=heads, n_kv_heads=heads,
-                               d_ff=cfg.encoder_d_ff or cfg.d_ff, head_dim=cfg.d_model // heads, causal=False)
+                               d_ff=cfg.encoder_d_ff or cfg.d_ff, head_dim=head_dim, causal=False,
+                               layer_types=(), sliding_window=None)

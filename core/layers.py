@@ -1,5 +1,8 @@
-"""Norms, feed-forward variants and positional encodings (sinusoidal and rotary)."""
+"""Norms, feed-forward variants and positional encodings: sinusoidal and rotary on the vectors, ALiBi and T5's
+relative buckets as a bias on the scores."""
 from __future__ import annotations
+
+import math
 
 from typing import Callable
 
@@ -18,20 +21,29 @@ ACTIVATIONS = {
 
 
 class Norm(nn.Module):
-    """LayerNorm (x-μ)/σ·γ+β or RMSNorm x/rms(x)·γ, over the last dimension."""
+    """LayerNorm (x-μ)/σ·γ+β or RMSNorm x/rms(x)·γ, over the last dimension (d, or d_k for a norm on q and k).
+    With offset 1 the gain is (1 + γ), as Gemma stores it."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, dim: int | None = None, kind: str | None = None):
         super().__init__()
-        self.kind, self.eps = cfg.norm, cfg.norm_eps
-        self.weight = nn.Parameter(torch.empty(cfg.d_model))
-        self.bias = nn.Parameter(torch.empty(cfg.d_model)) if cfg.norm_bias else None
+        dim = dim or cfg.d_model
+        self.kind, self.eps, self.offset = kind or cfg.norm, cfg.norm_eps, cfg.norm_offset
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.bias = nn.Parameter(torch.empty(dim)) if cfg.norm_bias and self.kind == "layernorm" else None
+
+    @property
+    def gain(self) -> Tensor:
+        """γ, or (1 + γ) with Gemma's offset."""
+        return self.weight + self.offset if self.offset else self.weight
 
     def forward(self, x: Tensor) -> Tensor:
         if self.kind == "rmsnorm":
             # x / √(mean(x²) + ε) in float32, then scaled in the model dtype, as Llama does
             h = x.float()
             h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-            return self.weight * h.to(x.dtype)
+            return self.gain * h.to(x.dtype)
+        if self.offset:
+            return F.layer_norm(x, x.shape[-1:], self.gain, self.bias, self.eps)
         return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
 
     def divisor(self, x: Tensor) -> Tensor:
@@ -46,10 +58,10 @@ class Norm(nn.Module):
         """The norm at x with its scale frozen, as a linear map c ↦ γ ⊙ P(c) / s (float32): s is x's σ and P
         removes the mean (LayerNorm), or s is rms(x) and P is the identity (RMSNorm). norm(x) = frozen(x)(x) + β,
         so the parts of a sum x = Σ c_k map to parts that add up to norm(x) − β. c broadcasts against x."""
-        s = self.divisor(x)
+        s, gain = self.divisor(x), self.gain.float()
         if self.kind == "rmsnorm":
-            return lambda c: self.weight.float() * (c.float() / s)
-        return lambda c: self.weight.float() * ((c.float() - c.float().mean(-1, keepdim=True)) / s)
+            return lambda c: gain * (c.float() / s)
+        return lambda c: gain * ((c.float() - c.float().mean(-1, keepdim=True)) / s)
 
 
 class FeedForward(nn.Module):
@@ -115,7 +127,12 @@ def rope_cos_sin(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tup
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate each pair (x_i, x_{i+d/2}) of x [B, H, T, hd] by its angle (rotate-half convention)."""
+    """Rotate each pair (x_i, x_{i+r/2}) of the first r dims of x [B, H, T, hd] by its angle (rotate-half
+    convention), r = cos.shape[-1]: all of a head (r = hd), or a part of it (GPT-NeoX's rotary_pct), the rest
+    passing through unrotated."""
+    r = cos.shape[-1]
+    if r < x.shape[-1]:
+        return torch.cat([rotate(x[..., :r], cos, sin), x[..., r:]], dim=-1)
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
@@ -125,3 +142,60 @@ def apply_rope(x: Tensor, positions: Tensor, inv_freq: Tensor) -> Tensor:
     cos, sin = rope_cos_sin(positions, inv_freq, x.dtype)
     return rotate(x, cos, sin)
 
+
+
+# ---- biases on the scores: positions said by a term added to QKᵀ, not by the vectors ----
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """ALiBi's per-head slopes m_h [H] float32 (Press et al. 2022): the geometric sequence 2^(-8h/n), h = 1..n,
+    for n a power of two; otherwise the sequence for the power of two p below n, then every other slope of the
+    sequence for 2p (h = 1, 3, 5, ...) until there are n."""
+    p = 2 ** math.floor(math.log2(n_heads))
+    slopes = [2 ** (-8 * h / p) for h in range(1, p + 1)]
+    slopes += [2 ** (-8 * h / (2 * p)) for h in range(1, 2 * (n_heads - p), 2)]
+    return torch.tensor(slopes, dtype=torch.float32, device="cpu")  # cpu even under a meta context
+
+
+def relative_bucket(distance: Tensor, bidirectional: bool, n_buckets: int, max_distance: int) -> Tensor:
+    """T5's bucket of a relative distance j − i (key minus query), any shape, long. Half the buckets are exact
+    distances 0, 1, 2, ...; the rest grow logarithmically up to max_distance, past which all share the last.
+    Bidirectional (an encoder): one half of the buckets for keys after the query, one for those before it.
+    Causal (a decoder): only keys at or before the query have buckets, by i − j."""
+    bucket = torch.zeros_like(distance)
+    if bidirectional:
+        n_buckets //= 2
+        bucket = (distance > 0).long() * n_buckets
+        distance = distance.abs()
+    else:
+        distance = (-distance).clamp(min=0)
+    exact = n_buckets // 2
+    log_ratio = torch.log(distance.clamp(min=1).float() / exact) / math.log(max_distance / exact)
+    far = (exact + (log_ratio * (n_buckets - exact)).long()).clamp(max=n_buckets - 1)
+    return bucket + torch.where(distance < exact, distance, far)
+
+
+class ScoreBias(nn.Module):
+    """A term added to every layer's scores, bias [B, H, Tq, Tk] from query and key positions [B, Tq], [B, Tk].
+
+    "alibi": −m_h·(i − j), no weights; i and j count real tokens (padding skipped), as BLOOM counts them.
+    "relative": T5's learned scalar per head and bucket of j − i, one table for all the layers of a stack; i and
+    j are places in the sequence (padding counted), as T5 counts them."""
+
+    def __init__(self, cfg: ModelConfig, bidirectional: bool):
+        super().__init__()
+        self.kind, self.bidirectional = cfg.score_bias, bidirectional
+        self.n_buckets, self.max_distance = cfg.relative_buckets, cfg.relative_max_distance
+        self.by_index = self.kind == "relative"
+        if self.kind == "alibi":
+            self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
+        elif self.kind == "relative":
+            self.table = nn.Embedding(cfg.relative_buckets, cfg.n_heads)  # [buckets, H]
+        else:
+            raise ValueError(f"unknown score bias {self.kind!r}; expected 'alibi' or 'relative'")
+
+    def forward(self, query_pos: Tensor, key_pos: Tensor) -> Tensor:
+        distance = key_pos[:, None, :] - query_pos[:, :, None]                    # [B, Tq, Tk]: j − i
+        if self.kind == "alibi":
+            return self.slopes.to(query_pos.device)[:, None, None] * distance.float()[:, None]   # −m·(i − j)
+        buckets = relative_bucket(distance, self.bidirectional, self.n_buckets, self.max_distance)
+        return self.table(buckets).permute(0, 3, 1, 2)                            # [B, H, Tq, Tk]

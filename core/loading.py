@@ -147,7 +147,7 @@ def load_weights(model: Transformer, folder: Path, family: ModuleType, device, d
         tensor = torch.cat([source.get(n) for n in chosen]) if len(chosen) > 1 else source.get(chosen[0])
         for pattern, transform in family.TRANSFORMS.items():
             if re.search(pattern, name):
-                tensor = transform(tensor)
+                tensor = transform(tensor, model.config)
         if tensor.shape != param.shape:
             parts = ", ".join(f"{source.describe(n)} {list(source.get(n).shape)}" for n in chosen)
             raise CheckpointError(f"shape mismatch: {parts} gives {list(tensor.shape)} but {name} "

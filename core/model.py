@@ -22,7 +22,7 @@ from . import generate as generation
 from .attention import attention, attention_rows, causal_mask as causal_matrix, padding_or_none
 from .config import ModelConfig, encoder_config
 from .kv_cache import KVCache
-from .layers import ACTIVATIONS, FeedForward, Norm, rope_cos_sin, rope_inv_freq, rotate, sinusoidal_encoding
+from .layers import ACTIVATIONS, FeedForward, Norm, ScoreBias, rope_cos_sin, rope_inv_freq, rotate, sinusoidal_encoding
 from .observe import AttentionRecorder, Kind, Observer
 from .probe import HeadWeights, LogitLens, Patch, Probe, read_logit_lens, split_by_head
 
@@ -41,12 +41,24 @@ class ModelOutput:
 
 
 @dataclass
+class LayerTerms:
+    """The mask and rotation of the layers of one type ("full" or "sliding") in one pass."""
+    allowed: Tensor | None          # bool [B, 1, Tq, Tk], True where attention may go
+    is_causal: bool                 # add the standard causal mask (cheaper than building it)
+    rope: tuple[Tensor, Tensor] | None  # cos, sin [B, 1, T, rotary_dim]
+
+
+@dataclass
 class AttentionSetup:
     """What every layer of one stack shares in one forward pass."""
     allowed: Tensor | None          # bool [B, 1, Tq, Tk], True where attention may go
     is_causal: bool                 # add the standard causal mask (cheaper than building it)
-    scale: float | None             # None: 1/√d_k; 1.0: scaling switched off
-    rope: tuple[Tensor, Tensor] | None  # cos, sin [B, 1, T, d_k]
+    scale: float | None             # the factor on QKᵀ; None: 1/√d_k
+    rope: tuple[Tensor, Tensor] | None  # cos, sin [B, 1, T, rotary_dim]
+    bias: Tensor | None = None      # float [B or 1, H, Tq, Tk] added to every layer's scores (ALiBi, T5)
+    softcap: float | None = None    # the scores' soft cap c (Gemma 2)
+    sliding: LayerTerms | None = None   # the "sliding" layers' own mask and rotation, where they differ
+    layer_types: tuple[str, ...] = ()   # "full" | "sliding" per layer (config.layer_types)
     kind: Kind = "self"
     observer: Observer | None = None
     probe: Probe | None = None
@@ -55,6 +67,12 @@ class AttentionSetup:
     slot: Tensor | None = None              # [1] long: the cache position a one-token static step writes
     memory: Tensor | None = None            # encoder output for cross-attention [B, S, d]
     memory_allowed: Tensor | None = None    # bool [B, 1, 1, S]: the encoder's real tokens
+
+    def terms(self, layer: int) -> LayerTerms:
+        """The mask and rotation layer `layer` uses: its type's (a window, another RoPE base) or the stack's."""
+        if self.sliding is not None and self.layer_types and self.layer_types[layer] == "sliding":
+            return self.sliding
+        return LayerTerms(self.allowed, self.is_causal, self.rope)
 
     def observes(self, kind: Kind, layer: int) -> bool:
         """The observer takes this layer's probabilities."""
@@ -85,6 +103,10 @@ class Attention(nn.Module):
         else:
             self.qkv = nn.Linear(cfg.d_model, q_dim + 2 * kv_dim, bias=cfg.qkv_bias)
         self.out = nn.Linear(q_dim, cfg.d_model, bias=cfg.out_bias)
+        # QK-norm: an RMSNorm over d_k on each head's queries and keys, before RoPE (Qwen3, Gemma 3)
+        qk_norm = cfg.qk_norm and not cross
+        self.q_norm = Norm(cfg, cfg.head_dim, kind="rmsnorm") if qk_norm else None
+        self.k_norm = Norm(cfg, cfg.head_dim, kind="rmsnorm") if qk_norm else None
 
     def heads(self, x: Tensor, n: int) -> Tensor:
         """[B, T, n·d_k] → [B, n, T, d_k]"""
@@ -97,6 +119,9 @@ class Attention(nn.Module):
         qk, v = self.heads(self.qkv(x), self.n_heads + 2 * self.n_kv_heads).split(
             [self.n_heads + self.n_kv_heads, self.n_kv_heads], dim=1)
         split = [self.n_heads, self.n_kv_heads]
+        if self.q_norm is not None:
+            q, k = qk.split(split, dim=1)
+            qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=1)
         if keep is not None:
             for name, t in zip(("q_unrotated", "k_unrotated"), qk.split(split, dim=1)):
                 keep(name, t.transpose(1, 2))
@@ -119,12 +144,14 @@ class Attention(nn.Module):
                 if cache is not None:
                     cache.cross[layer] = (k, v)
             allowed, is_causal = setup.memory_allowed, False
+            bias = None
         else:
-            q, k, v = self.self_qkv(x, setup.rope, setup.keeper(layer))
+            terms = setup.terms(layer)
+            q, k, v = self.self_qkv(x, terms.rope, setup.keeper(layer))
             if cache is not None:
                 k, v = cache.write(layer, k, v, setup.slot)
-            allowed, is_causal = setup.allowed, setup.is_causal
-        z = self.attend(q, k, v, allowed, is_causal, setup, kind, layer)      # [B, H, T, d_k]
+            allowed, is_causal, bias = terms.allowed, terms.is_causal, setup.bias
+        z = self.attend(q, k, v, allowed, is_causal, setup, kind, layer, bias)   # [B, H, T, d_k]
         if probe is not None and not cross:
             z = probe.ablated(kind, layer, z, setup.query_mask).transpose(1, 2)     # [B, T, H, d_k]
             z = probe.patched(kind, "z", layer, z)
@@ -135,18 +162,20 @@ class Attention(nn.Module):
         return self.out(z)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_causal: bool,
-               setup: AttentionSetup, kind: Kind, layer: int) -> Tensor:
+               setup: AttentionSetup, kind: Kind, layer: int, bias: Tensor | None = None) -> Tensor:
         """Eq. 2.1 on the fast path, or on the explicit one when the probabilities are wanted."""
+        softcap = setup.softcap if kind != "cross" else None
         observe, keep = setup.observes(kind, layer), setup.records_pattern(kind, layer)
         rows = setup.observer.rows_per_block if observe and not keep else None
         if rows:  # an observer that takes the probabilities a block of query rows at a time
             out = q.new_empty(q.shape[0], self.n_heads, q.shape[2], self.head_dim)
             scale = self.head_dim ** -0.5 if setup.scale is None else setup.scale
-            for start, block, out_block in attention_rows(q, k, v, allowed, is_causal, scale, rows):
+            for start, block, out_block in attention_rows(q, k, v, allowed, is_causal, scale, rows, softcap, bias):
                 out[:, :, start:start + block.shape[2]] = out_block
                 setup.observer(kind, layer, block, start, k.shape[-2])
             return out
-        out, probs = attention(q, k, v, allowed, is_causal, setup.scale, return_probs=observe or keep)
+        out, probs = attention(q, k, v, allowed, is_causal, setup.scale, return_probs=observe or keep,
+                               softcap=softcap, bias=bias)
         if keep:
             setup.probe.keep(kind, "pattern", layer, probs)
         if observe:
@@ -156,37 +185,57 @@ class Attention(nn.Module):
 
 class Block(nn.Module):
     """One Transformer layer. Sublayers in order: self-attention, cross-attention (decoder of seq2seq only),
-    feed-forward; each wrapped as Pre-LN x + f(norm(x)) or Post-LN (eqs. 5.1–5.4) norm(x + f(x))."""
+    feed-forward; each wrapped as Pre-LN x + f(norm(x)) or Post-LN (eqs. 5.1–5.4) norm(x + f(x)).
+    Two variants of the wiring, each a config switch: parallel (GPT-NeoX) x + attn(norm₁(x)) + mlp(norm₂(x)),
+    both sublayers reading the block's input; sandwich (Gemma 2/3) x + post_norm(f(norm(x))), a norm on each
+    sublayer's output too. attn_out and mlp_out are always what joins the residual stream."""
 
     def __init__(self, cfg: ModelConfig, cross: bool = False):
         super().__init__()
-        self.pre_norm = cfg.norm_placement == "pre"
+        self.pre_norm, self.parallel = cfg.norm_placement == "pre", cfg.parallel_block
         self.attn_norm, self.attn = Norm(cfg), Attention(cfg)
         self.cross_norm, self.cross = (Norm(cfg), Attention(cfg, cross=True)) if cross else (None, None)
         self.ffn_norm, self.ffn = Norm(cfg), FeedForward(cfg)
+        self.attn_post_norm = Norm(cfg) if cfg.sandwich_norm else None
+        self.ffn_post_norm = Norm(cfg) if cfg.sandwich_norm else None
         self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else None  # on sublayer outputs, as in the paper
 
-    def sublayer(self, x: Tensor, name: str, f: Callable[[Tensor], Tensor], norm: Norm, setup: AttentionSetup,
-                 layer: int) -> Tensor:
+    def branch(self, x: Tensor, name: str, f: Callable[[Tensor], Tensor], norm: Norm, post_norm: Norm | None,
+               setup: AttentionSetup, layer: int) -> Tensor:
+        """One sublayer's contribution: f(norm(x)) in Pre-LN (through post_norm where there is one), f(x) in
+        Post-LN, patched and recorded as {name}_out."""
         h = norm(x) if self.pre_norm else x
         out = f(h)
+        if post_norm is not None:
+            out = post_norm(out)
         if self.dropout is not None:
             out = self.dropout(out)
         if setup.probe is not None:
             out = setup.probe.patched(setup.kind, f"{name}_out", layer, out)
             setup.probe.keep(setup.kind, f"{name}_in", layer, h)
             setup.probe.keep(setup.kind, f"{name}_out", layer, out)
+        return out
+
+    def sublayer(self, x: Tensor, name: str, f: Callable[[Tensor], Tensor], norm: Norm, post_norm: Norm | None,
+                 setup: AttentionSetup, layer: int) -> Tensor:
+        out = self.branch(x, name, f, norm, post_norm, setup, layer)
         return x + out if self.pre_norm else norm(x + out)
 
     def forward(self, x: Tensor, setup: AttentionSetup, layer: int) -> Tensor:
         if setup.probe is not None:
             x = setup.probe.patched(setup.kind, "resid_pre", layer, x)
             setup.probe.keep(setup.kind, "resid_pre", layer, x)
-        x = self.sublayer(x, "attn", lambda h: self.attn(h, setup, layer), self.attn_norm, setup, layer)
-        if self.cross is not None:
-            x = self.sublayer(x, "cross", lambda h: self.cross(h, setup, layer, cross=True), self.cross_norm,
-                              setup, layer)
-        x = self.sublayer(x, "mlp", lambda h: self.ffn(h, setup.keeper(layer)), self.ffn_norm, setup, layer)
+        attend = lambda h: self.attn(h, setup, layer)                                  # noqa: E731
+        feed = lambda h: self.ffn(h, setup.keeper(layer))                              # noqa: E731
+        if self.parallel:  # both read x: x + attn(norm₁(x)) + mlp(norm₂(x))
+            attn_out = self.branch(x, "attn", attend, self.attn_norm, self.attn_post_norm, setup, layer)
+            x = x + attn_out + self.branch(x, "mlp", feed, self.ffn_norm, self.ffn_post_norm, setup, layer)
+        else:
+            x = self.sublayer(x, "attn", attend, self.attn_norm, self.attn_post_norm, setup, layer)
+            if self.cross is not None:
+                x = self.sublayer(x, "cross", lambda h: self.cross(h, setup, layer, cross=True), self.cross_norm,
+                                  None, setup, layer)
+            x = self.sublayer(x, "mlp", feed, self.ffn_norm, self.ffn_post_norm, setup, layer)
         if setup.probe is not None:
             x = setup.probe.patched(setup.kind, "resid_post", layer, x)
             setup.probe.keep(setup.kind, "resid_post", layer, x)
@@ -200,7 +249,8 @@ class Embeddings(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.positions = nn.Embedding(cfg.max_positions, cfg.d_model) if cfg.positional == "learned" else None
+        n_positions = cfg.max_positions + cfg.position_offset
+        self.positions = nn.Embedding(n_positions, cfg.d_model) if cfg.positional == "learned" else None
         self.token_types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
         self.norm = Norm(cfg) if cfg.embed_norm else None
         self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else None
@@ -217,7 +267,7 @@ class Embeddings(nn.Module):
             types = token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids)
             parts.append(("type_embed", self.token_types(types)))
         if use_positions and self.positions is not None:
-            parts.append(("pos_embed", self.positions(positions)))
+            parts.append(("pos_embed", self.positions(positions + self.cfg.position_offset)))
         if use_positions and self.cfg.positional == "sinusoidal":  # eq. 4.2: X_embed + PE
             parts.append(("pos_embed", sinusoidal_encoding(positions, self.cfg.d_model, interleaved=False).to(x.dtype)))
         if keep is not None:
@@ -238,6 +288,8 @@ class Stack(nn.Module):
         self.embed = Embeddings(cfg)
         self.blocks = nn.ModuleList(Block(cfg, cross) for _ in range(cfg.n_layers))
         self.final_norm = Norm(cfg) if cfg.final_norm else None
+        # a bias on every layer's scores, one per stack (T5's table is learned by each stack's first layer)
+        self.score_bias = ScoreBias(cfg, bidirectional=not cfg.causal) if cfg.score_bias != "none" else None
 
     def forward(self, x: Tensor, setup: AttentionSetup, n_layers: int | None = None, start: int = 0) -> Tensor:
         """x: the embeddings, or with start > 0 the residual stream entering block `start`."""
@@ -258,12 +310,21 @@ class LMHead(nn.Module):
         self.act = cfg.activation
         self.weight = None if cfg.tie_word_embeddings else nn.Parameter(torch.empty(cfg.vocab_size, cfg.d_model))
         self.bias = nn.Parameter(torch.empty(cfg.vocab_size)) if cfg.lm_head_bias else None
+        self.scale, self.softcap = cfg.lm_head_scale, cfg.final_softcap
 
     def forward(self, h: Tensor, embedding: Tensor) -> Tensor:
         """h [B, T, d], embedding: the token table (used when tied) → logits [B, T, vocab]."""
         if self.dense is not None:  # BERT's MLM transform
             h = self.norm(ACTIVATIONS[self.act](self.dense(h)))
-        return F.linear(h, embedding if self.weight is None else self.weight, self.bias)
+        if self.scale != 1.0:     # T5 with tied embeddings: h·d^-½
+            h = h * self.scale
+        return self.capped(F.linear(h, embedding if self.weight is None else self.weight, self.bias))
+
+    def capped(self, logits: Tensor) -> Tensor:
+        """The final soft-cap c·tanh(logits / c) where the family has one (Gemma 2), else the logits."""
+        if self.softcap is None:
+            return logits
+        return torch.tanh(logits / self.softcap) * self.softcap
 
 
 def positions_from_mask(key_mask: Tensor | None, start: int, n: int, batch: int, device) -> Tensor:
@@ -272,6 +333,12 @@ def positions_from_mask(key_mask: Tensor | None, start: int, n: int, batch: int,
     if key_mask is None:
         return torch.arange(start, start + n, device=device).expand(batch, n)
     return (key_mask[:, :start + n].long().cumsum(-1) - 1).clamp(min=0)[:, start:]
+
+
+def sliding_window_mask(n_queries: int, n_keys: int, window: int, device=None) -> Tensor:
+    """[Tq, Tk] bool: query i (the last Tq of Tk places) sees key j only within the window, i − j < w."""
+    q_index = torch.arange(n_keys - n_queries, n_keys, device=device)
+    return q_index[:, None] - torch.arange(n_keys, device=device)[None, :] < window
 
 
 def self_attention_mask(key_mask: Tensor | None, start: int, n: int, causal: bool,
@@ -310,10 +377,12 @@ class Transformer(nn.Module):
         if self.encoder is not None:
             self.stack.embed.tokens = self.encoder.embed.tokens
         self.lm_head = LMHead(cfg) if cfg.has_lm_head else None
-        if cfg.positional == "rope":  # θ_i, moved with the model but not a weight: not in state_dict
-            self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
-        else:
-            self.inv_freq = None
+        # θ_i, moved with the model but not a weight: not in state_dict. inv_freq_local: "sliding" layers' own base
+        rotary = cfg.rotary_dim or cfg.head_dim
+        rope, local = cfg.positional == "rope", cfg.rope_local_theta and cfg.rope_local_theta != cfg.rope_theta
+        self.register_buffer("inv_freq", rope_inv_freq(rotary, cfg.rope_theta) if rope else None, persistent=False)
+        self.register_buffer("inv_freq_local", rope_inv_freq(rotary, cfg.rope_local_theta) if rope and local else None,
+                             persistent=False)
         self.tokenizer = None  # set by load_model
         self.decoding = generation.CompiledDecoding()  # the compiled decode step and its cache, once asked for
 
@@ -347,29 +416,61 @@ class Transformer(nn.Module):
         """Masks, position ids and rotary angles for n new tokens after `start` cached ones.
         Positions always skip padding; the padding_mask switch only changes what attention may see."""
         batch, n = input_ids.shape
-        allowed, is_causal = self_attention_mask(key_mask if padding_mask else None, start, n, causal,
-                                                 input_ids.device)
-        position_ids = positions_from_mask(key_mask, start, n, batch, input_ids.device)
-        scaled = scale and self.config.scale_attention
-        setup = AttentionSetup(allowed=allowed, is_causal=is_causal, scale=None if scaled else 1.0,
-                               rope=self.rope(stack, position_ids, positions))
+        device, cfg = input_ids.device, stack.cfg
+        allowed, is_causal = self_attention_mask(key_mask if padding_mask else None, start, n, causal, device)
+        position_ids = positions_from_mask(key_mask, start, n, batch, device)
+        setup = AttentionSetup(allowed=allowed, is_causal=is_causal, scale=cfg.score_scale if scale else 1.0,
+                               rope=self.rope(stack, position_ids, positions), softcap=cfg.attn_softcap,
+                               layer_types=cfg.layer_types)
+        if "sliding" in cfg.layer_types:
+            setup.sliding = LayerTerms(allowed, is_causal, self.rope(stack, position_ids, positions, local=True))
+            if cfg.sliding_window is not None and start + n > cfg.sliding_window:  # else the window hides nothing
+                window = sliding_window_mask(n, start + n, cfg.sliding_window, device)    # [Tq, Tk]
+                if allowed is None:
+                    window = window & causal_matrix(n, start + n, device) if is_causal else window
+                    setup.sliding.allowed = window[None, None]
+                else:
+                    setup.sliding.allowed = allowed & window
+                setup.sliding.is_causal = False
+        if stack.score_bias is not None and positions:
+            if stack.score_bias.by_index:   # places in the sequence, padding counted
+                query_pos = torch.arange(start, start + n, device=device)[None]
+                key_pos = torch.arange(start + n, device=device)[None]
+            else:                           # real tokens counted, padding skipped
+                query_pos, key_pos = position_ids, positions_from_mask(key_mask, 0, start + n, batch, device)
+            setup.bias = stack.score_bias(query_pos, key_pos)
         if key_mask is not None:
             setup.query_mask = key_mask[:, start:start + n]
         return setup, position_ids
 
     def static_setup(self, stack: Stack, cache: KVCache) -> tuple[AttentionSetup, Tensor]:
         """One new token per row at cache.slot, attending over the whole cache: every shape fixed."""
+        cfg = stack.cfg
         keys = torch.arange(cache.max_len, device=cache.slot.device)
         allowed = (cache.key_mask & (keys <= cache.slot))[:, None, None, :]   # [B, 1, 1, max_len]
         position_ids = cache.next_position[:, None]                             # [B, 1]
-        scale = None if self.config.scale_attention else 1.0
-        setup = AttentionSetup(allowed=allowed, is_causal=False, scale=scale, rope=self.rope(stack, position_ids, True),
-                               slot=cache.slot)
+        setup = AttentionSetup(allowed=allowed, is_causal=False, scale=cfg.score_scale,
+                               rope=self.rope(stack, position_ids, True), slot=cache.slot, softcap=cfg.attn_softcap,
+                               layer_types=cfg.layer_types)
+        if "sliding" in cfg.layer_types:
+            sliding = allowed
+            if cfg.sliding_window is not None:   # keys i − j ≥ w back are out of the window
+                sliding = allowed & (cache.slot - keys < cfg.sliding_window)[None, None, None, :]
+            setup.sliding = LayerTerms(sliding, False, self.rope(stack, position_ids, True, local=True))
+        if stack.score_bias is not None:
+            if stack.score_bias.by_index:
+                query_pos, key_pos = cache.slot[None], keys[None]                           # [1, 1], [1, max_len]
+            else:
+                query_pos, key_pos = position_ids, (cache.key_mask.long().cumsum(-1) - 1).clamp(min=0)
+            setup.bias = stack.score_bias(query_pos, key_pos)
         return setup, position_ids
 
-    def rope(self, stack: Stack, position_ids: Tensor, positions: bool) -> tuple[Tensor, Tensor] | None:
+    def rope(self, stack: Stack, position_ids: Tensor, positions: bool,
+             local: bool = False) -> tuple[Tensor, Tensor] | None:
+        """cos, sin [B, 1, T, rotary_dim] at position_ids [B, T]; local: with the "sliding" layers' own base."""
         if positions and stack.cfg.positional == "rope":
-            return rope_cos_sin(position_ids, self.inv_freq, self.dtype)
+            inv_freq = self.inv_freq_local if local and self.inv_freq_local is not None else self.inv_freq
+            return rope_cos_sin(position_ids, inv_freq, self.dtype)
         return None
 
     def run_stack(self, stack: Stack, input_ids: Tensor, attention_mask: Tensor | None, *, kind: Kind,

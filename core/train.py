@@ -455,7 +455,7 @@ def checkpoint_tensors(model: Transformer, family_module) -> dict[str, Tensor]:
         names = [n.format(layer.group(1) if layer else "") for n in (theirs if isinstance(theirs, tuple) else (theirs,))]
         for pattern, transform in getattr(family_module, "TO_CHECKPOINT", {}).items():
             if re.search(pattern, name):
-                param = transform(param)
+                param = transform(param, model.config)
         parts = param.split(split_sizes(model, name, len(names))) if len(names) > 1 else [param]
         for n, t in zip(names, parts):
             top_level = n.startswith("lm_head") or n == "final_logits_bias"

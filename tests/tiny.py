@@ -63,3 +63,62 @@ def marian(**kw):
                 attn_implementation="eager")
     cfg = tf.MarianConfig(**{**base, **kw})
     return spread_weights(tf.MarianMTModel(cfg))
+
+
+# ---- the families with named attention terms (each small, each exercising its terms) ----
+
+DECODER = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+               max_position_embeddings=256, bos_token_id=1, eos_token_id=2, attn_implementation="eager")
+
+
+def gpt_neox(**kw):
+    base = {**DECODER, "rotary_pct": 0.5, "tie_word_embeddings": False, **kw}
+    return spread_weights(tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(**base)))
+
+
+def bloom(**kw):
+    base = dict(vocab_size=VOCAB, hidden_size=48, n_layer=3, n_head=6, bos_token_id=1, eos_token_id=2,
+                attn_implementation="eager", **kw)
+    return spread_weights(tf.BloomForCausalLM(tf.BloomConfig(**base)))
+
+
+def opt(**kw):
+    base = dict(vocab_size=VOCAB, hidden_size=48, num_hidden_layers=3, num_attention_heads=4, ffn_dim=96,
+                max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2, word_embed_proj_dim=48,
+                attn_implementation="eager", **kw)
+    return spread_weights(tf.OPTForCausalLM(tf.OPTConfig(**base)))
+
+
+def mistral(**kw):
+    base = {**DECODER, "num_key_value_heads": 2, "sliding_window": 5, **kw}
+    return spread_weights(tf.MistralForCausalLM(tf.MistralConfig(**base)))
+
+
+def qwen3(**kw):
+    base = {**DECODER, "num_key_value_heads": 2, "head_dim": 16, **kw}
+    return spread_weights(tf.Qwen3ForCausalLM(tf.Qwen3Config(**base)))
+
+
+def phi3(**kw):
+    base = {**DECODER, "num_key_value_heads": 2, "pad_token_id": 0,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}, **kw}
+    return spread_weights(tf.Phi3ForCausalLM(tf.Phi3Config(**base)))
+
+
+def gemma(version: int = 1, **kw):
+    base = {**DECODER, "num_key_value_heads": 2, "head_dim": 16, "pad_token_id": 0, "num_hidden_layers": 4, **kw}
+    if version == 1:
+        return spread_weights(tf.GemmaForCausalLM(tf.GemmaConfig(**base)))
+    base = {"sliding_window": 4, "query_pre_attn_scalar": 24, **base}
+    if version == 2:
+        base = {"attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0, **base}
+        return spread_weights(tf.Gemma2ForCausalLM(tf.Gemma2Config(**base)))
+    base = {"sliding_window_pattern": 2, "rope_theta": 50000.0, "rope_local_base_freq": 500.0, **base}
+    return spread_weights(tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**base)))
+
+
+def t5(**kw):
+    base = dict(vocab_size=VOCAB, d_model=48, d_kv=16, d_ff=96, num_layers=2, num_decoder_layers=3, num_heads=4,
+                relative_attention_num_buckets=8, relative_attention_max_distance=20, pad_token_id=0, eos_token_id=2,
+                decoder_start_token_id=0, attn_implementation="eager", **kw)
+    return spread_weights(tf.T5ForConditionalGeneration(tf.T5Config(**base)))

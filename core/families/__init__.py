@@ -6,7 +6,8 @@
                a tuple of names is concatenated along dim 0 (separate q, k, v → one fused matrix).
   PREFIXES     optional prefixes that checkpoints put before every name ("model.", "transformer.", …)
   IGNORE       regexes of checkpoint tensors that are known and not needed (buffers, tied copies, poolers)
-  TRANSFORMS   regex over our names → function applied to the loaded tensor (GPT-2's Conv1D transpose)
+  TRANSFORMS   regex over our names → function(tensor, config) applied to the loaded tensor (GPT-2's Conv1D
+               transpose, per-head fused q/k/v rows reordered)
   TO_CHECKPOINT  optional: the inverse of TRANSFORMS, for saving in the checkpoint's own layout
 """
 from __future__ import annotations
@@ -14,9 +15,9 @@ from __future__ import annotations
 from types import ModuleType
 
 from ..config import ConfigError
-from . import bert, gpt2, llama, marian
+from . import bert, bloom, gemma, gpt2, gpt_neox, llama, marian, opt, phi3, t5
 
-FAMILIES: dict[str, ModuleType] = {t: module for module in (gpt2, llama, bert, marian) for t in module.MODEL_TYPES}
+FAMILIES: dict[str, ModuleType] = {t: module for module in (gpt2, llama, bert, marian, gpt_neox, bloom, t5, gemma, phi3, opt) for t in module.MODEL_TYPES}
 
 
 def family_for(raw: dict, source: str = "config.json") -> ModuleType:

@@ -8,7 +8,7 @@ MODEL_TYPES = ("gpt2",)
 PREFIXES = ("transformer.",)
 IGNORE = (r"^h\.\d+\.attn\.(masked_)?bias$", r"^lm_head\.weight$")
 # Conv1D stores [in, out]; nn.Linear wants [out, in]
-TRANSFORMS = {r"\.(attn\.qkv|attn\.out|ffn\.up|ffn\.down)\.weight$": lambda w: w.t()}
+TRANSFORMS = {r"\.(attn\.qkv|attn\.out|ffn\.up|ffn\.down)\.weight$": lambda w, cfg: w.t()}
 TO_CHECKPOINT = TRANSFORMS  # a transpose undoes itself
 
 B = "stack.blocks.{}"

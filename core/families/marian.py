@@ -8,8 +8,8 @@ from .table import require, rows
 MODEL_TYPES = ("marian",)
 PREFIXES = ("model.",)
 IGNORE = (r"embed_positions\.weight$", r"^lm_head\.weight$")
-TRANSFORMS = {r"^lm_head\.bias$": lambda b: b.reshape(-1)}  # final_logits_bias is stored [1, vocab]
-TO_CHECKPOINT = {r"^lm_head\.bias$": lambda b: b.reshape(1, -1)}
+TRANSFORMS = {r"^lm_head\.bias$": lambda b, cfg: b.reshape(-1)}  # final_logits_bias is stored [1, vocab]
+TO_CHECKPOINT = {r"^lm_head\.bias$": lambda b, cfg: b.reshape(1, -1)}
 
 E, D = "encoder.layers.{}", "decoder.layers.{}"
 
