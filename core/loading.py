@@ -125,6 +125,15 @@ def layer_template(name: str) -> tuple[str, str | None]:
     return name[:match.start()] + ".{}." + name[match.end():], match.group(1)
 
 
+def with_checkpoint(cfg: ModelConfig, folder: Path, family: ModuleType) -> ModelConfig:
+    """The config as the checkpoint settles it, for a family whose config.json cannot say all (a T5 file holds
+    its own output matrix or reuses the embeddings, whatever the tying flag says): family.WITH_CHECKPOINT."""
+    settle = getattr(family, "WITH_CHECKPOINT", None)
+    if settle is None:
+        return cfg
+    return settle(cfg, set(TensorSource(safetensors_files(folder), family.PREFIXES).where))
+
+
 def load_weights(model: Transformer, folder: Path, family: ModuleType, device, dtype) -> None:
     """Fill every parameter of `model` (built on the meta device) from the folder's safetensors.
 
@@ -204,6 +213,7 @@ def load_model(path: str | Path, device: str | torch.device | None = None, dtype
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     cfg, family = read_config(folder)
+    cfg = with_checkpoint(cfg, folder, family)
     with torch.device("meta"):
         model = Transformer(cfg)
     load_weights(model, folder, family, device, dtype)

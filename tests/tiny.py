@@ -118,7 +118,7 @@ def gemma(version: int = 1, **kw):
 
 
 def t5(**kw):
-    base = dict(vocab_size=VOCAB, d_model=48, d_kv=16, d_ff=96, num_layers=2, num_decoder_layers=3, num_heads=4,
+    base = dict(vocab_size=VOCAB, d_model=48, d_kv=16, d_ff=96, num_layers=2, num_decoder_layers=2, num_heads=4,
                 relative_attention_num_buckets=8, relative_attention_max_distance=20, pad_token_id=0, eos_token_id=2,
-                decoder_start_token_id=0, attn_implementation="eager", **kw)
-    return spread_weights(tf.T5ForConditionalGeneration(tf.T5Config(**base)))
+                decoder_start_token_id=0, attn_implementation="eager")
+    return spread_weights(tf.T5ForConditionalGeneration(tf.T5Config(**{**base, **kw})))

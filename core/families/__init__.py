@@ -9,6 +9,8 @@
   TRANSFORMS   regex over our names → function(tensor, config) applied to the loaded tensor (GPT-2's Conv1D
                transpose, per-head fused q/k/v rows reordered)
   TO_CHECKPOINT  optional: the inverse of TRANSFORMS, for saving in the checkpoint's own layout
+  WITH_CHECKPOINT  optional: (config, the checkpoint's tensor names) → config, where the files settle what
+               config.json leaves open
 """
 from __future__ import annotations
 

@@ -3,6 +3,8 @@ one table per stack shared by its layers; no 1/√d_k; RMSNorm without mean or b
 ReLU or a gated GELU (tanh) feed-forward. With tied embeddings the decoder's output is scaled by d^-½ first."""
 from __future__ import annotations
 
+import dataclasses
+
 from ..config import ConfigError, ModelConfig
 from .table import require, rows
 
@@ -46,6 +48,12 @@ WEIGHTS = {
     "lm_head.weight": ["lm_head.weight"],
 }
 
+def WITH_CHECKPOINT(cfg: ModelConfig, names: set[str]) -> ModelConfig:
+    """A file with its own lm_head.weight uses it (transformers keeps a distinct one whatever the tying flag);
+    one without reads the embeddings."""
+    return dataclasses.replace(cfg, tie_word_embeddings="lm_head.weight" not in names)
+
+
 FEED_FORWARD = {"relu": ("relu", False), "gated-gelu": ("gelu_tanh", True), "gated-silu": ("silu", True),
                 "gated-relu": ("relu", True), "gelu": ("gelu", False)}
 
@@ -57,7 +65,7 @@ def read_config(raw: dict) -> ModelConfig:
     act, gated = FEED_FORWARD[kind]
     d, heads, d_kv = require(raw, "d_model"), require(raw, "num_heads"), require(raw, "d_kv")
     # transformers 5 writes the output scaling as scale_decoder_outputs; original configs say it by tying
-    tied = raw.get("scale_decoder_outputs", raw.get("tie_word_embeddings", True) is not False)
+    scaled = raw.get("scale_decoder_outputs", raw.get("tie_word_embeddings", True) is not False)
     n_layers = require(raw, "num_layers")
     return ModelConfig(
         family="t5", model_type="t5", n_layers=raw.get("num_decoder_layers") or n_layers, n_heads=heads,
@@ -67,7 +75,7 @@ def read_config(raw: dict) -> ModelConfig:
         relative_max_distance=raw.get("relative_attention_max_distance", 128), norm="rmsnorm", norm_placement="pre",
         causal=True, is_encoder_decoder=True, activation=act, gated_ffn=gated, norm_eps=raw.get("layer_norm_epsilon", 1e-6),
         qkv_bias=False, out_bias=False, ffn_bias=False, norm_bias=False, attn_scale=1.0,
-        tie_word_embeddings=bool(tied), lm_head_scale=d ** -0.5 if tied else 1.0,
+        tie_word_embeddings=raw.get("tie_word_embeddings", True) is not False, lm_head_scale=d ** -0.5 if scaled else 1.0,
         n_encoder_layers=n_layers, encoder_d_ff=require(raw, "d_ff"), encoder_n_heads=heads, encoder_head_dim=d_kv,
         pad_token_id=raw.get("pad_token_id"), eos_token_id=raw.get("eos_token_id"), bos_token_id=raw.get("bos_token_id"),
         decoder_start_token_id=raw.get("decoder_start_token_id", raw.get("pad_token_id", 0)),
