@@ -122,3 +122,34 @@ def t5(**kw):
                 relative_attention_num_buckets=8, relative_attention_max_distance=20, pad_token_id=0, eos_token_id=2,
                 decoder_start_token_id=0, attn_implementation="eager")
     return spread_weights(tf.T5ForConditionalGeneration(tf.T5Config(**{**base, **kw})))
+
+
+# one small model of each family with named terms, every term live on a text of 13 tokens; analyses' tests
+# loop over these (the parity tests in tests/core/test_families.py use them too)
+FAMILY_DECODERS = {
+    "gpt_neox-parallel": lambda: gpt_neox(),
+    "gpt_neox-sequential": lambda: gpt_neox(use_parallel_residual=False, rotary_pct=0.25),
+    "bloom": lambda: bloom(),
+    "opt-pre-ln": lambda: opt(),
+    "opt-post-ln": lambda: opt(do_layer_norm_before=False),
+    "mistral-window": lambda: mistral(),
+    "qwen3": lambda: qwen3(),
+    "qwen3-window": lambda: qwen3(use_sliding_window=True, sliding_window=4, max_window_layers=1),
+    "phi3-window": lambda: phi3(sliding_window=5),
+    "gemma": lambda: gemma(1),
+    "gemma2": lambda: gemma(2),
+    "gemma3": lambda: gemma(3),
+}
+FAMILY_SEQ2SEQ = {"t5-relu": lambda: t5(), "t5-gated-gelu": lambda: t5(feed_forward_proj="gated-gelu",
+                                                                       tie_word_embeddings=False)}
+_FAMILY_PAIRS: dict = {}
+
+
+def family_pair(name: str):
+    """(transformers model, our model on the same weights) for a name of FAMILY_DECODERS or FAMILY_SEQ2SEQ,
+    built once per test process."""
+    if name not in _FAMILY_PAIRS:
+        from core import load_model
+        hf = {**FAMILY_DECODERS, **FAMILY_SEQ2SEQ}[name]()
+        _FAMILY_PAIRS[name] = (hf, load_model(save(hf), device="cpu", dtype=torch.float32))
+    return _FAMILY_PAIRS[name]

@@ -10,23 +10,7 @@ from tests import tiny
 
 LOGITS_TOL, ATTENTION_TOL = 1e-4, 1e-5
 
-# each a small random model whose terms are all live on a 13-token text (windows of 4 and 5, soft-caps that bind)
-DECODERS = {
-    "gpt_neox-parallel": lambda: tiny.gpt_neox(),
-    "gpt_neox-sequential": lambda: tiny.gpt_neox(use_parallel_residual=False, rotary_pct=0.25),
-    "bloom": lambda: tiny.bloom(),
-    "opt-pre-ln": lambda: tiny.opt(),
-    "opt-post-ln": lambda: tiny.opt(do_layer_norm_before=False),
-    "mistral-window": lambda: tiny.mistral(),
-    "qwen3": lambda: tiny.qwen3(),
-    "qwen3-window": lambda: tiny.qwen3(use_sliding_window=True, sliding_window=4, max_window_layers=1),
-    "phi3-window": lambda: tiny.phi3(sliding_window=5),
-    "gemma": lambda: tiny.gemma(1),
-    "gemma2": lambda: tiny.gemma(2),
-    "gemma3": lambda: tiny.gemma(3),
-}
-SEQ2SEQ = {"t5-relu": lambda: tiny.t5(), "t5-gated-gelu": lambda: tiny.t5(feed_forward_proj="gated-gelu",
-                                                                            tie_word_embeddings=False)}
+DECODERS, SEQ2SEQ = tiny.FAMILY_DECODERS, tiny.FAMILY_SEQ2SEQ
 # a decoder deeper than its encoder: forward only (transformers' generate sizes its cache by the encoder's depth)
 SEQ2SEQ_FORWARD = {**SEQ2SEQ, "t5-deeper-decoder": lambda: tiny.t5(num_decoder_layers=3)}
 
@@ -34,10 +18,9 @@ SEQ2SEQ_FORWARD = {**SEQ2SEQ, "t5-deeper-decoder": lambda: tiny.t5(num_decoder_l
 @pytest.fixture(scope="module")
 def pairs():
     """name → (transformers model, our model on the same weights), built once per module."""
-    made = {}
-    for name, build in {**DECODERS, **SEQ2SEQ_FORWARD}.items():
-        hf = build()
-        made[name] = (hf, load_model(tiny.save(hf), device="cpu", dtype=torch.float32))
+    made = {name: tiny.family_pair(name) for name in {**DECODERS, **SEQ2SEQ}}
+    hf = SEQ2SEQ_FORWARD["t5-deeper-decoder"]()
+    made["t5-deeper-decoder"] = (hf, load_model(tiny.save(hf), device="cpu", dtype=torch.float32))
     return made
 
 
