@@ -9,13 +9,15 @@ from torch import Tensor
 
 
 def parameter_counts(model) -> dict:
-    """Parameters per part. Attention has 4d² weights per layer (W^Q, W^K, W^V, W^O; fewer with GQA),
-    the feed-forward 2·d·d_ff (8d² at d_ff = 4d; 3·d·d_ff when gated)."""
+    """Parameters per part. Attention has 4d² weights per layer (W^Q, W^K, W^V, W^O; fewer with GQA; plus the
+    q and k norms where the family has them), the feed-forward 2·d·d_ff (8d² at d_ff = 4d; 3·d·d_ff when gated).
+    position_bias: T5's learned relative-position table, one per stack (ALiBi's slopes are fixed, not learned)."""
     def count(modules) -> int:
         return sum(p.numel() for m in modules if m is not None for p in m.parameters())
     stacks = [s for s in (model.encoder, model.stack) if s is not None]
     blocks = [b for s in stacks for b in s.blocks]
-    norms = [m for b in blocks for m in (b.attn_norm, b.cross_norm, b.ffn_norm)] + [s.final_norm for s in stacks]
+    norms = [m for b in blocks for m in (b.attn_norm, b.cross_norm, b.ffn_norm, b.attn_post_norm, b.ffn_post_norm)]
+    norms += [s.final_norm for s in stacks]
     first = model.stack.blocks[0]
     counts = {
         "embeddings": count([model.stack.embed] + ([model.encoder.embed] if model.encoder else [])),
@@ -23,6 +25,7 @@ def parameter_counts(model) -> dict:
         "feed_forward": count([b.ffn for b in blocks]),
         "norms": count(norms),
         "lm_head": 0 if model.lm_head is None else count([model.lm_head]),
+        "position_bias": count([s.score_bias for s in stacks]),
         "per_layer": {"attention": count([first.attn, first.cross]), "feed_forward": count([first.ffn])},
     }
     if model.encoder is not None:  # the shared token table is counted once

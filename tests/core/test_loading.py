@@ -115,11 +115,12 @@ def test_sharded_checkpoint(llama_folder, tmp_path):
     torch.testing.assert_close(load_model(folder)(x).logits, load_model(llama_folder)(x).logits, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "bert", "marian"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "bert", "marian", "gpt_neox", "bloom", "t5", "gemma3", "opt"])
 def test_parameter_counts_add_up(family):
-    model = load_model(tiny.save(getattr(tiny, family)()))
+    hf = tiny.gemma(3) if family == "gemma3" else getattr(tiny, family)()
+    model = load_model(tiny.save(hf))
     counts = parameter_counts(model)
-    parts = ("embeddings", "attention", "feed_forward", "norms", "lm_head")
+    parts = ("embeddings", "attention", "feed_forward", "norms", "lm_head", "position_bias")
     assert sum(counts[p] for p in parts) == counts["total"]
     d, c = model.config.d_model, model.config
     if c.n_kv_heads == c.n_heads and c.head_dim * c.n_heads == d and not c.is_encoder_decoder:
