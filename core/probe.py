@@ -9,6 +9,7 @@ from typing import Callable, Iterable
 import torch
 from torch import Tensor
 
+from .analysis.logits import by_blocks
 from .config import ModelConfig
 from .observe import Kind
 
@@ -156,24 +157,30 @@ class LogitLens:
 
 
 def read_logit_lens(model, residuals: tuple[Tensor, ...], top_k: int | None) -> LogitLens:
-    """The logit lens over each layer's output [B, T, d] of the model's main stack."""
+    """The logit lens over each layer's output [B, T, d] of the model's main stack, one layer at a time and,
+    within it, one block of positions at a time (analysis.logits.by_blocks): with top_k set no layer's
+    [B, T, vocab] is held at once; with top_k None the whole of every layer's logits is what was asked for."""
     if model.lm_head is None:
         raise ValueError("the logit lens needs an LM head; this model has none")
     final = model.stack.final_norm
-    answer = None
+    answer = None                                   # [B, T, 1] the last layer's top token
     values, indices, probs, final_probs = [], [], [], []
     for h in reversed(residuals):  # the last layer first: its top token is the final answer
-        logits = model.logits(final(h) if final is not None else h)   # one layer's [B, T, vocab] at a time
-        p = logits.float().softmax(-1)
-        answer = logits.argmax(-1, keepdim=True) if answer is None else answer
-        final_probs.append(p.gather(-1, answer)[..., 0])
-        if top_k is None:
-            values.append(logits)
-        else:
+        def read(logits: Tensor, at: slice, answer: Tensor | None = answer) -> tuple[Tensor, ...]:
+            p = logits.float().softmax(-1)
+            best = logits.argmax(-1, keepdim=True) if answer is None else answer[:, at]
+            if top_k is None:
+                return best, p.gather(-1, best)[..., 0], logits
             top = logits.topk(min(top_k, logits.shape[-1]), dim=-1)
-            values.append(top.values)
-            indices.append(top.indices)
-            probs.append(p.gather(-1, top.indices))
+            return best, p.gather(-1, best)[..., 0], top.values, top.indices, p.gather(-1, top.indices)
+
+        best, final_p, *rest = by_blocks(model, final(h) if final is not None else h, read)
+        answer = best if answer is None else answer
+        final_probs.append(final_p)
+        values.append(rest[0])
+        if top_k is not None:
+            indices.append(rest[1])
+            probs.append(rest[2])
     flip = lambda ts: torch.stack(ts[::-1]) if ts else None  # noqa: E731
     return LogitLens(flip(values), flip(indices), flip(probs), flip(final_probs))
 
