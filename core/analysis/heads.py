@@ -15,6 +15,7 @@ from torch import Tensor
 
 from ..observe import Kind, Observer
 from ..probe import Probe
+from . import logits as blocks
 
 LOCAL_WINDOW = 3  # |i - j| ≤ 3 counts as local
 IG_TOKENS_PER_PASS = 1024  # integrated gradients: path points × tokens in one backward pass
@@ -131,8 +132,8 @@ def induction(model, length: int = 100, seed: int = 0) -> InductionResult:
     target = second - length + 1
     observer = InductionObserver(second, target)
     with torch.inference_mode():
-        logits = model(ids, observer=observer).logits[0].float()
-        losses = token_losses(logits, ids[0])                             # [n - 1]
+        hidden = model(ids, observer=observer, return_logits=False).hidden_states
+        losses = prediction_losses(model, hidden, ids)[0]                 # [n - 1]
     first_span = slice(offset, offset + length - 1)                       # predicting tokens 2..length of copy 1
     second_span = slice(offset + length, n - 1)
     scores = observer.scores
@@ -140,18 +141,30 @@ def induction(model, length: int = 100, seed: int = 0) -> InductionResult:
                            losses[first_span].mean().item(), losses[second_span].mean().item(), ids.cpu())
 
 
-def token_losses(logits: Tensor, ids: Tensor) -> Tensor:
-    """Next-token loss in nats at each position: logits [T, V], ids [T] → [T - 1] (position t predicts t + 1)."""
-    return torch.nn.functional.cross_entropy(logits[:-1].float(), ids[1:], reduction="none")
-
-
-def prediction_losses(model, logits: Tensor, ids: Tensor) -> Tensor:
-    """The loss ablation measures, per position: logits [B, T, V], ids [B, T] → [B, T - 1] for a decoder (the next
-    token), [B, T] for a masked-language-model encoder (each token from its own position, nothing masked)."""
-    logits = logits.float()
+def prediction_targets(model, ids: Tensor) -> Tensor:
+    """What each position predicts, ids [B, T] → [B, T]: a decoder the next token (the last position nothing,
+    −100, cross_entropy's ignore_index), a masked-language-model encoder its own token (nothing masked)."""
     if not model.config.causal:
-        return torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids, reduction="none")
-    return torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+        return ids
+    return torch.cat([ids[:, 1:], ids.new_full((ids.shape[0], 1), -100)], 1)
+
+
+def prediction_losses(model, hidden: Tensor, ids: Tensor) -> Tensor:
+    """The loss ablation measures, per position, from the final hidden states [B, T, d] a block of positions at
+    a time: ids [B, T] → [B, T - 1] for a decoder (the next token), [B, T] for a masked-language-model encoder
+    (each token from its own position, nothing masked)."""
+    if not model.config.causal:
+        return blocks.losses(model, hidden, ids)
+    return blocks.losses(model, hidden[:, :-1], ids[:, 1:])
+
+
+def predictions(model, hidden: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
+    """prediction_losses and the top token at every position ([B, T], the last one included), from one reading
+    of the logits a block of positions at a time."""
+    targets = prediction_targets(model, ids)
+    loss, top = blocks.by_blocks(model, hidden, lambda logits, at: (blocks.cross_entropy(logits, targets[:, at]),
+                                                                    logits.argmax(-1)))
+    return (loss[:, :-1] if model.config.causal else loss), top
 
 
 def check_loss_model(model) -> None:
@@ -203,10 +216,10 @@ def ablate(model, ids: Tensor, heads, ablation: str = "zero") -> AblationResult:
     check_loss_model(model)
     ids = ids.to(model.device)
     with torch.inference_mode():
-        clean = model(ids).logits
-        ablated = model(ids, ablate_heads=heads, ablation=ablation).logits
-    return AblationResult(prediction_losses(model, clean, ids)[0].cpu(), prediction_losses(model, ablated, ids)[0].cpu(),
-                          clean[0].argmax(-1).cpu(), ablated[0].argmax(-1).cpu())
+        clean_loss, clean_top = predictions(model, model(ids, return_logits=False).hidden_states, ids)
+        ablated = model(ids, ablate_heads=heads, ablation=ablation, return_logits=False).hidden_states
+        ablated_loss, ablated_top = predictions(model, ablated, ids)
+    return AblationResult(clean_loss[0].cpu(), ablated_loss[0].cpu(), clean_top[0].cpu(), ablated_top[0].cpu())
 
 
 def ablation_sweep(model, ids: Tensor, ablation: str = "zero", batch: int = 16, progress=None) -> Tensor:
@@ -219,8 +232,8 @@ def ablation_sweep(model, ids: Tensor, ablation: str = "zero", batch: int = 16, 
     ids = ids.to(model.device)
     heads = [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
     with torch.inference_mode():
-        out = model(ids, record="resid_pre")
-        clean = prediction_losses(model, out.logits, ids).mean()
+        out = model(ids, record="resid_pre", return_logits=False)
+        clean = prediction_losses(model, out.hidden_states, ids).mean()
         increase = torch.zeros(len(heads))
         for start in range(0, len(heads), batch):
             chunk = heads[start:start + batch]
@@ -232,7 +245,7 @@ def ablation_sweep(model, ids: Tensor, ablation: str = "zero", batch: int = 16, 
             tokens = ids.expand(len(chunk), -1)
             hidden = model.run_stack(model.stack, tokens, None, kind="self", causal=cfg.causal, probe=probe,
                                      start_layer=first, resid=out.records["resid_pre"][first].expand(len(chunk), -1, -1))
-            loss = prediction_losses(model, model.logits(hidden), tokens)
+            loss = prediction_losses(model, hidden, tokens)                # [batch, T - 1], in blocks of positions
             increase[start:start + len(chunk)] = (loss.mean(-1) - clean).cpu()
             if progress is not None:
                 progress(min(start + batch, len(heads)), len(heads))
@@ -343,18 +356,19 @@ def integrated_gradients(model, ids: Tensor, embeds: Tensor, baseline: Tensor, p
 
 
 def path_gradient(model, ids: Tensor, points: Tensor, position: int, target: int, foil: int | None) -> Tensor:
-    """Σ over the path's points of ∂f/∂x at each: ids [P, T], points [P, T, d] → [T, d]. One pass; its outputs
-    (the logits of every point, P × T × vocabulary) are freed on return, before the next pass allocates its own,
-    so the peak is one pass's whatever the number of steps."""
-    walked = model(ids, grad=True, token_embeddings=points)
-    explained(walked.logits[:, position], target, foil).sum().backward()
+    """Σ over the path's points of ∂f/∂x at each: ids [P, T], points [P, T, d] → [T, d]. One pass that reads
+    the logits of `position` alone ([P, vocab]); its graph is freed on return, before the next pass builds its
+    own, so the peak is one pass's whatever the number of steps."""
+    walked = model(ids, grad=True, token_embeddings=points, return_logits=False)
+    explained(blocks.at_position(model, walked.hidden_states, position), target, foil).sum().backward()
     return walked.token_embeddings.grad.sum(0)
 
 
 def explained_at(model, ids: Tensor, rows: Tensor, position: int, target: int, foil: int | None) -> float:
     """f at the input rows [T, d] (the baseline's, for the difference completeness compares with)."""
     with torch.inference_mode():
-        return explained(model(ids, token_embeddings=rows[None]).logits[0, position], target, foil).item()
+        hidden = model(ids, token_embeddings=rows[None], return_logits=False).hidden_states
+        return explained(blocks.at_position(model, hidden, position)[0], target, foil).item()
 
 
 def attribution_inputs(model, ids: Tensor, position: int | None, steps) -> tuple[Tensor, int]:
@@ -412,8 +426,8 @@ def attribute(model, ids: Tensor, position: int | None = None, layer: int = 0, h
         raise IndexError(f"head ({layer}, {head}) is out of range: layers 0..{cfg.n_layers - 1}, "
                          f"heads 0..{cfg.n_heads - 1}")
     check_baseline(baseline)  # a wrong name fails before the costly passes
-    out = model(ids, grad=True, capture_attention=True)
-    logits = out.logits[0, position]
+    out = model(ids, grad=True, capture_attention=True, return_logits=False)
+    logits = blocks.at_position(model, out.hidden_states, position)[0]         # [vocab], with its graph
     target, foil = explained_tokens(logits.detach(), target, foil)
     at_input = explained(logits, target, foil)
     at_input.backward()
@@ -444,9 +458,9 @@ def completeness_by_steps(model, ids: Tensor, position: int | None = None, steps
     worse."""
     ids, position = attribution_inputs(model, ids, position, steps)
     check_baseline(baseline)  # a wrong name fails before the costly passes
-    out = model(ids, grad=True)
+    out = model(ids, grad=True, return_logits=False)
     embeds = out.token_embeddings.detach()[0]                                  # [T, d]
-    logits = out.logits[0, position].detach()
+    logits = blocks.at_position(model, out.hidden_states, position)[0].detach()
     target, foil = explained_tokens(logits, target, foil)
     base_rows = baseline_embeddings(model, embeds, baseline)
     difference = explained(logits, target, foil).item() - explained_at(model, ids, base_rows, position, target, foil)
@@ -471,7 +485,7 @@ def lens_table(model, ids: Tensor) -> LensTable:
     if model.encoder is not None:
         raise ValueError("the logit lens reads the text's own stream; an encoder-decoder predicts a translation")
     with torch.inference_mode():
-        lens = model(ids.to(model.device), logit_lens=True, logit_lens_top_k=1).logit_lens
+        lens = model(ids.to(model.device), logit_lens=True, logit_lens_top_k=1, return_logits=False).logit_lens
     top = lens.indices[:, 0, :, 0].cpu()                                       # [L, T]
     agrees = top == top[-1]
     # the first layer after the last disagreement: from there on the answer stays the final one
@@ -501,9 +515,15 @@ def surprisal(model, ids: Tensor, k: int = 5) -> Surprisal:
         raise ValueError("surprisal needs a decoder-only model that predicts the next token of the text")
     if ids.shape[1] < 2:
         raise ValueError("surprisal needs at least two tokens")
+    ids = ids.to(model.device)
     with torch.inference_mode():
-        logits = model(ids.to(model.device)).logits[0, :-1].float()
-    probs = logits.softmax(-1)
-    top = probs.topk(min(k, probs.shape[-1]), dim=-1)
-    loss = torch.nn.functional.cross_entropy(logits, ids[0, 1:].to(logits.device), reduction="none")
-    return Surprisal(loss.cpu(), top.indices.cpu(), top.values.cpu())
+        hidden = model(ids, return_logits=False).hidden_states[:, :-1]       # the last position predicts nothing here
+        targets = ids[:, 1:]
+
+        def read(logits: Tensor, at: slice) -> tuple[Tensor, Tensor, Tensor]:
+            logits = logits.float()
+            top = logits.softmax(-1).topk(min(k, logits.shape[-1]), dim=-1)
+            return blocks.cross_entropy(logits, targets[:, at]), top.indices, top.values
+
+        loss, indices, values = blocks.by_blocks(model, hidden, read)
+    return Surprisal(loss[0].cpu(), indices[0].cpu(), values[0].cpu())
