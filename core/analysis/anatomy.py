@@ -9,7 +9,12 @@ pass's own records (core/probe.py), never from a second implementation of the mo
 
 All three read the stack that reads the text (Transformer.attention_stack): the main stack of a decoder (GPT-2,
 Llama) or of an encoder (BERT, no causal mask; MiniLM has no LM head, so no logits), and a seq2seq model's encoder
-(Marian: its self-attention; the decoder is not run, so no logits either).
+(Marian, T5: its self-attention; the decoder is not run, so no logits either).
+
+Each layer's attention terms are the model's own (core/attention.py, in this order): S = q·kᵀ·scale with the
+family's scale (stack.cfg.score_scale), the soft-cap c·tanh(S/c) (Gemma 2), the score bias (ALiBi's −m_h·(i − j),
+T5's relative buckets), then the mask, causal and on "sliding" layers a window i − j < w. The stages keep each
+apart, and the decomposition splits the value before the cap, the only place where a score is a sum.
 """
 from __future__ import annotations
 
@@ -20,11 +25,13 @@ from torch import Tensor
 
 from ..attention import causal_mask
 from ..layers import rope_angles, rotate
+from ..model import sliding_window_mask
 from ..probe import Probe
 
 # forward_stages' arrays in the order the pass computes them
 STAGES = ("tokens", "embeddings", "positions", "token_types", "resid_pre", "norm_scale", "attn_in", "q_unrotated",
-          "k_unrotated", "rope_angles", "q", "k", "v", "scores", "mask", "probs", "z", "attn_out", "mlp_in",
+          "k_unrotated", "rope_angles", "q", "k", "v", "scores", "capped", "bias", "scored", "mask", "probs", "z",
+          "attn_out", "mlp_in",
           "mlp_up", "mlp_gate", "mlp_hidden", "mlp_out", "resid_post", "final", "logits")
 STAGE_RECORDS = ("embed", "pos_embed", "type_embed", "resid_pre", "attn_in", "q_unrotated", "k_unrotated", "q", "k",
                  "v", "pattern", "z", "attn_out", "mlp_in", "mlp_up", "mlp_gate", "mlp_hidden", "mlp_out",
@@ -78,8 +85,46 @@ def recorded(model, ids: Tensor, names: tuple[str, ...], layers) -> tuple[dict[s
 
 
 def head_scale(stack) -> float:
-    """The factor on q·k (eq. 2.1): 1/√d_k, or 1 for a model trained without it."""
-    return stack.cfg.head_dim ** -0.5 if stack.cfg.scale_attention else 1.0
+    """The factor on q·k (eq. 2.1), the one the stack's attention uses: 1/√d_k, query_pre_attn_scalar^-½ (Gemma),
+    1 (T5, or a model trained without it)."""
+    return stack.cfg.score_scale
+
+
+# what each kind of score bias is called in words (ScoreBias.kind → label)
+BIAS_LABELS = {"alibi": "position bias (ALiBi)", "relative": "relative-position bias (T5)"}
+
+
+def layer_window(stack, layer: int) -> int | None:
+    """The sliding window w of `layer` (its keys i − j ≥ w back are masked), or None on a "full" layer."""
+    return stack.cfg.sliding_window if stack.cfg.layer_type(layer) == "sliding" else None
+
+
+def layer_mask(stack, layer: int, n: int) -> Tensor:
+    """[T, T] bool, the mask `layer` uses on one unpadded text: causal where the stack is, and the window."""
+    mask = causal_mask(n, n) if stack.cfg.causal else torch.ones(n, n, dtype=torch.bool)
+    window = layer_window(stack, layer)
+    return mask if window is None else mask & sliding_window_mask(n, n, window)
+
+
+def head_bias(stack, head: int, n: int, device) -> Tensor | None:
+    """[T, T] float32 the score bias of `head` on one unpadded text (ALiBi: −m_h·(i − j); T5: its bucket of
+    j − i), or None where the stack has none. Positions 0..T-1 are what the pass uses with no padding."""
+    if stack.score_bias is None:
+        return None
+    positions = torch.arange(n, device=device)[None]
+    with torch.inference_mode():
+        return cpu(stack.score_bias(positions, positions)[0, head])
+
+
+def layer_rope(model, stack, layer: int, positions: Tensor):
+    """cos, sin [B, 1, T, rotary_dim] of `layer` at position ids [B, T] (a "sliding" layer's own base where the
+    family has one), or None without RoPE."""
+    return model.rope(stack, positions, True, local=stack.cfg.layer_type(layer) == "sliding")
+
+
+def soft_cap(scores: Tensor, cap: float | None) -> Tensor:
+    """c·tanh(S / c), the soft-cap on scaled scores (Gemma 2); S itself without a cap."""
+    return scores if cap is None else cap * torch.tanh(scores / cap)
 
 
 def kv_head_of(stack, head: int) -> tuple[int, tuple[int, ...]]:
@@ -99,31 +144,48 @@ def cpu(t: Tensor | None) -> Tensor | None:
 class ForwardStages:
     """One text's trip through one head and its layer (names: STAGES). Arrays are on the CPU, float32 (tokens long,
     mask bool), T is the text's length, and a stage the model does not have is None. In Post-LN blocks (BERT,
-    Marian) the norm comes after each sublayer: attn_in is resid_pre, mlp_in is norm(resid_pre + attn_out), and
-    norm_scale is that norm's, the one after attention."""
+    Marian, OPT's Post-LN) the norm comes after each sublayer: attn_in is resid_pre, mlp_in is
+    norm(resid_pre + attn_out), and norm_scale is that norm's, the one after attention. In parallel blocks
+    (GPT-NeoX) mlp_in is norm₂(resid_pre), read beside attention; with sandwich norms (Gemma 2/3) attn_out and
+    mlp_out are after their post norms, what joins the residual stream.
+
+    The scores in eq. 2.1's order, as the layer computes them: scores·scale, capped = c·tanh(scores·scale / c)
+    where the family soft-caps (else None), scored = (capped or scores·scale) + bias, then softmax(scored + M)
+    with M from mask, which is probs."""
     kind: str                       # the stack: "self" (a decoder's or an encoder's main stack), "encoder" (seq2seq)
     layer: int
     head: int
     kv_head: int                    # the key/value head this query head reads
     shared_heads: tuple[int, ...]   # every query head that reads kv_head (more than one under GQA)
-    scale: float                    # the factor on q·k: 1/√d_k, or 1 for a model trained without it
+    scale: float                    # the factor on q·k: stack.cfg.score_scale (1/√d_k; Gemma's
+                                    # query_pre_attn_scalar^-½; 1 for T5 or a model trained without it)
+    layer_type: str                 # "full" or "sliding" (config.layer_type)
+    window: int | None              # the sliding window w of this layer: keys i − j ≥ w back are masked
+    softcap: float | None           # the soft-cap c on this layer's scaled scores (Gemma 2)
+    bias_kind: str | None           # the score bias: "alibi" (BLOOM), "relative" (T5), or None
     tokens: Tensor                  # [T] long, the ids
     embeddings: Tensor              # [T, d] the token rows × embed_scale
     positions: Tensor | None        # [T, d] added to them: learned (GPT-2, BERT) or sinusoidal (eq. 4.1, Marian)
     token_types: Tensor | None      # [T, d] (BERT)
     resid_pre: Tensor               # [T, d] the block's input (layer 0: the sum of the parts above, eq. 4.2; BERT
                                     # normalises it)
-    norm_scale: Tensor              # [T] 1/s of the attention norm: 1/rms(x) (RMSNorm), 1/√(σ² + ε) (LayerNorm)
+    norm_scale: Tensor              # [T] 1/s of the attention norm: 1/rms(x) (RMSNorm), 1/√(σ² + ε) (LayerNorm);
+                                    # its gain (γ, or Gemma's 1 + γ) multiplies after
     attn_in: Tensor                 # [T, d] what the head's projections read: norm(resid_pre) in Pre-LN
-    q_unrotated: Tensor             # [T, d_head] attn_in·W_Q + b_Q, before RoPE (equal to q without RoPE)
+    q_unrotated: Tensor             # [T, d_head] attn_in·W_Q + b_Q, before RoPE (equal to q without RoPE); with
+                                    # QK-norm (Qwen3, Gemma 3) after that norm, as the model records it
     k_unrotated: Tensor             # [T, d_head] of kv_head
-    rope_angles: Tensor | None      # [T, d_head/2] m·θ_i, the angle of frequency pair i at position m (RoPE only)
+    rope_angles: Tensor | None      # [T, rotary_dim/2] m·θ_i, the angle of frequency pair i at position m (RoPE
+                                    # only; the rotated dims only under partial rotary; a "sliding" layer's base)
     q: Tensor                       # [T, d_head] the queries as attention uses them (after RoPE)
     k: Tensor                       # [T, d_head]
     v: Tensor                       # [T, d_head]
     scores: Tensor                  # [T, T] S = q·kᵀ, before the scale and the mask
-    mask: Tensor                    # [T, T] bool, True where the query may read the key
-    probs: Tensor                   # [T, T] softmax(S·scale + M), eq. 2.1
+    capped: Tensor | None           # [T, T] c·tanh(S·scale / c), soft-capped models only
+    bias: Tensor | None             # [T, T] this head's score bias: ALiBi −m_h·(i − j), or T5's bucket bias
+    scored: Tensor                  # [T, T] what the mask and softmax read: (capped or S·scale) + bias
+    mask: Tensor                    # [T, T] bool, True where the query may read the key (causal, window)
+    probs: Tensor                   # [T, T] softmax(scored + M), eq. 2.1
     z: Tensor                       # [T, d_head] probs·v, the head's output before W^O
     attn_out: Tensor                # [T, d] the whole layer's attention output Σ_h z_h·W_O[h] + b_O (eq. 3.1)
     mlp_in: Tensor                  # [T, d]
@@ -140,7 +202,8 @@ def forward_stages(model, ids: Tensor, layer: int, head: int) -> ForwardStages:
     """Every stage of ids [1, T] through `head` of `layer` and the rest of its layer, from one recorded pass.
     Decoders (GPT-2, Llama) have every stage (positions only where learned, rope_angles only with RoPE,
     mlp_gate only when gated); BERT has no causal mask and adds token types; MiniLM has no logits; for Marian
-    these are the stages of its encoder's self-attention, with sinusoidal positions and no logits."""
+    and T5 these are the stages of the encoder's self-attention, with no logits. The mask, the window, the
+    scale, the cap and the bias are the layer's own (see ForwardStages); softmax(scored + M) is probs."""
     ids = check_text(model, ids)
     layer, head = check_head(model, layer, head)
     stack, kind = model.attention_stack()
@@ -154,19 +217,27 @@ def forward_stages(model, ids: Tensor, layer: int, head: int) -> ForwardStages:
     norm_input = rec["resid_pre"][layer] if block.pre_norm else rec["resid_pre"][layer] + rec["attn_out"][layer]
     with torch.inference_mode():
         norm_scale = 1 / block.attn_norm.divisor(norm_input)[:, 0]                      # [T]
+        # every position's whole row, [T, vocab], is the result: the Inside view follows any token and draws its
+        # full next-token distribution under temperature, top-k and top-p, on a text of a few dozen tokens
         logits = model.logits(hidden) if kind == "self" and model.lm_head is not None else None
     angles = None
     if stack.cfg.positional == "rope":
-        angles = rope_angles(torch.arange(n), model.inv_freq.cpu())                     # [T, d_head/2]
+        local = stack.cfg.layer_type(layer) == "sliding" and model.inv_freq_local is not None
+        angles = rope_angles(torch.arange(n), (model.inv_freq_local if local else model.inv_freq).cpu())  # [T, r/2]
+    scale, cap, bias = head_scale(stack), stack.cfg.attn_softcap, head_bias(stack, head, n, model.device)
+    scaled = (q @ k.T) * scale                                                          # eq. 2.1: QKᵀ·scale
+    capped = None if cap is None else soft_cap(scaled, cap)
+    scored = (scaled if capped is None else capped) + (0 if bias is None else bias)
     return ForwardStages(
-        kind=kind, layer=layer, head=head, kv_head=kv, shared_heads=shared, scale=head_scale(stack),
+        kind=kind, layer=layer, head=head, kv_head=kv, shared_heads=shared, scale=scale,
+        layer_type=stack.cfg.layer_type(layer), window=layer_window(stack, layer), softcap=cap,
+        bias_kind=None if stack.score_bias is None else stack.score_bias.kind,
         tokens=ids[0].cpu(), embeddings=embedded("embed"), positions=embedded("pos_embed"),
         token_types=embedded("type_embed"), resid_pre=at("resid_pre"),
         norm_scale=cpu(norm_scale), attn_in=at("attn_in"),
         q_unrotated=at("q_unrotated")[:, head], k_unrotated=at("k_unrotated")[:, kv], rope_angles=angles,
         q=q, k=k, v=at("v")[:, kv],
-        scores=q @ k.T,                                                                 # eq. 2.1: S = QKᵀ [T, T]
-        mask=causal_mask(n, n) if stack.cfg.causal else torch.ones(n, n, dtype=torch.bool),
+        scores=q @ k.T, capped=capped, bias=bias, scored=scored, mask=layer_mask(stack, layer, n),
         probs=at("pattern")[head], z=at("z")[:, head], attn_out=at("attn_out"),
         mlp_in=at("mlp_in"), mlp_up=at("mlp_up"), mlp_gate=at("mlp_gate"), mlp_hidden=at("mlp_hidden"),
         mlp_out=at("mlp_out"), resid_post=at("resid_post"), final=cpu(hidden[0]),
@@ -177,23 +248,35 @@ def forward_stages(model, ids: Tensor, layer: int, head: int) -> ForwardStages:
 
 @dataclass
 class ScoreDecomposition:
-    """score = q_query·k_key·scale, before the mask, as a sum over pairs of parts: matrix[a, b] is what query part
-    a and key part b give, and matrix.sum() is the score. The parts are the residual stream's: "embeddings",
-    "positions" (learned or sinusoidal), "token types" (BERT), "L3 attn" and "L3 MLP" for every layer before this
-    one, and "bias" (the q/k biases and every norm's β on the way). See score_decomposition."""
+    """score = q_query·k_key·scale, before the cap, the bias and the mask, as a sum over pairs of parts: matrix[a, b]
+    is what query part a and key part b give, and matrix.sum() is the score. The parts are the residual stream's:
+    "embeddings", "positions" (learned or sinusoidal), "token types" (BERT), "L3 attn" and "L3 MLP" for every
+    layer before this one, and "bias" (the q/k biases and every norm's β on the way). See score_decomposition.
+
+    After the sum come the layer's other terms, each its own stage: capped = c·tanh(score / c) where the family
+    soft-caps (a tanh: no part maps through it linearly, so the parts add up to the value before the cap), then
+    bias_term, the score bias at this (query, key), which carries the positions in ALiBi and T5. scored is what
+    the mask and softmax read: (capped or score) + bias_term."""
     layer: int
     head: int
     kv_head: int
     query: int                      # positions in the text
     key: int
-    score: float                    # q·k·scale from the pass's own queries and keys
+    score: float                    # q·k·scale from the pass's own queries and keys, before any cap
     allowed: bool                   # the mask lets this query read this key (False: the score is masked out)
     matrix: Tensor                  # [n_parts, n_parts] float32, query parts × key parts
     query_labels: list[str]
     key_labels: list[str]
+    scored: float = 0.0                         # what the mask and softmax read: (capped or score) + bias_term
+    softcap: float | None = None                # c, where the layer soft-caps its scores (Gemma 2)
+    capped: float | None = None                 # c·tanh(score / c): its own stage, not a sum of the parts
+    bias_term: float | None = None              # the score bias at (query, key): ALiBi −m_h·(i − j), T5's bucket
+    bias_label: str | None = None               # its name in words (BIAS_LABELS)
     unrotated_score: float | None = None        # RoPE: q_unrotated·k_unrotated·scale, the score without rotation
-    pair_scores: Tensor | None = None           # RoPE: [d_head/2] each frequency pair's part of the score
-    unrotated_pair_scores: Tensor | None = None  # RoPE: [d_head/2] the same without rotation
+    pair_scores: Tensor | None = None           # RoPE: [r/2] each rotated frequency pair's part of the score, and
+                                                # under partial rotary (r < d_head) one last entry: the unrotated
+                                                # dims' part, [r/2 + 1] in all
+    unrotated_pair_scores: Tensor | None = None  # RoPE: the same without rotation
     terms: dict[str, float] | None = None       # learned or sinusoidal positions: "token·token", "token·position",
                                                 # "position·token", "position·position" (query·key), summing to score
 
@@ -235,17 +318,46 @@ def residual_parts(stack, rec: dict, layer: int, at: Tensor) -> tuple[list[str],
     return labels, parts, bias
 
 
-def pair_sum(v: Tensor) -> Tensor:
-    """[..., d_head] → [..., d_head/2]: RoPE rotates dimensions i and i + d_head/2 together (rotate-half)."""
-    first, second = v.chunk(2, dim=-1)
-    return first + second
+def pair_sum(v: Tensor, rotary_dim: int | None = None) -> Tensor:
+    """[..., d_head] → [..., r/2]: RoPE rotates dimensions i and i + r/2 together (rotate-half), r = rotary_dim
+    (all of d_head by default). Under partial rotary (r < d_head) one more entry, the sum of the unrotated dims:
+    [..., r/2 + 1]. The entries add up to v.sum(-1)."""
+    r = v.shape[-1] if rotary_dim is None else rotary_dim
+    first, second = v[..., :r].chunk(2, dim=-1)
+    if r == v.shape[-1]:
+        return first + second
+    return torch.cat([first + second, v[..., r:].sum(-1, keepdim=True)], dim=-1)
+
+
+def head_parts(stack, w, layer: int, head: int, kv: int, rows: Tensor) -> tuple[Tensor, Tensor]:
+    """The query parts [n + 1, d_head] of `head` at rows[:, 0] and the key parts of `kv` at rows[:, 1] (rows
+    [n + 1, 2, d]: the residual parts and the bias row last), through W_Q, W_K, their biases (into the last row)
+    and, with QK-norm, the q/k norm frozen at this head's query and key before it (Norm.frozen over d_head),
+    before RoPE."""
+    q_parts = rows[:, 0] @ w.W_Q[head].float()                                          # [n + 1, d_head]
+    k_parts = rows[:, 1] @ w.W_K[kv].float()
+    if w.b_Q is not None:
+        q_parts[-1] += w.b_Q[head].float()
+        k_parts[-1] += w.b_K[kv].float()
+    attn = stack.blocks[layer].attn
+    if attn.q_norm is not None:  # the parts sum to the head's q before the norm: freeze the norm there
+        q_parts = torch.cat(through_norm(attn.q_norm, q_parts.sum(0), q_parts[:-1], q_parts[-1:]))
+        k_parts = torch.cat(through_norm(attn.k_norm, k_parts.sum(0), k_parts[:-1], k_parts[-1:]))
+    return q_parts, k_parts
 
 
 def score_decomposition(model, ids: Tensor, layer: int, head: int, query: int, key: int) -> ScoreDecomposition:
     """The attention score of `head` in `layer` from position `query` to position `key` of ids [1, T], as a sum
-    over pairs of residual-stream parts: q = Σ_a R_query(part_a·W_Q) + R_query(bias_q) and k likewise (R: RoPE's
-    rotation, where the model has it; biases: b_Q, b_K and every norm's β, through W_Q, W_K), so
-    score = Σ_ab (q_a·k_b)·scale = matrix.sum(), exact up to float rounding.
+    over pairs of residual-stream parts: q = Σ_a R_query(N_q(part_a·W_Q)) + R_query(N_q(bias_q)) and k likewise
+    (R: RoPE's rotation, where the model has it, of the rotated dims only under partial rotary; N_q: QK-norm frozen
+    at this head's query before it, where the model has one; biases: b_Q, b_K and every norm's β, through W_Q,
+    W_K), so score = Σ_ab (q_a·k_b)·scale = matrix.sum(), exact up to float rounding; scale is the layer's own.
+
+    The terms after the sum are their own stages (ScoreDecomposition): the soft-cap c·tanh(score / c) is a tanh,
+    so no part maps through it linearly and the parts add up to the value before it; the score bias (ALiBi, T5)
+    is added after, a part of its own that carries the positions in those families (their residual stream has
+    no positions part). Parallel blocks (GPT-NeoX) add attn_out and mlp_out to the same residual stream, and
+    with sandwich norms (Gemma 2/3) those records are after the post norms: both are plain Pre-LN sums.
 
     Every norm on the way is frozen at its value on this input (Norm.frozen): the sum is this input's
     linearisation, exact here and not a decomposition that holds for another text. Pre-LN (GPT-2, Llama) reads
@@ -264,33 +376,37 @@ def score_decomposition(model, ids: Tensor, layer: int, head: int, query: int, k
     key = check_index(key, n, "key position", "the text has positions")
     stack, kind = model.attention_stack()
     kv, _ = kv_head_of(stack, head)
-    scale = head_scale(stack)
+    scale, cap = head_scale(stack), stack.cfg.attn_softcap
     rec, _ = recorded(model, ids, DECOMPOSITION_RECORDS, range(layer + 1))
     at = torch.tensor([query, key], device=model.device)
     with torch.inference_mode():
         labels, parts, bias = residual_parts(stack, rec, layer, at)
         rows = torch.cat([parts, bias[None]])                                           # [n + 1, 2, d]
-        w = model.head_weights(layer, kind)
-        q_parts = rows[:, 0] @ w.W_Q[head].float()                                      # [n + 1, d_head]
-        k_parts = rows[:, 1] @ w.W_K[kv].float()
-        if w.b_Q is not None:
-            q_parts[-1] += w.b_Q[head].float()
-            k_parts[-1] += w.b_K[kv].float()
-        rope = model.rope(stack, at[None], True)                                        # cos, sin [1, 1, 2, d_head]
+        q_parts, k_parts = head_parts(stack, model.head_weights(layer, kind), layer, head, kv, rows)
+        rope = layer_rope(model, stack, layer, at[None])                                # cos, sin [1, 1, 2, r]
         if rope is not None:
             cos, sin = (t[0, 0].float() for t in rope)
             q_parts, k_parts = rotate(q_parts, cos[0], sin[0]), rotate(k_parts, cos[1], sin[1])
         matrix = (q_parts @ k_parts.T) * scale                                          # [n + 1, n + 1]
         q, k = rec["q"][layer][query, head].float(), rec["k"][layer][key, kv].float()   # [d_head]
         labels = labels + ["bias"]
-        result = ScoreDecomposition(layer, head, kv, query, key, (q @ k).item() * scale,
-                                    key <= query or not stack.cfg.causal, cpu(matrix), labels, list(labels))
+        score = (q @ k).item() * scale
+        allowed = bool(layer_mask(stack, layer, n)[query, key])
+        result = ScoreDecomposition(layer, head, kv, query, key, score, allowed, cpu(matrix), labels, list(labels))
+        result.softcap, result.scored = cap, score
+        if cap is not None:  # a tanh: its own stage after the sum
+            result.capped = result.scored = soft_cap(torch.tensor(score, dtype=torch.float64), cap).item()
+        if stack.score_bias is not None:  # positions [1, 1] of the query and of the key: bias [1, H, 1, 1]
+            result.bias_term = stack.score_bias(at[None, :1], at[None, 1:])[0, head, 0, 0].item()
+            result.bias_label = BIAS_LABELS[stack.score_bias.kind]
+            result.scored += result.bias_term
         if rope is not None:
+            r = rope[0].shape[-1]
             q_u = rec["q_unrotated"][layer][query, head].float()
             k_u = rec["k_unrotated"][layer][key, kv].float()
             result.unrotated_score = (q_u @ k_u).item() * scale
-            result.pair_scores = cpu(pair_sum(q * k) * scale)                           # [d_head/2]
-            result.unrotated_pair_scores = cpu(pair_sum(q_u * k_u) * scale)
+            result.pair_scores = cpu(pair_sum(q * k, r) * scale)                        # [r/2] (+1 if r < d_head)
+            result.unrotated_pair_scores = cpu(pair_sum(q_u * k_u, r) * scale)
     if "positions" in labels:
         result.terms = position_terms(result.matrix, labels.index("positions"))
     return result

@@ -41,7 +41,8 @@ def check_token(model, token: int, name: str) -> int:
 
 
 def metric(model, hidden: Tensor, answer: int, foil: int) -> Tensor:
-    """logit(answer) − logit(foil) at the last position of hidden [B, T, d] → [B] float32."""
+    """logit(answer) − logit(foil) at the last position of hidden [B, T, d] → [B] float32: the logits of that
+    position alone, [B, vocab], never the whole text's."""
     logits = model.logits(hidden[:, -1:])[:, 0].float()
     return logits[:, answer] - logits[:, foil]
 
@@ -189,9 +190,9 @@ def patch_sweep(model, clean_ids: Tensor, corrupted_ids: Tensor, answer: int, fo
     runs = {}
     with torch.inference_mode():
         for name, ids in (("clean", clean_ids), ("corrupted", corrupted_ids)):
-            out = model(ids.to(model.device), record=record)
-            logits = out.logits[0, -1].float()
-            runs[name] = dict(out.records, metric=(logits[answer] - logits[foil]).item(), ids=ids.to(model.device))
+            out = model(ids.to(model.device), record=record, return_logits=False)
+            runs[name] = dict(out.records, metric=metric(model, out.hidden_states, answer, foil).item(),
+                              ids=ids.to(model.device))
         clean, corrupted = runs["clean"]["metric"], runs["corrupted"]["metric"]
         if clean == corrupted:
             raise ValueError(f"the clean and corrupted runs give the same logit difference ({clean:.4g}): "
@@ -268,9 +269,9 @@ def logit_attribution(model, ids: Tensor, answer: int, foil: int, position: int 
         raise IndexError(f"position {position} is out of range: the text has positions 0..{n - 1}")
     position %= n
     with torch.inference_mode():
-        out = model(ids.to(model.device), record={"resid_pre", "z", "mlp_out", "resid_post"})
+        out = model(ids.to(model.device), record={"resid_pre", "z", "mlp_out", "resid_post"}, return_logits=False)
         rec = out.records
-        logits = out.logits[0, position].float()
+        logits = model.logits(out.hidden_states[:, position])[0].float()           # [vocab], this position's only
         W_U, b_U = unembedding(model)
         direction = (W_U[answer] - W_U[foil]).float()                                    # [d]
         final = model.stack.final_norm
@@ -401,7 +402,8 @@ def flow_graph(model, ids: Tensor, position: int = -1, threshold: float = 0.04) 
     if not 0 <= threshold <= 1:
         raise ValueError(f"the threshold is an importance between 0 and 1, got {threshold}")
     with torch.inference_mode():
-        out = model(ids.to(model.device), record={"resid_pre", "v", "pattern", "attn_out", "mlp_out", "resid_post"})
+        out = model(ids.to(model.device), record={"resid_pre", "v", "pattern", "attn_out", "mlp_out", "resid_post"},
+                    return_logits=False)                                                # the graph reads no logits
         rec = out.records
         group = cfg.n_heads // cfg.n_kv_heads
         heads, attn_residual, mlp, mlp_residual = [], [], [], []
