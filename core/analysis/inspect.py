@@ -43,7 +43,7 @@ def queries_keys(model, input_ids: Tensor, layer: int, rotate: bool = True,
     model.head_weights(layer)  # checks the layer
     names = ("q", "k") if rotate else ("q_unrotated", "k_unrotated")
     with torch.inference_mode():
-        records = model(input_ids, attention_mask=attention_mask, record=names).records
+        records = model(input_ids, attention_mask=attention_mask, record=names, return_logits=False).records
     return records[names[0]][layer].transpose(1, 2), records[names[1]][layer].transpose(1, 2)
 
 
