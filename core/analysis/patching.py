@@ -7,8 +7,10 @@ last position (answer and foil are token ids), and all three read the forward pa
   run with one from the corrupted run (noising), for every layer × position or layer × head, and report how
   much of the clean metric comes back. It shows a sufficient path on this pair, not the only one.
 - logit_attribution: the final residual stream is a sum of the embeddings, every head's output and every MLP's
-  output (Pre-LN); with the final norm's scale frozen at its value on this input, the metric splits into one
-  exact part per head and per MLP.
+  output (Pre-LN, sequential or parallel blocks); with the final norm's scale frozen at its value on this input,
+  the metric splits into one exact part per head and per MLP. Sandwich norms (Gemma 2/3) put a norm on the
+  attention's output: each head's part passes it frozen at its input too. A final soft-cap c·tanh(·/c) (Gemma 2)
+  is no sum: the split is of the metric before the cap, and the capped metric is its own stage.
 - flow_graph: the contribution graph of Ferrando & Voita (2024, "Information Flow Routes"): each residual state
   is a sum of parts (its residual input, each head's contribution from each earlier token, the MLP's output),
   each part weighted by its proximity to the sum; a token→token attention edge adds its heads' weights, and the
@@ -231,8 +233,11 @@ class LogitAttribution:
     heads: Tensor               # [L, H] each head's direct part of logit(answer) − logit(foil)
     mlps: Tensor                # [L]
     embeddings: float           # the token (and position) embeddings' part
-    biases: float               # the attention output biases, the final norm's β and the LM head's bias
-    total: float                # logit(answer) − logit(foil) from the model's logits
+    biases: float               # the attention output biases (through any post-norm), the norms' β, the LM head's bias
+    total: float                # logit(answer) − logit(foil) before any final soft-cap: what the parts add up to
+    capped: float | None = None     # the model's own difference after its final soft-cap (Gemma 2), else None
+    softcap: float | None = None    # the cap c of that stage, c·tanh(logit / c)
+    post_norm: bool = False     # sandwich norms: each head's part passed the attention post-norm frozen at its input
 
     @property
     def rest(self) -> float:
@@ -242,12 +247,18 @@ class LogitAttribution:
     def parts_sum(self) -> float:
         return self.heads.sum().item() + self.mlps.sum().item() + self.rest
 
+    @property
+    def model_total(self) -> float:
+        """logit(answer) − logit(foil) as the model gives it: after the cap where there is one."""
+        return self.total if self.capped is None else self.capped
+
 
 def check_pre_norm(model, what: str) -> None:
     cfg = model.config
     if cfg.norm_placement != "pre" or model.lm_head.dense is not None:
-        raise ValueError(f"{what} reads the final residual stream as a sum of parts: it needs Pre-LN blocks "
-                         "(a Post-LN block's norm mixes the parts)")
+        raise ValueError(f"{what} reads the residual stream as a sum of parts: it needs Pre-LN blocks "
+                         f"(x + f(norm(x))), and this {cfg.model_type or cfg.family} model is Post-LN: the norm "
+                         "after each block, norm(x + f(x)), mixes the parts, so no part has a share of its own")
 
 
 def unembedding(model) -> tuple[Tensor, Tensor | None]:
@@ -256,10 +267,29 @@ def unembedding(model) -> tuple[Tensor, Tensor | None]:
     return (model.stack.embed.tokens.weight if head.weight is None else head.weight), head.bias
 
 
+def head_outputs(model, layer: int, z: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """What each head writes into the residual stream at one position, from z [H, d_head]: the parts
+    [H, d] z_h·W_O[h], the output bias's part [d] (or None) and the post-norm's β (or None), all float32.
+    They add up to the layer's attn_out. With a sandwich post-norm (Gemma 2/3) attn_out = post_norm(u),
+    u = Σ_h z_h·W_O[h] + b_O: every part passes the post-norm frozen at u (Norm.frozen), post_norm(u) =
+    frozen(u)(u) + β, so the sum still holds exactly."""
+    w = model.head_weights(layer)
+    parts = torch.einsum("hk,hkd->hd", z.float(), w.W_O.float())                         # [H, d]
+    bias = None if w.b_O is None else w.b_O.float()
+    post = model.stack.blocks[layer].attn_post_norm
+    if post is None:
+        return parts, bias, None
+    u = parts.sum(0) + (bias if bias is not None else 0)                                 # [d], post-norm's input
+    frozen = post.frozen(u)
+    return frozen(parts), (None if bias is None else frozen(bias)), (None if post.bias is None else post.bias.float())
+
+
 def logit_attribution(model, ids: Tensor, answer: int, foil: int, position: int = -1) -> LogitAttribution:
     """Direct logit attribution of logit(answer) − logit(foil) at `position` of ids [1, T]: each head's output
-    z_h·W_O[h], each MLP's output and the embeddings, read through the final norm with its scale frozen at its
-    value on this input and projected on W_U[answer] − W_U[foil]. The parts add up to the total exactly."""
+    z_h·W_O[h] (through a sandwich post-norm frozen at its input, see head_outputs), each MLP's output and the
+    embeddings, read through the final norm with its scale frozen at its value on this input and projected on
+    W_U[answer] − W_U[foil]. The parts add up to the total exactly. A final soft-cap (Gemma 2) is a tanh of each
+    logit, not a sum: `total` is the difference before the cap, and `capped` the model's own after it."""
     check_decoder(model, "direct logit attribution")
     check_pre_norm(model, "direct logit attribution")
     cfg = model.config
@@ -271,19 +301,23 @@ def logit_attribution(model, ids: Tensor, answer: int, foil: int, position: int 
     with torch.inference_mode():
         out = model(ids.to(model.device), record={"resid_pre", "z", "mlp_out", "resid_post"}, return_logits=False)
         rec = out.records
-        logits = model.logits(out.hidden_states[:, position])[0].float()           # [vocab], this position's only
         W_U, b_U = unembedding(model)
-        direction = (W_U[answer] - W_U[foil]).float()                                    # [d]
+        head = model.lm_head
+        # the two logits before the final cap, as LMHead computes them: (h·scale)·W_Uᵀ + b_U
+        hidden = out.hidden_states[0, position].float() * head.scale                     # [d]
+        raw = W_U[[answer, foil]].float() @ hidden + (0 if b_U is None else b_U[[answer, foil]].float())   # [2]
+        capped = None if head.softcap is None else head.capped(raw)
+        direction = (W_U[answer] - W_U[foil]).float() * head.scale                       # [d]
         final = model.stack.final_norm
         frozen = final.frozen(rec["resid_post"][-1][0, position]) if final is not None else (lambda c: c.float())
         part = lambda c: frozen(c) @ direction                                           # noqa: E731  [..., d] → [...]
         heads, biases = [], 0.0
         for l in range(cfg.n_layers):
-            w = model.head_weights(l)
-            per_head = torch.einsum("hk,hkd->hd", rec["z"][l][0, position], w.W_O)       # [H, d]
+            per_head, bias, beta = head_outputs(model, l, rec["z"][l][0, position])      # [H, d], [d], [d]
             heads.append(part(per_head))
-            if w.b_O is not None:
-                biases += part(w.b_O).item()
+            for vector in (bias, beta):
+                if vector is not None:
+                    biases += part(vector).item()
         mlps = torch.stack([part(rec["mlp_out"][l][0, position]) for l in range(cfg.n_layers)])
         if final is not None and final.bias is not None:
             biases += (final.bias.float() @ direction).item()
@@ -291,7 +325,8 @@ def logit_attribution(model, ids: Tensor, answer: int, foil: int, position: int 
             biases += (b_U[answer] - b_U[foil]).item()
         embeddings = part(rec["resid_pre"][0][0, position]).item()
     return LogitAttribution(answer, foil, position, torch.stack(heads).cpu(), mlps.cpu(), embeddings, biases,
-                            (logits[answer] - logits[foil]).item())
+                            (raw[0] - raw[1]).item(), None if capped is None else (capped[0] - capped[1]).item(),
+                            head.softcap, model.stack.blocks[0].attn_post_norm is not None)
 
 
 # ---- the information-flow graph ----

@@ -87,3 +87,50 @@ def test_encoder_decoders_are_refused_in_words(name):
                  lambda: patching.flow_graph(model, clean)):
         with pytest.raises(ValueError, match="decoder-only"):
             call()
+
+
+def uncapped_logit_difference(model, ids, position):
+    """The model's own logit difference with its final soft-cap switched off (the logits before the cap)."""
+    cap, model.lm_head.softcap = model.lm_head.softcap, None
+    try:
+        return logit_difference(model, ids, position=position)
+    finally:
+        model.lm_head.softcap = cap
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_logit_attribution_adds_up_before_the_cap_and_the_cap_is_its_own_stage(name):
+    model = model_of(name)
+    clean, _ = prompts(seed=1)
+    if name in POST_LN:
+        with pytest.raises(ValueError, match="Post-LN.*mixes the parts"):
+            patching.logit_attribution(model, clean, ANSWER, FOIL)
+        return
+    for position in (-1, 6):
+        with torch.inference_mode():
+            parts = patching.logit_attribution(model, clean, ANSWER, FOIL, position=position)
+            own = logit_difference(model, clean, position=position)
+            before_cap = uncapped_logit_difference(model, clean, position)
+        assert parts.total == pytest.approx(before_cap, abs=1e-5)
+        assert abs(parts.parts_sum - before_cap) <= 1e-4, (name, parts.parts_sum, before_cap)
+        assert parts.model_total == pytest.approx(own, abs=1e-5)
+        if model.config.final_softcap is not None:
+            assert parts.softcap == model.config.final_softcap and parts.capped == pytest.approx(own, abs=1e-5)
+            assert abs(parts.total - own) > 1e-3       # the cap changes the difference on these weights
+        else:
+            assert parts.capped is None and parts.total == pytest.approx(own, abs=1e-5)
+        assert parts.post_norm == model.config.sandwich_norm
+
+
+@pytest.mark.parametrize("name", [n for n in DECODERS if n not in POST_LN])
+def test_each_layers_head_parts_add_up_to_its_attn_out(name):
+    # the per-head parts, through a sandwich post-norm frozen at its input, are what attn_out records
+    model = model_of(name)
+    clean, _ = prompts(seed=2)
+    with torch.inference_mode():
+        rec = model(clean, record={"z", "attn_out"}).records
+        for l in range(model.config.n_layers):
+            for position in (0, 7, N - 1):
+                heads, bias, beta = patching.head_outputs(model, l, rec["z"][l][0, position])
+                total = heads.sum(0) + sum(v for v in (bias, beta) if v is not None)
+                torch.testing.assert_close(total, rec["attn_out"][l][0, position].float(), atol=1e-5, rtol=1e-5)
