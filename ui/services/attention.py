@@ -157,3 +157,11 @@ def checked_settings(model, text, layer, head, q_start, k_start, window, max_tok
     q_start = check_range("Window query start", q_start, 0, max(n - 1, 0))
     k_start = check_range("Window key start", k_start, 0, max(n - 1, 0))
     return tokens, layer, head, q_start, k_start, window
+
+
+def score_formula(cfg) -> str:
+    """The scaled scores of eq. 2.1 as this model computes them: "QKᵀ/√d_k", or QKᵀ times its own factor
+    (1 for T5, query_pre_attn_scalar^-½ for Gemma 2 and 3; config.score_scale)."""
+    if cfg.attn_scale is None and cfg.scale_attention:
+        return "QKᵀ/√d_k"
+    return "QKᵀ (no 1/√d_k)" if cfg.score_scale == 1.0 else f"QKᵀ × {cfg.score_scale:.4g}"

@@ -93,6 +93,46 @@ def cosine_similarity(x: np.ndarray) -> np.ndarray:
     return unit @ unit.T
 
 
+def position_table(model) -> tuple[np.ndarray | None, int]:
+    """The learned position table from the row that position 0 reads ([positions, d]), and that row: OPT reads
+    position p at row p + 2, the others at row p. (None, 0) without a learned table."""
+    table = learned_positions(model)
+    offset = model.config.position_offset
+    return (None, 0) if table is None else (to_numpy(table[offset:]), offset)
+
+
+def layer_rope_frequencies(model, layer: int) -> torch.Tensor | None:
+    """θ_i of one layer's RoPE [rotary_dim/2]: a "sliding" layer's own base where the family gives it one (Gemma 3),
+    else the model's; None without RoPE."""
+    local = getattr(model, "inv_freq_local", None)
+    if local is not None and model.config.layer_type(layer) == "sliding":
+        return local
+    return rope_frequencies(model)
+
+
+def layer_rope_base(cfg, layer: int) -> float:
+    """The RoPE base of one layer (rope_local_theta on a "sliding" layer where the family sets one)."""
+    local = cfg.rope_local_theta and cfg.rope_local_theta != cfg.rope_theta and cfg.layer_type(layer) == "sliding"
+    return cfg.rope_local_theta if local else cfg.rope_theta
+
+
+def score_bias_by_distance(model, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The bias that the stack the views read (model.attention_stack) adds to every layer's scores, per head,
+    against the distance i − j from a query back to its key: distances [D] and bias [H, D] float32. ALiBi's is
+    −m_h·(i − j); T5's is its learned value for the bucket of j − i. A causal stack sees keys 0..n−1 back; a
+    bidirectional one (T5's encoder) also keys up to n−1 ahead, at negative distances."""
+    stack = model.attention_stack()[0]
+    if stack.score_bias is None:
+        raise UserError(f"{model.config.family} adds no bias to its scores: its positions are "
+                        f"{model.config.positional}.")
+    distances = np.arange(0, n) if stack.cfg.causal else np.arange(-(n - 1), n)
+    query = n - 1                                      # keys at query − distance, all at positions ≥ 0
+    keys = torch.as_tensor(query - distances, device=model.device)[None]                     # [1, D]
+    with torch.inference_mode():
+        bias = stack.score_bias(torch.tensor([[query]], device=model.device), keys)          # [1, H, 1, D]
+    return distances, to_numpy(bias[0, :, 0].float())
+
+
 def rope_scores(
     model,
     ids: list[int],
@@ -103,15 +143,17 @@ def rope_scores(
     distances: np.ndarray,
     offsets: list[int],
 ):
-    """Score of one real query/key pair (the layer's own projections, before rotation) placed at relative
-    distance Δ, for several absolute offsets m: q at position m + Δ, k at position m. RoPE makes the curves equal."""
+    """Score q·k × scale (the model's own factor on QKᵀ, before any soft-cap) of one real query/key pair (the
+    layer's own projections, after any QK-norm, before rotation) placed at relative distance Δ, for several absolute
+    offsets m: q at position m + Δ, k at position m. RoPE (with this layer's base, on its rotary dims) makes the
+    curves equal."""
     cfg = model.config
     q, k = queries_keys(model, as_batch(ids, model.device), layer, rotate=False)  # [1, H, T, hd], [1, H_kv, T, hd]
     kv_head = head // (cfg.n_heads // cfg.n_kv_heads)
     q_vec = q[0, head, query_pos].float()
     k_vec = k[0, kv_head, key_pos].float()
-    inv_freq = rope_frequencies(model)
-    scale = cfg.head_dim**-0.5
+    inv_freq = layer_rope_frequencies(model, layer)
+    scale = cfg.score_scale
     curves = {}
     for m in offsets:
         q_pos = torch.as_tensor(m + distances, dtype=torch.long, device=q_vec.device)[None]  # [1, D]

@@ -8,7 +8,27 @@ from ui.services.inside import parameter_counts
 FAMILY_WORDS = {
     "marian": "an encoder-decoder translation model family, as in MarianMT: an encoder reads the source, a decoder "
               "writes the output and reads the encoder through cross-attention",
+    "gpt_neox": "a decoder (EleutherAI's Pythia, GPT-NeoX) whose RoPE turns only part of each head (rotary_pct), and "
+                "whose blocks are usually parallel: attention and the feed-forward both read the block's input and "
+                "their outputs are added together, x + attn(norm₁ x) + mlp(norm₂ x)",
+    "bloom": "a decoder with no position embeddings at all: ALiBi adds −m_h·(i − j) to each head's scores, a penalty "
+             "that grows linearly with distance, with a fixed slope m_h per head",
+    "opt": "Meta's decoder in the GPT-2 layout (learned positions, LayerNorm), whose position table is read two rows "
+           "on (position p uses row p + 2); OPT-350M puts the norm after each sublayer (Post-LN), the others before",
+    "llama": "a decoder with RoPE, RMSNorm and a gated (SwiGLU) feed-forward, as in Llama; Mistral's layers see only "
+             "a sliding window of recent keys, Qwen3's normalise each head's queries and keys (QK-norm)",
+    "phi3": "Microsoft's decoder in the Llama layout (RoPE, RMSNorm, gated feed-forward) with fused projections; some "
+            "checkpoints see only a sliding window of recent keys, others turn only part of each head with RoPE",
+    "gemma": "Google's decoder in the Llama layout with norms that scale by 1 + γ and embeddings multiplied by √d; "
+             "Gemma 2 and 3 alternate sliding-window and full layers, put a second norm on each sublayer's output "
+             "(sandwich norms) and scale the scores by their own factor; Gemma 2 soft-caps scores and logits "
+             "(c·tanh(x / c)), Gemma 3 normalises queries and keys (QK-norm)",
+    "t5": "Google's encoder-decoder: no position embeddings, but a learned bias per head for each bucket of "
+          "relative distance j − i, added to the scores (exact for near keys, logarithmic buckets further away); "
+          "RMSNorm before each sublayer and no 1/√d_k on the scores",
 }
+
+FAMILY_NAMES = {"gpt_neox": "GPT-NeoX", "bloom": "BLOOM", "opt": "OPT", "phi3": "Phi-3", "t5": "T5"}  # as written
 
 
 def parameter_table(model) -> list[list[str]]:
@@ -37,11 +57,21 @@ def parameter_table(model) -> list[list[str]]:
         "attention": "attention (all layers)",
         "feed_forward": "feed-forward (all layers)",
         "lm_head": "LM head" + lm_head_note(model, counts.get("lm_head", 0)),
+        "position_bias": "relative-position bias tables (one per stack)",
     }
-    for part in ("embeddings", "attention", "feed_forward", "norms", "lm_head", "total"):
-        if part in counts:
+    for part in ("embeddings", "attention", "feed_forward", "norms", "position_bias", "lm_head", "total"):
+        if part in counts and (counts[part] or part != "position_bias"):
             rows.append([names.get(part, part), f"{counts[part]:,}", "", ""])
     return rows
+
+
+def positions_words(cfg) -> str:
+    """The config's `positional`, and where a model with "none" gets its positions from instead."""
+    if cfg.positional == "none" and cfg.score_bias == "alibi":
+        return "none added to the embeddings (ALiBi: a bias on the scores)"
+    if cfg.positional == "none" and cfg.score_bias == "relative":
+        return "none added to the embeddings (a relative-position bias on the scores)"
+    return cfg.positional
 
 
 def lm_head_note(model, own_parameters: int) -> str:
@@ -50,6 +80,42 @@ def lm_head_note(model, own_parameters: int) -> str:
     if own_parameters == 0 or model.config.tie_word_embeddings:
         return " (tied: it reuses the token embeddings)"
     return ""
+
+
+def attention_terms(cfg) -> list[str]:
+    """The named terms of this model's attention and blocks (core/attention.py, core/model.py), in words."""
+    scale = cfg.score_scale
+    plain = cfg.attn_scale is None and cfg.scale_attention
+    terms = ["scores QKᵀ/√d_k" if plain else f"scores QKᵀ × {scale:.4g}" + (" (no 1/√d_k)" if scale == 1 else "")]
+    if cfg.attn_softcap is not None:
+        terms.append(f"soft-capped to {cfg.attn_softcap:g}·tanh(S / {cfg.attn_softcap:g})")
+    if cfg.score_bias == "alibi":
+        terms.append("+ ALiBi bias −m_h·(i − j)")
+    elif cfg.score_bias == "relative":
+        terms.append(f"+ learned relative-position bias ({cfg.relative_buckets} buckets per head, distances past "
+                     f"{cfg.relative_max_distance} share the last)")
+    sliding = [i for i in range(cfg.n_layers) if cfg.layer_type(i) == "sliding"]
+    if sliding and cfg.sliding_window is not None:
+        where = "every layer" if len(sliding) == cfg.n_layers else f"layers {', '.join(map(str, sliding))}"
+        terms.append(f"a sliding window of {cfg.sliding_window} keys on {where}")
+    if cfg.rope_local_theta and cfg.rope_local_theta != cfg.rope_theta and sliding:
+        terms.append(f"RoPE base {cfg.rope_local_theta:g} on the sliding layers, {cfg.rope_theta:g} on the others")
+    rotated = 2 * ((cfg.rotary_dim + 1) // 2)  # one pair per frequency θ_i: rotary_dim rounded up to even
+    if cfg.positional == "rope" and cfg.rotary_dim and rotated < cfg.head_dim:
+        terms.append(f"RoPE on the first {rotated} of {cfg.head_dim} dimensions of each head (partial)")
+    if cfg.qk_norm:
+        terms.append("QK-norm (RMSNorm on each head's q and k, before RoPE)")
+    if cfg.parallel_block:
+        terms.append("parallel blocks x + attn(norm₁ x) + mlp(norm₂ x)")
+    if cfg.sandwich_norm:
+        terms.append("sandwich norms (a norm on each sublayer's output too)")
+    if cfg.norm_offset:
+        terms.append(f"norms scale by {cfg.norm_offset:g} + γ")
+    if cfg.position_offset:
+        terms.append(f"position p reads row p + {cfg.position_offset} of the position table")
+    if cfg.final_softcap is not None:
+        terms.append(f"logits soft-capped to {cfg.final_softcap:g}·tanh(z / {cfg.final_softcap:g})")
+    return terms
 
 
 def model_card(name: str, model, source: str = "") -> str:
@@ -66,8 +132,9 @@ def model_card(name: str, model, source: str = "") -> str:
         f"### {name}",
         f"**{cfg.family}** {kind}: {cfg.n_layers} layers, {cfg.n_heads} heads{gqa}, d = {d}, d_k = {cfg.head_dim}, "
         f"d_ff = {cfg.d_ff}, vocabulary {cfg.vocab_size:,}, context {cfg.max_positions:,} tokens.  ",
-        f"Positions: **{cfg.positional}**; norm: {cfg.norm} ({cfg.norm_placement}-LN).  ",
-        f"{cfg.family.capitalize()}: {FAMILY_WORDS[cfg.family]}.  " if cfg.family in FAMILY_WORDS else "",
+        f"Positions: **{positions_words(cfg)}**; norm: {cfg.norm} ({cfg.norm_placement}-LN).  ",
+        f"Attention: {'; '.join(attention_terms(cfg))}.  ",
+        f"{FAMILY_NAMES.get(cfg.family, cfg.family.capitalize())}: {FAMILY_WORDS[cfg.family]}.  " if cfg.family in FAMILY_WORDS else "",
         source,
         "",
         "| part | parameters | theory | measured / theory |",
@@ -93,6 +160,12 @@ def model_card(name: str, model, source: str = "") -> str:
             f"{mats * d * cfg.d_ff:,}, "
             "against 8d² for the theory's 2 matrices with d_ff = 4d."
         )
+    if cfg.qk_norm:
+        notes.append(f"Attention includes the q and k norms: 2 × d_k = {2 * cfg.head_dim} weights per layer.")
+    if cfg.sandwich_norm:
+        notes.append("Norms include the sandwich norms on each sublayer's output: four norms per layer.")
+    if cfg.score_bias == "alibi":
+        notes.append("ALiBi's slopes are fixed (2^(−8h/H)), not learned: no parameters.")
     if notes:
         lines += ["", *("- " + n for n in notes)]
     return "\n".join(lines)

@@ -11,10 +11,11 @@ from ui.plots.charts import line_figure, matrix_heatmap
 from ui.services import Services
 from ui.services.checks import UserError, check_range, index_of, parse_head, public_text
 from ui.plots.text import escaped
-from ui.services.positions import learned_positions, rope_frequencies  # the model's own tables
+from ui.services.attention import score_formula
 from ui.services.positions import (PERMUTATION_TOKENS, check_offset, check_positions, check_sinusoid_size,
-                                   check_start, cosine_similarity, pe_shift_check, permutation_check, rope_scores,
-                                   sinusoidal)
+                                   check_start, cosine_similarity, layer_rope_base, layer_rope_frequencies,
+                                   pe_shift_check, permutation_check, position_table, rope_scores,
+                                   score_bias_by_distance, sinusoidal)
 from ui.services.text import encode, to_numpy
 from ui.views import export
 from ui.views.export import named
@@ -78,16 +79,26 @@ def rotation_text(n: int, d: int, k: int) -> str:
     )
 
 
+def no_table_reason(cfg) -> str:
+    """Why a model has no learned position table, in words."""
+    if cfg.positional == "sinusoidal":
+        return f"{cfg.family} adds the fixed sinusoids shown above: it has no learned position table."
+    if cfg.score_bias != "none":
+        return (f"{cfg.family} adds no positions to its embeddings: its positions are a bias on the scores "
+                f"({bias_words(cfg)}), drawn under 'Score vs distance' below.")
+    return f"{cfg.family} uses {cfg.positional} positions: it has no learned position table."
+
+
+def bias_words(cfg) -> str:
+    return ("ALiBi: −m_h·(i − j), a fixed slope per head" if cfg.score_bias == "alibi"
+            else "T5's learned value per head for each bucket of relative distance")
+
+
 def learned_figures(model, n: int, data: dict | None = None):
-    table = learned_positions(model)
+    table, offset = position_table(model)
     if table is None:
-        reason = (
-            f"{model.config.family} adds the fixed sinusoids shown above: it has no learned position table."
-            if model.config.positional == "sinusoidal"
-            else f"{model.config.family} uses {model.config.positional} positions: it has no learned position table."
-        )
-        return empty_figure(reason), empty_figure(reason)
-    table = to_numpy(table)
+        reason = no_table_reason(model.config)  # said under the figures too where positions are elsewhere
+        return empty_figure(reason), empty_figure(reason), reason if model.config.score_bias != "none" else ""
     rows = min(table.shape[0], max(2, n), max(2, MAX_LEARNED_CELLS // table.shape[1]))
     shown = table[:rows]
     if data is not None:
@@ -98,7 +109,7 @@ def learned_figures(model, n: int, data: dict | None = None):
     heat = matrix_heatmap(
         shown,
         f"This model's learned position embeddings (first {rows} of {table.shape[0]}; colours clipped at the 99th "
-        "percentile)",
+        "percentile)" + (f"; position p is row p + {offset} of its table" if offset else ""),
         "dimension",
         "position",
         value_name="value",
@@ -111,21 +122,58 @@ def learned_figures(model, n: int, data: dict | None = None):
         "position p",
         value_name="cosine",
     )
-    return heat, sim
+    note = (f"{model.config.family} reads position p at row p + {offset} of its table (rows 0–{offset - 1} are "
+            "never used), so the rows are shown from there." if offset else "")
+    return heat, sim, note
+
+
+def score_bias_figures(model, n: int, data: dict | None = None):
+    """For a model whose positions are a bias on the scores (ALiBi, T5): why there are no RoPE angles, the bias
+    of every head against distance, and a note."""
+    cfg = model.config
+    distances, bias = score_bias_by_distance(model, n)                     # [D], [H, D]
+    stack = "its encoder's " if cfg.is_encoder_decoder else ""
+    reason = f"{cfg.family} does not rotate queries and keys: its positions are a bias on the scores."
+    if data is not None:
+        data["score_bias"] = (bias.T, [str(x) for x in distances], [f"head {h}" for h in range(len(bias))],
+                              "distance i − j \\ head")
+    figure = line_figure(
+        distances, {f"head {h}": bias[h] for h in range(len(bias))},
+        f"{'ALiBi' if cfg.score_bias == 'alibi' else 'Relative-position'} bias on {stack}scores vs distance i − j",
+        "distance i − j (query minus key; negative: the key comes after)", "bias added to the score",
+        subtitle="the same in every layer")
+    if cfg.score_bias == "alibi":
+        slopes = -bias[:, 1] if len(distances) > 1 else np.zeros(len(bias))
+        text = (f"{cfg.family} adds no positions to its embeddings: its positions are a bias on the scores, "
+                f"−m_h·(i − j), added before the softmax. Each head's line falls with a fixed slope m_h (here "
+                f"{', '.join(f'{m:.3g}' for m in slopes)}), so far keys are penalised in proportion to their distance: "
+                "steep heads look near, shallow heads far.")
+    else:
+        text = (f"{cfg.family} adds no positions to its embeddings: its positions are a bias on the scores, a learned "
+                f"value per head for each of {cfg.relative_buckets} buckets of relative distance j − i (exact for near "
+                f"keys, logarithmic further out, shared past {cfg.relative_max_distance}), added before the softmax. "
+                f"Drawn for {stack or 'the '}stack the other tabs read; every layer of it shares the one table.")
+    return empty_figure(reason), figure, text
 
 
 def rope_figures(model, text: str, layer: int, head: int, n: int, data: dict | None = None):
     cfg = model.config
-    inv_freq = rope_frequencies(model)
+    inv_freq = layer_rope_frequencies(model, layer)
+    if inv_freq is None and cfg.score_bias != "none":
+        return score_bias_figures(model, n, data)
     if inv_freq is None:
         reason = f"{cfg.family} uses {cfg.positional} positions, not RoPE."
-        return empty_figure(reason), empty_figure(reason), ""
-    freqs = inv_freq.double().cpu().numpy()  # θ_i, [head_dim/2]
+        return empty_figure(reason), empty_figure(reason), reason
+    freqs = inv_freq.double().cpu().numpy()  # θ_i, [rotary_dim/2]
     positions = np.arange(n)
     angles = np.mod(freqs[:, None] * positions[None, :], 2 * np.pi)  # [pairs, n]
+    rotary = 2 * len(freqs)  # the dims turned: one pair per frequency (rotary_dim rounded up to even)
+    exponent = cfg.rotary_dim or cfg.head_dim
+    dims = f"d_k = {cfg.head_dim}" if rotary == cfg.head_dim else f"the first {rotary} of d_k = {cfg.head_dim} rotated"
     angle_fig = matrix_heatmap(
         angles,
-        f"RoPE rotation angle m·θ_i mod 2π (θ_i = {cfg.rope_theta:g}^(−2i/d_k), d_k = {cfg.head_dim})",
+        f"RoPE rotation angle m·θ_i mod 2π (layer {layer}: θ_i = {layer_rope_base(cfg, layer):g}^(−2i/{exponent}), "
+        f"{dims})",
         "position m",
         "frequency pair i",
         colorscale="Twilight",
@@ -148,7 +196,7 @@ def rope_figures(model, text: str, layer: int, head: int, n: int, data: dict | N
     score_fig = line_figure(
         distances,
         series,
-        f"Score q·k/√d_k vs distance Δ (layer {layer}, head {head}; q of "
+        f"Score {score_formula(cfg).replace('QKᵀ', 'q·k')} vs distance Δ (layer {layer}, head {head}; q of "
         f"'{tokens.labels[query_pos]}', k of '{tokens.labels[key_pos]}')",
         "relative distance Δ (tokens)",
         "score",
@@ -158,6 +206,11 @@ def rope_figures(model, text: str, layer: int, head: int, n: int, data: dict | N
         f"The three curves put the same query and key at different absolute positions; they differ by at most "
         f"{spread:.1e}, so with RoPE the score depends only on the distance Δ."
     )
+    if rotary < cfg.head_dim:
+        text_out += (f" RoPE turns only the first {rotary} of its {cfg.head_dim} dimensions of each head; the other "
+                     f"{cfg.head_dim - rotary} pass unrotated, so their part of every score ignores position.")
+    if cfg.attn_softcap is not None:
+        text_out += f" The scores are drawn before the soft-cap {cfg.attn_softcap:g}·tanh(S / {cfg.attn_softcap:g})."
     return angle_fig, score_fig, text_out
 
 
@@ -250,7 +303,8 @@ def export_data(services: Services, model_name, n_positions, d_model, start_posi
               "sinusoidal_similarity: PE(p)·PE(q) / (d/2)\n"
               f"sinusoidal_dot_vs_offset: PE(p)·PE(p+k) against k (p = {index_of(p)})\n"
               "learned_positions, learned_similarity: the model's own position table (GPT-2, BERT), when it has one\n"
-              "rope_angles: m·θ_i mod 2π; rope_scores_*: q·k/√d_k against distance at three offsets (RoPE models)\n"
+              "rope_angles: m·θ_i mod 2π; rope_scores_*: q·k × scale against distance at three offsets (RoPE models)\n"
+              "score_bias: the bias on the scores per head against distance i − j (ALiBi, T5)\n"
               "Nothing is pooled.\n")
     path = export.write(export.zip_of(files, readme), export.filename(name, "positions") + ".zip")
     return str(path), f"{len(files)} matrices as CSV: {', '.join(sorted(files))}."
