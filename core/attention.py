@@ -42,8 +42,9 @@ def masked_softmax_(scores: Tensor, allowed: Tensor | None) -> Tensor:
 
 def scored(scores: Tensor, softcap: float | None, bias: Tensor | None) -> Tensor:
     """The terms between the scaled scores and the mask, in place where it can be: c·tanh(S / c), then + bias."""
-    if softcap is not None:
-        scores = scores.div_(softcap).tanh_().mul_(softcap)
+    if softcap is not None:  # autograd keeps tanh's output, so the product is a new tensor when it records
+        scores = scores.div_(softcap).tanh_()
+        scores = scores * softcap if scores.requires_grad else scores.mul_(softcap)
     if bias is not None:
         scores = scores.add_(bias)
     return scores
