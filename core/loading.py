@@ -14,6 +14,7 @@ from torch import nn
 
 from .config import ConfigError, ModelConfig
 from .families import family_for
+from .families.table import check_fields
 from .model import Block, Transformer
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ def read_config(folder: Path) -> tuple[ModelConfig, ModuleType]:
         raise ConfigError(f"{path}: expected a JSON object, found {type(raw).__name__}")
     family = family_for(raw, str(path))
     try:
+        check_fields(raw, family.FIELDS)  # refuses, by name, any field whose value the core does not implement
         return with_overrides(family.read_config(raw), raw.get("attention_explorer")), family
     except (TypeError, ValueError, KeyError) as err:
         if isinstance(err, ConfigError):

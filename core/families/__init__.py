@@ -2,6 +2,8 @@
 
   MODEL_TYPES  config.json model_type values it reads
   read_config  config.json dict → ModelConfig
+  FIELDS       config.json field → table.Field: implemented, refused (for which values, and why) or ignored (why
+               no number changes); core.loading runs table.check_fields with it before read_config
   WEIGHTS      our parameter name → checkpoint names to try, in order. `{}` stands for the layer index;
                a tuple of names is concatenated along dim 0 (separate q, k, v → one fused matrix).
   PREFIXES     optional prefixes that checkpoints put before every name ("model.", "transformer.", …)

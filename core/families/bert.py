@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..config import ConfigError, ModelConfig
-from .table import require, rows
+from .table import CHECKED, DROPOUT, IMPLEMENTED, INIT, TOKENS, Field, is_true, not_in, refused, require, rows
 
 MODEL_TYPES = ("bert",)
 PREFIXES = ("bert.",)
@@ -29,23 +29,39 @@ WEIGHTS = {
 }
 
 
+def mlm(raw: dict) -> bool:
+    return any(a in MLM_ARCHITECTURES for a in raw.get("architectures") or ())
+
+
+FIELDS = {
+    "hidden_size": IMPLEMENTED, "num_attention_heads": IMPLEMENTED, "num_hidden_layers": IMPLEMENTED,
+    "intermediate_size": IMPLEMENTED, "max_position_embeddings": IMPLEMENTED, "type_vocab_size": IMPLEMENTED,
+    "layer_norm_eps": IMPLEMENTED, "hidden_act": CHECKED,
+    "architectures": Field("implemented", "an MLM class name (BertForMaskedLM, BertForPreTraining) builds the head"),
+    "position_embedding_type": refused(not_in("absolute", None), "relative position embeddings are not implemented; "
+                                                           "expected 'absolute'"),
+    "is_decoder": refused(is_true, "a causal BERT decoder is not implemented; expected false (an encoder)"),
+    "tie_word_embeddings": refused(lambda value, raw: value is False and mlm(raw),
+                                   "an MLM output matrix apart from the word embeddings is not implemented; "
+                                   "expected true"),
+    "attention_probs_dropout_prob": DROPOUT, "hidden_dropout_prob": DROPOUT, "initializer_range": INIT,
+    "bos_token_id": TOKENS, "eos_token_id": TOKENS,
+}
+
+
 def read_config(raw: dict) -> ModelConfig:
-    if raw.get("position_embedding_type", "absolute") != "absolute":
-        raise ConfigError("bert: only absolute position embeddings are supported")
-    if raw.get("is_decoder"):
-        raise ConfigError("bert: decoder (is_decoder=true) checkpoints are not supported")
     act = raw.get("hidden_act", "gelu")
     act = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "silu": "silu"}.get(act)
     if act is None:
-        raise ConfigError(f"bert: hidden_act {raw.get('hidden_act')!r} is not supported")
+        raise ConfigError(f"bert: hidden_act {raw.get('hidden_act')!r} is not supported; expected gelu, relu, "
+                          "gelu_new or silu")
     d, heads = require(raw, "hidden_size"), require(raw, "num_attention_heads")
-    mlm = any(a in MLM_ARCHITECTURES for a in raw.get("architectures") or ())
     return ModelConfig(
         family="bert", model_type="bert", n_layers=require(raw, "num_hidden_layers"), n_heads=heads, n_kv_heads=heads,
         d_model=d, head_dim=d // heads, d_ff=require(raw, "intermediate_size"), vocab_size=require(raw, "vocab_size"),
         max_positions=raw.get("max_position_embeddings", 512), positional="learned", norm="layernorm",
         norm_placement="post", causal=False, is_encoder_decoder=False, activation=act,
         norm_eps=raw.get("layer_norm_eps", 1e-12), final_norm=False, embed_norm=True,
-        type_vocab_size=raw.get("type_vocab_size", 2), has_lm_head=mlm, tie_word_embeddings=True,
+        type_vocab_size=raw.get("type_vocab_size", 2), has_lm_head=mlm(raw), tie_word_embeddings=True,
         lm_head_transform=True, lm_head_bias=True, pad_token_id=raw.get("pad_token_id"),
     )

@@ -2,8 +2,9 @@
 on the embeddings, Pre-LN LayerNorm blocks, GELU (tanh), q/k/v fused per head, the head tied to the embeddings."""
 from __future__ import annotations
 
-from ..config import ConfigError, ModelConfig
-from .table import per_head_qkv, qkv_per_head, require, rows
+from ..config import ModelConfig
+from .table import DROPOUT, IMPLEMENTED, INIT, UNREAD, ignored, is_false, is_true, per_head_qkv, qkv_per_head, \
+    refused, require, rows
 
 MODEL_TYPES = ("bloom",)
 PREFIXES = ("transformer.",)
@@ -25,10 +26,27 @@ WEIGHTS = {
 }
 
 
+MEGATRON = ignored("a Megatron-DeepSpeed training setting; " + UNREAD)
+FIELDS = {
+    "hidden_size": IMPLEMENTED, "n_embed": IMPLEMENTED, "n_head": IMPLEMENTED, "num_attention_heads": IMPLEMENTED,
+    "n_layer": IMPLEMENTED, "num_hidden_layers": IMPLEMENTED, "layer_norm_epsilon": IMPLEMENTED,
+    "seq_length": IMPLEMENTED,
+    "apply_residual_connection_post_layernorm": refused(is_true, "a residual taken after the norm is not "
+                                                                "implemented; expected false"),
+    "tie_word_embeddings": refused(is_false, "an output matrix apart from the word embeddings is not implemented; "
+                                             "expected true"),
+    "pretraining_tp": ignored("read only with slow_but_exact, which is refused where it would apply"),
+    "slow_but_exact": refused(lambda value, raw: bool(value) and (raw.get("pretraining_tp") or 1) > 1,
+                              "with pretraining_tp > 1, transformers sums the output projections in slices and drops "
+                              "their biases; not implemented; expected false"),
+    "n_inner": ignored(UNREAD + " (the MLP is 4·hidden_size wide)"),
+    "attention_softmax_in_fp32": MEGATRON, "masked_softmax_fusion": MEGATRON, "bias_dropout_fusion": MEGATRON,
+    "skip_bias_add": MEGATRON, "skip_bias_add_qkv": MEGATRON, "offset_alibi": MEGATRON,
+    "attention_dropout": DROPOUT, "hidden_dropout": DROPOUT, "initializer_range": INIT,
+}
+
+
 def read_config(raw: dict) -> ModelConfig:
-    if raw.get("apply_residual_connection_post_layernorm"):
-        raise ConfigError("bloom: apply_residual_connection_post_layernorm=true (the residual taken after the norm) "
-                          "is not supported")
     d, heads = require(raw, "hidden_size", "n_embed"), require(raw, "n_head", "num_attention_heads")
     return ModelConfig(
         family="bloom", model_type="bloom", n_layers=require(raw, "n_layer", "num_hidden_layers"), n_heads=heads,

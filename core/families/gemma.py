@@ -5,7 +5,8 @@ scores and the final logits; Gemma 3 normalises each head's q and k and gives it
 from __future__ import annotations
 
 from ..config import ConfigError, ModelConfig
-from .table import activation, require, rope_parameters, rows
+from .table import CHECKED, DROPOUT, IMPLEMENTED, INIT, SCALED_ROPE, WHOLE_ROPE, activation, ignored, is_true, \
+    model_type_in, not_in, partial_rope, refused, require, rope_parameters, rows, scaled_rope
 
 MODEL_TYPES = ("gemma", "gemma2", "gemma3_text")
 PREFIXES = ("model.language_model.", "model.")
@@ -49,17 +50,36 @@ def layer_types(raw: dict, n_layers: int) -> tuple[str, ...]:
     return tuple("sliding" if (i + 1) % pattern else "full" for i in range(n_layers))
 
 
+GEMMA1 = model_type_in("gemma")
+FIELDS = {
+    "hidden_size": IMPLEMENTED, "num_attention_heads": IMPLEMENTED, "num_hidden_layers": IMPLEMENTED,
+    "num_key_value_heads": IMPLEMENTED, "head_dim": IMPLEMENTED, "intermediate_size": IMPLEMENTED,
+    "max_position_embeddings": IMPLEMENTED, "rms_norm_eps": IMPLEMENTED, "attention_bias": IMPLEMENTED,
+    "tie_word_embeddings": IMPLEMENTED, "rope_theta": IMPLEMENTED, "rope_local_base_freq": IMPLEMENTED,
+    "hidden_act": CHECKED, "hidden_activation": CHECKED, "layer_types": CHECKED,
+    "sliding_window_pattern": IMPLEMENTED, "_sliding_window_pattern": IMPLEMENTED,
+    "rope_parameters": refused(lambda value, raw: scaled_rope(value, raw) or partial_rope(value, raw),
+                               f"{SCALED_ROPE.why}; {WHOLE_ROPE}"),
+    "rope_scaling": SCALED_ROPE,
+    "partial_rotary_factor": refused(not_in(None, 1, 1.0), WHOLE_ROPE),
+    "use_bidirectional_attention": refused(is_true, "attention without the causal mask (an embedding model) is "
+                                                    "not implemented; expected false or null"),
+    "query_pre_attn_scalar": ignored("Gemma 1 scales by head_dim^-½; Gemma 2 and 3 read it", GEMMA1),
+    "attn_logit_softcapping": ignored("Gemma 1 caps no scores; Gemma 2 and 3 read it", GEMMA1),
+    "final_logit_softcapping": ignored("Gemma 1 caps no logits; Gemma 2 and 3 read it", GEMMA1),
+    "sliding_window": ignored("Gemma 1 has no local layers; Gemma 2 and 3 read it", GEMMA1),
+    "attention_dropout": DROPOUT, "initializer_range": INIT,
+}
+
+
 def read_config(raw: dict) -> ModelConfig:
     model_type = raw["model_type"]
     later = model_type != "gemma"          # Gemma 2 and 3
-    if raw.get("use_bidirectional_attention"):
-        raise ConfigError(f"{model_type}: use_bidirectional_attention=true (an embedding model without the causal "
-                          "mask) is not supported")
     d, heads, n_layers = require(raw, "hidden_size"), require(raw, "num_attention_heads"), require(raw, "num_hidden_layers")
     act_key = "hidden_activation" if later or raw.get("hidden_activation") else "hidden_act"
     act = activation(raw, act_key, ACTIVATIONS, "gelu_pytorch_tanh")
     head_dim = raw.get("head_dim") or d // heads
-    theta, partial = rope_parameters(raw, "full_attention" if model_type == "gemma3_text" else None)
+    theta, _ = rope_parameters(raw, "full_attention" if model_type == "gemma3_text" else None)
     local_theta = 0.0
     if model_type == "gemma3_text":
         nested = (raw.get("rope_parameters") or {}).get("sliding_attention")
@@ -67,8 +87,6 @@ def read_config(raw: dict) -> ModelConfig:
             float(raw.get("rope_local_base_freq", 10000.0))
         if not isinstance(nested, dict) and raw.get("rope_theta") is None and not raw.get("rope_parameters"):
             theta = 1_000_000.0   # Gemma 3's global layers' default base
-    if partial != 1.0:
-        raise ConfigError(f"{model_type}: partial_rotary_factor {partial} is not supported; expected 1.0")
     types = layer_types(raw, n_layers) if later else ()
     window = raw.get("sliding_window") if later else None
     scalar = raw.get("query_pre_attn_scalar")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..config import ConfigError, ModelConfig
-from .table import require, rows
+from .table import CHECKED, DROPOUT, IMPLEMENTED, INIT, alias_of, ignored, is_false, is_true, refused, require, rows
 
 MODEL_TYPES = ("gpt2",)
 PREFIXES = ("transformer.",)
@@ -27,9 +27,26 @@ WEIGHTS = {
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 
 
+HEAD = "GPT2DoubleHeadsModel's multiple-choice head, which is not built"
+FIELDS = {
+    "n_embd": IMPLEMENTED, "n_head": IMPLEMENTED, "n_layer": IMPLEMENTED, "n_positions": IMPLEMENTED,
+    "n_inner": IMPLEMENTED, "layer_norm_epsilon": IMPLEMENTED, "activation_function": CHECKED,
+    "hidden_size": alias_of("n_embd"), "num_attention_heads": alias_of("n_head"),
+    "num_hidden_layers": alias_of("n_layer"), "max_position_embeddings": alias_of("n_positions"),
+    "scale_attn_weights": refused(is_false, "scores without the 1/√d_k scale are not implemented; expected true"),
+    "scale_attn_by_inverse_layer_idx": refused(is_true, "a further 1/(layer+1) on layer i's scores is not "
+                                                        "implemented; expected false"),
+    "tie_word_embeddings": refused(is_false, "an output matrix apart from wte is not implemented (GPT-2's head "
+                                             "here is wte); expected true"),
+    "reorder_and_upcast_attn": ignored("the same scores computed in float32 in another order: equal up to rounding"),
+    "attn_pdrop": DROPOUT, "embd_pdrop": DROPOUT, "resid_pdrop": DROPOUT, "initializer_range": INIT,
+    "summary_first_dropout": DROPOUT, "summary_last_dropout": DROPOUT, "summary_type": ignored(HEAD),
+    "summary_use_proj": ignored(HEAD), "summary_activation": ignored(HEAD), "summary_proj_to_labels": ignored(HEAD),
+    "n_ctx": ignored("an older copy of n_positions that transformers does not read"),
+}
+
+
 def read_config(raw: dict) -> ModelConfig:
-    if not raw.get("scale_attn_weights", True) or raw.get("scale_attn_by_inverse_layer_idx", False):
-        raise ConfigError("gpt2: only the standard 1/√d_k attention scaling is supported")
     act = raw.get("activation_function", "gelu_new")
     if act not in ACTIVATIONS:
         raise ConfigError(f"gpt2: activation_function {act!r} is not supported; expected one of {sorted(ACTIVATIONS)}")

@@ -3,7 +3,8 @@ rotary_pct of each head's dims, LayerNorm, exact GELU, q/k/v fused per head, an 
 from __future__ import annotations
 
 from ..config import ModelConfig
-from .table import activation, per_head_qkv, qkv_per_head, require, rope_parameters, rotary_dim, rows
+from .table import CHECKED, DROPOUT, IMPLEMENTED, INIT, SCALED_ROPE, activation, refused, per_head_qkv, qkv_per_head, \
+    require, rope_parameters, rotary_dim, rows
 
 MODEL_TYPES = ("gpt_neox",)
 PREFIXES = ("gpt_neox.",)
@@ -25,6 +26,25 @@ WEIGHTS = {
 }
 
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu", "silu": "silu"}
+
+
+def unlike(key: str, default: float):
+    """Without rope_parameters, transformers' GPT-NeoX reads rotary_pct and rotary_emb_base, never the generic
+    partial_rotary_factor and rope_theta: a generic one that disagrees with its GPT-NeoX name is refused."""
+    return refused(lambda value, raw: not raw.get("rope_parameters") and value != raw.get(key, default),
+                   f"transformers' GPT-NeoX reads {key} ({default} by default) instead; expected the two to agree")
+
+
+FIELDS = {
+    "hidden_size": IMPLEMENTED, "num_attention_heads": IMPLEMENTED, "num_hidden_layers": IMPLEMENTED,
+    "intermediate_size": IMPLEMENTED, "max_position_embeddings": IMPLEMENTED, "layer_norm_eps": IMPLEMENTED,
+    "attention_bias": IMPLEMENTED, "use_parallel_residual": IMPLEMENTED, "tie_word_embeddings": IMPLEMENTED,
+    "rotary_pct": IMPLEMENTED, "rotary_emb_base": IMPLEMENTED, "hidden_act": CHECKED,
+    "partial_rotary_factor": unlike("rotary_pct", 0.25), "rope_theta": unlike("rotary_emb_base", 10000.0),
+    "rope_parameters": SCALED_ROPE, "rope_scaling": SCALED_ROPE,
+    "attention_dropout": DROPOUT, "hidden_dropout": DROPOUT, "attention_probs_dropout_prob": DROPOUT,
+    "hidden_dropout_prob": DROPOUT, "initializer_range": INIT,
+}
 
 
 def read_config(raw: dict) -> ModelConfig:

@@ -3,7 +3,8 @@ attention. Mistral adds a sliding window on every layer; Qwen3 an RMSNorm on eac
 from __future__ import annotations
 
 from ..config import ConfigError, ModelConfig
-from .table import require, rope_parameters, rows
+from .table import CHECKED, DROPOUT, IMPLEMENTED, INIT, SCALED_ROPE, UNREAD, WHOLE_ROPE, ignored, model_type_in, \
+    not_in, partial_rope, refused, require, rope_parameters, rows, scaled_rope
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 PREFIXES = ("model.",)
@@ -50,15 +51,45 @@ def layer_types(raw: dict, n_layers: int) -> tuple[tuple[str, ...], int | None]:
     return ("sliding",) * n_layers, int(window)
 
 
+def no_window(value, raw: dict) -> bool:
+    """Whether read_config reads no window: Llama has none; Qwen2/Qwen3 read one only with use_sliding_window."""
+    return raw.get("model_type") == "llama" or (raw.get("model_type") in ("qwen2", "qwen3")
+                                                 and not raw.get("use_sliding_window"))
+
+
+def unwindowed_qwen_or_other(value, raw: dict) -> bool:
+    return raw.get("model_type") == "mistral" or no_window(value, raw)
+
+
+FIELDS = {
+    "hidden_size": IMPLEMENTED, "num_attention_heads": IMPLEMENTED, "num_hidden_layers": IMPLEMENTED,
+    "num_key_value_heads": IMPLEMENTED, "head_dim": IMPLEMENTED, "intermediate_size": IMPLEMENTED,
+    "max_position_embeddings": IMPLEMENTED, "rms_norm_eps": IMPLEMENTED, "mlp_bias": IMPLEMENTED,
+    "tie_word_embeddings": IMPLEMENTED, "rope_theta": IMPLEMENTED, "hidden_act": CHECKED,
+    "attention_bias": ignored("Qwen2 always has q/k/v biases and none on o_proj", model_type_in("qwen2")),
+    "rope_parameters": refused(lambda value, raw: scaled_rope(value, raw) or partial_rope(value, raw),
+                               f"{SCALED_ROPE.why}; {WHOLE_ROPE}"),
+    "rope_scaling": SCALED_ROPE,
+    "partial_rotary_factor": refused(not_in(None, 1, 1.0), WHOLE_ROPE),
+    "sliding_window": ignored("Llama has no window, and Qwen2/Qwen3 (as transformers) read it only with "
+                              "use_sliding_window=true", no_window),
+    "use_sliding_window": ignored("read by Qwen2/Qwen3 only", model_type_in("llama", "mistral")),
+    # where read (Qwen2/Qwen3 with a window), read_config checks layer_types names every layer with a known type
+    "max_window_layers": ignored("read only where Qwen2/Qwen3 use a window", unwindowed_qwen_or_other),
+    "layer_types": ignored("Llama and Mistral (one mask for every layer) have no per-layer types; Qwen2/Qwen3 "
+                           "read them only with use_sliding_window=true", unwindowed_qwen_or_other),
+    "pretraining_tp": ignored(UNREAD + " (transformers 5 computes the plain matrix product)"),
+    "attention_dropout": DROPOUT, "initializer_range": INIT,
+}
+
+
 def read_config(raw: dict) -> ModelConfig:
     model_type = raw["model_type"]
     act = raw.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise ConfigError(f"{model_type}: hidden_act {act!r} is not supported; expected 'silu'")
     d, heads, n_layers = require(raw, "hidden_size"), require(raw, "num_attention_heads"), require(raw, "num_hidden_layers")
-    theta, partial = rope_parameters(raw)
-    if partial != 1.0:
-        raise ConfigError(f"{model_type}: partial_rotary_factor {partial} is not supported here; expected 1.0")
+    theta, _ = rope_parameters(raw)
     qwen2 = model_type == "qwen2"  # Qwen2 has q/k/v biases and none on o_proj
     bias = bool(raw.get("attention_bias", False))
     types, window = layer_types(raw, n_layers)

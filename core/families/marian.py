@@ -3,7 +3,7 @@ embeddings, encoder self-attention, decoder causal self-attention + cross-attent
 from __future__ import annotations
 
 from ..config import ConfigError, ModelConfig
-from .table import require, rows
+from .table import CHECKED, DROPOUT, IMPLEMENTED, INIT, UNREAD, alias_of, ignored, is_false, refused, require, rows
 
 MODEL_TYPES = ("marian",)
 PREFIXES = ("model.",)
@@ -48,12 +48,34 @@ WEIGHTS = {
 ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh"}
 
 
+BART = ignored("a BART-era key older Marian configs carry; " + UNREAD + " (Marian is Post-LN, without an "
+               "embedding norm, with fixed sinusoids)")
+FIELDS = {
+    "d_model": IMPLEMENTED, "encoder_layers": IMPLEMENTED, "decoder_layers": IMPLEMENTED,
+    "encoder_attention_heads": IMPLEMENTED, "decoder_attention_heads": IMPLEMENTED, "encoder_ffn_dim": IMPLEMENTED,
+    "decoder_ffn_dim": IMPLEMENTED, "max_position_embeddings": IMPLEMENTED, "scale_embedding": IMPLEMENTED,
+    "tie_word_embeddings": IMPLEMENTED, "decoder_start_token_id": IMPLEMENTED, "activation_function": CHECKED,
+    "hidden_size": alias_of("d_model"), "num_hidden_layers": alias_of("encoder_layers"),
+    "num_attention_heads": alias_of("encoder_attention_heads"),
+    "share_encoder_decoder_embeddings": refused(is_false, "separate encoder and decoder vocabularies are not "
+                                                          "implemented; expected true"),
+    "decoder_vocab_size": refused(lambda value, raw: value not in (None, raw.get("vocab_size")),
+                                  "an output vocabulary apart from the shared one is not implemented; expected "
+                                  "vocab_size"),
+    "add_cross_attention": ignored("the encoder-decoder has its cross-attention anyway; " + UNREAD),
+    "dropout": DROPOUT, "attention_dropout": DROPOUT, "activation_dropout": DROPOUT, "classif_dropout": DROPOUT,
+    "encoder_layerdrop": ignored("layer drop is for training; in eval every layer runs"),
+    "decoder_layerdrop": ignored("layer drop is for training; in eval every layer runs"),
+    "init_std": INIT, "normalize_before": BART, "add_final_layer_norm": BART, "normalize_embedding": BART,
+    "static_position_embeddings": BART, "add_bias_logits": BART, "extra_pos_embeddings": BART,
+}
+
+
 def read_config(raw: dict) -> ModelConfig:
-    if not raw.get("share_encoder_decoder_embeddings", True):
-        raise ConfigError("marian: separate encoder and decoder vocabularies are not supported")
     act = ACTIVATIONS.get(raw.get("activation_function", "swish"))
     if act is None:
-        raise ConfigError(f"marian: activation_function {raw.get('activation_function')!r} is not supported")
+        raise ConfigError(f"marian: activation_function {raw.get('activation_function')!r} is not supported; "
+                          f"expected one of {sorted(ACTIVATIONS)}")
     d, heads = require(raw, "d_model"), require(raw, "decoder_attention_heads")
     return ModelConfig(
         family="marian", model_type="marian", n_layers=require(raw, "decoder_layers"), n_heads=heads, n_kv_heads=heads,

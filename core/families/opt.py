@@ -2,8 +2,8 @@
 the head tied to the embeddings."""
 from __future__ import annotations
 
-from ..config import ConfigError, ModelConfig
-from .table import activation, require, rows
+from ..config import ModelConfig
+from .table import CHECKED, DROPOUT, IMPLEMENTED, INIT, activation, ignored, is_false, refused, require, rows
 
 MODEL_TYPES = ("opt",)
 PREFIXES = ("model.decoder.", "decoder.")
@@ -27,13 +27,22 @@ ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "silu": 
 POSITION_OFFSET = 2  # OPT's table has two rows before position 0
 
 
+FIELDS = {
+    "hidden_size": IMPLEMENTED, "num_attention_heads": IMPLEMENTED, "num_hidden_layers": IMPLEMENTED,
+    "ffn_dim": IMPLEMENTED, "max_position_embeddings": IMPLEMENTED, "do_layer_norm_before": IMPLEMENTED,
+    "_remove_final_layer_norm": IMPLEMENTED, "enable_bias": IMPLEMENTED, "tie_word_embeddings": IMPLEMENTED,
+    "activation_function": CHECKED,
+    "word_embed_proj_dim": refused(lambda value, raw: value not in (None, raw.get("hidden_size")),
+                                   "embeddings narrower than hidden_size, with project_in/project_out layers "
+                                   "(opt-350m), are not implemented; expected hidden_size"),
+    "layer_norm_elementwise_affine": refused(is_false, "LayerNorm without γ and β is not implemented; expected true"),
+    "dropout": DROPOUT, "attention_dropout": DROPOUT, "activation_dropout": DROPOUT,
+    "layerdrop": ignored("layer drop is for training; in eval every layer runs"), "init_std": INIT,
+}
+
+
 def read_config(raw: dict) -> ModelConfig:
     d = require(raw, "hidden_size")
-    if raw.get("word_embed_proj_dim") not in (None, d):
-        raise ConfigError(f"opt: word_embed_proj_dim {raw['word_embed_proj_dim']} ≠ hidden_size {d} (the "
-                          "project_in/project_out layers of opt-350m) is not supported")
-    if raw.get("layer_norm_elementwise_affine") is False:
-        raise ConfigError("opt: layer_norm_elementwise_affine=false (LayerNorm without γ and β) is not supported")
     heads, pre = require(raw, "num_attention_heads"), bool(raw.get("do_layer_norm_before", True))
     bias = bool(raw.get("enable_bias", True))
     return ModelConfig(

@@ -3,7 +3,8 @@ each head, and a sliding window on every layer when config.json sets one."""
 from __future__ import annotations
 
 from ..config import ConfigError, ModelConfig
-from .table import require, rope_parameters, rotary_dim, rows
+from .table import CHECKED, DROPOUT, IMPLEMENTED, INIT, SCALED_ROPE, UNREAD, ignored, refused, require, \
+    rope_parameters, rotary_dim, rows
 
 MODEL_TYPES = ("phi3",)
 PREFIXES = ("model.",)
@@ -21,6 +22,23 @@ WEIGHTS = {
     **rows(f"{B}.ffn.down", f"{L}.mlp.down_proj"),
     **rows("stack.final_norm", "norm", bias=False),
     **rows("lm_head", "lm_head", bias=False),
+}
+
+def other_width(value, raw: dict) -> bool:
+    return value not in (None, raw.get("hidden_size", 0) // max(raw.get("num_attention_heads", 1), 1))
+
+
+FIELDS = {
+    "hidden_size": IMPLEMENTED, "num_attention_heads": IMPLEMENTED, "num_hidden_layers": IMPLEMENTED,
+    "num_key_value_heads": IMPLEMENTED, "intermediate_size": IMPLEMENTED, "max_position_embeddings": IMPLEMENTED,
+    "rms_norm_eps": IMPLEMENTED, "sliding_window": IMPLEMENTED, "tie_word_embeddings": IMPLEMENTED,
+    "rope_theta": IMPLEMENTED, "partial_rotary_factor": IMPLEMENTED, "hidden_act": CHECKED,
+    "rope_parameters": SCALED_ROPE, "rope_scaling": SCALED_ROPE,   # Phi-3's 128k models' longrope among them
+    "head_dim": refused(other_width, "a head width other than hidden_size / num_attention_heads is not "
+                                     "implemented for Phi-3"),
+    "original_max_position_embeddings": ignored("read only by the longrope RoPE, which is refused"),
+    "attention_bias": ignored(UNREAD + " (Phi-3 has no attention biases)"),
+    "resid_pdrop": DROPOUT, "embd_pdrop": DROPOUT, "attention_dropout": DROPOUT, "initializer_range": INIT,
 }
 
 

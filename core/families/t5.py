@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..config import ConfigError, ModelConfig
-from .table import require, rows
+from .table import CHECKED, DROPOUT, Field, IMPLEMENTED, INIT, UNREAD, alias_of, ignored, require, rows
 
 MODEL_TYPES = ("t5",)
 PREFIXES = ()
@@ -56,6 +56,22 @@ def WITH_CHECKPOINT(cfg: ModelConfig, names: set[str]) -> ModelConfig:
 
 FEED_FORWARD = {"relu": ("relu", False), "gated-gelu": ("gelu_tanh", True), "gated-silu": ("silu", True),
                 "gated-relu": ("relu", True), "gelu": ("gelu", False)}
+
+DERIVED = ignored("transformers derives it from feed_forward_proj, overwriting config.json's value")
+FIELDS = {
+    "d_model": IMPLEMENTED, "d_kv": IMPLEMENTED, "d_ff": IMPLEMENTED, "num_heads": IMPLEMENTED,
+    "num_layers": IMPLEMENTED, "num_decoder_layers": IMPLEMENTED, "n_positions": IMPLEMENTED,
+    "relative_attention_num_buckets": IMPLEMENTED, "relative_attention_max_distance": IMPLEMENTED,
+    "layer_norm_epsilon": IMPLEMENTED, "scale_decoder_outputs": IMPLEMENTED, "decoder_start_token_id": IMPLEMENTED,
+    "tie_word_embeddings": Field("implemented", "says whether the decoder output is scaled by d^-½; the files say "
+                                                "whether the head is the embeddings (WITH_CHECKPOINT)"),
+    "feed_forward_proj": CHECKED, "dense_act_fn": DERIVED, "is_gated_act": DERIVED,
+    "hidden_size": alias_of("d_model"), "num_attention_heads": alias_of("num_heads"),
+    "num_hidden_layers": alias_of("num_layers"), "head_dim": alias_of("d_kv"),
+    "add_cross_attention": ignored("the encoder-decoder has its cross-attention anyway; " + UNREAD),
+    "output_past": ignored("an older name of use_cache: transformers' KV-cache switch"),
+    "dropout_rate": DROPOUT, "initializer_factor": INIT,
+}
 
 
 def read_config(raw: dict) -> ModelConfig:
