@@ -14,7 +14,8 @@ last position (answer and foil are token ids), and all three read the forward pa
 - flow_graph: the contribution graph of Ferrando & Voita (2024, "Information Flow Routes"): each residual state
   is a sum of parts (its residual input, each head's contribution from each earlier token, the MLP's output),
   each part weighted by its proximity to the sum; a token→token attention edge adds its heads' weights, and the
-  graph keeps the edges at or above a threshold, walking down from the prediction.
+  graph keeps the edges at or above a threshold, walking down from the prediction. A parallel block (GPT-NeoX)
+  is one sum of all its parts; a sandwich post-norm (Gemma 2/3) is frozen at its input (see FlowGraph).
 """
 from __future__ import annotations
 
@@ -348,7 +349,14 @@ class FlowGraph:
     """Levels: 2l is the residual stream entering layer l, 2l + 1 the same after its attention, 2L the output of
     the last layer. An attention edge goes from (2l, j) to (2l + 1, i), an MLP edge from (2l + 1, i) to
     (2l + 2, i), and residual edges join the same token on neighbouring levels. The i → i attention edge (what
-    the heads carry from token i itself) is apart from the residual edge i → i."""
+    the heads carry from token i itself) is apart from the residual edge i → i.
+
+    Parallel blocks (GPT-NeoX, `parallel`): attention and the MLP both read the block's input x, and no state
+    lies between them. The block is one sum y_i = x_i + Σ_h Σ_j a_hij·(v_hj W_O^h) + b_O + mlp_i whose parts
+    (the residual x_i, every (head, source) and the MLP's output) are normalised together. Level 2l + 1 is then
+    the block's output y: the residual, attention and MLP edges all go from level 2l to 2l + 1 (`mlp` holds the
+    MLP's importance in that sum, so attn_residual + heads + mlp add up to 1), and level 2l + 2 is the same
+    state again, joined to 2l + 1 by residual edges of importance 1 (`mlp_residual` is 1)."""
     position: int
     n_layers: int
     heads: Tensor               # [L, H, T, T] importance of head h's part from key j in target i's sum
@@ -357,6 +365,7 @@ class FlowGraph:
     mlp_residual: Tensor        # [L, T]
     threshold: float = 0.0
     edges: list[FlowEdge] = field(default_factory=list)
+    parallel: bool = False      # parallel blocks: one sum per block (see above)
 
     @property
     def tokens(self) -> Tensor:
@@ -392,6 +401,12 @@ class FlowGraph:
                         edges.append(FlowEdge("attention", layer, parts[0][0] if parts else None, j, t, level,
                                               float(tokens[layer, t, j]), parts))
                         below.add(j)
+                    if self.parallel and float(self.mlp[layer, t]) >= threshold:   # the MLP reads the block's input
+                        edges.append(FlowEdge("mlp", layer, None, t, t, level, float(self.mlp[layer, t])))
+                        below.add(t)
+                elif self.parallel:   # the block's output once more: the same state, importance 1
+                    edges.append(FlowEdge("residual", layer, None, t, t, level, float(self.mlp_residual[layer, t])))
+                    below.add(t)
                 else:           # the layer's output: the sum after attention and the MLP's output
                     for kind, importance in (("residual", self.mlp_residual[layer, t]), ("mlp", self.mlp[layer, t])):
                         if float(importance) >= threshold:
@@ -399,7 +414,7 @@ class FlowGraph:
                             below.add(t)
             frontier = below
         return FlowGraph(self.position, self.n_layers, self.heads, self.attn_residual, self.mlp,
-                         self.mlp_residual, threshold, edges)
+                         self.mlp_residual, threshold, edges, self.parallel)
 
 
 def proximity(part: Tensor, total: Tensor) -> Tensor:
@@ -408,26 +423,40 @@ def proximity(part: Tensor, total: Tensor) -> Tensor:
     return (total.abs().sum(-1) - (total - part).abs().sum(-1)).clamp_min(0)
 
 
-def attention_importance(x: Tensor, vo: Tensor, probs: Tensor, out: Tensor, rows: int = 16) -> tuple[Tensor, Tensor]:
-    """One layer's attention sums y_i = x_i + Σ_h Σ_j a_hij·vo_hj (+ b_O), as proximities normalised over the
-    parts x_i and every (h, j): heads [H, T, T] (target i, source j) and residual [T]. The output bias b_O is in
-    y but is not a part. x, out [T, d]; vo [H, T, d] each head's value through W_O; probs [H, T, T]. Target
-    rows go `rows` at a time, so [H, rows, T, d] is the largest tensor."""
-    y = x + out                                                          # [T, d]
+def attention_importance(x: Tensor, vo: Tensor, probs: Tensor, y: Tensor, rows: int = 16, post=None,
+                         u: Tensor | None = None, mlp: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """One layer's attention sums y_i = x_i + Σ_h Σ_j a_hij·vo_hj (+ b_O) (+ mlp_i in a parallel block), as
+    proximities normalised over the parts x_i, every (h, j) and mlp_i: heads [H, T, T] (target i, source j),
+    residual [T] and mlp [T] (or None). The output bias b_O is in y but is not a part. x, y [T, d]; vo [H, T, d]
+    each head's value through W_O; probs [H, T, T]. With a sandwich post-norm `post` (a Norm), each (h, j) part
+    passes it frozen at its input u_i [T, d] (Norm.frozen): post(u_i) = frozen(u_i)(u_i) + β, so the frozen parts,
+    with b_O's and β, add up to the attention's output. Target rows go `rows` at a time, so [H, rows, T, d] is
+    the largest tensor."""
     heads = torch.empty_like(probs)
     for i in range(0, x.shape[0], rows):
         block = probs[:, i:i + rows, :, None] * vo[:, None]              # [H, r, T, d]
+        if post is not None:
+            block = post.frozen(u[i:i + rows, None])(block)              # each row i its own divisor s_i
         heads[:, i:i + rows] = proximity(block, y[None, i:i + rows, None])
     residual = proximity(x, y)
-    norm = (residual + heads.sum((0, 2))).clamp_min(1e-30)
-    return heads / norm[None, :, None], residual / norm
+    norm = residual + heads.sum((0, 2))
+    mlp_part = None if mlp is None else proximity(mlp, y)
+    if mlp_part is not None:
+        norm = norm + mlp_part
+    norm = norm.clamp_min(1e-30)
+    return heads / norm[None, :, None], residual / norm, None if mlp_part is None else mlp_part / norm
 
 
 def flow_graph(model, ids: Tensor, position: int = -1, threshold: float = 0.04) -> FlowGraph:
     """The information-flow graph of the prediction at `position` of ids [1, T] (Pre-LN decoders): every part's
     importance is its proximity to the sum it is part of, normalised over that sum's parts (the norms read by
     attention and the MLP are inside the parts, as in the paper); an attention edge j → i weighs the sum of its
-    heads' parts. Then pruned at `threshold`."""
+    heads' parts. Then pruned at `threshold`.
+
+    Parallel blocks (GPT-NeoX): one sum per block, x + the heads' parts + the MLP's output, see FlowGraph for the
+    levels. Sandwich norms (Gemma 2/3): a head's part passes the attention's post-norm frozen at its input
+    (attention_importance); the MLP's post-normed output is one part as it is. The score terms (a window, ALiBi,
+    a soft-cap on the scores) are inside the attention weights a_hij and need nothing of their own."""
     check_decoder(model, "the information-flow graph")
     check_pre_norm(model, "the information-flow graph")
     cfg = model.config
@@ -443,19 +472,32 @@ def flow_graph(model, ids: Tensor, position: int = -1, threshold: float = 0.04) 
         group = cfg.n_heads // cfg.n_kv_heads
         heads, attn_residual, mlp, mlp_residual = [], [], [], []
         for l in range(cfg.n_layers):
-            w = model.head_weights(l)
+            w, block = model.head_weights(l), model.stack.blocks[l]
             x = rec["resid_pre"][l][0].float()                                          # [T, d]
             v = rec["v"][l][0].float().repeat_interleave(group, dim=1)                   # [T, H, d_head]
             vo = torch.einsum("thk,hkd->htd", v, w.W_O.float())                         # [H, T, d]
-            h, r = attention_importance(x, vo, rec["pattern"][l][0].float(), rec["attn_out"][l][0].float())
+            probs = rec["pattern"][l][0].float()                                        # [H, T, T]
+            u = None
+            if block.attn_post_norm is not None:   # the post-norm's input: Σ_h a_h·vo_h + b_O, [T, d]
+                u = torch.einsum("hij,hjd->id", probs, vo) + (0 if w.b_O is None else w.b_O.float())
+            attn_out, mlp_out = rec["attn_out"][l][0].float(), rec["mlp_out"][l][0].float()
+            if cfg.parallel_block:                 # one sum: y = x + attn_out + mlp_out
+                y = rec["resid_post"][l][0].float()
+                h, r, m = attention_importance(x, vo, probs, y, post=block.attn_post_norm, u=u, mlp=mlp_out)
+                heads.append(h)
+                attn_residual.append(r)
+                mlp.append(m)
+                mlp_residual.append(torch.ones_like(m))
+                continue
+            h, r, _ = attention_importance(x, vo, probs, x + attn_out, post=block.attn_post_norm, u=u)
             heads.append(h)
             attn_residual.append(r)
-            mid, mlp_out = x + rec["attn_out"][l][0].float(), rec["mlp_out"][l][0].float()
+            mid = x + attn_out
             y = rec["resid_post"][l][0].float()
             p_mid, p_mlp = proximity(mid, y), proximity(mlp_out, y)
             norm = (p_mid + p_mlp).clamp_min(1e-30)
             mlp.append(p_mlp / norm)
             mlp_residual.append(p_mid / norm)
     graph = FlowGraph(position % n, cfg.n_layers, torch.stack(heads).cpu(), torch.stack(attn_residual).cpu(),
-                      torch.stack(mlp).cpu(), torch.stack(mlp_residual).cpu())
+                      torch.stack(mlp).cpu(), torch.stack(mlp_residual).cpu(), parallel=cfg.parallel_block)
     return graph.pruned(threshold)

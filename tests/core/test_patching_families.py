@@ -134,3 +134,33 @@ def test_each_layers_head_parts_add_up_to_its_attn_out(name):
                 heads, bias, beta = patching.head_outputs(model, l, rec["z"][l][0, position])
                 total = heads.sum(0) + sum(v for v in (bias, beta) if v is not None)
                 torch.testing.assert_close(total, rec["attn_out"][l][0, position].float(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_flow_graph_on_every_family_or_a_reason(name):
+    # the definition itself is checked on transformers' modules in test_flow_graph.py (sequential, parallel and
+    # sandwich blocks); here: every family gives a graph whose sums add up, windows hide what they hide
+    model = model_of(name)
+    cfg = model.config
+    ids, _ = prompts(seed=3)
+    if name in POST_LN:
+        with pytest.raises(ValueError, match="Post-LN.*mixes the parts"):
+            patching.flow_graph(model, ids)
+        return
+    graph = patching.flow_graph(model, ids, threshold=0.0)
+    assert graph.parallel == cfg.parallel_block
+    mlp = graph.mlp if graph.parallel else 0
+    sums = [graph.tokens.sum(-1) + graph.attn_residual + mlp]
+    if not graph.parallel:
+        sums.append(graph.mlp + graph.mlp_residual)
+    for total in sums:   # 1, or 0 where every part of the sum moves away from it (each proximity counts 0)
+        assert (((total - 1).abs() < 1e-5) | (total == 0)).all() and (total > 0.5).float().mean() > 0.9
+    far = torch.arange(N)[:, None] - torch.arange(N)[None, :]          # i − j
+    for l, kind in enumerate(cfg.layer_types or ()):
+        if kind == "sliding" and cfg.sliding_window is not None:       # keys out of the window carry nothing
+            assert (graph.tokens[l][far >= cfg.sliding_window] == 0).all()
+    assert (graph.tokens[:, far < 0] == 0).all()                       # nor do later tokens
+    kept = graph.pruned(0.05)
+    top = 2 * cfg.n_layers
+    sources = {(e.level - 1, e.source) for e in kept.edges} | {(top, N - 1)}
+    assert kept.edges and all((e.level, e.target) in sources for e in kept.edges)
