@@ -2,7 +2,8 @@
 
 The field tables are FIELDS in each core/families module (plus table.COMMON); the loader runs them through
 table.check_fields. Here: transformers' own config classes have no field outside the tables; each refusal stops a
-load naming the field and its value; and a sample of ignored fields changes no logit, in transformers or here."""
+load naming the field and its value; a sample of ignored fields changes no logit, in transformers or here; and a
+sample of refused values does change transformers' logits."""
 import json
 import logging
 from pathlib import Path
@@ -247,3 +248,27 @@ def test_an_ignored_field_changes_no_logit(builder, change, tmp_path):
         ours = load_model(folder, device="cpu", dtype=torch.float32)(ids)
     torch.testing.assert_close(theirs, before, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ours.logits, before, rtol=1e-4, atol=1e-4)
+
+
+# ---- a sample of refusals is not over-cautious: transformers' logits do change with the refused value ----
+
+CHANGING = [
+    ("gpt2 scale_attn_by_inverse_layer_idx", tiny.gpt2, {"scale_attn_by_inverse_layer_idx": True}),
+    ("bloom slow_but_exact with pretraining_tp 2", tiny.bloom, {"slow_but_exact": True, "pretraining_tp": 2}),
+    ("bloom apply_residual_connection_post_layernorm", tiny.bloom, {"apply_residual_connection_post_layernorm": True}),
+]
+
+
+@pytest.mark.parametrize("builder,change", [c[1:] for c in CHANGING], ids=[c[0] for c in CHANGING])
+def test_a_refused_value_changes_transformers_logits(builder, change, tmp_path):
+    hf = builder()
+    folder = Path(tiny.save(hf, str(tmp_path / "model")))
+    raw = {**json.loads((folder / "config.json").read_text()), **change}
+    (folder / "config.json").write_text(json.dumps(raw))
+    ids = torch.randint(3, tiny.VOCAB, (2, 13), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = hf(ids).logits
+        after = type(hf).from_pretrained(folder, attn_implementation="eager").eval()(ids).logits
+    assert (after - before).abs().max() > 1e-3
+    with pytest.raises(ConfigError, match="|".join(change)):
+        load_model(folder, device="cpu")
