@@ -67,7 +67,8 @@ def test_shape_mismatch(llama_folder, tmp_path):
 def test_unknown_architecture(llama_folder, tmp_path):
     folder = copy(llama_folder, tmp_path)
     edit_config(folder, lambda raw: raw.update(model_type="mamba", architectures=["MambaForCausalLM"]))
-    with pytest.raises(ConfigError, match=r"unknown architecture model_type='mamba'.*supported model types: bert, gpt2, llama, marian, mistral, qwen2"):
+    with pytest.raises(ConfigError, match=r"unknown architecture model_type='mamba'.*supported model types: bert, bloom, gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, marian, "
+                       r"mistral, opt, phi3, qwen2, qwen3, t5"):
         load_model(folder)
 
 
