@@ -256,8 +256,10 @@ def stage_figure(
     subtitle: str,
     bound: float | None = None,
     height: int = STAGE_HEIGHT,
+    title: str | None = None,
 ) -> go.Figure:
-    """One stage of eq. 2.1 ("scores", "masked" or "softmax") for a window [Tq, Tk], as a figure of its own.
+    """One stage of eq. 2.1 ("scores", "masked" or "softmax") for a window [Tq, Tk], as a figure of its own, titled
+    STAGE_TITLES[stage] unless `title` names the model's own terms (its scale, a soft-cap, a score bias).
 
     Its colour bar sits in its own right margin, so figures side by side (or stacked on a phone) never cover each
     other. bound: the ± range of a score stage's colours (default: this matrix's largest finite |score|); pass
@@ -268,7 +270,7 @@ def stage_figure(
                          f"labels × {len(key_labels)} key labels")
     bound = score_bound([matrix]) if bound is None else float(bound)
     colorbar = {"thickness": 10, "len": 1.0, "tickfont": {"size": 9}, "outlinewidth": 0}
-    title = STAGE_TITLES.get(stage, "")  # an unknown stage: stage_trace says which are known
+    title = title or STAGE_TITLES.get(stage, "")  # an unknown stage: stage_trace says which are known
     fig = go.Figure(stage_trace(matrix, stage, key_labels, query_labels, bound, title, colorbar))
     base_layout(fig, title, height, top=64)
     fig.update_layout(title={"subtitle": {"text": subtitle, "font": {"size": 11}}},

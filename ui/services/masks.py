@@ -1,5 +1,6 @@
 """What each safeguard of eq. 2.1 changes, measured on the loaded model: the stages scores → mask → softmax for
-one head, and the model run with the causal mask, the padding mask or the 1/√d_k factor switched off."""
+one head (with the family's own terms: its scale, soft-cap, score bias and sliding window), and the model run with
+the causal mask, the padding mask or the scale on QKᵀ switched off."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import numpy as np
 import torch
 
 from core.attention import attention_stages, causal_mask
+from core.model import sliding_window_mask
 from core.analysis.inspect import queries_keys
+from ui.services.attention import score_formula
 from ui.services.checks import UserError
 from ui.services.text import as_batch, to_numpy
 
@@ -28,13 +31,34 @@ def qk_for_head(model, ids: list[int], layer: int, head: int) -> tuple[torch.Ten
     return q[0, head].float(), k[0, kv_head].float()
 
 
-def mask_stages(q: torch.Tensor, k: torch.Tensor, head_dim: int) -> dict[str, tuple[np.ndarray, ...]]:
-    """Eq. 2.1 for one window of queries and keys, with the causal mask on and off."""
-    n = q.shape[0]
-    scale = head_dim**-0.5
+def window_terms(model, layer: int, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The terms of eq. 2.1 beyond QKᵀ·scale that layer `layer` applies to a window of n queries and keys from
+    position `start`: its causal mask [n, n], narrowed to the sliding window on a "sliding" layer (i − j < w), and
+    the bias on its scores [H, n, n] (ALiBi, T5's relative buckets), or None."""
+    cfg = model.config
+    allowed = causal_mask(n, n)
+    if cfg.layer_type(layer) == "sliding" and cfg.sliding_window is not None:
+        allowed = allowed & sliding_window_mask(n, n, cfg.sliding_window)
+    stack = model.attention_stack()[0]
+    if stack.score_bias is None:
+        return allowed, None
+    positions = torch.arange(start, start + n, device=model.device)[None]                    # [1, n]
+    with torch.inference_mode():
+        return allowed, stack.score_bias(positions, positions)[0].float().cpu()               # [H, n, n]
+
+
+def mask_stages(model, q: torch.Tensor, k: torch.Tensor, layer: int, head: int,
+                start: int) -> dict[str, tuple[np.ndarray, ...]]:
+    """Eq. 2.1 for one window of queries and keys ([n, d_k] each, from position `start`) of one head, as the layer
+    computes it: S = QKᵀ·scale (config.score_scale), then the soft-cap and the bias where the family has them
+    (core.attention.attention_stages), with the layer's mask on (causal, and its sliding window) and off."""
+    cfg, n = model.config, q.shape[0]
+    allowed, bias = window_terms(model, layer, start, n)
+    bias = None if bias is None else bias[head].to(q.device)[None, None]                     # [1, 1, n, n]
     out = {}
-    for name, allowed in (("causal mask on", causal_mask(n, n, q.device)), ("causal mask off", None)):
-        scores, masked, probs = attention_stages(q[None, None], k[None, None], allowed, scale)
+    for name, mask in (("causal mask on", allowed.to(q.device)), ("causal mask off", None)):
+        scores, masked, probs = attention_stages(q[None, None], k[None, None], mask, cfg.score_scale,
+                                                 softcap=cfg.attn_softcap, bias=bias)
         out[name] = (to_numpy(scores[0, 0]), to_numpy(masked[0, 0]), to_numpy(probs[0, 0]))
     return out
 
@@ -114,11 +138,14 @@ def padding_effect(model, ids_a: list[int], ids_b: list[int]) -> dict:
 
 
 def scaling_entropy(model, ids: list[int], layer: int, head: int) -> dict:
-    """Mean attention entropy per layer with and without the 1/√d_k factor, and the chosen head's entropy."""
+    """Mean attention entropy per layer with and without the scale on QKᵀ (1/√d_k, or the family's own factor),
+    and the chosen head's entropy. The first curve is the model as it is."""
     batch = as_batch(ids, model.device)
+    formula = score_formula(model.config)
     out = {}
     with torch.inference_mode():
-        for name, scale in (("scaled by 1/√d_k", True), ("not scaled", False)):
+        for name, scale in (("scaled by 1/√d_k" if formula == "QKᵀ/√d_k" else f"scaled: {formula}", True),
+                            ("not scaled", False)):
             res = model(batch, scale=scale, capture_attention=True)
             attn = viewed_attentions(model, res)
             per_layer = [float(row_entropy(a[0]).mean()) for a in attn]
@@ -131,4 +158,5 @@ def scaling_entropy(model, ids: list[int], layer: int, head: int) -> dict:
     n = len(ids)
     # the most a row can have: log(number of keys it may see), averaged over rows
     uniform = float(np.mean(np.log(np.arange(1, n + 1)))) if causal else math.log(n)
-    return {"curves": out, "uniform": uniform, "head_dim": model.config.head_dim}
+    return {"curves": out, "uniform": uniform, "head_dim": model.config.head_dim,
+            "factor": 1.0 / model.config.score_scale}

@@ -9,6 +9,7 @@ from ui.plots import attention as attention_plots
 from ui.plots.base import empty_figure
 from ui.plots.charts import bar_figure, line_figure
 from ui.services import Services
+from ui.services.attention import score_formula
 from ui.services.checks import UserError, check_range, index_of, parse_head
 from ui.services.masks import (MAX_MASK_TOKENS, MAX_STAGE_WINDOW, causal_effect, mask_stages, padding_effect,
                                qk_for_head, scaling_entropy)
@@ -27,9 +28,10 @@ def stage_figures(model, tokens: Encoded, layer: int, head: int, start: int, siz
     size = check_range("Window size", size, 2, MAX_STAGE_WINDOW)
     stop = min(n, start + size)
     q, k = qk_for_head(model, tokens.ids, layer, head)
-    stages = mask_stages(q[start:stop], k[start:stop], model.config.head_dim)
+    stages = mask_stages(model, q[start:stop], k[start:stop], layer, head, start)
     labels = tokens.labels[start:stop]
     bound = attention_plots.score_bound([matrices[0] for matrices in stages.values()])
+    titles = stage_titles(model.config, layer)
     figures = []
     for mask, matrices in stages.items():
         for stage, matrix in zip(attention_plots.STAGES, matrices):
@@ -37,8 +39,42 @@ def stage_figures(model, tokens: Encoded, layer: int, head: int, start: int, siz
                 data[f"stage_{stage}_{mask.replace(' ', '_')}"] = (matrix, labels, labels, "query \\ key")
             figures.append((f"stage-{mask.split()[-1]}-{stage}", attention_plots.stage_figure(
                 matrix, stage, labels, labels, f"<b>{mask}</b> · L{layer} H{head} · tokens {start}–{stop - 1}",
-                bound)))
+                bound, title=titles[stage])))
     return figures
+
+
+def stage_titles(cfg, layer: int) -> dict[str, str]:
+    """Each stage's title with the family's own terms: its scale, soft-cap c·tanh(S/c) and score bias, and the
+    sliding window in the mask of a "sliding" layer."""
+    scores = score_formula(cfg)
+    if cfg.attn_softcap is not None:
+        scores = f"{cfg.attn_softcap:g}·tanh({scores} / {cfg.attn_softcap:g})"
+    if cfg.score_bias != "none":
+        scores += " + ALiBi" if cfg.score_bias == "alibi" else " + T5 bias"
+    titles = {**attention_plots.STAGE_TITLES}
+    if scores != "QKᵀ/√d_k":
+        titles["scores"] = f"scores {scores}"
+    if cfg.layer_type(layer) == "sliding" and cfg.sliding_window is not None:
+        titles["masked"] = f"+ mask M (window {cfg.sliding_window})"
+    return titles
+
+
+def terms_note(cfg, layer: int) -> str:
+    """The terms of eq. 2.1 this layer adds, in words, for the note above the stages."""
+    words = []
+    if cfg.attn_scale is not None or not cfg.scale_attention:
+        words.append(f"the scores are {score_formula(cfg)}, the family's own scale")
+    if cfg.attn_softcap is not None:
+        words.append(f"soft-capped to {cfg.attn_softcap:g}·tanh(S / {cfg.attn_softcap:g}), so they stay within "
+                     f"±{cfg.attn_softcap:g}")
+    if cfg.score_bias == "alibi":
+        words.append("ALiBi's −m_h·(i − j) is added to them (this head's slope), so far keys score lower")
+    elif cfg.score_bias == "relative":
+        words.append("T5's learned bias for each bucket of j − i is added to them")
+    if cfg.layer_type(layer) == "sliding" and cfg.sliding_window is not None:
+        words.append(f"layer {layer} is a sliding-window layer: the mask also hides keys {cfg.sliding_window} or more "
+                     "tokens back (i − j ≥ w)")
+    return ("In this layer " + "; ".join(words) + ".") if words else ""
 
 
 def causal_section(model, ids: list[int], data: dict | None = None):
@@ -118,10 +154,11 @@ def entropy_section(model, ids: list[int], layer: int, head: int, data: dict | N
         reference={"uniform attention": result["uniform"]},
         subtitle="lower: sharper rows, closer to one-hot",
     )
-    scaled, raw = curves["scaled by 1/√d_k"], curves["not scaled"]
+    (scaled_name, scaled), raw = next(iter(curves.items())), curves["not scaled"]
+    factor = (f"the 1/√d_k factor the scores are √{result['head_dim']} ≈ {np.sqrt(result['head_dim']):.1f}"
+              if scaled_name == "scaled by 1/√d_k" else f"its scale the scores are {result['factor']:.3g}")
     text = (
-        f"Without the 1/√d_k factor the scores are √{result['head_dim']} ≈ "
-        f"{np.sqrt(result['head_dim']):.1f} times larger, "
+        f"Without {factor} times larger, "
         f"so the softmax saturates. Layer {layer}, head {head}: entropy {scaled['head']:.3f} → {raw['head']:.3f} nats, "
         f"mean largest weight per row {scaled['head_max_weight']:.3f} → {raw['head_max_weight']:.3f}."
     )
@@ -152,6 +189,7 @@ def mask_view(services: Services, model_name, text_value, layer_index, head_inde
     padding_fig, padding_text = padding_section(model, text_a, text_b, data)
     entropy_fig, entropy_text = entropy_section(model, tokens.ids, layer, head, data)
     note = f"⚠️ {tokens.note}" if tokens.note else f"{len(tokens.ids)} tokens."
+    note = " ".join(filter(None, (note, terms_note(cfg, layer))))
     return (note, *(named(fig, export.filename(name, view, layer, head)) for view, fig in stages),
             named(causal_fig, export.filename(name, "causal-mask")), causal_text,
             named(padding_fig, export.filename(name, "padding-mask")), padding_text,
