@@ -64,9 +64,12 @@ def unwindowed_qwen_or_other(value, raw: dict) -> bool:
 FIELDS = {
     "hidden_size": IMPLEMENTED, "num_attention_heads": IMPLEMENTED, "num_hidden_layers": IMPLEMENTED,
     "num_key_value_heads": IMPLEMENTED, "head_dim": IMPLEMENTED, "intermediate_size": IMPLEMENTED,
-    "max_position_embeddings": IMPLEMENTED, "rms_norm_eps": IMPLEMENTED, "mlp_bias": IMPLEMENTED,
+    "max_position_embeddings": IMPLEMENTED, "rms_norm_eps": IMPLEMENTED,
+    "mlp_bias": ignored("only Llama's MLP reads it (Mistral, Qwen2 and Qwen3 have none)",
+                        model_type_in("mistral", "qwen2", "qwen3")),
     "tie_word_embeddings": IMPLEMENTED, "rope_theta": IMPLEMENTED, "hidden_act": CHECKED,
-    "attention_bias": ignored("Qwen2 always has q/k/v biases and none on o_proj", model_type_in("qwen2")),
+    "attention_bias": ignored("Qwen2 always has q/k/v biases and none on o_proj; Mistral has none",
+                              model_type_in("qwen2", "mistral")),
     "rope_parameters": refused(lambda value, raw: scaled_rope(value, raw) or partial_rope(value, raw),
                                f"{SCALED_ROPE.why}; {WHOLE_ROPE}"),
     "rope_scaling": SCALED_ROPE,
@@ -91,7 +94,7 @@ def read_config(raw: dict) -> ModelConfig:
     d, heads, n_layers = require(raw, "hidden_size"), require(raw, "num_attention_heads"), require(raw, "num_hidden_layers")
     theta, _ = rope_parameters(raw)
     qwen2 = model_type == "qwen2"  # Qwen2 has q/k/v biases and none on o_proj
-    bias = bool(raw.get("attention_bias", False))
+    bias = bool(raw.get("attention_bias", False)) and model_type != "mistral"   # as transformers reads them
     types, window = layer_types(raw, n_layers)
     return ModelConfig(
         family="llama", model_type=model_type, n_layers=n_layers, n_heads=heads,
@@ -100,7 +103,7 @@ def read_config(raw: dict) -> ModelConfig:
         max_positions=raw.get("max_position_embeddings", 2048), positional="rope", norm="rmsnorm",
         norm_placement="pre", causal=True, is_encoder_decoder=False, activation="silu", gated_ffn=True,
         norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=theta, qkv_bias=qwen2 or bias,
-        out_bias=bias and not qwen2, ffn_bias=bool(raw.get("mlp_bias", False)), norm_bias=False,
+        out_bias=bias and not qwen2, ffn_bias=bool(raw.get("mlp_bias", False)) and model_type == "llama", norm_bias=False,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), qk_norm=model_type == "qwen3",
         sliding_window=window, layer_types=types,
         bos_token_id=raw.get("bos_token_id"), eos_token_id=raw.get("eos_token_id"), pad_token_id=raw.get("pad_token_id"),
