@@ -46,7 +46,7 @@ def parse_generate(text: str) -> dict[str, tuple[float, str]]:
             figures[f"greedy, {greedy[1]}"] = (float(greedy[2]), "tokens/s")
             continue
         in_greedy = in_greedy and line.startswith("  ")
-        prefill = re.match(rf"^prefill (\d+) tokens \(s\)\s+{NUMBER} \([^)]*\)\s+{NUMBER} \(", line)
+        prefill = re.match(rf"^prefill (\d+) tokens \(s\)\s+{NUMBER} \([^)]*\)\s*{NUMBER} \(", line)
         if prefill:
             figures[f"prefill {prefill[1]}, this core"] = (float(prefill[2]), "s")
             figures[f"prefill {prefill[1]}, transformers"] = (float(prefill[3]), "s")
