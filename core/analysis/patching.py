@@ -34,7 +34,8 @@ SWEEP_TOKENS = 4096  # patched rows × resumed positions per batch: bounds a swe
 def check_decoder(model, what: str) -> None:
     if model.encoder is not None or model.lm_head is None or not model.config.causal:
         raise ValueError(f"{what} explains a next-token prediction: it needs a decoder-only model with an LM head "
-                         "(this one is an encoder or an encoder-decoder)")
+                         f"(this {model.config.model_type or model.config.family} model is an encoder or an "
+                         "encoder-decoder)")
 
 
 def check_token(model, token: int, name: str) -> int:

@@ -47,9 +47,11 @@ def patching_reason(model) -> str | None:
 def attribution_reason(model) -> str | None:
     """Why direct logit attribution and the flow graph cannot read this model, or None."""
     reason = patching_reason(model)
-    if reason is None and model.config.norm_placement != "pre":
-        reason = ("These read the final residual stream as a sum of parts, which needs Pre-LN blocks: a Post-LN "
-                  "block's norm mixes the parts.")
+    if reason is None:
+        try:
+            patching.check_pre_norm(model, "Each of logit attribution and the flow graph")
+        except ValueError as error:
+            reason = sentence(str(error))
     return reason
 
 

@@ -83,6 +83,11 @@ def nothing(message: str, name: str, view: str):
     return export.named(empty_figure(message), export.filename(name, view))
 
 
+def capped_words(model) -> str:
+    cap = model.config.final_softcap
+    return f" (the model's own logits, after its final soft-cap c·tanh(logit / c), c = {cap:g})" if cap else ""
+
+
 def patch_view(services: Services, model_name, clean_prompt, corrupted_prompt, answer_token, foil_token, site,
                mode, layer_index, progress=None):
     """Yields (note, figure, data file) as the sweep goes, then the map of how much of the clean metric each
@@ -119,7 +124,8 @@ def patch_view(services: Services, model_name, clean_prompt, corrupted_prompt, a
                         value_name=words["value"], scale_ticks=words["ticks"])
     note = (
         f"**{escaped(where)}{layer_words}**, {words['direction']}, one patch per cell. The metric is "
-        f"{metric_words(pair)} at the last position: **{result.clean_metric:+.3f}** on the clean prompt, "
+        f"{metric_words(pair)} at the last position{capped_words(model)}: **{result.clean_metric:+.3f}** on the "
+        "clean prompt, "
         f"**{result.corrupted_metric:+.3f}** on the corrupted one ({escaped(pair.chosen) or 'both typed'}). Each "
         f"cell shows (patched − corrupted) / (clean − corrupted), the fraction that {words['verb']}: "
         f"{words['meaning']}.  \n"
@@ -164,7 +170,9 @@ def attribution_view(services: Services, model_name, clean_prompt, corrupted_pro
         f"through the final norm **with its scale frozen at its value on this input**, each part adds its own "
         f"share of {metric_words(pair)}, and the shares add up exactly: heads {heads.sum():+.3f}, MLPs "
         f"{mlps.sum():+.3f}, embeddings {parts.embeddings:+.3f}, biases {parts.biases:+.3f}; sum "
-        f"**{parts.parts_sum:+.4f}**, the model's own difference **{parts.total:+.4f}**.  \n"
+        f"**{parts.parts_sum:+.4f}**, the model's own difference "
+        f"{'before its final soft-cap ' if parts.capped is not None else ''}**{parts.total:+.4f}**.  \n"
+        f"{cap_words(parts)}{post_norm_words(parts)}"
         f"Largest heads: {largest}. A direct part counts only what a head writes straight into the answer's "
         "direction: a head that moves information for later layers to use shows little here (patching finds it)."
     )
@@ -172,10 +180,31 @@ def attribution_view(services: Services, model_name, clean_prompt, corrupted_pro
         note += f"  \n{escaped(sentence_of(pair.chosen))}"
     rows = [[f"L{l} H{h}", float(heads[l, h])] for l in range(heads.shape[0]) for h in range(heads.shape[1])]
     rows += [[f"MLP {l}", float(v)] for l, v in enumerate(mlps)]
-    rows += [["embeddings", parts.embeddings], ["biases", parts.biases], ["total", parts.total]]
+    rows += [["embeddings", parts.embeddings], ["biases", parts.biases],
+             ["total before the final soft-cap" if parts.capped is not None else "total", parts.total]]
+    if parts.capped is not None:
+        rows.append([f"after the final soft-cap c*tanh(logit/c), c = {parts.softcap:g} (not split)", parts.capped])
     file = export.write(export.csv_text(rows, ["part", f"logit({pair.pieces[0]!r}) - logit({pair.pieces[1]!r})"]),
                         export.filename(name, "logit-attribution") + ".csv")
     return note, export.named(fig, export.filename(name, "logit-attribution")), str(file)
+
+
+def cap_words(parts) -> str:
+    """The final soft-cap as its own stage, in words (empty without one)."""
+    if parts.capped is None:
+        return ""
+    return (f"This model caps its logits, c·tanh(logit / c) with c = {parts.softcap:g}. A tanh is not a sum, so "
+            "the parts split the difference **before the cap**; the cap is a stage of its own, not split: after "
+            f"it the model's own difference is **{parts.capped:+.4f}**.  \n")
+
+
+def post_norm_words(parts) -> str:
+    """The sandwich post-norm, in words (empty without one)."""
+    if not parts.post_norm:
+        return ""
+    return ("Each head's output passes the attention's own post-norm before it joins the residual stream: it is "
+            "read through that norm with its scale frozen at its input too, so the heads still add up to the "
+            "layer's attention output.  \n")
 
 
 FLOW_DEFINITION = (
@@ -196,14 +225,29 @@ def edge_words(edge, tokens: list[str]) -> str:
             f"({edge.importance:.2f}: {heads or 'no head above 0'})")
 
 
-def flow_note(result: FlowResult, tokens: list[str]) -> str:
+PARALLEL_WORDS = (
+    " This model's blocks are parallel: attention and the MLP both read the block's input, and no state lies "
+    "between them. Each block is one sum (the residual input, every (head, source token) part and the MLP's "
+    "output, normalised together), drawn from the block's input to its output in one step; the level above it "
+    "is the same state again, joined by residual edges of importance 1."
+)
+SANDWICH_WORDS = (
+    " This model puts a norm on the attention's output too: each head's part is read through that norm with "
+    "its scale frozen at its input, so the parts still add up to what joins the residual stream."
+)
+
+
+def flow_note(result: FlowResult, tokens: list[str], model=None) -> str:
     graph, seconds = result.graph, result.seconds
+    variants = (PARALLEL_WORDS if graph.parallel else "") + (
+        SANDWICH_WORDS if model is not None and model.config.sandwich_norm else "")
     attention = sorted((e for e in graph.edges if e.kind == "attention"), key=lambda e: -e.importance)[:5]
     named = "; ".join(edge_words(e, tokens) for e in attention) or "none above this threshold"
     timing = " Re-pruned from the kept graph, no pass." if seconds is None else f" Computed in {seconds:.1f} s."
     return (
         f"How the prediction after {quoted(tokens[graph.position])} was assembled (Ferrando and Voita, 2024). "
-        f"{FLOW_DEFINITION} Kept: **{len(graph.edges)} edges** of importance ≥ {graph.threshold:g}.{timing}  \n"
+        f"{FLOW_DEFINITION}{variants} Kept: **{len(graph.edges)} edges** of importance ≥ "
+        f"{graph.threshold:g}.{timing}  \n"
         f"Strongest attention edges (their strongest heads): {named}. Hover an attention edge's dot for all its "
         "heads; a click opens the strongest in the Attention tab."
     )
@@ -242,7 +286,7 @@ def flow_view(services: Services, model_name, clean_prompt, threshold, previous=
     except UserError as error:
         return escaped(str(error)), nothing("No graph yet.", name, "flow-graph"), None, previous
     texts = token_texts(model, result.tokens.ids)
-    return (flow_note(result, texts), flow_figure_of(result.graph, texts, name),
+    return (flow_note(result, texts, model), flow_figure_of(result.graph, texts, name),
             flow_file(result.graph, texts, name), result.cache)
 
 
