@@ -116,10 +116,19 @@ class InductionObserver(Observer):
         self.scores[layer] = probs[0][:, self.queries, self.targets].float().mean(-1)
 
 
+def reads_a_target(model) -> str:
+    """The words a refusal adds for an encoder-decoder model (naming its family), else ""."""
+    if model.encoder is None:
+        return ""
+    return (f"; {model.config.family} is an encoder-decoder model, whose decoder predicts a target text of its own "
+            "rather than the text it reads")
+
+
 def induction(model, length: int = 100, seed: int = 0) -> InductionResult:
     """The induction probe through the model (decoders only)."""
     if not model.config.causal or model.lm_head is None or model.encoder is not None:
-        raise ValueError("the induction probe needs a decoder-only model that predicts the next token")
+        raise ValueError("the induction probe needs a decoder-only model that predicts the next token"
+                         + reads_a_target(model))
     tok = model.tokenizer
     special = tuple(tok.all_special_ids) if tok is not None else ()
     bos = model.config.bos_token_id
@@ -170,7 +179,7 @@ def predictions(model, hidden: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
 def check_loss_model(model) -> None:
     if model.encoder is not None or model.lm_head is None:
         raise ValueError("ablation measures the model's loss on the text: it needs an LM head (a decoder, or an "
-                         "encoder with its masked-language-model head) and no separate encoder")
+                         "encoder with its masked-language-model head) and no separate encoder" + reads_a_target(model))
 
 
 def named_heads(scores: dict[str, Tensor]) -> dict[str, list[tuple[int, int, float]]]:
@@ -375,7 +384,7 @@ def attribution_inputs(model, ids: Tensor, position: int | None, steps) -> tuple
     """The ids attribution reads ([1, position + 1] for a decoder) and the position, checked."""
     if model.encoder is not None or model.lm_head is None:
         raise ValueError("attribution explains a next-token (or masked-token) prediction: it needs a model with "
-                         "an LM head and no separate encoder")
+                         "an LM head and no separate encoder" + reads_a_target(model))
     n = ids.shape[1]
     position = n - 1 if position is None else position
     if not 0 <= position < n:
@@ -483,7 +492,9 @@ def lens_table(model, ids: Tensor) -> LensTable:
     if model.lm_head is None:
         raise ValueError("this model has no LM head, so its residual stream cannot be read as predictions")
     if model.encoder is not None:
-        raise ValueError("the logit lens reads the text's own stream; an encoder-decoder predicts a translation")
+        raise ValueError("the logit lens table reads the text's own stream, and an encoder-decoder predicts a "
+                         f"translation ({model.config.family} here): model(ids, decoder_input_ids=..., "
+                         "logit_lens=True) reads its decoder's stream over a target text")
     with torch.inference_mode():
         lens = model(ids.to(model.device), logit_lens=True, logit_lens_top_k=1, return_logits=False).logit_lens
     top = lens.indices[:, 0, :, 0].cpu()                                       # [L, T]
@@ -512,7 +523,8 @@ class Surprisal:
 def surprisal(model, ids: Tensor, k: int = 5) -> Surprisal:
     """How surprised the model is by each token of the text, given the ones before it."""
     if not model.config.causal or model.lm_head is None or model.encoder is not None:
-        raise ValueError("surprisal needs a decoder-only model that predicts the next token of the text")
+        raise ValueError("surprisal needs a decoder-only model that predicts the next token of the text"
+                         + reads_a_target(model))
     if ids.shape[1] < 2:
         raise ValueError("surprisal needs at least two tokens")
     ids = ids.to(model.device)
