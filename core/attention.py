@@ -61,12 +61,14 @@ def attention_stages(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float,
 
 
 def attention_rows(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_causal: bool, scale: float,
-                   rows: int, softcap: float | None = None,
-                   bias: Tensor | None = None) -> Iterator[tuple[int, Tensor, Tensor]]:
+                   rows: int, softcap: float | None = None, bias: Tensor | None = None,
+                   window: int | None = None) -> Iterator[tuple[int, Tensor, Tensor]]:
     """Eq. 2.1 a block of query rows at a time: yields (first row, probs [B, H, rows, width] float32,
     output [B, H, rows, d_k] = probs·V). A block of a long text stays in the CPU's cache through every stage
     instead of streaming an n × n matrix through memory once per stage. Under a causal mask the keys after a
-    block's last query are never scored: `width` stops there, and the probabilities of later keys are 0.
+    block's last query are never scored: `width` stops there, and the probabilities of later keys are 0. Under a
+    sliding window w (which `allowed` must also hold), the keys w or more places before a block's first query are
+    not scored either: their probabilities are 0, and a long text costs rows × (w + rows) per block, not rows × n.
     Same arguments as `attention`.
     """
     batch, n_heads, n_queries, d_k = q.shape
@@ -75,25 +77,33 @@ def attention_rows(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_c
     for start in range(0, n_queries, rows):
         stop = min(start + rows, n_queries)
         width = n_keys - n_queries + stop if is_causal else n_keys  # keys any query of this block may see
+        first = max(0, n_keys - n_queries + start - window + 1) if window else 0   # the window's first key
+        seen = width - first
         # each key/value head scores its group of query heads in one matmul, without copying keys
         q_block = q[:, :, start:stop].reshape(batch, n_kv, group * (stop - start), d_k)
-        scores = (q_block.float() @ k[:, :, :width].float().transpose(-1, -2)).mul_(scale)
-        scores = scores.view(batch, n_heads, stop - start, width)
+        scores = (q_block.float() @ k[:, :, first:width].float().transpose(-1, -2)).mul_(scale)
+        scores = scores.view(batch, n_heads, stop - start, seen)
         if softcap is not None or bias is not None:
-            rows_bias = None if bias is None else bias[..., start:stop, :width] if bias.shape[-2] > 1 else bias[..., :width]
+            rows_bias = None
+            if bias is not None:
+                rows_bias = bias[..., start:stop, first:width] if bias.shape[-2] > 1 else bias[..., first:width]
             scores = scored(scores, softcap, rows_bias)
         mask = None
         if allowed is not None:
-            mask = allowed[..., start:stop, :width] if allowed.shape[-2] > 1 else allowed[..., :width]
+            mask = allowed[..., start:stop, first:width] if allowed.shape[-2] > 1 else allowed[..., first:width]
             if is_causal:
-                mask = mask & causal_mask(stop - start, width, q.device)
+                mask = mask & causal_mask(stop - start, seen, q.device)
         elif is_causal:  # only the last (stop - start) keys can lie ahead of a query of this block
-            diagonal = scores[..., width - (stop - start):]
+            diagonal = scores[..., seen - (stop - start):]
             diagonal.masked_fill_(~causal_mask(stop - start, stop - start, q.device), float("-inf"))
-        block = masked_softmax_(scores, mask)
-        grouped = block.view(batch, n_kv, group * (stop - start), width).to(v.dtype)
-        out = (grouped @ v[:, :, :width]).view(batch, n_heads, stop - start, v.shape[-1])
-        yield start, block, out
+        probs = masked_softmax_(scores, mask)
+        grouped = probs.view(batch, n_kv, group * (stop - start), seen).to(v.dtype)
+        out = (grouped @ v[:, :, first:width]).view(batch, n_heads, stop - start, v.shape[-1])
+        if first:  # the keys before the window: probability 0
+            block = probs.new_zeros(batch, n_heads, stop - start, width)
+            block[..., first:] = probs
+            probs = block
+        yield start, probs, out
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, is_causal: bool = False,

@@ -46,6 +46,7 @@ class LayerTerms:
     allowed: Tensor | None          # bool [B, 1, Tq, Tk], True where attention may go
     is_causal: bool                 # add the standard causal mask (cheaper than building it)
     rope: tuple[Tensor, Tensor] | None  # cos, sin [B, 1, T, rotary_dim]
+    window: int | None = None       # the sliding window that `allowed` holds, when it hides keys on this text
 
 
 @dataclass
@@ -144,14 +145,14 @@ class Attention(nn.Module):
                 if cache is not None:
                     cache.cross[layer] = (k, v)
             allowed, is_causal = setup.memory_allowed, False
-            bias = None
+            bias = window = None
         else:
             terms = setup.terms(layer)
             q, k, v = self.self_qkv(x, terms.rope, setup.keeper(layer))
             if cache is not None:
                 k, v = cache.write(layer, k, v, setup.slot)
-            allowed, is_causal, bias = terms.allowed, terms.is_causal, setup.bias
-        z = self.attend(q, k, v, allowed, is_causal, setup, kind, layer, bias)   # [B, H, T, d_k]
+            allowed, is_causal, bias, window = terms.allowed, terms.is_causal, setup.bias, terms.window
+        z = self.attend(q, k, v, allowed, is_causal, setup, kind, layer, bias, window)   # [B, H, T, d_k]
         if probe is not None and not cross:
             z = probe.ablated(kind, layer, z, setup.query_mask).transpose(1, 2)     # [B, T, H, d_k]
             z = probe.patched(kind, "z", layer, z)
@@ -162,7 +163,8 @@ class Attention(nn.Module):
         return self.out(z)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_causal: bool,
-               setup: AttentionSetup, kind: Kind, layer: int, bias: Tensor | None = None) -> Tensor:
+               setup: AttentionSetup, kind: Kind, layer: int, bias: Tensor | None = None,
+               window: int | None = None) -> Tensor:
         """Eq. 2.1 on the fast path, or on the explicit one when the probabilities are wanted."""
         softcap = setup.softcap if kind != "cross" else None
         observe, keep = setup.observes(kind, layer), setup.records_pattern(kind, layer)
@@ -170,7 +172,8 @@ class Attention(nn.Module):
         if rows:  # an observer that takes the probabilities a block of query rows at a time
             out = q.new_empty(q.shape[0], self.n_heads, q.shape[2], self.head_dim)
             scale = self.head_dim ** -0.5 if setup.scale is None else setup.scale
-            for start, block, out_block in attention_rows(q, k, v, allowed, is_causal, scale, rows, softcap, bias):
+            for start, block, out_block in attention_rows(q, k, v, allowed, is_causal, scale, rows, softcap, bias,
+                                                          window):
                 out[:, :, start:start + block.shape[2]] = out_block
                 setup.observer(kind, layer, block, start, k.shape[-2])
             return out
@@ -431,7 +434,7 @@ class Transformer(nn.Module):
                     setup.sliding.allowed = window[None, None]
                 else:
                     setup.sliding.allowed = allowed & window
-                setup.sliding.is_causal = False
+                setup.sliding.is_causal, setup.sliding.window = False, cfg.sliding_window
         if stack.score_bias is not None and positions:
             if stack.score_bias.by_index:   # places in the sequence, padding counted
                 query_pos = torch.arange(start, start + n, device=device)[None]

@@ -137,3 +137,18 @@ def test_the_terms_each_family_uses_are_on(pairs):
     assert cfg["t5-relu"].score_bias == "relative" and cfg["t5-relu"].lm_head_scale != 1.0
     assert cfg["t5-gated-gelu"].gated_ffn and cfg["t5-gated-gelu"].lm_head_scale == 1.0
     assert cfg["t5-deeper-decoder"].n_layers == 3 and cfg["t5-deeper-decoder"].n_encoder_layers == 2
+
+
+@pytest.mark.parametrize("name", ["mistral-window", "gemma2", "bloom", "phi3-window"])
+def test_block_by_block_capture_equals_the_explicit_path(pairs, name):
+    """The long-text path (core.attention.attention_rows, 256 query rows at a time) on 600 tokens: windows skip
+    the keys before them, biases and caps are sliced per block, and every probability equals the explicit path."""
+    from core.analysis.capture import LayerObserver
+    _, model = pairs[name]
+    ids = torch.randint(3, tiny.VOCAB - 1, (1, 600), generator=torch.Generator().manual_seed(5))
+    explicit = model(ids, capture_attention=True).attentions
+    for layer in range(model.config.n_layers):
+        observer = LayerObserver(layer)
+        with torch.inference_mode():
+            model(ids, observer=observer)
+        assert worst(observer.probs, explicit[layer][0]) <= 1e-5, f"layer {layer}"
