@@ -61,6 +61,19 @@ def test_capture_equals_the_forward_pass_attentions(name, small_blocks):
     assert (cap.layer_map(model, ids, last) - want[last]).abs().max() <= TOL
 
 
+@pytest.mark.parametrize("name", FAMILIES)
+def test_capture_of_a_left_padded_text_equals_the_forward_pass(name, small_blocks):
+    """Padding shifts ALiBi's and RoPE's positions but not T5's places; the real queries' rows must agree."""
+    model = model_of(name)
+    ids, mask = text(), torch.ones(1, 13, dtype=torch.long)
+    mask[0, :3] = 0
+    out = model(ids, attention_mask=mask, capture_attention=True)
+    want = out.encoder_attentions if model.encoder is not None else out.attentions
+    maps = cap.capture(model, ids, attention_mask=mask, keep_layers=range(len(want)))
+    for layer, ref in enumerate(want):
+        assert (maps.full[layer][:, 3:] - ref[0, :, 3:]).abs().max() <= TOL, f"layer {layer}"
+
+
 # ---- head scores ----
 
 @pytest.mark.parametrize("name", FAMILIES)
