@@ -1,7 +1,9 @@
 """The Inside tab's figures: one forward pass stage by stage (matrices over the tokens, side by side), the rotation
 of each RoPE frequency pair, the next-token distribution after temperature, top-k and top-p, and why a head
 attends where it does (a score split into residual components, content against position, queries and keys in one
-plane). Token labels are escaped (Plotly reads a few tags in text)."""
+plane); for families with more terms in eq. 2.1, the scores term by term (the soft-cap, the score bias, the
+window in the mask) and a score's later stages beside its parts. Token labels are escaped (Plotly reads a few
+tags in text)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ui.plots.base import ATTENTION_COLORS, CHOSEN_COLOR, SIGNED_COLORS, as_f32, base_layout
+from ui.plots.attention import score_bound
+from ui.plots.base import ATTENTION_COLORS, CHOSEN_COLOR, MASKED_COLOR, SIGNED_COLORS, as_f32, base_layout
 from ui.plots.text import escaped
 
 KEPT_COLOR, CUT_COLOR = "#1f77b4", "#c7c7c7"
@@ -83,6 +86,40 @@ def rotation_figure(angles: np.ndarray, before: np.ndarray, after: np.ndarray, t
     return fig
 
 
+def score_terms_figure(panels: Sequence[tuple[str, np.ndarray, str]], labels: Sequence[str],
+                       title: str) -> go.Figure:
+    """Eq. 2.1 term by term for one head, one panel each, side by side: panels are (title, matrix [T, T], kind),
+    kind "score" (signed, one colour scale shared by the score panels), "bias" (signed, its own scale) or
+    "weights" (0 to 1). Masked cells (−∞, or NaN) are drawn grey. labels: "position token" per row and column,
+    the same as the figure of the three stages, so a click on a cell reads the same way."""
+    shown = [escaped(label) for label in labels]
+    fig = make_subplots(rows=1, cols=len(panels), shared_yaxes=True, horizontal_spacing=0.025,
+                        subplot_titles=[p[0] for p in panels])
+    bound = score_bound([m for _, m, kind in panels if kind == "score"])
+    bars = {"score": 1.0, "bias": 0.64, "weights": 0.28}   # the top of each kind's colour bar, at the right edge
+    for c, (name, matrix, kind) in enumerate(panels, start=1):
+        z = as_f32(matrix)
+        z = np.where(np.isfinite(z), z, np.nan)
+        if kind == "weights":
+            limits = {"colorscale": ATTENTION_COLORS, "zmin": 0.0, "zmax": 1.0}
+        else:
+            edge = bound if kind == "score" else score_bound([z])
+            limits = {"colorscale": SIGNED_COLORS, "reversescale": True, "zmid": 0.0, "zmin": -edge, "zmax": edge}
+        first = next(i for i, p in enumerate(panels) if p[2] == kind) == c - 1      # one colour bar per kind
+        fig.add_trace(go.Heatmap(
+            z=z, x=shown, y=shown, showscale=first, hoverongaps=False, name=name,
+            colorbar={"thickness": 10, "len": 0.26, "y": bars[kind], "yanchor": "top", "x": 1.02,
+                      "title": {"text": kind}},
+            hovertemplate=f"query %{{y}} → key %{{x}}<br>%{{z:.3f}}<extra>{escaped(name)}</extra>", **limits),
+            row=1, col=c)
+    base_layout(fig, title, 420, top=80)
+    fig.update_xaxes(type="category", tickangle=-60, tickfont={"size": 8})
+    fig.update_yaxes(type="category", autorange="reversed", tickfont={"size": 8})
+    fig.update_annotations(font_size=11)  # the panel titles
+    fig.update_layout(plot_bgcolor=MASKED_COLOR)
+    return fig
+
+
 def next_token_figure(tokens: Sequence[str], probs: np.ndarray, kept: np.ndarray, title: str) -> go.Figure:
     """The most likely next tokens after temperature, kept (blue) or cut by top-k / top-p (grey)."""
     probs = np.asarray(probs, dtype=np.float64)
@@ -99,19 +136,39 @@ def next_token_figure(tokens: Sequence[str], probs: np.ndarray, kept: np.ndarray
 
 
 def decomposition_figure(matrix: np.ndarray, query_labels: Sequence[str], key_labels: Sequence[str],
-                         title: str) -> go.Figure:
+                         title: str, after: Sequence[tuple[str, float, str]] = ()) -> go.Figure:
     """A score as a sum over (query-side component, key-side component) pairs: matrix [Q, K], each cell that
-    pair's share; the cells add up to the score."""
+    pair's share; the cells add up to the score before any cap. after: the score's later stages, drawn beside
+    as a waterfall, each (label, value, measure): "absolute" for a value (the sum of the parts), "relative" for a
+    step (what the soft-cap changes, the score bias added), "total" for the running sum (what softmax reads)."""
     z = as_f32(matrix)
     finite = z[np.isfinite(z)]
     bound = float(np.abs(finite).max()) if finite.size else 1.0
-    fig = go.Figure(go.Heatmap(z=z, x=[escaped(k) for k in key_labels], y=[escaped(q) for q in query_labels],
-                               colorscale=SIGNED_COLORS, reversescale=True, zmid=0.0, zmin=-(bound or 1),
-                               zmax=bound or 1, colorbar={"title": {"text": "share"}},
-                               hovertemplate="query side: %{y}<br>key side: %{x}<br>%{z:+.4f}<extra></extra>"))
-    base_layout(fig, title, min(760, 200 + 20 * len(query_labels)), top=70)
-    fig.update_xaxes(type="category", title_text="key side", tickangle=-60, tickfont={"size": 9})
-    fig.update_yaxes(type="category", title_text="query side", autorange="reversed", tickfont={"size": 9})
+    heatmap = go.Heatmap(z=z, x=[escaped(k) for k in key_labels], y=[escaped(q) for q in query_labels],
+                         colorscale=SIGNED_COLORS, reversescale=True, zmid=0.0, zmin=-(bound or 1), zmax=bound or 1,
+                         colorbar={"title": {"text": "share"}, "x": 0.54 if after else 1.02},
+                         hovertemplate="query side: %{y}<br>key side: %{x}<br>%{z:+.4f}<extra></extra>")
+    height = min(760, 200 + 20 * len(query_labels))
+    if not after:
+        fig = go.Figure(heatmap)
+        base_layout(fig, title, height, top=70)
+        fig.update_xaxes(type="category", title_text="key side", tickangle=-60, tickfont={"size": 9})
+        fig.update_yaxes(type="category", title_text="query side", autorange="reversed", tickfont={"size": 9})
+        return fig
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.62, 0.38], horizontal_spacing=0.2,
+                        subplot_titles=("the parts: they add up to the first bar", "then the later terms"))
+    fig.add_trace(heatmap, row=1, col=1)
+    labels, values, measures = zip(*after)
+    fig.add_trace(go.Waterfall(x=[escaped(label) for label in labels], y=list(values), measure=list(measures),
+                               text=[f"{v:+.3f}" for v in values], textposition="outside", cliponaxis=False,
+                               hovertemplate="%{x}: %{y:+.4f}<extra></extra>", showlegend=False), row=1, col=2)
+    base_layout(fig, title, max(height, 420), top=80)
+    fig.update_xaxes(type="category", title_text="key side", tickangle=-60, tickfont={"size": 9}, row=1, col=1)
+    fig.update_yaxes(type="category", title_text="query side", autorange="reversed", tickfont={"size": 9},
+                     row=1, col=1)
+    fig.update_xaxes(type="category", tickangle=-30, tickfont={"size": 9}, row=1, col=2)
+    fig.update_yaxes(title_text="score", row=1, col=2)
+    fig.update_annotations(font_size=11)
     return fig
 
 
@@ -128,7 +185,7 @@ def content_position_figure(tokens: Sequence[str], series: dict[str, np.ndarray]
     base_layout(fig, title, 400, top=110)
     fig.update_xaxes(type="category", tickangle=-60 if len(tokens) > 12 else 0, tickfont={"size": 10},
                      title_text=f"key (the query is {query} {escaped(tokens[query])})")
-    fig.update_yaxes(title_text="scaled score q·k/√d_k")
+    fig.update_yaxes(title_text="score")
     # the title at the very top, so a legend wrapped on a phone (three rows) still fits under it
     fig.update_layout(legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "left", "x": 0},
                       title={"yref": "container", "y": 0.98, "yanchor": "top"})

@@ -1,6 +1,7 @@
 """One forward pass, stage by stage, as plain values over core.analysis.anatomy: the stages of one head and its
 layer on a short text, the numbers worth noticing at each, the next-token distribution under temperature, top-k
-and top-p (core.generate's own filters), and why the head attends where it does."""
+and top-p (core.generate's own filters), the attention terms this family's layer has in words, and why the head
+attends where it does."""
 
 from __future__ import annotations
 
@@ -47,6 +48,57 @@ def walk(model, tokens: Encoded, layer, head) -> anatomy.ForwardStages:
     return anatomy.forward_stages(model, as_batch(tokens.ids, model.device), layer, head)
 
 
+def scale_words(cfg, scale: float) -> str:
+    """The factor on q·k in words: 1/√d_k, the family's own, or none."""
+    if cfg.attn_scale is None:
+        if not cfg.scale_attention:
+            return "none (1: trained without it)"
+        return f"1/√d_k = 1/√{cfg.head_dim} = {scale:.4g}"
+    if scale == 1:
+        return "none (1): this family trains its weights without 1/√d_k"
+    return f"{scale:.4g}, the family's own, not 1/√d_k = {cfg.head_dim ** -0.5:.4g}"
+
+
+def layer_terms(cfg, stages: anatomy.ForwardStages) -> list[str]:
+    """What this layer's attention and block have, one phrase a term, in the order the pass uses them (the walk
+    names each). cfg: the stack's config (stack_config)."""
+    words = [f"scale {scale_words(cfg, stages.scale)}"]
+    if cfg.qk_norm:
+        words.append("QK-norm: an RMSNorm over d_head on each head's q and k, before RoPE")
+    if stages.rope_angles is not None:
+        rotated = 2 * stages.rope_angles.shape[-1]
+        part = (f"on the first {rotated} of {cfg.head_dim} dims of q and k (partial rotary; the other "
+                f"{cfg.head_dim - rotated} pass unrotated)" if rotated < cfg.head_dim else "on q and k")
+        base = cfg.rope_theta
+        if stages.layer_type == "sliding" and cfg.rope_local_theta:
+            base = cfg.rope_local_theta
+            part += f", with this sliding layer's own base {base:g} (full layers: {cfg.rope_theta:g})"
+        words.append(f"RoPE {part}")
+    if stages.softcap is not None:
+        words.append(f"a soft-cap c·tanh(S/c) on the scaled scores, c = {stages.softcap:g}")
+    if stages.bias_kind == "alibi":
+        slope = -float(stages.bias[1, 0]) if stages.bias.shape[0] > 1 else None
+        words.append("ALiBi: a position bias −m_h·(i − j) added to the scores" +
+                     (f", m = {slope:.4g} for this head" if slope is not None else ""))
+    elif stages.bias_kind == "relative":
+        words.append("T5's relative-position bias: a learned value per head and bucket of the distance j − i, "
+                     "added to the scores")
+    words.append("a causal mask" if cfg.causal else "no causal mask (every token reads every token)")
+    if stages.window is not None:
+        words.append(f"a sliding window: this layer masks keys {stages.window} or more positions back "
+                     f"(i − j ≥ {stages.window})")
+    elif cfg.sliding_window is not None and "sliding" in cfg.layer_types:
+        words.append("no window on this layer (a full layer; the sliding layers have one)")
+    if cfg.parallel_block:
+        words.append("a parallel block: attention and the MLP both read the block's input, "
+                     "x + attn(norm₁(x)) + mlp(norm₂(x))")
+    if cfg.sandwich_norm:
+        words.append("sandwich norms: each sublayer's output is normed again before it joins the residual stream")
+    if cfg.norm_offset:
+        words.append(f"norms scale by ({cfg.norm_offset:g} + γ)")
+    return words
+
+
 @dataclass
 class Measures:
     """What the walkthrough's notes quote, measured on this text."""
@@ -54,7 +106,7 @@ class Measures:
     scaled_variance: float        # the same after the scale
     d_head: int
     entropy: float                # mean attention entropy of the head's rows, nats
-    entropy_unscaled: float       # the same without the scale
+    entropy_unscaled: float       # the same without the scale (the cap and the bias kept)
     attn_share: float             # ‖attn_out‖ / ‖resid_pre‖ at the followed token
     mlp_share: float              # ‖mlp_out‖ / ‖mlp_in's residual‖ at the followed token
     norm_scale: float             # the attention norm's 1/s at the followed token
@@ -68,6 +120,7 @@ def entropy_of(scores: torch.Tensor, mask: torch.Tensor) -> float:
 
 def measures(stages: anatomy.ForwardStages, token: int) -> Measures:
     scores, mask = stages.scores, stages.mask
+    unscaled = anatomy.soft_cap(scores, stages.softcap) + (0 if stages.bias is None else stages.bias)
     allowed = scores[mask]
     resid_mid = stages.resid_pre + stages.attn_out
     gate = stages.mlp_gate
@@ -75,7 +128,7 @@ def measures(stages: anatomy.ForwardStages, token: int) -> Measures:
         qk_variance=float(allowed.var()) if allowed.numel() > 1 else 0.0,
         scaled_variance=float((allowed * stages.scale).var()) if allowed.numel() > 1 else 0.0,
         d_head=stages.q.shape[-1],
-        entropy=entropy_of(scores * stages.scale, mask), entropy_unscaled=entropy_of(scores, mask),
+        entropy=entropy_of(stages.scored, mask), entropy_unscaled=entropy_of(unscaled, mask),
         attn_share=float(stages.attn_out[token].norm() / stages.resid_pre[token].norm().clamp_min(1e-12)),
         mlp_share=float(stages.mlp_out[token].norm() / resid_mid[token].norm().clamp_min(1e-12)),
         norm_scale=float(stages.norm_scale[token]),
@@ -128,15 +181,20 @@ def anatomy_of(model, tokens: Encoded, layer, head, query, key) -> anatomy.Score
 
 def content_and_position(model, tokens: Encoded, stages: anatomy.ForwardStages, query: int) -> dict[str, np.ndarray]:
     """Every key's scaled score from one query, and what of it is content and what position: for RoPE, the score
-    with the rotation removed beside the real one; for added positions, the token·token part (from the
-    decomposition, one per key) beside the score."""
+    with the rotation removed beside the real one (before the cap, where the family soft-caps: the cap is no
+    sum); for a score bias (ALiBi, T5), q·k·scale beside the bias; for added positions, the token·token part
+    (from the decomposition, one per key) beside the score."""
     keys = len(tokens.ids) if bool(stages.mask[query, query + 1:].any()) else query + 1   # a causal mask: ≤ query
     scale = stages.scale
     score = to_numpy(stages.scores[query, :keys] * scale)
     if stages.rope_angles is not None:
         unrotated = to_numpy((stages.q_unrotated[query] @ stages.k_unrotated[:keys].T) * scale)
-        return {"the score (after RoPE)": score, "without the rotation (content alone)": unrotated,
+        name = "the score before the cap (after RoPE)" if stages.softcap is not None else "the score (after RoPE)"
+        return {name: score, "without the rotation (content alone)": unrotated,
                 "what the rotation adds (position)": score - unrotated}
+    if stages.bias is not None:
+        return {"the score (q·k·scale + bias)": to_numpy(stages.scored[query, :keys]),
+                "q·k·scale (content)": score, "the bias (position)": to_numpy(stages.bias[query, :keys])}
     if stages.positions is None:
         return {"the score": score}
     ids = as_batch(tokens.ids, model.device)

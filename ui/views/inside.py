@@ -11,12 +11,12 @@ import numpy as np
 from ui.plots.attention import stages_figure
 from ui.plots.base import empty_figure
 from ui.plots.inside import (content_position_figure, decomposition_figure, geometry_figure, next_token_figure,
-                             rotation_figure, stage_panels, token_bars)
+                             rotation_figure, score_terms_figure, stage_panels, token_bars)
 from ui.plots.text import escaped
 from ui.services import Services
 from ui.services.checks import public_text
-from ui.services.inside import (anatomy_of, check_token, content_and_position, encode_walk, geometry, measures,
-                                next_token, stack_config, stage_arrays, walk)
+from ui.services.inside import (anatomy_of, check_token, content_and_position, encode_walk, geometry, layer_terms,
+                                measures, next_token, scale_words, stack_config, stage_arrays, walk)
 from ui.services.text import token_pieces, token_texts
 from ui.views import export
 
@@ -36,8 +36,15 @@ def embedding_stage(stages, tokens, token, cfg) -> tuple[str, object]:
     if stages.positions is not None:
         panels.append(("positions added (eq. 4.2)", stages.positions.numpy(), "dimension"))
     fig = stage_panels(panels, tokens, "1 · Tokens and embeddings: one row per token", token)
-    where = ("added to each row, eq. 4.2: X = X_embed + PE" if stages.positions is not None
-             else "none added here: RoPE rotates queries and keys inside each head instead (stage 4)")
+    if stages.positions is not None:
+        where = "added to each row, eq. 4.2: X = X_embed + PE"
+    elif stages.rope_angles is not None:
+        where = "none added here: RoPE rotates queries and keys inside each head instead (stage 4)"
+    elif stages.bias_kind is not None:
+        where = ("none added here: a bias on the scores says them instead "
+                 f"({'ALiBi' if stages.bias_kind == 'alibi' else 'T5’s relative-position bias'}, stage 5)")
+    else:
+        where = "none: this model has no positions"
     note = (f"**1 · Tokens → embeddings.** Each token id picks a row of the embedding table"
             f"{f', times {cfg.embed_scale:g}' if cfg.embed_scale != 1 else ''}; positions: {where}. "
             f"Shapes: {shapes(ids=[len(tokens)], X=list(stages.embeddings.shape))}. The followed token "
@@ -47,9 +54,17 @@ def embedding_stage(stages, tokens, token, cfg) -> tuple[str, object]:
 
 
 def norm_stage(stages, tokens, token, cfg, m) -> tuple[str, object]:
-    kind = "RMSNorm x / rms(x) · γ" if cfg.norm == "rmsnorm" else "LayerNorm γ ⊙ (x − μ)/√(σ² + ε) + β (eq. 5.4)"
+    gain = f"({cfg.norm_offset:g} + γ)" if cfg.norm_offset else "γ"
+    kind = (f"RMSNorm x / rms(x) · {gain}" if cfg.norm == "rmsnorm"
+            else f"LayerNorm {gain} ⊙ (x − μ)/√(σ² + ε) + β (eq. 5.4)")
     placement = ("before attention (Pre-LN: x + f(norm(x)))" if cfg.norm_placement == "pre"
                  else "after attention and the residual (Post-LN: norm(x + f(x)), eq. 5.1); the bars are that norm's")
+    if cfg.parallel_block:
+        placement = ("before attention, and a second norm before the MLP, both reading the block's input "
+                     "(a parallel block: x + attn(norm₁(x)) + mlp(norm₂(x)))")
+    if cfg.sandwich_norm:
+        placement += ("; sandwich norms also norm each sublayer's output before it joins the residual stream "
+                      "(stage 6's attention output is after that norm)")
     fig = token_bars(tokens, stages.norm_scale.numpy(), f"2 · The norm's scale 1/s per token, layer {stages.layer}",
                      "1 / s", token)
     spread = stages.norm_scale.numpy()
@@ -68,40 +83,118 @@ def qkv_stage(stages, tokens, token, cfg) -> tuple[str, object]:
            f"({cfg.n_heads} query heads, {cfg.n_kv_heads} key/value heads), so the cache holds "
            f"{cfg.n_heads // cfg.n_kv_heads}× fewer keys and values."
            if len(stages.shared_heads) > 1 else "Every query head has its own keys and values.")
+    qk_norm = (" QK-norm: each head's q and k then pass an RMSNorm over d_head (gain "
+               f"{'(1 + γ)' if cfg.norm_offset else 'γ'}), before RoPE; the figure's q and k are after both."
+               if cfg.qk_norm else "")
     note = (f"**3 · Q, K, V for head {stages.head}** (eq. 3.1: q = x·W_Q, k = x·W_K, v = x·W_V, per head). Shapes: "
-            f"{shapes(x=list(stages.attn_in.shape), q=list(stages.q.shape), k=list(stages.k.shape))}. {gqa}")
+            f"{shapes(x=list(stages.attn_in.shape), q=list(stages.q.shape), k=list(stages.k.shape))}. {gqa}{qk_norm}")
     return note, fig
 
 
-def rope_stage(stages, tokens, token) -> tuple[str, object]:
+def rope_stage(stages, tokens, token, cfg) -> tuple[str, object]:
     if stages.rope_angles is None:
-        text = "This model adds its positions to the embeddings (stage 1): no rotation here."
+        if stages.bias_kind == "alibi":
+            text = ("No rotation here: ALiBi adds −m_h·(i − j) to the scores (stage 5), so positions never touch q "
+                    "or k.")
+        elif stages.bias_kind == "relative":
+            text = ("No rotation here: T5 adds a learned bias per bucket of the distance j − i to the scores "
+                    "(stage 5), so positions never touch q or k.")
+        elif stages.positions is not None:
+            text = "This model adds its positions to the embeddings (stage 1): no rotation here."
+        else:
+            text = "This model has no positions: no rotation here."
         return f"**4 · Positions in the head.** {text}", empty_figure(text, 160)
     angles = stages.rope_angles[token].numpy()
-    before = stages.q_unrotated[token].numpy().reshape(2, -1).T      # pair i: dimensions i and i + d/2
-    after = stages.q[token].numpy().reshape(2, -1).T
+    rotated = 2 * len(angles)                                           # the rotated dims (partial rotary: fewer)
+    before = stages.q_unrotated[token, :rotated].numpy().reshape(2, -1).T  # pair i: dimensions i and i + r/2
+    after = stages.q[token, :rotated].numpy().reshape(2, -1).T
     fig = rotation_figure(angles, before, after, f"4 · RoPE on the query of {quoted(tokens[token])} (position {token})")
     kept = np.linalg.norm(before, axis=1) - np.linalg.norm(after, axis=1)
+    d_head = stages.q.shape[-1]
+    partial = (f" Partial rotary: only the first {rotated} of the {d_head} dims turn; the other {d_head - rotated} "
+               "pass unrotated and carry no position." if rotated < d_head else "")
+    base = cfg.rope_theta
+    if stages.layer_type == "sliding" and cfg.rope_local_theta:
+        base = cfg.rope_local_theta
+        partial += f" This sliding layer turns at its own base {base:g} (full layers: {cfg.rope_theta:g})."
+    norm = " With QK-norm, RoPE turns q and k after that norm." if cfg.qk_norm else ""
     note = (f"**4 · RoPE.** Each of the {len(angles)} frequency pairs of q and k turns by the angle m·θ_i, "
-            f"θ_i = base^(−2i/d_head): at position {token} the fastest pair has turned {angles[0]:.2f} rad, the "
-            f"slowest {angles[-1]:.4f}. A rotation keeps each pair's length (largest change here "
-            f"{np.abs(kept).max():.1e}), and q_m·k_n then depends on m − n only.")
+            f"θ_i = {base:g}^(−2i/{cfg.rotary_dim or d_head}): at position {token} the fastest pair has turned "
+            f"{angles[0]:.2f} rad, the slowest {angles[-1]:.4f}. A rotation keeps each pair's length (largest change "
+            f"here {np.abs(kept).max():.1e}), and q_m·k_n then depends on m − n only.{partial}{norm}")
     return note, fig
 
 
-def score_stage(stages, tokens, token, m) -> tuple[str, object]:
+def scaled_name(cfg, scale: float) -> str:
+    """QKᵀ times the layer's scale, as an equation's term."""
+    if cfg.attn_scale is None and cfg.scale_attention:
+        return "QKᵀ/√d_k"
+    return "QKᵀ" if scale == 1 else f"QKᵀ·{scale:.4g}"
+
+
+def mask_words(stages, cfg) -> str:
+    """The layer's mask in words: causal or not, and the window on a sliding layer."""
+    if stages.window is not None:
+        i, j = np.tril_indices(len(stages.mask))
+        hidden = int((~stages.mask.numpy()[i, j]).sum())                 # cells the window alone hides
+        return (f" The mask is causal and, on this sliding layer, a window of {stages.window}: keys {stages.window} "
+                f"or more positions back are masked too (M = −∞, grey), {hidden} cells here.")
+    if cfg.sliding_window is not None and "sliding" in cfg.layer_types:
+        return (f" This is a full layer: no window here (the sliding layers mask keys {cfg.sliding_window} or more "
+                "back).")
+    return ""
+
+
+def score_terms_words(stages) -> str:
+    """The soft-cap and the score bias of this layer, measured."""
+    words = ""
+    if stages.capped is not None:
+        c = stages.softcap
+        raw = float((stages.scores * stages.scale)[stages.mask].abs().max())
+        words += (f" Then the soft-cap c·tanh(S/c), c = {c:g}: every score stays within ±{c:g} (the largest |S| "
+                  f"here, {raw:.2f}, becomes {c * np.tanh(raw / c):.2f}); a tanh, so nothing after it is a sum.")
+    if stages.bias_kind == "alibi":
+        slope = -float(stages.bias[1, 0]) if len(stages.bias) > 1 else 0.0
+        words += (f" Then ALiBi's position bias −m·(i − j) of this head is added, m = {slope:.4g}: a key d tokens "
+                  f"back loses {slope:.3g}·d.")
+    elif stages.bias_kind == "relative":
+        seen = stages.bias[stages.mask]
+        words += (f" Then T5's relative-position bias of this head is added (a learned value per bucket of j − i): "
+                  f"from {float(seen.min()):+.2f} to {float(seen.max()):+.2f} over the cells here.")
+    return words
+
+
+def score_stage(stages, tokens, token, cfg, m) -> tuple[str, object]:
     scaled = (stages.scores * stages.scale).numpy()
-    masked = np.where(stages.mask.numpy(), scaled, -np.inf)
+    masked = np.where(stages.mask.numpy(), stages.scored.numpy(), -np.inf)
     labels = [f"{i} {t}" for i, t in enumerate(tokens)]
-    fig = stages_figure({f"head {stages.head}": (scaled, masked, stages.probs.numpy())}, labels, labels,
-                        "5 · QKᵀ/√d_k, the mask, the softmax (click a cell: why this weight?)")
+    name = scaled_name(cfg, stages.scale)
+    terms = ("" if stages.capped is None else ", the cap") + ("" if stages.bias is None else ", the bias")
+    title = f"5 · {name}{terms}, the mask, the softmax (click a cell: why this weight?)"
+    if stages.capped is None and stages.bias is None and stages.window is None:
+        fig = stages_figure({f"head {stages.head}": (scaled, masked, stages.probs.numpy())}, labels, labels, title)
+    else:
+        panels = [(f"scores {name}", scaled, "score")]
+        if stages.capped is not None:
+            panels.append((f"soft-cap {stages.softcap:g}·tanh(S/{stages.softcap:g})", stages.capped.numpy(), "score"))
+        if stages.bias is not None:
+            panels.append(("+ ALiBi bias −m(i − j)" if stages.bias_kind == "alibi" else "+ T5 relative bias",
+                           stages.bias.numpy(), "bias"))
+        window = "" if stages.window is None else f" (window {stages.window})"
+        panels += [(f"+ mask M{window}", masked, "score"), ("softmax → weights", stages.probs.numpy(), "weights")]
+        fig = score_terms_figure(panels, labels, title)
     row = stages.probs[token].numpy()
     top = int(row.argmax())
-    note = (f"**5 · Scores → weights** (eq. 2.1: softmax(QKᵀ/√d_k + M)). Shapes: "
+    scale = (f"scaled by {scale_words(cfg, stages.scale)} it is **{m.scaled_variance:.2f}**. Without the scale the "
+             f"rows' mean entropy would fall from {m.entropy:.2f} to {m.entropy_unscaled:.2f} nats (sharper, closer "
+             "to one-hot)" if stages.scale != 1 else
+             "this family applies no scale: its weights are trained without 1/√d_k")
+    inner = name if stages.softcap is None else f"c·tanh({name}/c)"
+    eq = f"softmax({inner}{' + B' if stages.bias is not None else ''} + M)"
+    note = (f"**5 · Scores → weights** (eq. 2.1 as this layer computes it: {eq}). Shapes: "
             f"{shapes(S=list(stages.scores.shape))}. The variance of q·k over this head's cells is "
-            f"**{m.qk_variance:.1f}** with d_k = {m.d_head}; scaled by 1/√d_k it is **{m.scaled_variance:.2f}**. "
-            f"Without the scale the rows' mean entropy would fall from {m.entropy:.2f} to {m.entropy_unscaled:.2f} nats "
-            f"(sharper, closer to one-hot). {quoted(tokens[token])} puts {row[top]:.2f} of its weight on "
+            f"**{m.qk_variance:.1f}** with d_k = {m.d_head}; {scale}.{score_terms_words(stages)}"
+            f"{mask_words(stages, cfg)} {quoted(tokens[token])} puts {row[top]:.2f} of its weight on "
             f"{quoted(tokens[top])}.")
     return note, fig
 
@@ -149,22 +242,33 @@ def logits_stage(model, stages, tokens, token, temperature, top_k, top_p) -> tup
     return note, fig
 
 
-def walk_view(services: Services, model_name, text_value, layer_index, head_index, token_index, temperature_value,
-              top_k_value, top_p_value, progress=None):
-    """(note, then a note and a figure per stage, then the .npz of every stage); the body of forward_walk."""
-    name = model_name
-    model = services.models.get(name, progress)
-    tokens_enc = encode_walk(model, text_value)
+def walk_stages(model, tokens_enc, layer_index, head_index, token_index, temperature_value, top_k_value,
+                top_p_value):
+    """(stages, the followed token, a line naming this layer's attention terms, then a (note, figure) per stage)
+    for one encoded text: the walk without the page's export."""
     stages = walk(model, tokens_enc, layer_index, head_index)
     token = check_token(tokens_enc, token_index)
     tokens = token_texts(model, tokens_enc.ids)
     cfg = stack_config(model)
     m = measures(stages, token)
     parts = [embedding_stage(stages, tokens, token, cfg), norm_stage(stages, tokens, token, cfg, m),
-             qkv_stage(stages, tokens, token, model.config), rope_stage(stages, tokens, token),
-             score_stage(stages, tokens, token, m), output_stage(stages, tokens, token, m),
+             qkv_stage(stages, tokens, token, cfg), rope_stage(stages, tokens, token, cfg),
+             score_stage(stages, tokens, token, cfg, m), output_stage(stages, tokens, token, m),
              mlp_stage(stages, tokens, token, cfg, m),
              logits_stage(model, stages, tokens, token, temperature_value, top_k_value, top_p_value)]
+    terms = (f"This {stages.layer_type} layer's attention has: {escaped('; '.join(layer_terms(cfg, stages)))}.")
+    return stages, token, terms, parts
+
+
+def walk_view(services: Services, model_name, text_value, layer_index, head_index, token_index, temperature_value,
+              top_k_value, top_p_value, progress=None):
+    """(note, then a note and a figure per stage, then the .npz of every stage); the body of forward_walk."""
+    name = model_name
+    model = services.models.get(name, progress)
+    tokens_enc = encode_walk(model, text_value)
+    stages, token, terms, parts = walk_stages(model, tokens_enc, layer_index, head_index, token_index,
+                                              temperature_value, top_k_value, top_p_value)
+    tokens = token_texts(model, tokens_enc.ids)
     base = export.filename(name, "inside", stages.layer, stages.head)
     outputs = []
     for i, (note, fig) in enumerate(parts, start=1):
@@ -173,30 +277,55 @@ def walk_view(services: Services, model_name, text_value, layer_index, head_inde
     np.savez_compressed(buffer, **stage_arrays(stages), token_pieces=np.array(token_pieces(model, tokens_enc.ids)))
     file = export.write(buffer.getvalue(), base + ".npz")
     head = (f"{len(tokens)} tokens through layer {stages.layer}, head {stages.head} of {escaped(public_text(name))}, following "
-            f"{quoted(tokens[token])} (position {token}). Every number below is this pass's own.")
+            f"{quoted(tokens[token])} (position {token}). Every number below is this pass's own.  \n{terms}")
     if tokens_enc.note:
         head += f"  \n{escaped(tokens_enc.note)}"
     return (head, *outputs, str(file))
 
 
-def anatomy_view(services: Services, model_name, text_value, layer_index, head_index, query_index, key_index,
-                 progress=None):
-    """(note, decomposition heatmap, content against position): why the head weighs `key` from `query`; the
-    body of score_anatomy."""
-    name = model_name
-    model = services.models.get(name, progress)
-    tokens_enc = encode_walk(model, text_value)
+def score_words(result) -> str:
+    """The score's stages after its parts, in words: the soft-cap and the score bias, each its own stage."""
+    words = ""
+    if result.capped is not None:
+        words += (f" The parts add up to the value before the cap. The soft-cap c·tanh(S/c), c = {result.softcap:g}, "
+                  f"is a tanh, so no part maps through it linearly: it is its own stage, turning {result.score:+.3f} "
+                  f"into **{result.capped:+.3f}**.")
+    if result.bias_term is not None:
+        words += (f" Then the {escaped(result.bias_label)} adds **{result.bias_term:+.3f}**, a part of its own: in "
+                  "this family it carries the positions (the residual stream has no positions part).")
+    if words:
+        words += f" Softmax reads **{result.scored:+.3f}** here, before the mask."
+    return words
+
+
+def later_stages(result) -> list[tuple[str, float, str]]:
+    """The score's stages after the sum of its parts, for the waterfall beside them (none without a cap or bias)."""
+    if result.capped is None and result.bias_term is None:
+        return []
+    stages = [("sum of the parts", result.score, "absolute")]
+    if result.capped is not None:
+        stages.append((f"soft-cap {result.softcap:g}·tanh(S/{result.softcap:g})", result.capped - result.score,
+                       "relative"))
+    if result.bias_term is not None:
+        stages.append((result.bias_label, result.bias_term, "relative"))
+    return stages + [("what softmax reads", result.scored, "total")]
+
+
+def anatomy_parts(model, tokens_enc, layer_index, head_index, query_index, key_index):
+    """(decomposition, note, decomposition figure, content-against-position figure) for one encoded text."""
     result = anatomy_of(model, tokens_enc, layer_index, head_index, query_index, key_index)
     stages = walk(model, tokens_enc, result.layer, result.head)
     tokens = token_texts(model, tokens_enc.ids)
+    cfg = stack_config(model)
     q, k = result.query, result.key
     matrix = result.matrix.numpy()
     order = np.argsort(-np.abs(matrix), axis=None)[:3]
     largest = "; ".join(f"query side: {escaped(result.query_labels[i // matrix.shape[1]])}, key side: "
                         f"{escaped(result.key_labels[i % matrix.shape[1]])} ({matrix.flat[i]:+.2f})" for i in order)
+    before = " before the cap" if result.capped is not None else ""
     fig = decomposition_figure(matrix, result.query_labels, result.key_labels,
-                               f"Why {quoted(tokens[q])} → {quoted(tokens[k])}: the score {result.score:+.3f} "
-                               f"as a sum of {matrix.size} parts")
+                               f"Why {quoted(tokens[q])} → {quoted(tokens[k])}: the score{before} "
+                               f"{result.score:+.3f} as a sum of {matrix.size} parts", after=later_stages(result))
     series = content_and_position(model, tokens_enc, stages, q)
     line = content_position_figure(tokens, series, q, f"Every key of {quoted(tokens[q])}, layer {result.layer}, "
                                                       f"head {result.head}")
@@ -207,10 +336,24 @@ def anatomy_view(services: Services, model_name, text_value, layer_index, head_i
                  f"{result.score - result.unrotated_score:+.3f}.")
     elif result.terms:
         extra = " " + ", ".join(f"{escaped(t)} {v:+.3f}" for t, v in result.terms.items()) + "."
-    note = (f"The scaled score q·k/√d_k from {quoted(tokens[q])} (query {q}) to {quoted(tokens[k])} (key {k}) is "
-            f"**{result.score:+.3f}**. Written as a sum over what each side's residual stream is made of (every norm "
-            f"frozen at its value on this text), the {matrix.size} parts add up to **{matrix.sum():+.3f}**. "
-            f"Largest: {largest}.{extra}{masked}")
+    frozen = "every norm, the QK-norm included," if cfg.qk_norm else "every norm"
+    scaled = (f"The scaled score q·k·scale{before} (scale {scale_words(cfg, stages.scale)})" if stages.scale != 1
+              else f"The score q·k{before} (this family applies no scale)")
+    note = (f"{scaled} from {quoted(tokens[q])} "
+            f"(query {q}) to {quoted(tokens[k])} (key {k}) is **{result.score:+.3f}**. Written as a sum over what each "
+            f"side's residual stream is made of ({frozen} frozen at its value on this text), the {matrix.size} parts "
+            f"add up to **{matrix.sum():+.3f}**. Largest: {largest}.{extra}{score_words(result)}{masked}")
+    return result, note, fig, line
+
+
+def anatomy_view(services: Services, model_name, text_value, layer_index, head_index, query_index, key_index,
+                 progress=None):
+    """(note, decomposition heatmap, content against position): why the head weighs `key` from `query`; the
+    body of score_anatomy."""
+    name = model_name
+    model = services.models.get(name, progress)
+    tokens_enc = encode_walk(model, text_value)
+    result, note, fig, line = anatomy_parts(model, tokens_enc, layer_index, head_index, query_index, key_index)
     return note, export.named(fig, export.filename(name, "score-anatomy", result.layer, result.head)), \
         export.named(line, export.filename(name, "content-position", result.layer, result.head))
 
