@@ -154,9 +154,11 @@ def score_terms_words(stages) -> str:
         words += (f" Then the soft-cap c·tanh(S/c), c = {c:g}: every score stays within ±{c:g} (the largest |S| "
                   f"here, {raw:.2f}, becomes {c * np.tanh(raw / c):.2f}); a tanh, so nothing after it is a sum.")
     if stages.bias_kind == "alibi":
-        slope = -float(stages.bias[1, 0]) if len(stages.bias) > 1 else 0.0
-        words += (f" Then ALiBi's position bias −m·(i − j) of this head is added, m = {slope:.4g}: a key d tokens "
-                  f"back loses {slope:.3g}·d.")
+        words += " Then ALiBi's position bias −m·(i − j) of this head is added"
+        if len(stages.bias) > 1:   # query 1, key 0: −m
+            slope = -float(stages.bias[1, 0])
+            words += f", m = {slope:.4g}: a key d tokens back loses {slope:.3g}·d"
+        words += "."
     elif stages.bias_kind == "relative":
         seen = stages.bias[stages.mask]
         words += (f" Then T5's relative-position bias of this head is added (a learned value per bucket of j − i): "
