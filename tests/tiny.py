@@ -14,7 +14,7 @@ def spread_weights(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "embed_positions" in name:  # Marian's fixed sinusoids are not learned weights
+            if not p.requires_grad:  # Marian's fixed sinusoids are not learned weights (OPT's positions are)
                 continue
             noise = torch.randn(p.shape, generator=gen)
             if p.ndim == 1 and name.endswith("weight"):  # norm gains stay near 1
