@@ -35,11 +35,11 @@ def logit_difference(model, ids, patches=(), position=-1):
 
 
 def checked_cells(site, layer, rows, cols):
-    """A few cells of each sweep: every row at the first changed position, one in between, the second changed
-    position and the last (z over layer × head: every cell)."""
+    """A few cells of each sweep: every row at the first changed position, the second and the last (z over
+    layer × head: the first and last head of every layer)."""
     if site == "z" and layer is None:
-        return [(r, c) for r in range(rows) for c in range(cols)]
-    return [(r, c) for r in range(rows) for c in (AT[0], 6, AT[1], N - 1)]
+        return [(r, c) for r in range(rows) for c in (0, cols - 1)]
+    return [(r, c) for r in range(rows) for c in (AT[0], AT[1], N - 1)]
 
 
 def one_patch(site, layer, r, c, n_heads):
