@@ -136,3 +136,43 @@ def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, is
     scores = scored((q.float() @ k.float().transpose(-1, -2)).mul_(scale), softcap, bias)  # [B, H, Tq, Tk] float32
     probs = masked_softmax_(scores, allowed)
     return probs.to(v.dtype) @ v, probs
+
+
+# ---- masks and positions for n new tokens after `start` cached ones ----
+
+def positions_from_mask(key_mask: Tensor | None, start: int, n: int, batch: int, device) -> Tensor:
+    """Position ids [B, n] of the n newest tokens: count of real tokens before each (so left padding is
+    skipped), or simply start..start+n-1 with no padding."""
+    if key_mask is None:
+        return torch.arange(start, start + n, device=device).expand(batch, n)
+    return (key_mask[:, :start + n].long().cumsum(-1) - 1).clamp(min=0)[:, start:]
+
+
+def sliding_window_mask(n_queries: int, n_keys: int, window: int, device=None) -> Tensor:
+    """[Tq, Tk] bool: query i (the last Tq of Tk places) sees key j only within the window, i − j < w."""
+    q_index = torch.arange(n_keys - n_queries, n_keys, device=device)
+    return q_index[:, None] - torch.arange(n_keys, device=device)[None, :] < window
+
+
+def self_attention_mask(key_mask: Tensor | None, start: int, n: int, causal: bool,
+                        device: torch.device | None = None) -> tuple[Tensor | None, bool]:
+    """The mask for n new queries over start + n keys: (allowed [B, 1, n, start+n] or None, is_causal).
+
+    key_mask: [B, ≥ start+n] bool, False on padding, or None when nothing is padded.
+    A padding query left with no key at all (left padding under a causal mask) attends to itself,
+    so no row is empty; its output is never used.
+    """
+    n_keys = start + n
+    if key_mask is None:
+        if not causal or n == 1:
+            return None, False
+        if start == 0:
+            return None, True
+        return causal_mask(n, n_keys, device)[None, None], False
+    allowed = key_mask[:, None, None, :n_keys]                         # [B, 1, 1, Tk]
+    if causal:
+        allowed = allowed & causal_mask(n, n_keys, key_mask.device)  # [B, 1, n, Tk]
+    else:
+        allowed = allowed.expand(-1, -1, n, -1)
+    own = torch.arange(n_keys, device=key_mask.device) == torch.arange(start, n_keys, device=key_mask.device)[:, None]
+    return allowed | (~allowed.any(-1, keepdim=True) & own), False

@@ -144,6 +144,72 @@ def apply_rope(x: Tensor, positions: Tensor, inv_freq: Tensor) -> Tensor:
 
 
 
+# ---- the ends of a stack: embeddings in, vocabulary logits out ----
+
+class Embeddings(nn.Module):
+    """Token embeddings (× embed_scale), plus token types and absolute positions where the family has them."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        n_positions = cfg.max_positions + cfg.position_offset
+        self.positions = nn.Embedding(n_positions, cfg.d_model) if cfg.positional == "learned" else None
+        self.token_types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
+        self.norm = Norm(cfg) if cfg.embed_norm else None
+        self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else None
+
+    def forward(self, input_ids: Tensor, positions: Tensor, token_type_ids: Tensor | None, use_positions: bool,
+                token_embeddings: Tensor | None = None, keep: Callable[[str, Tensor], None] | None = None) -> Tensor:
+        """token_embeddings [B, T, d], when given, stand in for the looked-up rows (before embed_scale).
+        keep(name, value), when given, receives the parts before they are added (probe.EMBEDDING_PARTS)."""
+        x = self.tokens(input_ids) if token_embeddings is None else token_embeddings
+        if self.cfg.embed_scale != 1.0:
+            x = x * self.cfg.embed_scale
+        parts = [("embed", x)]                                                 # each [B, T, d]
+        if self.token_types is not None:
+            types = token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids)
+            parts.append(("type_embed", self.token_types(types)))
+        if use_positions and self.positions is not None:
+            parts.append(("pos_embed", self.positions(positions + self.cfg.position_offset)))
+        if use_positions and self.cfg.positional == "sinusoidal":  # eq. 4.2: X_embed + PE
+            parts.append(("pos_embed", sinusoidal_encoding(positions, self.cfg.d_model, interleaved=False).to(x.dtype)))
+        if keep is not None:
+            for name, part in parts:
+                keep(name, part)
+        for _, part in parts[1:]:
+            x = x + part
+        x = self.norm(x) if self.norm is not None else x
+        return self.dropout(x) if self.dropout is not None else x
+
+
+class LMHead(nn.Module):
+    """Hidden states → vocabulary logits; a tied head reuses the token embedding matrix [vocab, d]."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.d_model, cfg.d_model) if cfg.lm_head_transform else None
+        self.norm = Norm(cfg) if cfg.lm_head_transform else None
+        self.act = cfg.activation
+        self.weight = None if cfg.tie_word_embeddings else nn.Parameter(torch.empty(cfg.vocab_size, cfg.d_model))
+        self.bias = nn.Parameter(torch.empty(cfg.vocab_size)) if cfg.lm_head_bias else None
+        self.scale, self.softcap = cfg.lm_head_scale, cfg.final_softcap
+
+    def forward(self, h: Tensor, embedding: Tensor) -> Tensor:
+        """h [B, T, d], embedding: the token table (used when tied) → logits [B, T, vocab]."""
+        if self.dense is not None:  # BERT's MLM transform
+            h = self.norm(ACTIVATIONS[self.act](self.dense(h)))
+        if self.scale != 1.0:     # T5 with tied embeddings: h·d^-½
+            h = h * self.scale
+        return self.capped(F.linear(h, embedding if self.weight is None else self.weight, self.bias))
+
+    def capped(self, logits: Tensor) -> Tensor:
+        """The final soft-cap c·tanh(logits / c) where the family has one (Gemma 2), else the logits."""
+        if self.softcap is None:
+            return logits
+        return torch.tanh(logits / self.softcap) * self.softcap
+
+
 # ---- biases on the scores: positions said by a term added to QKᵀ, not by the vectors ----
 
 def alibi_slopes(n_heads: int) -> Tensor:

@@ -1,7 +1,7 @@
-"""The Transformer: embeddings, Pre-LN / Post-LN blocks, encoder and decoder stacks, LM head.
+"""The Transformer: attention, Pre-LN / Post-LN (and parallel, sandwich) blocks, encoder and decoder stacks.
 
-Every family (GPT-2, Llama, BERT, Marian) is this one model with a different ModelConfig;
-core/families/ holds only config readers and weight-name tables. Parameters keep the checkpoint's layout
+Every family is this one model with a different ModelConfig; core/families/ holds only config readers, weight-name
+tables and config-field tables. The embeddings and the LM head are in core/layers.py, masks in core/attention.py. Parameters keep the checkpoint's layout
 (nn.Linear's [out, in]), with q/k/v fused into one matrix and gate/up into another (rows concatenated).
 
 One forward pass can also show its attention to an observer (core/observe.py), record internals by stable
@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import generate as generation
-from .attention import attention, attention_rows, causal_mask as causal_matrix, padding_or_none
+from .attention import (attention, attention_rows, causal_mask as causal_matrix, padding_or_none, positions_from_mask,
+                        self_attention_mask, sliding_window_mask)
 from .config import ModelConfig, encoder_config
 from .kv_cache import KVCache
-from .layers import ACTIVATIONS, FeedForward, Norm, ScoreBias, rope_cos_sin, rope_inv_freq, rotate, sinusoidal_encoding
+from .layers import Embeddings, FeedForward, LMHead, Norm, ScoreBias, rope_cos_sin, rope_inv_freq, rotate
 from .observe import AttentionRecorder, Kind, Observer
 from .probe import HeadWeights, LogitLens, Patch, Probe, read_logit_lens, split_by_head
 
@@ -245,43 +245,6 @@ class Block(nn.Module):
         return x
 
 
-class Embeddings(nn.Module):
-    """Token embeddings (× embed_scale), plus token types and absolute positions where the family has them."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        n_positions = cfg.max_positions + cfg.position_offset
-        self.positions = nn.Embedding(n_positions, cfg.d_model) if cfg.positional == "learned" else None
-        self.token_types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
-        self.norm = Norm(cfg) if cfg.embed_norm else None
-        self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else None
-
-    def forward(self, input_ids: Tensor, positions: Tensor, token_type_ids: Tensor | None, use_positions: bool,
-                token_embeddings: Tensor | None = None, keep: Callable[[str, Tensor], None] | None = None) -> Tensor:
-        """token_embeddings [B, T, d], when given, stand in for the looked-up rows (before embed_scale).
-        keep(name, value), when given, receives the parts before they are added (probe.EMBEDDING_PARTS)."""
-        x = self.tokens(input_ids) if token_embeddings is None else token_embeddings
-        if self.cfg.embed_scale != 1.0:
-            x = x * self.cfg.embed_scale
-        parts = [("embed", x)]                                                 # each [B, T, d]
-        if self.token_types is not None:
-            types = token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids)
-            parts.append(("type_embed", self.token_types(types)))
-        if use_positions and self.positions is not None:
-            parts.append(("pos_embed", self.positions(positions + self.cfg.position_offset)))
-        if use_positions and self.cfg.positional == "sinusoidal":  # eq. 4.2: X_embed + PE
-            parts.append(("pos_embed", sinusoidal_encoding(positions, self.cfg.d_model, interleaved=False).to(x.dtype)))
-        if keep is not None:
-            for name, part in parts:
-                keep(name, part)
-        for _, part in parts[1:]:
-            x = x + part
-        x = self.norm(x) if self.norm is not None else x
-        return self.dropout(x) if self.dropout is not None else x
-
-
 class Stack(nn.Module):
     """Embeddings, then n_layers blocks, then an optional final norm (Pre-LN stacks)."""
 
@@ -301,71 +264,6 @@ class Stack(nn.Module):
         if self.final_norm is not None and n_layers is None:
             x = self.final_norm(x)
         return x
-
-
-class LMHead(nn.Module):
-    """Hidden states → vocabulary logits; a tied head reuses the token embedding matrix [vocab, d]."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.dense = nn.Linear(cfg.d_model, cfg.d_model) if cfg.lm_head_transform else None
-        self.norm = Norm(cfg) if cfg.lm_head_transform else None
-        self.act = cfg.activation
-        self.weight = None if cfg.tie_word_embeddings else nn.Parameter(torch.empty(cfg.vocab_size, cfg.d_model))
-        self.bias = nn.Parameter(torch.empty(cfg.vocab_size)) if cfg.lm_head_bias else None
-        self.scale, self.softcap = cfg.lm_head_scale, cfg.final_softcap
-
-    def forward(self, h: Tensor, embedding: Tensor) -> Tensor:
-        """h [B, T, d], embedding: the token table (used when tied) → logits [B, T, vocab]."""
-        if self.dense is not None:  # BERT's MLM transform
-            h = self.norm(ACTIVATIONS[self.act](self.dense(h)))
-        if self.scale != 1.0:     # T5 with tied embeddings: h·d^-½
-            h = h * self.scale
-        return self.capped(F.linear(h, embedding if self.weight is None else self.weight, self.bias))
-
-    def capped(self, logits: Tensor) -> Tensor:
-        """The final soft-cap c·tanh(logits / c) where the family has one (Gemma 2), else the logits."""
-        if self.softcap is None:
-            return logits
-        return torch.tanh(logits / self.softcap) * self.softcap
-
-
-def positions_from_mask(key_mask: Tensor | None, start: int, n: int, batch: int, device) -> Tensor:
-    """Position ids [B, n] of the n newest tokens: count of real tokens before each (so left padding is
-    skipped), or simply start..start+n-1 with no padding."""
-    if key_mask is None:
-        return torch.arange(start, start + n, device=device).expand(batch, n)
-    return (key_mask[:, :start + n].long().cumsum(-1) - 1).clamp(min=0)[:, start:]
-
-
-def sliding_window_mask(n_queries: int, n_keys: int, window: int, device=None) -> Tensor:
-    """[Tq, Tk] bool: query i (the last Tq of Tk places) sees key j only within the window, i − j < w."""
-    q_index = torch.arange(n_keys - n_queries, n_keys, device=device)
-    return q_index[:, None] - torch.arange(n_keys, device=device)[None, :] < window
-
-
-def self_attention_mask(key_mask: Tensor | None, start: int, n: int, causal: bool,
-                        device: torch.device | None = None) -> tuple[Tensor | None, bool]:
-    """The mask for n new queries over start + n keys: (allowed [B, 1, n, start+n] or None, is_causal).
-
-    key_mask: [B, ≥ start+n] bool, False on padding, or None when nothing is padded.
-    A padding query left with no key at all (left padding under a causal mask) attends to itself,
-    so no row is empty; its output is never used.
-    """
-    n_keys = start + n
-    if key_mask is None:
-        if not causal or n == 1:
-            return None, False
-        if start == 0:
-            return None, True
-        return causal_matrix(n, n_keys, device)[None, None], False
-    allowed = key_mask[:, None, None, :n_keys]                         # [B, 1, 1, Tk]
-    if causal:
-        allowed = allowed & causal_matrix(n, n_keys, key_mask.device)  # [B, 1, n, Tk]
-    else:
-        allowed = allowed.expand(-1, -1, n, -1)
-    own = torch.arange(n_keys, device=key_mask.device) == torch.arange(start, n_keys, device=key_mask.device)[:, None]
-    return allowed | (~allowed.any(-1, keepdim=True) & own), False
 
 
 class Transformer(nn.Module):

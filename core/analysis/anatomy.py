@@ -25,7 +25,7 @@ from torch import Tensor
 
 from ..attention import causal_mask
 from ..layers import rope_angles, rotate
-from ..model import sliding_window_mask
+from ..attention import sliding_window_mask
 from ..probe import Probe
 
 # forward_stages' arrays in the order the pass computes them

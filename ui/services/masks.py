@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from core.attention import attention_stages, causal_mask
-from core.model import sliding_window_mask
+from core.attention import sliding_window_mask
 from core.analysis.inspect import queries_keys
 from ui.services.attention import score_formula
 from ui.services.checks import UserError
