@@ -72,6 +72,10 @@ def attention_view(
         direction = "the encoder's self-attention (bidirectional)"
     else:
         direction = "bidirectional (encoder)" if not cfg.causal else "causal (decoder)"
+        sliding = [i for i in range(cfg.n_layers) if cfg.layer_type(i) == "sliding"]
+        if sliding and cfg.sliding_window is not None:  # a window of keys is part of those layers' mask
+            where = "every layer" if len(sliding) == cfg.n_layers else f"layers {', '.join(map(str, sliding))}"
+            direction += f", a sliding window of {cfg.sliding_window} keys on {where}"
     model_fig = model_view(
         result.overview,
         f"{cfg.n_layers} layers × {cfg.n_heads} heads, {direction}"

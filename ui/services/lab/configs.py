@@ -13,6 +13,9 @@ from ui.services.checks import UserError, check_float, check_range
 from ui.settings import LabSettings
 
 FAMILIES = {"marian": "encoder-decoder (MarianMT's layout)", "llama": "decoder only (Llama's layout)"}
+# families of core/families that the app loads but the Lab does not train (lab_family_reason says so)
+TRAINED_ELSEWHERE = ("gpt2", "bert", "gpt_neox", "bloom", "opt", "mistral", "qwen3", "phi3", "gemma", "gemma2",
+                     "gemma3", "t5")
 POSITIONS = ("default", "sinusoidal", "learned", "rope", "none")  # "default": the family's own
 NORMS = ("default", "pre", "post")
 MAX_RUNS_PER_SESSION = 8  # older finished runs are dropped: each holds its model in memory
@@ -51,13 +54,21 @@ def parse_steps_list(text, steps: int) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
+def lab_family_reason(family) -> str:
+    """Why the Lab will not train `family`: it trains two layouts from scratch; the others load for analysis."""
+    known = f"{family!r} is a family the app loads and analyses, but " if family in TRAINED_ELSEWHERE else ""
+    return (f"Family must be 'marian' (encoder-decoder) or 'llama' (decoder only), got {family!r}: {known}the Lab "
+            "trains only these two layouts from scratch on its toy tasks (its switches: positions, norm placement, "
+            "causal mask, scale); to look at another family, load one of its checkpoints in the other tabs.")
+
+
 def make_config(settings: LabSettings, task, family, n_layers, d_model, n_heads, d_ff, dropout, positions, norm,
                 causal_mask, scale, seed, steps, lr, snapshot_steps="") -> LabConfig:
     """The page's fields as a checked LabConfig, or a UserError naming the field and its range."""
     if not isinstance(task, str) or task not in engine.TASKS:
         raise UserError(f"Unknown task {task!r}; the tasks are {', '.join(engine.TASKS)}.")
     if not isinstance(family, str) or family not in FAMILIES:
-        raise UserError(f"Family must be 'marian' (encoder-decoder) or 'llama' (decoder only), got {family!r}.")
+        raise UserError(lab_family_reason(family))
     if not isinstance(positions, str) or positions not in POSITIONS:
         raise UserError(f"Positions must be one of {', '.join(POSITIONS)}, got {positions!r}.")
     if not isinstance(norm, str) or norm not in NORMS:
