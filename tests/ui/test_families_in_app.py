@@ -116,6 +116,7 @@ def test_positions_tab_draws_or_says_why(name, services, folders):
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n.startswith(("bloom", "t5"))])
 def test_score_bias_drawn_is_the_models_own(name, services, folders):
+    from ui.plots.charts import score_bias_figure
     from ui.services.positions import score_bias_by_distance
 
     model = services.models.get(folders[name])
@@ -125,6 +126,10 @@ def test_score_bias_drawn_is_the_models_own(name, services, folders):
     for d_index, d in enumerate(distances):
         own = stack.score_bias(i, torch.tensor([[12 - int(d)]]))[0, :, 0, 0]  # [H]
         np.testing.assert_allclose(bias[:, d_index], own.detach().numpy(), rtol=1e-6, atol=1e-7)
+    figure = score_bias_figure(distances, bias, "bias")              # what the Positions tab draws
+    assert len(figure.data) == bias.shape[0]
+    for h, trace in enumerate(figure.data):
+        np.testing.assert_array_equal(np.asarray(trace.y), bias[h].astype(np.float64))
     if model.config.score_bias == "alibi":    # −m_h·distance: a straight line through 0 per head
         np.testing.assert_allclose(bias[:, 0], 0.0, atol=1e-7)
         slopes = bias[:, 1:] / -distances[1:]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ui.plots.base import empty_figure
-from ui.plots.charts import line_figure, matrix_heatmap
+from ui.plots.charts import line_figure, matrix_heatmap, score_bias_figure
 from ui.services import Services
 from ui.services.checks import UserError, check_range, index_of, parse_head, public_text
 from ui.plots.text import escaped
@@ -137,11 +137,9 @@ def score_bias_figures(model, n: int, data: dict | None = None):
     if data is not None:
         data["score_bias"] = (bias.T, [str(x) for x in distances], [f"head {h}" for h in range(len(bias))],
                               "distance i − j \\ head")
-    figure = line_figure(
-        distances, {f"head {h}": bias[h] for h in range(len(bias))},
-        f"{'ALiBi' if cfg.score_bias == 'alibi' else 'Relative-position'} bias on {stack}scores vs distance i − j",
-        "distance i − j (query minus key; negative: the key comes after)", "bias added to the score",
-        subtitle="the same in every layer")
+    figure = score_bias_figure(
+        distances, bias,
+        f"{'ALiBi' if cfg.score_bias == 'alibi' else 'Relative-position'} bias on {stack}scores vs distance i − j")
     if cfg.score_bias == "alibi":
         slopes = -bias[:, 1] if len(distances) > 1 else np.zeros(len(bias))
         text = (f"{cfg.family} adds no positions to its embeddings: its positions are a bias on the scores, "
