@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tiny
 import torch
 
-import tiny
 from ui.services import Services
 from ui.services.checks import UserError
 from ui.services.models import ModelStore
@@ -82,7 +82,7 @@ def test_model_card_names_the_family_terms_and_counts_every_parameter(name, serv
 @pytest.mark.parametrize("name", NAMES)
 def test_generate_tab_writes_with_the_cache(name, services, folders):
     from ui.services.generation import stream_generation
-    from ui.services.generation.kv_cache import encode_prompt, kv_sizes, time_kv
+    from ui.services.generation.kv_cache import encode_prompt, kv_sizes, time_kv, window_note
 
     model = services.models.get(folders[name])
     updates = list(stream_generation(model, TEXT, False, 4, 0.0, None, None, 0))
@@ -96,6 +96,8 @@ def test_generate_tab_writes_with_the_cache(name, services, folders):
     assert timing.same_tokens
     sizes = kv_sizes(model, source, decoder + timing.continuation)
     assert sizes.allocated == sizes.formula_allocated
+    if "sliding" in cfg.layer_types:
+        assert f"last {cfg.sliding_window} keys (a sliding window in the mask)" in window_note(cfg)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -153,8 +155,9 @@ def test_masks_tab_stages_are_the_models_own(name, services, folders):
         assert f"{model.config.attn_softcap:g}·tanh(" in stage_titles[0] and "soft-capped" in out[0]
     if model.config.layer_type(layer) == "sliding":
         assert f"window {model.config.sliding_window}" in stage_titles[1] and "sliding-window layer" in out[0]
-    from ui.services.masks import qk_for_head, mask_stages
+    from ui.services.masks import mask_stages, qk_for_head
     from ui.services.text import encode
+
     ids = encode(model, TEXT).ids
     q, k = qk_for_head(model, ids, layer, 1)
     stages = mask_stages(model, q, k, layer, 1, 0)
@@ -171,7 +174,7 @@ def test_attention_and_heads_tabs_answer(name, services, folders):
     from ui.views.attention import attention_view
 
     folder = folders[name]
-    note, *figures, kept = attention_view(services, folder, TEXT, 1, "1", False, 0, 0, 8)
+    note, *figures, _ = attention_view(services, folder, TEXT, 1, "1", False, 0, 0, 8)
     assert "tokens" in note and len(figures) == 4
     cfg = services.models.get(folder).config
     if cfg.sliding_window is not None and "sliding" in cfg.layer_types:

@@ -16,7 +16,7 @@ from ui.services.positions import (PERMUTATION_TOKENS, check_offset, check_posit
                                    check_start, cosine_similarity, layer_rope_base, layer_rope_frequencies,
                                    pe_shift_check, permutation_check, position_table, rope_scores,
                                    score_bias_by_distance, sinusoidal)
-from ui.services.text import encode, to_numpy
+from ui.services.text import encode
 from ui.views import export
 from ui.views.export import named
 

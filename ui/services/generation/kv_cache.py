@@ -197,6 +197,16 @@ class KVReport:
         }
 
 
+def window_note(cfg) -> str:
+    """What a sliding window changes in the cache: which layers read only their last w keys, though all are kept."""
+    sliding = [i for i in range(cfg.n_layers) if cfg.layer_type(i) == "sliding"]
+    if not sliding or cfg.sliding_window is None:
+        return ""
+    where = "Every layer" if len(sliding) == cfg.n_layers else f"Layers {', '.join(map(str, sliding))}"
+    return (f"  \n{where} read only the last {cfg.sliding_window} keys (a sliding window in the mask); the core's "
+            "cache still keeps every token for them, so the size above counts every token in every layer.")
+
+
 def kv_report(model, prompt) -> KVReport:
     """The KV panel for one prompt: sizes (formula and allocation) and the timing with and without the cache."""
     check_generator(model)
@@ -223,5 +233,6 @@ def kv_report(model, prompt) -> KVReport:
         f"those steps, about n^{k + 1:.2f} (k ≈ 1 gives the quadratic cost); with the cache a step grows as "
         f"n^{timing.cached_exponent:.2f}."
         + (f"  \nThe prompt is read up to its last {len(ids)} tokens here." if cut else "")
+        + window_note(cfg)
     )
     return KVReport(sizes, timing, note)
