@@ -81,7 +81,8 @@ def test_model_card_names_the_family_terms_and_counts_every_parameter(name, serv
 
 @pytest.mark.parametrize("name", NAMES)
 def test_generate_tab_writes_with_the_cache(name, services, folders):
-    from ui.services.generation import stream_generation
+    from ui.services.generation import run_trace, stream_generation
+    from ui.services.generation.trace import step_view
     from ui.services.generation.kv_cache import encode_prompt, kv_sizes, time_kv, window_note
 
     model = services.models.get(folders[name])
@@ -98,6 +99,17 @@ def test_generate_tab_writes_with_the_cache(name, services, folders):
     assert sizes.allocated == sizes.formula_allocated
     if "sliding" in cfg.layer_types:
         assert f"last {cfg.sliding_window} keys (a sliding window in the mask)" in window_note(cfg)
+    # the Generate tab's trace: each step's attention row per layer and head, a distribution over the keys, none
+    # of it more than a window back on a sliding layer; a seq2seq model's cross-attention rows over its source
+    trace = run_trace(model, folders[name], None, TEXT, False, 3, 0.0, 0, 1.0, 0, services.kept)
+    last = trace.rows(services.kept)[-1].astype(np.float32)                         # [L, H, keys]
+    np.testing.assert_allclose(last.sum(-1), 1.0, atol=2e-3)
+    for layer in range(cfg.n_layers):
+        if cfg.layer_type(layer) == "sliding":
+            assert not last[layer, :, :-cfg.sliding_window].any()
+    if cfg.is_encoder_decoder:
+        np.testing.assert_allclose(trace.cross_rows(services.kept)[-1].astype(np.float32).sum(-1), 1.0, atol=2e-3)
+    assert step_view(model, trace, 1, cfg.n_layers - 1, 1, services.kept).keys
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -110,6 +122,10 @@ def test_positions_tab_draws_or_says_why(name, services, folders):
     cfg = model.config
     if cfg.score_bias != "none":
         assert any("bias on the scores" in n for n in notes), notes
+    if cfg.position_offset:   # OPT: position p is row p + 2 of the table, and the heatmap starts there
+        table = model.stack.embed.positions.weight.detach().numpy()
+        np.testing.assert_allclose(np.asarray(out[4].data[0].z)[0], table[cfg.position_offset], rtol=1e-6)
+        assert f"row p + {cfg.position_offset}" in out[11]
     rotated = 2 * len(model.inv_freq) if model.inv_freq is not None else 0   # one pair per frequency
     if 0 < rotated < cfg.head_dim:
         assert any(f"first {rotated} of its {cfg.head_dim}" in n for n in notes), notes
