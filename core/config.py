@@ -61,7 +61,8 @@ class ModelConfig:
     relative_max_distance: int = 128  # T5: distances past this share the last bucket
     sliding_window: int | None = None  # "sliding" layers mask keys w or more positions back (i − j ≥ w)
     layer_types: tuple[str, ...] = ()  # "full" | "sliding" per layer of the main stack; () means all "full"
-    rotary_dim: int = 0              # RoPE rotates the first rotary_dim dims of each head (0: all of them)
+    rotary_dim: int = 0              # RoPE rotates the first rotary_dim dims of each head, rounded up to an even
+                                     # count (one pair per frequency, as transformers does); 0: all of them
     rope_local_theta: float = 0.0    # the RoPE base of "sliding" layers when it differs (Gemma 3); 0: rope_theta
     qk_norm: bool = False            # an RMSNorm over d_k on each head's q and k, before RoPE (Qwen3, Gemma 3)
     parallel_block: bool = False     # x + attn(norm₁(x)) + mlp(norm₂(x)): both sublayers read the block's input
