@@ -13,9 +13,6 @@ torch's peak allocation on the device. Usage:
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 import threading
 import time
 
@@ -84,18 +81,8 @@ def measure(impl: str, model_name: str, length: int, device: str = "cpu", random
     return out
 
 
-def child(impl: str, model_name: str, length: int, device: str, random_weights: bool) -> dict:
-    code = (f"import json, sys; sys.path.insert(0, 'bench'); from attention import measure; "
-            f"print('RESULT', json.dumps(measure({impl!r}, {model_name!r}, {length}, {device!r}, {random_weights})))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise RuntimeError(f"{impl} at {length} tokens failed:\n{done.stderr[-3000:]}")
-
-
 def main() -> None:
-    from common import median
+    from common import measured_in_child, median
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048])
@@ -116,7 +103,7 @@ def main() -> None:
         runs = {"ours": [], "theirs": []}
         for _ in range(args.repeats):
             for impl in runs:
-                runs[impl].append(child(impl, args.model, n, args.device, args.random_weights))
+                runs[impl].append(measured_in_child("attention", impl, args.model, n, args.device, args.random_weights))
         secs = {k: [r["seconds"] for r in v] for k, v in runs.items()}
         peaks = {k: median([r["peak"] for r in v]) for k, v in runs.items()}
         speed = median(secs["theirs"]) / median(secs["ours"])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -84,3 +85,15 @@ def spread(values, digits: int = 1) -> str:
 
 def row(*cells, widths=(34, 16, 16, 10)) -> str:
     return "".join(str(c).ljust(w) for c, w in zip(cells, widths))
+
+
+def measured_in_child(module: str, *args, timeout: int = 1800) -> dict:
+    """`measure(*args)` of bench/MODULE.py run in a fresh Python process (so that its peak memory is its own), read
+    back from the line it prints; args are plain values (str, int, bool). Stops with the child's error output."""
+    code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
+            f"from {module} import measure; print('RESULT', json.dumps(measure(*{args!r})))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise SystemExit(f"{module}.measure{args!r} failed:\n{done.stderr[-3000:]}")

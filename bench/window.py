@@ -13,8 +13,6 @@ further back than the window (0 when the window is honoured). A core that refuse
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import long_ids, median, spread, sync  # noqa: E402
+from common import long_ids, measured_in_child, median, spread, sync  # noqa: E402
 SMOLLM2 = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True, rms_norm_eps=1e-5,
                rope_theta=100000.0, bos_token_id=1, eos_token_id=2)
@@ -78,17 +76,6 @@ def measure(folder: str, length: int, device: str, window: int) -> dict:
     return {"seconds": seconds, "peak": peak, "beyond": beyond_window(maps.overview, length, window)}
 
 
-def child(folder: Path, length: int, device: str, window: int) -> dict:
-    code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
-            f"from window import measure; "
-            f"print('RESULT', json.dumps(measure({str(folder)!r}, {length}, {device!r}, {window})))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=3600)
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise SystemExit(f"the capture of {folder} at {length} tokens failed:\n{done.stderr[-3000:]}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--length", type=int, default=4096)
@@ -108,7 +95,7 @@ def main() -> None:
     runs = {key: [] for key in folders}
     for _ in range(args.repeats):
         for key, folder in folders.items():
-            result = child(folder, args.length, args.device, args.window)
+            result = measured_in_child("window", str(folder), args.length, args.device, args.window)
             if "config_error" in result:
                 print(f"this core does not load {key}: {result['config_error']}")
                 raise SystemExit(2)
