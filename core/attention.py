@@ -62,13 +62,14 @@ def attention_stages(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float,
 
 def attention_rows(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_causal: bool, scale: float,
                    rows: int, softcap: float | None = None, bias: Tensor | None = None,
-                   window: int | None = None) -> Iterator[tuple[int, Tensor, Tensor]]:
+                   window: int | None = None) -> Iterator[tuple[int, Tensor, Tensor, int]]:
     """Eq. 2.1 a block of query rows at a time: yields (first row, probs [B, H, rows, width] float32,
-    output [B, H, rows, d_k] = probs·V). A block of a long text stays in the CPU's cache through every stage
+    output [B, H, rows, d_k] = probs·V, first key: the key probs' first column is). A block of a long text stays in the CPU's cache through every stage
     instead of streaming an n × n matrix through memory once per stage. Under a causal mask the keys after a
     block's last query are never scored: `width` stops there, and the probabilities of later keys are 0. Under a
     sliding window w (which `allowed` must also hold), the keys w or more places before a block's first query are
-    not scored either: their probabilities are 0, and a long text costs rows × (w + rows) per block, not rows × n.
+    not scored either: probs starts at the window's first key (the earlier keys' probabilities are 0), so a long
+    text costs rows × (w + rows) per block, not rows × n.
     Same arguments as `attention`.
     """
     batch, n_heads, n_queries, d_k = q.shape
@@ -99,11 +100,7 @@ def attention_rows(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_c
         probs = masked_softmax_(scores, mask)
         grouped = probs.view(batch, n_kv, group * (stop - start), seen).to(v.dtype)
         out = (grouped @ v[:, :, first:width]).view(batch, n_heads, stop - start, v.shape[-1])
-        if first:  # the keys before the window: probability 0
-            block = probs.new_zeros(batch, n_heads, stop - start, width)
-            block[..., first:] = probs
-            probs = block
-        yield start, probs, out
+        yield start, probs, out, first
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, is_causal: bool = False,

@@ -172,10 +172,10 @@ class Attention(nn.Module):
         if rows:  # an observer that takes the probabilities a block of query rows at a time
             out = q.new_empty(q.shape[0], self.n_heads, q.shape[2], self.head_dim)
             scale = self.head_dim ** -0.5 if setup.scale is None else setup.scale
-            for start, block, out_block in attention_rows(q, k, v, allowed, is_causal, scale, rows, softcap, bias,
-                                                          window):
+            for start, block, out_block, first in attention_rows(q, k, v, allowed, is_causal, scale, rows, softcap,
+                                                                 bias, window):
                 out[:, :, start:start + block.shape[2]] = out_block
-                setup.observer(kind, layer, block, start, k.shape[-2])
+                setup.observer(kind, layer, block, start, k.shape[-2], first)
             return out
         out, probs = attention(q, k, v, allowed, is_causal, setup.scale, return_probs=observe or keep,
                                softcap=softcap, bias=bias)

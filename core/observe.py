@@ -29,8 +29,10 @@ class Observer(ABC):
         return True
 
     @abstractmethod
-    def __call__(self, kind: Kind, layer: int, probs: Tensor, start: int = 0, n: int | None = None) -> None:
-        """Take one layer's probabilities (or one block of its query rows, when rows_per_block is set)."""
+    def __call__(self, kind: Kind, layer: int, probs: Tensor, start: int = 0, n: int | None = None,
+                 first_key: int = 0) -> None:
+        """Take one layer's probabilities (or one block of its query rows, when rows_per_block is set: rows from
+        `start`, of n keys, the block's columns from key first_key on; a sliding window's keys before it are 0)."""
 
 
 class AttentionRecorder(Observer):
@@ -39,7 +41,8 @@ class AttentionRecorder(Observer):
     def __init__(self):
         self.maps: dict[str, dict[int, Tensor]] = {}
 
-    def __call__(self, kind: Kind, layer: int, probs: Tensor, start: int = 0, n: int | None = None) -> None:
+    def __call__(self, kind: Kind, layer: int, probs: Tensor, start: int = 0, n: int | None = None,
+                 first_key: int = 0) -> None:
         self.maps.setdefault(kind, {})[layer] = probs
 
     def layers(self, kind: Kind) -> tuple[Tensor, ...] | None:
@@ -54,7 +57,8 @@ class RowRecorder(Observer):
     def __init__(self):
         self.rows: dict[str, dict[int, Tensor]] = {"self": {}, "cross": {}}
 
-    def __call__(self, kind: Kind, layer: int, probs: Tensor, start: int = 0, n: int | None = None) -> None:
+    def __call__(self, kind: Kind, layer: int, probs: Tensor, start: int = 0, n: int | None = None,
+                 first_key: int = 0) -> None:
         self.rows[kind][layer] = probs[:, :, -1].to(torch.float16)
 
     def take(self, kind: Kind = "self") -> Tensor | None:

@@ -26,26 +26,27 @@ def pool_last(x: Tensor, size: int) -> Tensor:
     return x if x.shape[-1] <= size else F.adaptive_avg_pool1d(x, size)
 
 
-def pool_columns(block: Tensor, n: int, size: int) -> Tensor:
-    """Adaptive average pooling of [..., width] to [..., size] as if the row went on with zeros up to n:
-    bin j averages columns floor(j·n/size) .. ceil((j+1)·n/size) - 1, read off a running sum."""
+def pool_columns(block: Tensor, n: int, size: int, first: int = 0) -> Tensor:
+    """Adaptive average pooling of [..., width] (keys first .. first + width - 1) to [..., size] as if the row
+    were zeros elsewhere in 0..n-1: bin j averages columns floor(j·n/size) .. ceil((j+1)·n/size) - 1, read off a
+    running sum."""
     width = block.shape[-1]
     if n <= size:
-        return F.pad(block, (0, n - width))
+        return F.pad(block, (first, n - first - width))
     step = n // size
-    if n % size == 0 and width % step == 0:  # equal bins that the block fills whole: a reshape and a mean
+    if n % size == 0 and width % step == 0 and first % step == 0:  # whole equal bins: a reshape and a mean
         pooled = block.view(*block.shape[:-1], width // step, step).mean(-1)
-        return F.pad(pooled, (0, size - width // step))
+        return F.pad(pooled, (first // step, size - (first + width) // step))
     j = torch.arange(size, device=block.device)
     starts, ends = (j * n) // size, ((j + 1) * n + size - 1) // size
     running = F.pad(block.cumsum(-1), (1, 0))                                  # [..., width + 1]
-    sums = running[..., ends.clamp(max=width)] - running[..., starts.clamp(max=width)]
+    sums = running[..., (ends - first).clamp(0, width)] - running[..., (starts - first).clamp(0, width)]
     return sums / (ends - starts).to(block.dtype)
 
 
-def store_rows(full: Tensor, block: Tensor, start: int) -> None:
-    """Write a block of rows [H, rows, width] into a zero-filled [H, n, n] map."""
-    full[:, start:start + block.shape[1], :block.shape[-1]] = block
+def store_rows(full: Tensor, block: Tensor, start: int, first: int = 0) -> None:
+    """Write a block of rows [H, rows, width] (keys from `first` on) into a zero-filled [H, n, n] map."""
+    full[:, start:start + block.shape[1], first:first + block.shape[-1]] = block
 
 
 class OverviewObserver(Observer):
@@ -65,8 +66,9 @@ class OverviewObserver(Observer):
     def wants(self, kind: Kind, layer: int) -> bool:
         return kind == self.kind
 
-    def __call__(self, kind: Kind, layer: int, probs: Tensor, start: int = 0, n: int | None = None) -> None:
-        block = probs[0]                                   # [H, rows, width ≤ n]
+    def __call__(self, kind: Kind, layer: int, probs: Tensor, start: int = 0, n: int | None = None,
+                 first_key: int = 0) -> None:
+        block = probs[0]                                   # [H, rows, width ≤ n], keys from first_key on
         heads, rows, width = block.shape
         n = n or width
         if start == 0:
@@ -74,9 +76,9 @@ class OverviewObserver(Observer):
             if layer in self.keep_layers or self.keep_full:
                 dtype = torch.float32 if layer in self.keep_layers else torch.float16
                 self.full[layer] = block.new_zeros(heads, n, n, dtype=dtype)
-        self.columns[:, start:start + rows] = pool_columns(block, n, self.size)
+        self.columns[:, start:start + rows] = pool_columns(block, n, self.size, first_key)
         if layer in self.full:
-            store_rows(self.full[layer], block, start)
+            store_rows(self.full[layer], block, start, first_key)
         if start + rows == n:                              # the layer's last block
             self.pooled[layer] = pool_last(self.columns.transpose(1, 2), self.size).transpose(1, 2)
             if self.progress is not None:
@@ -94,12 +96,13 @@ class LayerObserver(Observer):
     def wants(self, kind: Kind, layer: int) -> bool:
         return kind == self.kind and layer == self.layer
 
-    def __call__(self, kind: Kind, layer: int, probs: Tensor, start: int = 0, n: int | None = None) -> None:
+    def __call__(self, kind: Kind, layer: int, probs: Tensor, start: int = 0, n: int | None = None,
+                 first_key: int = 0) -> None:
         block = probs[0]
         n = n or block.shape[-1]
         if start == 0:
             self.probs = block.new_zeros(block.shape[0], n, n)
-        store_rows(self.probs, block, start)
+        store_rows(self.probs, block, start, first_key)
 
 
 @dataclass

@@ -63,7 +63,8 @@ class ScoreObserver(Observer):
     def wants(self, kind: Kind, layer: int) -> bool:
         return kind == self.kind
 
-    def __call__(self, kind: Kind, layer: int, probs: Tensor, start: int = 0, n: int | None = None) -> None:
+    def __call__(self, kind: Kind, layer: int, probs: Tensor, start: int = 0, n: int | None = None,
+                 first_key: int = 0) -> None:
         self.layers[layer] = row_scores(probs[0], self.ids)
 
     def table(self) -> dict[str, Tensor]:
@@ -112,7 +113,8 @@ class InductionObserver(Observer):
     def wants(self, kind: Kind, layer: int) -> bool:
         return kind == "self"
 
-    def __call__(self, kind: Kind, layer: int, probs: Tensor, start: int = 0, n: int | None = None) -> None:
+    def __call__(self, kind: Kind, layer: int, probs: Tensor, start: int = 0, n: int | None = None,
+                 first_key: int = 0) -> None:
         self.scores[layer] = probs[0][:, self.queries, self.targets].float().mean(-1)
 
 

@@ -148,8 +148,8 @@ def test_row_blocks_equal_the_explicit_path(causal, padded):
     allowed = allowed if padded else None
     out, expected = attention(q, k, v, allowed, causal, scale=0.3, return_probs=True)
     blocks = list(attention_rows(q, k, v, allowed, causal, 0.3, rows=4))
-    assert [start for start, _, _ in blocks] == [0, 4, 8]
-    padded_blocks = [torch.nn.functional.pad(b, (0, 14 - b.shape[-1])) for _, b, _ in blocks]
-    assert not causal or [b.shape[-1] for _, b, _ in blocks] == [7, 11, 14]  # keys after a block are not scored
+    assert [start for start, _, _, _ in blocks] == [0, 4, 8] and {first for *_, first in blocks} == {0}
+    padded_blocks = [torch.nn.functional.pad(b, (0, 14 - b.shape[-1])) for _, b, _, _ in blocks]
+    assert not causal or [b.shape[-1] for _, b, _, _ in blocks] == [7, 11, 14]  # keys after a block are not scored
     torch.testing.assert_close(torch.cat(padded_blocks, dim=2), expected, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(torch.cat([o for _, _, o in blocks], dim=2), out, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(torch.cat([o for _, _, o, _ in blocks], dim=2), out, atol=1e-6, rtol=1e-5)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from core import load_model
-from core.analysis.capture import capture, layer_map
+from core.analysis.capture import capture, layer_map, pool_columns
 from tests import tiny
 
 
@@ -65,7 +65,6 @@ def test_kept_layers_need_no_second_pass_and_progress_counts_layers(model, monke
                                             (2048, 1800, 128)])
 def test_column_pooling_equals_adaptive_pooling_of_the_zero_padded_row(n, width, size):
     import torch.nn.functional as F
-    from core.analysis.capture import pool_columns
     block = torch.rand(3, 5, width, generator=torch.Generator().manual_seed(n + width))
     expected = F.pad(block, (0, n - width))
     if n > size:
@@ -98,3 +97,12 @@ def test_layer_map_is_one_layer_of_the_full_pass(model):
         layer_map(model, x, 2)
     with pytest.raises(ValueError, match="one text"):
         layer_map(model, x.expand(2, -1), 0)
+
+
+@pytest.mark.parametrize("n, size, first, width", [(40, 8, 10, 25), (40, 8, 15, 17), (37, 5, 9, 20), (12, 16, 4, 6)])
+def test_a_block_that_starts_past_key_0_pools_as_if_zeros_stood_before_it(n, size, first, width):
+    """A sliding window's block holds keys first .. first + width - 1 only; pooling it must equal pooling the
+    whole row with zeros before and after (every path: equal bins, running sums, no pooling)."""
+    block = torch.rand(3, 5, width, generator=torch.Generator().manual_seed(n + first))
+    whole = torch.nn.functional.pad(block, (first, n - first - width))
+    torch.testing.assert_close(pool_columns(block, n, size, first), pool_columns(whole, n, size), atol=1e-6, rtol=1e-5)

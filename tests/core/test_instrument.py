@@ -270,7 +270,7 @@ class OneLayer(Observer):
     def wants(self, kind, layer):
         return (kind, layer) == (self.kind, self.layer)
 
-    def __call__(self, kind, layer, probs, start=0, n=None):
+    def __call__(self, kind, layer, probs, start=0, n=None, first_key=0):
         self.calls.append((kind, layer, start))
         self.blocks.append(torch.nn.functional.pad(probs, (0, (n or probs.shape[-1]) - probs.shape[-1])))
 
