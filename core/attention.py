@@ -67,9 +67,9 @@ def attention_rows(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_c
     output [B, H, rows, d_k] = probs·V, first key: the key probs' first column is). A block of a long text stays in the CPU's cache through every stage
     instead of streaming an n × n matrix through memory once per stage. Under a causal mask the keys after a
     block's last query are never scored: `width` stops there, and the probabilities of later keys are 0. Under a
-    sliding window w (which `allowed` must also hold), the keys w or more places before a block's first query are
-    not scored either: probs starts at the window's first key (the earlier keys' probabilities are 0), so a long
-    text costs rows × (w + rows) per block, not rows × n.
+    sliding window w, the keys w or more places before a block's first query are not scored either: probs starts
+    at the window's first key (the earlier keys' probabilities are 0), so a long text costs rows × (w + rows) per
+    block, not rows × n; without padding the window's edge is one triangle of rows × rows, as the causal one is.
     Same arguments as `attention`.
     """
     batch, n_heads, n_queries, d_k = q.shape
@@ -89,14 +89,22 @@ def attention_rows(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_c
             if bias is not None:
                 rows_bias = bias[..., start:stop, first:width] if bias.shape[-2] > 1 else bias[..., first:width]
             scores = scored(scores, softcap, rows_bias)
-        mask = None
+        mask, n_rows = None, stop - start
+        # key first + c is in the window of query row r when c ≥ r + edge (i − j < w)
+        edge = n_keys - n_queries + start - first - window + 1 if window else 0
         if allowed is not None:
             mask = allowed[..., start:stop, first:width] if allowed.shape[-2] > 1 else allowed[..., first:width]
             if is_causal:
-                mask = mask & causal_mask(stop - start, seen, q.device)
-        elif is_causal:  # only the last (stop - start) keys can lie ahead of a query of this block
-            diagonal = scores[..., seen - (stop - start):]
-            diagonal.masked_fill_(~causal_mask(stop - start, stop - start, q.device), float("-inf"))
+                mask = mask & causal_mask(n_rows, seen, q.device)
+            if window:
+                mask = mask & (torch.arange(seen, device=q.device) >= torch.arange(n_rows, device=q.device)[:, None] + edge)
+        elif is_causal:  # only the last n_rows keys can lie ahead of a query of this block
+            diagonal = scores[..., seen - n_rows:]
+            diagonal.masked_fill_(~causal_mask(n_rows, n_rows, q.device), float("-inf"))
+            if window and n_rows + edge > 0:  # only the first n_rows + edge keys can lie before a query's window
+                corner = min(seen, n_rows + edge)
+                before = torch.arange(corner, device=q.device) < torch.arange(n_rows, device=q.device)[:, None] + edge
+                scores[..., :corner].masked_fill_(before, float("-inf"))
         probs = masked_softmax_(scores, mask)
         grouped = probs.view(batch, n_kv, group * (stop - start), seen).to(v.dtype)
         out = (grouped @ v[:, :, first:width]).view(batch, n_heads, stop - start, v.shape[-1])
@@ -105,16 +113,22 @@ def attention_rows(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_c
 
 def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, is_causal: bool = False,
               scale: float | None = None, return_probs: bool = False, softcap: float | None = None,
-              bias: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+              bias: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor | None]:
     """q [B, H, Tq, d_k]; k, v [B, H_kv, Tk, d_k] with H a multiple of H_kv (grouped-query attention).
 
     allowed: bool mask broadcastable to [B, H, Tq, Tk], or None; is_causal adds the causal mask.
     scale: the factor on QKᵀ, 1/√d_k by default; 1.0 turns scaling off.
     softcap: c, the scores become c·tanh(S / c) (no fused kernel has it: the explicit path runs).
     bias: float, broadcastable to [B, H, Tq, Tk], added to the scores (ALiBi, T5's relative buckets).
+    window: w, a sliding window: a query (the last Tq of Tk places) sees no key w or more places back.
     Returns the output [B, H, Tq, d_k] and, when return_probs, the probabilities [B, H, Tq, Tk] float32.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if window is not None:  # the window joins the mask
+        band = sliding_window_mask(q.shape[-2], k.shape[-2], window, q.device)
+        if is_causal:
+            band, is_causal = band & causal_mask(q.shape[-2], k.shape[-2], q.device), False
+        allowed = band if allowed is None else allowed & band
     if not return_probs and softcap is None:
         if is_causal and (allowed is not None or bias is not None):
             causal = causal_mask(q.shape[-2], k.shape[-2], q.device)

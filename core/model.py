@@ -18,8 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from . import generate as generation
-from .attention import (attention, attention_rows, causal_mask as causal_matrix, padding_or_none, positions_from_mask,
-                        self_attention_mask, sliding_window_mask)
+from .attention import attention, attention_rows, padding_or_none, positions_from_mask, self_attention_mask
 from .config import ModelConfig, encoder_config
 from .kv_cache import KVCache
 from .layers import Embeddings, FeedForward, LMHead, Norm, ScoreBias, rope_cos_sin, rope_inv_freq, rotate
@@ -46,7 +45,7 @@ class LayerTerms:
     allowed: Tensor | None          # bool [B, 1, Tq, Tk], True where attention may go
     is_causal: bool                 # add the standard causal mask (cheaper than building it)
     rope: tuple[Tensor, Tensor] | None  # cos, sin [B, 1, T, rotary_dim]
-    window: int | None = None       # the sliding window that `allowed` holds, when it hides keys on this text
+    window: int | None = None       # a sliding window attention adds to the mask, when it hides keys on this text
 
 
 @dataclass
@@ -178,7 +177,7 @@ class Attention(nn.Module):
                 setup.observer(kind, layer, block, start, k.shape[-2], first)
             return out
         out, probs = attention(q, k, v, allowed, is_causal, setup.scale, return_probs=observe or keep,
-                               softcap=softcap, bias=bias)
+                               softcap=softcap, bias=bias, window=window)
         if keep:
             setup.probe.keep(kind, "pattern", layer, probs)
         if observe:
@@ -326,13 +325,7 @@ class Transformer(nn.Module):
         if "sliding" in cfg.layer_types:
             setup.sliding = LayerTerms(allowed, is_causal, self.rope(stack, position_ids, positions, local=True))
             if cfg.sliding_window is not None and start + n > cfg.sliding_window:  # else the window hides nothing
-                window = sliding_window_mask(n, start + n, cfg.sliding_window, device)    # [Tq, Tk]
-                if allowed is None:
-                    window = window & causal_matrix(n, start + n, device) if is_causal else window
-                    setup.sliding.allowed = window[None, None]
-                else:
-                    setup.sliding.allowed = allowed & window
-                setup.sliding.is_causal, setup.sliding.window = False, cfg.sliding_window
+                setup.sliding.window = cfg.sliding_window     # attention puts it in the mask
         if stack.score_bias is not None and positions:
             if stack.score_bias.by_index:   # places in the sequence, padding counted
                 query_pos = torch.arange(start, start + n, device=device)[None]
