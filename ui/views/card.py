@@ -14,7 +14,8 @@ FAMILY_WORDS = {
     "bloom": "a decoder with no position embeddings at all: ALiBi adds −m_h·(i − j) to each head's scores, a penalty "
              "that grows linearly with distance, with a fixed slope m_h per head",
     "opt": "Meta's decoder in the GPT-2 layout (learned positions, LayerNorm), whose position table is read two rows "
-           "on (position p uses row p + 2); OPT-350M puts the norm after each sublayer (Post-LN), the others before",
+           "on (position p uses row p + 2); the norm sits before each sublayer (Pre-LN), or after it (Post-LN) where the "
+           "config says do_layer_norm_before = false",
     "llama": "a decoder with RoPE, RMSNorm and a gated (SwiGLU) feed-forward, as in Llama; Mistral's layers see only "
              "a sliding window of recent keys, Qwen3's normalise each head's queries and keys (QK-norm)",
     "phi3": "Microsoft's decoder in the Llama layout (RoPE, RMSNorm, gated feed-forward) with fused projections; some "
