@@ -9,9 +9,9 @@ import math
 import numpy as np
 import torch
 
-from core.attention import attention_stages, causal_mask
-from core.attention import sliding_window_mask
 from core.analysis.inspect import queries_keys
+from core.analysis.logits import by_blocks, cross_entropy
+from core.attention import attention_stages, causal_mask, sliding_window_mask
 from ui.services.attention import score_formula
 from ui.services.checks import UserError
 from ui.services.text import as_batch, to_numpy
@@ -63,13 +63,13 @@ def mask_stages(model, q: torch.Tensor, k: torch.Tensor, layer: int, head: int,
     return out
 
 
-def next_token_metrics(logits: torch.Tensor, ids: list[int]) -> tuple[float, float]:
-    """Mean cross-entropy (nats) and accuracy of predicting token t+1 from position t."""
-    target = torch.tensor(ids[1:], device=logits.device)
-    pred = logits[0, :-1].float()
-    loss = torch.nn.functional.cross_entropy(pred, target).item()
-    acc = (pred.argmax(-1) == target).float().mean().item()
-    return loss, acc
+def next_token_metrics(model, hidden: torch.Tensor, ids: list[int]) -> tuple[float, float]:
+    """Mean cross-entropy (nats) and accuracy of predicting token t+1 from position t, read from the final hidden
+    states [1, T, d] a block of positions at a time (a 250k vocabulary's logits for a whole text are never held)."""
+    target = torch.tensor(ids[1:], device=hidden.device)[None]                 # [1, T - 1]
+    losses, top = by_blocks(model, hidden[:, :-1],
+                            lambda logits, at: (cross_entropy(logits, target[:, at]), logits.argmax(-1)))
+    return losses.mean().item(), (top == target).float().mean().item()
 
 
 def row_entropy(probs: torch.Tensor) -> torch.Tensor:
@@ -83,13 +83,13 @@ def causal_effect(model, ids: list[int]) -> dict | None:
     if len(ids) < 2:
         raise UserError("The mask demo needs at least 2 tokens of text.")
     batch = as_batch(ids, model.device)
+    if model.lm_head is None:
+        return None
     with torch.inference_mode():
-        on = model(batch)
-        if on.logits is None:
-            return None
-        off = model(batch, causal_mask=False)
-    loss_on, acc_on = next_token_metrics(on.logits, ids)
-    loss_off, acc_off = next_token_metrics(off.logits, ids)
+        on = model(batch, return_logits=False).hidden_states
+        off = model(batch, causal_mask=False, return_logits=False).hidden_states
+        loss_on, acc_on = next_token_metrics(model, on, ids)
+        loss_off, acc_off = next_token_metrics(model, off, ids)
     return {"loss": (loss_on, loss_off), "accuracy": (acc_on, acc_off), "predictions": len(ids) - 1}
 
 
