@@ -134,8 +134,9 @@ def side_by_side(model, clean: Encoded, corrupted: Encoded) -> list[list]:
 
 
 def top_tokens(model, ids: list[int], k: int = 2) -> list[int]:
-    with torch.inference_mode():
-        logits = model(as_batch(ids, model.device)).logits[0, -1]
+    with torch.inference_mode():  # the last position's logits only
+        hidden = model(as_batch(ids, model.device), return_logits=False).hidden_states
+        logits = model.logits(hidden[:, -1])[0]
     return logits.topk(k).indices.tolist()
 
 
