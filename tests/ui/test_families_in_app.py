@@ -77,6 +77,11 @@ def test_model_card_names_the_family_terms_and_counts_every_parameter(name, serv
     rows = {row[0]: int(row[1].replace(",", "")) for row in parameter_table(model) if not row[2]}
     parts = sum(v for k, v in rows.items() if k != "total")
     assert parts == rows["total"] == sum(p.numel() for p in model.parameters()), rows
+    attn = model.stack.blocks[0].attn                              # the card's W^Q, W^K, W^V, W^O count
+    weights = sum(m.weight.numel() for m in (attn.qkv, attn.out))
+    cfg = model.config
+    if cfg.n_kv_heads != cfg.n_heads or cfg.n_heads * cfg.head_dim != cfg.d_model:
+        assert f"= {weights:,} (plus biases" in card, card
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -148,11 +148,17 @@ def model_card(name: str, model, source: str = "") -> str:
             "Per layer means one decoder layer here: it has two attention blocks (self-attention and "
             "cross-attention into the encoder), so about 2 × 4d²."
         )
-    if cfg.n_kv_heads != cfg.n_heads:
-        kv = cfg.n_kv_heads * cfg.head_dim
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    if cfg.n_kv_heads != cfg.n_heads or q != d:
+        why = []
+        if q != d:
+            why.append(f"the {cfg.n_heads} query heads of d_k = {cfg.head_dim} span {q}, not d = {d}")
+        if cfg.n_kv_heads != cfg.n_heads:
+            why.append(f"keys and values have only {cfg.n_kv_heads} heads ({kv} wide)")
         notes.append(
-            f"Attention is below 4d² because keys and values have only {cfg.n_kv_heads} heads: "
-            f"2d² + 2·d·{kv} = {2 * d * d + 2 * d * kv:,} (plus biases if any)."
+            f"Attention is not the theory's four d × d matrices because {' and '.join(why)}: W^Q and W^O are d × {q}, "
+            f"W^K and W^V d × {kv}, "
+            f"2·d·{q} + 2·d·{kv} = {2 * d * q + 2 * d * kv:,} (plus biases and q/k norms if any)."
         )
     if cfg.d_ff != 4 * d or getattr(cfg, "gated_ffn", False):
         mats = 3 if getattr(cfg, "gated_ffn", False) else 2
