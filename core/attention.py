@@ -12,7 +12,7 @@ The variants are named terms of the same function, in this order:
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -187,3 +187,105 @@ def self_attention_mask(key_mask: Tensor | None, start: int, n: int, causal: boo
         allowed = allowed.expand(-1, -1, n, -1)
     own = torch.arange(n_keys, device=key_mask.device) == torch.arange(start, n_keys, device=key_mask.device)[:, None]
     return allowed | (~allowed.any(-1, keepdim=True) & own), False
+
+
+# ---- the online softmax (eq. 6.10): softmax over the keys a block at a time, as FlashAttention computes it ----
+
+class OnlineStep(NamedTuple):
+    """One block of keys in the online softmax of one query row (eq. 6.10)."""
+    start: int          # the block's keys start:stop
+    stop: int
+    block_max: float    # max_j s_j over the block (−inf where it masks every key)
+    m: float            # the running max after it, m_new = max(m_old, block_max)
+    rescale: float      # e^(m_old − m_new), what ℓ (and the output) carried so far is multiplied by
+    ell: float          # the running sum after it, ℓ = ℓ·e^(m_old − m_new) + Σ_j e^(s_j − m_new)
+
+
+def _check_block(block, n: int) -> int:
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block must be a whole number of keys ≥ 1, got {block!r}")
+    return min(block, max(n, 1))
+
+
+def _shifted(m: Tensor) -> Tensor:
+    # the max subtracted before exp: m itself, or 0 while every key so far is masked (m = −∞), so no −∞ − −∞
+    return torch.where(torch.isinf(m), torch.zeros_like(m), m)
+
+
+def online_softmax(scores: Tensor, block: int, values: Tensor | None = None
+                   ) -> tuple[Tensor, list[OnlineStep], Tensor | None]:
+    """One query row's softmax, reading its scores a block of keys at a time (eq. 6.10).
+
+    scores: [n] the row's scores with −∞ where the mask hides a key; values: [n, d_head] or None.
+    Returns (probs [n], the step of each block, out [d_head] = Σ_j p_j·v_j or None): the running max m and sum ℓ
+    are all the row keeps between blocks, and out is accumulated the same way, so no block's weights are kept.
+    The probabilities are e^(s_j − m)/ℓ with the final m and ℓ, equal to softmax(scores)."""
+    if scores.dim() != 1 or scores.numel() == 0:
+        raise ValueError(f"scores must be one query row [n] with n ≥ 1, got shape {list(scores.shape)}")
+    if values is not None and (values.dim() != 2 or values.shape[0] != scores.shape[0]):
+        raise ValueError(f"values must be [n, d_head] with n = {scores.shape[0]}, got {list(values.shape)}")
+    n = scores.shape[0]
+    block = _check_block(block, n)
+    m = scores.new_tensor(float("-inf"))
+    ell = scores.new_zeros(())
+    out = None if values is None else values.new_zeros(values.shape[1])
+    steps = []
+    for start in range(0, n, block):
+        s = scores[start:start + block]
+        block_max = s.max()
+        m_new = torch.maximum(m, block_max)
+        rescale = torch.exp(m - _shifted(m_new)) if torch.isfinite(m) else scores.new_tensor(0.0)
+        p = torch.exp(s - _shifted(m_new))                                 # [block], 0 where masked
+        ell = ell * rescale + p.sum()
+        if out is not None:
+            out = out * rescale + p @ values[start:start + block]          # [d_head]
+        m = m_new
+        steps.append(OnlineStep(start, start + s.shape[0], float(block_max), float(m), float(rescale), float(ell)))
+    if not float(ell) > 0:
+        raise ValueError("every key of this row is masked (all scores −∞): its softmax is undefined")
+    probs = torch.exp(scores - m) / ell
+    return probs, steps, None if out is None else out / ell
+
+
+def online_attention(q: Tensor, k: Tensor, v: Tensor, block: int, scale: float | None = None,
+                     mask: Tensor | None = None) -> Tensor:
+    """softmax(q·kᵀ·scale + M)·v for one head, the FlashAttention way (eq. 6.10): every query row keeps its
+    running max m [T], sum ℓ [T] and output accumulator [T, d_head] while the keys and values pass a block at a
+    time, so only one block's scores [T, block] exist at once, never the [T, T] matrix.
+
+    q: [T, d_head], k and v: [Tk, d_head], mask: [T, Tk] bool (True where the query may read the key) or None;
+    scale: 1/√d_head unless given. A row that may read no key is an error, as in online_softmax."""
+    if q.dim() != 2 or k.dim() != 2 or v.dim() != 2 or k.shape != v.shape or q.shape[1] != k.shape[1]:
+        raise ValueError(f"q, k, v must be one head's [T, d_head], [Tk, d_head], [Tk, d_head]; got "
+                         f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+    if mask is not None and mask.shape != (q.shape[0], k.shape[0]):
+        raise ValueError(f"mask must be [T, Tk] = {[q.shape[0], k.shape[0]]}, got {list(mask.shape)}")
+    scale = q.shape[1] ** -0.5 if scale is None else scale
+    n_keys = k.shape[0]
+    block = _check_block(block, n_keys)
+    m = q.new_full((q.shape[0],), float("-inf"))                           # [T]
+    ell = q.new_zeros(q.shape[0])                                          # [T]
+    out = q.new_zeros(q.shape[0], v.shape[1])                              # [T, d_head]
+    for start in range(0, n_keys, block):
+        s = (q @ k[start:start + block].T) * scale                        # [T, block]
+        if mask is not None:
+            s = s.masked_fill(~mask[:, start:start + block], float("-inf"))
+        m_new = torch.maximum(m, s.max(-1).values)
+        shift = _shifted(m_new)
+        rescale = torch.exp(m - shift)                                     # [T]; 0 while m = −∞
+        p = torch.exp(s - shift[:, None])                                  # [T, block]
+        ell = ell * rescale + p.sum(-1)
+        out = out * rescale[:, None] + p @ v[start:start + block]
+        m = m_new
+    if not bool((ell > 0).all()):
+        raise ValueError("a query row may read no key (its mask row is all False): its softmax is undefined")
+    return out / ell[:, None]
+
+
+def softmax_bytes(n_queries: int, n_keys: int, block: int, bytes_per: int = 4) -> dict[str, int]:
+    """What each method holds beyond q, k, v and the output (which both hold), for one head (eq. 6.10):
+    plain, the scores and the weights [Tq, Tk] each; online, one block's scores [Tq, block] and the running max
+    and sum [Tq] each."""
+    block = min(block, n_keys)
+    return {"plain": 2 * n_queries * n_keys * bytes_per,
+            "online": (n_queries * block + 2 * n_queries) * bytes_per}
