@@ -18,7 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from . import generate as generation
-from .attention import attention, attention_rows, padding_or_none, positions_from_mask, self_attention_mask
+from .attention import (attention, attention_rows, causal_mask, padding_or_none, positions_from_mask,
+                        self_attention_mask, sliding_window_mask)
 from .config import ModelConfig, encoder_config
 from .kv_cache import KVCache
 from .layers import Embeddings, FeedForward, LMHead, Norm, ScoreBias, rope_cos_sin, rope_inv_freq, rotate
@@ -312,12 +313,21 @@ class Transformer(nn.Module):
         return split_by_head(block.cross if kind == "cross" else block.attn)
 
     def setup(self, stack: Stack, input_ids: Tensor, key_mask: Tensor | None, start: int, *, causal: bool,
-              padding_mask: bool, scale: bool, positions: bool) -> tuple[AttentionSetup, Tensor]:
+              padding_mask: bool, scale: bool, positions: bool,
+              window: tuple[int, int] | None = None) -> tuple[AttentionSetup, Tensor]:
         """Masks, position ids and rotary angles for n new tokens after `start` cached ones.
-        Positions always skip padding; the padding_mask switch only changes what attention may see."""
+        Positions always skip padding; the padding_mask switch only changes what attention may see.
+        window (w, g): every layer's mask also hides keys w or more places back (i − j ≥ w, eq. 6.5), except the
+        first g keys, which every query still sees (a local + global mask)."""
         batch, n = input_ids.shape
         device, cfg = input_ids.device, stack.cfg
         allowed, is_causal = self_attention_mask(key_mask if padding_mask else None, start, n, causal, device)
+        if window is not None:
+            band = sliding_window_mask(n, start + n, window[0], device)                       # [n, start + n]
+            band[:, :window[1]] = True
+            if allowed is None and is_causal:
+                allowed = causal_mask(n, start + n, device)[None, None]
+            allowed, is_causal = band[None, None] if allowed is None else allowed & band, False
         position_ids = positions_from_mask(key_mask, start, n, batch, device)
         setup = AttentionSetup(allowed=allowed, is_causal=is_causal, scale=cfg.score_scale if scale else 1.0,
                                rope=self.rope(stack, position_ids, positions), softcap=cfg.attn_softcap,
@@ -373,7 +383,7 @@ class Transformer(nn.Module):
                   cache: KVCache | None = None, static: bool = False, memory: Tensor | None = None,
                   memory_mask: Tensor | None = None, n_layers: int | None = None,
                   token_embeddings: Tensor | None = None, start_layer: int = 0,
-                  resid: Tensor | None = None) -> Tensor:
+                  resid: Tensor | None = None, window: tuple[int, int] | None = None) -> Tensor:
         """Embed input_ids [B, T] and run them through `stack`; returns hidden states [B, T, d].
 
         attention_mask: [B, T] for the new tokens, or [B, cached + T] (1 = real token, 0 = padding).
@@ -395,7 +405,8 @@ class Transformer(nn.Module):
             elif attention_mask is not None:
                 key_mask = attention_mask.bool()
             setup, position_ids = self.setup(stack, input_ids, key_mask, start, causal=causal,
-                                             padding_mask=padding_mask, scale=scale, positions=positions)
+                                             padding_mask=padding_mask, scale=scale, positions=positions,
+                                             window=window)
         setup.kind, setup.observer, setup.probe, setup.cache, setup.memory = kind, observer, probe, cache, memory
         if memory is not None and memory_mask is not None and padding_mask:
             setup.memory_allowed = memory_mask.bool()[:, None, None, :]
@@ -434,7 +445,7 @@ class Transformer(nn.Module):
                 record: Iterable[str] = (), ablate_heads: Iterable[tuple[int, int]] | Tensor = (), ablation: str = "zero",
                 logit_lens: bool = False, logit_lens_top_k: int | None = 10, grad: bool = False,
                 token_embeddings: Tensor | None = None, patches: Iterable[Patch] = (),
-                return_logits: bool = True) -> ModelOutput:
+                return_logits: bool = True, window: int | None = None, global_tokens: int = 0) -> ModelOutput:
         """One full forward pass. Runs in whatever autograd mode the caller chose (parameters of a loaded model
         do not require gradients, so no graph is kept unless something asks for one).
 
@@ -449,8 +460,15 @@ class Transformer(nn.Module):
         integrated gradients), before embed_scale, positions and token types.
         return_logits=False leaves out.logits None: a caller that reads the logits a block of positions at a time
         (model.logits on slices of out.hidden_states) never holds [B, T, vocab] at once.
+        window: every self-attention layer of the main stack of a causal model also hides keys `window` or more
+        places back (eq. 6.5), as a "sliding" layer does; global_tokens: keys 0..g−1 stay visible to every query.
         """
         cfg = self.config
+        if window is not None and (not cfg.causal or self.encoder is not None):
+            raise ValueError(f"a window narrows a causal mask: {cfg.family} is not a decoder-only causal model")
+        if window is not None and (window < 1 or global_tokens < 0):
+            raise ValueError(f"window={window}, global_tokens={global_tokens}: the window needs w ≥ 1 and g ≥ 0")
+        local = None if window is None else (window, global_tokens)
         asked = {record} if isinstance(record, str) else set(record)
         probe = None
         ablating = isinstance(ablate_heads, Tensor) or bool(ablate_heads)
@@ -481,7 +499,7 @@ class Transformer(nn.Module):
             else:
                 hidden = self.run_stack(self.stack, input_ids, attention_mask, kind="self",
                                         causal=causal_mask and cfg.causal, token_type_ids=token_type_ids,
-                                        token_embeddings=token_embeddings, **switches)
+                                        token_embeddings=token_embeddings, window=local, **switches)
             out = ModelOutput(logits=self.logits(hidden) if return_logits else None, hidden_states=hidden, encoder_hidden_states=memory,
                               token_embeddings=token_embeddings if grad else None)
             if logit_lens:
