@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from core.analysis import anatomy, inspect
+from core.attention import online_softmax, softmax_bytes
 from core.generate import filter_top_k, filter_top_p
 from ui.services.checks import check_float, check_head, check_range
 from ui.services.checks import stack_shape as shape_of  # the Inside tab's fields read the same stack
@@ -216,3 +217,53 @@ def stage_arrays(stages: anatomy.ForwardStages) -> dict[str, np.ndarray]:
         if value is not None:
             out[name] = value.numpy() if value.dtype in (torch.bool, torch.long) else to_numpy(value)
     return out
+
+
+# ---- the online softmax of one row (eq. 6.10), FlashAttention's way of reading the keys ----
+
+ONLINE_LENGTHS = (512, 1024, 2048, 4096, 8192)   # the lengths the bytes table counts
+MAX_BLOCK = 8192
+
+
+@dataclass
+class OnlineRow:
+    """One query row of the walked head, its softmax read a block of keys at a time (core.attention.online_softmax)
+    beside the pass's own weights."""
+    layer: int
+    head: int
+    query: int
+    block: int
+    scores: np.ndarray          # [n] what the softmax reads: scored, −inf where the mask hides a key
+    plain: np.ndarray           # [n] the pass's own weights (stage probs), softmax of the scores
+    online: np.ndarray          # [n] e^(s_j − m)/ℓ with the last block's m and ℓ
+    starts: np.ndarray          # [blocks] each block's first key; stops: one past its last
+    stops: np.ndarray
+    block_max: np.ndarray       # [blocks] the block's own max (−inf where it masks every key)
+    running_max: np.ndarray     # [blocks] m after the block
+    rescale: np.ndarray         # [blocks] e^(m_old − m_new) applied to ℓ and the output before the block adds
+    running_sum: np.ndarray     # [blocks] ℓ after the block
+    probs_difference: float     # max_j |online − plain|
+    output_difference: float    # max |Σ_j p_j v_j read online − the pass's z row|
+    d_head: int
+    bytes: list[tuple[int, int, int]]   # (n, plain bytes, online bytes) for n in ONLINE_LENGTHS, this block
+
+
+def online_row(model, tokens: Encoded, layer, head, query, block) -> OnlineRow:
+    """The walked head's softmax of one query row, read a block of keys at a time with the running max and sum,
+    and its output accumulated the same way, each against the pass's own numbers."""
+    block = check_range("Block size", block, 1, MAX_BLOCK)
+    stages = walk(model, tokens, layer, head)
+    query = check_token(tokens, query)
+    row = stages.scored[query].double().masked_fill(~stages.mask[query], float("-inf"))   # [n]
+    probs, steps, out = online_softmax(row, block, stages.v.double())
+    plain = stages.probs[query].double()
+    return OnlineRow(
+        layer=stages.layer, head=stages.head, query=query, block=block,
+        scores=row.numpy(), plain=plain.numpy(), online=probs.numpy(),
+        starts=np.array([s.start for s in steps]), stops=np.array([s.stop for s in steps]),
+        block_max=np.array([s.block_max for s in steps]), running_max=np.array([s.m for s in steps]),
+        rescale=np.array([s.rescale for s in steps]), running_sum=np.array([s.ell for s in steps]),
+        probs_difference=float((probs - plain).abs().max()),
+        output_difference=float((out - stages.z[query].double()).abs().max()),
+        d_head=stages.v.shape[-1],
+        bytes=[(n, *softmax_bytes(n, n, block).values()) for n in ONLINE_LENGTHS])

@@ -11,6 +11,7 @@ from ui.services.inside import MAX_INSIDE_TOKENS, shape_of
 from ui.tabs.events import ON_ANALYSIS, handler, opening, user_errors
 from ui.tabs.widgets import Tab, click_bridge, layer_head, run_checked, upload
 from ui.views import inside as views
+from ui.views.online import online_view
 
 LEAD = """**Inside one forward pass**: follow one token through one real layer, stage by stage, with every number the
 model computed; then ask why a head attends from one token to another."""
@@ -21,6 +22,7 @@ TEXT = "The keeper lit the lamp, and the lamp lit the bay."
 CELL_READ = ('if (point.data.type !== "heatmap") return null; const q = parseInt(String(point.y)), '
              'k = parseInt(String(point.x)); return Number.isNaN(q) || Number.isNaN(k) ? null : `${q}.${k}`;')
 
+SOFTMAX_STAGE = 5  # the walk's stage of the scores and the softmax; the online softmax sits under it
 
 
 def build(services, picker, initial) -> Tab:
@@ -52,7 +54,11 @@ def build(services, picker, initial) -> Tab:
             for i in range(1, views.STAGE_COUNT + 1):
                 stages.append(gr.Markdown(elem_id=f"inside-note{i}"))
                 stages.append(gr.Plot(elem_id=f"inside-stage{i}", visible=False, show_label=False))
+                if i == SOFTMAX_STAGE:
+                    online = online_section(services, picker, text, fields, token)
     why = why_section(services, picker, text, fields)
+    why["results"] += online["results"]
+    why["press"].update(online["press"])
     walk = dict(fn=handler(views.walk_view, services, "forward_walk"),
                 inputs=[picker.model, text, layer, head, token, temperature, top_k, top_p],
                 outputs=[overview, *stages, npz], **ON_ANALYSIS)
@@ -107,3 +113,22 @@ def why_section(services, picker, text, fields) -> dict:
     return dict(query=query, key=key, picked=picked, event=event,
                 results=[note, decomposition, lines, geometry_note, scatter],
                 press={note: button, geometry_note: geometry_button})
+
+
+def online_section(services, picker, text, fields, token) -> dict:
+    """The followed token's softmax read a block of keys at a time (eq. 6.10), under the softmax stage."""
+    with gr.Accordion("The same softmax, online: a block of keys at a time (FlashAttention, eq. 6.10)", open=False,
+                      elem_id="inside-online"):
+        with gr.Row():
+            block = gr.Number(value=4, label="Block size (keys per step)", precision=0, elem_id="inside-online-block",
+                              min_width=140)
+            button = gr.Button("Softmax block by block", elem_id="inside-online-run")
+        note = gr.Markdown(elem_id="inside-online-note")
+        figure = gr.Plot(elem_id="inside-online-figure", visible=False, show_label=False)
+        table = gr.Markdown(elem_id="inside-online-bytes")
+    event = dict(fn=handler(online_view, services, "online_softmax"),
+                 inputs=[picker.model, text, fields.layer, fields.head, token, block], outputs=[note, figure, table],
+                 **ON_ANALYSIS)
+    run_checked(button.click, services.models, picker.model, fields, event, reveal=[figure],
+                api_name="online_softmax")
+    return dict(results=[note, figure, table], press={note: button})
