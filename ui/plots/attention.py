@@ -385,3 +385,53 @@ def two_column_view(matrix: np.ndarray, labels: Sequence[str], title: str) -> go
     fig.update_layout(margin={"l": 10, "r": 10}, hovermode="closest", dragmode=False,
                       meta={"view": "two-column", "tokens": n, "levels": OPACITY_LEVELS, "min_weight": MIN_LINE_WEIGHT})
     return fig
+
+
+def window_mask_figure(mask: np.ndarray, own: np.ndarray, title: str, subtitle: str) -> go.Figure:
+    """A window's mask [T, T] over the layer's own (causal, maybe its family's window): keys it reads, keys the
+    window hides, and keys the layer never reads (grey)."""
+    mask, own = np.asarray(mask, bool), np.asarray(own, bool)
+    if mask.shape != own.shape or mask.ndim != 2:
+        raise ValueError(f"window_mask_figure: mask {mask.shape} and own mask {own.shape} must be one T × T shape")
+    z = np.where(own & mask, 1.0, np.where(own, 0.0, np.nan)).astype(np.float32)
+    fig = go.Figure(go.Heatmap(z=z, colorscale=[[0, "#f4a261"], [1, "#2a6f97"]], zmin=0, zmax=1, showscale=False,
+                               hoverongaps=False,
+                               hovertemplate="query %{y} → key %{x}<br>%{z:.0f} (1 read, 0 hidden by the window)"
+                                             "<extra></extra>"))
+    base_layout(fig, title, 380, top=64)
+    fig.update_layout(title={"subtitle": {"text": subtitle, "font": {"size": 11}}}, plot_bgcolor=MASKED_COLOR,
+                      margin={"l": 10, "r": 10, "b": 10})
+    fig.update_xaxes(title_text="key position", title_font_size=10, automargin=True)
+    fig.update_yaxes(title_text="query position", title_font_size=10, autorange="reversed", automargin=True)
+    return fig
+
+
+def window_weights_figure(full: np.ndarray, windowed: np.ndarray, title: str) -> go.Figure:
+    """One head's weights [T, T] with the full mask and with the window, side by side, and their difference
+    (windowed − full, signed). Weights of 0 where a mask hides the key are drawn grey (NaN)."""
+    full, windowed = as_f32(full), as_f32(windowed)
+    if full.shape != windowed.shape or full.ndim != 2:
+        raise ValueError(f"window_weights_figure: {full.shape} and {windowed.shape} must be one T × T shape")
+    n = full.shape[0]
+    causal = np.tril(np.ones((n, n), bool))
+    diff = np.where(causal, windowed - full, np.nan)
+    bound = float(np.nanmax(np.abs(diff))) if np.isfinite(diff).any() and np.nanmax(np.abs(diff)) > 0 else 1.0
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.06,
+                        subplot_titles=["full mask", "window", "window − full"])
+    for col, (z, name) in enumerate(((full, "full"), (windowed, "window")), start=1):
+        fig.add_trace(go.Heatmap(z=np.where(causal, z, np.nan), colorscale=ATTENTION_COLORS, zmin=0, zmax=1,
+                                 showscale=col == 1, hoverongaps=False,
+                                 colorbar={"x": 1.02, "y": 0.75, "len": 0.45, "thickness": 10,
+                                           "title": {"text": "weight"}},
+                                 hovertemplate="query %{y} → key %{x}<br>%{z:.4f}<extra>" + name + "</extra>"),
+                      row=1, col=col)
+    fig.add_trace(go.Heatmap(z=diff, colorscale=SIGNED_COLORS, reversescale=True, zmid=0.0, zmin=-bound,
+                             zmax=bound, hoverongaps=False,
+                             colorbar={"x": 1.02, "y": 0.22, "len": 0.45, "thickness": 10, "title": {"text": "Δ"}},
+                             hovertemplate="query %{y} → key %{x}<br>Δ %{z:.4f}<extra></extra>"), row=1, col=3)
+    base_layout(fig, title, 360, top=64)
+    fig.update_layout(plot_bgcolor=MASKED_COLOR, margin={"l": 10, "r": 60, "b": 10})
+    fig.update_yaxes(autorange="reversed", tickfont={"size": 9})
+    fig.update_xaxes(tickfont={"size": 9})
+    fig.update_annotations(font_size=12)
+    return fig

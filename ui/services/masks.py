@@ -9,6 +9,7 @@ import math
 import numpy as np
 import torch
 
+from core.analysis.capture import LayerObserver
 from core.analysis.inspect import queries_keys
 from core.analysis.logits import by_blocks, cross_entropy
 from core.attention import attention_stages, causal_mask, sliding_window_mask
@@ -160,3 +161,88 @@ def scaling_entropy(model, ids: list[int], layer: int, head: int) -> dict:
     uniform = float(np.mean(np.log(np.arange(1, n + 1)))) if causal else math.log(n)
     return {"curves": out, "uniform": uniform, "head_dim": model.config.head_dim,
             "factor": 1.0 / model.config.score_scale}
+
+
+MAX_WINDOW_TOKENS = 256  # the window demo draws the chosen head's whole weights, three T × T matrices
+
+
+def local_global_mask(n: int, window: int, global_tokens: int = 0) -> torch.Tensor:
+    """[n, n] bool, eq. 6.5 with global keys: query i sees key j when j ≤ i and (i − j < w or j < g)."""
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    return (j <= i) & ((i - j < window) | (j < global_tokens))
+
+
+def own_masks(cfg, n: int) -> list[torch.Tensor]:
+    """Each layer's own mask [n, n] as the model is loaded: causal, narrowed to the family's window on a
+    "sliding" layer."""
+    full = local_global_mask(n, n)
+    own = full if cfg.sliding_window is None else local_global_mask(n, cfg.sliding_window)
+    return [own if cfg.layer_type(layer) == "sliding" else full for layer in range(cfg.n_layers)]
+
+
+def attention_cost(cfg, n: int, window: int, global_tokens: int, itemsize: int) -> dict:
+    """Scores computed by each layer's head (Σ over queries of the keys it reads) with the model's own masks and
+    with the window on every layer, and the bytes its weights would hold at `itemsize` bytes a weight; totals
+    over the layers and the n_heads query heads."""
+    chosen = local_global_mask(n, window, global_tokens)
+    own = [int(m.sum()) for m in own_masks(cfg, n)]
+    windowed = [int((m & chosen).sum()) for m in own_masks(cfg, n)]
+    total_own, total_windowed = sum(own) * cfg.n_heads, sum(windowed) * cfg.n_heads
+    return {"per_layer": {"full": own, "windowed": windowed}, "heads": cfg.n_heads, "itemsize": itemsize,
+            "scores": (total_own, total_windowed), "bytes": (total_own * itemsize, total_windowed * itemsize),
+            "dense": n * n * cfg.n_heads * cfg.n_layers * itemsize}
+
+
+def kl_per_position(model, full: torch.Tensor, windowed: torch.Tensor) -> torch.Tensor:
+    """KL(P_full ‖ P_windowed) in nats of the next-token distributions at each position [T], from the final
+    hidden states [1, T, d] of the two runs, read a block of positions at a time."""
+    def read(logits, at):                                          # logits [2, t, vocab]
+        logp = torch.log_softmax(logits.float(), -1)
+        return (logp[0].exp() * (logp[0] - logp[1])).sum(-1)[None]  # [1, t]
+    return by_blocks(model, torch.cat([full, windowed]), read)[0].clamp_min(0.0)
+
+
+def own_window_check(model, ids: list[int]) -> dict | None:
+    """Where the loaded model has its own window w: the demo's mask for w equals the family's own mask of a
+    "sliding" layer, and forward's window=w reproduces it: on a model with full layers, the first full layer's
+    weights under window=w are nonzero exactly where the family's sliding layer's are; on a model whose every
+    layer slides, window=w on top changes no weight (max |Δ|). None without a window."""
+    cfg = model.config
+    if cfg.sliding_window is None or "sliding" not in cfg.layer_types:
+        return None
+    n, w = len(ids), cfg.sliding_window
+    sliding = cfg.layer_types.index("sliding")
+    full = cfg.layer_types.index("full") if "full" in cfg.layer_types else None
+    own_obs, seam_obs = LayerObserver(sliding), LayerObserver(sliding if full is None else full)
+    batch = as_batch(ids, model.device)
+    with torch.inference_mode():
+        model(batch, observer=own_obs, return_logits=False)
+        model(batch, observer=seam_obs, window=w, return_logits=False)
+    own = window_terms(model, sliding, 0, n)[0]
+    result = {"window": w, "sliding_layer": sliding, "full_layer": full, "sliding": cfg.layer_types.count("sliding"),
+              "layers": cfg.n_layers, "mask_equal": bool(torch.equal(own, local_global_mask(n, w)))}
+    if full is None:
+        result["max_diff"] = float((own_obs.probs - seam_obs.probs).abs().max())
+        result["reproduced"] = result["max_diff"] < 1e-6
+    else:   # where the weights are nonzero, every head, both layers
+        own_support, seam_support = (own_obs.probs > 0).cpu(), (seam_obs.probs > 0).cpu()
+        result["reproduced"] = bool((own_support == own).all() and (seam_support == own).all())
+    return result
+
+
+def window_effect(model, ids: list[int], layer: int, head: int, window: int, global_tokens: int) -> dict:
+    """The model run as loaded and with a window of w keys (plus keys 0..g−1) on every layer: the chosen head's
+    weights in both [T, T], the KL from the first run's next-token distribution to the second's at each position,
+    and the attention cost of both counted."""
+    batch = as_batch(ids, model.device)
+    full_obs, windowed_obs = LayerObserver(layer), LayerObserver(layer)
+    with torch.inference_mode():
+        full = model(batch, observer=full_obs, return_logits=False).hidden_states
+        windowed = model(batch, observer=windowed_obs, window=window, global_tokens=global_tokens,
+                         return_logits=False).hidden_states
+        kl = None if model.lm_head is None else to_numpy(kl_per_position(model, full, windowed))
+    itemsize = torch.finfo(model.dtype).bits // 8                   # the model's own dtype: 2 for bf16, 4 for fp32
+    return {"mask": local_global_mask(len(ids), window, global_tokens).numpy(),                 # bool [T, T]
+            "own_mask": own_masks(model.config, len(ids))[layer].numpy(),
+            "weights": (to_numpy(full_obs.probs[head]), to_numpy(windowed_obs.probs[head])), "kl": kl,
+            "cost": attention_cost(model.config, len(ids), window, global_tokens, itemsize)}

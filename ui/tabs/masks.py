@@ -6,10 +6,10 @@ from __future__ import annotations
 import gradio as gr
 
 from ui.plots.attention import STAGE_TITLES, STAGES
-from ui.services.masks import MAX_STAGE_WINDOW
+from ui.services.masks import MAX_STAGE_WINDOW, MAX_WINDOW_TOKENS
 from ui.tabs.events import ON_ANALYSIS, handler, opening
 from ui.tabs.widgets import Tab, export_row, layer_head, read_example, run_checked, text_with_upload
-from ui.views.masks import export_data, mask_view
+from ui.views.masks import export_data, mask_view, window_view
 
 LEAD = """**What each safeguard of eq. 2.1 changes**: the scores QKᵀ/√d_k, the mask M and the softmax step by step,
 then the causal mask, the padding mask and the 1/√d_k factor switched off on the loaded model."""
@@ -38,6 +38,31 @@ def stage_rows() -> list[gr.Plot]:
                                            elem_id=f"mask-stage-{mask}-{stage}", elem_classes=["mask-stage"],
                                            min_width=STAGE_MIN_WIDTH, visible=False))
     return figures
+
+
+WINDOW_INTRO = """The model run twice on your text (up to its first {n} tokens): as loaded, and with every layer's causal
+mask narrowed to a sliding window of w keys (eq. 6.5), the first g keys still seen by every query (local + global;
+g = 0 is a plain window). Shown: the mask, the chosen layer and head's weights in both runs and their difference,
+the KL divergence of the next-token distribution at each position, and the attention cost counted."""
+
+
+def window_section() -> tuple[tuple, list[gr.Plot]]:
+    """The sliding-window demo: its fields, button and outputs (note, mask, weights, KL, cost, words), and the
+    figures hidden until a result. elem_ids window-*."""
+    gr.Markdown("### Sliding window and local + global attention")
+    gr.Markdown(WINDOW_INTRO.format(n=MAX_WINDOW_TOKENS), elem_classes=["how-to-read"])
+    with gr.Row():
+        size = gr.Number(value=4, label=f"Window w (1–{MAX_WINDOW_TOKENS} keys)", precision=0, min_width=120,
+                         elem_id="window-size")
+        global_tokens = gr.Number(value=0, label="Global tokens g (first keys every query sees)", precision=0,
+                                  min_width=120, elem_id="window-global")
+        button = gr.Button("Run with the window", elem_id="window-run", min_width=120)
+    note = gr.Markdown(elem_id="window-note")
+    figures = [gr.Plot(label=label, elem_id=f"window-{key}", min_width=320, visible=False)
+               for key, label in (("mask", "Window mask"), ("weights", "One head's weights, full vs window"),
+                                  ("kl", "Next-token KL"), ("cost", "Attention cost"))]
+    words = gr.Markdown(elem_id="window-words")
+    return (button, size, global_tokens, [note, *figures, words]), figures
 
 
 def build(services, picker, initial) -> Tab:
@@ -79,6 +104,7 @@ def build(services, picker, initial) -> Tab:
                 entropy_fig = gr.Plot(label="Entropy with and without scaling", elem_id="mask-entropy", min_width=320,
                                       visible=False)
                 entropy_text = gr.Markdown(label="scaling note")
+            window_fields, window_figures = window_section()
     with gr.Accordion("How to read this tab", open=False):
         gr.Markdown(INTRO)
 
@@ -91,6 +117,11 @@ def build(services, picker, initial) -> Tab:
     export = dict(fn=handler(export_data, services, "export_masks"), inputs=inputs, outputs=[export_file, export_note],
                   **ON_ANALYSIS)
     run_checked(export_button.click, services.models, picker.model, fields, export, api_name="export_masks")
+    window_button, window_size, global_size, window_outputs = window_fields
+    window = dict(fn=handler(window_view, services, "window_mask"), outputs=window_outputs, **ON_ANALYSIS,
+                  inputs=[picker.model, text, layer, head, window_size, global_size])
+    run_checked(window_button.click, services.models, picker.model, fields, window, reveal=window_figures,
+                api_name="window_mask")
     return Tab(text=text, layer=layer, head=head, run_event={**run, "api_visibility": "private"},
                opening=opening(services, "masks", run), reveal=figures,
                switched=fields.followed, results=[export_file, export_note], press={note: button})

@@ -11,8 +11,8 @@ from ui.plots.charts import bar_figure, line_figure
 from ui.services import Services
 from ui.services.attention import score_formula
 from ui.services.checks import UserError, check_range, index_of, parse_head
-from ui.services.masks import (MAX_MASK_TOKENS, MAX_STAGE_WINDOW, causal_effect, mask_stages, padding_effect,
-                               qk_for_head, scaling_entropy)
+from ui.services.masks import (MAX_MASK_TOKENS, MAX_STAGE_WINDOW, MAX_WINDOW_TOKENS, causal_effect, mask_stages,
+                               own_window_check, padding_effect, qk_for_head, scaling_entropy, window_effect)
 from ui.services.text import Encoded, encode
 from ui.views import export
 from ui.views.export import named
@@ -213,3 +213,77 @@ def export_data(services: Services, model_name, text_value, layer_index, head_in
               f"The text is read up to its first {MAX_MASK_TOKENS} tokens; nothing is pooled.\n")
     path = export.write(export.zip_of(files, readme), export.filename(name, "masks", index_of(layer), index_of(head)) + ".zip")
     return str(path), f"{len(files)} matrices as CSV: {', '.join(sorted(files))}."
+
+
+def own_window_words(check: dict | None, model_name: str) -> str:
+    """What the loaded model's own window is, and the check that the demo's window reproduces it."""
+    if check is None:
+        return f"{model_name} has no window of its own: every layer reads every earlier key."
+    w = check["window"]
+    words = (f"{model_name} has its own window of {w} keys on {check['sliding']} of its {check['layers']} layers. "
+             f"The demo's mask for w = {w} is {'equal' if check['mask_equal'] else 'NOT equal'} to the family's own "
+             f"on layer {check['sliding_layer']}")
+    if check["full_layer"] is None:
+        how = (f"; running with w = {w} on top changes that layer's weights by at most {check['max_diff']:.1e}")
+    else:
+        how = (f"; with w = {w}, full layer {check['full_layer']} reads exactly the keys sliding layer "
+               f"{check['sliding_layer']} reads")
+    verdict = ", so the demo's window is the family's own (eq. 6.5)." if check["reproduced"] and check["mask_equal"] \
+        else ", so the demo's window does NOT reproduce the family's own here."
+    return words + how + verdict
+
+
+def cost_words(cost: dict, n: int) -> str:
+    (full, windowed), (full_b, windowed_b) = cost["scores"], cost["bytes"]
+    saved = 1 - windowed / full if full else 0.0
+    return (f"Attention cost on these {n} tokens, counted (not timed): each layer's head computes Σ over queries of "
+            f"the keys it reads; over {len(cost['per_layer']['full'])} layers × {cost['heads']} heads that is "
+            f"{full:,} scores with the model's own masks and {windowed:,} with the window ({saved:.1%} fewer). "
+            f"Kept as weights at {cost['itemsize']} bytes each: {full_b:,} bytes against {windowed_b:,} "
+            f"(a dense T × T matrix per head would hold {cost['dense']:,}).")
+
+
+def window_view(services: Services, model_name, text_value, layer_index, head_index, window_size, global_size,
+                progress=None):
+    """The body of the `window_mask` endpoint: the model run as loaded and with a sliding window of w keys (plus
+    the first g keys, a local + global mask) on every layer. Returns the note, the mask, the chosen head's weights
+    (full, windowed, difference), the KL per position, the cost per layer and the words for them."""
+    model = services.models.get(model_name, progress)
+    cfg = model.config
+    if not cfg.causal or cfg.is_encoder_decoder:
+        raise UserError(f"A sliding window narrows a causal mask, so the window demo reads decoder-only models; "
+                        f"{model_name} is {'an encoder-decoder' if cfg.is_encoder_decoder else 'an encoder'}. "
+                        "Pick a decoder such as smollm2-135m-instruct.")
+    layer = check_range("Layer", layer_index, 0, cfg.n_layers - 1)
+    head = parse_head(head_index, cfg.n_heads, allow_mean=False)
+    tokens = encode(model, text_value, MAX_WINDOW_TOKENS)
+    n = len(tokens.ids)
+    if n < 2:
+        raise UserError("The window demo needs at least 2 tokens of text.")
+    window = check_range("Window w", window_size, 1, MAX_WINDOW_TOKENS)
+    global_tokens = check_range("Global tokens g", global_size, 0, MAX_WINDOW_TOKENS)
+    result = window_effect(model, tokens.ids, layer, head, window, global_tokens)
+    kind = f"window w = {window}" + (f" + {global_tokens} global tokens" if global_tokens else "")
+    mask_fig = attention_plots.window_mask_figure(result["mask"], result["own_mask"], f"Mask: {kind}",
+                                                  f"layer {layer}; blue read, orange hidden by the window")
+    weights_fig = attention_plots.window_weights_figure(*result["weights"], f"L{layer} H{head}: full vs {kind}")
+    kl = result["kl"]
+    if kl is None:
+        kl_fig, kl_words = empty_figure(f"{model_name} has no language-model head: no next-token distribution."), ""
+    else:
+        kl_fig = line_figure(np.arange(n), {"KL(full ‖ window)": kl}, "Next-token KL, full → window", "position",
+                             "KL (nats)", reference={f"mean {kl.mean():.4f}": float(kl.mean())},
+                             subtitle="0 where the window hides nothing yet")
+        kl_words = (f"KL from the full run's next-token distribution to the windowed run's: mean {kl.mean():.4f} "
+                    f"nats over {n} positions, largest {kl.max():.4f} at position {int(kl.argmax())}.")
+    per_layer = result["cost"]["per_layer"]
+    cost_fig = bar_figure([str(i) for i in range(cfg.n_layers)], per_layer, "Scores per head, per layer",
+                          "scores computed (Σ keys read)", x_title="layer", text_format=",.0f",
+                          subtitle="counted from the masks, not timed")
+    note = f"⚠️ {tokens.note}" if tokens.note else f"{n} tokens, {kind}."
+    words = " ".join(filter(None, (kl_words, cost_words(result["cost"], n),
+                                   own_window_words(own_window_check(model, tokens.ids), model_name))))
+    return (note, named(mask_fig, export.filename(model_name, f"window-mask-L{layer}")),
+            named(weights_fig, export.filename(model_name, "window-weights", layer, head)),
+            named(kl_fig, export.filename(model_name, "window-kl")),
+            named(cost_fig, export.filename(model_name, "window-cost")), words)
