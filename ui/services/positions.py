@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from core.analysis.inspect import learned_positions, queries_keys, rope_frequencies  # the view reads two here
-from core.layers import apply_rope, sinusoidal_encoding
+from core.layers import alibi_slopes, apply_rope, relative_bucket, rope_inv_freq, sinusoidal_encoding
 from ui.services.checks import UserError, check_range
 from ui.services.text import as_batch, to_numpy
 
@@ -162,6 +162,103 @@ def rope_scores(
         k_rot = apply_rope(k_vec.expand(1, 1, len(distances), -1).contiguous(), k_pos, inv_freq)[0, 0]
         curves[m] = to_numpy((q_rot * k_rot).sum(-1) * scale)
     return curves
+
+
+# ---------------------------------------------------------------- position as a bias, and partial rotary
+
+BIAS_KINDS = ("alibi", "t5", "rope-partial")
+T5_STACKS = ("encoder", "decoder")
+MAX_BIAS_DISTANCE = 2048
+T5_DEFAULT_BUCKETS, T5_DEFAULT_MAX_DISTANCE = 32, 128    # T5's own defaults (eq. 6.4)
+FORMULA_ROTARY_PCT = 0.25                                # GPT-NeoX's rotary_pct, for a model without partial rotary
+FORMULA_ROPE_BASE = 10000.0
+
+
+def check_bias_kind(kind) -> str:
+    if kind not in BIAS_KINDS:
+        raise UserError(f"Kind must be one of {', '.join(BIAS_KINDS)}, got {str(kind)[:40]!r}.")
+    return kind
+
+
+def check_t5_stack(stack) -> str:
+    if stack not in T5_STACKS:
+        raise UserError(f"Stack must be one of {', '.join(T5_STACKS)} (T5's buckets), got {str(stack)[:40]!r}.")
+    return stack
+
+
+def check_bias_distance(value) -> int:
+    return check_range("Max distance", value, 1, MAX_BIAS_DISTANCE)
+
+
+def _bias_of(score_bias, query: int, keys: np.ndarray, device) -> np.ndarray:
+    """A ScoreBias module's bias [H, D] for one query position and keys [D]."""
+    with torch.inference_mode():
+        bias = score_bias(torch.tensor([[query]], device=device), torch.as_tensor(keys, device=device)[None])
+    return to_numpy(bias[0, :, 0].float())                                          # [1, H, 1, D] → [H, D]
+
+
+def alibi_by_distance(model, max_distance: int) -> dict:
+    """ALiBi (eq. 6.3) for distances i − j = 0..max_distance: slopes m_h [H] and bias −m_h·(i − j) [H, D]. The
+    model's own ScoreBias where it has ALiBi (own=True), else the formula for its head count."""
+    cfg = model.config
+    distances = np.arange(0, max_distance + 1)
+    if cfg.score_bias == "alibi":
+        stack = model.attention_stack()[0]
+        slopes = to_numpy(stack.score_bias.slopes.float())
+        bias = _bias_of(stack.score_bias, max_distance, max_distance - distances, model.device)
+        return {"own": True, "distances": distances, "slopes": slopes, "bias": bias}
+    slopes = alibi_slopes(cfg.n_heads).double().numpy()
+    return {"own": False, "distances": distances, "slopes": slopes, "bias": -slopes[:, None] * distances[None]}
+
+
+def t5_by_distance(model, stack: str, max_distance: int) -> dict:
+    """T5's buckets (eq. 6.4) for relative distances j − i = −max_distance..max_distance: the encoder's
+    (bidirectional) and the decoder's (causal) bucket index [D] each, and, on a T5 model, the chosen stack's learned
+    bias per head [H, D] from its own ScoreBias (own=True); otherwise the formula with T5's defaults and no bias."""
+    cfg = model.config
+    own = cfg.score_bias == "relative"
+    n_buckets = cfg.relative_buckets if own else T5_DEFAULT_BUCKETS
+    far = cfg.relative_max_distance if own else T5_DEFAULT_MAX_DISTANCE
+    relative = np.arange(-max_distance, max_distance + 1)                            # j − i
+    delta = torch.as_tensor(relative)
+    buckets = {name: relative_bucket(delta, name == "encoder", n_buckets, far).numpy() for name in T5_STACKS}
+    out = {"own": own, "relative": relative, "buckets": buckets, "n_buckets": n_buckets, "max_far": far,
+           "bias": None}
+    if own:
+        module = (model.encoder if stack == "encoder" else model.stack).score_bias
+        shown = relative if stack == "encoder" else relative[relative <= 0]   # a decoder's later keys are masked
+        out["bias_relative"] = shown
+        out["bias"] = _bias_of(module, max_distance, max_distance + shown, model.device)  # query at max_distance
+    return out
+
+
+def rope_partial_by_distance(model, max_distance: int) -> dict:
+    """Full against partial rotary (eq. 6.2): each dimension's angle per token [d_k] (0 on the dims that pass
+    unrotated) and the score q·R(Δ)k of a fixed pair, q = k = (1, …, 1)/√d_k (1 at Δ = 0), for Δ = 0..max_distance.
+    The model's own θ_i (inv_freq, rotary_dim) stands for whichever it has; the other is the formula at its base."""
+    cfg = model.config
+    head_dim, own_freq = cfg.head_dim, rope_frequencies(model)
+    base = cfg.rope_theta if own_freq is not None else FORMULA_ROPE_BASE
+    partial_dim = 2 * max(1, round(FORMULA_ROTARY_PCT * head_dim / 2))
+    full, partial = rope_inv_freq(head_dim, base), rope_inv_freq(partial_dim, base)
+    own = None
+    if own_freq is not None:
+        own_freq = own_freq.float().cpu()
+        own = "full" if 2 * len(own_freq) >= head_dim else "partial"
+        full, partial = (own_freq, partial) if own == "full" else (full, own_freq)
+    distances = np.arange(0, max_distance + 1)
+    out = {"own": own, "base": base, "head_dim": head_dim, "distances": distances}
+    for name, inv_freq in (("full", full), ("partial", partial)):
+        rotary = 2 * len(inv_freq)
+        half = inv_freq.double().numpy()
+        out[f"{name}_dims"] = rotary
+        # rotate-half: dims i and i + r/2 turn by θ_i together; dims r..d_k pass unrotated
+        out[f"{name}_angle"] = np.concatenate([half, half, np.zeros(head_dim - rotary)])
+        vec = torch.full((1, 1, len(distances), head_dim), head_dim ** -0.5, dtype=torch.float64)
+        q = apply_rope(vec, torch.as_tensor(distances)[None], inv_freq.double())         # q at position Δ
+        k = apply_rope(vec, torch.zeros(1, len(distances), dtype=torch.long), inv_freq.double())  # k at position 0
+        out[f"{name}_score"] = (q * k).sum(-1)[0, 0].numpy()                              # [D]
+    return out
 
 
 # ---------------------------------------------------------------- the permutation check

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ui.services.positions import MAX_PE_DIM, MAX_PE_POSITIONS
+from ui.services.positions import BIAS_KINDS, MAX_BIAS_DISTANCE, MAX_PE_DIM, MAX_PE_POSITIONS, T5_STACKS
 from ui.tabs.events import ON_ANALYSIS, gated, handler, opening
 from ui.tabs.widgets import Tab, export_row, layer_head, read_example, run_checked, upload
-from ui.views.positions import export_data, first_view, permutation_view, positional_view
+from ui.views.positions import export_data, first_view, permutation_view, position_bias_view, positional_view
 
 LEAD = """**How a Transformer knows where each token is**: sinusoids (eq. 4.1 in the repository's docs/theory.md)
 added to the embeddings (eq. 4.2), learned positions, rotary positions, and what a model sees of order with its
@@ -72,6 +72,19 @@ def build(services, picker, initial) -> Tab:
                 angles = gr.Plot(label="Rotation angles", elem_id="pe-rope-angles", min_width=320, visible=False)
                 scores = gr.Plot(label="Score vs distance", elem_id="pe-rope-scores", min_width=320, visible=False)
             rope_text = gr.Markdown(label="RoPE note", elem_id="pe-rope-note")
+            gr.Markdown("### Position as a bias on the scores, and partial rotary (eqs. 6.2–6.4)")
+            with gr.Row():
+                kind = gr.Dropdown(list(BIAS_KINDS), value="alibi", label="Kind", min_width=140, elem_id="pb-kind")
+                stack = gr.Dropdown(list(T5_STACKS), value="encoder", label="T5 stack", min_width=140,
+                                    elem_id="pb-stack")
+                distance = gr.Number(value=64, label=f"Max distance (1–{MAX_BIAS_DISTANCE})", precision=0,
+                                     min_width=120, elem_id="pb-distance")
+            bias_button = gr.Button("Show the bias", elem_id="pb-run")
+            with gr.Row():
+                bias_first = gr.Plot(label="Slopes, buckets or angles", elem_id="pb-first", min_width=320,
+                                     visible=False)
+                bias_second = gr.Plot(label="By distance", elem_id="pb-second", min_width=320, visible=False)
+            bias_note = gr.Markdown(elem_id="pb-note", elem_classes=["field-note"])
             gr.Markdown("### Order without positions: shuffle the tokens")
             perm_text = gr.Markdown(label="permutation check", elem_id="pe-permutation")
     with gr.Accordion("More on reading this tab", open=False):
@@ -89,6 +102,10 @@ def build(services, picker, initial) -> Tab:
     export = dict(fn=handler(export_data, services, "export_positions"), inputs=inputs,
                   outputs=[export_file, export_note], **ON_ANALYSIS)
     run_checked(export_button.click, services.models, picker.model, fields, export, api_name="export_positions")
+    bias_button.click(lambda: (gr.Plot(visible=True),) * 2, None, [bias_first, bias_second], api_visibility="private",
+                      queue=False).then(
+        handler(position_bias_view, services, "position_bias"), [picker.model, kind, stack, distance],
+        [bias_first, bias_second, bias_note], api_name="position_bias", **ON_ANALYSIS)
     first = dict(fn=handler(first_view, services, "first_positions"), inputs=inputs, outputs=[*outputs, perm_text])
     return Tab(text=text, layer=layer, head=head, opening=opening(services, "positions", first), reveal=figures,
                switched=fields.followed, results=[export_file, export_note],

@@ -1,18 +1,20 @@
 """The Positional encoding tab's views: eq. 4.1's sinusoids and their rotation check, the model's learned
 positions, RoPE's angles and its scores on the model's own queries and keys, and the permutation check; the
-bodies of the `positional_encoding`, `permutation_check` and `export_positions` endpoints."""
+bodies of the `positional_encoding`, `position_bias`, `permutation_check` and `export_positions` endpoints."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ui.plots.base import empty_figure
-from ui.plots.charts import line_figure, matrix_heatmap, score_bias_figure
+from ui.plots.charts import bar_figure, line_figure, matrix_heatmap, score_bias_figure
 from ui.services import Services
 from ui.services.checks import UserError, check_range, index_of, parse_head, public_text
 from ui.plots.text import escaped
 from ui.services.attention import score_formula
-from ui.services.positions import (PERMUTATION_TOKENS, check_offset, check_positions, check_sinusoid_size,
+from ui.services.positions import (FORMULA_ROTARY_PCT, PERMUTATION_TOKENS, alibi_by_distance, check_bias_distance,
+                                   check_bias_kind, check_t5_stack, check_offset, rope_partial_by_distance,
+                                   t5_by_distance, check_positions, check_sinusoid_size,
                                    check_start, cosine_similarity, layer_rope_base, layer_rope_frequencies,
                                    pe_shift_check, permutation_check, position_table, rope_scores,
                                    score_bias_by_distance, sinusoidal)
@@ -262,6 +264,85 @@ def positional_view(services: Services, model_name, n_positions, d_model, start_
     score_fig = named(score_fig, export.filename(name, "rope-scores", where.get("layer"), where.get("head")))
     return (heat, dot_fig, sim_fig, check_text, learned_heat, learned_sim, angle_fig, score_fig, rope_text,
             sinusoid_note, dot_note, learned_note)
+
+
+OWN, FORMULA = "this model's own", "the formula, not this model"
+
+
+def alibi_view(model, max_distance: int):
+    """ALiBi's slopes per head and each head's bias against distance (eq. 6.3)."""
+    cfg, out = model.config, alibi_by_distance(model, max_distance)
+    whose = OWN + " ALiBi" if out["own"] else f"{FORMULA} ({cfg.family} has no ALiBi; its {cfg.n_heads} heads)"
+    heads = [f"head {h}" for h in range(len(out["slopes"]))]
+    slopes = bar_figure(heads, {"m_h": out["slopes"]}, f"ALiBi slopes m_h, eq. 6.3: {whose}", "slope m_h",
+                        text_format=".3g")
+    bias = score_bias_figure(out["distances"], out["bias"], f"ALiBi bias −m_h·(i − j) by distance: {whose}")
+    source = "This model's own ALiBi" if out["own"] else "The formula, not this model"
+    note = (f"**{source}** (eq. 6.3): "
+            f"each of the {len(heads)} heads adds −m_h·(i − j) to a score, its slopes 2^(−8h/n) "
+            f"({', '.join(f'{m:.3g}' for m in out['slopes'])}), for distances 0–{max_distance}. Steep heads look "
+            "near, shallow heads far." + ("" if out["own"] else f" {cfg.family} adds no ALiBi to its scores: "
+                                              "these are the slopes ALiBi would give a model with its head count."))
+    return slopes, bias, note
+
+
+def t5_view(model, stack: str, max_distance: int):
+    """T5's bucket of each relative distance, encoder and decoder, and the stack's learned bias per head (eq. 6.4)."""
+    cfg, out = model.config, t5_by_distance(model, stack, max_distance)
+    whose = OWN + " buckets" if out["own"] else f"{FORMULA} (T5's defaults)"
+    series = {"encoder (bidirectional)": out["buckets"]["encoder"], "decoder (causal)": out["buckets"]["decoder"]}
+    buckets = line_figure(out["relative"], series,
+                          f"T5 bucket of j − i, eq. 6.4 ({out['n_buckets']} buckets, shared past "
+                          f"{out['max_far']}): {whose}", "relative distance j − i (key minus query)", "bucket index")
+    source = "This model's own buckets and learned bias" if out["own"] else "The formula, not this model"
+    words = (f"**{source}** (eq. 6.4): {out['n_buckets']} buckets, exact for near keys, logarithmic out to "
+             f"{out['max_far']}, one bucket past it; the encoder splits them between keys before and after the query, the decoder gives "
+             f"all of them to keys at or before it (its later keys are masked, so their bucket 0 is never read).")
+    if out["bias"] is None:
+        reason = f"{cfg.family} has no T5 bias table: there is no learned bias to draw, only the buckets."
+        return buckets, empty_figure(reason), f"{words} {reason}"
+    bias = score_bias_figure(-out["bias_relative"], out["bias"],
+                             f"T5 learned bias by distance, {stack}: {OWN} table (one per stack, every layer)")
+    return buckets, bias, f"{words} The bias is {stack}'s own table, one learned value per head and bucket."
+
+
+def rope_partial_view(model, max_distance: int):
+    """Full against partial rotary (eq. 6.2): each dimension's angle per token, and a fixed pair's score by distance."""
+    cfg, out = model.config, rope_partial_by_distance(model, max_distance)
+    d_k, own = out["head_dim"], out["own"]
+    label = {kind: f"{kind} rotary, {out[kind + '_dims']} of {d_k} dims ({OWN if own == kind else 'the formula'})"
+             for kind in ("full", "partial")}
+    whose = f"{OWN} {own} rotary beside the formula" if own else f"{FORMULA} (base {out['base']:g}, d_k = {d_k})"
+    angles = line_figure(np.arange(d_k), {label[k]: out[f"{k}_angle"] for k in label},
+                         f"RoPE angle per token θ of each dimension, eq. 6.2: {whose}",
+                         "dimension of a head (pairs i and i + r/2 turn together)", "angle per token (rad)")
+    scores = line_figure(out["distances"], {label[k]: out[f"{k}_score"] for k in label},
+                         f"Score of a fixed q·k (q = k = 1/√d_k) by distance Δ: {whose}", "distance Δ (tokens)",
+                         "q·R(Δ)k", reference={"unrotated share of partial": 1 - out["partial_dims"] / d_k})
+    source = (f"**This model's own {own} rotary** (its inv_freq, rotary_dim {out[own + '_dims']}) beside the formula's "
+              f"{'partial' if own == 'full' else 'full'} rotary at its base {out['base']:g}" if own else
+              f"**The formula, not this model**: {cfg.family} does not rotate queries and keys, so both are eq. 6.2 at "
+              f"base {out['base']:g} for its d_k = {d_k}")
+    note = (f"{source}. Partial rotary (GPT-NeoX's rotary_pct; {FORMULA_ROTARY_PCT:g} of d_k where the model has "
+            f"none) turns the first {out['partial_dims']} dims and passes the other {d_k - out['partial_dims']} "
+            f"unrotated (flat at 0): their part of a score ignores distance, so its curve stays above "
+            f"{1 - out['partial_dims'] / d_k:.3g}, while full rotary's sinks toward the mean of cosines.")
+    return angles, scores, note
+
+
+def position_bias_view(services: Services, model_name, kind, stack, max_distance, progress=None):
+    """ALiBi, T5's buckets or partial rotary on the loaded model (its own numbers where it has them, else the
+    formula's); the body of the `position_bias` endpoint. Returns (figure, figure, note)."""
+    kind, stack = check_bias_kind(kind), check_t5_stack(stack)
+    max_distance = check_bias_distance(max_distance)
+    model = services.models.get(model_name, progress)
+    first, second, note = (alibi_view(model, max_distance) if kind == "alibi" else
+                           t5_view(model, stack, max_distance) if kind == "t5" else
+                           rope_partial_view(model, max_distance))
+    views = {"alibi": ("alibi-slopes", "alibi-bias"), "t5": ("t5-buckets", f"t5-bias-{stack}"),
+             "rope-partial": ("rope-partial-angles", "rope-partial-scores")}[kind]
+    return (named(first, export.filename(model_name, views[0])), named(second, export.filename(model_name, views[1])),
+            note)
 
 
 def permutation_view(services: Services, model_name, text_value, progress=None) -> str:
