@@ -1,0 +1,82 @@
+"""The Masks tab's window demo in a real browser (headless Chromium, Playwright), on a tiny random model: after a
+run its four figures (mask, one head's weights full vs windowed, next-token KL, cost) are drawn, no two overlap,
+each stays within the page at 1400 px and on a 390 px phone, and every title stays inside its figure.
+Screenshots window-mask-wide and window-mask-narrow land in tests/screenshots/ (git-ignored)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
+from playwright.sync_api import Page, expect  # noqa: E402
+
+from conftest import open_page, screenshot  # noqa: E402
+from test_browser_masks import overlaps  # noqa: E402
+from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
+
+TIMEOUT_MS = 60_000
+WIDE, NARROW = {"width": 1400, "height": 1000}, {"width": 390, "height": 844}
+FIGURES = ["window-mask", "window-weights", "window-kl", "window-cost"]
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    llama = str(build_tiny_llama(tmp_path_factory.mktemp("window-browser") / "tiny-llama"))
+    demo, url, _ = launch_app([llama], llama)
+    yield url
+    demo.close()
+
+
+def run_window(page: Page) -> dict[str, dict]:
+    """Press the window demo's button, wait for its four figures, and return their boxes (page coordinates)."""
+    expect(page.locator("#window-run")).to_be_attached(timeout=TIMEOUT_MS)
+    page.locator("#window-run").scroll_into_view_if_needed()
+    page.locator("#window-run").click()
+    for elem_id in FIGURES:
+        expect(page.locator(f"#{elem_id} .js-plotly-plot .main-svg").first).to_be_attached(timeout=TIMEOUT_MS)
+    expect(page.locator("#window-words")).to_contain_text("scores with the model's own masks", timeout=TIMEOUT_MS)
+    page.wait_for_timeout(800)  # the last figures' relayout
+    return page.evaluate(
+        """(ids) => Object.fromEntries(ids.map((id) => {
+             const r = document.querySelector(`#${id} .js-plotly-plot`).getBoundingClientRect();
+             return [id, {x: r.x + window.scrollX, y: r.y + window.scrollY, width: r.width, height: r.height}];
+           }))""", FIGURES)
+
+
+def titles_outside(page: Page) -> list[str]:
+    return page.evaluate(
+        """(ids) => ids.flatMap((id) => {
+             const plot = document.querySelector(`#${id} .js-plotly-plot`);
+             const edge = plot.getBoundingClientRect();
+             return [...plot.querySelectorAll('.gtitle, .gtitle-subtitle')].filter((t) => {
+               const r = t.getBoundingClientRect();
+               return r.width > 0 && (r.left < edge.left - 1 || r.right > edge.right + 1);
+             }).map((t) => `${id}: ${t.textContent}`);
+           })""", FIGURES)
+
+
+@pytest.mark.parametrize(("viewport", "shot"), [(WIDE, "window-mask-wide"), (NARROW, "window-mask-narrow")])
+def test_the_window_figures_are_drawn_apart_and_within_the_page(browser, app_url, viewport, shot):
+    context, page, errors = open_page(browser, app_url, viewport)
+    try:
+        page.goto(f"{app_url}?tab=masks")
+        boxes = run_window(page)
+        for i, a in enumerate(FIGURES):
+            assert boxes[a]["width"] > 200 and boxes[a]["height"] > 200, (a, boxes[a])
+            assert boxes[a]["x"] >= -1 and boxes[a]["x"] + boxes[a]["width"] <= viewport["width"] + 1, (a, boxes[a])
+            for b in FIGURES[i + 1:]:
+                assert not overlaps(boxes[a], boxes[b]), (a, boxes[a], b, boxes[b])
+        assert titles_outside(page) == []
+        # the weights figure: full, windowed and their difference, three heatmaps
+        assert page.locator("#window-weights .js-plotly-plot .hm image").count() == 3
+        width = page.evaluate("() => document.documentElement.scrollWidth")
+        assert width <= viewport["width"], f"the page scrolls sideways: {width} px"
+        screenshot(page, shot)
+    finally:
+        context.close()
+    assert not errors, errors
