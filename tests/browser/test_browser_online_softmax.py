@@ -1,0 +1,57 @@
+"""The Inside tab's online softmax (eq. 6.10) in headless Chromium on a tiny random model, at 1400 px and on a
+390 px phone: the block-size input and its button sit under the softmax stage, the figure draws its three panels
+(the running max, the running sum, both softmaxes) inside the page's width, and the bytes table is shown."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
+from playwright.sync_api import expect  # noqa: E402
+
+from conftest import open_page, screenshot  # noqa: E402
+from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
+
+RUN_TIMEOUT_MS = 60_000
+VIEWPORTS = {"wide": {"width": 1400, "height": 1000}, "phone": {"width": 390, "height": 844}}
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    llama = str(build_tiny_llama(tmp_path_factory.mktemp("online-browser") / "tiny-llama"))
+    demo, url, _ = launch_app([llama], llama)
+    yield url
+    demo.close()
+
+
+@pytest.mark.parametrize("name", VIEWPORTS)
+def test_the_online_softmax_draws_under_the_softmax_stage(browser, app_url, name):
+    # a link opens the tab (on a phone the tab strip folds its labels into a menu)
+    context, page, errors = open_page(browser, f"{app_url}?tab=inside", VIEWPORTS[name])
+    try:
+        expect(page.locator("#inside-note")).to_contain_text("through layer 0, head 0", timeout=RUN_TIMEOUT_MS)
+        page.locator("#inside-online").get_by_text("The same softmax, online").click()
+        page.locator("#inside-online-block input").fill("3")
+        page.locator("#inside-online-run").click()
+        expect(page.locator("#inside-online-note")).to_contain_text("differ from the pass's softmax",
+                                                                    timeout=RUN_TIMEOUT_MS)
+        plot = page.locator("#inside-online-figure .js-plotly-plot").first
+        expect(plot).to_be_attached(timeout=RUN_TIMEOUT_MS)
+        assert page.locator("#inside-online-figure .cartesianlayer .subplot").count() == 3
+        assert page.locator("#inside-online-figure .scatterlayer .trace").count() >= 3    # max, m, ℓ, online
+        assert page.locator("#inside-online-figure .barlayer .point").count() > 0         # the plain softmax
+        box, width = plot.bounding_box(), page.viewport_size["width"]
+        assert box["width"] > 0 and box["x"] >= -1 and box["x"] + box["width"] <= width + 1, (box, width)
+        expect(page.locator("#inside-online-bytes table")).to_contain_text("8,192")
+        # the online section sits under the softmax stage and above the output stage
+        below = page.locator("#inside-stage5").bounding_box()["y"] < page.locator("#inside-online").bounding_box()["y"]
+        assert below and page.locator("#inside-online").bounding_box()["y"] < page.locator("#inside-note6").bounding_box()["y"]
+        screenshot(page, f"inside-online-{name}")
+    finally:
+        context.close()
+    assert not errors, f"JavaScript errors in the page: {errors}"
