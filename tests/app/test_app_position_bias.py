@@ -41,7 +41,7 @@ def test_alibi_on_a_rope_model_is_the_formula_for_its_heads(served):
     np.testing.assert_allclose(plotly_array(slopes["data"][0]["y"]), alibi_slopes(4).numpy(), rtol=1e-6)
     head0 = plotly_array(bias["data"][0]["y"])
     np.testing.assert_allclose(head0, -alibi_slopes(4)[0].item() * np.arange(21), rtol=1e-6)
-    assert FORMULA in slopes["layout"]["title"]["text"] and note.startswith("**The formula, not this model**")
+    assert FORMULA in slopes["layout"]["title"]["subtitle"]["text"] and note.startswith("**The formula, not this model**")
 
 
 def test_t5_buckets_are_the_formula_with_t5s_defaults(served):
@@ -49,9 +49,9 @@ def test_t5_buckets_are_the_formula_with_t5s_defaults(served):
     buckets = figure(buckets)
     traces = {t["name"]: plotly_array(t["y"]) for t in buckets["data"]}
     delta = torch.arange(-150, 151)
-    np.testing.assert_array_equal(traces["encoder (bidirectional)"], relative_bucket(delta, True, 32, 128).numpy())
-    np.testing.assert_array_equal(traces["decoder (causal)"], relative_bucket(delta, False, 32, 128).numpy())
-    assert FORMULA in buckets["layout"]["title"]["text"] and "no T5 bias table" in note
+    np.testing.assert_array_equal(traces["encoder"], relative_bucket(delta, True, 32, 128).numpy())
+    np.testing.assert_array_equal(traces["decoder"], relative_bucket(delta, False, 32, 128).numpy())
+    assert buckets["layout"]["title"]["subtitle"]["text"] == FORMULA and "no T5 bias table" in note
 
 
 def test_full_rotary_is_the_models_own_frequencies(served):
@@ -59,7 +59,7 @@ def test_full_rotary_is_the_models_own_frequencies(served):
                                                     api_name="/position_bias")
     own = served["services"].models.get(served["llama"]).inv_freq.double().numpy()   # [d_k/2]
     full = next(t for t in figure(angles)["data"] if t["name"].startswith("full"))
-    assert "this model's own" in full["name"]
+    assert figure(angles)["layout"]["title"]["subtitle"]["text"] == "full: this model's own; partial: the formula"
     np.testing.assert_allclose(plotly_array(full["y"]), np.concatenate([own, own]), rtol=1e-6)
     np.testing.assert_array_equal(plotly_array(figure(scores)["data"][0]["x"]), np.arange(31))
     assert note.startswith("**This model's own full rotary**")

@@ -27,6 +27,11 @@ def view(name: str, kind: str, stack: str = "encoder", distance: int = 40):
     return model, position_bias_view(services, name, kind, stack, distance)
 
 
+def said(fig) -> str:
+    """Whose numbers a figure says it draws: its subtitle."""
+    return fig.layout.title.subtitle.text
+
+
 def lines(fig) -> dict:
     return {trace.name: (np.asarray(trace.x, dtype=np.float64), np.asarray(trace.y, dtype=np.float64))
             for trace in fig.data if trace.name and "no bias" not in trace.name and "share" not in trace.name}
@@ -42,7 +47,7 @@ def test_alibi_is_the_models_own_slopes_and_bias():
     for h, (x, y) in enumerate(drawn.values()):
         np.testing.assert_array_equal(x, np.arange(31))
         np.testing.assert_allclose(y, -own[h] * x, rtol=1e-6, atol=1e-6)
-    assert OWN in slopes.layout.title.text and OWN in bias.layout.title.text
+    assert OWN in said(slopes) and OWN in said(bias)
     assert "This model's own ALiBi" in note
 
 
@@ -53,7 +58,7 @@ def test_alibi_on_a_model_without_it_is_the_formula_for_its_head_count(name):
     np.testing.assert_allclose(np.asarray(slopes.data[0].y, dtype=np.float64), expected, rtol=1e-6)
     for h, (x, y) in enumerate(lines(bias).values()):
         np.testing.assert_allclose(y, -expected[h] * x, rtol=1e-6)
-    assert FORMULA in slopes.layout.title.text and FORMULA in bias.layout.title.text
+    assert FORMULA in said(slopes) and FORMULA in said(bias)
     assert note.startswith("**The formula, not this model**") and "adds no ALiBi" in note
 
 
@@ -62,8 +67,8 @@ def test_t5_buckets_and_bias_are_the_stacks_own_table(stack):
     model, (buckets, bias, note) = view("t5-relu", "t5", stack, distance=50)
     cfg = model.config
     drawn = lines(buckets)
-    x, encoder = drawn["encoder (bidirectional)"]
-    _, decoder = drawn["decoder (causal)"]
+    x, encoder = drawn["encoder"]
+    _, decoder = drawn["decoder"]
     np.testing.assert_array_equal(x, np.arange(-50, 51))
     delta = torch.arange(-50, 51)
     np.testing.assert_array_equal(encoder, relative_bucket(delta, True, cfg.relative_buckets,
@@ -78,15 +83,15 @@ def test_t5_buckets_and_bias_are_the_stacks_own_table(stack):
         index = relative_bucket(torch.as_tensor(relative), stack == "encoder", cfg.relative_buckets,
                                 cfg.relative_max_distance).numpy()
         np.testing.assert_allclose(y, table[index, h], rtol=1e-6)
-    assert OWN in buckets.layout.title.text and OWN in bias.layout.title.text and stack in bias.layout.title.text
+    assert OWN in said(buckets) and OWN in said(bias) and stack in bias.layout.title.text
     assert "This model's own buckets" in note
 
 
 def test_t5_on_another_model_is_the_formula_with_the_defaults_and_no_bias():
     _, (buckets, bias, note) = view("bloom", "t5", "decoder", distance=200)
-    _, encoder = lines(buckets)["encoder (bidirectional)"]
+    _, encoder = lines(buckets)["encoder"]
     np.testing.assert_array_equal(encoder, relative_bucket(torch.arange(-200, 201), True, 32, 128).numpy())
-    assert FORMULA in buckets.layout.title.text and "32 buckets" in buckets.layout.title.text
+    assert said(buckets) == FORMULA and buckets.layout.yaxis.title.text == "bucket (of 32)"
     assert not bias.data and "no T5 bias table" in bias.layout.annotations[0].text
     assert note.startswith("**The formula, not this model**") and "no T5 bias table" in note
 
@@ -110,16 +115,17 @@ def test_partial_and_full_rotary_use_the_models_own_frequencies(name, own):
     drawn_angles, drawn_scores = lines(angles), lines(scores)
     assert len(drawn_angles) == len(drawn_scores) == 2
     for kind, theta in frequencies.items():
-        label = next(k for k in drawn_angles if k.startswith(kind))
-        assert (OWN in label) == (own == kind)
-        rotary = 2 * len(theta)
+        label, rotary = next(k for k in drawn_angles if k.startswith(kind)), 2 * len(theta)
+        assert (f"{kind}: {OWN}" in said(angles)) == (own == kind) and f"{rotary} of {d_k} dims" in label
         _, per_dim = drawn_angles[label]
         np.testing.assert_allclose(per_dim[:rotary], np.concatenate([theta, theta]), rtol=1e-6)
         assert (per_dim[rotary:] == 0).all()                                               # unrotated: flat
         x, y = drawn_scores[label]
         np.testing.assert_allclose(y, closed_form(theta, d_k, x), atol=1e-6)
-    assert (FORMULA in angles.layout.title.text) == (own is None)
+        assert y.min() >= 1 - 2 * rotary / d_k - 1e-6                # the unrotated dims hold the score up
+    assert (said(angles) == said(scores) == FORMULA) == (own is None)
     assert note.startswith("**The formula, not this model**" if own is None else f"**This model's own {own}")
+    assert f"falls to {lines(scores)[next(k for k in drawn_scores if k.startswith('full'))][1].min():.3g}" in note
 
 
 @pytest.mark.parametrize("kind,stack,distance,message", [

@@ -160,7 +160,8 @@ def with_subtitle(fig: go.Figure, subtitle: str | None) -> go.Figure:
     return fig
 
 
-def score_bias_figure(distances: np.ndarray, bias: np.ndarray, title: str, height: int = 380) -> go.Figure:
+def score_bias_figure(distances: np.ndarray, bias: np.ndarray, title: str, height: int = 380,
+                      subtitle: str = "the same in every layer") -> go.Figure:
     """A bias on the attention scores against distance, one line per head: distances [D] (i − j, query minus key;
     negative where the key comes after the query), bias [H, D]. ALiBi's lines are straight, −m_h·(i − j); T5's
     are steps, one learned value per bucket of distance."""
@@ -169,4 +170,4 @@ def score_bias_figure(distances: np.ndarray, bias: np.ndarray, title: str, heigh
         raise ValueError(f"score_bias_figure: bias must be [heads, {len(distances)}], got {list(bias.shape)}")
     return line_figure(np.asarray(distances), {f"head {h}": bias[h] for h in range(bias.shape[0])}, title,
                        "distance i − j (query minus key; negative: the key comes after)", "bias added to the score",
-                       height=height, reference={"no bias": 0.0}, subtitle="the same in every layer")
+                       height=height, reference={"no bias": 0.0}, subtitle=subtitle)

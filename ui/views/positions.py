@@ -272,61 +272,61 @@ OWN, FORMULA = "this model's own", "the formula, not this model"
 def alibi_view(model, max_distance: int):
     """ALiBi's slopes per head and each head's bias against distance (eq. 6.3)."""
     cfg, out = model.config, alibi_by_distance(model, max_distance)
-    whose = OWN + " ALiBi" if out["own"] else f"{FORMULA} ({cfg.family} has no ALiBi; its {cfg.n_heads} heads)"
+    whose = OWN if out["own"] else f"{FORMULA} ({cfg.n_heads} heads)"
     heads = [f"head {h}" for h in range(len(out["slopes"]))]
-    slopes = bar_figure(heads, {"m_h": out["slopes"]}, f"ALiBi slopes m_h, eq. 6.3: {whose}", "slope m_h",
-                        text_format=".3g")
-    bias = score_bias_figure(out["distances"], out["bias"], f"ALiBi bias −m_h·(i − j) by distance: {whose}")
+    slopes = bar_figure(heads, {"m_h": out["slopes"]}, "ALiBi slopes m_h (eq. 6.3)", "slope m_h", text_format=".3g",
+                        subtitle=whose)
+    bias = score_bias_figure(out["distances"], out["bias"], "ALiBi bias −m_h·(i − j) (eq. 6.3)",
+                             subtitle=f"{whose}, every layer")
     source = "This model's own ALiBi" if out["own"] else "The formula, not this model"
-    note = (f"**{source}** (eq. 6.3): "
-            f"each of the {len(heads)} heads adds −m_h·(i − j) to a score, its slopes 2^(−8h/n) "
-            f"({', '.join(f'{m:.3g}' for m in out['slopes'])}), for distances 0–{max_distance}. Steep heads look "
-            "near, shallow heads far." + ("" if out["own"] else f" {cfg.family} adds no ALiBi to its scores: "
-                                              "these are the slopes ALiBi would give a model with its head count."))
+    note = (f"**{source}** (eq. 6.3): each of the {len(heads)} heads adds −m_h·(i − j) to a score, its slopes "
+            f"2^(−8h/n) ({', '.join(f'{m:.3g}' for m in out['slopes'])}), for distances 0–{max_distance}. Steep "
+            "heads look near, shallow heads far." + ("" if out["own"] else f" {cfg.family} adds no ALiBi to its "
+                                                     "scores: these are the slopes ALiBi would give its head count."))
     return slopes, bias, note
 
 
 def t5_view(model, stack: str, max_distance: int):
     """T5's bucket of each relative distance, encoder and decoder, and the stack's learned bias per head (eq. 6.4)."""
     cfg, out = model.config, t5_by_distance(model, stack, max_distance)
-    whose = OWN + " buckets" if out["own"] else f"{FORMULA} (T5's defaults)"
-    series = {"encoder (bidirectional)": out["buckets"]["encoder"], "decoder (causal)": out["buckets"]["decoder"]}
-    buckets = line_figure(out["relative"], series,
-                          f"T5 bucket of j − i, eq. 6.4 ({out['n_buckets']} buckets, shared past "
-                          f"{out['max_far']}): {whose}", "relative distance j − i (key minus query)", "bucket index")
+    series = {"encoder": out["buckets"]["encoder"], "decoder": out["buckets"]["decoder"]}
+    buckets = line_figure(out["relative"], series, "T5 bucket of j − i (eq. 6.4)", "j − i (key minus query)",
+                          f"bucket (of {out['n_buckets']})", subtitle=f"{OWN} buckets" if out["own"] else FORMULA)
     source = "This model's own buckets and learned bias" if out["own"] else "The formula, not this model"
     words = (f"**{source}** (eq. 6.4): {out['n_buckets']} buckets, exact for near keys, logarithmic out to "
-             f"{out['max_far']}, one bucket past it; the encoder splits them between keys before and after the query, the decoder gives "
-             f"all of them to keys at or before it (its later keys are masked, so their bucket 0 is never read).")
+             f"{out['max_far']}, one bucket past it; the encoder (bidirectional) splits them between keys before and "
+             "after the query, the decoder (causal) gives all of them to keys at or before it (its later keys are "
+             "masked, so their bucket 0 is never read).")
     if out["bias"] is None:
         reason = f"{cfg.family} has no T5 bias table: there is no learned bias to draw, only the buckets."
-        return buckets, empty_figure(reason), f"{words} {reason}"
-    bias = score_bias_figure(-out["bias_relative"], out["bias"],
-                             f"T5 learned bias by distance, {stack}: {OWN} table (one per stack, every layer)")
-    return buckets, bias, f"{words} The bias is {stack}'s own table, one learned value per head and bucket."
+        return buckets, empty_figure(f"{cfg.family}: no T5 bias table"), f"{words} {reason}"
+    bias = score_bias_figure(-out["bias_relative"], out["bias"], f"T5 learned bias, {stack} (eq. 6.4)",
+                             subtitle=f"{OWN} table, every layer")
+    return buckets, bias, f"{words} The bias is the {stack}'s own table, one learned value per head and bucket."
 
 
 def rope_partial_view(model, max_distance: int):
     """Full against partial rotary (eq. 6.2): each dimension's angle per token, and a fixed pair's score by distance."""
     cfg, out = model.config, rope_partial_by_distance(model, max_distance)
-    d_k, own = out["head_dim"], out["own"]
-    label = {kind: f"{kind} rotary, {out[kind + '_dims']} of {d_k} dims ({OWN if own == kind else 'the formula'})"
-             for kind in ("full", "partial")}
-    whose = f"{OWN} {own} rotary beside the formula" if own else f"{FORMULA} (base {out['base']:g}, d_k = {d_k})"
+    d_k, own, r = out["head_dim"], out["own"], out["partial_dims"]
+    label = {kind: f"{kind} ({out[kind + '_dims']} of {d_k} dims)" for kind in ("full", "partial")}
+    other = "partial" if own == "full" else "full"
+    whose = f"{own}: {OWN}; {other}: the formula" if own else FORMULA
     angles = line_figure(np.arange(d_k), {label[k]: out[f"{k}_angle"] for k in label},
-                         f"RoPE angle per token θ of each dimension, eq. 6.2: {whose}",
-                         "dimension of a head (pairs i and i + r/2 turn together)", "angle per token (rad)")
+                         "RoPE angle per token θ (eq. 6.2)", "dimension (i and i + r/2 turn together)", "θ (rad)",
+                         subtitle=whose)
     scores = line_figure(out["distances"], {label[k]: out[f"{k}_score"] for k in label},
-                         f"Score of a fixed q·k (q = k = 1/√d_k) by distance Δ: {whose}", "distance Δ (tokens)",
-                         "q·R(Δ)k", reference={"unrotated share of partial": 1 - out["partial_dims"] / d_k})
-    source = (f"**This model's own {own} rotary** (its inv_freq, rotary_dim {out[own + '_dims']}) beside the formula's "
-              f"{'partial' if own == 'full' else 'full'} rotary at its base {out['base']:g}" if own else
+                         "Score q·R(Δ)k, q = k = 1/√d_k (eq. 6.2)", "distance Δ (tokens)", "score",
+                         reference={"unrotated share": 1 - r / d_k}, subtitle=whose)
+    source = (f"**This model's own {own} rotary** (its inv_freq, {out[own + '_dims']} dims) beside the formula's "
+              f"{other} rotary at its base {out['base']:g}" if own else
               f"**The formula, not this model**: {cfg.family} does not rotate queries and keys, so both are eq. 6.2 at "
               f"base {out['base']:g} for its d_k = {d_k}")
     note = (f"{source}. Partial rotary (GPT-NeoX's rotary_pct; {FORMULA_ROTARY_PCT:g} of d_k where the model has "
-            f"none) turns the first {out['partial_dims']} dims and passes the other {d_k - out['partial_dims']} "
-            f"unrotated (flat at 0): their part of a score ignores distance, so its curve stays above "
-            f"{1 - out['partial_dims'] / d_k:.3g}, while full rotary's sinks toward the mean of cosines.")
+            f"none) turns the first {r} dims and passes the other {d_k - r} "
+            f"unrotated (flat at 0): their part of a score ignores distance, so the partial curve swings about that "
+            f"unrotated share, {1 - r / d_k:.3g}, and never falls below {1 - 2 * r / d_k:.3g}; under full rotary every "
+            f"dim turns and nothing holds the score up (here it falls to {out['full_score'].min():.3g}).")
     return angles, scores, note
 
 

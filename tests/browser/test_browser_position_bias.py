@@ -1,0 +1,117 @@
+"""The Positional encoding tab's bias view in a real browser (Debian's Chromium, headless, Playwright), on a tiny
+random Llama: at 1400 × 1000 and on a 390 px phone, the two figures are hidden until the button is pressed, then
+drawn side by side (wide) or one above the other (phone) without overlap, every title inside its figure, the page
+never scrolling sideways, and the note saying whose numbers they are. Screenshots position-bias-wide and
+position-bias-narrow land in tests/screenshots/ (git-ignored)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
+from playwright.sync_api import Page, expect  # noqa: E402
+
+from conftest import drawn, open_page, screenshot  # noqa: E402
+from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
+
+TIMEOUT_MS = 60_000
+NARROW = {"width": 390, "height": 844}
+FIGURES = ["pb-first", "pb-second"]
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    llama = str(build_tiny_llama(tmp_path_factory.mktemp("bias-browser") / "tiny-llama"))
+    demo, url, _ = launch_app([llama], llama)
+    yield url
+    demo.close()
+
+
+def boxes(page: Page) -> dict[str, dict | None]:
+    """The box (page coordinates) of each figure's drawn plot; None where it is not shown."""
+    return page.evaluate(
+        """(ids) => Object.fromEntries(ids.map((id) => {
+             const plot = document.querySelector(`#${id} .js-plotly-plot`);
+             if (!plot || plot.offsetParent === null) return [id, null];
+             const r = plot.getBoundingClientRect();
+             return [id, {x: r.x + window.scrollX, y: r.y + window.scrollY, width: r.width, height: r.height}];
+           }))""",
+        FIGURES,
+    )
+
+
+def titles_outside_their_figure(page: Page) -> list[str]:
+    """Every title, subtitle and note written on a figure that runs past its left or right edge."""
+    return page.evaluate(
+        """(ids) => ids.flatMap((id) => {
+             const plot = document.querySelector(`#${id} .js-plotly-plot`);
+             if (!plot) return [];
+             const edge = plot.getBoundingClientRect();
+             return [...plot.querySelectorAll('.gtitle, .gtitle-subtitle, .annotation-text')].filter((t) => {
+               const r = t.getBoundingClientRect();
+               return r.width > 0 && (r.left < edge.left - 1 || r.right > edge.right + 1);
+             }).map((t) => `${id}: ${t.textContent}`);
+           })""",
+        FIGURES,
+    )
+
+
+def show(page: Page, kind: str) -> None:
+    """Choose the kind, press the button, and wait for both figures and the note."""
+    page.locator("#pb-kind input").click()
+    page.get_by_role("option", name=kind, exact=True).click()
+    page.locator("#pb-run").click()
+    for elem_id in FIGURES:
+        expect(page.locator(f"#{elem_id} .js-plotly-plot .main-svg").first).to_be_attached(timeout=TIMEOUT_MS)
+    expect(page.locator("#pb-note")).to_contain_text("eq. 6.", timeout=TIMEOUT_MS)
+    page.wait_for_timeout(800)  # the figures' relayout
+    drawn(page)
+
+
+def open_tab(page: Page, url: str) -> None:
+    page.goto(f"{url}?tab=positions")
+    expect(page.locator("#pb-run")).to_be_attached(timeout=TIMEOUT_MS)
+    assert all(b is None for b in boxes(page).values())  # no empty figure box before the button
+    page.locator("#pb-run").scroll_into_view_if_needed()
+
+
+def overlaps(a: dict, b: dict) -> bool:
+    return (a["x"] + a["width"] - 1 > b["x"] and b["x"] + b["width"] - 1 > a["x"]
+            and a["y"] + a["height"] - 1 > b["y"] and b["y"] + b["height"] - 1 > a["y"])
+
+
+def test_wide_the_figures_sit_side_by_side_and_say_whose_numbers(page, app_url):
+    open_tab(page, app_url)
+    show(page, "alibi")
+    first, second = boxes(page).values()
+    assert not overlaps(first, second) and first["y"] == pytest.approx(second["y"], abs=2)  # side by side
+    assert titles_outside_their_figure(page) == []
+    expect(page.locator("#pb-note")).to_contain_text("The formula, not this model")
+    show(page, "rope-partial")
+    expect(page.locator("#pb-note")).to_contain_text("This model's own full rotary")
+    assert page.locator("#pb-second .js-plotly-plot .scatterlayer .trace").count() == 2  # full and partial
+    assert titles_outside_their_figure(page) == []
+    screenshot(page, "position-bias-wide")
+
+
+def test_narrow_the_figures_stack_in_one_column_within_the_phone(browser, app_url):
+    context, page, errors = open_page(browser, app_url, NARROW)
+    try:
+        open_tab(page, app_url)
+        show(page, "t5")
+        first, second = boxes(page).values()
+        assert not overlaps(first, second) and first["x"] == pytest.approx(second["x"], abs=2)  # one column
+        assert all(b["x"] + b["width"] <= NARROW["width"] + 1 for b in (first, second)), (first, second)
+        assert titles_outside_their_figure(page) == []
+        width = page.evaluate("() => document.documentElement.scrollWidth")
+        assert width <= NARROW["width"], f"the page scrolls sideways: {width} px"
+        expect(page.locator("#pb-note")).to_contain_text("no T5 bias table")
+        screenshot(page, "position-bias-narrow")
+    finally:
+        context.close()
+    assert not errors, errors
