@@ -61,14 +61,17 @@ def titles_outside_their_figure(page: Page) -> list[str]:
     )
 
 
+EQUATION = {"alibi": "eq. 6.3", "t5": "eq. 6.4", "rope-partial": "eq. 6.2"}  # each kind's note cites its own
+
+
 def show(page: Page, kind: str) -> None:
-    """Choose the kind, press the button, and wait for both figures and the note."""
+    """Choose the kind, press the button, and wait for both figures and this kind's note (not the previous one's)."""
     page.locator("#pb-kind input").click()
     page.get_by_role("option", name=kind, exact=True).click()
     page.locator("#pb-run").click()
     for elem_id in FIGURES:
         expect(page.locator(f"#{elem_id} .js-plotly-plot .main-svg").first).to_be_attached(timeout=TIMEOUT_MS)
-    expect(page.locator("#pb-note")).to_contain_text("eq. 6.", timeout=TIMEOUT_MS)
+    expect(page.locator("#pb-note")).to_contain_text(EQUATION[kind], timeout=TIMEOUT_MS)
     page.wait_for_timeout(800)  # the figures' relayout
     drawn(page)
 

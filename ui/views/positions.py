@@ -318,7 +318,7 @@ def rope_partial_view(model, max_distance: int):
     scores = line_figure(out["distances"], {label[k]: out[f"{k}_score"] for k in label},
                          "Score q·R(Δ)k, q = k = 1/√d_k (eq. 6.2)", "distance Δ (tokens)", "score",
                          reference={"unrotated share": 1 - r / d_k}, subtitle=whose)
-    source = (f"**This model's own {own} rotary** (its inv_freq, {out[own + '_dims']} dims) beside the formula's "
+    source = (f"**This model's own {own} rotary** (eq. 6.2; its inv_freq, {out[own + '_dims']} dims) beside the formula's "
               f"{other} rotary at its base {out['base']:g}" if own else
               f"**The formula, not this model**: {cfg.family} does not rotate queries and keys, so both are eq. 6.2 at "
               f"base {out['base']:g} for its d_k = {d_k}")
