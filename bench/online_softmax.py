@@ -3,8 +3,9 @@ q, k, v: softmax(q·kᵀ/√d_head)·v with the n × n scores and weights, again
 which reads the keys and values a block at a time with each row's running max, sum and output. The two run
 alternately; medians (and ranges) of the repeats, their ratio, the largest difference between the outputs, and
 the bytes each holds beyond q, k, v and the output (softmax_bytes, from the shapes).
-Both are plain PyTorch here, so the online loop's time is its Python steps and smaller matmuls, not a fused
-kernel's: the point it makes is memory, at a measured price in time.
+Both are plain PyTorch here, so the online loop's time is its Python steps and smaller matmuls against the plain
+version's passes over two n × n matrices, not a fused kernel's: the point it makes is memory; the time ratio is
+measured, whichever way it falls on the machine.
 Usage: python bench/online_softmax.py [--tokens 8192] [--block 256] [--d-head 64] [--repeats 5]
 """
 from __future__ import annotations
