@@ -7,8 +7,8 @@ as the app does (core.analysis.capture over every layer and head) at LENGTH toke
 fresh process so that its peak memory (bench/attention.py's PeakRSS; on a GPU torch's peak allocation) is its own.
 Prints medians (ranges) of the repeats, the ratio window/none, and the largest overview cell that lies wholly
 further back than the window (0 when the window is honoured). A core that refuses the window: exit 2. Usage:
-    python bench/window.py [--length 4096] [--window 512] [--layers 30] [--repeats 5] [--device cpu|cuda]
-    python bench/window.py --layers 2 --length 1024 --repeats 1       # a quick check that it runs
+    python bench/variants/window.py [--length 4096] [--window 512] [--layers 30] [--repeats 5] [--device cpu|cuda]
+    python bench/variants/window.py --layers 2 --length 1024 --repeats 1       # a quick check that it runs
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/, for common
 
 from common import long_ids, measured_in_child, median, spread, sync  # noqa: E402
 SMOLLM2 = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
@@ -95,7 +95,7 @@ def main() -> None:
     runs = {key: [] for key in folders}
     for _ in range(args.repeats):
         for key, folder in folders.items():
-            result = measured_in_child("window", str(folder), args.length, args.device, args.window)
+            result = measured_in_child("variants.window", str(folder), args.length, args.device, args.window)
             if "config_error" in result:
                 print(f"this core does not load {key}: {result['config_error']}")
                 raise SystemExit(2)

@@ -6,16 +6,19 @@ the bytes each holds beyond q, k, v and the output (softmax_bytes, from the shap
 Both are plain PyTorch here, so the online loop's time is its Python steps and smaller matmuls against the plain
 version's passes over two n × n matrices, not a fused kernel's: the point it makes is memory; the time ratio is
 measured, whichever way it falls on the machine.
-Usage: python bench/online_softmax.py [--tokens 8192] [--block 256] [--d-head 64] [--repeats 5]
+Usage: python bench/variants/online_softmax.py [--tokens 8192] [--block 256] [--d-head 64] [--repeats 5]
 """
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 
-from common import median, row, spread, timed
-from core.attention import online_attention, softmax_bytes
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/, for common
+from common import median, row, spread, timed  # noqa: E402
+from core.attention import online_attention, softmax_bytes  # noqa: E402
 
 
 def plain_attention(q, k, v):
