@@ -77,7 +77,7 @@ def single_tokens(tokenizer, words: Iterable[str]) -> dict[str, int]:
 def encode_texts(tokenizer, strings: Iterable[str]) -> list[Tensor]:
     """Each string's token ids, 1-D long tensors, as the app encodes a typed text; an empty one is refused by index."""
     if isinstance(strings, str):
-        raise ValueError("encode_texts takes a list of strings, not one string")
+        raise TypeError("encode_texts takes a list of strings, not one string")
     texts = []
     for i, text in enumerate(strings):
         if not isinstance(text, str) or not text.strip():
@@ -113,7 +113,7 @@ def ioi_pairs(tokenizer, n: int, seed: int = 0) -> list[Pair]:
         template = rng.choice(IOI_TEMPLATES)
         io, s = rng.sample(name_list, 2)
         a, b = (io, s) if rng.random() < 0.5 else (s, io)
-        fill = dict(A=a, B=b, PLACE=rng.choice(place_list), OBJECT=rng.choice(object_list))
+        fill = {"A": a, "B": b, "PLACE": rng.choice(place_list), "OBJECT": rng.choice(object_list)}
         pair = ioi_pair(tokenizer, template.format(S=s, **fill), template.format(S=io, **fill),
                         names[io], names[s])
         if pair is not None:
@@ -211,8 +211,9 @@ def read_checked(path: Path, max_bytes: int) -> str:
                          f"{path.suffix or 'a file without a suffix'}")
     size = path.stat().st_size
     if size > max_bytes:
-        raise ValueError(f"{path.name} is {size / 1e6:.2f} MB; the limit is {max_bytes / 1e6:g} MB "
-                         f"(MAX_BYTES = {MAX_BYTES:,} bytes unless max_bytes says otherwise)")
+        raise ValueError(f"{path.name} is {size_words(size)}; the limit is {size_words(max_bytes)} "
+                         f"(MAX_BYTES = {size_words(MAX_BYTES)} unless max_bytes says otherwise); split the corpus "
+                         "into smaller files")
     data = path.read_bytes()
     try:
         return data.decode("utf-8-sig")
@@ -220,6 +221,10 @@ def read_checked(path: Path, max_bytes: int) -> str:
         line = data[:exc.start].count(b"\n") + 1
         raise ValueError(f"{path.name}, line {line}: not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x}); "
                          "save the file as UTF-8 and read it again") from exc
+
+
+def size_words(size: int) -> str:
+    return f"{size / 1e6:.2f} MB" if size >= 100_000 else f"{size:,} bytes"
 
 
 def txt_items(content: str) -> Iterator[tuple[int, str]]:
