@@ -54,32 +54,65 @@ def row_scores(probs: Tensor, ids: Tensor) -> dict[str, Tensor]:
 
 
 class ScoreObserver(Observer):
-    """Scores every layer of one stack as its probabilities are computed; never keeps an n × n map."""
+    """Scores every layer of one stack as its probabilities are computed; never keeps an n × n map.
 
-    def __init__(self, ids: Tensor, kind: Kind = "self"):
-        self.ids, self.kind = ids, kind
-        self.layers: dict[int, dict[str, Tensor]] = {}
+    ids [T] for one text, or [B, T] for a padded batch with mask [B, T] (False on padding, on either side): each
+    row is scored by row_scores on its real queries and keys alone, so a text scores the same in a batch as alone.
+    induction: also the induction score of every row whose text is a repeat (see repeat_halves), else NaN."""
+
+    def __init__(self, ids: Tensor, kind: Kind = "self", mask: Tensor | None = None, induction: bool = False):
+        self.ids, self.kind = (ids if ids.dim() == 2 else ids[None]), kind
+        self.real = [None if mask is None else mask[b].nonzero().squeeze(-1) for b in range(len(self.ids))]
+        self.repeats = [repeat_halves(self.row_ids(b)) for b in range(len(self.ids))] if induction else None
+        self.layers: dict[int, list[dict[str, Tensor]]] = {}
+
+    def row_ids(self, b: int) -> Tensor:
+        """Row b's real tokens [T_b]."""
+        return self.ids[b] if self.real[b] is None else self.ids[b, self.real[b]]
 
     def wants(self, kind: Kind, layer: int) -> bool:
         return kind == self.kind
 
     def __call__(self, kind: Kind, layer: int, probs: Tensor, start: int = 0, n: int | None = None,
                  first_key: int = 0) -> None:
-        self.layers[layer] = row_scores(probs[0], self.ids)
+        rows = []
+        for b, real in enumerate(self.real):
+            p = probs[b] if real is None else probs[b][:, real][:, :, real]            # [H, T_b, T_b]
+            scores = row_scores(p, self.row_ids(b))
+            if self.repeats is not None:
+                found = self.repeats[b]
+                scores["induction"] = (p.new_full((p.shape[0],), math.nan) if found is None
+                                       else induction_score(p, *induction_places(p.shape[1], *found, p.device)))
+            rows.append(scores)
+        self.layers[layer] = rows
+
+    def tables(self) -> dict[str, Tensor]:
+        """name → [B, L, H]"""
+        names = self.layers[0][0].keys()
+        return {name: torch.stack([torch.stack([rows[name] for rows in self.layers[i]]) for i in sorted(self.layers)],
+                                  1) for name in names}
 
     def table(self) -> dict[str, Tensor]:
-        """name → [L, H]"""
-        names = self.layers[0].keys()
-        return {name: torch.stack([self.layers[i][name] for i in sorted(self.layers)]) for name in names}
+        """name → [L, H] of the first (or only) text"""
+        return {name: t[0] for name, t in self.tables().items()}
 
 
 def pattern_scores(model, ids: Tensor) -> dict[str, Tensor]:
     """Every head's attention-pattern scores on one text ids [1, T] (the encoder's, for seq2seq): name → [L, H]."""
+    return {name: t[0] for name, t in batch_pattern_scores(model, ids).items()}
+
+
+def batch_pattern_scores(model, ids: Tensor, mask: Tensor | None = None, induction: bool = False) -> dict[str, Tensor]:
+    """pattern_scores of each text of a padded batch in one pass: ids [B, T], mask [B, T] (False on padding, or
+    None where nothing is) → name → [B, L, H], each row as its text alone scores. induction: add the induction
+    score of each text that is a repeat (NaN for the others; a decoder's, as the probe's)."""
     stack, kind = model.attention_stack()
-    observer = ScoreObserver(ids[0].to(model.device), kind)
+    ids = ids.to(model.device)
+    mask = None if mask is None or bool(mask.all()) else mask.to(model.device).bool()
+    observer = ScoreObserver(ids, kind, mask, induction)
     with torch.inference_mode():
-        model.run_stack(stack, ids.to(model.device), None, kind=kind, causal=stack.cfg.causal, observer=observer)
-    return {name: t.cpu() for name, t in observer.table().items()}
+        model.run_stack(stack, ids, mask, kind=kind, causal=stack.cfg.causal, observer=observer)
+    return {name: t.cpu() for name, t in observer.tables().items()}
 
 
 def induction_probe(vocab_size: int, length: int = 100, seed: int = 0, bos: int | None = None,
@@ -115,7 +148,30 @@ class InductionObserver(Observer):
 
     def __call__(self, kind: Kind, layer: int, probs: Tensor, start: int = 0, n: int | None = None,
                  first_key: int = 0) -> None:
-        self.scores[layer] = probs[0][:, self.queries, self.targets].float().mean(-1)
+        self.scores[layer] = induction_score(probs[0], self.queries, self.targets)
+
+
+def induction_score(probs: Tensor, queries: Tensor, targets: Tensor) -> Tensor:
+    """Each head's mean weight from query queries[i] to key targets[i]: probs [H, T, T] → [H]."""
+    return probs[:, queries, targets].float().mean(-1)
+
+
+def induction_places(n: int, offset: int, length: int, device=None) -> tuple[Tensor, Tensor]:
+    """The probe's queries and keys in a text of n tokens whose `length` tokens from `offset` are repeated right
+    after: every second-copy token is a query, its first one included (each has an earlier copy `length` before
+    it), and the key is the token after that copy (for the first query, the first copy's second token)."""
+    second = torch.arange(offset + length, n, device=device)
+    return second, second - length + 1
+
+
+def repeat_halves(ids: Tensor) -> tuple[int, int] | None:
+    """(offset, length) where the text ids [T] is a span repeated once, after one leading token (a BOS) or none,
+    as the induction probe is; None for any other text."""
+    for offset in (0, 1):
+        length, odd = divmod(len(ids) - offset, 2)
+        if not odd and length > 1 and torch.equal(ids[offset:offset + length], ids[offset + length:]):
+            return offset, length
+    return None
 
 
 def reads_a_target(model) -> str:
@@ -137,10 +193,7 @@ def induction(model, length: int = 100, seed: int = 0) -> InductionResult:
     ids = induction_probe(model.config.vocab_size, length, seed, bos, special).to(model.device)
     offset = 0 if bos is None else 1
     n = ids.shape[1]
-    # every second-copy token is a query, its first one included: each has an earlier copy `length` before it,
-    # and the key is the token after that copy (for the first query, the first copy's second token)
-    second = torch.arange(offset + length, n, device=model.device)
-    target = second - length + 1
+    second, target = induction_places(n, offset, length, model.device)
     observer = InductionObserver(second, target)
     with torch.inference_mode():
         hidden = model(ids, observer=observer, return_logits=False).hidden_states
