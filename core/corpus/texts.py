@@ -227,9 +227,16 @@ def size_words(size: int) -> str:
     return f"{size / 1e6:.2f} MB" if size >= 100_000 else f"{size:,} bytes"
 
 
+def lines_of(content: str) -> list[str]:
+    """The lines as an editor numbers them: split at \n only (str.splitlines also splits at U+2028 and the like,
+    which JSON may hold raw inside a string), a trailing \r dropped."""
+    lines = [line.removesuffix("\r") for line in content.split("\n")]
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
 def txt_items(content: str) -> Iterator[tuple[int, str]]:
     """(first line, text) per text: one a line, or blank-line separated blocks when the file has a blank line."""
-    lines = content.splitlines()
+    lines = lines_of(content)
     if all(line.strip() for line in lines):
         yield from ((i, line) for i, line in enumerate(lines, 1))
         return
@@ -252,7 +259,7 @@ def records(path: Path, content: str, fields: tuple[str, ...]) -> Iterator[tuple
 
 
 def jsonl_records(name: str, content: str) -> Iterator[tuple[int, dict]]:
-    for i, line in enumerate(content.splitlines(), 1):
+    for i, line in enumerate(lines_of(content), 1):
         if not line.strip():
             continue
         try:

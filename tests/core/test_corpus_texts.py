@@ -130,6 +130,16 @@ def test_good_files_of_each_kind_give_the_same_texts(tmp_path, tok):
     assert corpus.read_texts(path) == ["one line\nand its second", "next text"]
 
 
+def test_lines_are_numbered_as_an_editor_numbers_them(tmp_path):
+    # a raw U+2028 inside a JSON string and Windows line ends: neither moves the line a message names
+    raw = json.dumps({"text": "one\u2028line"}, ensure_ascii=False)
+    path = write(tmp_path, "sep.jsonl", (raw + "\r\n" + raw + "\r\n{}\r\n").encode("utf-8"))
+    with pytest.raises(ValueError, match="line 3: no 'text' field"):
+        corpus.read_texts(path)
+    path = write(tmp_path, "crlf.txt", "first\r\nsecond\r\n".encode("utf-8"))
+    assert corpus.read_texts(path) == ["first", "second"]
+
+
 def test_good_pair_files_give_the_same_pairs(tmp_path, tok):
     other = dict(PAIR, clean=PAIR["clean"].replace("drink", "ring"), corrupted=PAIR["corrupted"].replace("drink", "ring"))
     jsonl = write(tmp_path, "p.jsonl", "".join(json.dumps(r) + "\n" for r in (PAIR, other)))
