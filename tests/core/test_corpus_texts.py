@@ -121,7 +121,7 @@ def csv_text(header, rows):
 def test_good_files_of_each_kind_give_the_same_texts(tmp_path, tok):
     files = [write(tmp_path, "lines.txt", "\n".join(TEXTS) + "\n"),
              write(tmp_path, "blocks.txt", "\n\n".join(TEXTS) + "\n\n\n"),
-             write(tmp_path, "t.jsonl", "\n".join(json.dumps({"text": t, "id": i}) for i, t in enumerate(TEXTS)) + "\n\n"),
+             write(tmp_path, "t.jsonl", "".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(TEXTS))),
              write(tmp_path, "t.csv", csv_text(["id", "text"], list(enumerate(TEXTS))))]
     for path in files:
         assert corpus.read_texts(path, tok) == TEXTS, path.name
@@ -141,7 +141,7 @@ def test_lines_are_numbered_as_an_editor_numbers_them(tmp_path):
 
 
 def test_good_pair_files_give_the_same_pairs(tmp_path, tok):
-    other = dict(PAIR, clean=PAIR["clean"].replace("drink", "ring"), corrupted=PAIR["corrupted"].replace("drink", "ring"))
+    other = {key: value.replace("drink", "ring") for key, value in PAIR.items()}
     jsonl = write(tmp_path, "p.jsonl", "".join(json.dumps(r) + "\n" for r in (PAIR, other)))
     table = write(tmp_path, "p.csv", csv_text(list(PAIR), [list(PAIR.values()), list(other.values())]))
     from_jsonl, from_csv = corpus.read_pairs(jsonl, tok), corpus.read_pairs(table, tok)
@@ -166,7 +166,8 @@ BAD_TEXTS = [  # (file name, content, keywords, what the message must contain)
     ("many.txt", "a\nb\nc\nd\n", {"max_items": 3}, ["line 4", "more than 3 items", "MAX_ITEMS"]),
     ("manyblocks.txt", "a\n\nb\n\nc\nc2\n", {"max_items": 2}, ["line 5", "more than 2 items"]),
     ("long.txt", f"short\n{LONG}\n", {"max_tokens": 20}, ["line 2", "40 tokens", "MAX_TOKENS_PER_ITEM"]),
-    ("big.txt", b"\xff" * 64, {"max_bytes": 10}, ["big.txt is 64 bytes; the limit is 10 bytes", "MAX_BYTES = 5.00 MB"]),   # size before encoding
+    # the size is checked before the encoding (these bytes are not UTF-8)
+    ("big.txt", b"\xff" * 64, {"max_bytes": 10}, ["big.txt is 64 bytes; the limit is 10 bytes", "MAX_BYTES = 5.00 MB"]),
     ("corpus.tsv", "a\tb\n", {}, [".txt, .jsonl, .csv", ".tsv"]),
 ]
 
@@ -184,16 +185,18 @@ def pair_line(**changes):
 
 
 BAD_PAIRS = [
-    ("answer.jsonl", pair_line() + pair_line(answer=" Marylebone"), {}, ["line 2", "'answer' ' Marylebone' is", "one token"]),
+    ("answer.jsonl", pair_line() + pair_line(answer=" Marylebone"), {},
+     ["line 2", "'answer' ' Marylebone' is", "one token"]),
     ("foil.jsonl", pair_line(foil=" Johnathanson"), {}, ["line 1", "'foil'", "one token"]),
     ("nofoil.jsonl", pair_line() + json.dumps({k: v for k, v in PAIR.items() if k != "foil"}) + "\n", {},
      ["line 2", "'foil'", "clean, corrupted, answer, foil"]),
-    ("unequal.jsonl", pair_line() + pair_line(corrupted="When Mary and John went to the big store, Mary gave a drink to"),
+    ("unequal.jsonl", pair_line() + pair_line(corrupted=PAIR["corrupted"].replace("the store", "the big store")),
      {}, ["line 2", "the clean prompt is 14 tokens and the corrupted one 15"]),
     ("emptyclean.jsonl", pair_line(clean=""), {}, ["line 1", "'clean' is empty"]),
     ("emptyanswer.csv", csv_text(list(PAIR), [list(PAIR.values()), [PAIR["clean"], PAIR["corrupted"], "", " John"]]),
      {}, ["line 3", "'answer' is empty"]),
-    ("nocolumn.csv", csv_text(["clean", "corrupted", "answer"], [list(PAIR.values())[:3]]), {}, ["line 1", "no foil column"]),
+    ("nocolumn.csv", csv_text(["clean", "corrupted", "answer"], [list(PAIR.values())[:3]]), {},
+     ["line 1", "no foil column"]),
     ("many.jsonl", pair_line() * 3, {"max_items": 2}, ["line 3", "more than 2 items"]),
     ("long.jsonl", pair_line(), {"max_tokens": 10}, ["line 1", "the clean prompt is 14 tokens", "MAX_TOKENS_PER_ITEM"]),
     ("pairs.txt", "clean\tcorrupted\n", {}, [".jsonl or .csv"]),
