@@ -1,0 +1,392 @@
+"""Each single-text analysis over many texts (or prompt pairs), summarised: the mean, its 95 % confidence interval
+and every item's own value. A summary runs the one measurement of core/analysis per item (or per padded batch of
+items, where the measurement takes one) and merges; it never measures a second way.
+
+Every *_over takes progress(done, total), called as items finish; each(index, value), called with every finished
+item's own value as it comes (what a row of per_item holds; a dict of them for head scores, a pair for
+attribution), so a caller can keep them as they stream; and stop(), asked between batches (and between the batches
+inside one item's sweep): a stopped job returns the summary of the items it finished, and its note says how many
+of how many.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..analysis import heads as head_analysis
+from ..analysis import patching
+from ..attention import padding_or_none
+from . import Pair
+
+CONFIDENCE = 0.95          # the interval's coverage
+BATCH_TOKENS = 4096        # head scores: padded tokens in one batch, rows × the batch's longest text
+ABLATION_TEXTS = 8         # ablation_over's default cap on texts: its sweep removes every head once per text
+POSITION_SITES = ("resid_pre", "attn_out", "mlp_out")
+
+Progress = Callable[[int, int], None]
+Each = Callable[[int, object], None]
+Stop = Callable[[], bool]
+
+
+# ---- the summary: mean and Student's t interval over items ----
+
+@dataclass
+class Over:
+    """A measurement over N items: mean, the 95 % confidence interval of the mean [low, high] (Student's t over
+    items: mean ± t_{0.975, n−1} · s/√n, s the sample standard deviation), and every item's value."""
+    mean: Tensor                # [...]
+    low: Tensor                 # [...]: NaN where n < 2
+    high: Tensor                # [...]
+    per_item: Tensor            # [N, ...]
+    n: int
+    note: str = ""              # what the summary leaves out and why: n < 2, skipped items, a stopped job
+    items: tuple[int, ...] = ()     # the index in the input of each row of per_item
+
+
+def summarise(per_item: Tensor, note: str = "", items: Sequence[int] | None = None) -> Over:
+    """The Over of per_item [N, ...]; note: what the caller left out (joined with the n < 2 note here)."""
+    n = per_item.shape[0]
+    values = per_item.double()
+    mean = values.mean(0) if n else values.new_full(values.shape[1:], math.nan)
+    notes = [note] if note else []
+    if n < 2:
+        low = high = torch.full_like(mean, math.nan)
+        notes.append(f"n = {n}: a confidence interval needs at least two items, so low and high are NaN")
+    else:
+        half = t_quantile(0.5 + CONFIDENCE / 2, n - 1) * values.std(0, correction=1) / math.sqrt(n)
+        low, high = mean - half, mean + half
+    kind = per_item.dtype if per_item.is_floating_point() else torch.float32
+    return Over(mean.to(kind), low.to(kind), high.to(kind), per_item, n, "; ".join(notes),
+                tuple(range(n)) if items is None else tuple(items))
+
+
+def incomplete_beta(a: float, b: float, x: float) -> float:
+    """The regularised incomplete beta function I_x(a, b), by its continued fraction (modified Lentz), taken on
+    the side of x where it converges fast: I_x(a, b) = 1 − I_{1−x}(b, a)."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):
+        return 1.0 - incomplete_beta(b, a, 1.0 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    f = d
+    for m in range(1, 10_000):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            f *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return front * f
+
+
+def student_t_cdf(t: float, df: int) -> float:
+    """P(T ≤ t) for Student's t with df degrees of freedom: 1 − ½ I_{df/(df+t²)}(df/2, ½) for t ≥ 0."""
+    tail = 0.5 * incomplete_beta(df / 2, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The t with P(T ≤ t) = p, for ½ ≤ p < 1: bisection on student_t_cdf (it increases with t)."""
+    if not 0.5 <= p < 1 or df < 1:
+        raise ValueError(f"t_quantile needs ½ ≤ p < 1 and df ≥ 1, got p = {p}, df = {df}")
+    low, high = 0.0, 1.0
+    while student_t_cdf(high, df) < p:
+        low, high = high, 2 * high
+    for _ in range(200):
+        middle = (low + high) / 2
+        if middle in (low, high):
+            break
+        low, high = (middle, high) if student_t_cdf(middle, df) < p else (low, middle)
+    return (low + high) / 2
+
+
+# ---- the items of one job: what finished, what was skipped, whether it was stopped ----
+
+class Stopped(Exception):
+    """Raised from inside a measurement's own progress hook when stop() says so: the item under way is dropped."""
+
+
+@dataclass
+class Job:
+    total: int
+    noun: str                   # "text" or "pair", for the notes
+    progress: Progress | None = None
+    stop: Stop | None = None
+    each: Each | None = None
+    values: dict[int, object] = field(default_factory=dict)
+    skipped: dict[int, str] = field(default_factory=dict)
+    stopped: bool = False
+
+    def stopping(self) -> bool:
+        self.stopped = self.stopped or (self.stop is not None and bool(self.stop()))
+        return self.stopped
+
+    def inner(self, _done: int, _total: int) -> None:
+        """The progress hook handed to a sweep inside one item: it ends the sweep when stop() says so."""
+        if self.stopping():
+            raise Stopped
+
+    def finish(self, index: int, value) -> None:
+        self.values[index] = value
+        if self.each is not None:
+            self.each(index, value)
+        self.report()
+
+    def skip(self, index: int, why: str) -> None:
+        self.skipped[index] = why
+        self.report()
+
+    def report(self) -> None:
+        if self.progress is not None:
+            self.progress(len(self.values) + len(self.skipped), self.total)
+
+    def note(self, left_out: dict[int, str] | None = None) -> str:
+        """Which items were skipped and why, and whether the job was stopped."""
+        notes = []
+        left_out = {**self.skipped, **(left_out or {})}
+        if left_out:
+            named = ", ".join(f"{self.noun} {i} ({why})" for i, why in sorted(left_out.items()))
+            notes.append(f"left out {len(left_out)} of {self.total} {self.noun}s: {named}")
+        if self.stopped:
+            notes.append(f"stopped after {len(self.values) + len(self.skipped)} of {self.total} {self.noun}s: "
+                         f"the summary is of the {len(self.values)} finished")
+        return "; ".join(notes)
+
+    def over(self, shape: tuple[int, ...], pick=lambda value: value, left_out: dict[int, str] | None = None) -> Over:
+        """The Over of the finished items (in input order) less those in left_out; shape: one item's value."""
+        kept = [i for i in sorted(self.values) if i not in (left_out or {})]
+        per_item = torch.stack([pick(self.values[i]) for i in kept]) if kept else torch.empty(0, *shape)
+        return summarise(per_item, self.note(left_out), kept)
+
+
+# ---- the inputs, checked ----
+
+def check_ids(model, ids, name: str) -> Tensor:
+    """One prompt: a non-empty 1-D tensor of token ids the model knows; the error names it."""
+    if not isinstance(ids, Tensor) or ids.dim() != 1 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        shape = f"shape {list(ids.shape)}, {ids.dtype}" if isinstance(ids, Tensor) else type(ids).__name__
+        raise ValueError(f"{name} must be a 1-D tensor of integer token ids, got {shape}")
+    if len(ids) == 0:
+        raise ValueError(f"{name} is empty: it needs at least one token")
+    vocab = model.config.vocab_size
+    if ids.min() < 0 or ids.max() >= vocab:
+        raise ValueError(f"{name} has token ids outside the vocabulary 0..{vocab - 1} "
+                         f"(from {int(ids.min())} to {int(ids.max())})")
+    return ids.long()
+
+
+def check_texts(model, texts: Sequence[Tensor]) -> list[Tensor]:
+    """Each text checked by check_ids, the error naming the text by its index."""
+    if len(texts) == 0:
+        raise ValueError("the corpus is empty: give at least one text (a 1-D tensor of token ids)")
+    return [check_ids(model, ids, f"text {i}") for i, ids in enumerate(texts)]
+
+
+def check_pairs(model, pairs: Sequence[Pair]) -> list[Pair]:
+    """Each pair's prompts checked and of one length, its answer and foil token ids that differ; the error names
+    the pair by its index."""
+    if len(pairs) == 0:
+        raise ValueError("no pairs: give at least one Pair(clean, corrupted, answer, foil)")
+    checked = []
+    for i, pair in enumerate(pairs):
+        clean = check_ids(model, pair.clean, f"pair {i}'s clean prompt")
+        corrupted = check_ids(model, pair.corrupted, f"pair {i}'s corrupted prompt")
+        if len(clean) != len(corrupted):
+            raise ValueError(f"pair {i}: the clean prompt has {len(clean)} tokens and the corrupted {len(corrupted)}; "
+                             "a pair needs the same length in both")
+        answer, foil = pair.answer, pair.foil
+        try:
+            answer, foil = patching.check_token(model, answer, "answer"), patching.check_token(model, foil, "foil")
+        except ValueError as error:
+            raise ValueError(f"pair {i}: {error}") from None
+        if answer == foil:
+            raise ValueError(f"pair {i}: the answer and the foil are the same token ({answer}), so their logit "
+                             "difference is 0 everywhere")
+        checked.append(Pair(clean, corrupted, answer, foil))
+    return checked
+
+
+def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Indices grouped shortest first, each group at most batch_tokens rows × its longest length (one text at
+    least): texts of similar length share a batch, so little of it is padding."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches, current = [], []
+    for i in order:
+        if current and (len(current) + 1) * lengths[i] > batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    return batches + ([current] if current else [])
+
+
+def padded(texts: list[Tensor], pad: int) -> tuple[Tensor, Tensor]:
+    """Right-padded ids [B, T_max] and the mask [B, T_max] (True on real tokens)."""
+    width = max(len(t) for t in texts)
+    ids = torch.full((len(texts), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(texts), width, dtype=torch.bool)
+    for row, t in enumerate(texts):
+        ids[row, :len(t)], mask[row, :len(t)] = t, True
+    return ids, mask
+
+
+# ---- the analyses ----
+
+def head_scores_over(model, texts: Sequence[Tensor], batch_tokens: int = BATCH_TOKENS,
+                     progress: Progress | None = None, stop: Stop | None = None,
+                     each: Each | None = None) -> dict[str, Over]:
+    """The Heads tab's attention-pattern scores [L, H] (core/analysis/heads.py row_scores) per text, summarised:
+    kind → Over. Texts of similar length go through together, right-padded with an attention mask, and each is
+    scored on its own tokens alone (ScoreObserver), so a text scores as it does alone. Decoders also get
+    "induction": measured on each text that repeats a span once, after an optional BOS (as the induction probe
+    and induction_texts do); the other texts are left out of that kind and named in its note."""
+    texts = check_texts(model, texts)
+    cfg = model.config
+    induction = cfg.causal and model.encoder is None and model.lm_head is not None
+    job = Job(len(texts), "text", progress, stop, each)
+    pad = cfg.pad_token_id if cfg.pad_token_id is not None and 0 <= cfg.pad_token_id < cfg.vocab_size else 0
+    for batch in length_batches([len(t) for t in texts], batch_tokens):
+        if job.stopping():
+            break
+        ids, mask = padded([texts[i] for i in batch], pad)
+        tables = head_analysis.batch_pattern_scores(model, ids, padding_or_none(mask), induction)   # name → [B, L, H]
+        for row, i in enumerate(batch):
+            job.finish(i, {name: t[row] for name, t in tables.items()})
+    stack_cfg = model.attention_stack()[0].cfg
+    shape = (stack_cfg.n_layers, stack_cfg.n_heads)
+    names = [name for name in head_analysis.SCORES if name not in head_analysis.CAUSAL_ONLY]
+    result = {name: job.over(shape, lambda value, name=name: value[name]) for name in names}
+    if induction:
+        not_repeats = {i: "not a span repeated once" for i, value in job.values.items()
+                       if value["induction"].isnan().all()}
+        result["induction"] = job.over(shape, lambda value: value["induction"], not_repeats)
+    return result
+
+
+def logit_attribution_over(model, pairs: Sequence[Pair], progress: Progress | None = None,
+                           stop: Stop | None = None, each: Each | None = None) -> tuple[Over, Over]:
+    """Direct logit attribution of logit(answer) − logit(foil) on each pair's clean prompt (core/analysis/
+    patching.py logit_attribution), summarised: (heads: Over [L, H], mlps: Over [L]). One pair at a time:
+    logit_attribution reads one prompt's records, and batching pairs would need a second implementation of it."""
+    patching.check_decoder(model, "direct logit attribution")
+    patching.check_pre_norm(model, "direct logit attribution")
+    pairs = check_pairs(model, pairs)
+    job = Job(len(pairs), "pair", progress, stop, each)
+    for i, pair in enumerate(pairs):
+        if job.stopping():
+            break
+        parts = patching.logit_attribution(model, pair.clean[None], pair.answer, pair.foil)
+        job.finish(i, (parts.heads, parts.mlps))
+    cfg = model.config
+    return (job.over((cfg.n_layers, cfg.n_heads), lambda value: value[0]),
+            job.over((cfg.n_layers,), lambda value: value[1]))
+
+
+def by_position(site: str, layer: int | None) -> bool:
+    """Whether a sweep's columns are token positions (every site but the layer × head sweep of z)."""
+    return site in POSITION_SITES or (site == "z" and layer is not None)
+
+
+def check_one_length(pairs: list[Pair]) -> None:
+    """Position sites stack sweeps of one width: every pair of the commonest length, else the others named."""
+    lengths = [len(pair.clean) for pair in pairs]
+    common = max(set(lengths), key=lengths.count)
+    others = [i for i, n in enumerate(lengths) if n != common]
+    if others:
+        named = ", ".join(f"{i} ({lengths[i]})" for i in others[:20]) + (" …" if len(others) > 20 else "")
+        raise ValueError(f"a sweep over positions needs pairs of one token length: most have {common} tokens, "
+                         f"but pairs {named} do not; drop or re-template them, or sweep the heads (site 'z' "
+                         "without a layer), which takes any lengths")
+
+
+def same_metrics(model, pair: Pair) -> float | None:
+    """The logit difference both prompts of the pair give, where it is the same, else None."""
+    with torch.inference_mode():
+        found = [patching.metric(model, model(ids[None].to(model.device), return_logits=False).hidden_states,
+                                 pair.answer, pair.foil).item() for ids in (pair.clean, pair.corrupted)]
+    return found[0] if found[0] == found[1] else None
+
+
+def patch_over(model, pairs: Sequence[Pair], site: str, mode: str = "denoise", layer: int | None = None,
+               progress: Progress | None = None, stop: Stop | None = None,
+               each: Each | None = None) -> Over:
+    """Activation patching (core/analysis/patching.py patch_sweep) of each pair, summarised: per_item holds each
+    pair's normalised scores (1: the clean run's metric, 0: the corrupted run's), and mean is the mean of those
+    scores, not the normalised mean metric. Position sites (resid_pre, attn_out, mlp_out, and z at one layer)
+    need pairs of one token length; the layer × head sweep of z takes any. A pair whose clean and corrupted runs
+    give the same logit difference has no normalised score: it is skipped and named in the note. One pair at a
+    time, each sweep batched over its cells as patch_sweep batches them."""
+    patching.check_decoder(model, "patching")
+    pairs = check_pairs(model, pairs)
+    cfg = model.config
+    if site not in patching.SITES:
+        raise ValueError(f"site must be one of {', '.join(patching.SITES)}, got {site!r}")
+    if mode not in patching.MODES:
+        raise ValueError(f"mode must be 'denoise' or 'noise', got {mode!r}")
+    if layer is not None and (site != "z" or not 0 <= layer < cfg.n_layers):
+        raise ValueError(f"layer= sweeps one layer's heads × positions of site 'z' (layers 0..{cfg.n_layers - 1}); "
+                         f"got site {site!r}, layer {layer}")
+    positions = by_position(site, layer)
+    if positions:
+        check_one_length(pairs)
+    job = Job(len(pairs), "pair", progress, stop, each)
+    for i, pair in enumerate(pairs):
+        if job.stopping():
+            break
+        try:
+            sweep = patching.patch_sweep(model, pair.clean[None], pair.corrupted[None], pair.answer, pair.foil,
+                                         site, mode, layer, progress=job.inner)
+        except Stopped:
+            break
+        except ValueError as error:
+            same = same_metrics(model, pair)
+            if same is None:
+                raise ValueError(f"pair {i}: {error}") from None
+            job.skip(i, f"its clean and corrupted runs give the same logit difference, {same:.4g}")
+            continue
+        job.finish(i, sweep.scores)
+    n = len(pairs[0].clean)
+    if not positions:
+        shape = (cfg.n_layers, cfg.n_heads)
+    else:
+        shape = (cfg.n_heads, n) if site == "z" else (cfg.n_layers, n)
+    return job.over(shape)
+
+
+def ablation_over(model, texts: Sequence[Tensor], ablation: str = "zero", limit: int | None = ABLATION_TEXTS,
+                  batch: int = 16, progress: Progress | None = None, stop: Stop | None = None,
+                  each: Each | None = None) -> Over:
+    """The mean loss increase when each head alone is removed (core/analysis/heads.py ablation_sweep), per text,
+    summarised: Over [L, H]. A sweep runs the model once per head, so by default only the first ABLATION_TEXTS (8)
+    texts are swept, and the note says how many were left; limit=None sweeps them all. progress counts texts;
+    stop() is asked between the sweep's batches too, so a stop lands within one batch of heads."""
+    head_analysis.check_loss_model(model)
+    texts = check_texts(model, texts)
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit is the number of texts to sweep, at least 1 (or None for all), got {limit}")
+    chosen = texts if limit is None else texts[:limit]
+    job = Job(len(chosen), "text", progress, stop, each)
+    for i, ids in enumerate(chosen):
+        if job.stopping():
+            break
+        try:
+            job.finish(i, head_analysis.ablation_sweep(model, ids[None], ablation, batch, progress=job.inner))
+        except Stopped:
+            break
+    over = job.over((model.config.n_layers, model.config.n_heads))
+    if len(chosen) < len(texts):
+        capped = (f"swept the first {len(chosen)} of {len(texts)} texts (limit={limit}: a sweep runs the model "
+                  "once per head and text; pass limit=None for all)")
+        over.note = "; ".join(part for part in (capped, over.note) if part)
+    return over

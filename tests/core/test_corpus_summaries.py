@@ -1,0 +1,174 @@
+"""Analyses over many texts: the mean and its Student's t interval against hand computation, and each *_over equal
+to its single-text analysis run item by item (batched head scores included), with skips, refusals and stops."""
+import math
+
+import pytest
+import torch
+
+from core import load_model
+from core.analysis import heads, patching
+from core.corpus import Pair, summaries
+from tests import tiny
+
+ANSWER, FOIL = 11, 23
+# t_{p, df} from a printed table of Student's t (two-sided 95 % and 99 % columns)
+T_TABLE = {(0.975, 1): 12.7062, (0.975, 2): 4.3027, (0.975, 3): 3.1824, (0.975, 4): 2.7764, (0.975, 5): 2.5706,
+           (0.975, 10): 2.2281, (0.975, 20): 2.0860, (0.975, 30): 2.0423, (0.975, 100): 1.9840,
+           (0.975, 1000): 1.9623, (0.995, 1): 63.6567, (0.995, 5): 4.0321, (0.995, 30): 2.7500, (0.75, 1): 1.0,
+           (0.5, 7): 0.0}
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return load_model(tiny.save(tiny.llama(num_key_value_heads=2)), device="cpu")
+
+
+def random_texts(lengths, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, tiny.VOCAB - 1, (n,), generator=gen) for n in lengths]
+
+
+def random_pair(n, at, seed):
+    """A clean prompt of n random tokens and a corrupted one that differs at the positions `at`."""
+    clean = random_texts([n], seed)[0]
+    corrupted = clean.clone()
+    for p in at:
+        corrupted[p] = (clean[p] + 7) % (tiny.VOCAB - 3) + 3
+    return Pair(clean, corrupted, ANSWER, FOIL)
+
+
+def test_t_quantiles_match_the_table():
+    for (p, df), want in T_TABLE.items():
+        assert summaries.t_quantile(p, df) == pytest.approx(want, abs=1e-4), (p, df)
+    assert summaries.student_t_cdf(summaries.t_quantile(0.975, 7), 7) == pytest.approx(0.975, abs=1e-12)
+    assert summaries.t_quantile(0.975, 100_000) == pytest.approx(1.959985, abs=1e-5)    # the normal's 1.96
+    with pytest.raises(ValueError, match="df ≥ 1"):
+        summaries.t_quantile(0.975, 0)
+
+
+def test_summarise_against_hand_computation():
+    per_item = torch.tensor([[1.0, 2.0], [3.0, 6.0], [5.0, 7.0]])
+    over = summaries.summarise(per_item)
+    assert over.n == 3 and over.items == (0, 1, 2) and over.note == "" and torch.equal(over.per_item, per_item)
+    mean = [3.0, 5.0]
+    s = [2.0, math.sqrt(((2 - 5) ** 2 + (6 - 5) ** 2 + (7 - 5) ** 2) / 2)]            # sample sd, n − 1
+    half = [4.302653 * sd / math.sqrt(3) for sd in s]                                    # t_{0.975, 2}
+    torch.testing.assert_close(over.mean, torch.tensor(mean))
+    torch.testing.assert_close(over.low, torch.tensor([m - h for m, h in zip(mean, half)]))
+    torch.testing.assert_close(over.high, torch.tensor([m + h for m, h in zip(mean, half)]))
+    one = summaries.summarise(per_item[:1], note="text 1 (skipped)")
+    assert one.n == 1 and torch.equal(one.mean, per_item[0]) and one.low.isnan().all() and one.high.isnan().all()
+    assert one.note.startswith("text 1 (skipped); n = 1:") and "at least two" in one.note
+    none = summaries.summarise(torch.empty(0, 2))
+    assert none.n == 0 and none.mean.isnan().all() and "n = 0" in none.note
+
+
+@pytest.mark.parametrize("build", ["llama", "gpt2", "bert"])
+def test_batched_head_scores_equal_each_text_alone(build, llama):
+    model = llama if build == "llama" else load_model(tiny.save(getattr(tiny, build)()), device="cpu")
+    texts = random_texts([9, 4, 13, 1, 9, 6, 12])
+    texts[2][8:] = texts[2][3:8]                                            # duplicate tokens
+    seen = []
+    over = summaries.head_scores_over(model, texts, batch_tokens=30, progress=lambda d, t: seen.append((d, t)))
+    assert seen[-1] == (7, 7) and 1 < len(seen) <= 7                        # several batches, each reported
+    alone = [heads.pattern_scores(model, t[None]) for t in texts]
+    for name in alone[0]:
+        assert over[name].n == 7 and over[name].items == tuple(range(7)) and over[name].per_item.shape == (7, 2, 4)
+        want = torch.stack([a[name] for a in alone])
+        torch.testing.assert_close(over[name].per_item, want, atol=1e-5, rtol=0)
+        torch.testing.assert_close(over[name].mean, want.mean(0), atol=1e-5, rtol=0)
+    assert ("induction" in over) == (build != "bert")
+    assert not over["duplicate_token"].per_item[2].eq(0).all()              # the copies were seen
+
+
+def test_induction_over_repeated_texts_is_the_probes_score(llama):
+    probes = [heads.induction(llama, length, seed) for length, seed in ((12, 0), (20, 1))]   # BOS, then twice
+    texts = [probes[0].ids[0], random_texts([10])[0], probes[1].ids[0], probes[1].ids[0, 1:]]   # the last: no BOS
+    over = summaries.head_scores_over(llama, texts)["induction"]
+    assert over.items == (0, 2, 3) and over.n == 3 and "left out 1 of 4 texts: text 1 (not a span" in over.note
+    for row, probe in zip(over.per_item, probes):
+        torch.testing.assert_close(row, probe.scores, atol=1e-5, rtol=0)
+    assert not torch.allclose(over.per_item[2], over.per_item[1])             # without BOS, other positions
+
+
+def test_a_stopped_job_keeps_its_finished_items(llama):
+    texts = random_texts([5, 5, 8, 8, 8])
+    finished = []
+    over = summaries.head_scores_over(llama, texts, batch_tokens=10, progress=lambda d, t: finished.append(d),
+                                      stop=lambda: len(finished) >= 2)
+    assert over["entropy"].n == 2 and over["entropy"].items == (0, 1)
+    assert "stopped after 2 of 5 texts" in over["entropy"].note
+    # a sweep stops between its own batches: the pair under way is dropped, the finished one kept
+    calls, streamed = [], {}
+    pairs = [random_pair(7, (3,), seed) for seed in range(3)]
+    patched = summaries.patch_over(llama, pairs, "z", progress=lambda d, t: calls.append(d),
+                                   stop=lambda: len(calls) >= 1, each=streamed.__setitem__)
+    assert patched.n == 1 and "stopped after 1 of 3 pairs" in patched.note
+    assert list(streamed) == [0] and torch.equal(streamed[0], patched.per_item[0])
+    one = patching.patch_sweep(llama, pairs[0].clean[None], pairs[0].corrupted[None], ANSWER, FOIL, "z")
+    torch.testing.assert_close(patched.per_item[0], one.scores)
+
+
+def test_logit_attribution_over_is_the_mean_of_each_pairs(llama):
+    pairs = [random_pair(n, (2,), seed) for seed, n in enumerate((6, 9, 7))]
+    head_over, mlp_over = summaries.logit_attribution_over(llama, pairs)
+    each = [patching.logit_attribution(llama, p.clean[None], ANSWER, FOIL) for p in pairs]
+    torch.testing.assert_close(head_over.per_item, torch.stack([e.heads for e in each]))
+    torch.testing.assert_close(mlp_over.mean, torch.stack([e.mlps for e in each]).mean(0))
+    assert head_over.mean.shape == (2, 4) and mlp_over.mean.shape == (2,) and head_over.n == mlp_over.n == 3
+
+
+def test_patch_over_is_the_mean_of_single_pair_sweeps(llama):
+    pairs = [random_pair(8, at, seed) for seed, at in enumerate(((2,), (5,), (1, 6)))]
+    pairs.insert(1, Pair(pairs[0].clean, pairs[0].clean.clone(), ANSWER, FOIL))   # the same metric on both runs
+    for site, layer in (("resid_pre", None), ("z", 1)):
+        over = summaries.patch_over(llama, pairs, site, "denoise", layer)
+        sweeps = [patching.patch_sweep(llama, p.clean[None], p.corrupted[None], ANSWER, FOIL, site, "denoise", layer)
+                  for p in (pairs[0], pairs[2], pairs[3])]
+        by_hand = torch.stack([s.scores for s in sweeps])
+        assert over.items == (0, 2, 3) and over.n == 3 and "pair 1 (its clean and corrupted runs give" in over.note
+        torch.testing.assert_close(over.per_item, by_hand)
+        torch.testing.assert_close(over.mean, by_hand.mean(0))
+        metrics = torch.stack([s.metrics for s in sweeps]).mean(0)            # not the normalised mean metric
+        clean = sum(s.clean_metric for s in sweeps) / 3
+        corrupted = sum(s.corrupted_metric for s in sweeps) / 3
+        assert not torch.allclose(over.mean, (metrics - corrupted) / (clean - corrupted))
+
+
+def test_head_sites_take_any_lengths_and_position_sites_refuse_them(llama):
+    pairs = [random_pair(n, (2,), seed) for seed, n in enumerate((8, 6, 8, 11))]
+    over = summaries.patch_over(llama, pairs, "z", "noise")
+    assert over.per_item.shape == (4, 2, 4) and over.n == 4
+    one = patching.patch_sweep(llama, pairs[3].clean[None], pairs[3].corrupted[None], ANSWER, FOIL, "z", "noise")
+    torch.testing.assert_close(over.per_item[3], one.scores)
+    with pytest.raises(ValueError, match=r"most have 8 tokens, but pairs 1 \(6\), 3 \(11\) do not"):
+        summaries.patch_over(llama, pairs, "resid_pre")
+    with pytest.raises(ValueError, match="pair 1: the clean prompt has 6 tokens and the corrupted 5"):
+        summaries.patch_over(llama, [pairs[0], Pair(pairs[1].clean, pairs[1].corrupted[:5], 3, 4)], "z")
+    with pytest.raises(ValueError, match="pair 0: the answer and the foil are the same token"):
+        summaries.logit_attribution_over(llama, [Pair(pairs[0].clean, pairs[0].corrupted, 5, 5)])
+    with pytest.raises(ValueError, match="text 1 is empty"):
+        summaries.head_scores_over(llama, [pairs[0].clean, torch.tensor([], dtype=torch.long)])
+
+
+def test_ablation_over_caps_its_texts_and_equals_each_sweep(llama):
+    texts = random_texts([7, 10, 5])
+    over = summaries.ablation_over(llama, texts, limit=2)
+    assert over.n == 2 and "swept the first 2 of 3 texts (limit=2" in over.note
+    want = torch.stack([heads.ablation_sweep(llama, t[None]) for t in texts[:2]])
+    torch.testing.assert_close(over.per_item, want)
+    assert summaries.ABLATION_TEXTS == 8 and "8" in summaries.ablation_over.__doc__
+
+
+def test_smollm2_scores_texts_of_different_lengths_in_one_batch_as_alone(smollm):
+    tok = smollm.tokenizer
+    strings = ["When Mary and John went to the store, John gave a drink to",
+               "The cat sat on the mat.", "One two three four five six seven eight, one two three four"]
+    texts = [torch.tensor(tok(s)["input_ids"]) for s in strings]
+    assert len({len(t) for t in texts}) == 3
+    over = summaries.head_scores_over(smollm, texts)
+    for i, t in enumerate(texts):
+        alone = heads.pattern_scores(smollm, t[None])
+        for name, table in alone.items():
+            torch.testing.assert_close(over[name].per_item[i], table, atol=1e-5, rtol=0)
+    assert over["first_token"].n == 3 and (over["first_token"].low <= over["first_token"].mean).all()
