@@ -26,6 +26,7 @@ CONFIDENCE = 0.95          # the interval's coverage
 BATCH_TOKENS = 4096        # head scores: padded tokens in one batch, rows × the batch's longest text
 ABLATION_TEXTS = 8         # ablation_over's default cap on texts: its sweep removes every head once per text
 POSITION_SITES = ("resid_pre", "attn_out", "mlp_out")
+NAMED = 20                 # items a note or an error names before it says "…"
 
 Progress = Callable[[int, int], None]
 Each = Callable[[int, object], None]
@@ -157,7 +158,8 @@ class Job:
         notes = []
         left_out = {**self.skipped, **(left_out or {})}
         if left_out:
-            named = ", ".join(f"{self.noun} {i} ({why})" for i, why in sorted(left_out.items()))
+            named = ", ".join(f"{self.noun} {i} ({why})" for i, why in sorted(left_out.items())[:NAMED])
+            named += " …" if len(left_out) > NAMED else ""
             notes.append(f"left out {len(left_out)} of {self.total} {self.noun}s: {named}")
         if self.stopped:
             notes.append(f"stopped after {len(self.values) + len(self.skipped)} of {self.total} {self.noun}s: "
@@ -304,7 +306,7 @@ def check_one_length(pairs: list[Pair]) -> None:
     common = max(set(lengths), key=lengths.count)
     others = [i for i, n in enumerate(lengths) if n != common]
     if others:
-        named = ", ".join(f"{i} ({lengths[i]})" for i in others[:20]) + (" …" if len(others) > 20 else "")
+        named = ", ".join(f"{i} ({lengths[i]})" for i in others[:NAMED]) + (" …" if len(others) > NAMED else "")
         raise ValueError(f"a sweep over positions needs pairs of one token length: most have {common} tokens, "
                          f"but pairs {named} do not; drop or re-template them, or sweep the heads (site 'z' "
                          "without a layer), which takes any lengths")
