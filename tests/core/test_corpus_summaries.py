@@ -172,3 +172,14 @@ def test_smollm2_scores_texts_of_different_lengths_in_one_batch_as_alone(smollm)
         for name, table in alone.items():
             torch.testing.assert_close(over[name].per_item[i], table, atol=1e-5, rtol=0)
     assert over["first_token"].n == 3 and (over["first_token"].low <= over["first_token"].mean).all()
+
+
+def test_left_padding_scores_as_right_padding(llama):
+    texts = random_texts([4, 9])
+    right, mask = summaries.padded(texts, 0)
+    left = torch.stack([right[1], torch.cat([torch.zeros(5, dtype=torch.long), texts[0]])])
+    left_mask = torch.stack([mask[1], mask[0].flip(0)])
+    by_left = heads.batch_pattern_scores(llama, left, left_mask)
+    by_right = heads.batch_pattern_scores(llama, right, mask)
+    for name, table in by_right.items():
+        torch.testing.assert_close(by_left[name], table.flip(0), atol=1e-5, rtol=0)
