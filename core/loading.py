@@ -48,7 +48,7 @@ def read_config(folder: Path) -> tuple[ModelConfig, ModuleType]:
 
 # What a model trained in this project's lab may change that its family's config cannot say (core/train.py)
 OVERRIDES = {"positional": ("learned", "sinusoidal", "rope", "none"), "norm_placement": ("pre", "post"),
-             "scale_attention": (True, False)}
+             "scale_attention": (True, False), "score_bias": ("none", "alibi")}
 
 
 def with_overrides(cfg: ModelConfig, overrides: dict | None) -> ModelConfig:

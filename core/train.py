@@ -55,8 +55,11 @@ def decode(ids) -> str:
 
 # ---- tasks ----
 
-def letters(rng: random.Random, n: int) -> str:
-    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(n))
+def letters(rng: random.Random, n: int, alphabet: str = "abcdefghijklmnopqrstuvwxyz") -> str:
+    return "".join(rng.choice(alphabet) for _ in range(n))
+
+
+SYMBOLS = CHARS[:62]  # digits and both cases: repeats in a long text are rarer than with 26 letters
 
 
 def date_example(rng: random.Random) -> tuple[str, str]:
@@ -67,6 +70,7 @@ def date_example(rng: random.Random) -> tuple[str, str]:
 
 TASKS: dict[str, Callable[[random.Random, int, int], tuple[str, str]]] = {
     "copy": lambda rng, lo, hi: (s := letters(rng, rng.randint(lo, hi)), s),
+    "copy-62": lambda rng, lo, hi: (s := letters(rng, rng.randint(lo, hi), "".join(SYMBOLS)), s),
     "reverse": lambda rng, lo, hi: (s := letters(rng, rng.randint(lo, hi)), s[::-1]),
     "sort": lambda rng, lo, hi: (s := "".join(rng.choice("0123456789") for _ in range(rng.randint(lo, hi))),
                                  "".join(sorted(s))),
@@ -95,6 +99,9 @@ def examples(task: str, seed: int, n: int, held: bool, lengths: tuple[int, int])
 
 # ---- models ----
 
+POSITION_KINDS = ("sinusoidal", "learned", "rope", "alibi", "relative", "none")
+SCORE_BIASES = {"alibi": "alibi", "relative": "relative"}  # kinds said by a term on the scores, not the vectors
+
 @dataclass
 class LabConfig:
     task: str = "reverse"
@@ -104,7 +111,8 @@ class LabConfig:
     n_heads: int = 4
     d_ff: int = 256
     dropout: float = 0.0
-    positions: str | None = None    # None: the family's own; "sinusoidal" | "learned" | "rope" | "none"
+    positions: str | None = None    # None: the family's own; "sinusoidal" | "learned" | "rope" | "alibi" |
+                                    # "relative" (T5's buckets; both decoder only) | "none"
     norm: str | None = None         # None: the family's own; "pre" | "post"
     causal_mask: bool = True        # in the decoder, while training
     scale: bool = True              # 1/√d_k
@@ -119,6 +127,8 @@ class LabConfig:
     eval_examples: int = 200
     time_budget: float | None = None  # seconds; the run stops after it
     snapshot_steps: tuple[int, ...] = ()  # after these steps, keep the attention on the first held-out example
+    max_len: int = 64               # positions the model has: the learned table's rows; longest sequence any task
+                                    # makes here, with its special tokens, by default
 
     def check(self) -> None:
         if self.task not in TASKS:
@@ -132,8 +142,10 @@ class LabConfig:
                 raise ValueError(f"{name} must be between {lo} and {hi}, got {value}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})")
-        if self.positions not in (None, "sinusoidal", "learned", "rope", "none"):
-            raise ValueError(f"positions must be sinusoidal, learned, rope or none, got {self.positions!r}")
+        if self.positions not in (None, *POSITION_KINDS):
+            raise ValueError(f"positions must be one of {', '.join(POSITION_KINDS)}, got {self.positions!r}")
+        if self.positions in SCORE_BIASES and self.family != "llama":
+            raise ValueError(f"{self.positions} positions are a bias on a decoder's scores here: family 'llama' only")
         if self.positions == "rope" and (self.d_model // self.n_heads) % 2:
             raise ValueError("rotary positions need an even head size (d_model / n_heads)")
         if self.norm not in (None, "pre", "post"):
@@ -149,12 +161,10 @@ class LabConfig:
         lo, hi = self.lengths
         if not 1 <= lo <= hi <= 20:
             raise ValueError(f"lengths must be 1 ≤ shortest ≤ longest ≤ 20, got {self.lengths}")
+        if not 8 <= self.max_len <= 4096:
+            raise ValueError(f"max_len must be between 8 and 4096, got {self.max_len}")
         if any(not 0 <= s <= self.steps for s in self.snapshot_steps):
             raise ValueError(f"snapshot steps must lie in 0..{self.steps}, got {list(self.snapshot_steps)}")
-
-    @property
-    def max_len(self) -> int:
-        return 64  # longest sequence any task makes here, with its special tokens
 
 
 def model_config(lab: LabConfig) -> ModelConfig:
@@ -176,7 +186,9 @@ def model_config(lab: LabConfig) -> ModelConfig:
             positional="rope", norm="rmsnorm", norm_placement="pre", causal=True, is_encoder_decoder=False,
             activation="silu", gated_ffn=True, qkv_bias=False, out_bias=False, ffn_bias=False, norm_bias=False,
             tie_word_embeddings=True, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS)
-    return replace(cfg, positional=lab.positions or cfg.positional, norm_placement=lab.norm or cfg.norm_placement,
+    positional = "none" if lab.positions in SCORE_BIASES else lab.positions or cfg.positional
+    return replace(cfg, positional=positional, score_bias=SCORE_BIASES.get(lab.positions, "none"),
+                   norm_placement=lab.norm or cfg.norm_placement,
                    final_norm=(lab.norm or cfg.norm_placement) == "pre", scale_attention=lab.scale,
                    dropout=lab.dropout)
 
@@ -439,7 +451,7 @@ def hf_config(lab: LabConfig) -> dict:
                    rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta, attention_bias=False, mlp_bias=False, **common)
     if not standard(lab):  # what the family's own reader would get wrong; core.loading applies it
         raw["attention_explorer"] = dict(positional=cfg.positional, norm_placement=cfg.norm_placement,
-                                         scale_attention=cfg.scale_attention)
+                                         scale_attention=cfg.scale_attention, score_bias=cfg.score_bias)
     return raw
 
 
@@ -488,6 +500,9 @@ def save(run: Run, folder: str | Path) -> Path:
     from safetensors.torch import save_file
     from .families import family_for
     from .store.manifest import write_manifest
+    if run.lab.positions == "relative":
+        raise ValueError("a run with T5-style relative positions cannot be kept: the Llama layout its folder uses "
+                         "has no place for the bias table")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     raw = hf_config(run.lab)
@@ -514,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--d-ff", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--positions", choices=["sinusoidal", "learned", "rope", "none"])
+    parser.add_argument("--positions", choices=list(POSITION_KINDS))
     parser.add_argument("--no-positions", action="store_true", help="the same as --positions none")
     parser.add_argument("--no-causal-mask", action="store_true")
     parser.add_argument("--no-scale", action="store_true")

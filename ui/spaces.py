@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 ZERO_GPU_SETTING = "SPACES_ZERO_GPU"
 PERSISTENT_STORAGE = Path("/data")  # a Space's persistent storage, when it has some
 GPU_SECONDS = 120  # the longest a ZeroGPU call may hold the GPU: a long sweep or capture on a small GPU slice
+CPU_EVENTS = ("extrapolation",)  # long jobs of their own small models on the CPU: no GPU to hold, longer than its slice
 
 
 def on_space() -> bool:
@@ -56,7 +57,7 @@ def on_gpu(demo: gr.Blocks, groups: tuple[str, ...]) -> list[str]:
         return []
     decorated = []
     for block_fn in demo.fns.values():
-        if block_fn.fn is None or block_fn.concurrency_id not in groups:
+        if block_fn.fn is None or block_fn.concurrency_id not in groups or block_fn.api_name in CPU_EVENTS:
             continue
         block_fn.fn = spaces.GPU(duration=GPU_SECONDS)(block_fn.fn)
         decorated.append(block_fn.api_name or block_fn.name)

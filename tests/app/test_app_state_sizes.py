@@ -114,6 +114,7 @@ def calls(llama: str, upload: str) -> list[tuple[str, tuple]]:
         ("lab_attention", ("run1", "abcdefghij")),
         ("save_run", ("run1", "sizes-run")),
         ("export_lab", ()),
+        ("extrapolation", (["none"], 10, 0)),
     ]
 
 

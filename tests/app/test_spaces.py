@@ -51,10 +51,12 @@ def test_on_zero_gpu_the_model_events_and_only_they_run_under_spaces_gpu(fake_sp
     assert {"attention", "generate", "mask_demo", "positional_encoding", "head_atlas", "load_model"} <= on_gpu
     for fn in demo.fns.values():
         decorated = hasattr(fn.fn, "zerogpu_duration")
-        assert decorated == (fn.concurrency_id in MODEL_GROUPS), fn.api_name or fn.name
+        cpu_only = fn.api_name in space_support.CPU_EVENTS
+        assert decorated == (fn.concurrency_id in MODEL_GROUPS and not cpu_only), fn.api_name or fn.name
         if decorated:
             assert fn.fn.zerogpu_duration == space_support.GPU_SECONDS
     assert "load_text" not in on_gpu and "train" not in on_gpu  # reading a file, the Lab's CPU job
+    assert "extrapolation" not in on_gpu  # a CPU training job of minutes: ZeroGPU's slice would cut it
 
 
 def test_without_zero_gpu_nothing_is_decorated_and_spaces_is_not_imported(monkeypatch, tmp_path):

@@ -109,3 +109,93 @@ def heatmap_grid(maps: np.ndarray, row_names: Sequence[str], col_names: Sequence
     fig.update_annotations(font={"size": 11})
     fig.update_layout(meta={"rows": list(row_names), "cols": list(col_names), "queries": n_q, "keys": n_k})
     return fig
+
+
+@dataclass
+class KindLine:
+    """One kind of position in the extrapolation figures: accuracy per tested length (None where the model cannot
+    read that length), and accuracy at each target place of the longest tested length (empty where refused)."""
+
+    kind: str
+    accuracy: list[float | None]  # [len(lengths)], 0..1
+    by_place: list[float]  # [symbols + 1]: each copied symbol, then <eos>
+
+
+KIND_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#7f7f7f")
+
+
+def extrapolation_accuracy(lines: Sequence[KindLine], lengths: Sequence[int], trained: int, chance: float,
+                           title: str) -> go.Figure:
+    """Left: accuracy against the number of symbols copied, one line per kind, the longest trained length marked;
+    a kind with no number at a length (no row in its table) has no point there. Right: accuracy at each place of
+    the longest copy, which shows where past the trained length each kind breaks."""
+    if not lines:
+        return empty_figure("No result yet: press Run.")
+    longest = max(lengths)
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
+                        subplot_titles=("accuracy by length (symbols copied)", f"accuracy by place, {longest} symbols"))
+    for i, line in enumerate(lines):
+        colour = KIND_COLOURS[i % len(KIND_COLOURS)]
+        y = [None if a is None else 100 * a for a in line.accuracy]
+        fig.add_trace(go.Scatter(x=list(lengths), y=y, mode="lines+markers", name=line.kind, legendgroup=line.kind,
+                                 line={"color": colour}, marker={"size": 8},
+                                 hovertemplate="%{x} symbols<br>accuracy %{y:.1f} %<extra>" + line.kind + "</extra>"),
+                      row=1, col=1)
+        if line.by_place:
+            places = list(range(1, len(line.by_place) + 1))
+            fig.add_trace(go.Scatter(x=places, y=[100 * a for a in line.by_place], mode="lines", name=line.kind,
+                                     legendgroup=line.kind, showlegend=False, line={"color": colour, "width": 1.5},
+                                     hovertemplate="place %{x}<br>accuracy %{y:.1f} %<extra>" + line.kind +
+                                                   "</extra>"),
+                          row=1, col=2)
+    for col, x in ((1, trained), (2, trained + 0.5)):
+        fig.add_vline(x=x, line={"dash": "dot", "color": "#555"}, row=1, col=col)
+    fig.add_hline(y=100 * chance, line={"dash": "dash", "color": "#bbb"}, row=1, col=1)
+    fig.add_annotation(x=trained, y=104, text=f"trained ≤ {trained}", showarrow=False, xanchor="left", yanchor="bottom",
+                       font={"size": 10}, row=1, col=1)
+    base_layout(fig, title, 420, top=80)
+    fig.update_yaxes(range=[-3, 110], ticksuffix=" %")
+    fig.update_xaxes(tickvals=list(lengths), title_text="symbols copied", row=1, col=1)
+    fig.update_xaxes(title_text=f"place in the copy (the {longest + 1}th is <eos>)", row=1, col=2)
+    fig.update_layout(legend={"orientation": "h", "y": -0.25}, hovermode="closest",
+                      meta={"kinds": [line.kind for line in lines], "lengths": list(lengths)})
+    return fig
+
+
+@dataclass
+class HeadPanel:
+    """One kind's chosen head on one text: weights [T, T] and the text's tokens, or a reason in place of a map."""
+
+    title: str
+    weights: np.ndarray | None
+    tokens: Sequence[str]
+
+
+def attention_panels(panels: Sequence[HeadPanel], title: str, columns: int = 3) -> go.Figure:
+    """One attention map per panel, each of its own size, on one 0..1 colour scale; a panel without a map shows
+    its reason as text."""
+    if not panels:
+        return empty_figure("No result yet: press Run.")
+    columns = min(columns, len(panels))
+    rows = -(-len(panels) // columns)
+    fig = make_subplots(rows=rows, cols=columns, subplot_titles=[p.title for p in panels],
+                        horizontal_spacing=0.06, vertical_spacing=0.1)
+    for i, panel in enumerate(panels):
+        r, c = divmod(i, columns)
+        if panel.weights is None:
+            fig.add_trace(go.Scatter(x=[0], y=[0], mode="text", text=["no map"], showlegend=False,
+                                     hoverinfo="skip"), row=r + 1, col=c + 1)
+            continue
+        labels = token_labels(panel.tokens)
+        fig.add_trace(go.Heatmap(z=np.asarray(panel.weights, dtype=np.float32), x=labels, y=labels,
+                                 colorscale=ATTENTION_COLORS, zmin=0.0, zmax=1.0, showscale=i == 0,
+                                 colorbar={"title": {"text": "weight"}},
+                                 hovertemplate="query %{y} → key %{x}<br>weight %{z:.3f}<extra>" + panel.title +
+                                               "</extra>"),
+                      row=r + 1, col=c + 1)
+    base_layout(fig, title, 120 + rows * 330, top=80)
+    fig.update_xaxes(showticklabels=False)
+    fig.update_yaxes(showticklabels=False, autorange="reversed")
+    fig.update_annotations(font={"size": 11})
+    fig.update_layout(meta={"panels": [p.title for p in panels]})
+    return fig

@@ -22,7 +22,7 @@ from core.store import WeightsError
 from ui.services.checks import UserError, public_text
 from ui.plots.text import escaped
 from ui.services.text import check_text_size
-from ui.views import export
+from ui.views import UNCHANGED, export
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,8 @@ def present(value):
     (PNG, SVG at slide size, that name)."""
     if isinstance(value, tuple):
         return tuple(present(v) for v in value)
+    if value is UNCHANGED:
+        return gr.skip()
     name = export.image_name(value) if hasattr(value, "layout") and hasattr(value, "to_json") else None
     return value if name is None else PlotData(type="plotly", plot=export.figure_json(value, name))
 

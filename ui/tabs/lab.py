@@ -13,13 +13,15 @@ import gradio as gr
 from core import train as engine
 from ui.plots.lab import training_curves
 from ui.services.checks import UserError, public_text
+from ui.services.lab import extrapolation as extra
 from ui.services.lab.configs import (DEFAULT_FIELDS, DEFAULT_SNAPSHOT_STEPS, EXPERIMENTS, FAMILIES, NORMS,
                                      POSITIONS, TABLE_COLUMNS, experiment_pair, make_config)
 
-from ui.tabs.events import LAB, progress_callback, user_errors
+from ui.tabs.events import LAB, ON_HEAVY, handler, progress_callback, user_errors
 from ui.tabs.widgets import Tab, file_box
 from ui.views.card import FAMILY_WORDS
-from ui.views.lab import job_curves, run_attention, runs_export, snapshot_count, snapshot_figure
+from ui.views.lab import (extrapolation_view, job_curves, run_attention, runs_export, saved_extrapolation,
+                          saved_headline, snapshot_count, snapshot_figure)
 
 ATTENTION_LIMIT = 2
 RUN_COLUMN_WIDTHS = {"run": "56px", "label": "130px", "task": "84px", "model": "210px", "steps": "64px",
@@ -43,6 +45,7 @@ TASK_HELP = {
     "sort": "3141592 → 1123459",
     "add": "123+4567 → 4690",
     "dates": "1999-03-05 → 5 March 1999",
+    "copy-62": "a7Qz0 → a7Qz0 (62 letters and digits)",
 }
 EXAMPLE_SOURCE = {"copy": "transformer", "reverse": "abcdefghij", "sort": "31415926", "add": "1234+987",
                   "dates": "1999-03-05"}
@@ -61,12 +64,16 @@ def build(services, picker, initial=None) -> Tab:
                 c = controls(services.lab.settings)
             with gr.Column(scale=3, min_width=340):
                 gr.Markdown(INTRO)
+                saved = saved_extrapolation()
+                gr.Markdown(saved_headline(), elem_id="lab-extra-headline")
                 shown = SimpleNamespace(**vars(progress_section()))
         for section in (stream_section, runs_section, attention_section):
             shown.__dict__.update(vars(section()))
+        extrapolation = extrapolation_section(services.lab.settings, saved)
         lab = services.lab
         shown.__dict__.update(vars(keep_section(None if lab.private is None else lab.settings.private_ttl_s / 60)))
     wire(services.lab, picker, c, shown)
+    wire_extrapolation(services, extrapolation)
     return Tab()
 
 
@@ -332,3 +339,45 @@ def wire(lab, picker, c, shown) -> None:
                                          api_name="export_lab")
     exported.success(lambda: gr.Column(visible=True), None, shown.export_box, api_visibility="private", queue=False)
     c.task.change(lambda t: EXAMPLE_SOURCE.get(t, ""), c.task, shown.source, api_visibility="private", queue=False)
+
+
+# ---- positions past the trained length: six kinds trained on one copy task, tested on longer texts ----
+
+EXTRA_LEAD = """### Positions past the trained length
+Self-attention without positions reads a set, not a sequence (it is permutation-equivariant), so each model adds
+them one way or another. Which way still works on a text **longer than any it trained on**? One button trains
+the same small decoder with each kind (sinusoidal, learned, RoPE, ALiBi, T5's relative buckets and none), on the
+same task (copy 1 to 12 letters and digits), for the same steps from the same seed, then tests each on 12, 24 and
+48 symbols. The learned table has one row per position of the longest training text, so past it there is no
+row to read, and the page says so rather than read untrained rows. The default run takes a few minutes; Stop
+keeps the kinds already done."""
+
+
+def extrapolation_section(cap, saved) -> SimpleNamespace:
+    note, accuracy_fig, heads_fig, numbers = saved
+    gr.Markdown(EXTRA_LEAD, elem_id="lab-extra-lead")
+    with gr.Row(equal_height=False):
+        kinds = gr.CheckboxGroup(list(extra.engine.KINDS), value=list(extra.engine.KINDS), label="Kinds of position",
+                                 elem_id="lab-extra-kinds", scale=3, min_width=280)
+        steps = gr.Number(extra.engine.ExtrapolationConfig.steps, label=f"Steps per kind ({extra.MIN_STEPS}–"
+                          f"{cap.max_steps})", precision=0, elem_id="lab-extra-steps", min_width=120, scale=1)
+        seed = gr.Number(0, label="Seed", precision=0, elem_id="lab-extra-seed", min_width=100, scale=1)
+    with gr.Row():
+        run = gr.Button("Train and test", variant="primary", elem_id="lab-extra-run")
+        stop = gr.Button("Stop", variant="stop", elem_id="lab-extra-stop")
+    status = gr.Markdown(elem_id="lab-extra-status")
+    accuracy = gr.Plot(accuracy_fig, label="Accuracy past the trained length", elem_id="lab-extra-accuracy")
+    heads = gr.Plot(heads_fig, label="Each kind's copy head", elem_id="lab-extra-heads")
+    shown_note = gr.Markdown(note, elem_id="lab-extra-note")
+    with gr.Accordion("Raw numbers", open=False):
+        data = gr.JSON(numbers, label="numbers", elem_id="lab-extra-data")
+    return SimpleNamespace(kinds=kinds, steps=steps, seed=seed, run=run, stop=stop, status=status,
+                           accuracy=accuracy, heads=heads, note=shown_note, data=data)
+
+
+def wire_extrapolation(services, x) -> None:
+    run = handler(extrapolation_view, services, "extrapolation", heavy="The extrapolation run")
+    event = x.run.click(run, [x.kinds, x.steps, x.seed], [x.status, x.note, x.accuracy, x.heads, x.data],
+                        api_name="extrapolation", **ON_HEAVY)
+    x.stop.click(lambda: "Stopped: the kinds finished before the stop are shown.", None, x.status,
+                 cancels=[event], api_visibility="private", queue=False)

@@ -3,13 +3,15 @@ and the session's runs as JSON; the bodies of the Lab's endpoints that draw."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 
 from ui.plots.base import empty_figure
-from ui.plots.lab import heatmap_grid, training_curves
+from ui.plots.lab import HeadPanel, KindLine, attention_panels, extrapolation_accuracy, heatmap_grid, training_curves
 from ui.services.checks import UserError
+from ui.services.lab import extrapolation as extra
 from ui.services.lab.runs import Lab
-from ui.views import export
+from ui.views import UNCHANGED, export
 def snapshot_count(job) -> int:
     run = job.records[0].run
     return len(run.snapshots) if run is not None else 0
@@ -63,3 +65,139 @@ def run_attention(lab: Lab, key: str | None, run_id, source_text):
                        "Decoder self-attention (causal)" if v.cross is not None else
                        "Decoder self-attention over <bos> source <sep> answer (causal)")
     return v.note, enc, dec, crs
+
+
+# ---- positions past the trained length ----
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.0f} %"
+
+
+def extrapolation_table(result) -> str:
+    """Per kind: accuracy and whole copies at each tested length, and the copy head's weight on its symbol."""
+    lengths = result.config.test_lengths
+    lines = ["| positions | " + " | ".join(f"accuracy, {n}" for n in lengths) + " | " +
+             " | ".join(f"whole copies, {n}" for n in lengths) + " | copy head | " +
+             " | ".join(f"its weight, {n}" for n in lengths) + " |",
+             "|---|" + "---:|" * (3 * len(lengths) + 1)]
+    for k in result.kinds:
+        cells = [_pct(k.accuracy.get(n)) for n in lengths] + [_pct(k.exact.get(n)) for n in lengths]
+        weights = [f"{k.copy_weight[n]:.2f}" if n in k.copy_weight else "—" for n in lengths]
+        lines.append(f"| **{k.kind}** | " + " | ".join(cells) + f" | L{k.head[0]} H{k.head[1]} | " +
+                     " | ".join(weights) + " |")
+    return "\n".join(lines)
+
+
+def extrapolation_finding(result) -> str:
+    """What the numbers show, read from them: the longest length, who holds best there, who copies whole."""
+    config, kinds = result.config, result.kinds
+    trained, longest = config.train_longest, max(config.test_lengths)
+    within = [k for k in kinds if k.accuracy.get(trained) is not None]
+    past = [k for k in kinds if k.accuracy.get(longest) is not None]
+    parts = []
+    if within:
+        low = min(within, key=lambda k: k.accuracy[trained])
+        parts.append(f"At {trained} symbols, the longest trained, every kind copies at least "
+                     f"{_pct(low.accuracy[trained])} of the tokens ({low.kind} lowest).")
+    if past:
+        best = max(past, key=lambda k: k.accuracy[longest])
+        whole = [k.kind for k in past if k.exact[longest] > 0]
+        parts.append(f"At {longest}, the most accurate is **{best.kind}** ({_pct(best.accuracy[longest])}); "
+                     + (f"{', '.join(whole)} copy some texts whole." if whole else
+                        f"no kind copies a {longest}-symbol text whole."))
+    refused = [k.kind for k in kinds if k.refused]
+    if refused:
+        parts.append(f"{', '.join(refused)} cannot read past its table at all.")
+    return " ".join(parts)
+
+
+def by_length(values: dict) -> dict:
+    return {str(n): v for n, v in values.items()}  # JSON keys are strings
+
+
+def extrapolation_outputs(result, source: str):
+    """(note, accuracy figure, attention figure, numbers) of a result, saved or computed here."""
+    config = result.config
+    lengths, trained = config.test_lengths, config.train_longest
+    lines = [KindLine(k.kind, [k.accuracy.get(n) for n in lengths], k.by_index) for k in result.kinds]
+    title = (f"Copying past the trained length ({trained} symbols): {config.steps:,} steps per kind, seed {config.seed}, "
+             f"{config.test_examples} held-out texts per length")
+    accuracy = extrapolation_accuracy(lines, lengths, trained, extra.CHANCE, title)
+    panels = []
+    for k in result.kinds:
+        if k.attention is None:
+            panels.append(HeadPanel(f"{k.kind}: no map", None, []))
+            continue
+        weight = k.copy_weight.get(k.attention_symbols)
+        panels.append(HeadPanel(f"{k.kind}: L{k.head[0]} H{k.head[1]}, {k.attention_symbols} symbols"
+                                + (f", {weight:.2f} on the symbol" if weight is not None else ""),
+                                k.attention, k.tokens))
+    heads = attention_panels(panels, "The copy head of each kind on one held-out text (chosen at "
+                                     f"{trained} symbols: the most weight on the symbol to copy)")
+    refusals = [f"- **{k.kind}** at {n} symbols: {why}." for k in result.kinds for n, why in k.refused.items()]
+    words = [f"- **{k.kind}**: {extra.KIND_WORDS[k.kind]}" for k in result.kinds]
+    note = (f"{source}\n\n{extrapolation_finding(result)}\n\n"
+            f"Every kind trains the same decoder ({config.n_layers} layers, d_model {config.d_model}, {config.n_heads} "
+            f"heads, Pre-LN with RMSNorm and SwiGLU) from the same seed on the same batches of {config.batch} texts, "
+            f"copying 1 to {trained} of 62 letters and digits; only the positions differ. **Accuracy** is the share of "
+            "target tokens (the symbols and <eos>) predicted right after the right prefix (chance: "
+            f"{100 * extra.CHANCE:.1f} %); **whole copies** the share of texts with every token right, which is what "
+            "greedy decoding copies exactly.\n\n" + "\n".join(words) + "\n\n" + extrapolation_table(result) +
+            ("\n\n" + "\n".join(refusals) if refusals else ""))
+    numbers = dict(config=dict(kinds=list(config.kinds), steps=config.steps, seed=config.seed,
+                               train_longest=trained, test_lengths=list(lengths), test_examples=config.test_examples),
+                   kinds=[dict(kind=k.kind, accuracy=by_length(k.accuracy), whole_copies=by_length(k.exact),
+                               copy_head=list(k.head), copy_weight=by_length(k.copy_weight),
+                               refused=by_length(k.refused), steps=k.steps,
+                               train_loss=round(k.train_loss, 5), seconds=k.seconds) for k in result.kinds])
+    return (note, export.named(accuracy, "extrapolation-accuracy"), export.named(heads, "extrapolation-heads"),
+            numbers)
+
+
+def saved_extrapolation():
+    """The Lab's first screen: the shipped result, or a line saying how to make it."""
+    result = extra.saved()
+    if result is None:
+        return (f"No saved result in this copy: `{extra.SAVED_COMMAND}` makes it; or press Run.",
+                empty_figure("No saved result: press Run."), empty_figure("No saved result: press Run."), {})
+    source = (f"**Saved result**, computed on {result.date} by `{extra.SAVED_COMMAND}` in {result.seconds:,.0f} s; "
+              "press Run to compute it again here.")
+    return extrapolation_outputs(result, source)
+
+
+def saved_headline() -> str:
+    """The saved result's finding, for the Lab's first screen (the full result is further down the tab)."""
+    result = extra.saved()
+    if result is None:
+        return "**Positions past the trained length**: see the section at the end of this tab."
+    return (f"**Positions past the trained length** (saved result, at the end of this tab): "
+            f"{extrapolation_finding(result)}")
+
+
+def extrapolation_view(services, kinds, steps, seed, progress=None):
+    """The body of the `extrapolation` endpoint: train and test each kind, yielding (status, note, accuracy
+    figure, attention figure, numbers) as each kind finishes, and the progress bar at every step."""
+    config = extra.make_config(kinds, steps, seed, services.lab.settings.max_steps)
+    started = time.perf_counter()
+    shown = -1
+    for job in extra.run(config):
+        n, total = len(job.results), len(config.kinds)
+        if progress is not None and not job.done.is_set():
+            progress(job.fraction, f"{job.kind or config.kinds[0]}: step {job.step:,} of {config.steps:,} "
+                                   f"({n} of {total} kinds done)")
+        if job.error:
+            raise UserError(f"The run failed after {n} of {total} kinds: {job.error}")
+        elapsed = time.perf_counter() - started
+        status = (f"Done: {total} kind{'s' if total > 1 else ''} in {elapsed:,.0f} s." if job.done.is_set() else
+                  f"Training **{job.kind or config.kinds[0]}**: step {job.step:,} of {config.steps:,}; {n} of "
+                  f"{total} kinds done, {elapsed:,.0f} s.")
+        if n == shown and not job.done.is_set():
+            yield (status,) + (UNCHANGED,) * 4
+            continue
+        shown = n
+        if n == 0:
+            yield (status,) + (UNCHANGED,) * 4
+            continue
+        source = (f"**Computed here, now**: {n} of {total} kinds, {elapsed:,.0f} s"
+                  + ("." if n == total else "; the rest are training."))
+        yield (status, *extrapolation_outputs(job.result(), source))

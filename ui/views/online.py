@@ -48,7 +48,7 @@ def online_view(services: Services, model_name, text_value, layer_index, head_in
             f"the weights e^(s_j − m)/ℓ differ from the pass's softmax by at most **{row.probs_difference:.1e}**, "
             f"and the output accumulated block by block from the pass's z row by **{row.output_difference:.1e}** "
             "(float64 here, against the pass's float32). The table counts what each method holds for one head, "
-            "from the shapes; the timing at 8,192 tokens is measured in `bench/online_softmax.py`.")
+            "from the shapes; the timing at 8,192 tokens is measured in `bench/variants/online_softmax.py`.")
     if tokens_enc.note:
         note += f"  \n{escaped(tokens_enc.note)}"
     return note, export.named(fig, export.filename(name, "online-softmax", row.layer, row.head)), bytes_table(row)
