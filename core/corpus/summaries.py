@@ -6,12 +6,13 @@ Every *_over takes progress(done, total), called as items finish; each(index, va
 item's own value as it comes (what a row of per_item holds; a dict of them for head scores, a pair for
 attribution), so a caller can keep them as they stream; and stop(), asked between batches (and between the batches
 inside one item's sweep): a stopped job returns the summary of the items it finished, and its note says how many
-of how many.
+of how many. done: index → value of items measured before (as `each` gave them; core/corpus/saved.py reads them
+back to resume a job): they are not measured again, nor handed to `each`, and the summary holds them in order.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -31,6 +32,7 @@ NAMED = 20                 # items a note or an error names before it says "…"
 Progress = Callable[[int, int], None]
 Each = Callable[[int, object], None]
 Stop = Callable[[], bool]
+Done = Mapping[int, object]
 
 
 # ---- the summary: mean and Student's t interval over items ----
@@ -129,6 +131,17 @@ class Job:
     values: dict[int, object] = field(default_factory=dict)
     skipped: dict[int, str] = field(default_factory=dict)
     stopped: bool = False
+
+    def resume(self, done: Done | None) -> Job:
+        """Start from the values of items measured before (index → value); progress counts them at once."""
+        wrong = sorted(i for i in (done or {}) if not (isinstance(i, int) and 0 <= i < self.total))
+        if wrong:
+            raise ValueError(f"done names {self.noun}s {wrong[:NAMED]} outside 0..{self.total - 1}: it must map the "
+                             f"index of an item of this corpus to its value")
+        self.values.update(done or {})
+        if self.values:
+            self.report()
+        return self
 
     def stopping(self) -> bool:
         self.stopped = self.stopped or (self.stop is not None and bool(self.stop()))
@@ -247,7 +260,7 @@ def padded(texts: list[Tensor], pad: int) -> tuple[Tensor, Tensor]:
 
 def head_scores_over(model, texts: Sequence[Tensor], batch_tokens: int = BATCH_TOKENS,
                      progress: Progress | None = None, stop: Stop | None = None,
-                     each: Each | None = None) -> dict[str, Over]:
+                     each: Each | None = None, done: Done | None = None) -> dict[str, Over]:
     """The Heads tab's attention-pattern scores [L, H] (core/analysis/heads.py row_scores) per text, summarised:
     kind → Over. Texts of similar length go through together, right-padded with an attention mask, and each is
     scored on its own tokens alone (ScoreObserver), so a text scores as it does alone. Decoders also get
@@ -256,11 +269,13 @@ def head_scores_over(model, texts: Sequence[Tensor], batch_tokens: int = BATCH_T
     texts = check_texts(model, texts)
     cfg = model.config
     induction = cfg.causal and model.encoder is None and model.lm_head is not None
-    job = Job(len(texts), "text", progress, stop, each)
+    job = Job(len(texts), "text", progress, stop, each).resume(done)
     pad = cfg.pad_token_id if cfg.pad_token_id is not None and 0 <= cfg.pad_token_id < cfg.vocab_size else 0
-    for batch in length_batches([len(t) for t in texts], batch_tokens):
+    todo = [i for i in range(len(texts)) if i not in job.values]
+    for places in length_batches([len(texts[i]) for i in todo], batch_tokens):
         if job.stopping():
             break
+        batch = [todo[place] for place in places]
         ids, mask = padded([texts[i] for i in batch], pad)
         tables = head_analysis.batch_pattern_scores(model, ids, padding_or_none(mask), induction)   # name → [B, L, H]
         for row, i in enumerate(batch):
@@ -277,15 +292,18 @@ def head_scores_over(model, texts: Sequence[Tensor], batch_tokens: int = BATCH_T
 
 
 def logit_attribution_over(model, pairs: Sequence[Pair], progress: Progress | None = None,
-                           stop: Stop | None = None, each: Each | None = None) -> tuple[Over, Over]:
+                           stop: Stop | None = None, each: Each | None = None,
+                           done: Done | None = None) -> tuple[Over, Over]:
     """Direct logit attribution of logit(answer) − logit(foil) on each pair's clean prompt (core/analysis/
     patching.py logit_attribution), summarised: (heads: Over [L, H], mlps: Over [L]). One pair at a time:
     logit_attribution reads one prompt's records, and batching pairs would need a second implementation of it."""
     patching.check_decoder(model, "direct logit attribution")
     patching.check_pre_norm(model, "direct logit attribution")
     pairs = check_pairs(model, pairs)
-    job = Job(len(pairs), "pair", progress, stop, each)
+    job = Job(len(pairs), "pair", progress, stop, each).resume(done)
     for i, pair in enumerate(pairs):
+        if i in job.values:
+            continue
         if job.stopping():
             break
         parts = patching.logit_attribution(model, pair.clean[None], pair.answer, pair.foil)
@@ -322,7 +340,7 @@ def same_metrics(model, pair: Pair) -> float | None:
 
 def patch_over(model, pairs: Sequence[Pair], site: str, mode: str = "denoise", layer: int | None = None,
                progress: Progress | None = None, stop: Stop | None = None,
-               each: Each | None = None) -> Over:
+               each: Each | None = None, done: Done | None = None) -> Over:
     """Activation patching (core/analysis/patching.py patch_sweep) of each pair, summarised: per_item holds each
     pair's normalised scores (1: the clean run's metric, 0: the corrupted run's), and mean is the mean of those
     scores, not the normalised mean metric. Position sites (resid_pre, attn_out, mlp_out, and z at one layer)
@@ -342,8 +360,10 @@ def patch_over(model, pairs: Sequence[Pair], site: str, mode: str = "denoise", l
     positions = by_position(site, layer)
     if positions:
         check_one_length(pairs)
-    job = Job(len(pairs), "pair", progress, stop, each)
+    job = Job(len(pairs), "pair", progress, stop, each).resume(done)
     for i, pair in enumerate(pairs):
+        if i in job.values:
+            continue
         if job.stopping():
             break
         try:
@@ -368,7 +388,7 @@ def patch_over(model, pairs: Sequence[Pair], site: str, mode: str = "denoise", l
 
 def ablation_over(model, texts: Sequence[Tensor], ablation: str = "zero", limit: int | None = ABLATION_TEXTS,
                   batch: int = 16, progress: Progress | None = None, stop: Stop | None = None,
-                  each: Each | None = None) -> Over:
+                  each: Each | None = None, done: Done | None = None) -> Over:
     """The mean loss increase when each head alone is removed (core/analysis/heads.py ablation_sweep), per text,
     summarised: Over [L, H]. A sweep runs the model once per head, so by default only the first ABLATION_TEXTS (8)
     texts are swept, and the note says how many were left; limit=None sweeps them all. progress counts texts;
@@ -378,8 +398,10 @@ def ablation_over(model, texts: Sequence[Tensor], ablation: str = "zero", limit:
     if limit is not None and limit < 1:
         raise ValueError(f"limit is the number of texts to sweep, at least 1 (or None for all), got {limit}")
     chosen = texts if limit is None else texts[:limit]
-    job = Job(len(chosen), "text", progress, stop, each)
+    job = Job(len(chosen), "text", progress, stop, each).resume(done)
     for i, ids in enumerate(chosen):
+        if i in job.values:
+            continue
         if job.stopping():
             break
         try:
