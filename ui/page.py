@@ -12,6 +12,7 @@ import gradio as gr
 from ui import links, spaces
 from ui.tabs import events
 from ui.tabs import attention, generate, heads, inside, lab, masks, patching, picker as model_picker, positions
+from ui.tabs.corpus import across
 from ui.tabs.events import MODEL_GROUPS, ON_ANALYSIS, ON_FIRST, checked_inputs, message, user_errors
 from ui.tabs.widgets import SVG_BUTTON_JS, Tab, checked_pick
 
@@ -22,7 +23,7 @@ LINK_JS = """(...args) => { args[args.length - 1] = window.location.href; return
 SEARCH_JS = """(...args) => { args[0] = window.location.search; return args; }"""  # the page's own query
 COPY_JS = """(link) => { if (link && navigator.clipboard) navigator.clipboard.writeText(link).catch(() => {}); }"""
 TAB_IDS = {"Generate": "generate", "Attention": "attention", "Positional encoding": "positions", "Masks": "masks",
-           "Heads": "heads", "Patching": "patching", "Inside": "inside", "Lab": "lab"}
+           "Heads": "heads", "Patching": "patching", "Inside": "inside", "Across texts": "corpus", "Lab": "lab"}
 
 
 def build_page(services, default_model: str) -> gr.Blocks:
@@ -61,6 +62,8 @@ def layout(services, default_model: str) -> gr.Blocks:
                 with gr.Tab(label, id=name) as tab_block:
                     built[name] = module.build(services, picker, initial)
                 wire_opening(tab_block.select, name, built[name], query)
+            with gr.Tab("Across texts", id="corpus"):
+                across.build(services, picker, initial)
             lab.build(services, picker, initial)  # its own gr.Tab: train a Transformer from scratch
         for name, tab in built.items():
             wire_switch(picker, current_tab, linked, name, tab)

@@ -1,0 +1,187 @@
+"""The Across texts tab's endpoints through gradio_client, on a tiny random Llama: the mean map's cells, their
+intervals and the chosen cell's items are the core's Over for the same corpus (built in, or uploaded), every figure
+says what n is and what the interval is, a job streams the summary of the items finished so far (what a stopped
+page keeps), and every bad upload gets a message naming what is wrong and where, as text, never markup. The tiny
+tokenizer has no single-token names, so its pairs come from an uploaded file (and IOI pairs are refused in words)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+from gradio_client import Client, handle_file  # noqa: E402
+from gradio_client.exceptions import AppError  # noqa: E402
+
+from core.corpus import summaries, texts as corpora  # noqa: E402
+from tiny_app_model import build_tiny_llama, launch_app, plotly_array  # noqa: E402
+from ui.services.corpus.over import INDUCTION_LENGTH  # noqa: E402
+from ui.views.corpus import across  # noqa: E402
+
+TEXTS = ["The lighthouse keeper rowed out to the rocks at dawn.", "Every morning the baker opens the shop at six.",
+         "A causal mask hides the future.", "When the storm passed, she lit the lamp again.",
+         "Attention lets every token look at every other token."]
+PAIRS = [  # nine tokens in each prompt, the answer and foil one token each for the tiny tokenizer
+    dict(clean="the bread is warm and the lamp", corrupted="the bread is warm and the shop", answer=" the",
+         foil=" bread"),
+    dict(clean="a bread is warm and the lamp", corrupted="a bread is warm and the shop", answer=" bread",
+         foil=" the"),
+    dict(clean="the bread is warm and a lamp", corrupted="the bread is warm and a shop", answer=" the", foil=" bread"),
+    dict(clean="the bread is warm to the lamp", corrupted="the bread is warm to the shop", answer=" and",
+         foil=" bread"),
+]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus-models")
+    llama = str(build_tiny_llama(root / "tiny-llama"))
+    demo, url, services = launch_app([llama], llama)
+    pairs = root / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps(p) + "\n" for p in PAIRS), encoding="utf-8")
+    texts = root / "texts.txt"
+    texts.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    yield dict(llama=llama, model=services.models.get(llama), client=Client(url, verbose=False), root=root,
+               pairs=str(pairs), texts=str(texts), services=services)
+    demo.close()
+
+
+def shown(figure) -> dict:
+    """The mean map's z and customdata, or the strip's dots, from a figure the API returned."""
+    return json.loads(figure["plot"])
+
+
+def check_map_and_strip(note, mean_figure, strip_figure, over, cell, noun):
+    heatmap = shown(mean_figure)["data"][0]
+    torch.testing.assert_close(torch.tensor(plotly_array(heatmap["z"]), dtype=torch.float32), over.mean.float())
+    custom = torch.tensor(plotly_array(heatmap["customdata"]), dtype=torch.float32)
+    torch.testing.assert_close(custom[..., 0], over.low.float(), equal_nan=True)
+    torch.testing.assert_close(custom[..., 1], over.high.float(), equal_nan=True)
+    assert f"n = {over.n}" in heatmap["hovertemplate"] and "interval" in heatmap["hovertemplate"]
+    line = f"95 % CI of the mean over n = {over.n} {noun}s, Student's t"
+    for figure in (mean_figure, strip_figure):   # every figure says what n is and what the interval is
+        assert any(a["text"] == line for a in shown(figure)["layout"]["annotations"]), shown(figure)["layout"]
+    dots = shown(strip_figure)["data"][0]
+    r, c = cell
+    torch.testing.assert_close(torch.tensor(plotly_array(dots["y"]), dtype=torch.float32),
+                               over.per_item[:, r, c].float())
+    assert list(plotly_array(dots["x"]).astype(int)) == list(over.items)
+    assert f"n = **{over.n}**" in note and line in note
+
+
+def test_head_scores_over_induction_texts_are_the_cores(served):
+    model = served["model"]
+    note, mean_figure, strip_figure = served["client"].predict(served["llama"], "induction texts", 6, None,
+                                                               "induction", 1, 2, api_name="/corpus_heads")
+    texts = corpora.induction_texts(model.tokenizer, 6, INDUCTION_LENGTH, bos=model.config.bos_token_id)
+    over = summaries.head_scores_over(model, texts)["induction"]
+    assert over.n == 6
+    check_map_and_strip(note, mean_figure, strip_figure, over, (1, 2), "text")
+
+
+def test_head_scores_over_an_uploaded_file_are_the_cores(served):
+    model = served["model"]
+    note, mean_figure, strip_figure = served["client"].predict(
+        served["llama"], "uploaded file", 4, handle_file(served["texts"]), "previous_token", 0, 3,
+        api_name="/corpus_heads")
+    over = summaries.head_scores_over(model, corpora.encode_texts(model.tokenizer, TEXTS[:4]))["previous_token"]
+    check_map_and_strip(note, mean_figure, strip_figure, over, (0, 3), "text")
+    assert "the first 4 of 5 texts of texts.txt" in note
+
+
+def test_attribution_and_patching_over_uploaded_pairs_are_the_cores(served):
+    model, client = served["model"], served["client"]
+    pairs = corpora.read_pairs(served["pairs"], model.tokenizer)
+    note, mean_figure, strip_figure = client.predict(served["llama"], "uploaded file", 10,
+                                                     handle_file(served["pairs"]), 1, 1,
+                                                     api_name="/corpus_attribution")
+    heads, _ = summaries.logit_attribution_over(model, pairs)
+    check_map_and_strip(note, mean_figure, strip_figure, heads, (1, 1), "pair")
+    note, mean_figure, strip_figure = client.predict(served["llama"], "uploaded file", 10,
+                                                     handle_file(served["pairs"]), "resid_pre", "noise", 0, 1, 6,
+                                                     api_name="/corpus_patch")
+    over = summaries.patch_over(model, pairs, "resid_pre", "noise")
+    check_map_and_strip(note, mean_figure, strip_figure, over, (1, 6), "pair")
+
+
+BAD_UPLOADS = [  # (file name, bytes, endpoint, words the message must hold)
+    ("notes.md", b"a text\n", "heads", "Invalid file type"),   # Gradio's own check of the suffix, in words
+    ("latin.txt", "caf\u00e9\n".encode("latin-1"), "heads", "latin.txt, line 1: not UTF-8"),
+    ("texts.jsonl", b'{"text": "fine"}\n{"body": "no text"}\n', "heads", "texts.jsonl, line 2: no 'text' field"),
+    ("texts.jsonl", b'{"text": "fine"}\n{"text": "  "}\n', "heads", "texts.jsonl, line 2: 'text' is empty"),
+    ("texts.csv", b'body\n"fine"\n', "heads", "texts.csv, line 1: the header has no text column"),
+    ("pairs.jsonl", json.dumps(dict(PAIRS[0], answer=" lighthouse keeper")).encode(), "patch",
+     "pairs.jsonl, line 1: 'answer' ' lighthouse keeper' is"),
+    ("pairs.csv", b"clean,corrupted,answer,foil\nthe bread is warm,the bread,\" the\",\" bread\"\n", "attribution",
+     "pairs.csv, line 2: the clean prompt is"),
+    ("pairs.txt", b"the bread\n", "attribution", "pairs.txt: pairs need the named fields"),
+    ("many.txt", b"a line\n" * 1001, "heads", "many.txt, line 1001: more than 1,000 items"),
+    ("long.txt", b"a" + b" a" * 600 + b"\n", "heads", "long.txt, line 1: the text is 601 tokens; the limit is 512"),
+    ("markup.jsonl", json.dumps(dict(PAIRS[0], foil="<b>x</b>")).encode(), "attribution",
+     "markup.jsonl, line 1: 'foil' '&lt;b&gt;x&lt;/b&gt;' is"),   # quoted as text, never markup
+    ("number.jsonl", b'{"text": 3}\n', "heads", "number.jsonl, line 1: 'text' is a int"),
+]
+
+
+def call(served, analysis, corpus, upload):
+    args = {"heads": ("induction", 0, 0), "attribution": (0, 0), "patch": ("z", "denoise", 0, 0, 0)}[analysis]
+    return served["client"].predict(served["llama"], corpus, 5, upload, *args, api_name=f"/corpus_{analysis}")
+
+
+@pytest.mark.parametrize("name, data, analysis, words", BAD_UPLOADS, ids=[b[0] for b in BAD_UPLOADS])
+def test_every_bad_upload_is_named_in_words(served, tmp_path, name, data, analysis, words):
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(AppError) as caught:
+        call(served, analysis, "uploaded file", handle_file(str(path)))
+    text = str(caught.value)
+    assert words in text, text
+    assert "<b>" not in text and "Traceback" not in text
+
+
+def test_a_file_over_the_upload_cap_is_refused_in_words(served, tmp_path):
+    path = tmp_path / "huge.txt"
+    path.write_bytes(b"a line\n" * 400_000)   # 2.8 MB: over the app's upload cap, twice the 1 MB text cap
+    with pytest.raises((AppError, ValueError), match="exceeds the maximum file size"):
+        call(served, "heads", "uploaded file", handle_file(str(path)))
+
+
+@pytest.mark.parametrize("analysis, corpus, words", [
+    ("attribution", "IOI pairs", "too few single-token words for IOI prompts"),
+    ("patch", "induction texts", "Induction texts are single texts, not prompt pairs"),
+    ("heads", "uploaded file", "no file was uploaded"),
+])
+def test_a_corpus_the_model_cannot_take_is_refused_in_words(served, analysis, corpus, words):
+    with pytest.raises(AppError, match=words):
+        call(served, analysis, corpus, None)
+
+
+def test_a_cell_out_of_range_names_its_field(served):
+    with pytest.raises(AppError, match="Cell head must be between 0 and 3"):
+        served["client"].predict(served["llama"], "induction texts", 3, None, "induction", 0, 9,
+                                 api_name="/corpus_heads")
+
+
+def test_a_job_streams_the_summary_of_the_items_finished_so_far(served):
+    """What the page shows while a job runs, and keeps after Stop: the core's summary of the finished items, its
+    note saying how many of how many."""
+    model = served["model"]
+    pairs = corpora.read_pairs(served["pairs"], model.tokenizer)
+    updates = across.attribution_view(served["services"], served["llama"], "uploaded file", 10, served["pairs"], 0, 1)
+    first_note = next(updates)[0]
+    assert first_note.startswith("Attributing over")
+    note, mean_figure, strip_figure = next(updates)   # the first partial summary, sent at once
+    updates.close()                                   # the page stops the job here
+    assert "finished so far: the summary is of those" in note
+    done = int(note.split("**Running: ")[1].split(" of ")[0])
+    assert 1 <= done <= len(pairs) and f"of {len(pairs)} pairs" in note
+    heads, _ = summaries.logit_attribution_over(model, pairs[:done])
+    z = torch.tensor(mean_figure.data[0].z, dtype=torch.float32)   # the view's own figure, before the page
+    torch.testing.assert_close(z, heads.mean.float())
+    stopped = across.mark_stopped(note)
+    assert stopped.startswith("**Stopped.**") and note in stopped

@@ -1,0 +1,81 @@
+"""Figures of a measurement over many texts: the mean map with its interval in the hover, and one cell's values
+item by item. Arrays in, Plotly figures out; every figure carries a line saying what n is and what the interval
+is, so a figure saved alone still says how typical its numbers are."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from ui.plots.base import ATTENTION_COLORS, SIGNED_COLORS, as_f32, base_layout
+
+ITEM_COLOR = "#1f77b4"
+MEAN_COLOR = "#d62728"
+
+
+def interval_words(n: int, noun: str, confidence: float = 0.95) -> str:
+    """"95 % CI of the mean over n = 40 pairs, Student's t", or why there is no interval."""
+    nouns = noun if n == 1 else noun + "s"
+    if n < 2:
+        return f"n = {n} {nouns}: no interval (a confidence interval of the mean needs at least two)"
+    return f"{confidence * 100:g} % CI of the mean over n = {n} {nouns}, Student's t"
+
+
+def caption(fig: go.Figure, line: str) -> go.Figure:
+    """The line under the plot (what n is, what the interval is), inside the figure so an export keeps it."""
+    fig.add_annotation(text=line, showarrow=False, x=0, xref="paper", xanchor="left", y=-0.02, yref="paper",
+                       yanchor="top", yshift=-28, font={"size": 11, "color": "#555"})
+    fig.update_layout(margin={"b": 80})
+    return fig
+
+
+def mean_map(mean: np.ndarray, low: np.ndarray, high: np.ndarray, n: int, rows: str, cols: str,
+             col_labels: Sequence[str] | None, title: str, line: str, signed: bool = False,
+             picked: tuple[int, int] | None = None) -> go.Figure:
+    """mean, low, high [R, C]: a heatmap of the mean whose hover gives the mean, the interval [low, high] and n;
+    picked (row, col) is outlined (the cell the strip shows). signed: a diverging scale centred on 0."""
+    mean, low, high = as_f32(mean), as_f32(low), as_f32(high)
+    n_rows, n_cols = mean.shape
+    x = list(range(n_cols))
+    custom = np.stack([low, high], axis=-1)
+    colour = dict(colorscale=SIGNED_COLORS, zmid=0, reversescale=True) if signed else dict(colorscale=ATTENTION_COLORS)
+    hover = (f"{rows} %{{y}}, {cols} %{{x}}<br>mean %{{z:.4f}}<br>interval [%{{customdata[0]:.4f}}, "
+             f"%{{customdata[1]:.4f}}]<br>n = {n}<extra></extra>")
+    fig = go.Figure(go.Heatmap(z=mean, x=x, y=list(range(n_rows)), customdata=custom, hovertemplate=hover,
+                               colorbar={"thickness": 12}, **colour))
+    if picked is not None:
+        r, c = picked
+        fig.add_shape(type="rect", x0=c - 0.5, x1=c + 0.5, y0=r - 0.5, y1=r + 0.5,
+                      line={"color": "#111", "width": 2})
+    base_layout(fig, title, height=max(260, 24 * n_rows + 170))
+    ticks = {} if col_labels is None else dict(tickmode="array", tickvals=x, ticktext=list(col_labels))
+    fig.update_xaxes(title_text=cols, **ticks)
+    fig.update_yaxes(title_text=rows, autorange="reversed", dtick=1 if n_rows <= 32 else None)
+    return caption(fig, line)
+
+
+def item_strip(values: np.ndarray, items: Sequence[int], mean: float, low: float, high: float, title: str,
+               line: str, value_name: str = "value") -> go.Figure:
+    """One cell over the corpus: each item's value as a dot (x: the item's index in the corpus), the mean as a
+    line and the interval as a band around it (none where it is NaN, n < 2)."""
+    values = as_f32(values)
+    items = list(items)
+    fig = go.Figure(go.Scatter(x=items, y=values, mode="markers", name="each item",
+                               marker={"color": ITEM_COLOR, "size": 7, "opacity": 0.75},
+                               hovertemplate=f"item %{{x}}<br>{value_name} %{{y:.4f}}<extra></extra>"))
+    if items:
+        span = [min(items) - 0.5, max(items) + 0.5]
+        if np.isfinite(low) and np.isfinite(high):
+            fig.add_trace(go.Scatter(x=span + span[::-1], y=[high, high, low, low], fill="toself", mode="lines",
+                                     line={"width": 0}, fillcolor="rgba(214,39,40,0.15)", name="interval",
+                                     hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=span, y=[mean, mean], mode="lines", name="mean", line={"color": MEAN_COLOR},
+                                 hovertemplate=f"mean {mean:.4f}<br>interval [{low:.4f}, {high:.4f}]<extra></extra>"))
+    base_layout(fig, title, height=300)
+    fig.update_layout(showlegend=True, legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1,
+                                               "xanchor": "right"})
+    fig.update_xaxes(title_text="item (its index in the corpus)")
+    fig.update_yaxes(title_text=value_name)
+    return caption(fig, line)

@@ -1,0 +1,257 @@
+"""Each analysis of core/corpus over a corpus the page names, as plain values: the corpus built (IOI pairs,
+induction texts) or read from an upload and checked against the model, the analysis run in a worker thread
+(ui.services.jobs.stream_job) and streamed with the summary of the items finished so far, so a page that stops
+the job keeps what it had. The partial summary is the core's own `summarise` of the finished items' values, the
+values the core hands out as each item finishes; the final one is the core's result itself."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from core.analysis import heads as head_analysis
+from core.corpus import Pair
+from core.corpus import summaries, texts as corpora
+from core.corpus.summaries import Over, summarise
+from ui.services.checks import UserError, check_range, stack_shape
+from ui.services.heads import next_token_reason
+from ui.services.jobs import stream_job
+from ui.services.patching import SITES
+
+BUILT_IN = ("induction texts", "IOI pairs")
+UPLOAD = "uploaded file"
+CORPORA = (*BUILT_IN, UPLOAD)
+MAX_TEXTS = 200          # texts one head-score job reads
+MAX_PAIRS = 100          # pairs one attribution or patching job reads: each pair is a sweep
+DEFAULT_N = 20
+INDUCTION_LENGTH = 24    # tokens of each induction text before it repeats
+KINDS = tuple(head_analysis.SCORES)
+NOUNS = {"heads": "text", "attribution": "pair", "patch": "pair"}
+
+
+@dataclass
+class Corpus:
+    items: list              # 1-D id tensors (texts) or Pairs
+    noun: str                # "text" or "pair"
+    source: str              # in words: "20 induction texts (24 random tokens, repeated once)"
+
+
+@dataclass
+class OverUpdate:
+    done: int
+    total: int
+    result: object           # dict[str, Over] | tuple[Over, Over] | Over: partial until finished
+    seconds: float
+    finished: bool = False
+
+
+@contextmanager
+def refusals_in_words():
+    """The core's refusals of a corpus (ValueError, IndexError) as a UserError with the same words: a message
+    that starts with a file's name keeps it as the file is named."""
+    try:
+        yield
+    except UserError:
+        raise
+    except (ValueError, IndexError) as error:
+        text = str(error).strip() or "The corpus was refused"
+        raise UserError(text if text.endswith((".", "?", "!")) else text + ".") from error
+
+
+def check_corpus(corpus) -> str:
+    if corpus not in CORPORA:
+        raise UserError(f"Corpus must be one of {', '.join(CORPORA)}, got {str(corpus)[:40]!r}.")
+    return corpus
+
+
+def upload_path(upload) -> Path:
+    """The uploaded file's path (gr.File gives a path; an API client a path or a dict with one)."""
+    path = upload.get("path") if isinstance(upload, dict) else upload
+    if not path:
+        raise UserError("Corpus is 'uploaded file', but no file was uploaded: upload a .txt, .jsonl or .csv file, "
+                        "or choose a built-in corpus.")
+    return Path(str(path))
+
+
+def check_model(model, analysis: str) -> None:
+    """Encoder-decoders read two streams, the corpora one; attribution and patching need next-token prediction."""
+    if model.config.is_encoder_decoder:
+        raise UserError("The Across texts tab reads decoder-only and encoder models: this is an encoder-decoder, "
+                        "whose decoder needs a target text of its own.")
+    if analysis != "heads":
+        reason = next_token_reason(model, "Logit attribution" if analysis == "attribution" else "Patching",
+                                   advice="Choose a decoder model (e.g. smollm2-135m-instruct).")
+        if reason:
+            raise UserError(reason)
+
+
+def check_lengths(model, items: list, noun: str) -> None:
+    """Every item within the model's positions, else the first few too long named by index."""
+    limit = model.config.max_positions
+    lengths = [len(item.clean if isinstance(item, Pair) else item) for item in items]
+    over = [(i, n) for i, n in enumerate(lengths) if n > limit]
+    if over:
+        named = ", ".join(f"{noun} {i} ({n} tokens)" for i, n in over[:5]) + (" …" if len(over) > 5 else "")
+        raise UserError(f"This model reads at most {limit} positions, and {named} are longer: shorten them.")
+
+
+def corpus_texts(model, corpus, n, upload=None) -> Corpus:
+    """The texts of a head-score job: induction texts, the IOI pairs' clean prompts, or an upload's first n."""
+    corpus, n = check_corpus(corpus), check_range("Items (n)", n, 1, MAX_TEXTS)
+    tokenizer = model.tokenizer
+    with refusals_in_words():
+        if corpus == "induction texts":
+            items = corpora.induction_texts(tokenizer, n, INDUCTION_LENGTH, bos=model.config.bos_token_id)
+            source = f"{n} induction texts ({INDUCTION_LENGTH} random tokens, repeated once)"
+        elif corpus == "IOI pairs":
+            items = [pair.clean for pair in corpora.ioi_pairs(tokenizer, n)]
+            source = f"the clean prompts of {n} IOI pairs"
+        else:
+            path = upload_path(upload)
+            strings = corpora.read_texts(path, tokenizer)
+            items = corpora.encode_texts(tokenizer, strings[:n])
+            source = f"the first {len(items)} of {len(strings)} texts of {path.name}"
+    check_lengths(model, items, "text")
+    return Corpus(items, "text", source)
+
+
+def corpus_pairs(model, corpus, n, upload=None) -> Corpus:
+    """The pairs of an attribution or patching job: IOI pairs, or an upload's first n (.jsonl or .csv)."""
+    corpus, n = check_corpus(corpus), check_range("Items (n)", n, 1, MAX_PAIRS)
+    if corpus == "induction texts":
+        raise UserError("Induction texts are single texts, not prompt pairs: choose IOI pairs or upload pairs "
+                        "(.jsonl or .csv with clean, corrupted, answer, foil).")
+    with refusals_in_words():
+        if corpus == "IOI pairs":
+            items, source = corpora.ioi_pairs(model.tokenizer, n), f"{n} IOI pairs"
+        else:
+            path = upload_path(upload)
+            pairs = corpora.read_pairs(path, model.tokenizer)
+            items, source = pairs[:n], f"the first {min(n, len(pairs))} of {len(pairs)} pairs of {path.name}"
+    check_lengths(model, items, "pair")
+    return Corpus(items, "pair", source)
+
+
+def check_site(model, site, layer) -> tuple[str, int | None]:
+    """The core's site and layer for the API's site (resid_pre, attn_out, mlp_out, z, z_by_position)."""
+    if site not in SITES:
+        raise UserError(f"What to patch must be one of {', '.join(SITES)}, got {str(site)[:40]!r}.")
+    core_site, by_position = SITES[site]
+    if not by_position:
+        return core_site, None
+    return core_site, check_range("Layer", layer, 0, model.config.n_layers - 1)
+
+
+# ---- the partial summaries: the core's summarise over the values of the items finished so far ----
+
+def partial_note(done: int, total: int, noun: str) -> str:
+    return f"{done} of {total} {noun}s finished so far: the summary is of those"
+
+
+def stacked(values: dict[int, object], pick: Callable, keep: Callable = lambda value: True) -> tuple[Tensor, list]:
+    kept = [i for i in sorted(values) if keep(values[i])]
+    return (torch.stack([pick(values[i]) for i in kept]) if kept else torch.empty(0)), kept
+
+
+def partial_heads(values: dict, total: int) -> dict[str, Over]:
+    note = partial_note(len(values), total, "text")
+    if not values:
+        return {}
+    result = {}
+    for name in next(iter(values.values())):
+        # the core leaves a text out of "induction" when it is not a span repeated once (all NaN)
+        keep = (lambda value: not value["induction"].isnan().all()) if name == "induction" else (lambda value: True)
+        per_item, kept = stacked(values, lambda value, name=name: value[name], keep)
+        if kept:
+            result[name] = summarise(per_item, note, kept)
+    return result
+
+
+def partial_attribution(values: dict, total: int) -> tuple[Over, Over] | None:
+    if not values:
+        return None
+    note = partial_note(len(values), total, "pair")
+    heads, kept = stacked(values, lambda value: value[0])
+    mlps, _ = stacked(values, lambda value: value[1])
+    return summarise(heads, note, kept), summarise(mlps, note, kept)
+
+
+def partial_patch(values: dict, total: int) -> Over | None:
+    if not values:
+        return None
+    per_item, kept = stacked(values, lambda value: value)
+    return summarise(per_item, partial_note(len(values), total, "pair"), kept)
+
+
+PARTIAL = {"heads": partial_heads, "attribution": partial_attribution, "patch": partial_patch}
+
+
+def stream_over(model, analysis: str, corpus: Corpus, site: str | None = None, mode: str = "denoise",
+                layer: int | None = None, stop: Callable[[], bool] | None = None) -> Iterator[OverUpdate]:
+    """The analysis over the corpus, run in a worker thread: an update as items finish, with the summary of
+    those finished so far, then the core's result (finished). Closing the iterator stops the work at its next
+    report; stop() is the core's own (a stopped job's result is the summary of the items it finished)."""
+    values: dict[int, object] = {}
+
+    def each(index: int, value) -> None:
+        values[index] = value
+
+    def work(report):
+        hooks = dict(progress=report, stop=stop, each=each)
+        with refusals_in_words():
+            if analysis == "heads":
+                return summaries.head_scores_over(model, corpus.items, **hooks)
+            if analysis == "attribution":
+                return summaries.logit_attribution_over(model, corpus.items, **hooks)
+            return summaries.patch_over(model, corpus.items, site, mode, layer, **hooks)
+
+    total = len(corpus.items)
+    for update in stream_job(work, total, f"corpus-{analysis}"):
+        if update.finished:
+            yield OverUpdate(update.done, update.total, update.result, update.seconds, True)
+            continue
+        finished = dict(values)   # the worker may have finished more items since this report: count those
+        yield OverUpdate(max(update.done, len(finished)), total, PARTIAL[analysis](finished, total), update.seconds)
+
+
+@dataclass
+class MapAxes:
+    rows: int
+    cols: int
+    row_name: str        # "layer", "head"
+    col_name: str        # "head", "position"
+
+
+def map_axes(model, analysis: str, corpus: Corpus, site: str | None = None) -> MapAxes:
+    """The mean map's shape: [L, H] for head scores, attribution and the heads sweep; [L, T] for a position
+    site; [H, T] for one layer's heads (T: the first pair's length; the core refuses pairs of other lengths)."""
+    n_layers, n_heads = stack_shape(model)
+    if analysis != "patch" or site == "z":
+        return MapAxes(n_layers, n_heads, "layer", "head")
+    length = len(corpus.items[0].clean)
+    if site == "z_by_position":
+        return MapAxes(n_heads, length, "head", "position")
+    return MapAxes(n_layers, length, "layer", "position")
+
+
+def check_cell(axes: MapAxes, row, col) -> tuple[int, int]:
+    """The cell whose items the strip shows, each index in the map's range, named by its field."""
+    return (check_range(f"Cell {axes.row_name}", row, 0, axes.rows - 1),
+            check_range(f"Cell {axes.col_name}", col, 0, axes.cols - 1))
+
+
+def check_mode(mode) -> str:
+    if mode not in ("denoise", "noise"):
+        raise UserError(f"Direction must be denoise or noise, got {str(mode)[:40]!r}.")
+    return mode
+
+
+def check_kind(kind) -> str:
+    if kind not in KINDS:
+        raise UserError(f"Score must be one of {', '.join(KINDS)}, got {str(kind)[:40]!r}.")
+    return kind

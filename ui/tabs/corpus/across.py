@@ -1,0 +1,76 @@
+"""Across texts tab: how typical is what one text shows? A corpus (built in, or uploaded), an analysis (head
+scores, logit attribution, patching) run over every item, and its mean map with the 95 % interval, plus one
+cell's value item by item. Each job is heavy (one per session), shows its progress, and Stop keeps the summary
+of the items finished before it."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from ui.services.corpus.over import CORPORA, DEFAULT_N, KINDS, MAX_PAIRS, MAX_TEXTS
+from ui.tabs.events import ON_HEAVY, handler
+from ui.views.corpus import across as views
+
+LEAD = """**How typical is this?** One text is an anecdote. Run an analysis over many texts (or prompt pairs) and
+see each head's mean with its 95 % confidence interval, and every item's own value for one cell."""
+
+HOW_TO_READ = """Each cell of the map is the **mean over the corpus**; hover it for the interval [low, high] (the
+95 % confidence interval of the mean, Student's t over items: mean ± t · s/√n) and n. The strip under it shows
+the chosen cell item by item: a dot per text or pair, the mean as a line, the interval as a band. A narrow
+interval with the dots close together is a typical behaviour; a wide one, a mean over very different items."""
+
+UPLOAD_WORDS = """**Upload**: texts as `.txt` (one a line, or blank-line separated), `.jsonl` (a `text` field) or
+`.csv` (a `text` column); pairs (attribution, patching) as `.jsonl` or `.csv` with `clean`, `corrupted`, `answer`,
+`foil`, the answer and foil one token each (e.g. `" Mary"`, its space kept), both prompts of one token count."""
+
+SITE_CHOICES = [("each head (layer × head)", "z"), ("residual stream (layer × position)", "resid_pre"),
+                ("attention output (layer × position)", "attn_out"), ("MLP output (layer × position)", "mlp_out"),
+                ("one layer's heads (head × position)", "z_by_position")]
+
+
+def build(services, picker, initial) -> None:
+    gr.Markdown(LEAD, elem_classes=["tab-lead"])
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=1, min_width=300, elem_classes=["tab-controls"]):
+            corpus = gr.Dropdown(list(CORPORA), value=CORPORA[0], label="Corpus", elem_id="corpus-source")
+            n = gr.Number(DEFAULT_N, label=f"Items (n): texts up to {MAX_TEXTS}, pairs up to {MAX_PAIRS}",
+                          precision=0, elem_id="corpus-n")
+            upload = gr.File(label="Your corpus (.txt, .jsonl, .csv)", file_types=[".txt", ".jsonl", ".csv"],
+                             type="filepath", elem_id="corpus-upload", height=90)
+            gr.Markdown(UPLOAD_WORDS, elem_classes=["field-note"])
+            with gr.Row():
+                row = gr.Number(0, label="Cell: layer (head, for one layer's heads)", precision=0,
+                                elem_id="corpus-row", min_width=120)
+                col = gr.Number(0, label="Cell: head (or position)", precision=0, elem_id="corpus-col",
+                                min_width=120)
+            with gr.Accordion("Head scores (texts)", open=True, elem_id="corpus-heads-box"):
+                kind = gr.Dropdown(list(KINDS), value="induction", label="Score", elem_id="corpus-kind")
+                heads_run = gr.Button("Score the heads", variant="primary", elem_id="corpus-heads-run")
+            with gr.Accordion("Logit attribution (pairs)", open=True, elem_id="corpus-attribution-box"):
+                attribution_run = gr.Button("Attribute over the pairs", variant="primary",
+                                            elem_id="corpus-attribution-run")
+            with gr.Accordion("Patching (pairs)", open=False, elem_id="corpus-patch-box"):
+                site = gr.Dropdown(SITE_CHOICES, value="z", label="What to patch", elem_id="corpus-site")
+                mode = gr.Radio(["denoise", "noise"], value="denoise", label="Direction", elem_id="corpus-mode")
+                layer = gr.Number(0, label="Layer (for one layer's heads)", precision=0, elem_id="corpus-layer")
+                patch_run = gr.Button("Patch every pair", variant="primary", elem_id="corpus-patch-run")
+            stop = gr.Button("Stop", variant="stop", elem_id="corpus-stop")
+        with gr.Column(scale=3, min_width=340):
+            gr.Markdown(HOW_TO_READ, elem_classes=["how-to-read"])
+            note = gr.Markdown(elem_id="corpus-note")
+            mean_fig = gr.Plot(label="The mean over the corpus", elem_id="corpus-map")
+            strip_fig = gr.Plot(label="The chosen cell, item by item", elem_id="corpus-strip")
+    outputs = [note, mean_fig, strip_fig]
+    common = [picker.model, corpus, n, upload]
+    events = [
+        heads_run.click(handler(views.heads_view, services, "corpus_heads", heavy="A head-score job over a corpus"),
+                        [*common, kind, row, col], outputs, api_name="corpus_heads", **ON_HEAVY),
+        attribution_run.click(handler(views.attribution_view, services, "corpus_attribution",
+                                      heavy="An attribution job over a corpus"),
+                              [*common, row, col], outputs, api_name="corpus_attribution", **ON_HEAVY),
+        patch_run.click(handler(views.patch_view, services, "corpus_patch", heavy="A patching job over a corpus"),
+                        [*common, site, mode, layer, row, col], outputs, api_name="corpus_patch", **ON_HEAVY),
+    ]
+    # cancel first, then relabel: the figures keep the last summary the job sent
+    stop.click(None, None, None, cancels=events, api_visibility="private").then(
+        views.mark_stopped, note, note, api_visibility="private", queue=False)
