@@ -1,0 +1,489 @@
+"""Results that last: a corpus job of summaries.py saved item by item as it runs, resumed after a kill from the
+items it finished, reopened without recomputing once done, and exported as CSV and .npz.
+
+A job's identity (identity()): the model's name, the corpus hash (sha256 over every item's token ids in order; a
+pair's answer and foil too), the analysis and its arguments (defaults filled in), and the code's version: `git
+describe --always --tags` of this repository (with "-dirty" where the work tree differs from the commit) where git
+can see it, else "core-" and a sha256 of core/'s sources (there is no package version); `version_from` says which.
+The date it started is kept beside, not in the identity, so a rerun finds the same folder. One folder per job:
+
+    ROOT/MODEL__ANALYSIS__CORPUS12__KEY12/
+        job.json            the identity, the date it started
+        items/000007.npz    one finished item's value (float tensors in float32, float64 kept as it is), written to
+                            a hidden temporary file and renamed: a kill never leaves half an item under a name read
+        result.npz          each Over's mean, low, high, per_item and items, once every item is measured
+        meta.json           written last, so its presence says the job finished: the identity, n, notes, dates
+
+Files are JSON and .npz read with allow_pickle=False: nothing on disk is ever unpickled.
+
+The root is the caller's: default_root() gives $ATTN_RUNS_DIR where set, else /data/runs on a Hugging Face Space
+with persistent storage (SPACE_ID set and /data writable, as the weight store chooses /data/weights), else runs/.
+A shared server keeps each page's jobs private by giving each page its own root, caps each root's size
+(run_over's max_bytes) and deletes old jobs (prune)."""
+from __future__ import annotations
+
+import csv
+import functools
+import hashlib
+import inspect
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import time
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from . import Pair, summaries
+from .summaries import Over
+
+log = logging.getLogger(__name__)
+
+RUNS_SETTING = "ATTN_RUNS_DIR"      # where saved jobs go, unless the caller says
+DEFAULT_ROOT = Path("runs")
+PERSISTENT_STORAGE = Path("/data")  # a Space's persistent storage, when it has some
+DEFAULT_MAX_AGE_S = 3600.0          # prune's suggested age: a shared server's private Lab runs live as long
+REPO = Path(__file__).resolve().parents[2]
+JOB, META, RESULT, ITEMS = "job.json", "meta.json", "result.npz", "items"
+ITEM_FILE = re.compile(r"(\d+)\.npz")
+OVER_FIELDS = ("mean", "low", "high", "per_item")
+CALLER_ARGUMENTS = {"model", "texts", "pairs", "progress", "stop", "each", "done"}
+
+
+# ---- the analyses a job can run ----
+
+@dataclass(frozen=True)
+class Analysis:
+    run: Callable                       # the *_over of summaries.py
+    items: str                          # "texts" or "pairs"
+    axes: Callable[[dict], dict[str, tuple[str, ...]]]  # arguments → each part's axis names (CSV columns)
+
+    def count(self, arguments: dict, n: int) -> int:
+        """How many of the n items the analysis measures (ablation sweeps the first `limit`)."""
+        limit = arguments.get("limit")
+        return n if limit is None else min(limit, n)
+
+
+def patch_axes(arguments: dict) -> dict[str, tuple[str, ...]]:
+    if not summaries.by_position(arguments["site"], arguments["layer"]):
+        return {"over": ("layer", "head")}
+    return {"over": ("head", "position") if arguments["site"] == "z" else ("layer", "position")}
+
+
+ANALYSES = {
+    "head_scores": Analysis(summaries.head_scores_over, "texts", lambda _: {"*": ("layer", "head")}),
+    "logit_attribution": Analysis(summaries.logit_attribution_over, "pairs",
+                                  lambda _: {"heads": ("layer", "head"), "mlps": ("layer",)}),
+    "patch": Analysis(summaries.patch_over, "pairs", patch_axes),
+    "ablation": Analysis(summaries.ablation_over, "texts", lambda _: {"over": ("layer", "head")}),
+}
+
+
+def analysis_named(name: str) -> Analysis:
+    if name not in ANALYSES:
+        raise ValueError(f"analysis must be one of {', '.join(ANALYSES)}, got {name!r}")
+    return ANALYSES[name]
+
+
+def arguments_of(name: str, given: dict) -> dict:
+    """The analysis's own arguments with their defaults filled in, so that leaving one out and giving its default
+    name the same job; each a JSON value (a number, a string, true/false or null)."""
+    parameters = {key: p for key, p in inspect.signature(analysis_named(name).run).parameters.items()
+                  if key not in CALLER_ARGUMENTS}
+    unknown = sorted(set(given) - set(parameters))
+    if unknown:
+        raise ValueError(f"{name} takes the arguments {', '.join(parameters) or 'none'}, not {', '.join(unknown)}")
+    missing = [key for key, p in parameters.items() if p.default is inspect.Parameter.empty and key not in given]
+    if missing:
+        raise ValueError(f"{name} needs the argument(s) {', '.join(missing)}")
+    arguments = {key: given.get(key, p.default) for key, p in parameters.items()}
+    for key, value in arguments.items():
+        if not (value is None or isinstance(value, (bool, int, float, str))):
+            raise ValueError(f"{name}'s argument {key} must be a number, a string, a bool or None to be saved with "
+                             f"the job, got {type(value).__name__}")
+    return arguments
+
+
+# ---- identity: corpus hash, code version ----
+
+def corpus_hash(items: Sequence) -> str:
+    """sha256 over the kind of corpus and each item's token ids in order (each length-prefixed, little-endian
+    int64); a pair hashes its clean ids, its corrupted ids, its answer and its foil."""
+    kinds = {"pairs" if isinstance(item, Pair) else "texts" if isinstance(item, Tensor) else "?" for item in items}
+    if len(kinds) != 1 or "?" in kinds:
+        raise ValueError("a corpus is a list of 1-D token-id tensors (texts) or a list of Pairs, not a mix or "
+                         f"anything else (got {sorted(kinds)})")
+    digest = hashlib.sha256(kinds.pop().encode())
+    for item in items:
+        parts = ((item.clean, item.corrupted, torch.tensor([int(item.answer), int(item.foil)]))
+                 if isinstance(item, Pair) else (item,))
+        for ids in parts:
+            ids = ids.detach().cpu().reshape(-1).numpy().astype("<i8")
+            digest.update(len(ids).to_bytes(8, "little"))
+            digest.update(ids.tobytes())
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> tuple[str, str]:
+    """(version, where it came from): git describe of this repository, else a sha256 of core/'s sources."""
+    if (REPO / ".git").exists():
+        git = ["git", "-C", str(REPO)]
+        quiet = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}   # read only: never take the index lock of others
+        try:
+            found = subprocess.run([*git, "describe", "--always", "--tags"], check=False, capture_output=True,
+                                   text=True, timeout=20, env=quiet)
+            if found.returncode == 0 and found.stdout.strip():
+                dirty = subprocess.run([*git, "diff", "--quiet", "HEAD", "--"], check=False, capture_output=True,
+                                       timeout=20, env=quiet).returncode != 0
+                return found.stdout.strip() + ("-dirty" if dirty else ""), "git describe"
+        except (OSError, subprocess.SubprocessError):
+            pass
+    digest = hashlib.sha256()
+    for path in sorted((REPO / "core").rglob("*.py")):
+        digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return "core-" + digest.hexdigest()[:16], "sha256 of core/*.py"
+
+
+def identity(analysis: str, model_name: str, items: Sequence, arguments: dict) -> dict:
+    version, version_from = code_version()
+    return {"model": model_name, "analysis": analysis, "arguments": arguments, "corpus": corpus_hash(items),
+            "items": len(items), "version": version, "version_from": version_from}
+
+
+def job_key(ident: dict) -> str:
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+
+def safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60] or "model"
+
+
+def job_folder(root: Path, ident: dict) -> Path:
+    return Path(root) / (f"{safe_name(ident['model'])}__{ident['analysis']}__{ident['corpus'][:12]}__"
+                         f"{job_key(ident)[:12]}")
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+# ---- files: written whole or not at all, read without pickle ----
+
+def write_atomic(path: Path, write: Callable) -> None:
+    """write(file) into a hidden temporary file beside path, then rename it over path (atomic on one disk)."""
+    temporary = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
+    try:
+        with open(temporary, "wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def write_json(path: Path, value: dict) -> None:
+    write_atomic(path, lambda file: file.write(json.dumps(value, indent=1, sort_keys=True).encode()))
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path} is not a readable job file: {error}") from None
+
+
+def read_npz(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as arrays:
+        return {key: arrays[key] for key in arrays.files}
+
+
+def stored(tensor: Tensor) -> np.ndarray:
+    """A tensor as saved: floats in float32 (float64 kept), so bfloat16 and float16 read back exactly."""
+    tensor = tensor.detach().cpu()
+    if tensor.is_floating_point() and tensor.dtype != torch.float64:
+        tensor = tensor.float()
+    return tensor.numpy()
+
+
+def pack(value) -> dict[str, np.ndarray]:
+    """An item's value (a tensor, a tuple of them or a dict of them) → named arrays, with each one's dtype."""
+    if isinstance(value, Tensor):
+        parts = {"tensor": value}
+    elif isinstance(value, tuple):
+        parts = {f"tuple.{i}": part for i, part in enumerate(value)}
+    elif isinstance(value, dict):
+        parts = {f"dict.{name}": part for name, part in value.items()}
+    else:
+        raise TypeError(f"an item's value is a tensor, a tuple or a dict of tensors, got {type(value).__name__}")
+    arrays = {key: stored(part) for key, part in parts.items()}
+    arrays["dtypes"] = np.array([f"{key}={str(part.dtype).removeprefix('torch.')}" for key, part in parts.items()])
+    return arrays
+
+
+def unpack(arrays: dict[str, np.ndarray]):
+    dtypes = dict(entry.split("=", 1) for entry in arrays["dtypes"].tolist())
+    parts = {key: torch.from_numpy(arrays[key]).to(getattr(torch, dtypes[key])) for key in dtypes}
+    if "tensor" in parts:
+        return parts["tensor"]
+    if all(key.startswith("tuple.") for key in parts):
+        return tuple(parts[f"tuple.{i}"] for i in range(len(parts)))
+    return {key.removeprefix("dict."): part for key, part in parts.items()}
+
+
+def write_item(folder: Path, index: int, value) -> None:
+    arrays = pack(value)
+    write_atomic(folder / ITEMS / f"{index:06d}.npz", lambda file: np.savez(file, **arrays))
+
+
+def read_items(folder: Path, total: int) -> dict[int, object]:
+    """index → value of every finished item on disk (0 ≤ index < total). Temporary files of an item being written
+    when a job was killed do not match the name read; a file that cannot be read is logged and measured again."""
+    found = {}
+    items = folder / ITEMS
+    for path in sorted(items.iterdir()) if items.is_dir() else ():
+        match = ITEM_FILE.fullmatch(path.name)
+        if match is None or int(match[1]) >= total:
+            continue
+        try:
+            found[int(match[1])] = unpack(read_npz(path))
+        except (OSError, ValueError, KeyError, AttributeError, EOFError, zipfile.BadZipFile) as error:
+            log.warning("ignoring the unreadable item file %s (it will be measured again): %s", path, error)
+    return found
+
+
+# ---- a job: run or resume, reopen ----
+
+@dataclass
+class Run:
+    folder: Path
+    result: object          # what the analysis returns: an Over, (heads, mlps) Overs, or {kind: Over}
+    finished: bool          # every item measured and the result saved (False: stopped; its items are kept)
+    reused: int             # items read back from disk, not measured again
+    measured: int           # items measured by this call
+
+
+def parts_of(result) -> dict[str, Over]:
+    if isinstance(result, Over):
+        return {"over": result}
+    if isinstance(result, tuple):
+        return dict(zip(("heads", "mlps"), result))
+    return dict(result)
+
+
+def result_of(form: str, parts: dict[str, Over]):
+    if form == "over":
+        return parts["over"]
+    if form == "tuple":
+        return parts["heads"], parts["mlps"]
+    return parts
+
+
+def disk_usage(root: Path) -> int:
+    """Bytes of every file under root."""
+    total = 0
+    for folder, _, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def check_room(root: Path, max_bytes: int | None) -> None:
+    if max_bytes is None:
+        return
+    used = disk_usage(root)
+    if used >= max_bytes:
+        raise ValueError(f"the saved results under {root} take {used / 1e6:.1f} MB, at or over this server's cap of "
+                         f"{max_bytes / 1e6:.1f} MB, so no new job is started: delete older jobs (prune) or wait "
+                         "until they expire")
+
+
+def run_over(analysis: str, model, items: Sequence, root, model_name: str, *, max_bytes: int | None = None,
+             progress: summaries.Progress | None = None, stop: summaries.Stop | None = None,
+             each: summaries.Each | None = None, **arguments) -> Run:
+    """Run one analysis of summaries.py ("head_scores", "logit_attribution", "patch", "ablation") over `items`
+    (texts for head_scores and ablation, Pairs for the others) with `arguments` (its own, e.g. site="z"), saving
+    each item under root as it finishes. A job already finished is reopened without measuring anything; one
+    stopped or killed before resumes: its items on disk are read back, only the rest are measured, and the summary
+    is of all of them in input order, as one uninterrupted run gives. max_bytes: refuse to start a new job while
+    root holds that many bytes or more (a resumed job goes on). progress, stop and each as in summaries.py."""
+    spec = analysis_named(analysis)
+    arguments = arguments_of(analysis, arguments)
+    if not isinstance(model_name, str) or not model_name.strip():
+        raise ValueError(f"model_name names the model in the job's identity and folder: a non-empty string, "
+                         f"got {model_name!r}")
+    check = summaries.check_pairs if spec.items == "pairs" else summaries.check_texts
+    if any(isinstance(item, Pair) for item in items) != (spec.items == "pairs"):
+        wanted = "Pair(clean, corrupted, answer, foil)s" if spec.items == "pairs" else "1-D token-id tensors"
+        raise ValueError(f"{analysis} runs over {spec.items}: give {wanted}")
+    items = check(model, items)
+    ident = identity(analysis, model_name, items, arguments)
+    folder = job_folder(Path(root), ident)
+    if (folder / META).exists():
+        try:
+            return open_job(folder)
+        except (ValueError, KeyError, OSError, zipfile.BadZipFile) as error:
+            log.warning("the saved result in %s is unreadable, measuring again from its items: %s", folder, error)
+            (folder / META).unlink(missing_ok=True)
+    if (folder / JOB).exists():
+        saved = read_json(folder / JOB)
+        if {key: saved.get(key) for key in ident} != ident:
+            raise ValueError(f"{folder} holds another job ({saved.get('analysis')} of {saved.get('model')}); "
+                             "move it away or give another root")
+    new = not (folder / JOB).exists()
+    if new:
+        check_room(Path(root), max_bytes)
+        (folder / ITEMS).mkdir(parents=True, exist_ok=True)
+        write_json(folder / JOB, {**ident, "created": now_iso()})
+    done = read_items(folder, spec.count(arguments, len(items)))
+    measured, stopped = [0], [False]
+
+    def keep(index: int, value) -> None:
+        write_item(folder, index, value)
+        measured[0] += 1
+        if each is not None:
+            each(index, value)
+
+    def stopping() -> bool:
+        stopped[0] = stopped[0] or (stop is not None and bool(stop()))
+        return stopped[0]
+
+    try:
+        result = spec.run(model, items, progress=progress, stop=stopping, each=keep, done=done, **arguments)
+    except ValueError:
+        if new and not measured[0]:     # refused (the model, an argument): leave no empty job behind
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    if not stopped[0]:
+        save_result(folder, ident, spec, arguments, result)
+    return Run(folder, result, not stopped[0], len(done), measured[0])
+
+
+def save_result(folder: Path, ident: dict, spec: Analysis, arguments: dict, result) -> None:
+    """result.npz (each part's mean, low, high, per_item, items), then meta.json: the job is finished."""
+    parts = parts_of(result)
+    axes = spec.axes(arguments)
+    arrays = {}
+    for name, over in parts.items():
+        arrays.update({f"{name}.{key}": stored(getattr(over, key)) for key in OVER_FIELDS})
+        arrays[f"{name}.items"] = np.asarray(over.items, dtype=np.int64)
+    write_atomic(folder / RESULT, lambda file: np.savez(file, **arrays))
+    form = "over" if isinstance(result, Over) else "tuple" if isinstance(result, tuple) else "dict"
+    created = read_json(folder / JOB).get("created")
+    write_json(folder / META, {
+        **ident, "created": created, "finished": now_iso(), "form": form,
+        "parts": {name: {"n": over.n, "note": over.note, "dtype": str(over.mean.dtype).removeprefix("torch."),
+                         "axes": list(axes.get(name, axes.get("*", ())))} for name, over in parts.items()}})
+
+
+def open_job(folder) -> Run:
+    """A finished job's result, read back from result.npz and meta.json; nothing is measured."""
+    folder = Path(folder)
+    if not (folder / META).exists():
+        raise ValueError(f"{folder} holds no finished job (no {META}); run it with run_over to finish it")
+    meta = read_json(folder / META)
+    arrays = read_npz(folder / RESULT)
+    parts = {}
+    for name, part in meta["parts"].items():
+        kind = getattr(torch, part["dtype"])
+        values = {key: torch.from_numpy(arrays[f"{name}.{key}"]).to(kind) for key in OVER_FIELDS}
+        parts[name] = Over(values["mean"], values["low"], values["high"], values["per_item"], part["n"],
+                           part["note"], tuple(int(i) for i in arrays[f"{name}.items"]))
+    on_disk = sum(1 for path in (folder / ITEMS).glob("*.npz") if ITEM_FILE.fullmatch(path.name))
+    return Run(folder, result_of(meta["form"], parts), True, on_disk, 0)
+
+
+def jobs(root) -> list[dict]:
+    """Every job under root, newest first: its job.json (or meta.json once finished), with "folder" and
+    "finished" added."""
+    found = []
+    for folder in Path(root).iterdir() if Path(root).is_dir() else ():
+        try:
+            meta = read_json(folder / (META if (folder / META).exists() else JOB))
+        except ValueError:
+            continue
+        found.append({**meta, "folder": str(folder), "finished": (folder / META).exists()})
+    return sorted(found, key=lambda job: job.get("created") or "", reverse=True)
+
+
+# ---- export ----
+
+def export(folder, out) -> list[Path]:
+    """A finished job as files in `out`, named MODEL_ANALYSIS_CORPUS12 (with the part for several): per part, a
+    CSV of its cells (one row each: the axes, e.g. layer and head, then mean, low, high, n) and a CSV of its items
+    (item, the axes, value; item is the index in the input corpus), and the .npz of the whole result."""
+    run = open_job(folder)
+    meta = read_json(Path(folder) / META)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{safe_name(meta['model'])}_{meta['analysis']}_{meta['corpus'][:12]}"
+    written = [out / f"{stem}.npz"]
+    shutil.copyfile(Path(folder) / RESULT, written[0])
+    parts = parts_of(run.result)
+    for name, over in parts.items():
+        axes = meta["parts"][name]["axes"]
+        named = stem if len(parts) == 1 else f"{stem}_{name}"
+        mean, low, high = (stored(t) for t in (over.mean, over.low, over.high))
+        with open(out / f"{named}.csv", "w", newline="", encoding="utf-8") as file:
+            rows = csv.writer(file)
+            rows.writerow([*axes, "mean", "low", "high", "n"])
+            for cell in np.ndindex(mean.shape):
+                rows.writerow([*cell, repr(float(mean[cell])), repr(float(low[cell])), repr(float(high[cell])),
+                               over.n])
+        per_item = stored(over.per_item)
+        with open(out / f"{named}_items.csv", "w", newline="", encoding="utf-8") as file:
+            rows = csv.writer(file)
+            rows.writerow(["item", *axes, "value"])
+            for row, item in enumerate(over.items):
+                for cell in np.ndindex(per_item.shape[1:]):
+                    rows.writerow([item, *cell, repr(float(per_item[(row, *cell)]))])
+        written += [out / f"{named}.csv", out / f"{named}_items.csv"]
+    return written
+
+
+# ---- limits for a shared server ----
+
+def default_root(environ=None) -> Path:
+    """$ATTN_RUNS_DIR where set; else /data/runs on a Hugging Face Space with persistent storage (SPACE_ID set,
+    /data a writable folder), which outlives restarts; else runs/ in the working directory."""
+    environ = os.environ if environ is None else environ
+    if environ.get(RUNS_SETTING):
+        return Path(environ[RUNS_SETTING]).expanduser()
+    if environ.get("SPACE_ID") and PERSISTENT_STORAGE.is_dir() and os.access(PERSISTENT_STORAGE, os.W_OK):
+        return PERSISTENT_STORAGE / "runs"
+    return DEFAULT_ROOT
+
+
+def last_write(folder: Path) -> float:
+    return max((path.stat().st_mtime for path in [folder, *folder.rglob("*")]), default=0.0)
+
+
+def prune(root, max_age_s: float = DEFAULT_MAX_AGE_S, now: float | None = None) -> list[Path]:
+    """Delete every job under root whose last write (job.json, an item finishing, or the result saved: the
+    newest modification time of its files) is more than max_age_s seconds before now (time.time() unless given);
+    so a finished job lives max_age_s after it was saved (DEFAULT_MAX_AGE_S, an hour, as a shared server's
+    private Lab runs), and a running one is never cut off while items keep finishing. Only job folders (with a
+    job.json) are touched. Returns the folders deleted."""
+    if max_age_s < 0:
+        raise ValueError(f"max_age_s is an age in seconds, 0 or more, got {max_age_s}")
+    now = time.time() if now is None else now
+    deleted = []
+    for folder in sorted(Path(root).iterdir()) if Path(root).is_dir() else ():
+        if (folder / JOB).is_file() and now - last_write(folder) > max_age_s:
+            shutil.rmtree(folder, ignore_errors=True)
+            deleted.append(folder)
+    return deleted
