@@ -15,6 +15,7 @@ public endpoint it does not call.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pickle
 
@@ -115,7 +116,23 @@ def calls(llama: str, upload: str) -> list[tuple[str, tuple]]:
         ("save_run", ("run1", "sizes-run")),
         ("export_lab", ()),
         ("extrapolation", (["none"], 10, 0)),
+        ("corpus_heads", (llama, "induction texts", 4, None, "induction", 0, 0)),
+        ("corpus_attribution", (llama, "uploaded file", 3, handle_file(corpus_pairs(upload)), 0, 0)),
+        ("corpus_patch", (llama, "uploaded file", 3, handle_file(corpus_pairs(upload)), "z", "denoise", 0, 0, 0)),
     ]
+
+
+def corpus_pairs(upload: str) -> str:
+    """A pairs file beside the uploaded text, for the corpus endpoints: the tiny tokenizer has no one-token names
+    for IOI pairs, so its pairs are uploaded (nine tokens each, answer and foil one token each)."""
+    path = os.path.join(os.path.dirname(upload), "pairs.jsonl")
+    rows = [(CLEAN, CORRUPTED, " the", " bread"), ("a bread is warm and the lamp", "a bread is warm and the shop",
+                                                    " bread", " the"),
+            ("the bread is warm to the lamp", "the bread is warm to the shop", " and", " bread")]
+    with open(path, "w", encoding="utf-8") as f:
+        for clean, corrupted, answer, foil in rows:
+            f.write(json.dumps(dict(clean=clean, corrupted=corrupted, answer=answer, foil=foil)) + "\n")
+    return path
 
 
 def public_endpoints(demo: gr.Blocks) -> set[str]:
