@@ -3,8 +3,9 @@ items it finished, reopened without recomputing once done, and exported as CSV a
 
 A job's identity (identity()): the model's name, the corpus hash (sha256 over every item's token ids in order; a
 pair's answer and foil too), the analysis and its arguments (defaults filled in), and the code's version: `git
-describe --always --tags` of this repository (with "-dirty" where the work tree differs from the commit) where git
-can see it, else "core-" and a sha256 of core/'s sources (there is no package version); `version_from` says which.
+describe --always --tags` of this repository where git can see it (with "-dirty-" and a hash of the difference
+where core/, the code that measures, differs from the commit), else "core-" and a sha256 of core/'s sources (there
+is no package version); `version_from` says which. A job resumes only on the same version.
 The date it started is kept beside, not in the identity, so a rerun finds the same folder. One folder per job:
 
     ROOT/MODEL__ANALYSIS__CORPUS12__KEY12/
@@ -136,17 +137,19 @@ def corpus_hash(items: Sequence) -> str:
 
 @functools.lru_cache(maxsize=1)
 def code_version() -> tuple[str, str]:
-    """(version, where it came from): git describe of this repository, else a sha256 of core/'s sources."""
+    """(version, where it came from): git describe of this repository (and a hash of core/'s uncommitted
+    changes), else a sha256 of core/'s sources. Computed once per process."""
     if (REPO / ".git").exists():
         git = ["git", "-C", str(REPO)]
         quiet = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}   # read only: never take the index lock of others
         try:
             found = subprocess.run([*git, "describe", "--always", "--tags"], check=False, capture_output=True,
                                    text=True, timeout=20, env=quiet)
-            if found.returncode == 0 and found.stdout.strip():
-                dirty = subprocess.run([*git, "diff", "--quiet", "HEAD", "--"], check=False, capture_output=True,
-                                       timeout=20, env=quiet).returncode != 0
-                return found.stdout.strip() + ("-dirty" if dirty else ""), "git describe"
+            changed = subprocess.run([*git, "diff", "HEAD", "--", "core"], check=False, capture_output=True,
+                                     timeout=20, env=quiet)
+            if found.returncode == 0 and found.stdout.strip() and changed.returncode == 0:
+                dirty = f"-dirty-{hashlib.sha256(changed.stdout).hexdigest()[:8]}" if changed.stdout else ""
+                return found.stdout.strip() + dirty, "git describe"
         except (OSError, subprocess.SubprocessError):
             pass
     digest = hashlib.sha256()

@@ -335,3 +335,20 @@ def test_default_root(tmp_path, monkeypatch):
     assert saved.default_root({"SPACE_ID": "me/space", "ATTN_RUNS_DIR": "/elsewhere"}) == saved.Path("/elsewhere")
     monkeypatch.setattr(saved, "PERSISTENT_STORAGE", tmp_path / "missing")
     assert saved.default_root({"SPACE_ID": "me/space"}) == saved.DEFAULT_ROOT
+
+
+def test_the_code_version_says_where_it_came_from(tmp_path, monkeypatch):
+    version, version_from = saved.code_version()
+    assert version and version_from in ("git describe", "sha256 of core/*.py")
+    (tmp_path / "core").mkdir()
+    (tmp_path / "core" / "model.py").write_text("x = 1\n")
+    monkeypatch.setattr(saved, "REPO", tmp_path)                 # a copy without .git, as on a Space
+    saved.code_version.cache_clear()
+    try:
+        first = saved.code_version()
+        (tmp_path / "core" / "model.py").write_text("x = 2\n")
+        saved.code_version.cache_clear()
+        second = saved.code_version()
+    finally:
+        saved.code_version.cache_clear()
+    assert first[1] == second[1] == "sha256 of core/*.py" and first[0].startswith("core-") and first[0] != second[0]
