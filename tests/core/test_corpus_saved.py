@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from core import load_model
-from core.analysis import patching
+from core.analysis import heads, patching
 from core.corpus import Pair, saved, summaries
 from tests import tiny
 
@@ -181,7 +181,7 @@ def test_a_changed_corpus_is_a_new_job(llama, sweeps, tmp_path):
         saved.corpus_hash([pairs[0], pairs[0].clean])
 
 
-def test_head_scores_and_attribution_resume_and_reopen(llama, tmp_path):
+def test_head_scores_and_attribution_resume_and_reopen(llama, tmp_path, monkeypatch):
     texts = random_texts([9, 4, 13, 6, 9, 12, 5])
     texts[2][8:] = texts[2][3:8]
     whole = summaries.head_scores_over(llama, texts, batch_tokens=30)
@@ -190,8 +190,11 @@ def test_head_scores_and_attribution_resume_and_reopen(llama, tmp_path):
                              each=lambda i, value: batches.append(i), stop=lambda: len(batches) >= 2)
     on_disk = len(item_files(stopped))
     assert not stopped.finished and 2 <= on_disk < len(texts) and on_disk == len(batches)
+    real, rows = heads.batch_pattern_scores, []
+    monkeypatch.setattr(heads, "batch_pattern_scores",
+                        lambda model, ids, *rest: rows.append(len(ids)) or real(model, ids, *rest))
     resumed = saved.run_over("head_scores", llama, texts, tmp_path, "tiny-llama", batch_tokens=30)
-    assert resumed.finished and resumed.reused == on_disk
+    assert resumed.finished and resumed.reused == on_disk and sum(rows) == len(texts) - on_disk
     assert resumed.reused + resumed.measured == len(texts) and set(resumed.result) == set(whole)
     reopened = saved.open_job(resumed.folder).result
     for kind in whole:
