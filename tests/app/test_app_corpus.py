@@ -175,7 +175,7 @@ def test_a_job_streams_the_summary_of_the_items_finished_so_far(served):
     updates = across.attribution_view(served["services"], served["llama"], "uploaded file", 10, served["pairs"], 0, 1)
     first_note = next(updates)[0]
     assert first_note.startswith("Attributing over")
-    note, mean_figure, strip_figure = next(updates)   # the first partial summary, sent at once
+    note, mean_figure, strip_figure, kept = next(updates)   # the first partial summary, sent at once
     updates.close()                                   # the page stops the job here
     assert "finished so far: the summary is of those" in note
     done = int(note.split("**Running: ")[1].split(" of ")[0])
@@ -183,5 +183,20 @@ def test_a_job_streams_the_summary_of_the_items_finished_so_far(served):
     heads, _ = summaries.logit_attribution_over(model, pairs[:done])
     z = torch.tensor(mean_figure.data[0].z, dtype=torch.float32)   # the view's own figure, before the page
     torch.testing.assert_close(z, heads.mean.float())
+    assert kept.over.n == done      # and kept for a click on another cell, as shown
     stopped = across.mark_stopped(note)
     assert stopped.startswith("**Stopped.**") and note in stopped
+
+
+def test_another_cell_is_drawn_from_the_kept_result_without_measuring_again(served):
+    services, model = served["services"], served["model"]
+    outputs = list(across.heads_view(services, served["llama"], "induction texts", 5, None, "previous_token", 0, 0))
+    shown = outputs[-1][-1]
+    texts = corpora.induction_texts(model.tokenizer, 5, INDUCTION_LENGTH, bos=model.config.bos_token_id)
+    over = summaries.head_scores_over(model, texts)["previous_token"]
+    words, mean_figure, strip_figure, kept = across.cell_view(services, 1, 3, shown)
+    assert kept is shown and f"mean **{float(over.mean[1, 3]):+.4f}**" in words
+    torch.testing.assert_close(torch.tensor(strip_figure.data[0].y), over.per_item[:, 1, 3].float())
+    assert mean_figure.layout.shapes[0].x0 == 2.5 and mean_figure.layout.shapes[0].y0 == 0.5   # the cell outlined
+    with pytest.raises(Exception, match="Run an analysis first"):
+        across.cell_view(services, 1, 3, None)

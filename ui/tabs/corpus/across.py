@@ -8,7 +8,9 @@ from __future__ import annotations
 import gradio as gr
 
 from ui.services.corpus.over import CORPORA, DEFAULT_N, KINDS, MAX_PAIRS, MAX_TEXTS
-from ui.tabs.events import ON_HEAVY, handler
+from ui.services.kept import keeping
+from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, user_errors
+from ui.tabs.widgets import click_bridge
 from ui.views.corpus import across as views
 
 LEAD = """**How typical is this?** One text is an anecdote. Run an analysis over many texts (or prompt pairs) and
@@ -23,6 +25,9 @@ UPLOAD_WORDS = """**Upload**: texts as `.txt` (one a line, or blank-line separat
 `.csv` (a `text` column); pairs (attribution, patching) as `.jsonl` or `.csv` with `clean`, `corrupted`, `answer`,
 `foil`, the answer and foil one token each (e.g. `" Mary"`, its space kept), both prompts of one token count."""
 
+CORPUS_KEPT = ("corpus",)   # the key of a session's last corpus result in the server-wide KeptStore
+# a click on a cell of the mean map reads "row.column"
+CELL_READ = "return point.x === undefined || point.y === undefined ? null : `${point.y}.${point.x}`;"
 SITE_CHOICES = [("each head (layer × head)", "z"), ("residual stream (layer × position)", "resid_pre"),
                 ("attention output (layer × position)", "attn_out"), ("MLP output (layer × position)", "mlp_out"),
                 ("one layer's heads (head × position)", "z_by_position")]
@@ -58,19 +63,43 @@ def build(services, picker, initial) -> None:
         with gr.Column(scale=3, min_width=340):
             gr.Markdown(HOW_TO_READ, elem_classes=["how-to-read"])
             note = gr.Markdown(elem_id="corpus-note")
-            mean_fig = gr.Plot(label="The mean over the corpus", elem_id="corpus-map")
+            mean_fig = gr.Plot(label="The mean over the corpus (click a cell for its items)", elem_id="corpus-map")
+            cell_note = gr.Markdown(elem_id="corpus-cell-note")
             strip_fig = gr.Plot(label="The chosen cell, item by item", elem_id="corpus-strip")
-    outputs = [note, mean_fig, strip_fig]
+    kept = gr.State(None, time_to_live=1800)   # a KeptRef: the ticket of the session's last result
+    outputs = [note, mean_fig, strip_fig, kept]
     common = [picker.model, corpus, n, upload]
+
+    def job(view, name: str, what: str) -> dict:
+        return dict(fn=handler(keeping(view, services.kept, CORPUS_KEPT), services, name, heavy=what),
+                    outputs=outputs, api_name=name, **ON_HEAVY)
+
     events = [
-        heads_run.click(handler(views.heads_view, services, "corpus_heads", heavy="A head-score job over a corpus"),
-                        [*common, kind, row, col], outputs, api_name="corpus_heads", **ON_HEAVY),
-        attribution_run.click(handler(views.attribution_view, services, "corpus_attribution",
-                                      heavy="An attribution job over a corpus"),
-                              [*common, row, col], outputs, api_name="corpus_attribution", **ON_HEAVY),
-        patch_run.click(handler(views.patch_view, services, "corpus_patch", heavy="A patching job over a corpus"),
-                        [*common, site, mode, layer, row, col], outputs, api_name="corpus_patch", **ON_HEAVY),
+        heads_run.click(inputs=[*common, kind, row, col, kept],
+                        **job(views.heads_view, "corpus_heads", "A head-score job over a corpus")),
+        attribution_run.click(inputs=[*common, row, col, kept],
+                              **job(views.attribution_view, "corpus_attribution", "An attribution job over a corpus")),
+        patch_run.click(inputs=[*common, site, mode, layer, row, col, kept],
+                        **job(views.patch_view, "corpus_patch", "A patching job over a corpus")),
     ]
     # cancel first, then relabel: the figures keep the last summary the job sent
     stop.click(None, None, None, cancels=events, api_visibility="private").then(
         views.mark_stopped, note, note, api_visibility="private", queue=False)
+    wire_cells(services, row, col, kept, [cell_note, mean_fig, strip_fig])
+
+
+def wire_cells(services, row, col, kept, outputs) -> None:
+    """A click on a cell of the map (or a cell typed, then Enter) redraws its strip from the kept result."""
+    cell = dict(fn=handler(keeping(views.cell_view, services.kept, CORPUS_KEPT), services, "corpus_cell",
+                           progress=False),
+                inputs=[row, col, kept], outputs=[*outputs, kept], api_visibility="private", **ON_ANALYSIS)
+    picked = click_bridge("corpus-cell-bridge", ["corpus-map"], CELL_READ)
+
+    @user_errors
+    def chosen(value: str):
+        r, _, c = str(value).partition(".")
+        return int(r), int(c)
+
+    picked.click(chosen, picked, [row, col], api_visibility="private", queue=False).then(**cell)
+    for field in (row, col):
+        field.submit(**cell)

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import time
 from contextlib import closing
+from dataclasses import dataclass
 
 from ui.plots.base import empty_figure
 from ui.plots.corpus import interval_words, item_strip, mean_map
 from ui.plots.text import escaped
 from ui.services import Services
+from ui.services.checks import UserError
 from ui.services.corpus.over import (Corpus, MapAxes, check_cell, check_kind, check_model, check_mode, check_site,
                                      corpus_pairs, corpus_texts, map_axes, stream_over)
 from ui.views import export
@@ -24,36 +26,54 @@ HEAD_WORDS = {
 }
 
 
+@dataclass
+class Shown:
+    """What the page shows of a job, kept server-wide under the session's ticket, so a click on another cell
+    redraws its strip without measuring again: the summary (partial while the job ran) and how to draw it."""
+    over: object            # the Over [R, C] on the map
+    axes: MapAxes
+    noun: str               # "text" or "pair"
+    title: str
+    value_name: str
+    signed: bool
+    name: str               # the model's name, for the figures' file names
+    view: str
+
+
 def nothing(message: str, name: str, view: str):
     return export.named(empty_figure(message), export.filename(name, view))
 
 
-def figures(over, axes: MapAxes, cell: tuple[int, int], noun: str, title: str, value_name: str, signed: bool,
-            name: str, view: str):
-    """(mean map, strip of the cell's items) of one Over [R, C]."""
+def figures(shown: Shown, cell: tuple[int, int]):
+    """(mean map with the cell outlined, strip of the cell's items) of a kept result."""
+    over, axes, noun = shown.over, shown.axes, shown.noun
     line = interval_words(over.n, noun)
-    col_labels = None
     fig = mean_map(over.mean.numpy(), over.low.numpy(), over.high.numpy(), over.n, axes.row_name, axes.col_name,
-                   col_labels, title, line, signed=signed, picked=cell)
+                   None, shown.title, line, signed=shown.signed, picked=cell)
     r, c = cell
     strip = item_strip(over.per_item[:, r, c].numpy(), over.items, float(over.mean[r, c]), float(over.low[r, c]),
                        float(over.high[r, c]),
-                       f"{axes.row_name} {r}, {axes.col_name} {c}: each {noun}'s {value_name}", line, value_name)
-    return (export.named(fig, export.filename(name, view)),
-            export.named(strip, export.filename(name, f"{view}-{axes.row_name}{r}-{axes.col_name}{c}")))
+                       f"{axes.row_name} {r}, {axes.col_name} {c}: each {noun}'s {shown.value_name}", line,
+                       shown.value_name)
+    return (export.named(fig, export.filename(shown.name, shown.view)),
+            export.named(strip, export.filename(shown.name, f"{shown.view}-{axes.row_name}{r}-{axes.col_name}{c}")))
+
+
+def cell_words(over, cell: tuple[int, int], axes: MapAxes) -> str:
+    r, c = cell
+    low, high = float(over.low[r, c]), float(over.high[r, c])
+    interval = f"interval [{low:+.4f}, {high:+.4f}]" if over.n >= 2 else "no interval (n < 2)"
+    return (f"{axes.row_name.capitalize()} {r}, {axes.col_name} {c}: mean **{float(over.mean[r, c]):+.4f}**, "
+            f"{interval}.")
 
 
 def note_of(over, corpus: Corpus, analysis: str, cell: tuple[int, int], axes: MapAxes, update, what: str) -> str:
-    r, c = cell
     state = ("" if update.finished else
              f"**Running: {update.done} of {update.total} {corpus.noun}s done ({update.seconds:.0f} s).** ")
     core_note = f"  \nNote: {escaped(over.note)}." if over.note else ""
-    low, high = float(over.low[r, c]), float(over.high[r, c])
-    interval = f"interval [{low:+.4f}, {high:+.4f}]" if over.n >= 2 else "no interval (n < 2)"
     return (f"{state}**{escaped(what)}** over {escaped(corpus.source)}: {HEAD_WORDS[analysis]}. The map shows the "
             f"mean over n = **{over.n}**; {interval_words(over.n, corpus.noun)} (hover a cell for "
-            f"its interval). {axes.row_name.capitalize()} {r}, {axes.col_name} {c}: mean "
-            f"**{float(over.mean[r, c]):+.4f}**, {interval}."
+            f"its interval; click one for its items). {cell_words(over, cell, axes)}"
             f"{'' if not update.finished else f' Done in {update.seconds:.1f} s.'}{core_note}")
 
 
@@ -75,9 +95,14 @@ def streamed(updates, pick, render, progress, noun: str):
             yield render(over, update)
 
 
-def heads_view(services: Services, model_name, corpus, n, upload, kind, cell_layer, cell_head, progress=None):
-    """(note, mean map, strip): one attention-pattern score of every head over the corpus; the body of the
-    `corpus_heads` endpoint."""
+def running(message: str, name: str, view: str):
+    return message, nothing("Running…", name, view), nothing("Running…", name, view), None
+
+
+def heads_view(services: Services, model_name, corpus, n, upload, kind, cell_layer, cell_head, previous=None,
+               progress=None):
+    """(note, mean map, strip, kept result): one attention-pattern score of every head over the corpus; the body
+    of the `corpus_heads` endpoint."""
     name = model_name
     model = services.models.get(name, progress)
     check_model(model, "heads")
@@ -85,14 +110,13 @@ def heads_view(services: Services, model_name, corpus, n, upload, kind, cell_lay
     chosen = corpus_texts(model, corpus, n, upload)
     axes = map_axes(model, "heads", chosen)
     cell = check_cell(axes, cell_layer, cell_head)
-    view = f"corpus-{kind}"
-    yield (f"Scoring {escaped(chosen.source)}…", nothing("Running…", name, view), nothing("Running…", name, view))
+    view, words = f"corpus-{kind}", kind.replace("_", "-")
+    yield running(f"Scoring {escaped(chosen.source)}…", name, view)
     last = None
 
     def render(over, update):
-        title = f"{kind.replace('_', '-')} score, mean over the corpus"
-        return (note_of(over, chosen, "heads", cell, axes, update, f"The {kind.replace('_', '-')} score"),
-                *figures(over, axes, cell, "text", title, "score", False, name, view))
+        shown = Shown(over, axes, "text", f"{words} score, mean over the corpus", "score", False, name, view)
+        return note_of(over, chosen, "heads", cell, axes, update, f"The {words} score"), *figures(shown, cell), shown
 
     for last in streamed(stream_over(model, "heads", chosen), lambda result: (result or {}).get(kind), render,
                          progress, "text"):
@@ -100,12 +124,13 @@ def heads_view(services: Services, model_name, corpus, n, upload, kind, cell_lay
     if last is None:
         why = (f"No text of this corpus could be scored for {kind}: it is measured on texts that repeat a span "
                "once (the induction texts), and only on decoders.")
-        yield escaped(why), nothing("No text scored.", name, view), nothing("No text scored.", name, view)
+        yield escaped(why), nothing("No text scored.", name, view), nothing("No text scored.", name, view), None
 
 
-def attribution_view(services: Services, model_name, corpus, n, upload, cell_layer, cell_head, progress=None):
-    """(note, mean map, strip): each head's direct logit attribution over the pairs; the body of the
-    `corpus_attribution` endpoint."""
+def attribution_view(services: Services, model_name, corpus, n, upload, cell_layer, cell_head, previous=None,
+                     progress=None):
+    """(note, mean map, strip, kept result): each head's direct logit attribution over the pairs; the body of
+    the `corpus_attribution` endpoint."""
     name = model_name
     model = services.models.get(name, progress)
     check_model(model, "attribution")
@@ -113,22 +138,22 @@ def attribution_view(services: Services, model_name, corpus, n, upload, cell_lay
     axes = map_axes(model, "attribution", chosen)
     cell = check_cell(axes, cell_layer, cell_head)
     view = "corpus-attribution"
-    yield (f"Attributing over {escaped(chosen.source)}…", nothing("Running…", name, view),
-           nothing("Running…", name, view))
+    yield running(f"Attributing over {escaped(chosen.source)}…", name, view)
 
     def render(over, update):
-        title = "Direct logit attribution of logit(answer) − logit(foil), mean over the pairs"
+        shown = Shown(over, axes, "pair", "Direct logit attribution of logit(answer) − logit(foil), mean over "
+                         "the pairs", "direct part", True, name, view)
         return (note_of(over, chosen, "attribution", cell, axes, update, "Direct logit attribution"),
-                *figures(over, axes, cell, "pair", title, "direct part", True, name, view))
+                *figures(shown, cell), shown)
 
     yield from streamed(stream_over(model, "attribution", chosen), lambda result: result and result[0], render,
                         progress, "pair")
 
 
 def patch_view(services: Services, model_name, corpus, n, upload, site, mode, layer_index, cell_row, cell_col,
-               progress=None):
-    """(note, mean map, strip): a patching sweep of every pair, the mean of the pairs' normalised scores; the
-    body of the `corpus_patch` endpoint."""
+               previous=None, progress=None):
+    """(note, mean map, strip, kept result): a patching sweep of every pair, the mean of the pairs' normalised
+    scores; the body of the `corpus_patch` endpoint."""
     name = model_name
     model = services.models.get(name, progress)
     check_model(model, "patch")
@@ -138,17 +163,27 @@ def patch_view(services: Services, model_name, corpus, n, upload, site, mode, la
     axes = map_axes(model, "patch", chosen, site)
     cell = check_cell(axes, cell_row, cell_col)
     view = f"corpus-patch-{site}-{mode}"
-    yield (f"Patching {escaped(chosen.source)}…", nothing("Running…", name, view), nothing("Running…", name, view))
+    yield running(f"Patching {escaped(chosen.source)}…", name, view)
     layer_words = f" of layer {layer}" if layer is not None else ""
 
     def render(over, update):
-        title = f"{mode.capitalize()} {site}{layer_words}: mean patching score over the pairs"
-        what = f"Patching ({mode}, {site}{layer_words})"
-        return (note_of(over, chosen, "patch", cell, axes, update, what),
-                *figures(over, axes, cell, "pair", title, "score", True, name, view))
+        shown = Shown(over, axes, "pair", f"{mode.capitalize()} {site}{layer_words}: mean patching score over "
+                         "the pairs", "score", True, name, view)
+        return (note_of(over, chosen, "patch", cell, axes, update, f"Patching ({mode}, {site}{layer_words})"),
+                *figures(shown, cell), shown)
 
     yield from streamed(stream_over(model, "patch", chosen, core_site, mode, layer), lambda result: result, render,
                         progress, "pair")
+
+
+def cell_view(services: Services, cell_row, cell_col, previous=None):
+    """(cell note, mean map, strip, kept result): another cell of the result the session was last shown, drawn
+    from the kept summary without measuring again."""
+    if previous is None:
+        raise UserError("Run an analysis first (or again: the server's memory budget dropped the last result); "
+                        "then a click on a cell shows its items.")
+    cell = check_cell(previous.axes, cell_row, cell_col)
+    return cell_words(previous.over, cell, previous.axes), *figures(previous, cell), previous
 
 
 def mark_stopped(note: str) -> str:
