@@ -128,6 +128,17 @@ def test_partial_and_full_rotary_use_the_models_own_frequencies(name, own):
     assert f"falls to {lines(scores)[next(k for k in drawn_scores if k.startswith('full'))][1].min():.3g}" in note
 
 
+@pytest.mark.parametrize("name", ["gemma3", "qwen3"])
+def test_a_model_with_a_local_rope_base_says_which_base_is_drawn(name):
+    model, (_, _, note) = view(name, "rope-partial", distance=20)
+    cfg = model.config
+    local = bool(cfg.rope_local_theta) and cfg.rope_local_theta != cfg.rope_theta
+    assert local == (name == "gemma3")
+    assert ("sliding-window layers rotate at base" in note) == local
+    if local:
+        assert f"global layers' angles (base {cfg.rope_theta:g})" in note and f"{cfg.rope_local_theta:g}" in note
+
+
 @pytest.mark.parametrize("kind,stack,distance,message", [
     ("sinusoid", "encoder", 10, "Kind must be one of alibi, t5, rope-partial"),
     ("t5", "middle", 10, "Stack must be one of encoder, decoder"),

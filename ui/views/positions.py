@@ -327,6 +327,9 @@ def rope_partial_view(model, max_distance: int):
             f"unrotated (flat at 0): their part of a score ignores distance, so the partial curve swings about that "
             f"unrotated share, {1 - r / d_k:.3g}, and never falls below {1 - 2 * r / d_k:.3g}; under full rotary every "
             f"dim turns and nothing holds the score up (here it falls to {out['full_score'].min():.3g}).")
+    if own and cfg.rope_local_theta and cfg.rope_local_theta != cfg.rope_theta:
+        note += (f" These are the global layers' angles (base {cfg.rope_theta:g}); this model's sliding-window layers "
+                 f"rotate at base {cfg.rope_local_theta:g}, as the positional-encoding view of such a layer shows.")
     return angles, scores, note
 
 
