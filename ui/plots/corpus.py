@@ -26,8 +26,8 @@ def interval_words(n: int, noun: str, confidence: float = 0.95) -> str:
 def caption(fig: go.Figure, line: str) -> go.Figure:
     """The line under the plot (what n is, what the interval is), inside the figure so an export keeps it."""
     fig.add_annotation(text=line, showarrow=False, x=0, xref="paper", xanchor="left", y=-0.02, yref="paper",
-                       yanchor="top", yshift=-28, font={"size": 11, "color": "#555"})
-    fig.update_layout(margin={"b": 80})
+                       yanchor="top", yshift=-48, font={"size": 11, "color": "#555"})
+    fig.update_layout(margin={"b": 95})
     return fig
 
 
@@ -51,7 +51,7 @@ def mean_map(mean: np.ndarray, low: np.ndarray, high: np.ndarray, n: int, rows: 
                       line={"color": "#111", "width": 2})
     base_layout(fig, title, height=max(260, 24 * n_rows + 170))
     ticks = {} if col_labels is None else dict(tickmode="array", tickvals=x, ticktext=list(col_labels))
-    fig.update_xaxes(title_text=cols, **ticks)
+    fig.update_xaxes(title_text=cols, dtick=1 if col_labels is None and n_cols <= 40 else None, **ticks)
     fig.update_yaxes(title_text=rows, autorange="reversed", dtick=1 if n_rows <= 32 else None)
     return caption(fig, line)
 

@@ -41,7 +41,7 @@ def build(services, picker, initial) -> None:
             n = gr.Number(DEFAULT_N, label=f"Items (n): texts up to {MAX_TEXTS}, pairs up to {MAX_PAIRS}",
                           precision=0, elem_id="corpus-n")
             upload = gr.File(label="Your corpus (.txt, .jsonl, .csv)", file_types=[".txt", ".jsonl", ".csv"],
-                             type="filepath", elem_id="corpus-upload", height=90)
+                             type="filepath", elem_id="corpus-upload")
             gr.Markdown(UPLOAD_WORDS, elem_classes=["field-note"])
             with gr.Row():
                 row = gr.Number(0, label="Cell: layer (head, for one layer's heads)", precision=0,

@@ -1,0 +1,88 @@
+"""The Across texts tab in headless Chromium on a tiny random model, at 1400 px and on a 390 px phone: head scores
+over the built-in induction texts draw the mean map and the strip of one cell inside the page's width, each with
+its line on n and the interval; hovering a cell gives its mean, interval and n, and a click on it (or the cell
+typed) redraws the strip for that cell."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
+from playwright.sync_api import expect  # noqa: E402
+
+from conftest import open_page, screenshot  # noqa: E402
+from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
+
+RUN_TIMEOUT_MS = 60_000
+VIEWPORTS = {"wide": {"width": 1400, "height": 1000}, "phone": {"width": 390, "height": 844}}
+LINE = "95 % CI of the mean over n = 8 texts, Student's t"
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    llama = str(build_tiny_llama(tmp_path_factory.mktemp("corpus-browser") / "tiny-llama"))
+    demo, url, _ = launch_app([llama], llama)
+    yield url
+    demo.close()
+
+
+def open_tab(page, viewport: dict) -> None:
+    """The tab's button, at the wide size (a phone folds the tab bar into a menu, and links do not name this tab),
+    then the page narrowed to the viewport, before anything is drawn."""
+    page.get_by_role("tab", name="Across texts").click()
+    expect(page.locator("#corpus-heads-run")).to_be_visible(timeout=RUN_TIMEOUT_MS)
+    page.set_viewport_size(viewport)
+
+
+def inside(page, selector: str) -> None:
+    plot = page.locator(f"{selector} .js-plotly-plot").first
+    expect(plot).to_be_attached(timeout=RUN_TIMEOUT_MS)
+    box, width = plot.bounding_box(), page.viewport_size["width"]
+    assert box["width"] > 0 and box["x"] >= -1 and box["x"] + box["width"] <= width + 1, (selector, box, width)
+
+
+@pytest.mark.parametrize("name", VIEWPORTS)
+def test_head_scores_over_a_corpus_draw_inside_the_page(browser, app_url, name):
+    context, page, errors = open_page(browser, app_url, VIEWPORTS["wide"])
+    try:
+        open_tab(page, VIEWPORTS[name])
+        page.locator("#corpus-n input").fill("8")
+        page.locator("#corpus-row input").fill("1")
+        page.locator("#corpus-col input").fill("2")
+        page.locator("#corpus-heads-run").click()
+        expect(page.locator("#corpus-note")).to_contain_text("Done in", timeout=RUN_TIMEOUT_MS)
+        expect(page.locator("#corpus-note")).to_contain_text(LINE)
+        inside(page, "#corpus-map")
+        inside(page, "#corpus-strip")
+        for figure in ("#corpus-map", "#corpus-strip"):   # the line on n and the interval, drawn in each figure
+            expect(page.locator(f"{figure} .annotation-text").first).to_have_text(LINE)
+        assert page.locator("#corpus-strip .scatterlayer .point").count() >= 8   # a dot per text (and the mean)
+        # a click on another cell of the map redraws the strip for it (2 layers down, 4 heads across, layer 0 on top)
+        tiles = page.locator("#corpus-map .js-plotly-plot .nsewdrag").first
+        tiles.scroll_into_view_if_needed()
+        box = tiles.bounding_box()
+        corner = {"x": box["width"] * 3.5 / 4, "y": box["height"] * 1.5 / 2}
+        tiles.hover(position=corner)
+        expect(page.locator("#corpus-map .hoverlayer .hovertext").first).to_contain_text("layer 1, head 3",
+                                                                                           timeout=10_000)
+        hover = page.locator("#corpus-map .hoverlayer .hovertext").first.text_content()
+        assert "mean" in hover and "interval [" in hover and "n = 8" in hover, hover   # mean, interval and n
+        tiles.click(position=corner)
+        expect(page.locator("#corpus-cell-note")).to_contain_text("Layer 1, head 3", timeout=RUN_TIMEOUT_MS)
+        expect(page.locator("#corpus-strip .gtitle")).to_contain_text("layer 1, head 3")
+        assert page.locator("#corpus-col input").input_value() == "3"
+        # and so does a cell typed, then Enter
+        page.locator("#corpus-row input").fill("0")
+        page.locator("#corpus-col input").fill("0")
+        page.locator("#corpus-col input").press("Enter")
+        expect(page.locator("#corpus-cell-note")).to_contain_text("Layer 0, head 0", timeout=RUN_TIMEOUT_MS)
+        expect(page.locator("#corpus-strip .gtitle")).to_contain_text("layer 0, head 0")
+        screenshot(page, f"corpus-{name}")
+    finally:
+        context.close()
+    assert not errors, f"JavaScript errors in the page: {errors}"
