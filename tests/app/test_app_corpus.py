@@ -200,3 +200,29 @@ def test_another_cell_is_drawn_from_the_kept_result_without_measuring_again(serv
     assert mean_figure.layout.shapes[0].x0 == 2.5 and mean_figure.layout.shapes[0].y0 == 0.5   # the cell outlined
     with pytest.raises(Exception, match="Run an analysis first"):
         across.cell_view(services, 1, 3, None)
+
+
+def test_top_examples_are_the_cores_places_each_linking_its_text_at_that_head(served):
+    from core.corpus import heads as head_places
+
+    model = served["model"]
+    note, table = served["client"].predict(served["llama"], "uploaded file", 5, handle_file(served["texts"]), 1, 2, 4,
+                                           api_name="/corpus_examples")
+    found = head_places.top_examples(model, corpora.encode_texts(model.tokenizer, TEXTS), 1, 2, 4, per_decile=2)
+    rows = table.split("<tr>")[2:]       # the header, then one row per place
+    assert len(rows) == len(found.top) + sum(len(d) for d in found.deciles)
+    for row, example in zip(rows, found.top):
+        cells = row.split("<td>")
+        assert int(cells[2].split("<")[0]) == example.text and float(cells[3].split("<")[0]) == pytest.approx(
+            example.weight, abs=5e-4)
+        assert cells[4].startswith(f"{example.query}: ") and cells[5].startswith(f"{example.key}: ")
+        assert "tab=attention&amp;layer=1&amp;head=2&amp;text=" in row or "tab=attention&layer=1&head=2&text=" in row
+    assert f"{found.places:,} query–key places" in note
+
+
+def test_top_examples_escape_an_uploaded_text(served, tmp_path):
+    path = tmp_path / "markup.txt"
+    path.write_text("<script>alert(1)</script> the bread is warm\n<b>bold</b> and the lamp\n", encoding="utf-8")
+    _, table = served["client"].predict(served["llama"], "uploaded file", 5, handle_file(str(path)), 0, 1, 5,
+                                        api_name="/corpus_examples")
+    assert "<script>" not in table and "<b>" not in table and "&lt;" in table

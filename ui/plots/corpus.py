@@ -4,12 +4,14 @@ is, so a figure saved alone still says how typical its numbers are."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import html
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 
 from ui.plots.base import ATTENTION_COLORS, SIGNED_COLORS, as_f32, base_layout
+from ui.plots.text import escaped
 
 ITEM_COLOR = "#1f77b4"
 MEAN_COLOR = "#d62728"
@@ -79,3 +81,25 @@ def item_strip(values: np.ndarray, items: Sequence[int], mean: float, low: float
     fig.update_xaxes(title_text="item (its index in the corpus)")
     fig.update_yaxes(title_text=value_name)
     return caption(fig, line)
+
+
+def place_cell(before: str, token: str, after: str) -> str:
+    """The text around a place, its own token marked; every piece escaped."""
+    return (f"{escaped(before)}<mark>{escaped(token) or '&nbsp;'}</mark>{escaped(after)}")
+
+
+def examples_html(rows: Sequence[Mapping], caption_line: str) -> str:
+    """A table of a head's places: rows of label, text, query, key, weight, query_parts, key_parts and link
+    (a link's query string, or ""). All text is escaped: an uploaded text never becomes markup."""
+    body = []
+    for row in rows:
+        link = (f'<a href="{html.escape(row["link"], quote=True)}" target="_blank" rel="noopener">open in Attention</a>'
+                if row["link"] else "too long for a link")
+        body.append(f"<tr><td>{escaped(row['label'])}</td><td>{int(row['text'])}</td>"
+                    f"<td>{float(row['weight']):.3f}</td>"
+                    f"<td>{int(row['query'])}: {place_cell(*row['query_parts'])}</td>"
+                    f"<td>{int(row['key'])}: {place_cell(*row['key_parts'])}</td><td>{link}</td></tr>")
+    head = ("<tr><th>rank</th><th>text</th><th>weight</th><th>query (position: context)</th>"
+            "<th>key (position: context)</th><th></th></tr>")
+    return (f'<div class="corpus-examples" style="overflow-x:auto"><table><caption>{escaped(caption_line)}'
+            f"</caption>{head}{''.join(body)}</table></div>")

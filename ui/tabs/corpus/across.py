@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ui.services.corpus.over import CORPORA, DEFAULT_N, KINDS, MAX_PAIRS, MAX_TEXTS
+from ui.services.corpus.over import CORPORA, DEFAULT_N, KINDS, MAX_EXAMPLES, MAX_PAIRS, MAX_TEXTS
 from ui.services.kept import keeping
 from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, user_errors
 from ui.tabs.widgets import click_bridge
@@ -59,6 +59,13 @@ def build(services, picker, initial) -> None:
                 mode = gr.Radio(["denoise", "noise"], value="denoise", label="Direction", elem_id="corpus-mode")
                 layer = gr.Number(0, label="Layer (for one layer's heads)", precision=0, elem_id="corpus-layer")
                 patch_run = gr.Button("Patch every pair", variant="primary", elem_id="corpus-patch-run")
+            with gr.Accordion("Top examples of one head (texts)", open=False, elem_id="corpus-examples-box"):
+                with gr.Row():
+                    ex_layer = gr.Number(0, label="Layer", precision=0, elem_id="corpus-ex-layer", min_width=90)
+                    ex_head = gr.Number(0, label="Head", precision=0, elem_id="corpus-ex-head", min_width=90)
+                    ex_k = gr.Number(10, label=f"Examples (k, up to {MAX_EXAMPLES})", precision=0,
+                                     elem_id="corpus-ex-k", min_width=90)
+                examples_run = gr.Button("Find its top examples", variant="primary", elem_id="corpus-examples-run")
             stop = gr.Button("Stop", variant="stop", elem_id="corpus-stop")
         with gr.Column(scale=3, min_width=340):
             gr.Markdown(HOW_TO_READ, elem_classes=["how-to-read"])
@@ -66,6 +73,8 @@ def build(services, picker, initial) -> None:
             mean_fig = gr.Plot(label="The mean over the corpus (click a cell for its items)", elem_id="corpus-map")
             cell_note = gr.Markdown(elem_id="corpus-cell-note")
             strip_fig = gr.Plot(label="The chosen cell, item by item", elem_id="corpus-strip")
+            examples_note = gr.Markdown(elem_id="corpus-examples-note")
+            examples_table = gr.HTML(elem_id="corpus-examples")
     kept = gr.State(None, time_to_live=1800)   # a KeptRef: the ticket of the session's last result
     outputs = [note, mean_fig, strip_fig, kept]
     common = [picker.model, corpus, n, upload]
@@ -81,6 +90,9 @@ def build(services, picker, initial) -> None:
                               **job(views.attribution_view, "corpus_attribution", "An attribution job over a corpus")),
         patch_run.click(inputs=[*common, site, mode, layer, row, col, kept],
                         **job(views.patch_view, "corpus_patch", "A patching job over a corpus")),
+        examples_run.click(handler(views.examples_view, services, "corpus_examples", heavy="A top-examples job"),
+                           [*common, ex_layer, ex_head, ex_k], [examples_note, examples_table],
+                           api_name="corpus_examples", **ON_HEAVY),
     ]
     # cancel first, then relabel: the figures keep the last summary the job sent
     stop.click(None, None, None, cancels=events, api_visibility="private").then(

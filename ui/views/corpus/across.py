@@ -9,12 +9,13 @@ from contextlib import closing
 from dataclasses import dataclass
 
 from ui.plots.base import empty_figure
-from ui.plots.corpus import interval_words, item_strip, mean_map
+from ui.plots.corpus import examples_html, interval_words, item_strip, mean_map
 from ui.plots.text import escaped
 from ui.services import Services
 from ui.services.checks import UserError
 from ui.services.corpus.over import (Corpus, MapAxes, check_cell, check_kind, check_model, check_mode, check_site,
                                      corpus_pairs, corpus_texts, map_axes, stream_over)
+from ui.services.corpus.over import PER_DECILE, check_examples, stream_examples
 from ui.views import export
 
 PARTIAL_S = 1.0    # the least time between two partial summaries sent to the page
@@ -190,3 +191,29 @@ def mark_stopped(note: str) -> str:
     """The note after Stop: the figures keep the summary of the items finished before it."""
     return f"**Stopped.** The figures keep the summary of the items finished before the stop.  \n{note or ''}"
 
+
+
+def examples_view(services: Services, model_name, corpus, n, upload, layer, head, k, progress=None):
+    """(note, table): the places of the corpus where one head puts its most weight, and a sample from each decile
+    of its weights, each opening its text in the Attention tab at that head; the body of `corpus_examples`."""
+    name = model_name
+    model = services.models.get(name, progress)
+    check_model(model, "heads")
+    layer, head, k = check_examples(model, layer, head, k)
+    chosen = corpus_texts(model, corpus, n, upload)
+    yield f"Reading {escaped(chosen.source)} through layer {layer}, head {head}…", ""
+    with closing(stream_examples(model, name, chosen, layer, head, k)) as updates:
+        for update in updates:
+            if progress is not None:
+                progress(update.done / max(update.total, 1), f"{update.done} of {update.total} texts")
+            if update.finished:
+                top, deciles, found = update.result
+    line = (f"Layer {layer}, head {head} over {chosen.source}: the {len(top)} places of largest weight of "
+            f"{found.places:,}, then {PER_DECILE} sampled from each decile (10: the largest weights)")
+    core_note = f"  \nNote: {escaped(found.note)}." if found.note else ""
+    skipped = f" Left out: {', '.join(found.skip)} (key 0, the query's own token)." if found.skip else ""
+    note = (f"**Top examples**: where layer {layer}, head {head} puts its most weight over {escaped(chosen.source)} "
+            f"({found.n} texts, {found.places:,} query–key places).{skipped} A link opens the text in the Attention "
+            f"tab at this head.{core_note}")
+    rows = [vars(place) for place in top] + [vars(place) for place in deciles]
+    yield note, examples_html(rows, line)
