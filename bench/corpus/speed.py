@@ -1,0 +1,157 @@
+"""Speed and memory of the analyses over a corpus (core/corpus/summaries.py) on a real model, each beside the plain
+way, in one run: medians (and ranges) of alternating runs (each side first in every other run), and the ratios.
+
+  heads    head_scores_over on --texts texts × --tokens tokens (windows of the example text), against a plain
+           batched forward pass (the stack only, no logits) of the same padded batches: token throughput ratio
+  patch    patch_over at the head site (z, every layer × head) over --pairs IOI pairs (ioi_pairs, seed 0),
+           against looping the single-pair patch_sweep over the same pairs
+  memory   peak RSS, while the job runs, of a fresh process that loads the model and runs head_scores_over on
+           --memory-texts random texts of --tokens tokens, against one on a tenth as many; the difference is what
+           the corpus adds
+--quick shrinks every size (12 texts, 2 pairs, 100 vs 10 texts, 32 tokens): a check that it runs, whose ratios
+are rougher than the full run's.
+Usage: python bench/corpus/speed.py [--model smollm2-135m-instruct] [--texts 48] [--tokens 64] [--pairs 100]
+                                    [--memory-texts 1000] [--repeats 5] [--quick] [--random-weights]
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))     # bench/, for common (which adds the root)
+
+import torch  # noqa: E402
+
+from common import long_ids, median, random_weights_folder, row, spread, timed  # noqa: E402
+from core import load_model  # noqa: E402
+from core.analysis import patching  # noqa: E402
+from core.corpus import summaries  # noqa: E402
+from core.corpus.heads import pad_id  # noqa: E402
+from core.corpus.texts import ioi_pairs  # noqa: E402
+from load import MemorySampler, rss_bytes  # noqa: E402
+
+WIDTHS = (46, 24, 24, 9)
+QUICK = {"texts": 12, "tokens": 32, "pairs": 2, "memory_texts": 100}
+
+
+def model_folder(name: str, random_weights: bool):
+    if random_weights:
+        return random_weights_folder(name)
+    from core.store import ensure
+    return ensure(name)
+
+
+def windows(tokenizer, n: int, tokens: int) -> list[torch.Tensor]:
+    """n texts of `tokens` tokens: consecutive windows of the example text (repeated as it needs)."""
+    return list(long_ids(tokenizer, n * tokens)[0].view(n, tokens))
+
+
+def plain_forward(model, texts: list[torch.Tensor], batch_tokens: int = summaries.BATCH_TOKENS) -> None:
+    """The same padded batches as head_scores_over, through the stack only (fused attention, no observer)."""
+    pad = pad_id(model)
+    with torch.inference_mode():
+        for batch in summaries.length_batches([len(t) for t in texts], batch_tokens):
+            ids, mask = summaries.padded([texts[i] for i in batch], pad)
+            model(ids, attention_mask=None if mask.all() else mask, return_logits=False)
+
+
+def looped_sweeps(model, pairs) -> None:
+    for pair in pairs:
+        patching.patch_sweep(model, pair.clean[None], pair.corrupted[None], pair.answer, pair.foil, "z")
+
+
+def peak_rss(folder: str, n: int, tokens: int) -> dict:
+    """In this (child) process: load, then head_scores_over on n seeded random texts; RSS in MB once loaded
+    and its peak while the job runs (sampled every 10 ms: the process's lifetime peak is loading's)."""
+    model = load_model(folder, device="cpu", dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    texts = [torch.randint(3, model.config.vocab_size, (tokens,), generator=gen) for _ in range(n)]
+    gc.collect()
+    sampler = MemorySampler(os.getpid(), interval=0.01).start()
+    loaded = sampler.reset()
+    summaries.head_scores_over(model, texts)
+    sampler.stop()
+    return {"loaded": loaded / 2**20, "peak": max(sampler.peak, rss_bytes(os.getpid()) or 0) / 2**20}
+
+
+def in_child(folder, n: int, tokens: int) -> dict:
+    done = subprocess.run([sys.executable, __file__, "--child-rss", str(folder), str(n), str(tokens)],
+                          check=False, capture_output=True, text=True, timeout=3600)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise SystemExit(f"the memory child ({n} texts) failed:\n{done.stderr[-3000:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--texts", type=int, default=48)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--pairs", type=int, default=100)
+    parser.add_argument("--memory-texts", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="small sizes: " + json.dumps(QUICK))
+    parser.add_argument("--random-weights", action="store_true", help="seeded random weights of the same shapes")
+    parser.add_argument("--child-rss", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child_rss:
+        folder, n, tokens = args.child_rss
+        print("RESULT", json.dumps(peak_rss(folder, int(n), int(tokens))))
+        return
+    if args.quick:
+        for key, value in QUICK.items():
+            setattr(args, key, value)
+    if args.repeats < 5:
+        raise SystemExit("--repeats must be at least 5: a median of fewer runs says little")
+    folder = model_folder(args.model, args.random_weights)
+    model = load_model(folder, device="cpu", dtype=torch.float32)
+    texts = windows(model.tokenizer, args.texts, args.tokens)
+    pairs = ioi_pairs(model.tokenizer, args.pairs, seed=0)
+    cfg = model.config
+    print(f"model {args.model} ({folder}), cpu, float32, threads {torch.get_num_threads()}, "
+          f"medians (ranges) of {args.repeats} alternating runs{', QUICK sizes' if args.quick else ''}")
+    summaries.head_scores_over(model, texts[:2]), plain_forward(model, texts[:2])        # warm-up
+    looped_sweeps(model, pairs[:1])
+
+    jobs = {"scores": lambda: summaries.head_scores_over(model, texts),
+            "plain": lambda: plain_forward(model, texts),
+            "patch_over": lambda: summaries.patch_over(model, pairs, "z"),
+            "looped": lambda: looped_sweeps(model, pairs)}
+    times = {key: [] for key in jobs}
+    for repeat in range(args.repeats):
+        for pair in (("scores", "plain"), ("patch_over", "looped")):
+            for key in pair[::-1] if repeat % 2 else pair:      # each side first in every other run
+                times[key].append(timed(jobs[key], "cpu")[0])
+    tokens = args.texts * args.tokens
+    heads_ratio = median(times["plain"]) / median(times["scores"])
+    patch_ratio = median(times["looped"]) / median(times["patch_over"])
+    print(row("", "corpus job (s)", "plain way (s)", "ratio", widths=WIDTHS))
+    print(row(f"head scores, {args.texts} texts × {args.tokens} tokens", spread(times["scores"], 2),
+              spread(times["plain"], 2), f"{heads_ratio:.2f}", widths=WIDTHS))
+    print(f"  token throughput: head_scores_over {tokens / median(times['scores']):.0f} tok/s, plain forward "
+          f"{tokens / median(times['plain']):.0f} tok/s (ratio = scores / plain, target ≥ 0.5, aim 0.7)")
+    print(row(f"patch_over z, {len(pairs)} IOI pairs ({cfg.n_layers}×{cfg.n_heads} heads)",
+              spread(times["patch_over"], 2), spread(times["looped"], 2), f"{patch_ratio:.2f}x", widths=WIDTHS))
+    print("  ratio = looped patch_sweep time / patch_over time (≥ 1: never slower)")
+
+    small_n = max(1, args.memory_texts // 10)
+    small, large = in_child(folder, small_n, args.tokens), in_child(folder, args.memory_texts, args.tokens)
+    grown = large["peak"] - small["peak"]
+    print(f"memory, head_scores_over on random texts of {args.tokens} tokens (peak RSS of a fresh process while the "
+          f"job runs; once loaded: {small['loaded']:.0f} MB)")
+    print(f"  {small_n} texts: {small['peak']:.0f} MB   {args.memory_texts} texts: {large['peak']:.0f} MB   "
+          f"difference {grown:+.0f} MB (target ≤ 300)")
+    print(f"SUMMARY corpus{' (QUICK)' if args.quick else ''}: head scores {heads_ratio:.2f} of a plain forward's "
+          f"throughput on {args.texts}×{args.tokens} tokens; patch_over {median(times['patch_over']):.1f} s over "
+          f"{len(pairs)} pairs, {patch_ratio:.2f}x the looped sweeps; RSS {args.memory_texts} vs {small_n} texts "
+          f"{grown:+.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
