@@ -226,3 +226,4 @@ def test_top_examples_escape_an_uploaded_text(served, tmp_path):
     _, table = served["client"].predict(served["llama"], "uploaded file", 5, handle_file(str(path)), 0, 1, 5,
                                         api_name="/corpus_examples")
     assert "<script>" not in table and "<b>" not in table and "&lt;" in table
+
