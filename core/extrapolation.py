@@ -1,10 +1,11 @@
 """Positions past the trained length: one small decoder trained with each kind of position on the same copy task,
 then tested on texts longer than any it saw.
 
-    python -m core.extrapolation [--steps 1500] [--seed 0] [--kinds sinusoidal,learned,...] [--out assets/extrapolation]
+    python -m core.extrapolation [--steps 2500] [--seed 0] [--kinds sinusoidal,learned,...] [--threads N]
+                                 [--out assets/extrapolation]
 
 Every kind gets the same model (core.train's decoder-only Llama layout: Pre-LN, RMSNorm, SwiGLU), the same seed,
-the same batches and the same number of steps; only the positions differ (docs/theory.md eqs. 4.1, 6.1–6.3):
+the same batches and the same number of steps; only the positions differ (docs/theory.md eqs. 4.1, 6.2–6.4):
 sinusoids or a learned table added to the embeddings, rotary angles on q and k, ALiBi's −m_h·(i − j) or T5's
 learned bucket bias on the scores, or nothing at all. The task copies 1 to 12 symbols (<bos> source <sep> target
 <eos>, 62 letters and digits); tests copy 12, 24 and 48.
@@ -12,6 +13,9 @@ learned bucket bias on the scores, or nothing at all. The task copies 1 to 12 sy
 The learned table has exactly as many rows as the longest training sequence (2·12 + 3 = 27), so a longer test
 has no row to read: its result is a refusal naming the first missing position, never a number read from rows
 that were never trained.
+
+Float sums in a pass depend on how many threads share them, and 2,500 steps carry those last bits into different
+weights, so a run repeats exactly only at the same thread count: the result records it, and --threads sets it.
 """
 from __future__ import annotations
 
@@ -41,7 +45,7 @@ def sequence_length(symbols: int) -> int:
 @dataclass
 class ExtrapolationConfig:
     kinds: tuple[str, ...] = KINDS
-    steps: int = 1500
+    steps: int = 2500               # the slowest kind here (T5's buckets) copies the trained length by then
     seed: int = 0
     train_longest: int = 12         # training texts copy 1 … train_longest symbols
     test_lengths: tuple[int, ...] = (12, 24, 48)
@@ -102,6 +106,7 @@ class Extrapolation:
     date: str
     seconds: float
     stopped: bool = False  # asked to stop: kinds holds those that finished
+    threads: int = 0       # torch's intra-op threads during the run
 
     def kind(self, name: str) -> KindResult | None:
         return next((k for k in self.kinds if k.kind == name), None)
@@ -189,7 +194,7 @@ def run_all(config: ExtrapolationConfig, stop=None, progress=None) -> Extrapolat
     started = time.perf_counter()
     kinds = list(extrapolation(config, stop, progress))
     return Extrapolation(config, kinds, datetime.date.today().isoformat(), round(time.perf_counter() - started, 1),
-                         stopped=len(kinds) < len(config.kinds))
+                         stopped=len(kinds) < len(config.kinds), threads=torch.get_num_threads())
 
 
 # ---- saving: numbers as JSON, the attention maps as one .npz (read with allow_pickle=False) ----
@@ -203,7 +208,8 @@ def save(result: Extrapolation, folder: str | Path) -> Path:
         kinds.append(row)
     config = asdict(result.config)
     (folder / "result.json").write_text(json.dumps(dict(config=config, kinds=kinds, date=result.date,
-                                                        seconds=result.seconds, stopped=result.stopped), indent=1))
+                                                        seconds=result.seconds, stopped=result.stopped,
+                                                        threads=result.threads), indent=1))
     np.savez_compressed(folder / "attention.npz", **{k.kind: k.attention.astype(np.float16)
                                                     for k in result.kinds if k.attention is not None})
     return folder
@@ -220,7 +226,7 @@ def load(folder: str | Path) -> Extrapolation:
         by_length = {name: {int(n): v for n, v in row[name].items()}
                      for name in ("accuracy", "exact", "copy_weight", "refused")}
         kinds.append(KindResult(**{**row, **by_length, "head": tuple(row["head"])}, attention=stored.get(row["kind"])))
-    return Extrapolation(config, kinds, raw["date"], raw["seconds"], raw.get("stopped", False))
+    return Extrapolation(config, kinds, raw["date"], raw["seconds"], raw.get("stopped", False), raw.get("threads", 0))
 
 
 def table(result: Extrapolation) -> str:
@@ -244,8 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--kinds", default=",".join(defaults.kinds), help=f"comma-separated among {', '.join(KINDS)}")
     parser.add_argument("--test-examples", type=int, default=defaults.test_examples)
+    parser.add_argument("--threads", type=int, help="torch's threads (default: its own choice); the same count "
+                                                     "repeats a run exactly")
     parser.add_argument("--out", help="save the result (result.json, attention.npz) to this folder")
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            print(f"error: --threads must be at least 1, got {args.threads}", file=sys.stderr)
+            return 2
+        torch.set_num_threads(args.threads)
     config = ExtrapolationConfig(kinds=tuple(args.kinds.split(",")), steps=args.steps, seed=args.seed,
                                  test_examples=args.test_examples)
     try:

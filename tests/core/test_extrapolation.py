@@ -92,7 +92,7 @@ def test_a_stop_keeps_the_kinds_already_done():
 
 def test_saving_and_loading_keep_every_number(short_run, tmp_path):
     back = ex.load(ex.save(short_run, tmp_path / "result"))
-    assert back.config == short_run.config and back.date == short_run.date
+    assert back.config == short_run.config and back.date == short_run.date and back.threads == short_run.threads > 0
     for a, b in zip(short_run.kinds, back.kinds):
         assert (a.kind, a.accuracy, a.exact, a.copy_weight, a.refused, a.head, a.by_index, a.tokens) == \
             (b.kind, b.accuracy, b.exact, b.copy_weight, b.refused, b.head, b.by_index, b.tokens)
@@ -111,10 +111,11 @@ def test_bad_configs_are_named(change, words):
 
 
 def test_the_shipped_result_is_the_default_run():
-    """assets/extrapolation holds what `python -m core.extrapolation --out assets/extrapolation` printed: the default
-    config, all six kinds, each copying the trained length, and the README's table has its numbers."""
+    """assets/extrapolation holds what `python -m core.extrapolation --threads 1 --out assets/extrapolation` printed:
+    the default config on one thread, all six kinds, each copying the trained length, and the README's table has
+    its numbers."""
     result = ex.load(ROOT / "assets" / "extrapolation")
-    assert result.config == ex.ExtrapolationConfig() and not result.stopped
+    assert result.config == ex.ExtrapolationConfig() and not result.stopped and result.threads == 1
     assert [k.kind for k in result.kinds] == list(ex.KINDS)
     for k in result.kinds:
         assert k.accuracy[12] >= 0.9, (k.kind, k.accuracy)       # each learned the task it was trained on

@@ -130,7 +130,7 @@ def extrapolation_accuracy(lines: Sequence[KindLine], lengths: Sequence[int], tr
     a kind with no number at a length (no row in its table) has no point there. Right: accuracy at each place of
     the longest copy, which shows where past the trained length each kind breaks."""
     if not lines:
-        return empty_figure("No result yet: press Run.")
+        return empty_figure("No result yet: press Train and test.")
     longest = max(lengths)
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
                         subplot_titles=("accuracy by length (symbols copied)", f"accuracy by place, {longest} symbols"))
@@ -156,7 +156,7 @@ def extrapolation_accuracy(lines: Sequence[KindLine], lengths: Sequence[int], tr
     base_layout(fig, title, 420, top=80)
     fig.update_yaxes(range=[-3, 110], ticksuffix=" %")
     fig.update_xaxes(tickvals=list(lengths), title_text="symbols copied", row=1, col=1)
-    fig.update_xaxes(title_text=f"place in the copy (the {longest + 1}th is <eos>)", row=1, col=2)
+    fig.update_xaxes(title_text=f"place in the copy (place {longest + 1}: the end token)", row=1, col=2)
     fig.update_layout(legend={"orientation": "h", "y": -0.25}, hovermode="closest",
                       meta={"kinds": [line.kind for line in lines], "lengths": list(lengths)})
     return fig
@@ -175,7 +175,7 @@ def attention_panels(panels: Sequence[HeadPanel], title: str, columns: int = 3) 
     """One attention map per panel, each of its own size, on one 0..1 colour scale; a panel without a map shows
     its reason as text."""
     if not panels:
-        return empty_figure("No result yet: press Run.")
+        return empty_figure("No result yet: press Train and test.")
     columns = min(columns, len(panels))
     rows = -(-len(panels) // columns)
     fig = make_subplots(rows=rows, cols=columns, subplot_titles=[p.title for p in panels],

@@ -140,7 +140,7 @@ def extrapolation_outputs(result, source: str):
             f"Every kind trains the same decoder ({config.n_layers} layers, d_model {config.d_model}, {config.n_heads} "
             f"heads, Pre-LN with RMSNorm and SwiGLU) from the same seed on the same batches of {config.batch} texts, "
             f"copying 1 to {trained} of 62 letters and digits; only the positions differ. **Accuracy** is the share of "
-            "target tokens (the symbols and <eos>) predicted right after the right prefix (chance: "
+            "target tokens (the symbols and `<eos>`) predicted right after the right prefix (chance: "
             f"{100 * extra.CHANCE:.1f} %); **whole copies** the share of texts with every token right, which is what "
             "greedy decoding copies exactly.\n\n" + "\n".join(words) + "\n\n" + extrapolation_table(result) +
             ("\n\n" + "\n".join(refusals) if refusals else ""))
@@ -158,10 +158,11 @@ def saved_extrapolation():
     """The Lab's first screen: the shipped result, or a line saying how to make it."""
     result = extra.saved()
     if result is None:
-        return (f"No saved result in this copy: `{extra.SAVED_COMMAND}` makes it; or press Run.",
-                empty_figure("No saved result: press Run."), empty_figure("No saved result: press Run."), {})
-    source = (f"**Saved result**, computed on {result.date} by `{extra.SAVED_COMMAND}` in {result.seconds:,.0f} s; "
-              "press Run to compute it again here.")
+        return (f"No saved result in this copy: `{extra.SAVED_COMMAND}` makes it; or press *Train and test*.",
+                empty_figure("No saved result: press Train and test."), empty_figure("No saved result: press Train and test."), {})
+    threads = f" on {result.threads} thread{'s' if result.threads > 1 else ''}" if result.threads else ""
+    source = (f"**Saved result**, computed on {result.date} by `{extra.SAVED_COMMAND}` in {result.seconds:,.0f} s"
+              f"{threads}; press *Train and test* to compute it again here.")
     return extrapolation_outputs(result, source)
 
 

@@ -17,7 +17,7 @@ from ui.services.checks import UserError
 from ui.services.lab.configs import POLL_S
 
 SAVED = Path(__file__).resolve().parents[3] / "assets" / "extrapolation"
-SAVED_COMMAND = "python -m core.extrapolation --out assets/extrapolation"
+SAVED_COMMAND = "python -m core.extrapolation --threads 1 --out assets/extrapolation"
 KIND_WORDS = {
     "sinusoidal": "sinusoids added to the embeddings (eq. 4.1)",
     "learned": "a learned table added to the embeddings, one row per position",
