@@ -41,6 +41,8 @@ PAIRS = [  # nine tokens in each prompt, the answer and foil one token each for 
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("corpus-models")
     llama = str(build_tiny_llama(root / "tiny-llama"))
+    patch = pytest.MonkeyPatch()
+    patch.setenv("ATTN_RUNS_DIR", str(root / "runs"))    # saved corpus jobs go here, not into the working tree
     demo, url, services = launch_app([llama], llama)
     pairs = root / "pairs.jsonl"
     pairs.write_text("".join(json.dumps(p) + "\n" for p in PAIRS), encoding="utf-8")
@@ -49,6 +51,7 @@ def served(tmp_path_factory):
     yield dict(llama=llama, model=services.models.get(llama), client=Client(url, verbose=False), root=root,
                pairs=str(pairs), texts=str(texts), services=services)
     demo.close()
+    patch.undo()
 
 
 def shown(figure) -> dict:
@@ -82,6 +85,16 @@ def test_head_scores_over_induction_texts_are_the_cores(served):
     over = summaries.head_scores_over(model, texts)["induction"]
     assert over.n == 6
     check_map_and_strip(note, mean_figure, strip_figure, over, (1, 2), "text")
+
+
+def test_a_finished_job_is_saved_and_reopened_without_measuring(served):
+    args = (served["llama"], "uploaded file", 3, handle_file(served["pairs"]), "z", "noise", 0, 1, 1)
+    first, first_map, _ = served["client"].predict(*args, api_name="/corpus_patch")
+    assert "saved (in the runs folder" in first
+    again, again_map, _ = served["client"].predict(*args, api_name="/corpus_patch")
+    assert "Reopened from the saved job" in again and "nothing was measured again" in again
+    assert shown(again_map)["data"][0]["z"] == shown(first_map)["data"][0]["z"]
+    assert any((served["root"] / "runs").iterdir())
 
 
 def test_head_scores_over_an_uploaded_file_are_the_cores(served):
@@ -171,8 +184,8 @@ def test_a_job_streams_the_summary_of_the_items_finished_so_far(served):
     """What the page shows while a job runs, and keeps after Stop: the core's summary of the finished items, its
     note saying how many of how many."""
     model = served["model"]
-    pairs = corpora.read_pairs(served["pairs"], model.tokenizer)
-    updates = across.attribution_view(served["services"], served["llama"], "uploaded file", 10, served["pairs"], 0, 1)
+    pairs = corpora.read_pairs(served["pairs"], model.tokenizer)[:3]   # a corpus not saved by the tests before
+    updates = across.attribution_view(served["services"], served["llama"], "uploaded file", 3, served["pairs"], 0, 1)
     first_note = next(updates)[0]
     assert first_note.startswith("Attributing over")
     note, mean_figure, strip_figure, kept = next(updates)   # the first partial summary, sent at once

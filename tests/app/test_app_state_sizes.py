@@ -47,7 +47,7 @@ NEEDS_THE_PAGE = {"remember_tab", "open_head", "send_to_attention"}
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("state-sizes")
     with pytest.MonkeyPatch.context() as patch:  # the Lab's settings hold for the module, then go back
-        for name, value in {**LAB_ENV, "ATTN_WEIGHTS_DIR": str(root / "weights")}.items():
+        for name, value in {**LAB_ENV, "ATTN_WEIGHTS_DIR": str(root / "weights"), "ATTN_RUNS_DIR": str(root / "runs")}.items():
             patch.setenv(name, value)
         llama, bert = str(build_tiny_llama(root / "tiny-llama")), str(build_tiny_bert(root / "tiny-bert"))
         demo, url, services = launch_app([llama, bert], llama)

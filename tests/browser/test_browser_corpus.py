@@ -25,10 +25,14 @@ LINE = "95 % CI of the mean over n = 8 texts, Student's t"
 
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory):
-    llama = str(build_tiny_llama(tmp_path_factory.mktemp("corpus-browser") / "tiny-llama"))
+    root = tmp_path_factory.mktemp("corpus-browser")
+    llama = str(build_tiny_llama(root / "tiny-llama"))
+    patch = pytest.MonkeyPatch()
+    patch.setenv("ATTN_RUNS_DIR", str(root / "runs"))    # saved corpus jobs go here, not into the working tree
     demo, url, _ = launch_app([llama], llama)
     yield url
     demo.close()
+    patch.undo()
 
 
 def open_tab(page, viewport: dict) -> None:

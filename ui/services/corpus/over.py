@@ -18,6 +18,7 @@ from torch import Tensor
 from core.analysis import heads as head_analysis
 from core.corpus import Pair
 from core.corpus import heads as head_places
+from core.corpus import saved
 from core.corpus import summaries, texts as corpora
 from core.corpus.summaries import Over, summarise
 from ui import links
@@ -52,6 +53,7 @@ class OverUpdate:
     result: object           # dict[str, Over] | tuple[Over, Over] | Over: partial until finished
     seconds: float
     finished: bool = False
+    saved: str = ""          # what saving the job did, in words (the finished update's)
 
 
 @contextmanager
@@ -195,11 +197,38 @@ def partial_patch(values: dict, total: int) -> Over | None:
 PARTIAL = {"heads": partial_heads, "attribution": partial_attribution, "patch": partial_patch}
 
 
+SAVED_NAMES = {"heads": "head_scores", "attribution": "logit_attribution", "patch": "patch"}
+
+
+def runs_root(services) -> Path | None:
+    """Where corpus jobs are saved (core/corpus/saved.py default_root: $ATTN_RUNS_DIR, a Space's /data/runs, else
+    runs/), or None on a shared server (a Space, --public): there a saved job would be readable by any page that
+    runs the same corpus, and saving stays off until each page has a root of its own."""
+    return None if services.settings.lab.private else saved.default_root()
+
+
+def saved_words(run, root: Path | None) -> str:
+    """What saving did, in one sentence (empty while a job runs)."""
+    if root is None:
+        return "Not saved: on a shared server corpus jobs are measured afresh each time."
+    if run is None:
+        return ""
+    where = run.folder.name
+    if run.finished and not run.measured:
+        return f"Reopened from the saved job {where}: nothing was measured again."
+    resumed = f", resumed from {run.reused} items saved before" if run.reused else ""
+    state = "saved" if run.finished else "stopped; its finished items are kept, and the same job resumes from them"
+    return f"Job {where} {state}{resumed} (in the runs folder; a rerun of the same job reopens it)."
+
+
 def stream_over(model, analysis: str, corpus: Corpus, site: str | None = None, mode: str = "denoise",
-                layer: int | None = None, stop: Callable[[], bool] | None = None) -> Iterator[OverUpdate]:
+                layer: int | None = None, stop: Callable[[], bool] | None = None, root: Path | None = None,
+                model_name: str = "") -> Iterator[OverUpdate]:
     """The analysis over the corpus, run in a worker thread: an update as items finish, with the summary of
-    those finished so far, then the core's result (finished). Closing the iterator stops the work at its next
-    report; stop() is the core's own (a stopped job's result is the summary of the items it finished)."""
+    those finished so far, then the core's result (finished), its `saved` words saying what saving did. Closing
+    the iterator stops the work at its next report; stop() is the core's own (a stopped job's result is the
+    summary of the items it finished). root: save the job there item by item (saved.run_over): a job already
+    finished is reopened without measuring, one stopped before resumes from its items."""
     values: dict[int, object] = {}
 
     def each(index: int, value) -> None:
@@ -207,17 +236,23 @@ def stream_over(model, analysis: str, corpus: Corpus, site: str | None = None, m
 
     def work(report):
         hooks = dict(progress=report, stop=stop, each=each)
+        arguments = dict(site=site, mode=mode, layer=layer) if analysis == "patch" else {}
         with refusals_in_words():
+            if root is not None:
+                run = saved.run_over(SAVED_NAMES[analysis], model, corpus.items, root, model_name, **hooks,
+                                     **arguments)
+                return run.result, run
             if analysis == "heads":
-                return summaries.head_scores_over(model, corpus.items, **hooks)
+                return summaries.head_scores_over(model, corpus.items, **hooks), None
             if analysis == "attribution":
-                return summaries.logit_attribution_over(model, corpus.items, **hooks)
-            return summaries.patch_over(model, corpus.items, site, mode, layer, **hooks)
+                return summaries.logit_attribution_over(model, corpus.items, **hooks), None
+            return summaries.patch_over(model, corpus.items, site, mode, layer, **hooks), None
 
     total = len(corpus.items)
     for update in stream_job(work, total, f"corpus-{analysis}"):
         if update.finished:
-            yield OverUpdate(update.done, update.total, update.result, update.seconds, True)
+            result, run = update.result
+            yield OverUpdate(update.done, update.total, result, update.seconds, True, saved_words(run, root))
             continue
         finished = dict(values)   # the worker may have finished more items since this report: count those
         yield OverUpdate(max(update.done, len(finished)), total, PARTIAL[analysis](finished, total), update.seconds)

@@ -15,7 +15,7 @@ from ui.services import Services
 from ui.services.checks import UserError
 from ui.services.corpus.over import (Corpus, MapAxes, check_cell, check_kind, check_model, check_mode, check_site,
                                      corpus_pairs, corpus_texts, map_axes, stream_over)
-from ui.services.corpus.over import PER_DECILE, check_examples, stream_examples
+from ui.services.corpus.over import PER_DECILE, check_examples, runs_root, stream_examples
 from ui.views import export
 
 PARTIAL_S = 1.0    # the least time between two partial summaries sent to the page
@@ -75,7 +75,7 @@ def note_of(over, corpus: Corpus, analysis: str, cell: tuple[int, int], axes: Ma
     return (f"{state}**{escaped(what)}** over {escaped(corpus.source)}: {HEAD_WORDS[analysis]}. The map shows the "
             f"mean over n = **{over.n}**; {interval_words(over.n, corpus.noun)} (hover a cell for "
             f"its interval; click one for its items). {cell_words(over, cell, axes)}"
-            f"{'' if not update.finished else f' Done in {update.seconds:.1f} s.'}{core_note}")
+            f"{'' if not update.finished else f' Done in {update.seconds:.1f} s. {update.saved}'}{core_note}")
 
 
 def streamed(updates, pick, render, progress, noun: str):
@@ -119,8 +119,8 @@ def heads_view(services: Services, model_name, corpus, n, upload, kind, cell_lay
         shown = Shown(over, axes, "text", f"{words} score, mean over the corpus", "score", False, name, view)
         return note_of(over, chosen, "heads", cell, axes, update, f"The {words} score"), *figures(shown, cell), shown
 
-    for last in streamed(stream_over(model, "heads", chosen), lambda result: (result or {}).get(kind), render,
-                         progress, "text"):
+    updates = stream_over(model, "heads", chosen, root=runs_root(services), model_name=name)
+    for last in streamed(updates, lambda result: (result or {}).get(kind), render, progress, "text"):
         yield last
     if last is None:
         why = (f"No text of this corpus could be scored for {kind}: it is measured on texts that repeat a span "
@@ -147,7 +147,8 @@ def attribution_view(services: Services, model_name, corpus, n, upload, cell_lay
         return (note_of(over, chosen, "attribution", cell, axes, update, "Direct logit attribution"),
                 *figures(shown, cell), shown)
 
-    yield from streamed(stream_over(model, "attribution", chosen), lambda result: result and result[0], render,
+    yield from streamed(stream_over(model, "attribution", chosen, root=runs_root(services),
+                                    model_name=name), lambda result: result and result[0], render,
                         progress, "pair")
 
 
@@ -173,7 +174,8 @@ def patch_view(services: Services, model_name, corpus, n, upload, site, mode, la
         return (note_of(over, chosen, "patch", cell, axes, update, f"Patching ({mode}, {site}{layer_words})"),
                 *figures(shown, cell), shown)
 
-    yield from streamed(stream_over(model, "patch", chosen, core_site, mode, layer), lambda result: result, render,
+    yield from streamed(stream_over(model, "patch", chosen, core_site, mode, layer,
+                                    root=runs_root(services), model_name=name), lambda result: result, render,
                         progress, "pair")
 
 
