@@ -22,6 +22,12 @@ TITLE = "The attention explorer"
 LINK_JS = """(...args) => { args[args.length - 1] = window.location.href; return args; }"""  # the page's own URL
 SEARCH_JS = """(...args) => { args[0] = window.location.search; return args; }"""  # the page's own query
 COPY_JS = """(link) => { if (link && navigator.clipboard) navigator.clipboard.writeText(link).catch(() => {}); }"""
+TYPICAL = {  # tab → (its button's words, the built-in corpus, the Across texts analysis run over it)
+    "patching": (f"How typical is this? Patch every head over {across.DEFAULT_N} IOI pairs (Across texts tab)",
+                 "IOI pairs", "patch"),
+    "heads": (f"How typical is this? The induction score over {across.DEFAULT_N} induction texts (Across texts tab)",
+              "induction texts", "heads"),
+}
 TAB_IDS = {"Generate": "generate", "Attention": "attention", "Positional encoding": "positions", "Masks": "masks",
            "Heads": "heads", "Patching": "patching", "Inside": "inside", "Across texts": "corpus", "Lab": "lab"}
 
@@ -54,20 +60,24 @@ def layout(services, default_model: str) -> gr.Blocks:
         linked = gr.State(False)  # the page opens on a link's Attention view, not yet drawn
         query = gr.Textbox(visible=False)  # the page's query string, read by the tabs' openings
         with gr.Tabs(selected="attention") as tabs:
-            built = {}
+            built, typical = {}, {}
             for label, name, module in (("Generate", "generate", generate), ("Attention", "attention", attention),
                                         ("Positional encoding", "positions", positions), ("Masks", "masks", masks),
                                         ("Heads", "heads", heads), ("Patching", "patching", patching),
                                         ("Inside", "inside", inside)):
                 with gr.Tab(label, id=name) as tab_block:
                     built[name] = module.build(services, picker, initial)
+                    if name in TYPICAL:
+                        typical[name] = gr.Button(TYPICAL[name][0], size="sm", elem_id=f"{name}-typical")
                 wire_opening(tab_block.select, name, built[name], query)
             with gr.Tab("Across texts", id="corpus"):
-                across.build(services, picker, initial)
+                across_tab = across.build(services, picker, initial)
             lab.build(services, picker, initial)  # its own gr.Tab: train a Transformer from scratch
         for name, tab in built.items():
             wire_switch(picker, current_tab, linked, name, tab)
         wire_send(built["generate"], built["attention"], tabs, current_tab)
+        for name, button in typical.items():
+            wire_typical(button, name, across_tab, tabs, current_tab)
         wire_open_head(services, picker, built["patching"], built["attention"], tabs, current_tab)
         tabs.select(remember_tab, None, current_tab, api_visibility="private", queue=False)
         controls = {name: tab for name, tab in built.items() if tab.text is not None}
@@ -99,6 +109,21 @@ def wire_send(generate_tab: Tab, attention_tab: Tab, tabs, current_tab) -> None:
 
     generate_tab.send.click(send_to_attention, generate_tab.sent, [attention_tab.text, tabs, current_tab],
                             api_visibility="private").then(**attention_tab.run_event)
+
+
+def wire_typical(button, name: str, across_tab, tabs, current_tab) -> None:
+    """The button under a tab that runs its analysis over the matching built-in corpus in the Across texts tab
+    (IOI pairs for patching, induction texts for the induction score), on the model chosen; Stop there ends it."""
+    _, corpus, run = TYPICAL[name]
+    settings = [across_tab.kind] if run == "heads" else [across_tab.site, across_tab.mode]
+
+    def open_across():
+        values = ["induction"] if run == "heads" else ["z", "denoise"]
+        return gr.Tabs(selected="corpus"), "corpus", corpus, across.DEFAULT_N, *values
+
+    event = button.click(open_across, None, [tabs, current_tab, across_tab.corpus, across_tab.n, *settings],
+                         api_visibility="private", queue=False).then(**across_tab.runs[run], api_visibility="private")
+    across_tab.stop.click(None, None, None, cancels=[event], api_visibility="private")
 
 
 def wire_open_head(services, picker, source: Tab, attention_tab: Tab, tabs, current_tab) -> None:

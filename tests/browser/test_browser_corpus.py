@@ -90,3 +90,19 @@ def test_head_scores_over_a_corpus_draw_inside_the_page(browser, app_url, name):
     finally:
         context.close()
     assert not errors, f"JavaScript errors in the page: {errors}"
+
+
+def test_the_heads_tab_asks_how_typical_the_induction_score_is(browser, app_url):
+    context, page, errors = open_page(browser, app_url, VIEWPORTS["wide"])
+    try:
+        page.get_by_role("tab", name="Heads").click()
+        page.locator("#heads-typical").click()
+        expect(page.get_by_role("tab", name="Across texts")).to_have_attribute("aria-selected", "true",
+                                                                            timeout=RUN_TIMEOUT_MS)
+        expect(page.locator("#corpus-note")).to_contain_text("Done in", timeout=RUN_TIMEOUT_MS)
+        expect(page.locator("#corpus-note")).to_contain_text("The induction score")
+        expect(page.locator("#corpus-note")).to_contain_text("over 20 induction texts")
+        inside(page, "#corpus-map")
+    finally:
+        context.close()
+    assert not errors, f"JavaScript errors in the page: {errors}"

@@ -5,6 +5,8 @@ of the items finished before it."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import gradio as gr
 
 from ui.services.corpus.over import CORPORA, DEFAULT_N, KINDS, MAX_EXAMPLES, MAX_PAIRS, MAX_TEXTS
@@ -33,7 +35,8 @@ SITE_CHOICES = [("each head (layer × head)", "z"), ("residual stream (layer × 
                 ("one layer's heads (head × position)", "z_by_position")]
 
 
-def build(services, picker, initial) -> None:
+def build(services, picker, initial) -> SimpleNamespace:
+    """The tab; returns what the other tabs' buttons that ask how typical a result is set and run (ui/page.py)."""
     gr.Markdown(LEAD, elem_classes=["tab-lead"])
     with gr.Row(equal_height=False):
         with gr.Column(scale=1, min_width=300, elem_classes=["tab-controls"]):
@@ -79,17 +82,19 @@ def build(services, picker, initial) -> None:
     outputs = [note, mean_fig, strip_fig, kept]
     common = [picker.model, corpus, n, upload]
 
-    def job(view, name: str, what: str) -> dict:
+    def job(view, name: str, what: str, inputs: list) -> dict:
         return dict(fn=handler(keeping(view, services.kept, CORPUS_KEPT), services, name, heavy=what),
-                    outputs=outputs, api_name=name, **ON_HEAVY)
+                    inputs=inputs, outputs=outputs, **ON_HEAVY)
 
+    runs = dict(heads=job(views.heads_view, "corpus_heads", "A head-score job over a corpus",
+                          [*common, kind, row, col, kept]),
+                patch=job(views.patch_view, "corpus_patch", "A patching job over a corpus",
+                          [*common, site, mode, layer, row, col, kept]))
     events = [
-        heads_run.click(inputs=[*common, kind, row, col, kept],
-                        **job(views.heads_view, "corpus_heads", "A head-score job over a corpus")),
-        attribution_run.click(inputs=[*common, row, col, kept],
-                              **job(views.attribution_view, "corpus_attribution", "An attribution job over a corpus")),
-        patch_run.click(inputs=[*common, site, mode, layer, row, col, kept],
-                        **job(views.patch_view, "corpus_patch", "A patching job over a corpus")),
+        heads_run.click(**runs["heads"], api_name="corpus_heads"),
+        attribution_run.click(**job(views.attribution_view, "corpus_attribution", "An attribution job over a corpus",
+                                    [*common, row, col, kept]), api_name="corpus_attribution"),
+        patch_run.click(**runs["patch"], api_name="corpus_patch"),
         examples_run.click(handler(views.examples_view, services, "corpus_examples", heavy="A top-examples job"),
                            [*common, ex_layer, ex_head, ex_k], [examples_note, examples_table],
                            api_name="corpus_examples", **ON_HEAVY),
@@ -98,6 +103,8 @@ def build(services, picker, initial) -> None:
     stop.click(None, None, None, cancels=events, api_visibility="private").then(
         views.mark_stopped, note, note, api_visibility="private", queue=False)
     wire_cells(services, row, col, kept, [cell_note, mean_fig, strip_fig])
+    return SimpleNamespace(corpus=corpus, n=n, kind=kind, site=site, mode=mode, row=row, col=col, runs=runs,
+                           stop=stop, note=note)
 
 
 def wire_cells(services, row, col, kept, outputs) -> None:
