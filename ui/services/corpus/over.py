@@ -198,6 +198,7 @@ PARTIAL = {"heads": partial_heads, "attribution": partial_attribution, "patch": 
 
 
 SAVED_NAMES = {"heads": "head_scores", "attribution": "logit_attribution", "patch": "patch"}
+RUNS_MAX_BYTES = 1_000_000_000   # a new job is refused (its message says so) while the runs folder holds this much
 
 
 def runs_root(services) -> Path | None:
@@ -239,8 +240,8 @@ def stream_over(model, analysis: str, corpus: Corpus, site: str | None = None, m
         arguments = dict(site=site, mode=mode, layer=layer) if analysis == "patch" else {}
         with refusals_in_words():
             if root is not None:
-                run = saved.run_over(SAVED_NAMES[analysis], model, corpus.items, root, model_name, **hooks,
-                                     **arguments)
+                run = saved.run_over(SAVED_NAMES[analysis], model, corpus.items, root, model_name,
+                                     max_bytes=RUNS_MAX_BYTES, **hooks, **arguments)
                 return run.result, run
             if analysis == "heads":
                 return summaries.head_scores_over(model, corpus.items, **hooks), None
