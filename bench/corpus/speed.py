@@ -8,10 +8,11 @@ way, in one run: medians (and ranges) of alternating runs (each side first in ev
   memory   peak RSS, while the job runs, of a fresh process that loads the model and runs head_scores_over on
            --memory-texts random texts of --tokens tokens, against one on a tenth as many; the difference is what
            the corpus adds
---quick shrinks every size (12 texts, 2 pairs, 100 vs 10 texts, 32 tokens): a check that it runs, whose ratios
-are rougher than the full run's.
+--quick shrinks every size (12 texts, 2 pairs, 100 vs 10 texts, 32 tokens, batches of 320 tokens, so that the
+smaller memory corpus still fills one batch): a check that it runs, whose ratios are rougher than the full run's.
 Usage: python bench/corpus/speed.py [--model smollm2-135m-instruct] [--texts 48] [--tokens 64] [--pairs 100]
-                                    [--memory-texts 1000] [--repeats 5] [--quick] [--random-weights]
+                                    [--memory-texts 1000] [--batch-tokens 4096] [--repeats 5] [--quick]
+                                    [--random-weights]
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from core.corpus.texts import ioi_pairs  # noqa: E402
 from load import MemorySampler, rss_bytes  # noqa: E402
 
 WIDTHS = (46, 24, 24, 9)
-QUICK = {"texts": 12, "tokens": 32, "pairs": 2, "memory_texts": 100}
+QUICK = {"texts": 12, "tokens": 32, "pairs": 2, "memory_texts": 100, "batch_tokens": 320}
 
 
 def model_folder(name: str, random_weights: bool):
@@ -65,22 +66,25 @@ def looped_sweeps(model, pairs) -> None:
         patching.patch_sweep(model, pair.clean[None], pair.corrupted[None], pair.answer, pair.foil, "z")
 
 
-def peak_rss(folder: str, n: int, tokens: int) -> dict:
-    """In this (child) process: load, then head_scores_over on n seeded random texts; RSS in MB once loaded
-    and its peak while the job runs (sampled every 10 ms: the process's lifetime peak is loading's)."""
+def peak_rss(folder: str, n: int, tokens: int, batch_tokens: int) -> dict:
+    """In this (child) process: load, warm up on one batch, then head_scores_over on n seeded random texts;
+    RSS in MB before the job and its peak while the job runs (sampled every 10 ms: the process's lifetime peak
+    is loading's, and the first pass's one-off allocations are the warm-up's)."""
     model = load_model(folder, device="cpu", dtype=torch.float32)
     gen = torch.Generator().manual_seed(0)
     texts = [torch.randint(3, model.config.vocab_size, (tokens,), generator=gen) for _ in range(n)]
+    summaries.head_scores_over(model, texts[:batch_tokens // tokens], batch_tokens)
     gc.collect()
     sampler = MemorySampler(os.getpid(), interval=0.01).start()
     loaded = sampler.reset()
-    summaries.head_scores_over(model, texts)
+    summaries.head_scores_over(model, texts, batch_tokens)
     sampler.stop()
     return {"loaded": loaded / 2**20, "peak": max(sampler.peak, rss_bytes(os.getpid()) or 0) / 2**20}
 
 
-def in_child(folder, n: int, tokens: int) -> dict:
-    done = subprocess.run([sys.executable, __file__, "--child-rss", str(folder), str(n), str(tokens)],
+def in_child(folder, n: int, tokens: int, batch_tokens: int) -> dict:
+    done = subprocess.run([sys.executable, __file__, "--child-rss", str(folder), str(n), str(tokens),
+                           str(batch_tokens)],
                           check=False, capture_output=True, text=True, timeout=3600)
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -98,15 +102,20 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="small sizes: " + json.dumps(QUICK))
     parser.add_argument("--random-weights", action="store_true", help="seeded random weights of the same shapes")
-    parser.add_argument("--child-rss", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--batch-tokens", type=int, default=summaries.BATCH_TOKENS,
+                        help="rows × longest text in one padded batch (head scores and memory)")
+    parser.add_argument("--child-rss", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_rss:
-        folder, n, tokens = args.child_rss
-        print("RESULT", json.dumps(peak_rss(folder, int(n), int(tokens))))
+        folder, n, tokens, batch_tokens = args.child_rss
+        print("RESULT", json.dumps(peak_rss(folder, int(n), int(tokens), int(batch_tokens))))
         return
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
+    if args.memory_texts // 10 * args.tokens < args.batch_tokens:
+        raise SystemExit(f"--memory-texts {args.memory_texts}: its tenth must fill a batch of --batch-tokens "
+                         f"{args.batch_tokens}, or the two runs differ in batch, not only in corpus")
     if args.repeats < 5:
         raise SystemExit("--repeats must be at least 5: a median of fewer runs says little")
     folder = model_folder(args.model, args.random_weights)
@@ -119,8 +128,8 @@ def main() -> None:
     summaries.head_scores_over(model, texts[:2]), plain_forward(model, texts[:2])        # warm-up
     looped_sweeps(model, pairs[:1])
 
-    jobs = {"scores": lambda: summaries.head_scores_over(model, texts),
-            "plain": lambda: plain_forward(model, texts),
+    jobs = {"scores": lambda: summaries.head_scores_over(model, texts, args.batch_tokens),
+            "plain": lambda: plain_forward(model, texts, args.batch_tokens),
             "patch_over": lambda: summaries.patch_over(model, pairs, "z"),
             "looped": lambda: looped_sweeps(model, pairs)}
     times = {key: [] for key in jobs}
@@ -141,10 +150,11 @@ def main() -> None:
     print("  ratio = looped patch_sweep time / patch_over time (≥ 1: never slower)")
 
     small_n = max(1, args.memory_texts // 10)
-    small, large = in_child(folder, small_n, args.tokens), in_child(folder, args.memory_texts, args.tokens)
+    small = in_child(folder, small_n, args.tokens, args.batch_tokens)
+    large = in_child(folder, args.memory_texts, args.tokens, args.batch_tokens)
     grown = large["peak"] - small["peak"]
     print(f"memory, head_scores_over on random texts of {args.tokens} tokens (peak RSS of a fresh process while the "
-          f"job runs; once loaded: {small['loaded']:.0f} MB)")
+          f"job runs; before it: {small['loaded']:.0f} MB; batches of {args.batch_tokens // args.tokens} texts)")
     print(f"  {small_n} texts: {small['peak']:.0f} MB   {args.memory_texts} texts: {large['peak']:.0f} MB   "
           f"difference {grown:+.0f} MB (target ≤ 300)")
     print(f"SUMMARY corpus{' (QUICK)' if args.quick else ''}: head scores {heads_ratio:.2f} of a plain forward's "
