@@ -240,3 +240,20 @@ def test_top_examples_escape_an_uploaded_text(served, tmp_path):
                                         api_name="/corpus_examples")
     assert "<script>" not in table and "<b>" not in table and "&lt;" in table
 
+
+
+def test_an_encoder_scores_its_heads_and_is_refused_attribution_in_words(served):
+    from tiny_app_model import build_tiny_bert
+    from ui.services import Services
+    from ui.services.checks import UserError
+    from ui.services.models import ModelStore
+    from ui.settings import AppSettings
+
+    bert = str(build_tiny_bert(served["root"] / "tiny-bert"))
+    services = Services.create(AppSettings.from_env(), ModelStore(extra_names=[bert]))
+    *_, (note, _, _, kept) = across.heads_view(services, bert, "uploaded file", 3, served["texts"], "local", 0, 0)
+    assert kept.over.n == 3 and "The local score" in note
+    *_, (why, _, _, nothing) = across.heads_view(services, bert, "uploaded file", 3, served["texts"], "induction", 0, 0)
+    assert nothing is None and "only on decoders" in why
+    with pytest.raises(UserError, match="this model is an encoder"):
+        list(across.attribution_view(services, bert, "uploaded file", 3, served["pairs"], 0, 0))
