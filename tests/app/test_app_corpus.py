@@ -257,3 +257,24 @@ def test_an_encoder_scores_its_heads_and_is_refused_attribution_in_words(served)
     assert nothing is None and "only on decoders" in why
     with pytest.raises(UserError, match="this model is an encoder"):
         list(across.attribution_view(services, bert, "uploaded file", 3, served["pairs"], 0, 0))
+
+
+def test_a_finished_job_exports_its_cells_and_items(served):
+    import csv
+
+    services, model = served["services"], served["model"]
+    *_, (_, _, _, shown) = across.heads_view(services, served["llama"], "induction texts", 3, None, "first_token",
+                                             1, 0)
+    files, kept = across.export_view(services, shown)
+    assert kept is shown
+    by_name = {os.path.basename(path): path for path in files}
+    cells = next(path for name, path in by_name.items() if name.endswith("_first_token.csv"))
+    with open(cells, encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    over = summaries.head_scores_over(model, corpora.induction_texts(model.tokenizer, 3, INDUCTION_LENGTH,
+                                                                     bos=model.config.bos_token_id))["first_token"]
+    row = next(r for r in rows if (r["layer"], r["head"]) == ("1", "0"))
+    assert float(row["mean"]) == pytest.approx(float(over.mean[1, 0]), abs=1e-6) and row["n"] == "3"
+    assert any(name.endswith(".npz") for name in by_name)
+    with pytest.raises(Exception, match="no saved job to export"):
+        across.export_view(services, across.Shown(over, None, "text", "", "", False, "m", "v"))

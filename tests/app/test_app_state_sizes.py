@@ -40,7 +40,9 @@ CLEAN, CORRUPTED = "the bread is warm and the lamp", "the bread is warm and the 
 PROMPT = "The keeper lit the lamp"
 LONG = 512  # new tokens: the most Generate writes, so its trace is as long as a trace gets
 # the page's steps that need what only a page sends: a tab's select event, a clicked head, a shown generation
-NEEDS_THE_PAGE = {"remember_tab", "open_head", "send_to_attention"}
+# (and the Patching tab's "how typical is this?" run, whose first step sets the corpus to IOI pairs: the tiny
+# tokenizer has no one-token names for them, and the field's first value, induction texts, holds no pairs)
+NEEDS_THE_PAGE = {"remember_tab", "open_head", "send_to_attention", "corpus_patch_1"}
 
 
 @pytest.fixture(scope="module")

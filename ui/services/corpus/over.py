@@ -6,6 +6,7 @@ values the core hands out as each item finishes; the final one is the core's res
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ class OverUpdate:
     seconds: float
     finished: bool = False
     saved: str = ""          # what saving the job did, in words (the finished update's)
+    folder: Path | None = None   # the saved job's folder once finished (None: not saved, or stopped)
 
 
 @contextmanager
@@ -253,10 +255,21 @@ def stream_over(model, analysis: str, corpus: Corpus, site: str | None = None, m
     for update in stream_job(work, total, f"corpus-{analysis}"):
         if update.finished:
             result, run = update.result
-            yield OverUpdate(update.done, update.total, result, update.seconds, True, saved_words(run, root))
+            folder = run.folder if run is not None and run.finished else None
+            yield OverUpdate(update.done, update.total, result, update.seconds, True, saved_words(run, root), folder)
             continue
         finished = dict(values)   # the worker may have finished more items since this report: count those
         yield OverUpdate(max(update.done, len(finished)), total, PARTIAL[analysis](finished, total), update.seconds)
+
+
+def exported(folder: Path | None) -> dict[str, bytes]:
+    """A finished saved job's files (saved.export: per part, a CSV of its cells with mean, low, high and n, a CSV
+    of every item's values, and the .npz of the whole result), by name."""
+    if folder is None:
+        raise UserError("This result has no saved job to export: run it to the end (on a shared server jobs are "
+                        "not saved); each figure's camera button downloads it as an image.")
+    with tempfile.TemporaryDirectory() as out, refusals_in_words():
+        return {path.name: path.read_bytes() for path in saved.export(folder, out)}
 
 
 @dataclass

@@ -15,7 +15,7 @@ from ui.services import Services
 from ui.services.checks import UserError
 from ui.services.corpus.over import (Corpus, MapAxes, check_cell, check_kind, check_model, check_mode, check_site,
                                      corpus_pairs, corpus_texts, map_axes, stream_over)
-from ui.services.corpus.over import PER_DECILE, check_examples, runs_root, stream_examples
+from ui.services.corpus.over import PER_DECILE, check_examples, exported, runs_root, stream_examples
 from ui.views import export
 
 PARTIAL_S = 1.0    # the least time between two partial summaries sent to the page
@@ -39,6 +39,7 @@ class Shown:
     signed: bool
     name: str               # the model's name, for the figures' file names
     view: str
+    folder: object = None   # the saved job's folder once finished (what Export reads), else None
 
 
 def nothing(message: str, name: str, view: str):
@@ -116,7 +117,7 @@ def heads_view(services: Services, model_name, corpus, n, upload, kind, cell_lay
     last = None
 
     def render(over, update):
-        shown = Shown(over, axes, "text", f"{words} score, mean over the corpus", "score", False, name, view)
+        shown = Shown(over, axes, "text", f"{words} score, mean over the corpus", "score", False, name, view, update.folder)
         return note_of(over, chosen, "heads", cell, axes, update, f"The {words} score"), *figures(shown, cell), shown
 
     updates = stream_over(model, "heads", chosen, root=runs_root(services), model_name=name)
@@ -143,7 +144,7 @@ def attribution_view(services: Services, model_name, corpus, n, upload, cell_lay
 
     def render(over, update):
         shown = Shown(over, axes, "pair", "Direct logit attribution of logit(answer) − logit(foil), mean over "
-                         "the pairs", "direct part", True, name, view)
+                         "the pairs", "direct part", True, name, view, update.folder)
         return (note_of(over, chosen, "attribution", cell, axes, update, "Direct logit attribution"),
                 *figures(shown, cell), shown)
 
@@ -170,7 +171,7 @@ def patch_view(services: Services, model_name, corpus, n, upload, site, mode, la
 
     def render(over, update):
         shown = Shown(over, axes, "pair", f"{mode.capitalize()} {site}{layer_words}: mean patching score over "
-                         "the pairs", "score", True, name, view)
+                         "the pairs", "score", True, name, view, update.folder)
         return (note_of(over, chosen, "patch", cell, axes, update, f"Patching ({mode}, {site}{layer_words})"),
                 *figures(shown, cell), shown)
 
@@ -187,6 +188,18 @@ def cell_view(services: Services, cell_row, cell_col, previous=None):
                         "then a click on a cell shows its items.")
     cell = check_cell(previous.axes, cell_row, cell_col)
     return cell_words(previous.over, cell, previous.axes), *figures(previous, cell), previous
+
+
+def export_view(services: Services, previous=None):
+    """(files, kept result): the last finished job's CSVs (cells with mean, low, high and n; every item's value)
+    and its .npz, from the saved job."""
+    if previous is None:
+        raise UserError("Run an analysis first; then its finished result can be exported.")
+    try:
+        files = [str(export.write(data, name)) for name, data in exported(previous.folder).items()]
+    except ValueError as error:   # an export over the size a download may have
+        raise UserError(str(error)) from None
+    return files, previous
 
 
 def mark_stopped(note: str) -> str:
