@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     done = lambda kind, step, steps: step == steps and print(f"{kind}: {steps} steps trained", flush=True)  # noqa: E731
     result = run_all(config, progress=done)
-    print(f"{result.date}, {result.seconds:.0f} s, {torch.get_num_threads()} threads; accuracy: target tokens right "
+    print(f"{result.date}, {result.seconds:.0f} s, threads: {torch.get_num_threads()}; accuracy: target tokens right "
           f"after the right prefix; exact: whole copies; w: the copy head's weight on the symbol to copy\n")
     print(table(result))
     for k in result.kinds:

@@ -349,8 +349,8 @@ them one way or another. Which way still works on a text **longer than any it tr
 the same small decoder with each kind (sinusoidal, learned, RoPE, ALiBi, T5's relative buckets and none), on the
 same task (copy 1 to 12 letters and digits), for the same steps from the same seed, then tests each on 12, 24 and
 48 symbols. The learned table has one row per position of the longest training text, so past it there is no
-row to read, and the page says so rather than read untrained rows. The default run takes a few minutes; Stop
-keeps the kinds already done."""
+row to read, and the page says so rather than read untrained rows. A run streams each kind as it finishes;
+Stop keeps the kinds already done."""
 
 
 def extrapolation_section(cap, saved) -> SimpleNamespace:

@@ -161,8 +161,8 @@ def saved_extrapolation():
         return (f"No saved result in this copy: `{extra.SAVED_COMMAND}` makes it; or press *Train and test*.",
                 empty_figure("No saved result: press Train and test."), empty_figure("No saved result: press Train and test."), {})
     threads = f" on {result.threads} thread{'s' if result.threads > 1 else ''}" if result.threads else ""
-    source = (f"**Saved result**, computed on {result.date} by `{extra.SAVED_COMMAND}` in {result.seconds:,.0f} s"
-              f"{threads}; press *Train and test* to compute it again here.")
+    source = (f"**Saved result**, computed on {result.date} by `{extra.SAVED_COMMAND}`{threads}; press *Train and "
+              "test* to compute it again here.")
     return extrapolation_outputs(result, source)
 
 

@@ -1,0 +1,67 @@
+"""The Lab's positions past the trained length in headless Chromium, at 1400 px and on a 390 px phone: the first
+screen states the shipped result's finding, the section draws the shipped figures inside the page's width with
+the learned table's refusal in words, and a short run of two kinds replaces them with its own."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
+from playwright.sync_api import expect  # noqa: E402
+
+from conftest import open_page, screenshot  # noqa: E402
+from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
+
+RUN_TIMEOUT_MS = 120_000
+VIEWPORTS = {"wide": {"width": 1400, "height": 1000}, "phone": {"width": 390, "height": 844}}
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    llama = str(build_tiny_llama(tmp_path_factory.mktemp("extrapolation-browser") / "tiny-llama"))
+    demo, url, _ = launch_app([llama], llama)
+    yield url
+    demo.close()
+
+
+def inside_width(page, selector: str) -> None:
+    plot = page.locator(f"{selector} .js-plotly-plot").first
+    expect(plot).to_be_attached(timeout=RUN_TIMEOUT_MS)
+    plot.scroll_into_view_if_needed()
+    box, width = plot.bounding_box(), page.viewport_size["width"]
+    assert box["width"] > 0 and box["x"] >= -1 and box["x"] + box["width"] <= width + 1, (selector, box, width)
+
+
+@pytest.mark.parametrize("name", VIEWPORTS)
+def test_the_shipped_result_then_a_short_run(browser, app_url, name):
+    context, page, errors = open_page(browser, f"{app_url}?tab=lab", VIEWPORTS[name])
+    try:
+        expect(page.locator("#lab-extra-headline")).to_contain_text("saved result", timeout=RUN_TIMEOUT_MS)
+        expect(page.locator("#lab-extra-headline")).to_contain_text("At 48, the most accurate is")
+        expect(page.locator("#lab-extra-note")).to_contain_text("no position 28 in the table")
+        for selector in ("#lab-extra-accuracy", "#lab-extra-heads"):
+            inside_width(page, selector)
+        assert page.locator("#lab-extra-accuracy .scatterlayer .trace").count() >= 6
+        assert page.locator("#lab-extra-heads .heatmaplayer, #lab-extra-heads .hm").count() >= 1
+        screenshot(page, f"lab-extrapolation-saved-{name}")
+        # a short run of two kinds replaces the shipped figures with its own
+        kinds = page.locator("#lab-extra-kinds")
+        for kind in ("sinusoidal", "rope", "alibi", "relative"):
+            kinds.get_by_label(kind, exact=True).uncheck()
+        page.locator("#lab-extra-steps input").fill("10")
+        page.locator("#lab-extra-run").click()
+        expect(page.locator("#lab-extra-status")).to_contain_text("Done: 2 kinds", timeout=RUN_TIMEOUT_MS)
+        expect(page.locator("#lab-extra-note")).to_contain_text("Computed here, now")
+        expect(page.locator("#lab-extra-note")).to_contain_text("no position 28 in the table")
+        inside_width(page, "#lab-extra-accuracy")
+        expect(page.locator("#lab-extra-accuracy .legend .traces")).to_have_count(2)
+        screenshot(page, f"lab-extrapolation-run-{name}")
+        assert page.evaluate("document.documentElement.scrollWidth") <= page.viewport_size["width"] + 1
+    finally:
+        context.close()
+    assert not errors, f"JavaScript errors in the page: {errors}"
