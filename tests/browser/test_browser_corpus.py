@@ -86,6 +86,9 @@ def test_head_scores_over_a_corpus_draw_inside_the_page(browser, app_url, name):
         page.locator("#corpus-col input").press("Enter")
         expect(page.locator("#corpus-cell-note")).to_contain_text("Layer 0, head 0", timeout=RUN_TIMEOUT_MS)
         expect(page.locator("#corpus-strip .gtitle")).to_contain_text("layer 0, head 0")
+        if name == "wide":   # the finished job's files, from the saved job
+            page.locator("#corpus-export").click()
+            expect(page.locator("#corpus-export-files")).to_contain_text("_induction_items", timeout=RUN_TIMEOUT_MS)
         screenshot(page, f"corpus-{name}")
     finally:
         context.close()

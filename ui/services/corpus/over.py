@@ -216,7 +216,7 @@ def saved_words(run, root: Path | None) -> str:
         return "Not saved: on a shared server corpus jobs are measured afresh each time."
     if run is None:
         return ""
-    where = run.folder.name
+    where = run.folder.name.rpartition("__")[2]   # the job's key: the folder's name holds the model's, maybe a path
     if run.finished and not run.measured:
         return f"Reopened from the saved job {where}: nothing was measured again."
     resumed = f", resumed from {run.reused} items saved before" if run.reused else ""

@@ -80,7 +80,7 @@ def build(services, picker, initial) -> SimpleNamespace:
                 export_button = gr.Button("Export the finished job (CSV, .npz)", size="sm", elem_id="corpus-export",
                                           scale=0, min_width=220)
                 export_files = gr.File(label="The job's cells, items and result", file_count="multiple",
-                                       interactive=False, elem_id="corpus-export-files", height=80)
+                                       interactive=False, elem_id="corpus-export-files", visible=False)
             examples_note = gr.Markdown(elem_id="corpus-examples-note")
             examples_table = gr.HTML(elem_id="corpus-examples")
     kept = gr.State(None, time_to_live=1800)   # a KeptRef: the ticket of the session's last result
@@ -108,8 +108,10 @@ def build(services, picker, initial) -> SimpleNamespace:
     stop.click(None, None, None, cancels=events, api_visibility="private").then(
         views.mark_stopped, note, note, api_visibility="private", queue=False)
     wire_cells(services, row, col, kept, [cell_note, mean_fig, strip_fig])
-    export_button.click(handler(keeping(views.export_view, services.kept, CORPUS_KEPT), services, "corpus_export",
-                                progress=False), kept, [export_files, kept], api_visibility="private")
+    exporting = handler(keeping(views.export_view, services.kept, CORPUS_KEPT), services, "corpus_export",
+                        progress=False)
+    export_button.click(lambda: gr.File(visible=True), None, export_files, api_visibility="private",
+                        queue=False).then(exporting, kept, [export_files, kept], api_visibility="private")
     return SimpleNamespace(corpus=corpus, n=n, kind=kind, site=site, mode=mode, row=row, col=col, runs=runs,
                            stop=stop, note=note)
 

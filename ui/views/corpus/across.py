@@ -195,8 +195,13 @@ def export_view(services: Services, previous=None):
     and its .npz, from the saved job."""
     if previous is None:
         raise UserError("Run an analysis first; then its finished result can be exported.")
+    found = exported(previous.folder)
+    # saved.export names the files after the model as the server names it (a folder's path, maybe): named here as
+    # the figures are, the rest of each name (the part, "_items", the suffix) kept
+    stem = next(name for name in found if name.endswith(".npz")).removesuffix(".npz")
+    base = export.filename(previous.name, previous.view)
     try:
-        files = [str(export.write(data, name)) for name, data in exported(previous.folder).items()]
+        files = [str(export.write(data, base + name[len(stem):])) for name, data in found.items()]
     except ValueError as error:   # an export over the size a download may have
         raise UserError(str(error)) from None
     return files, previous
