@@ -15,7 +15,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from ui.services.checks import index_of, public_text
 
-TABS = ("generate", "attention", "positions", "masks", "heads", "patching", "inside", "lab")
+TABS = ("generate", "attention", "positions", "masks", "heads", "patching", "inside", "corpus", "lab")
 TABS_WITH_HEADS = ("attention", "positions", "masks", "heads", "inside")  # the tabs with a layer and a head to set
 TABS_WITH_LAYER = (*TABS_WITH_HEADS, "patching")
 MAX_LINK_TEXT = 600  # characters; a longer text stays out of the link (links of a few kB break in some mailers)

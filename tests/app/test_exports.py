@@ -209,6 +209,8 @@ def test_a_link_opens_its_model_tab_layer_head_and_text():
     link = links.parse({"model": "b", "tab": "heads", "layer": "1", "head": "3", "text": "hi"}, ["a", "b"], shape, "a")
     assert (link.model, link.tab, link.layer, link.head, link.text, link.messages) == ("b", "heads", 1, 3, "hi", [])
     assert links.parse({"head": "mean"}, ["a"], shape, "a").head == "mean"
+    across = links.parse({"tab": "corpus"}, ["a"], shape, "a")   # the Across texts tab, by its id
+    assert (across.tab, across.messages) == ("corpus", [])
 
 
 def test_bad_link_values_fall_back_with_a_message_never_an_error():
