@@ -1,6 +1,6 @@
-"""The Lab's positions past the trained length in headless Chromium, at 1400 px and on a 390 px phone: the first
-screen states the shipped result's finding, the section draws the shipped figures inside the page's width with
-the learned table's refusal in words, and a short run of two kinds replaces them with its own."""
+"""The Lab's positions past the trained length in headless Chromium: at 1400 px and on a 390 px phone the first
+screen states the shipped result's finding and the section draws the shipped figures inside the page's width with
+the learned table's refusal in words; at 1400 px a short run of two kinds replaces them with its own."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def inside_width(page, selector: str) -> None:
 
 
 @pytest.mark.parametrize("name", VIEWPORTS)
-def test_the_shipped_result_then_a_short_run(browser, app_url, name):
+def test_the_shipped_result_is_the_first_screen_and_fits(browser, app_url, name):
     context, page, errors = open_page(browser, f"{app_url}?tab=lab", VIEWPORTS[name])
     try:
         expect(page.locator("#lab-extra-headline")).to_contain_text("saved result", timeout=RUN_TIMEOUT_MS)
@@ -49,7 +49,16 @@ def test_the_shipped_result_then_a_short_run(browser, app_url, name):
         assert page.locator("#lab-extra-accuracy .scatterlayer .trace").count() >= 6
         assert page.locator("#lab-extra-heads .heatmaplayer, #lab-extra-heads .hm").count() >= 1
         screenshot(page, f"lab-extrapolation-saved-{name}")
-        # a short run of two kinds replaces the shipped figures with its own
+        assert page.evaluate("document.documentElement.scrollWidth") <= page.viewport_size["width"] + 1
+    finally:
+        context.close()
+    assert not errors, f"JavaScript errors in the page: {errors}"
+
+
+def test_a_short_run_replaces_the_shipped_figures(browser, app_url):
+    context, page, errors = open_page(browser, f"{app_url}?tab=lab", VIEWPORTS["wide"])
+    try:
+        expect(page.locator("#lab-extra-note")).to_contain_text("Saved result", timeout=RUN_TIMEOUT_MS)
         kinds = page.locator("#lab-extra-kinds")
         for kind in ("sinusoidal", "rope", "alibi", "relative"):
             kinds.get_by_label(kind, exact=True).uncheck()
@@ -60,8 +69,7 @@ def test_the_shipped_result_then_a_short_run(browser, app_url, name):
         expect(page.locator("#lab-extra-note")).to_contain_text("no position 28 in the table")
         inside_width(page, "#lab-extra-accuracy")
         expect(page.locator("#lab-extra-accuracy .legend .traces")).to_have_count(2)
-        screenshot(page, f"lab-extrapolation-run-{name}")
-        assert page.evaluate("document.documentElement.scrollWidth") <= page.viewport_size["width"] + 1
+        screenshot(page, "lab-extrapolation-run-wide")
     finally:
         context.close()
     assert not errors, f"JavaScript errors in the page: {errors}"

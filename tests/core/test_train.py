@@ -73,7 +73,8 @@ def test_a_saved_model_round_trips(tmp_path, family, switch):
 @pytest.mark.parametrize("bad,message", [
     (dict(d_model=64, n_heads=5), "multiple of n_heads"), (dict(d_ff=0), "d_ff must be"),
     (dict(task="poetry"), "unknown task 'poetry'"), (dict(family="gpt"), "family must be"),
-    (dict(positions="alibi"), "positions must be"), (dict(lr=float("nan")), "lr must be")])
+    (dict(positions="spiral"), "positions must be"), (dict(positions="alibi"), "family 'llama' only"),
+    (dict(lr=float("nan")), "lr must be")])
 def test_bad_configs_are_named(bad, message):
     with pytest.raises(ValueError, match=message):
         next(lab.train(lab.LabConfig(**bad)))

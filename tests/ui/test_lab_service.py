@@ -134,7 +134,7 @@ def test_the_time_budget_stops_a_run():
 @pytest.mark.parametrize("bad,message", [
     (dict(n_heads=3), r"D_model \(32\) must be a multiple of n_heads \(3\)"),
     (dict(d_ff=0), "d_ff must be between 1 and 1024, got 0"),
-    (dict(task="poetry"), "Unknown task 'poetry'; the tasks are copy, reverse, sort, add, dates"),
+    (dict(task="poetry"), "Unknown task 'poetry'; the tasks are copy, copy-62, reverse, sort, add, dates"),
     (dict(family="gpt"), "Family must be 'marian'"),
     (dict(d_model=512), "d_model must be between 32 and 256"),
     (dict(steps=6000), "Steps must be between 1 and 5000"),
