@@ -20,6 +20,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
+from playwright.sync_api import TimeoutError as PlaywrightTimeout  # noqa: E402
 
 from conftest import drawn, open_page, screenshot  # noqa: E402
 from tiny_app_model import build_tiny_bert, build_tiny_llama, launch_app  # noqa: E402
@@ -80,15 +81,21 @@ def open_tab(page: Page, label: str) -> None:
     expect(page.locator(f"#{TABS[label][1]}")).to_be_visible(timeout=TIMEOUT_MS)
 
 
-def empty_plots(page: Page, plots: list[str]) -> list[str]:
-    """The plot components (by elem_id) shown on the page that hold no drawn figure."""
-    return page.evaluate(
-        """(ids) => ids.filter((id) => {
+EMPTY_PLOTS = """(ids) => ids.filter((id) => {
              const e = document.getElementById(id);
              return e && e.offsetParent !== null && e.getBoundingClientRect().height > 0
-                    && !e.querySelector('.js-plotly-plot .main-svg'); })""",
-        plots,
-    )
+                    && !e.querySelector('.js-plotly-plot .main-svg'); })"""
+
+
+def empty_plots(page: Page, plots: list[str]) -> list[str]:
+    """The plot components (by elem_id) shown on the page that hold no drawn figure, once plotly.js has had the
+    time a figure sent with the page takes to draw (the Lab's saved extrapolation figures, several heatmaps, take
+    longest on a phone): a box still empty after TIMEOUT_MS is one that was shown with nothing to draw."""
+    try:
+        page.wait_for_function(f"(ids) => ({EMPTY_PLOTS})(ids).length === 0", arg=plots, timeout=TIMEOUT_MS)
+    except PlaywrightTimeout:
+        pass
+    return page.evaluate(EMPTY_PLOTS, plots)
 
 
 def test_every_tab_opens_with_its_button_above_the_fold_and_no_empty_figure(browser, served):
