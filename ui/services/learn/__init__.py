@@ -1,0 +1,162 @@
+"""The course (the Learn tab): the theory in order, each lesson a short text, a question, and one measurement on
+the loaded model that answers it.
+
+A lesson is data (`Lesson`): a stable name (in links: ?tab=learn&lesson=sqrt-dk), a title, the text with its
+equations numbered as in docs/theory.md, a question (`Question`: choices, or a number to guess) and `measure`, the
+function that computes the answer on a model (`Measured`: the answer, its words, the figure's values and one line
+stating its main number, and the state the "try it" link opens). The lessons live in this folder's modules, one
+module a part of the theory; ui/views/learn draws their figures. Nothing here imports gradio.
+
+Lessons are computed once per model and kept in their own cache (`LessonCache`), so a lesson opened a second time,
+by anyone, is a cache hit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ui.services.checks import UserError
+from ui.services.kept import FirstViews
+
+ProgressFn = Callable[[float, str], None]
+LESSON_CACHE = 64  # lessons kept server-wide (about 11 lessons × a few models); each holds a few small arrays
+
+
+@dataclass(frozen=True)
+class Question:
+    """What the reader answers before the reveal. choices: the options (one is the measured answer); empty for a
+    number to guess, in `unit`."""
+
+    prompt: str
+    choices: tuple[str, ...] = ()
+    unit: str = ""
+
+    @property
+    def numeric(self) -> bool:
+        return not self.choices
+
+
+@dataclass
+class Measured:
+    """A lesson computed on one model.
+
+    answer: the measured value the question asks for (a number; for a choice question, the right choice's text).
+    answer_text: the answer in one or two sentences, with its number; why: one sentence on why it is so, measured
+    (where the model differs from the textbook, why it does). alt: the figure's one text line, with its main number.
+    values: what the figure draws (arrays, numbers, labels). link: the state "try it" opens (ui.links.make's
+    fields: tab, and any of layer, head, text). note: a sentence when the model lacks the feature and the lesson
+    measured another model (which, and why).
+    """
+
+    answer: float | str
+    answer_text: str
+    why: str
+    alt: str
+    values: dict[str, Any] = field(default_factory=dict)
+    link: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Lesson:
+    """One lesson. measure(model, progress) → Measured, on a loaded core model (with its tokenizer)."""
+
+    name: str
+    title: str
+    text: str
+    question: Question
+    measure: Callable[[Any, ProgressFn | None], Measured]
+    text_sample: str = ""  # the ready-made text the measurement reads, shown under the figure
+
+
+def lessons() -> tuple[Lesson, ...]:
+    """Every lesson, in the course's order."""
+    from ui.services.learn import attention, block, evidence, generation, positions
+    return (*attention.LESSONS, *positions.LESSONS, *block.LESSONS, *generation.LESSONS, *evidence.LESSONS)
+
+
+def names() -> list[str]:
+    return [lesson.name for lesson in lessons()]
+
+
+def find(name) -> Lesson:
+    """The lesson called `name`, or a UserError listing the names."""
+    for lesson in lessons():
+        if isinstance(name, str) and lesson.name == name.strip().lower():
+            return lesson
+    shown = repr(name[:40]) if isinstance(name, str) else f"a {type(name).__name__}"
+    raise UserError(f"There is no lesson {shown}; the lessons are {', '.join(names())}.")
+
+
+def position(name: str) -> tuple[int, int]:
+    """(the lesson's number from 1, how many lessons)."""
+    all_names = names()
+    return all_names.index(find(name).name) + 1, len(all_names)
+
+
+class LessonCache:
+    """Lessons computed once per model (by name and the model object's id: a reloaded model is computed afresh),
+    for every visitor; two sessions opening one lesson at once compute it once."""
+
+    def __init__(self, size: int = LESSON_CACHE):
+        self._views = FirstViews(size)
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+    def get(self, model_name: str, model, lesson: Lesson, progress: ProgressFn | None = None) -> Measured:
+        return self._views.get(("lesson", lesson.name, model_name, id(model)),
+                               lambda: lesson.measure(model, progress))
+
+
+def read_guess(question: Question, guess) -> tuple[float | str | None, str]:
+    """The reader's guess as the question takes it, and a note when it cannot be read (never an error: the reveal
+    works with or without a guess). Empty → (None, "")."""
+    if guess is None or (isinstance(guess, str) and not guess.strip()):
+        return None, ""
+    if not question.numeric:
+        if isinstance(guess, str) and guess in question.choices:
+            return guess, ""
+        return None, "That guess is not one of the choices, so it is left out."
+    text = str(guess).strip().replace(",", "").replace("−", "-").replace("%", "")
+    try:
+        value = float(text)
+    except ValueError:
+        shown = str(guess)[:30]
+        return None, f"“{shown}” is not a number (write one like 12 or 0.5), so it is left out."
+    if not math.isfinite(value):
+        return None, "That guess is not a finite number, so it is left out."
+    return value, ""
+
+
+def number(value: float) -> str:
+    """A measured number as the answer shows it: 3 significant figures, thousands separated."""
+    if isinstance(value, str):
+        return value
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    digits = max(0, 2 - int(math.floor(math.log10(abs(value)))))
+    return f"{value:,.{digits}f}"
+
+
+def reveal(lesson: Lesson, measured: Measured, guess) -> str:
+    """The revealed answer in words (markdown, the project's own words and numbers: no user text but the guess's
+    number or choice, which is one of our choices or a float): the guess beside the measured value, then why."""
+    value, note = read_guess(lesson.question, guess)
+    unit = f" {lesson.question.unit}" if lesson.question.unit else ""
+    lines = []
+    if value is None:
+        lines.append(f"**Measured: {number(measured.answer)}{unit}.** {measured.answer_text}")
+    elif lesson.question.numeric:
+        lines.append(f"**Your guess: {number(value)}{unit}; measured: {number(measured.answer)}{unit}.** "
+                     f"{measured.answer_text}")
+    else:
+        verdict = "right" if value == measured.answer else f"the measured answer is “{measured.answer}”"
+        lines.append(f"**Your guess: “{value}” ({verdict}).** {measured.answer_text}")
+    lines.append(f"*Why:* {measured.why}")
+    if note:
+        lines.append(f"_{note}_")
+    return "\n\n".join(lines)
