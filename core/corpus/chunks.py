@@ -1,0 +1,139 @@
+"""A corpus job split into chunks of consecutive items, each chunk run as a job of its own (the same *_over of
+summaries.py on a sub-list, wherever it runs: a Ray Serve replica, a thread here), and the finished chunks merged
+into what one run over the whole corpus gives: each part's per_item concatenated in input order and summarised
+once (summaries.Job.over, which calls summarise), its note naming items by their index in the whole corpus.
+
+    empty = check("head_scores", model, texts)            # the whole corpus refused or accepted as one run would be
+    ranges = split(len(texts), CHUNK_ITEMS)
+    finished = list(as_finished(submit, ranges, in_flight, "text"))   # submit(range) → Future of run_chunk's result
+    result = merge(empty, finished, "text", len(texts), stopped=len(finished) < len(ranges))
+
+No measurement is implemented here: a chunk is summaries.py's function on fewer items, and the merge only moves
+its rows."""
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass
+
+from . import saved, summaries
+from .summaries import Over
+
+log = logging.getLogger(__name__)
+
+ANALYSES = ("head_scores", "logit_attribution", "patch")   # saved.ANALYSES's names; ablation caps its texts itself
+CHUNK_ITEMS = 8            # items one chunk measures: a patching chunk of 8 pairs is 8 sweeps
+STOP_POLL_S = 0.25         # how often a wait for chunks asks stop()
+
+
+@dataclass(frozen=True)
+class Chunk:
+    items: range           # the chunk's items: their indices in the whole corpus
+    result: object         # the analysis's result over those items alone (dict[str, Over] | tuple[Over, Over] | Over)
+
+
+def analysis_run(analysis: str) -> Callable:
+    if analysis not in ANALYSES:
+        raise ValueError(f"a corpus job is split into chunks for {', '.join(ANALYSES)}, not {analysis!r}")
+    return saved.analysis_named(analysis).run
+
+
+def split(n: int, size: int = CHUNK_ITEMS) -> list[range]:
+    """Consecutive ranges of at most `size` indices that cover 0..n−1 in order."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"a chunk holds at least one item: size must be a whole number ≥ 1, got {size!r}")
+    return [range(start, min(start + size, n)) for start in range(0, n, size)]
+
+
+def check(analysis: str, model, items: Sequence, **arguments):
+    """The whole corpus checked as one run checks it (every id, the pairs' lengths for a position site, the
+    model's kind, the arguments), measuring nothing: the analysis itself, told to stop before its first item.
+    Returns that empty result, whose parts give the merge each part's shape. A chunk checks only its own items,
+    so what holds across chunks (one token length) is checked here, once."""
+    return analysis_run(analysis)(model, items, stop=lambda: True, **arguments)
+
+
+def run_chunk(analysis: str, model, items: Sequence, stop: summaries.Stop | None = None, **arguments):
+    """One chunk: the analysis's *_over on the chunk's items alone (what a replica runs)."""
+    return analysis_run(analysis)(model, list(items), stop=stop, **arguments)
+
+
+def words(items: range, noun: str) -> str:
+    """'texts 8–15' (or 'text 8'): a chunk's items by their index in the corpus."""
+    return f"{noun} {items.start}" if len(items) == 1 else f"{noun}s {items.start}–{items[-1]}"
+
+
+def as_finished(submit: Callable[[range], Future], ranges: Sequence[range], in_flight: int, noun: str,
+                stop: summaries.Stop | None = None) -> Iterator[Chunk]:
+    """Each chunk as it finishes (in any order), with at most `in_flight` submitted and unfinished at once, the
+    rest submitted as those finish. Ends early once stop() says so; ending (early, or the reader closing the
+    iterator) cancels the chunks still under way. A chunk that fails raises a ValueError naming its items."""
+    waiting, pending = list(ranges), {}
+    if in_flight < 1:
+        raise ValueError(f"in_flight is how many chunks run at once: at least 1, got {in_flight}")
+    try:
+        while waiting or pending:
+            while waiting and len(pending) < in_flight:
+                items = waiting.pop(0)
+                pending[submit(items)] = items
+            if stop is not None and stop():
+                return
+            done, _ = wait(pending, timeout=STOP_POLL_S, return_when=FIRST_COMPLETED)
+            for future in sorted(done, key=lambda f: pending[f].start):
+                items = pending.pop(future)
+                yield Chunk(items, outcome(future, items, noun))
+    finally:
+        for future in pending:
+            future.cancel()
+
+
+def outcome(future: Future, items: range, noun: str):
+    try:
+        return future.result()
+    except ValueError as error:      # the analysis refused something in the chunk: its own words
+        raise ValueError(f"{words(items, noun)} (one chunk of the job): {error}") from None
+    except Exception as error:  # noqa: BLE001 - a worker that died, a lost connection: named, never a traceback
+        log.warning("the chunk of %s failed", words(items, noun), exc_info=error)
+        raise ValueError(f"{words(items, noun)} (one chunk of the job) failed where it ran "
+                         f"({type(error).__name__}); the finished chunks are kept, and the log has the details") \
+            from None
+
+
+def reasons(note: str, noun: str) -> dict[int, str]:
+    """index → why, for the items a summary's note names as left out (summaries.Job.note writes each as
+    '<noun> <index> (<why>)'): the merge names them again by their index in the whole corpus."""
+    return {int(i): why for i, why in re.findall(rf"\b{noun} (\d+) \(([^()]*)\)", note)}
+
+
+def merge(empty, chunks: Sequence[Chunk], noun: str, total: int, stopped: bool = False):
+    """The finished chunks as one result over the corpus of `total` items, in the form of `empty` (check's):
+    each part's per_item rows concatenated in input order and summarised once, as summaries.py summarises one run.
+    An item a chunk measured but left out of a part (a text that is no repeated span, for induction) is left out
+    of that part here; one no part holds (a skipped pair) is skipped. stopped: the chunks not merged were
+    stopped, which the note says, as a stopped run's does."""
+    form = "over" if isinstance(empty, Over) else "tuple" if isinstance(empty, tuple) else "dict"
+    ordered = sorted(chunks, key=lambda chunk: chunk.items.start)
+    measured: set[int] = set()
+    for chunk in ordered:
+        for over in saved.parts_of(chunk.result).values():
+            measured.update(chunk.items[i] for i in over.items)
+    merged = {}
+    for name, blank in saved.parts_of(empty).items():
+        job = summaries.Job(total, noun, stopped=stopped)
+        left_out = {}
+        for chunk in ordered:
+            over = saved.parts_of(chunk.result)[name]
+            for row, i in enumerate(over.items):
+                job.values[chunk.items[i]] = over.per_item[row]
+            named = reasons(over.note, noun)
+            for i in sorted(set(range(len(chunk.items))) - set(over.items)):
+                why = named.get(i, "left out where its chunk ran")
+                index = chunk.items[i]
+                if index in measured:
+                    job.values[index], left_out[index] = None, why     # measured, not of this part
+                else:
+                    job.skipped[index] = why
+        merged[name] = job.over(tuple(blank.per_item.shape[1:]), left_out=left_out)
+    return saved.result_of(form, merged)

@@ -1,0 +1,127 @@
+"""A corpus job split into chunks (core/corpus/chunks.py), each chunk run on its own, merged back: the same Over as
+one run over the whole corpus (mean, interval, per_item, items and note), a stop that keeps the finished chunks,
+a chunk that fails named by its items, and the whole corpus checked before any chunk runs. No Ray: the chunks run
+in threads here, as a Ray front runs them on replicas."""
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from core import load_model
+from core.corpus import Pair, chunks, summaries
+from tests import tiny
+
+ANSWER, FOIL = 11, 23
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return load_model(tiny.save(tiny.llama(num_key_value_heads=2)), device="cpu")
+
+
+def random_ids(n: int, seed: int) -> torch.Tensor:
+    return torch.randint(3, tiny.VOCAB - 1, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def corpus_texts() -> list[torch.Tensor]:
+    """Texts of several lengths; every other one a span repeated once (scored for induction), the rest not."""
+    texts = []
+    for i, n in enumerate([7, 5, 9, 6, 8, 4, 7]):
+        span = random_ids(n, i)
+        texts.append(torch.cat([span, span]) if i % 2 == 0 else random_ids(2 * n + 1, 100 + i))
+    return texts
+
+
+def corpus_pairs() -> list[Pair]:
+    pairs = []
+    for i in range(7):
+        clean = random_ids(9, 200 + i)
+        corrupted = clean.clone()
+        corrupted[2] = (clean[2] + 7) % (tiny.VOCAB - 3) + 3
+        pairs.append(Pair(clean, corrupted, ANSWER, FOIL))
+    pairs[4] = Pair(pairs[4].clean, pairs[4].clean.clone(), ANSWER, FOIL)   # the same metric: skipped
+    return pairs
+
+
+def chunked(analysis, model, items, size, stop=None, fail_at=None, **arguments):
+    """The job split into chunks of `size` run in two threads, merged as a Ray front merges them."""
+    empty = chunks.check(analysis, model, items, **arguments)
+    ranges = chunks.split(len(items), size)
+
+    def run(part: range):
+        if fail_at in part:
+            raise RuntimeError("the worker went away")
+        return chunks.run_chunk(analysis, model, [items[i] for i in part], **arguments)
+
+    noun = "pair" if isinstance(items[0], Pair) else "text"
+    with ThreadPoolExecutor(2) as pool:
+        finished = list(chunks.as_finished(lambda part: pool.submit(run, part), ranges, 2, noun, stop))
+    return chunks.merge(empty, finished, noun, len(items), stopped=len(finished) < len(ranges)), finished
+
+
+def assert_same(got: summaries.Over, want: summaries.Over) -> None:
+    for field in ("mean", "low", "high", "per_item"):
+        torch.testing.assert_close(getattr(got, field), getattr(want, field), atol=1e-5, rtol=0, equal_nan=True)
+    assert (got.n, got.items, got.note) == (want.n, want.items, want.note)
+
+
+def test_split_covers_the_corpus_in_order():
+    assert chunks.split(7, 3) == [range(0, 3), range(3, 6), range(6, 7)]
+    assert chunks.split(2, 8) == [range(0, 2)] and chunks.split(0, 3) == []
+    with pytest.raises(ValueError, match="size must be a whole number ≥ 1, got 0"):
+        chunks.split(5, 0)
+
+
+def test_chunked_head_scores_are_the_whole_runs(llama):
+    texts = corpus_texts()
+    whole = summaries.head_scores_over(llama, texts)
+    merged, finished = chunked("head_scores", llama, texts, 3)
+    assert len(finished) == 3 and set(merged) == set(whole)
+    for name in whole:
+        assert_same(merged[name], whole[name])
+    # the texts that are no repeated span, left out of induction by index in the whole corpus
+    assert merged["induction"].items == (0, 2, 4, 6) and "text 5 (not a span repeated once)" in merged["induction"].note
+
+
+def test_chunked_attribution_and_patching_are_the_whole_runs(llama):
+    pairs = corpus_pairs()
+    for got, want in zip(chunked("logit_attribution", llama, pairs, 3)[0],
+                         summaries.logit_attribution_over(llama, pairs)):
+        assert_same(got, want)
+    for site, layer in (("z", None), ("resid_pre", None), ("z", 1)):
+        merged, _ = chunked("patch", llama, pairs, 2, site=site, layer=layer)
+        want = summaries.patch_over(llama, pairs, site, layer=layer)
+        assert_same(merged, want)
+        assert 4 not in merged.items and "pair 4 (its clean and corrupted runs give the same" in merged.note
+
+
+def test_a_stop_keeps_the_finished_chunks(llama):
+    texts = corpus_texts()
+    asked = []
+
+    def stop() -> bool:     # stops once the first chunks are in: asked again after they finish
+        asked.append(1)
+        return len(asked) > 2
+
+    merged, finished = chunked("head_scores", llama, texts, 2, stop=stop)
+    done = sorted(i for chunk in finished for i in chunk.items)
+    assert 0 < len(done) < len(texts)
+    alone = summaries.head_scores_over(llama, [texts[i] for i in done])["previous_token"]
+    got = merged["previous_token"]
+    assert got.items == tuple(done) and got.n == len(done)
+    torch.testing.assert_close(got.mean, alone.mean, atol=1e-5, rtol=0)
+    assert f"stopped after {len(done)} of {len(texts)} texts" in got.note
+
+
+def test_a_failed_chunk_names_its_items(llama):
+    with pytest.raises(ValueError, match=r"texts 3–5 \(one chunk of the job\) failed where it ran \(RuntimeError\)"):
+        chunked("head_scores", llama, corpus_texts(), 3, fail_at=4)
+
+
+def test_the_whole_corpus_is_checked_before_any_chunk_runs(llama):
+    pairs = corpus_pairs()
+    pairs[5] = Pair(random_ids(11, 9), random_ids(11, 10), ANSWER, FOIL)   # one pair of another length
+    with pytest.raises(ValueError, match=r"pairs 5 \(11\) do not"):
+        chunks.check("patch", llama, pairs, site="resid_pre")      # each chunk alone would be of one length
+    with pytest.raises(ValueError, match="not 'ablation'"):
+        chunks.check("ablation", llama, corpus_texts())
