@@ -1,0 +1,92 @@
+"""The page's look-up script (ui/lookup.py) in Chromium, on a small page of its own: a glossary term in the app's
+prose and labels becomes an <abbr> with its definition, "eq. 2.1" a link that opens the theory panel at that
+equation; a field's value and escaped markup stay as they were; text Gradio rewrites is annotated afresh."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
+
+import gradio as gr  # noqa: E402
+from playwright.sync_api import expect  # noqa: E402
+
+from conftest import WIDE  # noqa: E402
+from ui.glossary import GLOSSARY  # noqa: E402
+from ui.lookup import build_lookup  # noqa: E402
+
+TIMEOUT_MS = 10_000
+PROSE = "Scores go through the softmax of eq. 2.1, and &lt;b&gt;x&lt;/b&gt; is shown as typed."
+FIELD = "softmax, typed by a reader"
+
+
+@pytest.fixture(scope="module")
+def lookup_url():
+    with gr.Blocks(analytics_enabled=False) as demo:
+        prose = gr.Markdown(PROSE, elem_id="lk-prose")
+        gr.Textbox(FIELD, label="Your text", elem_id="lk-field")
+        number = gr.Number(1.0, label="Temperature of the softmax", elem_id="lk-number")
+        change = gr.Button("change", elem_id="lk-change")
+        js = build_lookup()
+        change.click(lambda: ("Now the KV cache of eq. 6.9.", gr.Number(label="Strength of the causal mask")),
+                     None, [prose, number], queue=False)
+        demo.load(None, js=js)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    yield url
+    demo.close()
+
+
+@pytest.fixture
+def page(browser, lookup_url):
+    context = browser.new_context(viewport=WIDE)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(lookup_url)
+    yield page
+    context.close()
+    assert not errors, f"JavaScript errors in the page: {errors}"
+
+
+def test_terms_get_their_definition_and_equations_open_the_theory_panel(page):
+    gloss = page.locator("#lk-prose abbr.gloss")
+    expect(gloss).to_have_count(1, timeout=TIMEOUT_MS)
+    expect(gloss).to_have_text("softmax")
+    expect(gloss).to_have_attribute("title", GLOSSARY["softmax"])
+    expect(gloss).to_have_attribute("tabindex", "0")
+    expect(page.locator("#lk-number abbr.gloss")).to_have_text("softmax")  # a label is the app's prose too
+
+    # the field's value is the reader's: not wrapped, not changed
+    expect(page.locator("#lk-field textarea")).to_have_value(FIELD)
+    expect(page.locator("#lk-field abbr")).to_have_count(0)
+    # escaped markup stays text: no <b> element, the characters shown as written
+    expect(page.locator("#lk-prose b")).to_have_count(0)
+    expect(page.locator("#lk-prose")).to_contain_text("<b>x</b> is shown as typed.")
+    expect(page.locator("#lk-prose")).to_contain_text(PROSE.replace("&lt;", "<").replace("&gt;", ">"))
+
+    link = page.locator("#lk-prose a.eq-link")
+    expect(link).to_have_text("eq. 2.1")
+    content = page.locator("#theory-panel [data-testid='accordion-content']")
+    expect(content).to_be_hidden()
+    link.click()
+    expect(content).to_be_visible(timeout=TIMEOUT_MS)
+    target = page.locator("#theory-panel #eq-2-1")
+    expect(target).to_be_in_viewport(timeout=TIMEOUT_MS)
+    expect(target).to_contain_text("scaled dot-product attention")
+    expect(target).to_be_focused()
+
+
+def test_text_gradio_rewrites_is_annotated_afresh(page):
+    expect(page.locator("#lk-prose abbr.gloss")).to_have_count(1, timeout=TIMEOUT_MS)
+    page.locator("#lk-change").click()
+    expect(page.locator("#lk-prose abbr.gloss")).to_have_text("KV cache", timeout=TIMEOUT_MS)
+    expect(page.locator("#lk-prose a.eq-link")).to_have_text("eq. 6.9")
+    label = page.locator("#lk-number [data-testid='block-info']")
+    expect(label.locator("abbr.gloss")).to_have_text("causal mask", timeout=TIMEOUT_MS)
+    # the old label's words are gone, not left beside the new ones
+    expect(label).to_have_text("Strength of the causal mask")
