@@ -13,13 +13,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
+from ui.services import learn
 from ui.services.checks import index_of, public_text
 
-TABS = ("generate", "attention", "positions", "masks", "heads", "patching", "inside", "corpus", "lab")
+TABS = ("generate", "attention", "positions", "masks", "heads", "patching", "inside", "corpus", "learn", "lab")
 TABS_WITH_HEADS = ("attention", "positions", "masks", "heads", "inside")  # the tabs with a layer and a head to set
 TABS_WITH_LAYER = (*TABS_WITH_HEADS, "patching")
 MAX_LINK_TEXT = 600  # characters; a longer text stays out of the link (links of a few kB break in some mailers)
-KEYS = ("model", "tab", "layer", "head", "text", "corrupted", "token")
+KEYS = ("model", "tab", "layer", "head", "text", "corrupted", "token", "lesson")
 MAX_LINK_TOKEN = 4096  # a token position beyond any text a link carries
 
 
@@ -32,12 +33,13 @@ class LinkState:
     text: str | None = None
     corrupted: str | None = None  # the Patching tab's second prompt
     token: int | None = None      # the Inside tab's token to follow
+    lesson: str | None = None     # the Learn tab's lesson (its name); a link with one opens the Learn tab
     messages: list[str] = field(default_factory=list)
 
     @property
     def given(self) -> bool:
         return any(v is not None for v in (self.model, self.tab, self.layer, self.head, self.text, self.corrupted,
-                                           self.token))
+                                           self.token, self.lesson))
 
 
 def _whole(name: str, raw: str, high: int, messages: list[str]) -> int | None:
@@ -90,6 +92,10 @@ def parse(params: Mapping[str, str], names: Sequence[str], shape: Callable[[str]
                                                                                             messages)
     if params.get("token") is not None:
         state.token = _whole("token", params["token"], MAX_LINK_TOKEN, messages)
+    if params.get("lesson") is not None:
+        state.lesson = _lesson(params["lesson"], messages)
+        if state.lesson is not None and state.tab is None:
+            state.tab = "learn"
     state.text = _text("text", params.get("text"), messages)
     state.corrupted = _text("corrupted prompt", params.get("corrupted"), messages)
     return state
@@ -100,8 +106,17 @@ def linked_tab(params: Mapping[str, str], tabs: Sequence[str]) -> str | None:
     nothing a link holds."""
     if not any(key in params for key in KEYS):
         return None
-    tab = str(params.get("tab") or "attention").strip().lower()
+    tab = str(params.get("tab") or ("learn" if params.get("lesson") else "attention")).strip().lower()
     return tab if tab in tabs else "attention"
+
+
+def _lesson(raw: str, messages: list[str]) -> str | None:
+    try:
+        return learn.find(raw).name
+    except ValueError:
+        messages.append(f"The link's lesson {raw[:40]!r} does not exist (lessons: {', '.join(learn.names())}); "
+                        "showing the first.")
+        return None
 
 
 def _text(name: str, text: str | None, messages: list[str]) -> str | None:
@@ -118,7 +133,7 @@ def _text(name: str, text: str | None, messages: list[str]) -> str | None:
 
 
 def make(page_url: str, model: str, tab: str | None, layer, head, text: str | None,
-         corrupted: str | None = None, token=None) -> tuple[str, str]:
+         corrupted: str | None = None, token=None, lesson: str | None = None) -> tuple[str, str]:
     """A link to `page_url` (its own query dropped) with this state, and a note on what it leaves out."""
     params: dict[str, str] = {"model": model}
     if tab in TABS:
@@ -131,6 +146,8 @@ def make(page_url: str, model: str, tab: str | None, layer, head, text: str | No
         params["head"] = str(index_of(head))
     if index_of(token) is not None and tab == "inside":
         params["token"] = str(index_of(token))
+    if tab == "learn" and lesson:
+        params["lesson"] = str(lesson)
     note = ""
     if text and len(text) <= MAX_LINK_TEXT:
         params["text"] = text

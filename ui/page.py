@@ -13,6 +13,7 @@ from ui import links, spaces
 from ui.tabs import events
 from ui.tabs import attention, generate, heads, inside, lab, masks, patching, picker as model_picker, positions
 from ui.tabs.corpus import across
+from ui.tabs.learn import course as learn_course
 from ui.tabs.events import MODEL_GROUPS, ON_ANALYSIS, ON_FIRST, checked_inputs, message, user_errors
 from ui.tabs.widgets import SVG_BUTTON_JS, Tab, checked_pick
 
@@ -29,7 +30,7 @@ TYPICAL = {  # tab → (its button's words, the built-in corpus, the Across text
               "induction texts", "heads"),
 }
 TAB_IDS = {"Generate": "generate", "Attention": "attention", "Positional encoding": "positions", "Masks": "masks",
-           "Heads": "heads", "Patching": "patching", "Inside": "inside", "Across texts": "corpus", "Lab": "lab"}
+           "Heads": "heads", "Patching": "patching", "Inside": "inside", "Across texts": "corpus", "Learn": "learn", "Lab": "lab"}
 
 
 def build_page(services, default_model: str) -> gr.Blocks:
@@ -72,6 +73,7 @@ def layout(services, default_model: str) -> gr.Blocks:
                 wire_opening(tab_block.select, name, built[name], query)
             with gr.Tab("Across texts", id="corpus"):
                 across_tab = across.build(services, picker, initial)
+            course = learn_course.build(services, picker)  # its own gr.Tab: the course through the theory
             lab.build(services, picker, initial)  # its own gr.Tab: train a Transformer from scratch
         for name, tab in built.items():
             wire_switch(picker, current_tab, linked, name, tab)
@@ -82,7 +84,11 @@ def layout(services, default_model: str) -> gr.Blocks:
         tabs.select(remember_tab, None, current_tab, api_visibility="private", queue=False)
         controls = {name: tab for name, tab in built.items() if tab.text is not None}
         deep_links(demo, services, default_model, picker, tabs, current_tab, linked, controls)
-        wire_share_link(share, picker, current_tab, controls)
+        learn_course.api_endpoint(services)  # hidden parts only the `lesson` endpoint reads
+        learn_course.wire_opening(demo, course, picker)
+        learn_course.wire_switch(course, picker, current_tab)
+        learn_course.wire_try(course, tabs, current_tab, controls)
+        wire_share_link(share, picker, current_tab, controls, course.choose)
     return demo
 
 
@@ -314,17 +320,19 @@ def deep_links(demo, services, default_model, picker, tabs, current_tab, linked,
     demo.load(picker.load_card, picker.model, picker.card, api_visibility="private")
 
 
-def wire_share_link(share: dict, picker, current_tab, controls: dict[str, Tab]) -> None:
-    """The button that writes a link to this view (and copies it)."""
+def wire_share_link(share: dict, picker, current_tab, controls: dict[str, Tab], lesson) -> None:
+    """The button that writes a link to this view (and copies it); on the Learn tab, to the lesson shown."""
 
     @user_errors
-    def share_link(model_name, tab, *values):
+    def share_link(model_name, tab, lesson_name, *values):
         *tab_values, page_url = values
+        if tab == "learn":
+            return links.make(page_url, model_name, tab, None, None, None, lesson=lesson_name)
         by_tab = dict(zip(controls, zip(*[iter(tab_values)] * 5)))
         text, layer, head, corrupted, token = by_tab.get(tab, by_tab["attention"])
         return links.make(page_url, model_name, tab, layer, head, text, corrupted, token)
 
-    inputs = [picker.model, current_tab]
+    inputs = [picker.model, current_tab, lesson]
     for tab in controls.values():
         inputs += linked_fields(tab)
     page_url = gr.Textbox(visible=False)

@@ -1,8 +1,8 @@
 """The services: plain Python between the page and the core, one concern a module; none imports gradio.
 
 `Services` is the app's state, built once (app.main, or a test) and handed to the page: the settings, the
-loaded models, what sessions keep for reuse, the training lab, the long jobs running now and the
-cheap tabs' first screens. Nothing is created
+loaded models, what sessions keep for reuse, the training lab, the long jobs running now, the
+cheap tabs' first screens and the course's lessons. Nothing is created
 at import time.
 """
 
@@ -15,6 +15,7 @@ GENERATION_SLOTS = 2
 from ui.services.jobs import HeavyJobs, Turns
 from ui.services.kept import FirstViews, KeptStore
 from ui.services.lab.runs import Lab
+from ui.services.learn import LessonCache
 from ui.services.models import ModelStore
 from ui.settings import AppSettings
 
@@ -27,6 +28,7 @@ class Services:
     lab: Lab
     heavy: HeavyJobs = field(default_factory=HeavyJobs)
     first_views: FirstViews = field(default_factory=FirstViews)
+    lessons: LessonCache = field(default_factory=LessonCache)  # the Learn tab's, apart from the first screens'
     # generation steps: two tokens computed at once (the old limit of two generations), every stream in turn
     turns: Turns = field(default_factory=lambda: Turns(GENERATION_SLOTS))
 

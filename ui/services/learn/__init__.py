@@ -125,8 +125,7 @@ def read_guess(question: Question, guess) -> tuple[float | str | None, str]:
     try:
         value = float(text)
     except ValueError:
-        shown = str(guess)[:30]
-        return None, f"“{shown}” is not a number (write one like 12 or 0.5), so it is left out."
+        return None, "Your guess is not a number (write one like 12 or 0.5), so it is left out."
     if not math.isfinite(value):
         return None, "That guess is not a finite number, so it is left out."
     return value, ""
@@ -149,13 +148,14 @@ def reveal(lesson: Lesson, measured: Measured, guess) -> str:
     unit = f" {lesson.question.unit}" if lesson.question.unit else ""
     lines = []
     if value is None:
-        lines.append(f"**Measured: {number(measured.answer)}{unit}.** {measured.answer_text}")
+        shown = f"“{measured.answer}”" if not lesson.question.numeric else f"{number(measured.answer)}{unit}"
+        lines.append(f"**Measured: {shown}.** {measured.answer_text}")
     elif lesson.question.numeric:
         lines.append(f"**Your guess: {number(value)}{unit}; measured: {number(measured.answer)}{unit}.** "
                      f"{measured.answer_text}")
     else:
-        verdict = "right" if value == measured.answer else f"the measured answer is “{measured.answer}”"
-        lines.append(f"**Your guess: “{value}” ({verdict}).** {measured.answer_text}")
+        verdict = "right" if value == measured.answer else "not this time"
+        lines.append(f"**Your guess: “{value}”; measured: “{measured.answer}” ({verdict}).** {measured.answer_text}")
     lines.append(f"*Why:* {measured.why}")
     if note:
         lines.append(f"_{note}_")

@@ -1,0 +1,160 @@
+"""The Learn tab in headless Chromium on the real SmolLM2, at 1400 × 1000 and on a 390 px phone: every lesson, in
+order with Next, shows its figure and the figure's line; Reveal adds the answer to the lesson's panel, and the number
+it shows is the one the lesson's measurement computes for the same model (recomputed here, where it is
+deterministic). A link opens a lesson by name; the browser remembers the lesson and what was revealed; the keyboard
+reaches and presses the buttons; "try it" lands on the lesson's tab with its state."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
+from playwright.sync_api import expect  # noqa: E402
+
+from conftest import SMOLLM, open_page, screenshot  # noqa: E402
+from tiny_app_model import launch_app  # noqa: E402
+from ui.services import learn  # noqa: E402
+from ui.views.learn.course import TAB_TITLES  # noqa: E402
+
+TIMEOUT_MS = 60_000
+VIEWPORTS = {"wide": {"width": 1400, "height": 1000}, "phone": {"width": 390, "height": 844}}
+TAB_IDS = {title: name for name, title in TAB_TITLES.items()}
+
+
+@pytest.fixture(scope="module")
+def served(smollm_folder):
+    demo, url, services = launch_app([SMOLLM], SMOLLM)
+    yield url, services
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def expected(served):
+    """Each lesson's answer as the page shows it, recomputed here from the lesson's measurement on the same model;
+    None for a measurement that differs between two runs (a timing), whose number cannot be compared."""
+    _, services = served
+    model = services.models.get(SMOLLM)
+    answers = {}
+    for lesson in learn.lessons():
+        first, second = lesson.measure(model, None), lesson.measure(model, None)
+        same = learn.number(first.answer) == learn.number(second.answer)
+        answers[lesson.name] = learn.number(first.answer) if same else None
+    return answers
+
+
+def no_sideways_scroll(page) -> None:
+    width = page.evaluate("() => document.documentElement.scrollWidth")
+    assert width <= page.viewport_size["width"] + 1, f"the page scrolls sideways: {width} px"
+
+
+def guess(page, lesson: learn.Lesson) -> None:
+    if lesson.question.choices:
+        page.locator("#learn-guess-choice label").first.click()
+    else:
+        page.locator("#learn-guess-number input, #learn-guess-number textarea").first.fill("1")
+
+
+@pytest.mark.parametrize("name", VIEWPORTS)
+def test_every_lesson_shows_its_figure_and_its_measured_answer(browser, served, expected, name):
+    url, _ = served
+    lessons = learn.lessons()
+    context, page, errors = open_page(browser, f"{url}?tab=learn&lesson={lessons[0].name}", VIEWPORTS[name])
+    try:
+        for number, lesson in enumerate(lessons, start=1):
+            expect(page.locator("#learn-place")).to_contain_text(f"Lesson {number} of {len(lessons)}",
+                                                                 timeout=TIMEOUT_MS)
+            expect(page.locator("#learn-place")).to_contain_text(lesson.title)
+            expect(page.locator("#learn-figure .js-plotly-plot")).to_be_attached(timeout=TIMEOUT_MS)
+            expect(page.locator("#learn-alt")).not_to_be_empty()
+            assert page.locator("#learn-figure .js-plotly-plot .main-svg").count() > 0
+            expect(page.locator("#learn-answer")).to_be_empty()
+            guess(page, lesson)
+            page.locator("#learn-reveal").click()
+            answer = page.locator("#learn-lesson #learn-answer")
+            expect(answer).to_contain_text("Why:", timeout=TIMEOUT_MS)
+            expect(answer).to_contain_text("Your guess")
+            if expected[lesson.name] is not None:   # the measured number (or choice), as the lesson computes it
+                shown = f"“{expected[lesson.name]}”" if lesson.question.choices else expected[lesson.name]
+                expect(answer).to_contain_text(f"measured: {shown}")
+            if name == "phone":
+                no_sideways_scroll(page)
+            if number < len(lessons):
+                page.locator("#learn-next").click()
+        screenshot(page, f"learn-{name}")
+    finally:
+        context.close()
+    assert not errors, f"JavaScript errors in the page: {errors}"
+
+
+def test_a_link_opens_a_lesson_and_the_browser_remembers_it(browser, served):
+    url, _ = served
+    third = learn.lessons()[2]
+    context, page, errors = open_page(browser, f"{url}?tab=learn&lesson={third.name}")
+    try:
+        expect(page.locator("#learn-place")).to_contain_text("Lesson 3 of", timeout=TIMEOUT_MS)
+        expect(page.locator("#learn-place")).to_contain_text(third.title)
+        page.locator("#learn-reveal").click()
+        expect(page.locator("#learn-answer")).to_contain_text("Measured", timeout=TIMEOUT_MS)
+        page.wait_for_timeout(300)   # the BrowserState is written after the event
+        page.goto(url)               # no query: the page opens on its own tab; the Learn tab resumes at lesson 3
+        expect(page.locator("#model-picker")).to_be_visible(timeout=TIMEOUT_MS)
+        page.get_by_role("tab", name="Learn").click()
+        expect(page.locator("#learn-place")).to_contain_text(third.title, timeout=TIMEOUT_MS)
+        expect(page.locator("#learn-choose input")).to_have_value(f"3. {third.title} ✓")   # revealed, marked
+    finally:
+        context.close()
+    assert not errors, f"JavaScript errors in the page: {errors}"
+
+
+def test_a_reader_walks_the_course_with_the_keyboard(browser, served):
+    url, _ = served
+    lessons = learn.lessons()
+    context, page, errors = open_page(browser, f"{url}?tab=learn&lesson={lessons[0].name}")
+    try:
+        expect(page.locator("#learn-place")).to_contain_text("Lesson 1 of", timeout=TIMEOUT_MS)
+        page.locator("#learn-next").focus()
+        page.keyboard.press("Enter")
+        expect(page.locator("#learn-place")).to_contain_text("Lesson 2 of", timeout=TIMEOUT_MS)
+        # from the lesson picker, Tab reaches Back, then Next
+        page.locator("#learn-choose input").focus()
+        for target in ("learn-back", "learn-next"):
+            for _ in range(6):
+                page.keyboard.press("Tab")
+                if page.evaluate("() => document.activeElement.closest('[id]')?.id") == target:
+                    break
+            assert page.evaluate("() => document.activeElement.closest('[id]')?.id") == target, target
+        page.keyboard.press("Enter")
+        expect(page.locator("#learn-place")).to_contain_text("Lesson 3 of", timeout=TIMEOUT_MS)
+        # and the reveal button, from the guess field
+        page.locator("#learn-reveal").focus()
+        page.keyboard.press("Enter")
+        expect(page.locator("#learn-answer")).to_contain_text("Why:", timeout=TIMEOUT_MS)
+    finally:
+        context.close()
+    assert not errors, f"JavaScript errors in the page: {errors}"
+
+
+def test_try_it_opens_the_lessons_tab_in_its_state(browser, served):
+    url, services = served
+    model = services.models.get(SMOLLM)
+    lesson = next(lesson for lesson in learn.lessons()
+                  if services.lessons.get(SMOLLM, model, lesson).link.get("tab") == "attention"
+                  and "head" in services.lessons.get(SMOLLM, model, lesson).link)
+    link = services.lessons.get(SMOLLM, model, lesson).link
+    context, page, errors = open_page(browser, f"{url}?tab=learn&lesson={lesson.name}")
+    try:
+        expect(page.locator("#learn-place")).to_contain_text(lesson.title, timeout=TIMEOUT_MS)
+        expect(page.locator("#learn-try")).to_contain_text("Attention")
+        page.locator("#learn-try").click()
+        expect(page.get_by_role("tab", name="Attention")).to_have_attribute("aria-selected", "true",
+                                                                           timeout=TIMEOUT_MS)
+        expect(page.locator("#attn-layer input")).to_have_value(str(link["layer"]), timeout=TIMEOUT_MS)
+        expect(page.locator("#attn-head-view .js-plotly-plot")).to_be_attached(timeout=TIMEOUT_MS)
+    finally:
+        context.close()
+    assert not errors, f"JavaScript errors in the page: {errors}"

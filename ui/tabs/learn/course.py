@@ -1,0 +1,210 @@
+"""Learn tab: a course through the theory, one lesson at a time on the loaded model. Each lesson asks its question
+first; Reveal shows the measured answer beside the reader's guess. Back and Next walk the lessons in order, a link
+opens one (?tab=learn&lesson=sqrt-dk), the browser remembers where the reader was and what was revealed, and "try
+it" opens the full tab in the lesson's state.
+
+build() opens its own gr.Tab, so the page adds the tab with one call inside its gr.Tabs.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+import gradio as gr
+
+from ui import links
+from ui.services import learn
+from ui.tabs import events
+from ui.tabs.events import ON_ANALYSIS, progress_callback, user_errors
+from ui.views.learn import course as views
+
+LEAD = """**A course through the theory.** Eleven short lessons, in order, each computed live on the model chosen
+above. Answer each question before you reveal the answer: a guess made and then checked is remembered. Your place
+and the lessons you revealed are kept in this browser."""
+SAVED_KEY = "attention-explorer-course"  # the browser's localStorage key (BrowserState) for the reader's progress
+
+
+def lesson_choices(revealed=()) -> list[tuple[str, str]]:
+    return [(f"{i}. {lesson.title}{' ✓' if lesson.name in revealed else ''}", lesson.name)
+            for i, lesson in enumerate(learn.lessons(), start=1)]
+
+
+def saved_state(saved) -> dict:
+    """The browser's progress as a dict {lesson, revealed}, whatever the browser held (a stale or edited entry
+    becomes the default)."""
+    names = learn.names()
+    saved = saved if isinstance(saved, dict) else {}
+    lesson = saved.get("lesson") if saved.get("lesson") in names else names[0]
+    revealed = [name for name in saved.get("revealed", []) if name in names] if isinstance(
+        saved.get("revealed"), list) else []
+    return {"lesson": lesson, "revealed": revealed}
+
+
+def build(services, picker) -> SimpleNamespace:
+    """The tab; returns what the page wires: the lesson shown, its try-it state and button, and the load event."""
+    first = learn.names()[0]
+    with gr.Tab("Learn", id="learn") as tab:
+        gr.Markdown(LEAD, elem_classes=["tab-lead"])
+        with gr.Row(equal_height=False):
+            choose = gr.Dropdown(lesson_choices(), value=first, label="Lesson", elem_id="learn-choose", scale=3,
+                                 min_width=220)
+            back = gr.Button("← Back", elem_id="learn-back", scale=0, min_width=90)
+            forward = gr.Button("Next →", elem_id="learn-next", scale=0, min_width=90)
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=2, min_width=300, elem_id="learn-lesson"):
+                place = gr.Markdown(elem_id="learn-place")
+                text = gr.Markdown(elem_id="learn-text", latex_delimiters=[])
+                question = gr.Markdown(elem_id="learn-question")
+                with gr.Group(elem_id="learn-guess"):
+                    guess_number = gr.Textbox(label="Your guess (a number; optional)", elem_id="learn-guess-number",
+                                              max_lines=1, max_length=40)
+                    guess_choice = gr.Radio([], label="Your guess (optional)", elem_id="learn-guess-choice",
+                                            visible=False)
+                reveal = gr.Button("Reveal the answer", variant="primary", elem_id="learn-reveal")
+                answer = gr.Markdown(elem_id="learn-answer")
+            with gr.Column(scale=3, min_width=300):
+                figure = gr.Plot(label="The lesson's figure, computed on the model", elem_id="learn-figure")
+                alt = gr.Markdown(elem_id="learn-alt")
+                try_button = gr.Button("Try it", elem_id="learn-try", size="sm")
+    saved = gr.BrowserState({"lesson": first, "revealed": []}, storage_key=SAVED_KEY)
+    shown = gr.State(None)  # (model, lesson) on screen: the tab recomputes when it opens on anything else
+    link = gr.State({})     # the state "try it" opens (views.try_state)
+    outputs = [choose, place, text, question, guess_number, guess_choice, answer, figure, alt, try_button, link,
+               shown, saved]
+
+    @user_errors
+    def show(model_name, name, saved_value, progress=gr.Progress()):
+        page = views.lesson_page(services, model_name, name, progress_callback(progress))
+        state = saved_state(saved_value)
+        state["lesson"] = page.name
+        return (gr.Dropdown(choices=lesson_choices(state["revealed"]), value=page.name), page.place, page.text,
+                page.question, gr.Textbox(value="", visible=not page.choices),
+                gr.Radio(choices=list(page.choices), value=None, visible=bool(page.choices)), "", page.figure,
+                page.alt, gr.Button(page.try_label), views.try_state(page.link), (model_name, page.name), state)
+
+    def step(by: int):
+        def moved(model_name, name, saved_value, progress=gr.Progress()):
+            return show(model_name, views.neighbour(name, by), saved_value, progress)
+        moved.__name__ = moved.__qualname__ = "learn_next" if by > 0 else "learn_back"
+        return moved
+
+    @user_errors
+    def opened(model_name, name, shown_value, saved_value, progress=gr.Progress()):
+        if shown_value is not None and tuple(shown_value) == (model_name, name):
+            return [gr.skip()] * len(outputs)
+        return show(model_name, name, saved_value, progress)
+
+    @user_errors
+    def revealed(model_name, name, number, choice, saved_value, progress=gr.Progress()):
+        lesson = learn.find(name)
+        guess = choice if lesson.question.choices else number
+        words = views.answer(services, model_name, name, guess, progress_callback(progress))
+        state = saved_state(saved_value)
+        if lesson.name not in state["revealed"]:
+            state["revealed"].append(lesson.name)
+        return words, gr.Dropdown(choices=lesson_choices(state["revealed"])), state
+
+    inputs = [picker.model, choose, saved]
+    choose.input(show, inputs, outputs, api_visibility="private", **ON_ANALYSIS)
+    back.click(step(-1), inputs, outputs, api_visibility="private", **ON_ANALYSIS)
+    forward.click(step(+1), inputs, outputs, api_visibility="private", **ON_ANALYSIS)
+    tab.select(opened, [picker.model, choose, shown, saved], outputs, api_visibility="private", **ON_ANALYSIS)
+    reveal.click(revealed, [picker.model, choose, guess_number, guess_choice, saved], [answer, choose, saved],
+                 api_visibility="private", **ON_ANALYSIS)
+    guess_number.submit(revealed, [picker.model, choose, guess_number, guess_choice, saved],
+                        [answer, choose, saved], api_visibility="private", **ON_ANALYSIS)
+    return SimpleNamespace(tab=tab, choose=choose, show=show, inputs=inputs, outputs=outputs, opened=opened,
+                           shown=shown, saved=saved, link=link, try_button=try_button)
+
+
+def api_endpoint(services) -> None:
+    """`lesson(model_name, lesson)`: the lesson's text and question, its figure, and its answer (hidden parts of
+    the page that only the API reads)."""
+    with gr.Column(visible=False):
+        model_name = gr.Textbox()
+        lesson = gr.Textbox()
+        text, answer = gr.Markdown(), gr.Markdown()
+        figure = gr.Plot()
+        trigger = gr.Button()
+
+    @user_errors
+    def lesson_api(model_name: str, lesson: str, progress=gr.Progress()):
+        return views.api_lesson(services, model_name, lesson, progress_callback(progress))
+
+    trigger.click(lesson_api, [model_name, lesson], [text, figure, answer], api_name="lesson", **ON_ANALYSIS)
+
+
+def wire_opening(demo, course, picker) -> None:
+    """When the page opens: the lesson a link names, else where this browser left off; shown at once when the
+    page opens on the Learn tab."""
+
+    @user_errors
+    def restore(saved_value, request: gr.Request):
+        params = dict(request.query_params) if request is not None else {}
+        state = saved_state(saved_value)
+        name = state["lesson"]
+        if params.get("lesson"):
+            try:
+                name = learn.find(params["lesson"]).name
+            except ValueError:
+                pass  # the link's reader (ui.links.parse) says so in words
+        return name
+
+    def first_screen(model_name, name, shown_value, saved_value, request: gr.Request, progress=gr.Progress()):
+        params = dict(request.query_params) if request is not None else {}
+        if links.linked_tab(params, links.TABS) != "learn":
+            return [gr.skip()] * len(course.outputs)
+        return course.opened(model_name, name, shown_value, saved_value, progress)
+
+    demo.load(restore, course.saved, course.choose, api_visibility="private", queue=False).then(
+        first_screen, [picker.model, course.choose, course.shown, course.saved], course.outputs,
+        api_visibility="private", **ON_ANALYSIS)
+
+
+def wire_switch(course, picker, current_tab) -> None:
+    """After a model change: the lesson on screen is computed for the new model; a lesson not on screen is
+    computed when the tab opens (its `shown` no longer matches)."""
+
+    def switched(model_name, tab, name, shown_value, saved_value, progress=gr.Progress()):
+        if tab != "learn":
+            return [gr.skip()] * (len(course.outputs) - 2) + [None, gr.skip()]
+        return course.opened(model_name, name, shown_value, saved_value, progress)
+
+    picker.loaded.success(switched, [picker.model, current_tab, course.choose, course.shown, course.saved],
+                          course.outputs, api_visibility="private", **ON_ANALYSIS)
+
+
+def wire_try(course, tabs, current_tab, controls: dict) -> None:
+    """"Try it": the lesson's tab opens with its text, layer and head set, and its result computed there (the tab's
+    run, or its first screen computed afresh on those fields). controls: the tabs with fields a link sets
+    (ui.tabs.widgets.Tab, by tab id); any other tab just opens."""
+    fields, runs, oks = [], {}, {}
+    for name, tab in controls.items():
+        fields += [tab.text, *(f for f in (tab.layer, tab.head) if f is not None)]
+        runs[name] = tab.run_event or tab.opening
+        if runs[name] is not None:
+            oks[name] = gr.State(False)
+    firsts = {name: tab.opening["inputs"][0] for name, tab in controls.items()
+              if tab.run_event is None and tab.opening is not None}  # its "shown for" State: reset, it recomputes
+    hidden = [(name, figure) for name, tab in controls.items() for figure in tab.reveal or []]
+
+    def open_tab(state):
+        state = state if isinstance(state, dict) else {}
+        target = state.get("tab", "attention")
+        values = [gr.Tabs(selected=target), target]
+        for name, tab in controls.items():
+            here = name == target
+            values.append(state["text"] if here and "text" in state else gr.skip())
+            if tab.layer is not None:
+                values.append(state["layer"] if here and "layer" in state else gr.skip())
+            if tab.head is not None:
+                head = state.get("head")
+                values.append(gr.skip() if not here or head is None else str(head) if name == "attention" else head)
+        values += [name == target for name in oks]
+        values += [False if name == target else gr.skip() for name in firsts]
+        return [*values, *(gr.update(visible=True) if name == target else gr.skip() for name, _ in hidden)]
+
+    event = course.try_button.click(open_tab, course.link, [tabs, current_tab, *fields, *oks.values(),
+                                                            *firsts.values(), *(figure for _, figure in hidden)],
+                                    api_visibility="private", queue=False)
+    for name, ok in oks.items():
+        event = event.then(**events.gated(runs[name], ok))

@@ -1,0 +1,93 @@
+"""The Learn tab's views: one lesson shown on the loaded model (its place in the course, text, question, figure and
+the figure's line), the revealed answer, and the state its "try it" button opens. Every word here is the project's
+own: the only thing a reader types, the guess, comes back as a number or as one of the lesson's choices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ui.plots.text import escaped
+from ui.services import Services
+from ui.services import learn
+from ui.services.checks import index_of
+from ui.views.learn import figure
+
+TAB_TITLES = {"generate": "Generate", "attention": "Attention", "positions": "Positional encoding",
+              "masks": "Masks", "heads": "Heads", "patching": "Patching", "inside": "Inside",
+              "corpus": "Across texts", "lab": "Lab"}
+
+
+@dataclass
+class LessonPage:
+    """What the tab shows for one lesson on one model (the answer is not shown until revealed)."""
+
+    name: str
+    place: str          # "Lesson 3 of 11 · Why divide by √d_k"
+    text: str           # the lesson's text, then what it measured on
+    question: str
+    choices: tuple[str, ...]
+    unit: str
+    figure: object
+    alt: str
+    try_label: str
+    link: dict
+
+
+def measured(services: Services, model_name: str, lesson: learn.Lesson, progress=None) -> learn.Measured:
+    model = services.models.get(model_name, progress)
+    return services.lessons.get(model_name, model, lesson, progress)
+
+
+def lesson_page(services: Services, model_name: str, name: str, progress=None) -> LessonPage:
+    """Lesson `name` computed on the model (a cache hit after the first visitor)."""
+    lesson = learn.find(name)
+    result = measured(services, model_name, lesson, progress)
+    number, total = learn.position(lesson.name)
+    parts = [lesson.text]
+    if lesson.text_sample:
+        parts.append(f"*Measured on `{escaped(model_name)}`, on the text:* “{escaped(lesson.text_sample)}”")
+    else:
+        parts.append(f"*Measured on `{escaped(model_name)}`.*")
+    if result.note:
+        parts.append(f"**Note.** {result.note}")
+    tab = result.link.get("tab", "attention")
+    question = f"**Before you look:** {lesson.question.prompt}"
+    if lesson.question.numeric:
+        question += f" (a number{', in ' + lesson.question.unit if lesson.question.unit else ''})"
+    return LessonPage(name=lesson.name, place=f"**Lesson {number} of {total} · {lesson.title}**",
+                      text="\n\n".join(parts), question=question, choices=lesson.question.choices,
+                      unit=lesson.question.unit, figure=figure(lesson.name, result), alt=result.alt,
+                      try_label=f"Try it in the {TAB_TITLES.get(tab, tab)} tab", link=dict(result.link))
+
+
+def answer(services: Services, model_name: str, name: str, guess=None, progress=None) -> str:
+    """The revealed answer: the guess (if any) beside the measured value, and why."""
+    lesson = learn.find(name)
+    return learn.reveal(lesson, measured(services, model_name, lesson, progress), guess)
+
+
+def neighbour(name: str, step: int) -> str:
+    """The lesson `step` places after `name` (back: -1), staying at the first or last."""
+    names = learn.names()
+    at = names.index(learn.find(name).name) + step
+    return names[max(0, min(len(names) - 1, at))]
+
+
+def try_state(link: dict) -> dict:
+    """The state "try it" opens: the tab, and its text, layer and head where the lesson names them."""
+    state = {"tab": link.get("tab", "attention")}
+    for key in ("layer", "head"):
+        if index_of(link.get(key)) is not None:
+            state[key] = index_of(link[key])
+    if isinstance(link.get("text"), str) and link["text"].strip():
+        state["text"] = link["text"]
+    return state
+
+
+def api_lesson(services: Services, model_name: str, lesson: str, progress=None):
+    """The `lesson` endpoint: the lesson's text with its question, its figure, and the answer with the figure's
+    line, for a notebook or a course page."""
+    page = lesson_page(services, model_name, lesson, progress)
+    text = "\n\n".join([page.place, page.text, page.question]
+                       + ([f"Choices: {', '.join(page.choices)}"] if page.choices else []))
+    return text, page.figure, answer(services, model_name, lesson) + f"\n\n*Figure:* {page.alt}"
