@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -26,7 +27,8 @@ import gradio as gr  # noqa: E402
 from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
-from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
+from core.corpus import Pair  # noqa: E402
+from tiny_app_model import build_tiny_llama, launch_app, plotly_array  # noqa: E402
 from ui.backend import routing as model_backend  # noqa: E402
 from ui.backend.ray_serve import replica_page  # noqa: E402
 from ui.page import build_page  # noqa: E402
@@ -218,3 +220,98 @@ def test_a_replica_error_is_the_pages_message():
     with pytest.raises(gr.Error, match="Layer must be"):
         model_backend.received(shipped)
     assert model_backend.reply(event, ("a", 1)) == ("a", 1)
+
+
+# ---------------------------------------------------------------- corpus jobs in chunks on the replicas
+
+
+def corpus_ids(model, n: int = 7) -> tuple[list, list]:
+    """Random texts (every other one a span repeated once, for induction) and pairs of one differing token."""
+    gen = torch.Generator().manual_seed(0)
+    top = model.config.vocab_size - 1
+    texts = []
+    for i in range(n):
+        span = torch.randint(3, top, (5 + i % 3,), generator=gen)
+        texts.append(torch.cat([span, span]) if i % 2 == 0 else torch.randint(3, top, (11,), generator=gen))
+    pairs = []
+    for _ in range(n):
+        clean = torch.randint(3, top, (8,), generator=gen)
+        corrupted = clean.clone()
+        corrupted[3] = (clean[3] + 5) % (top - 3) + 3
+        pairs.append(Pair(clean, corrupted, 11, 23))
+    return texts, pairs
+
+
+def assert_same_over(got, want) -> None:
+    for name in ("mean", "low", "high", "per_item"):
+        torch.testing.assert_close(getattr(got, name), getattr(want, name), atol=1e-5, rtol=0, equal_nan=True)
+    assert (got.n, got.items, got.note) == (want.n, want.items, want.note)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_corpus_job_in_chunks_on_the_replicas_is_the_local_run(ray_front, llama):
+    """The same chunks sent to the two replicas give the one-process run's Over; a stop keeps the finished
+    chunks; a replica's refusal comes back in its words."""
+    from core.corpus import chunks, saved, summaries
+
+    _, _, backend = ray_front
+    runner = backend.corpus_chunks(llama)
+    assert runner.in_flight == 4                                     # two replicas × two requests each
+    model = Services.create(default_model=llama).models.get(llama)  # the replicas' model, loaded here
+    texts, pairs = corpus_ids(model)
+    jobs = (("head_scores", "text", texts, summaries.head_scores_over(model, texts)),
+            ("logit_attribution", "pair", pairs, summaries.logit_attribution_over(model, pairs)))
+    for analysis, noun, items, local in jobs:
+        def submit(part, analysis=analysis, items=items):
+            return runner.submit(analysis, [items[i] for i in part], {})
+
+        finished = list(chunks.as_finished(submit, chunks.split(len(items), 3), runner.in_flight, noun))
+        assert sorted(len(chunk.items) for chunk in finished) == [1, 3, 3]
+        merged = chunks.merge(chunks.check(analysis, model, items), finished, noun, len(items))
+        local_parts, merged_parts = saved.parts_of(local), saved.parts_of(merged)
+        assert set(merged_parts) == set(local_parts)
+        for name, over in local_parts.items():
+            assert_same_over(merged_parts[name], over)
+
+    kept = []
+    for chunk in chunks.as_finished(lambda part: runner.submit("head_scores", [texts[i] for i in part], {}),
+                                    chunks.split(len(texts), 1), 1, "text", stop=lambda: bool(kept)):
+        kept.append(chunk)
+    stopped = chunks.merge(chunks.check("head_scores", model, texts), kept, "text", len(texts), stopped=True)
+    assert stopped["previous_token"].items == (0,) and "stopped after 1 of 7 texts" in stopped["previous_token"].note
+    with pytest.raises(ValueError, match="not 'ablation'"):
+        runner.submit("ablation", texts[:1], {}).result(timeout=120)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_the_across_texts_tab_on_ray_sends_its_job_in_chunks(ray_front, llama, tmp_path, monkeypatch):
+    """The front reads the corpus, sends it to the replicas in chunks of two, and shows the one-process summary;
+    the finished job is saved on the front."""
+    from core.corpus import summaries, texts as corpora
+    from ui.backend import ray_serve
+    from ui.services.corpus.over import INDUCTION_LENGTH
+
+    _, client, backend = ray_front
+    monkeypatch.setenv("ATTN_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setattr(backend.options, "chunk_items", 2)
+    sent = []
+    submit = ray_serve.ServeChunks.submit
+
+    def recording(self, analysis, items, arguments):
+        sent.append((analysis, len(items)))
+        return submit(self, analysis, items, arguments)
+
+    monkeypatch.setattr(ray_serve.ServeChunks, "submit", recording)
+    note, mean_figure, _ = client.predict(llama, "induction texts", 5, None, "induction", 1, 2,
+                                          api_name="/corpus_heads")
+    assert sent == [("head_scores", 2), ("head_scores", 2), ("head_scores", 1)]
+    model = Services.create(default_model=llama).models.get(llama)
+    texts = corpora.induction_texts(model.tokenizer, 5, INDUCTION_LENGTH, bos=model.config.bos_token_id)
+    over = summaries.head_scores_over(model, texts)["induction"]
+    heatmap = json.loads(mean_figure["plot"])["data"][0]
+    torch.testing.assert_close(torch.tensor(plotly_array(heatmap["z"]), dtype=torch.float32), over.mean.float(),
+                               atol=1e-5, rtol=0)
+    assert "n = **5**" in note and "saved (in the runs folder" in note, note
+    assert len(list((tmp_path / "runs").glob("*/meta.json"))) == 1

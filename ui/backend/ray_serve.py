@@ -9,6 +9,11 @@ calls carry its Gradio session hash as Serve's multiplexed model id, so Serve ro
 served the session before, where its kept captures and generation rows live; when that replica is busy, gone or
 has forgotten the session, the call runs elsewhere and the services treat the ticket as a cache miss.
 
+A corpus job of the Across texts tab runs on the front instead (ui.backend.routing.route): the front splits the
+corpus into chunks of consecutive items (core/corpus/chunks.py) and sends each as a call of the model's deployment
+(ModelReplica.corpus_chunk), so the chunks run on all its replicas at once, each replica's weights loaded once; the
+front merges the chunks' per-item values and summarises once.
+
 Imported only with `--backend ray`: `python app.py` never imports Ray (requirements-scale.txt installs it).
 """
 
@@ -18,7 +23,9 @@ import asyncio
 import hashlib
 import logging
 import re
+import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +33,7 @@ from typing import Any
 import ray
 from ray import serve
 
+from core.corpus import chunks
 from ui.backend import routing as backend
 from ui.page import build_page
 from ui.services import Services
@@ -48,7 +56,9 @@ class ModelReplica:
     """One model's page on one replica: runs the front's model events by key (ui.backend.model_events)."""
 
     def __init__(self, model_name: str, device: str | None, max_tokens: int):
-        self.events = replica_page(model_name, device, max_tokens)
+        self.model_name = model_name
+        self.services = replica_services(model_name, device, max_tokens)
+        self.events = backend.model_events(build_page(self.services, model_name))
 
     @serve.multiplexed(max_num_models_per_replica=SESSIONS_PER_REPLICA)
     async def session(self, session_id: str) -> str:
@@ -69,15 +79,35 @@ class ModelReplica:
         while (update := await asyncio.to_thread(next, updates, _DONE)) is not _DONE:
             yield update
 
+    async def corpus_chunk(self, analysis: str, items: list, arguments: dict) -> Any:
+        """One chunk of a corpus job (core/corpus/chunks.py run_chunk) on this replica's model: the analysis's
+        result over `items`, or a RemoteError with the words of its refusal. A front that cancels the call (its
+        Stop) stops the chunk at its next item."""
+        cancelled = threading.Event()
+        try:
+            return await asyncio.to_thread(self.run_chunk, analysis, items, arguments, cancelled.is_set)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    def run_chunk(self, analysis: str, items: list, arguments: dict, stop) -> Any:
+        model = self.services.models.get(self.model_name)
+        try:
+            return chunks.run_chunk(analysis, model, items, stop=stop, **arguments)
+        except ValueError as exc:
+            return backend.RemoteError(str(exc))
+
 
 @dataclass
 class ServeOptions:
     """Serve deployment options for every model's deployment, and per model (a --serve-config YAML file:
     any keys of serve.deployment, e.g. num_replicas, ray_actor_options, max_ongoing_requests,
-    autoscaling_config; `models: {name: {...}}` overrides them for one model)."""
+    autoscaling_config; `models: {name: {...}}` overrides them for one model; `corpus_chunk_items: N` sets how
+    many items of a corpus job one call measures)."""
 
     common: dict = field(default_factory=dict)
     models: dict = field(default_factory=dict)
+    chunk_items: int = chunks.CHUNK_ITEMS
 
     @classmethod
     def from_args(cls, replicas: int | None = None, num_cpus: float | None = None, num_gpus: float | None = None,
@@ -110,7 +140,11 @@ class ServeOptions:
         models = raw.pop("models", None) or {}
         if not isinstance(models, dict) or not all(isinstance(v, dict) for v in models.values()):
             raise ValueError(f"--serve-config {path}: 'models' must map model names to deployment options")
-        return cls(raw, models)
+        chunk_items = raw.pop("corpus_chunk_items", chunks.CHUNK_ITEMS)
+        if isinstance(chunk_items, bool) or not isinstance(chunk_items, int) or chunk_items < 1:
+            raise ValueError(f"--serve-config {path}: corpus_chunk_items is the number of items one call of a "
+                             f"corpus job measures, a whole number ≥ 1, got {chunk_items!r}")
+        return cls(raw, models, chunk_items)
 
     def for_model(self, name: str) -> dict:
         merged = {**self.common, **self.models.get(name, {})}
@@ -169,6 +203,12 @@ class RayBackend:
     def call(self, key: str, model_name: str, args: tuple, session: str | None = None) -> Any:
         return backend.received(self._handle(model_name, session).call.remote(key, args).result())
 
+    def corpus_chunks(self, model_name: str) -> ServeChunks:
+        """Where a corpus job on `model_name` runs its chunks: its deployment, as many at once as its replicas
+        take (replicas × max_ongoing_requests), so every replica is kept busy and the rest wait on the front."""
+        return ServeChunks(self.deploy(model_name), chunks_in_flight(self.options.for_model(model_name)),
+                           self.options.chunk_items)
+
     def stream(self, key: str, model_name: str, args: tuple, session: str | None = None) -> Iterator:
         updates = self._handle(model_name, session).options(stream=True).stream.remote(key, args)
         try:
@@ -190,13 +230,56 @@ class RayBackend:
             log.warning("could not delete the Serve application of %s: %s", model_name, exc)
 
 
+def chunks_in_flight(options: dict) -> int:
+    """Chunks a front keeps under way on one model: its replicas (num_replicas, or an autoscaling deployment's
+    max_replicas) × the requests each runs at once (max_ongoing_requests)."""
+    replicas = options.get("num_replicas", 1)
+    if not isinstance(replicas, int):     # "auto": the autoscaling config's ceiling
+        replicas = (options.get("autoscaling_config") or {}).get("max_replicas", 1)
+    return max(1, int(replicas)) * max(1, int(options.get("max_ongoing_requests", REPLICA_ONGOING)))
+
+
+class ServeChunks:
+    """A corpus job's chunks as calls of one model's deployment (ui.services.corpus.over runs them): submit
+    gives a Future of the chunk's result; cancelling it cancels the call."""
+
+    def __init__(self, handle: serve.handle.DeploymentHandle, in_flight: int, chunk_items: int = chunks.CHUNK_ITEMS):
+        self.handle, self.in_flight, self.chunk_items = handle, in_flight, chunk_items
+
+    def submit(self, analysis: str, items: list, arguments: dict) -> Future:
+        response = self.handle.corpus_chunk.remote(analysis, items, arguments)
+        future: Future = Future()
+        future.add_done_callback(lambda done: response.cancel() if done.cancelled() else None)
+        threading.Thread(target=self._wait, args=(response, future), name="corpus-chunk", daemon=True).start()
+        return future
+
+    @staticmethod
+    def _wait(response, future: Future) -> None:
+        try:
+            value = response.result()
+            outcome = ValueError(value.message) if isinstance(value, backend.RemoteError) else value
+        except Exception as exc:  # noqa: BLE001 - handed to the front, which names the chunk's items
+            outcome = exc
+        try:
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+        except InvalidStateError:
+            pass      # cancelled by the front meanwhile: nobody reads it
+
+
+def replica_services(model_name: str, device: str | None = None, max_tokens: int = MAX_ATTENTION_TOKENS
+                     ) -> Services:
+    settings = AppSettings.from_env(device=device, max_attention_tokens=max_tokens)
+    return Services.create(settings, default_model=model_name)
+
+
 def replica_page(model_name: str, device: str | None = None, max_tokens: int = MAX_ATTENTION_TOKENS
                  ) -> dict[str, backend.ModelEvent]:
     """What a replica runs: the same page as the front's, built here with its own services and never launched,
     so its model events are the front's functions working on real weights."""
-    settings = AppSettings.from_env(device=device, max_attention_tokens=max_tokens)
-    services = Services.create(settings, default_model=model_name)
-    return backend.model_events(build_page(services, model_name))
+    return backend.model_events(build_page(replica_services(model_name, device, max_tokens), model_name))
 
 
 def start(model_name: str, address: str | None, options: ServeOptions, device: str | None,

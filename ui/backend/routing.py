@@ -18,6 +18,11 @@ are the functions' trailing parameters); generators stream. What comes back is p
 and unpacked by `received`: a gr.Error's message is raised again in the front, and a file an export wrote on a
 replica comes back as its bytes and is written under the front's temporary folder.
 
+A backend that runs corpus jobs in chunks (one with `corpus_chunks(model_name)`, as RayBackend has) gets the
+Across texts tab's jobs differently: the page's own function runs here, on the front, where the upload and the
+session's kept result are, and its job is sent to the backend chunk by chunk (ui.services.corpus.over.chunks_on);
+the tab's cell clicks, which redraw that kept result, stay here too.
+
 Kept data (the KeptStore of ui.services: the Attention tab's captures, a generation's rows) stays where it was
 computed. A session's calls go to the same replica where the backend can arrange it; where not, a ticket the
 replica does not hold is a cache miss, which the services already handle (a capture is recomputed; a generation's rows are
@@ -35,10 +40,13 @@ from typing import Any, Protocol
 
 import gradio as gr
 
+from ui.services.corpus.over import chunks_on
 from ui.tabs.events import MODEL_GROUPS, stays_behind, user_errors
 from ui.views import export
 
 TRACE_READERS = ("generation_step", "export_generation")  # read the rows a generation kept where it ran
+CHUNKED = ("corpus_heads", "corpus_attribution", "corpus_patch")  # corpus jobs a chunking backend splits
+ON_FRONT = ("corpus_cell",)  # redraws the result a chunked job kept on the front
 PICKER_ID = "model-picker"  # elem_id of the model dropdown: its value names the model an event runs
 
 
@@ -114,9 +122,15 @@ def route(demo: gr.Blocks, backend: Backend, default_model: str) -> list[str]:
     among their inputs run the model their state names (a generation trace's), else the default model."""
     routed = []
     limit = getattr(backend, "front_concurrency_limit", "unchanged")  # where the backend queues work itself
+    chunking = hasattr(backend, "corpus_chunks")
     for key, event in model_events(demo).items():
         block_fn = demo.fns[int(key.split(":", 1)[0])]
-        block_fn.fn = user_errors(proxy(event, backend, default_model))  # a dead replica is a message too
+        if chunking and block_fn.name in ON_FRONT:
+            continue
+        if chunking and block_fn.name in CHUNKED:
+            block_fn.fn = chunked_here(event, backend, default_model)
+        else:
+            block_fn.fn = user_errors(proxy(event, backend, default_model))  # a dead replica is a message too
         if limit != "unchanged":
             block_fn.concurrency_limit = limit
         routed.append(key)
@@ -145,6 +159,30 @@ def proxy(event: ModelEvent, backend: Backend, default_model: str) -> Callable:
         return backend.call(event.key, model_name, args, session)
 
     return calling
+
+
+def chunked_here(event: ModelEvent, backend: Backend, default_model: str) -> Callable:
+    """The page's own corpus job run here, its measuring sent to the backend in chunks: each step of the
+    function's generator runs inside chunks_on (a context variable, set again for every step because Gradio
+    may take each step in another thread's copy of the context)."""
+
+    @functools.wraps(event.fn)
+    def running(*args, **kwargs):
+        runner = backend.corpus_chunks(model_named(event, args, default_model))
+        steps = event.fn(*args, **kwargs)
+        try:
+            while True:
+                with chunks_on(runner):
+                    try:
+                        value = next(steps)
+                    except StopIteration:
+                        return
+                yield value
+        finally:
+            with chunks_on(runner):
+                steps.close()  # the page's Stop: the job's chunks under way are cancelled
+
+    return user_errors(running)  # a cluster that cannot deploy the model is a message too
 
 
 def model_named(event: ModelEvent, args: tuple, default_model: str) -> str:

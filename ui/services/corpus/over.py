@@ -2,15 +2,23 @@
 induction texts) or read from an upload and checked against the model, the analysis run in a worker thread
 (ui.services.jobs.stream_job) and streamed with the summary of the items finished so far, so a page that stops
 the job keeps what it had. The partial summary is the core's own `summarise` of the finished items' values, the
-values the core hands out as each item finishes; the final one is the core's result itself."""
+values the core hands out as each item finishes; the final one is the core's result itself.
+
+Where the page's model work runs elsewhere (the Ray backend: ui.backend.routing runs these jobs on the front
+inside `chunks_on(runner)`), a job is split into chunks of consecutive items (core/corpus/chunks.py), each sent to
+the runner as one call, and the finished chunks are merged into the one run's summary as they come."""
 
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
+from contextvars import ContextVar
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import torch
@@ -19,7 +27,7 @@ from torch import Tensor
 from core.analysis import heads as head_analysis
 from core.corpus import Pair
 from core.corpus import heads as head_places
-from core.corpus import saved
+from core.corpus import chunks, saved
 from core.corpus import summaries, texts as corpora
 from core.corpus.summaries import Over, summarise
 from ui import links
@@ -224,14 +232,45 @@ def saved_words(run, root: Path | None) -> str:
     return f"Job {where} {state}{resumed} (in the runs folder; a rerun of the same job reopens it)."
 
 
+class ChunkRunner(Protocol):
+    """Where a job's chunks run (ui.backend.ray_serve.ServeChunks: the model's deployment on Ray Serve)."""
+    in_flight: int           # chunks under way at once
+    chunk_items: int         # items in one chunk
+
+    def submit(self, analysis: str, items: list, arguments: dict) -> Future: ...
+
+
+CHUNKS: ContextVar[ChunkRunner | None] = ContextVar("corpus_chunks", default=None)
+
+
+@contextmanager
+def chunks_on(runner: ChunkRunner):
+    """Within this block stream_over sends its job to `runner` in chunks instead of running it here."""
+    token = CHUNKS.set(runner)
+    try:
+        yield
+    finally:
+        CHUNKS.reset(token)
+
+
 def stream_over(model, analysis: str, corpus: Corpus, site: str | None = None, mode: str = "denoise",
                 layer: int | None = None, stop: Callable[[], bool] | None = None, root: Path | None = None,
                 model_name: str = "") -> Iterator[OverUpdate]:
-    """The analysis over the corpus, run in a worker thread: an update as items finish, with the summary of
-    those finished so far, then the core's result (finished), its `saved` words saying what saving did. Closing
-    the iterator stops the work at its next report; stop() is the core's own (a stopped job's result is the
-    summary of the items it finished). root: save the job there item by item (saved.run_over): a job already
-    finished is reopened without measuring, one stopped before resumes from its items."""
+    """The analysis over the corpus: an update as items finish, with the summary of those finished so far, then
+    the core's result (finished), its `saved` words saying what saving did. Closing the iterator stops the work;
+    stop() is the core's own (a stopped job's result is the summary of the items it finished). root: save the
+    job there (saved.run_over): a job already finished is reopened without measuring. Run in a worker thread
+    here, or in chunks on the runner of chunks_on where one is set."""
+    runner = CHUNKS.get()
+    if runner is not None:
+        return stream_chunks(runner, model, analysis, corpus, site, mode, layer, stop, root, model_name)
+    return stream_here(model, analysis, corpus, site, mode, layer, stop, root, model_name)
+
+
+def stream_here(model, analysis: str, corpus: Corpus, site: str | None, mode: str, layer: int | None,
+                stop: Callable[[], bool] | None, root: Path | None, model_name: str) -> Iterator[OverUpdate]:
+    """stream_over in a worker thread of this process, saving item by item: a job stopped before resumes from
+    its items."""
     values: dict[int, object] = {}
 
     def each(index: int, value) -> None:
@@ -260,6 +299,69 @@ def stream_over(model, analysis: str, corpus: Corpus, site: str | None = None, m
             continue
         finished = dict(values)   # the worker may have finished more items since this report: count those
         yield OverUpdate(max(update.done, len(finished)), total, PARTIAL[analysis](finished, total), update.seconds)
+
+
+def stream_chunks(runner: ChunkRunner, model, analysis: str, corpus: Corpus, site: str | None, mode: str,
+                  layer: int | None, stop: Callable[[], bool] | None, root: Path | None,
+                  model_name: str) -> Iterator[OverUpdate]:
+    """stream_over with the corpus split into chunks of runner.chunk_items items, runner.in_flight of them under
+    way at once: an update as each chunk finishes, with the merged summary of the chunks finished so far. The
+    whole corpus is checked here first, as one run checks it. Closing the iterator (the page's Stop) cancels the
+    chunks under way; stop() ends the job with the summary of the finished chunks. A finished job is saved under
+    root whole, and a finished one found there is reopened; a stopped one is not kept for resuming."""
+    name, noun, total = SAVED_NAMES[analysis], corpus.noun, len(corpus.items)
+    arguments = dict(site=site, mode=mode, layer=layer) if analysis == "patch" else {}
+    started = time.perf_counter()
+    with refusals_in_words():
+        empty = chunks.check(name, model, corpus.items, **arguments)
+        folder = saved.job_folder(root, saved.identity(name, model_name, corpus.items,
+                                                       saved.arguments_of(name, arguments))) if root else None
+        if folder is not None and (folder / saved.META).exists():
+            run = saved.open_job(folder)
+            yield OverUpdate(total, total, run.result, time.perf_counter() - started, True,
+                             saved_words(run, root), folder)
+            return
+        if folder is not None:
+            saved.check_room(Path(root), RUNS_MAX_BYTES)
+    ranges = chunks.split(total, runner.chunk_items)
+    yield OverUpdate(0, total, None, 0.0)
+    finished = []
+
+    def submit(items: range) -> Future:
+        return runner.submit(name, [corpus.items[i] for i in items], arguments)
+
+    with refusals_in_words(), closing(chunks.as_finished(submit, ranges, runner.in_flight, noun, stop)) as done_chunks:
+        for chunk in done_chunks:   # closing: a page that stops here cancels the chunks under way at once
+            finished.append(chunk)
+            done = sum(len(part.items) for part in finished)
+            if done < total:
+                partial = chunks.merge(empty, finished, noun, total)
+                for over in saved.parts_of(partial).values():
+                    over.note = "; ".join(part for part in (partial_note(done, total, noun), over.note) if part)
+                yield OverUpdate(done, total, partial, time.perf_counter() - started)
+    stopped = len(finished) < len(ranges)
+    result = chunks.merge(empty, finished, noun, total, stopped)
+    if folder is None:
+        words = saved_words(None, None)
+    elif stopped:
+        words, folder = "Stopped: the summary of the finished chunks is shown, not saved.", None
+    else:
+        try:
+            words = save_whole(folder, name, model_name, corpus.items, arguments, result)
+        except (OSError, ValueError) as error:    # the result is still shown: only keeping it failed
+            words, folder = f"Not saved: {error}.", None
+    yield OverUpdate(total, total, result, time.perf_counter() - started, True, words, folder)
+
+
+def save_whole(folder: Path, name: str, model_name: str, items: list, arguments: dict, result) -> str:
+    """A finished chunked job saved as saved.run_over saves one (job.json, result.npz, meta.json), so a rerun
+    here or in one process reopens it and Export reads it; its items are not saved one by one."""
+    arguments = saved.arguments_of(name, arguments)
+    ident = saved.identity(name, model_name, items, arguments)
+    (folder / saved.ITEMS).mkdir(parents=True, exist_ok=True)
+    saved.write_json(folder / saved.JOB, {**ident, "created": saved.now_iso()})
+    saved.save_result(folder, ident, saved.analysis_named(name), arguments, result)
+    return f"Job {folder.name.rpartition('__')[2]} saved (in the runs folder; a rerun of the same job reopens it)."
 
 
 def exported(folder: Path | None) -> dict[str, bytes]:
