@@ -60,6 +60,9 @@ def test_terms_get_their_definition_and_equations_open_the_theory_panel(page):
     expect(gloss).to_have_attribute("title", GLOSSARY["softmax"])
     expect(gloss).to_have_attribute("tabindex", "0")
     expect(page.locator("#lk-number abbr.gloss")).to_have_text("softmax")  # a label is the app's prose too
+    gloss.focus()  # the keyboard (and a tap) shows the definition too, not only the pointer's hover
+    shown = page.evaluate("() => getComputedStyle(document.activeElement, '::after').content")
+    assert GLOSSARY["softmax"] in shown, shown
 
     # the field's value is the reader's: not wrapped, not changed
     expect(page.locator("#lk-field textarea")).to_have_value(FIELD)
