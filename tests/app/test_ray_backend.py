@@ -315,3 +315,19 @@ def test_the_across_texts_tab_on_ray_sends_its_job_in_chunks(ray_front, llama, t
                                atol=1e-5, rtol=0)
     assert "n = **5**" in note and "saved (in the runs folder" in note, note
     assert len(list((tmp_path / "runs").glob("*/meta.json"))) == 1
+
+
+def test_the_serve_config_sets_the_chunks_and_the_replicas_how_many_run(tmp_path):
+    from ui.backend.ray_serve import ServeOptions, chunks_in_flight
+
+    config = tmp_path / "serve.yaml"
+    config.write_text("corpus_chunk_items: 4\nnum_replicas: 3\n", encoding="utf-8")
+    options = ServeOptions.from_args(config_file=str(config))
+    assert options.chunk_items == 4 and options.common == {"num_replicas": 3}   # not a deployment option
+    assert chunks_in_flight(options.for_model("m")) == 6                          # three replicas × two requests
+    assert chunks_in_flight({"num_replicas": "auto", "autoscaling_config": {"max_replicas": 5},
+                             "max_ongoing_requests": 3}) == 15
+    config.write_text("corpus_chunk_items: 0\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="corpus_chunk_items is the number of items one call of a corpus job "
+                                         "measures, a whole number ≥ 1, got 0"):
+        ServeOptions.from_args(config_file=str(config))

@@ -119,20 +119,21 @@ class InProcess:
 
 def route(demo: gr.Blocks, backend: Backend, default_model: str) -> list[str]:
     """Send every model event of the page to `backend`; returns their keys. Events without a model dropdown
-    among their inputs run the model their state names (a generation trace's), else the default model."""
+    among their inputs run the model their state names (a generation trace's), else the default model. A backend
+    with corpus_chunks gets the corpus jobs in chunks from here (chunked_here), and their cell redraws stay here."""
     routed = []
     limit = getattr(backend, "front_concurrency_limit", "unchanged")  # where the backend queues work itself
     chunking = hasattr(backend, "corpus_chunks")
     for key, event in model_events(demo).items():
         block_fn = demo.fns[int(key.split(":", 1)[0])]
+        if limit != "unchanged":
+            block_fn.concurrency_limit = limit
         if chunking and block_fn.name in ON_FRONT:
             continue
         if chunking and block_fn.name in CHUNKED:
             block_fn.fn = chunked_here(event, backend, default_model)
         else:
             block_fn.fn = user_errors(proxy(event, backend, default_model))  # a dead replica is a message too
-        if limit != "unchanged":
-            block_fn.concurrency_limit = limit
         routed.append(key)
     return routed
 
