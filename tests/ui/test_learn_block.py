@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from tiny_app_model import build_tiny_bert, build_tiny_llama, build_tiny_marian
 
 from core import load_model
 from core import train as lab
 from core.store import check_folder
-from tiny_app_model import build_tiny_bert, build_tiny_llama, build_tiny_marian
 from ui.services.learn import block as lessons
 from ui.services.learn import reveal
 from ui.views.learn.block import FIGURES
@@ -79,8 +79,8 @@ def test_the_sqrt_d_scale_shrinks_a_fresh_pre_ln_models_first_update():
         model = lab.build_model(lab.LabConfig(task="reverse", family="marian", norm="pre", embed_scale=scaled)).eval()
         seen = {}
         block = model.encoder.blocks[0]
-        block.register_forward_pre_hook(lambda m, args: seen.__setitem__("in", args[0]))
-        block.attn.register_forward_hook(lambda m, args, out: seen.__setitem__("attn", out))
+        block.register_forward_pre_hook(lambda m, args, seen=seen: seen.__setitem__("in", args[0]))
+        block.attn.register_forward_hook(lambda m, args, out, seen=seen: seen.__setitem__("attn", out))
         with torch.inference_mode():
             model(**batch.inputs)
         ratio = seen["attn"][real].norm(dim=-1) / seen["in"][real].norm(dim=-1)

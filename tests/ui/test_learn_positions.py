@@ -7,11 +7,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from tiny_app_model import build_tiny_bert, build_tiny_llama, build_tiny_marian
 
 from core import load_model
 from core.extrapolation import load
 from core.layers import apply_rope
-from tiny_app_model import build_tiny_bert, build_tiny_llama, build_tiny_marian
 from ui.services.lab.extrapolation import SAVED
 from ui.services.learn import positions as lesson_module
 from ui.services.learn import reveal

@@ -27,7 +27,7 @@ from ui.services.text import as_batch, encode, to_numpy
 BLOCK_SAMPLE = "The old lighthouse keeper climbed the stairs every night to light the lamp for the passing ships."
 MAX_TOKENS = 32
 ASKED_LAYER = 0      # the question's layer: the first, where the residual is still the embedding alone
-INIT_LAB = dict(task="reverse", family="marian", norm="pre")   # the Lab's layout whose Pre-LN run the README reports
+INIT_LAB = {"task": "reverse", "family": "marian", "norm": "pre"}   # the Lab's layout whose Pre-LN run the README reports
 INIT_EXAMPLES = 16
 
 

@@ -101,8 +101,9 @@ def extrapolation_words() -> tuple[str, dict]:
     """The Lab's saved run in words, and its accuracies {kind: {symbols: accuracy or None}} (None: refused)."""
     result = saved()
     if result is None:
-        return (f"The Lab's saved run past the trained length is missing here (it is made by `{SAVED_COMMAND}`), so "
-                "this lesson cannot quote it.", {})
+        missing = (f"The Lab's saved run past the trained length is missing here (it is made by `{SAVED_COMMAND}`), "
+                   "so this lesson cannot quote it.")
+        return missing, {}
     lengths = result.config.test_lengths
     accuracy = {k.kind: {n: k.accuracy.get(n) for n in lengths} for k in result.kinds}
     parts = []
