@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-from ui.services import learn
+from ui.services.learn import course as syllabus
 from ui.services.checks import index_of, public_text
 
 TABS = ("generate", "attention", "positions", "masks", "heads", "patching", "inside", "corpus", "learn", "lab")
@@ -112,9 +112,9 @@ def linked_tab(params: Mapping[str, str], tabs: Sequence[str]) -> str | None:
 
 def _lesson(raw: str, messages: list[str]) -> str | None:
     try:
-        return learn.find(raw).name
+        return syllabus.find(raw).name
     except ValueError:
-        messages.append(f"The link's lesson {raw[:40]!r} does not exist (lessons: {', '.join(learn.names())}); "
+        messages.append(f"The link's lesson {raw[:40]!r} does not exist (lessons: {', '.join(syllabus.names())}); "
                         "showing the first.")
         return None
 

@@ -10,6 +10,7 @@ from urllib.parse import parse_qsl
 import gradio as gr
 
 from ui import links, spaces
+from ui.lookup import build_lookup
 from ui.tabs import events
 from ui.tabs import attention, generate, heads, inside, lab, masks, patching, picker as model_picker, positions
 from ui.tabs.corpus import across
@@ -89,6 +90,7 @@ def layout(services, default_model: str) -> gr.Blocks:
         learn_course.wire_switch(course, picker, current_tab)
         learn_course.wire_try(course, tabs, current_tab, controls)
         wire_share_link(share, picker, current_tab, controls, course.choose)
+        demo.load(None, js=build_lookup())  # the Theory panel; glossary terms on hover, eq. N.M linked to it
     return demo
 
 

@@ -19,6 +19,7 @@ from gradio_client.exceptions import AppError  # noqa: E402
 from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 from ui import links  # noqa: E402
 from ui.services import learn  # noqa: E402
+from ui.services.learn import course as syllabus  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -32,17 +33,17 @@ def served(tmp_path_factory):
 def test_every_lesson_comes_through_the_api_with_its_measured_answer(served):
     services, llama = served["services"], served["llama"]
     model = services.models.get(llama)
-    for number, lesson in enumerate(learn.lessons(), start=1):
+    for number, lesson in enumerate(syllabus.lessons(), start=1):
         text, plot, answer = served["client"].predict(llama, lesson.name, api_name="/lesson")
-        assert f"Lesson {number} of {len(learn.lessons())}" in text and lesson.title in text
+        assert f"Lesson {number} of {len(syllabus.lessons())}" in text and lesson.title in text
         assert lesson.question.prompt in text
         assert json.loads(plot["plot"])["data"], lesson.name          # a figure with something drawn
         kept = services.lessons.get(llama, model, lesson)             # the server's own, computed once
         shown = f"“{kept.answer}”" if lesson.question.choices else learn.number(kept.answer)
         assert f"Measured: {shown}" in answer and "Why:" in answer and kept.alt in answer
-    assert len(services.lessons) == len(learn.lessons())
-    services.lessons.get(llama, model, learn.lessons()[0])              # a second visit: no new entry
-    assert len(services.lessons) == len(learn.lessons())
+    assert len(services.lessons) == len(syllabus.lessons())
+    services.lessons.get(llama, model, syllabus.lessons()[0])              # a second visit: no new entry
+    assert len(services.lessons) == len(syllabus.lessons())
 
 
 @pytest.mark.parametrize("args, words", [(("no-such-lesson",), "There is no lesson"),
@@ -54,11 +55,11 @@ def test_a_wrong_lesson_is_named(served, args, words):
 
 def test_a_wrong_model_is_named(served):
     with pytest.raises(AppError, match="not a model name|cannot be loaded"):
-        served["client"].predict("no/such/model", learn.names()[0], api_name="/lesson")
+        served["client"].predict("no/such/model", syllabus.names()[0], api_name="/lesson")
 
 
 def test_links_name_a_lesson():
-    first, third = learn.names()[0], learn.names()[2]
+    first, third = syllabus.names()[0], syllabus.names()[2]
     shape = lambda name: (2, 4)  # noqa: E731 - layers and heads of any model
     state = links.parse({"lesson": third.upper()}, ["m"], shape, "m")
     assert state.lesson == third and state.tab == "learn" and not state.messages

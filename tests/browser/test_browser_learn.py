@@ -19,6 +19,7 @@ from playwright.sync_api import expect  # noqa: E402
 from conftest import SMOLLM, open_page, screenshot  # noqa: E402
 from tiny_app_model import launch_app  # noqa: E402
 from ui.services import learn  # noqa: E402
+from ui.services.learn import course as syllabus  # noqa: E402
 from ui.views.learn.course import TAB_TITLES  # noqa: E402
 
 TIMEOUT_MS = 60_000
@@ -40,7 +41,7 @@ def expected(served):
     _, services = served
     model = services.models.get(SMOLLM)
     answers = {}
-    for lesson in learn.lessons():
+    for lesson in syllabus.lessons():
         first, second = lesson.measure(model, None), lesson.measure(model, None)
         same = learn.number(first.answer) == learn.number(second.answer)
         answers[lesson.name] = learn.number(first.answer) if same else None
@@ -62,7 +63,7 @@ def guess(page, lesson: learn.Lesson) -> None:
 @pytest.mark.parametrize("name", VIEWPORTS)
 def test_every_lesson_shows_its_figure_and_its_measured_answer(browser, served, expected, name):
     url, _ = served
-    lessons = learn.lessons()
+    lessons = syllabus.lessons()
     context, page, errors = open_page(browser, f"{url}?tab=learn&lesson={lessons[0].name}", VIEWPORTS[name])
     try:
         for number, lesson in enumerate(lessons, start=1):
@@ -93,7 +94,7 @@ def test_every_lesson_shows_its_figure_and_its_measured_answer(browser, served, 
 
 def test_a_link_opens_a_lesson_and_the_browser_remembers_it(browser, served):
     url, _ = served
-    third = learn.lessons()[2]
+    third = syllabus.lessons()[2]
     context, page, errors = open_page(browser, f"{url}?tab=learn&lesson={third.name}")
     try:
         expect(page.locator("#learn-place")).to_contain_text("Lesson 3 of", timeout=TIMEOUT_MS)
@@ -113,7 +114,7 @@ def test_a_link_opens_a_lesson_and_the_browser_remembers_it(browser, served):
 
 def test_a_reader_walks_the_course_with_the_keyboard(browser, served):
     url, _ = served
-    lessons = learn.lessons()
+    lessons = syllabus.lessons()
     context, page, errors = open_page(browser, f"{url}?tab=learn&lesson={lessons[0].name}")
     try:
         expect(page.locator("#learn-place")).to_contain_text("Lesson 1 of", timeout=TIMEOUT_MS)
@@ -142,7 +143,7 @@ def test_a_reader_walks_the_course_with_the_keyboard(browser, served):
 def test_try_it_opens_the_lessons_tab_in_its_state(browser, served):
     url, services = served
     model = services.models.get(SMOLLM)
-    lesson = next(lesson for lesson in learn.lessons()
+    lesson = next(lesson for lesson in syllabus.lessons()
                   if services.lessons.get(SMOLLM, model, lesson).link.get("tab") == "attention"
                   and "head" in services.lessons.get(SMOLLM, model, lesson).link)
     link = services.lessons.get(SMOLLM, model, lesson).link

@@ -15,7 +15,7 @@ GENERATION_SLOTS = 2
 from ui.services.jobs import HeavyJobs, Turns
 from ui.services.kept import FirstViews, KeptStore
 from ui.services.lab.runs import Lab
-from ui.services.learn import LessonCache
+from ui.services.learn.course import LessonCache
 from ui.services.models import ModelStore
 from ui.settings import AppSettings
 

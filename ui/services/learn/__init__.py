@@ -7,8 +7,8 @@ function that computes the answer on a model (`Measured`: the answer, its words,
 stating its main number, and the state the "try it" link opens). The lessons live in this folder's modules, one
 module a part of the theory; ui/views/learn draws their figures. Nothing here imports gradio.
 
-Lessons are computed once per model and kept in their own cache (`LessonCache`), so a lesson opened a second time,
-by anyone, is a cache hit.
+The course itself (the lessons in order, found by name, and their cache) is course.py: this module holds only what
+a lesson is made of, so the lesson modules import it and course.py imports them, with no cycle.
 """
 
 from __future__ import annotations
@@ -18,11 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ui.services.checks import UserError
-from ui.services.kept import FirstViews
 
 ProgressFn = Callable[[float, str], None]
-LESSON_CACHE = 64  # lessons kept server-wide (about 11 lessons × a few models); each holds a few small arrays
 
 
 @dataclass(frozen=True)
@@ -70,46 +67,6 @@ class Lesson:
     question: Question
     measure: Callable[[Any, ProgressFn | None], Measured]
     text_sample: str = ""  # the ready-made text the measurement reads, shown under the figure
-
-
-def lessons() -> tuple[Lesson, ...]:
-    """Every lesson, in the course's order."""
-    from ui.services.learn import attention, block, evidence, generation, positions
-    return (*attention.LESSONS, *positions.LESSONS, *block.LESSONS, *generation.LESSONS, *evidence.LESSONS)
-
-
-def names() -> list[str]:
-    return [lesson.name for lesson in lessons()]
-
-
-def find(name) -> Lesson:
-    """The lesson called `name`, or a UserError listing the names."""
-    for lesson in lessons():
-        if isinstance(name, str) and lesson.name == name.strip().lower():
-            return lesson
-    shown = repr(name[:40]) if isinstance(name, str) else f"a {type(name).__name__}"
-    raise UserError(f"There is no lesson {shown}; the lessons are {', '.join(names())}.")
-
-
-def position(name: str) -> tuple[int, int]:
-    """(the lesson's number from 1, how many lessons)."""
-    all_names = names()
-    return all_names.index(find(name).name) + 1, len(all_names)
-
-
-class LessonCache:
-    """Lessons computed once per model (by name and the model object's id: a reloaded model is computed afresh),
-    for every visitor; two sessions opening one lesson at once compute it once."""
-
-    def __init__(self, size: int = LESSON_CACHE):
-        self._views = FirstViews(size)
-
-    def __len__(self) -> int:
-        return len(self._views)
-
-    def get(self, model_name: str, model, lesson: Lesson, progress: ProgressFn | None = None) -> Measured:
-        return self._views.get(("lesson", lesson.name, model_name, id(model)),
-                               lambda: lesson.measure(model, progress))
 
 
 def read_guess(question: Question, guess) -> tuple[float | str | None, str]:

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from ui import links
-from ui.services import learn
+from ui.services.learn import course as syllabus
 from ui.tabs import events
 from ui.tabs.events import ON_ANALYSIS, progress_callback, user_errors
 from ui.views.learn import course as views
@@ -25,13 +25,13 @@ SAVED_KEY = "attention-explorer-course"  # the browser's localStorage key (Brows
 
 def lesson_choices(revealed=()) -> list[tuple[str, str]]:
     return [(f"{i}. {lesson.title}{' ✓' if lesson.name in revealed else ''}", lesson.name)
-            for i, lesson in enumerate(learn.lessons(), start=1)]
+            for i, lesson in enumerate(syllabus.lessons(), start=1)]
 
 
 def saved_state(saved) -> dict:
     """The browser's progress as a dict {lesson, revealed}, whatever the browser held (a stale or edited entry
     becomes the default)."""
-    names = learn.names()
+    names = syllabus.names()
     saved = saved if isinstance(saved, dict) else {}
     lesson = saved.get("lesson") if saved.get("lesson") in names else names[0]
     revealed = [name for name in saved.get("revealed", []) if name in names] if isinstance(
@@ -41,7 +41,7 @@ def saved_state(saved) -> dict:
 
 def build(services, picker) -> SimpleNamespace:
     """The tab; returns what the page wires: the lesson shown, its try-it state and button, and the load event."""
-    first = learn.names()[0]
+    first = syllabus.names()[0]
     with gr.Tab("Learn", id="learn") as tab:
         gr.Markdown(LEAD, elem_classes=["tab-lead"])
         with gr.Row(equal_height=False):
@@ -95,7 +95,7 @@ def build(services, picker) -> SimpleNamespace:
 
     @user_errors
     def revealed(model_name, name, number, choice, saved_value, progress=gr.Progress()):
-        lesson = learn.find(name)
+        lesson = syllabus.find(name)
         guess = choice if lesson.question.choices else number
         words = views.answer(services, model_name, name, guess, progress_callback(progress))
         state = saved_state(saved_value)
@@ -144,7 +144,7 @@ def wire_opening(demo, course, picker) -> None:
         name = state["lesson"]
         if params.get("lesson"):
             try:
-                name = learn.find(params["lesson"]).name
+                name = syllabus.find(params["lesson"]).name
             except ValueError:
                 pass  # the link's reader (ui.links.parse) says so in words
         return name

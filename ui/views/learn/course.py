@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from ui.plots.text import escaped
 from ui.services import Services
 from ui.services import learn
+from ui.services.learn import course as syllabus
 from ui.services.checks import index_of
 from ui.views.learn import figure
 
@@ -40,9 +41,9 @@ def measured(services: Services, model_name: str, lesson: learn.Lesson, progress
 
 def lesson_page(services: Services, model_name: str, name: str, progress=None) -> LessonPage:
     """Lesson `name` computed on the model (a cache hit after the first visitor)."""
-    lesson = learn.find(name)
+    lesson = syllabus.find(name)
     result = measured(services, model_name, lesson, progress)
-    number, total = learn.position(lesson.name)
+    number, total = syllabus.position(lesson.name)
     parts = [lesson.text]
     if lesson.text_sample:
         parts.append(f"*Measured on `{escaped(model_name)}`, on the text:* “{escaped(lesson.text_sample)}”")
@@ -62,14 +63,14 @@ def lesson_page(services: Services, model_name: str, name: str, progress=None) -
 
 def answer(services: Services, model_name: str, name: str, guess=None, progress=None) -> str:
     """The revealed answer: the guess (if any) beside the measured value, and why."""
-    lesson = learn.find(name)
+    lesson = syllabus.find(name)
     return learn.reveal(lesson, measured(services, model_name, lesson, progress), guess)
 
 
 def neighbour(name: str, step: int) -> str:
     """The lesson `step` places after `name` (back: -1), staying at the first or last."""
-    names = learn.names()
-    at = names.index(learn.find(name).name) + step
+    names = syllabus.names()
+    at = names.index(syllabus.find(name).name) + step
     return names[max(0, min(len(names) - 1, at))]
 
 
