@@ -1,0 +1,118 @@
+"""The course's lessons on generation and cost (ui/services/learn/generation.py): on SmolLM2 the KV cache's size
+equals eq. 6.9 and the keys and values a forward pass computes, one head's weights grow as n² from a recorded pass,
+the fitted exponent is the fit of the measured times, and the online softmax of a real head equals its softmax
+and its output; an encoder is told in words why it keeps no cache; every figure draws its numbers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from tiny_app_model import build_tiny_bert, build_tiny_llama
+
+from core import load_model
+from core.attention import causal_mask, online_attention
+from ui.services.learn import generation as lessons
+from ui.services.learn import read_guess, reveal
+from ui.views.learn import generation as views
+
+KV, COST = lessons.LESSONS
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("learn-generation")
+    return (load_model(str(build_tiny_llama(root / "llama", max_positions=128)), device="cpu"),
+            load_model(str(build_tiny_bert(root / "bert")), device="cpu"))
+
+
+@pytest.fixture(scope="module")
+def kv(smollm):
+    return KV.measure(smollm, None)
+
+
+@pytest.fixture(scope="module")
+def cost(smollm):
+    return COST.measure(smollm, None)
+
+
+def test_the_lessons_are_named_and_drawn():
+    assert [lesson.name for lesson in lessons.LESSONS] == ["kv-cache", "cost"]
+    assert set(views.FIGURES) == {"kv-cache", "cost"}
+    assert all(lesson.question.numeric and "eq. 6." in lesson.text for lesson in lessons.LESSONS)
+
+
+def test_the_kv_cache_is_eq_6_9_and_the_tensors_a_pass_computes(smollm, kv):
+    cfg = smollm.config
+    expected = 2 * cfg.n_layers * 1024 * cfg.n_kv_heads * cfg.head_dim * 4       # float32, eq. 6.9
+    assert kv.answer == expected / 1e6 and kv.values["allocated"][-1] == expected
+    assert kv.values["allocated"] == kv.values["formula"]
+    assert kv.values["no_gqa"][-1] == expected * cfg.n_heads // cfg.n_kv_heads
+    # the keys and values one forward pass computes for the sample: what a prefill writes into the cache
+    ids = smollm.tokenizer(lessons.KV_SAMPLE, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        out = smollm(ids, record={"k", "v"}, return_logits=False)
+    computed = sum(t.numel() * t.element_size() for name in ("k", "v") for t in out.records[name])
+    assert kv.values["filled_bytes"] == computed and kv.values["filled_tokens"] == ids.shape[1]
+    assert f"{kv.answer:.3g} MB" in kv.answer_text and "eq. 6.9" in kv.answer_text
+    assert f"{cfg.n_kv_heads} key/value heads" in kv.why and "3× smaller" in kv.why
+    value, _ = read_guess(KV.question, "50")
+    assert value == 50.0 and "47.2 MB" in reveal(KV, kv, "50")
+    fig = views.FIGURES["kv-cache"](kv)
+    np.testing.assert_allclose(fig.data[0].y, np.asarray(kv.values["allocated"]) / 1e6)
+    assert len(fig.data) == 2 and kv.link["tab"] == "generate"
+
+
+def test_an_encoder_is_told_why_it_keeps_no_cache_and_a_tiny_decoder_is_measured(tiny):
+    llama, bert = tiny
+    measured = KV.measure(bert, None)
+    assert isinstance(measured.answer, str) and "encoder" in measured.note and "does not generate" in measured.note
+    assert "no cache, 0 MB" in reveal(KV, measured, "3")
+    fig = views.FIGURES["kv-cache"](measured)
+    assert not fig.data and "encoder" in fig.layout.annotations[0].text
+    small = KV.measure(llama, None)
+    cfg = llama.config
+    assert small.values["lengths"] == [64, 128]            # its context is 128 tokens
+    assert small.answer == 2 * cfg.n_layers * 128 * cfg.n_kv_heads * cfg.head_dim * 4 / 1e6
+
+
+def test_the_weights_grow_as_n_squared_and_the_exponent_is_the_fit_of_the_times(cost):
+    v = cost.values
+    lengths = v["lengths"]
+    assert lengths == list(lessons.COST_LENGTHS)
+    assert v["per_head_bytes"] == [n * n * 4 for n in lengths]           # eq. 6.12: n² float32 per head per layer
+    assert cost.answer == 4.0 and "4.00×" in cost.answer_text
+    slope = np.polyfit(np.log(lengths), np.log(v["seconds"]), 1)[0]
+    assert math.isfinite(v["exponent"]) and v["exponent"] == pytest.approx(slope, abs=1e-9)
+    assert f"n^{v['exponent']:.2f}" in cost.why and f"n^{v['exponent']:.2f}" in cost.alt
+    n = v["softmax_bytes"]["n"]
+    assert v["softmax_bytes"] == {"n": n, "plain": 2 * n * n * 4, "online": (n * lessons.ONLINE_BLOCK + 2 * n) * 4}
+    fig = views.FIGURES["cost"](cost)
+    np.testing.assert_allclose(fig.data[0].y, [(m / lengths[0]) ** 2 for m in lengths])
+    assert len(fig.data) == 4 and fig.layout.yaxis.type == "log"
+
+
+def test_the_online_softmax_of_a_real_head_is_its_softmax(smollm, cost):
+    v = cost.values
+    assert v["online_max_error"] <= 1e-6 and v["online_output_error"] <= 1e-5
+    layer, head = v["online_layer"], v["online_head"]
+    ids = smollm.tokenizer(lessons.COST_SAMPLE, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        out = smollm(ids, record={"q", "k", "v", "z"}, return_logits=False)
+    kv_head = head // (smollm.config.n_heads // smollm.config.n_kv_heads)
+    q, k, value = (out.records[name][layer][0, :, h] for name, h in (("q", head), ("k", kv_head), ("v", kv_head)))
+    mask = causal_mask(len(q), len(q))
+    online = online_attention(q, k, value, lessons.ONLINE_BLOCK, mask=mask)
+    plain = torch.softmax((q @ k.T / math.sqrt(q.shape[1])).masked_fill(~mask, float("-inf")), -1) @ value
+    assert (online - plain).abs().max() <= 1e-5
+    assert (online - out.records["z"][layer][0, :, head]).abs().max() <= 1e-4
+
+
+def test_an_encoder_still_measures_the_cost(tiny):
+    _, bert = tiny
+    measured = COST.measure(bert, None)
+    assert measured.values["lengths"] == [32, 64, 128] and measured.answer == 4.0
+    assert measured.values["online_max_error"] <= 1e-6
+    assert len(views.FIGURES["cost"](measured).data) == 4
