@@ -1,9 +1,10 @@
-"""The model work on Ray Serve (ui/ray_backend.py) gives the same answers as the app in one process.
+"""The model work on Ray Serve (ui/backend/ray_serve.py) gives the same answers as the app in one process.
 
 A local Ray instance (127.0.0.1, 2 CPUs, no dashboard) runs two replicas of a tiny Llama deployed through
 `python app.py --backend ray`'s own path (app.parse_args, app.ray_backend, ui.backend.routing.route); the front
 is launched on a free loopback port and driven with gradio_client beside the in-process app on the same model:
-every figure and text must be identical (timings aside). Ray starts once for the module. The tests of the seam
+every figure and text must be identical (timings aside). A corpus job sent to the replicas in chunks must give the
+one-process run's summary (within 1e-5). Ray starts once for the module. The tests of the seam
 itself (ui/backend.py) need no Ray and always run.
 """
 

@@ -130,7 +130,7 @@ def route(demo: gr.Blocks, backend: Backend, default_model: str) -> list[str]:
             block_fn.concurrency_limit = limit
         if chunking and block_fn.name in ON_FRONT:
             continue
-        if chunking and block_fn.name in CHUNKED:
+        if chunking and block_fn.name in CHUNKED and event.generator:
             block_fn.fn = chunked_here(event, backend, default_model)
         else:
             block_fn.fn = user_errors(proxy(event, backend, default_model))  # a dead replica is a message too
