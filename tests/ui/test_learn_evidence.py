@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import spearmanr
-from tiny_app_model import build_tiny_bert
+from tiny_app_model import build_tiny_bert, build_tiny_llama
 
 from core import load_model
 from core.analysis import patching
@@ -79,3 +79,11 @@ def test_an_encoder_is_told_why_in_words(tmp_path):
     assert "not measured on this model" in reveal(LESSON, measured, lessons.SAME)
     fig = views.FIGURES["not-explanations"](measured)
     assert not fig.data and "encoder" in fig.layout.annotations[0].text
+
+
+def test_a_decoder_whose_tokenizer_splits_the_names_is_told_so(tmp_path):
+    llama = load_model(str(build_tiny_llama(tmp_path / "llama", max_positions=64)), device="cpu")
+    assert len(llama.tokenizer(lessons.ANSWER, add_special_tokens=False).input_ids) > 1
+    measured = LESSON.measure(llama, None)
+    assert "one token each" in measured.answer_text and measured.note == measured.answer_text
+    assert not views.FIGURES["not-explanations"](measured).data

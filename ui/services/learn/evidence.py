@@ -56,16 +56,22 @@ def measure_not_explanations(model, progress: ProgressFn | None = None) -> Measu
         return not_measured(f"This lesson reads the IOI prompt with “{ANSWER.strip()}” and “{FOIL.strip()}” as "
                             f"one token each, and this model's tokenizer cannot: {error}")
     clean, corrupted = pair.ids
-    position = pair.clean.ids.index(pair.answer)        # the prompt's first token is never the answer
+    if pair.answer not in pair.clean.ids:
+        return not_measured(f"This model's tokenizer writes “{ANSWER.strip()}” inside the prompt as another token "
+                            "than the answer, so no token of the prompt is the answer's earlier mention.")
+    position = pair.clean.ids.index(pair.answer)        # the answer's earlier mention: where a name mover looks
     attention = weights_on(model, clean, position)      # [L, H]
 
     def report(done: int, total: int) -> None:
         if progress is not None:
             progress(0.9 * done / max(total, 1), f"patching each head: {done} of {total}")
 
-    with patch_service.refusals_in_words():
-        sweep = patching.patch_sweep(model, clean.to(model.device), corrupted.to(model.device), pair.answer,
-                                     pair.foil, "z", "denoise", progress=report)
+    try:
+        with patch_service.refusals_in_words():
+            sweep = patching.patch_sweep(model, clean.to(model.device), corrupted.to(model.device), pair.answer,
+                                         pair.foil, "z", "denoise", progress=report)
+    except UserError as error:   # e.g. both runs give the same logit difference, so nothing can be restored
+        return not_measured(str(error))
     scores = sweep.scores.float().cpu()                 # [L, H] fraction of logit(answer) − logit(foil) restored
     attribution = None
     if patch_service.attribution_reason(model) is None:
