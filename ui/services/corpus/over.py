@@ -13,9 +13,9 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import closing, contextmanager
 from contextvars import ContextVar
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
