@@ -6,11 +6,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from tiny_app_model import build_tiny_bert, build_tiny_llama, build_tiny_marian
 
 from core import load_model
 from core.analysis import heads as core_heads
 from core.analysis.inspect import parameter_counts, queries_keys
-from tiny_app_model import build_tiny_bert, build_tiny_llama, build_tiny_marian
 from ui.services.learn import attention as lessons
 from ui.services.learn import reveal
 from ui.services.text import as_batch
@@ -116,23 +116,23 @@ def tiny_models(tmp_path_factory):
 
 
 @pytest.mark.parametrize("kind", ["llama", "bert", "marian"])
-def test_every_lesson_measures_and_draws_on_each_kind_of_model(tiny_models, kind):
-    model = tiny_models[kind]
+def test_every_lesson_measures_and_draws_on_each_kind_of_model(tiny_models, kind, monkeypatch):
+    monkeypatch.setattr(lessons, "TIMING_RUNS", 1)
+    monkeypatch.setattr(lessons, "MAX_READ_TOKENS", 8)
+    model, measured = tiny_models[kind], {}
     for lesson in lessons.LESSONS:
-        measured = lesson.measure(model, None)
+        measured[lesson.name] = result = lesson.measure(model, None)
         if lesson.question.choices:
-            assert measured.answer in lesson.question.choices
+            assert result.answer in lesson.question.choices
         else:
-            assert math.isfinite(measured.answer)
-        assert measured.alt and measured.why and measured.link["tab"]
-        assert FIGURES[lesson.name](measured).data, lesson.name
-    reading = lessons.measure_reading(model)
+            assert math.isfinite(result.answer)
+        assert result.alt and result.why and result.link["tab"]
+        assert FIGURES[lesson.name](result).data, lesson.name
+    reading, masks, found = measured["why-attention"], measured["masks"], measured["heads"]
     if kind == "bert":   # an encoder cannot cache: its left-to-right reading reruns the prefix, and says so
         assert reading.values["max_logit_diff"] is None and "encoder" in reading.note
     else:
         assert reading.values["max_logit_diff"] < 1e-4
-    masks = BY_NAME["masks"].measure(model, None)
     assert masks.values["decoder_only"] == (kind == "llama")
     assert (masks.values["padding"] is None) == (kind == "marian") and (kind != "marian" or masks.note)
-    found = BY_NAME["heads"].measure(model, None)
     assert (found.values["induction"] is None) == (kind != "llama")

@@ -16,16 +16,26 @@ import numpy as np
 import torch
 
 from core.analysis import anatomy, heads
-from core.generate import decode_step, device_clock, encoder_context, one_sequence, prefill
+from core.generate import (
+    decode_step,
+    device_clock,
+    encoder_context,
+    one_sequence,
+    prefill,
+)
 from ui.services.checks import stack_shape
-from ui.services.heads import INDUCTION_LENGTH, INDUCTION_SEED, next_token_reason, top_heads
+from ui.services.heads import (
+    INDUCTION_LENGTH,
+    INDUCTION_SEED,
+    next_token_reason,
+    top_heads,
+)
 from ui.services.inside import entropy_of, measures
-from ui.services.learn import Lesson, Measured, ProgressFn, Question, number
+from ui.services.learn import Lesson, Measured, ProgressFn, Question
 from ui.services.masks import causal_effect, padding_effect, viewed_attentions
 from ui.services.text import as_batch, encode, to_numpy
 
-READ_TEXT = ("The lighthouse keeper rowed out to the rocks at dawn. When the storm finally passed, she climbed the "
-             "stairs and lit the lamp again.")
+READ_TEXT = "When the storm finally passed, she climbed the stairs and lit the lamp again."
 HEAD_TEXT = "The keeper lit the lamp, and the lamp lit the bay."  # the Inside tab's text
 MASK_TEXT = ("Every morning the baker opens the shop at six. The first customers buy warm bread, and by noon the "
              "shelves are almost empty.")
@@ -176,6 +186,8 @@ def measure_scores(model, progress: ProgressFn | None = None) -> Measured:
     weight = float(stages.probs[last, key])
     seen = scores[last][mask[last]]
     name = labels[key].split(" ", 1)[1]
+    best = np.where(mask, scores, -np.inf).argmax(-1)[1:]                # each later query's top key
+    sink = int((best == 0).sum())
     return Measured(
         answer=kind,
         answer_text=(f"In layer {stages.layer}, head {stages.head}, the query of the last token ({labels[last]}) "
@@ -183,8 +195,8 @@ def measure_scores(model, progress: ProgressFn | None = None) -> Measured:
                      f"{seen.min():.1f} to {seen.max():.1f}. After the scale and the softmax that key gets "
                      f"{percent(weight)} of the token's attention."),
         why=(f"A score is only a dot product q_i·k_j of two {stages.q.shape[1]}-wide vectors the head computed from "
-             "the tokens (eq. 2.1); this head gives the first token a key that matches most queries, a common "
-             "resting place (a sink) when a head finds nothing to read." if key == 0 else
+             f"the tokens (eq. 2.1); this head gives the first token a key that {sink} of the {len(ids) - 1} later "
+             "queries match best, a common resting place (a sink) for a head with nothing to read." if key == 0 else
              f"A score is only a dot product q_i·k_j of two {stages.q.shape[1]}-wide vectors the head computed from "
              "the tokens (eq. 2.1): the key that points most the query's way wins, whatever its meaning."),
         alt=(f"Layer {stages.layer}, head {stages.head}: QKᵀ over {len(ids)} tokens; the last query's highest score "
@@ -226,9 +238,9 @@ def measure_scale(model, progress: ProgressFn | None = None) -> Measured:
                      f"{random_var:.2f}, the textbook's 1. The scale keeps the softmax soft: this head's mean row "
                      f"entropy is {found.entropy:.2f} nats with it and {found.entropy_unscaled:.2f} without."),
         why=(f"Eq. 2.2 assumes components of variance 1, but this head's q components have variance {var_q:.2f} and "
-             f"its k components {var_k:.2f}, which alone would give {independent:.2f}; the rest comes from q and k "
-             "not being independent (trained heads align them on purpose), so the scale removes the growth with "
-             "d_k but does not bring a real head to 1."),
+             f"its k components {var_k:.2f}: independent vectors of those variances would give d_k·σ_q²·σ_k²·scale² "
+             f"= {independent:.2f}; the rest comes from q and k being neither independent nor centred (training "
+             "aligns them), so the scale removes the growth with d_k but does not bring a real head to 1."),
         alt=(f"Var(q·k) after the scale: {found.scaled_variance:.2f} on layer {stages.layer}, head {stages.head} "
              f"(d_k = {d_k}), against {random_var:.2f} for random unit-variance q and k."),
         values={"layer": stages.layer, "head": stages.head, "d_head": d_k, "scale": scale,
