@@ -6,6 +6,7 @@ last position (answer and foil are token ids), and all three read the forward pa
 - patch_sweep: run a corrupted prompt with one activation taken from the clean run (denoising), or the clean
   run with one from the corrupted run (noising), for every layer × position or layer × head, and report how
   much of the clean metric comes back. It shows a sufficient path on this pair, not the only one.
+  sweep_pairs runs it on many pairs at once (left-padded), and patch_sweep is its batch of one.
 - logit_attribution: the final residual stream is a sum of the embeddings, every head's output and every MLP's
   output (Pre-LN, sequential or parallel blocks); with the final norm's scale frozen at its value on this input,
   the metric splits into one exact part per head and per MLP. Sandwich norms (Gemma 2/3) put a norm on the
@@ -19,6 +20,7 @@ last position (answer and foil are token ids), and all three read the forward pa
 """
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -44,11 +46,22 @@ def check_token(model, token: int, name: str) -> int:
     return token
 
 
-def metric(model, hidden: Tensor, answer: int, foil: int) -> Tensor:
-    """logit(answer) − logit(foil) at the last position of hidden [B, T, d] → [B] float32: the logits of that
-    position alone, [B, vocab], never the whole text's."""
-    logits = model.logits(hidden[:, -1:])[:, 0].float()
-    return logits[:, answer] - logits[:, foil]
+METRIC_ROWS = 256   # rows whose full-vocabulary logits are held at once while reading the metric
+
+
+def metric(model, hidden: Tensor, answer: int | Tensor, foil: int | Tensor) -> Tensor:
+    """logit(answer) − logit(foil) at the last position of hidden [B, T, d] → [B] float32; answer and foil are one
+    token id for every row or one per row [B]. The logits of that position alone, METRIC_ROWS rows at a time,
+    never the whole text's."""
+    rows = hidden.shape[0]
+    answer, foil = (torch.as_tensor(t, device=hidden.device).expand(rows) for t in (answer, foil))
+    parts = []
+    for i in range(0, rows, METRIC_ROWS):
+        # a copy: F.linear on the strided slice [b, 1, d] takes a batched path many times slower than one matrix product
+        logits = model.logits(hidden[i:i + METRIC_ROWS, -1:].contiguous())[:, 0].float()     # [b, vocab]
+        picked = torch.arange(logits.shape[0], device=logits.device)
+        parts.append(logits[picked, answer[i:i + METRIC_ROWS]] - logits[picked, foil[i:i + METRIC_ROWS]])
+    return torch.cat(parts)
 
 
 # ---- activation patching ----
@@ -58,7 +71,7 @@ class PatchSweep:
     site: str
     mode: str
     layer: int | None           # the layer a "z" sweep over heads × positions is at, else None
-    scores: Tensor              # normalised: 1 is the clean run's metric, 0 the corrupted run's
+    scores: Tensor              # normalised: 1 is the clean run's metric, 0 the corrupted run's (NaN where they are equal)
     metrics: Tensor             # logit(answer) − logit(foil) of each patched run, the same shape
     clean_metric: float
     corrupted_metric: float
@@ -78,18 +91,57 @@ class Cell:
     layer: int                  # the layer whose activation is patched
     where: Tensor               # bool, the record's layout without the batch: [T, 1] or [T, H, 1]
     first: int                  # the first position the patch changes (everything before is as in the target)
+    row: int = 0                # its pair's row in the PairBatch
+
+
+@dataclass
+class PairBatch:
+    """Prompt pairs swept together, left-padded to one width T, so that every prompt ends at the last column, where
+    the metric is read. The padding is the same token in both prompts of a pair and sees only itself, so its
+    activations never differ between the two runs and no cell starts on it."""
+    clean: Tensor               # [P, T] token ids
+    corrupted: Tensor           # [P, T]
+    answers: Tensor             # [P]
+    foils: Tensor               # [P]
+    mask: Tensor | None         # [P, T] bool, False on the padding; None when every pair has T tokens
+    lengths: tuple[int, ...]    # each pair's own length
+
+
+def pair_batch(pairs: Sequence[tuple[Tensor, Tensor, int, int]], pad: int = 0) -> PairBatch:
+    """(clean [T_i], corrupted [T_i], answer, foil) of each pair → their PairBatch, padded on the left with `pad`."""
+    lengths = tuple(len(clean) for clean, *_ in pairs)
+    width = max(lengths)
+    ids = torch.full((2, len(pairs), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(pairs), width, dtype=torch.bool)
+    for row, (clean, corrupted, _, _) in enumerate(pairs):
+        ids[0, row, width - len(clean):], ids[1, row, width - len(clean):] = clean, corrupted
+        mask[row, width - len(clean):] = True
+    answers, foils = (torch.tensor([pair[k] for pair in pairs], dtype=torch.long) for k in (2, 3))
+    return PairBatch(ids[0], ids[1], answers, foils, None if mask.all() else mask, lengths)
+
+
+def by_position(site: str, layer: int | None) -> bool:
+    """Whether a sweep's columns are token positions (every site but the layer × head sweep of z)."""
+    return site != "z" or layer is not None
+
+
+def sweep_shape(site: str, layer: int | None, n: int, n_layers: int, n_heads: int) -> tuple[int, int]:
+    """The scores' shape on a prompt of n tokens: [H, T] (z at one layer), [L, H] (z) or [L, T]."""
+    if site == "z":
+        return (n_heads, n) if layer is not None else (n_layers, n_heads)
+    return n_layers, n
 
 
 def sweep_cells(site: str, layer: int | None, source: tuple[Tensor, ...], target: tuple[Tensor, ...],
-                n_layers: int, n_heads: int) -> tuple[list[Cell], tuple[int, int], int]:
-    """The sweep's cells whose patch changes something, its shape, and the count of cells that change nothing
-    (the source and target activations there are equal: under a causal mask, every position before the first
-    token that differs)."""
+                n_layers: int, n_heads: int, row: int = 0) -> tuple[list[Cell], int]:
+    """The cells of the pair at `row` of the records whose patch changes something, and the count of cells that
+    change nothing (the source and target activations there are equal: under a causal mask, every position
+    before the first token that differs)."""
     n = source[0].shape[1]
     cells, total = [], 0
     layers = range(n_layers) if layer is None else [layer]
     for l in layers:
-        differs = source[l][0] != target[l][0]            # [T, d] or [T, H, d_head]
+        differs = source[l][row] != target[l][row]        # [T, d] or [T, H, d_head]
         if site == "z" and layer is None:                 # each head at every position
             changed = differs.any(-1)                      # [T, H]
             for h in range(n_heads):
@@ -98,7 +150,7 @@ def sweep_cells(site: str, layer: int | None, source: tuple[Tensor, ...], target
                 if len(rows):
                     where = torch.zeros(n, n_heads, 1, dtype=torch.bool)
                     where[:, h] = True
-                    cells.append(Cell((l, h), l, where, int(rows[0])))
+                    cells.append(Cell((l, h), l, where, int(rows[0]), row))
             continue
         changed = differs.flatten(1).any(-1) if site != "z" else differs.any(-1)   # [T] or [T, H]
         for p in range(n):
@@ -110,60 +162,152 @@ def sweep_cells(site: str, layer: int | None, source: tuple[Tensor, ...], target
                 if h is None:
                     where = torch.zeros(n, 1, dtype=torch.bool)
                     where[p] = True
-                    cells.append(Cell((l, p), l, where, p))
+                    cells.append(Cell((l, p), l, where, p, row))
                 else:
                     where = torch.zeros(n, n_heads, 1, dtype=torch.bool)
                     where[p, h] = True
-                    cells.append(Cell((h, p), l, where, p))
-    shape = (n_heads, n) if site == "z" and layer is not None else (n_layers, n_heads if site == "z" else n)
-    return cells, shape, total - len(cells)
+                    cells.append(Cell((h, p), l, where, p, row))
+    return cells, total - len(cells)
 
 
 class PrefixCache:
     """The target run's keys and values before position `start`, read by every resumed row: a read-only KV cache
-    (what Attention and run_stack use of one: write, length, advance, cross). Rows keep their own keys from
-    `start` on, so the batch may grow from one layer to the next."""
+    (what Attention and run_stack use of one: write, length, key_mask, advance, cross). Rows keep their own keys
+    from `start` on, so the batch may grow from one layer to the next; select() says which pair each row is of."""
 
     def __init__(self, keys: tuple[Tensor, ...], values: tuple[Tensor, ...], start: int):
-        # records are [1, T, H_kv, d_head]; attention reads [B, H_kv, T, d_head]
+        # records are [P, T, H_kv, d_head]; attention reads [B, H_kv, T, d_head]
         self.keys = [k[:, :start].transpose(1, 2) for k in keys]
         self.values = [v[:, :start].transpose(1, 2) for v in values]
         self.length, self.cross = start, [None] * len(keys)
+        self.rows: Tensor | None = None         # [B] the pair of each row
+        self.key_mask: Tensor | None = None     # [B, T] padded pairs: False on padding (run_stack writes the new part)
+
+    def select(self, rows: Tensor, key_mask: Tensor | None) -> None:
+        self.rows, self.key_mask = rows, key_mask
 
     def write(self, layer: int, k: Tensor, v: Tensor, slot: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        rows = k.shape[0]
-        return (torch.cat([self.keys[layer].expand(rows, -1, -1, -1), k], 2),
-                torch.cat([self.values[layer].expand(rows, -1, -1, -1), v], 2))
+        keys, values = self.keys[layer], self.values[layer]
+        if keys.shape[0] == 1:                  # one pair: every row reads the same prefix
+            keys, values = keys.expand(k.shape[0], -1, -1, -1), values.expand(k.shape[0], -1, -1, -1)
+        else:
+            keys, values = keys[self.rows], values[self.rows]
+        return torch.cat([keys, k], 2), torch.cat([values, v], 2)
 
     def advance(self, n: int) -> None:
         pass
 
 
 def resumed_metrics(model, cells: list[Cell], site: str, source: tuple[Tensor, ...], target: dict,
-                    answer: int, foil: int) -> Tensor:
+                    answers: Tensor, foils: Tensor, mask: Tensor | None = None) -> Tensor:
     """The metric of each cell's patched run (cells sorted by layer), as one batch that grows layer by layer:
-    a cell's row joins at the layer it patches, as the target run's residual stream entering that layer (the
-    layers before it are the target run's), so the stack runs once for all of them. Every row starts at the
-    cells' first changed position `start`: the keys and values before it are the target run's records."""
-    cfg, ids = model.config, target["ids"]
+    a cell's row joins at the layer it patches, as its pair's target run's residual stream entering that layer
+    (the layers before it are the target run's), so the stack runs once for all of them. Every row starts at the
+    cells' first changed position `start`: the keys and values before it are its pair's target run's records.
+    answers, foils [P] and mask [P, T] (or None): the pairs', indexed by each cell's row."""
+    cfg, ids, device = model.config, target["ids"], model.device
     start = min(cell.first for cell in cells)
     prefix = PrefixCache(target["k"], target["v"], start) if start > 0 else None
-    x = None
+    x = rows = None
     for layer in range(cells[0].layer, cfg.n_layers):
         joining = [cell for cell in cells if cell.layer == layer]
         probe = None
         if joining:
-            resid = target["resid_pre"][layer][:, start:].expand(len(joining), -1, -1)
-            x = resid if x is None else torch.cat([x, resid])
+            pairs = torch.tensor([cell.row for cell in joining], device=device)
+            resid = target["resid_pre"][layer][pairs, start:]
+            x, rows = (resid, pairs) if x is None else (torch.cat([x, resid]), torch.cat([rows, pairs]))
             where = torch.zeros(x.shape[0], *joining[0].where[start:].shape, dtype=torch.bool)
             where[-len(joining):] = torch.stack([cell.where[start:] for cell in joining])
-            patch = Patch(site, layer, source[layer][:, start:], where.to(model.device))
+            patch = Patch(site, layer, source[layer][rows, start:], where.to(device))
             probe = Probe(cfg, patches=[patch])
+        key_mask = None if mask is None else mask[rows]                     # [B, T]
+        if prefix is not None:
+            prefix.select(rows, key_mask)
         last = layer == cfg.n_layers - 1                   # the last block, then the final norm
-        x = model.run_stack(model.stack, ids[:, start:].expand(x.shape[0], -1), None, kind="self", causal=True,
-                            probe=probe, cache=prefix, start_layer=layer, n_layers=None if last else layer + 1,
-                            resid=x)
-    return metric(model, x, answer, foil)
+        x = model.run_stack(model.stack, ids[rows, start:], key_mask, kind="self", causal=True, probe=probe,
+                            cache=prefix, start_layer=layer, n_layers=None if last else layer + 1, resid=x)
+    return metric(model, x, answers.to(device)[rows], foils.to(device)[rows])
+
+
+def sweep_pairs(model, batch: PairBatch, site: str, mode: str = "denoise", layer: int | None = None,
+                batch_tokens: int = SWEEP_TOKENS, progress=None) -> Iterator[tuple[int, PatchSweep]]:
+    """patch_sweep of every pair of the batch together: one clean and one corrupted pass for all of them, then
+    the cells of every pair in batches of at most `batch_tokens` rows × resumed positions (see resumed_metrics),
+    the cells of neighbouring pairs sharing a batch. Yields (row, its PatchSweep) as each pair's last cell
+    finishes, rows in order; a sweep over positions has the pair's own positions, its padding left out. A pair
+    whose clean and corrupted runs give the same metric has no scale to normalise by: it runs no cell, and its
+    scores are NaN. progress(done, total) in cells after each batch. Site, mode and layer are the caller's to
+    check (patch_sweep)."""
+    cfg, device = model.config, model.device
+    source_name, target_name = ("clean", "corrupted") if mode == "denoise" else ("corrupted", "clean")
+    mask = None if batch.mask is None else batch.mask.to(device)
+    runs = {}
+    with torch.inference_mode():
+        for name, ids in (("clean", batch.clean), ("corrupted", batch.corrupted)):
+            record = {"resid_pre", "k", "v", site} if name == target_name else {site}   # the source lends only its site
+            out = model(ids.to(device), attention_mask=mask, record=record, return_logits=False)
+            found = metric(model, out.hidden_states, batch.answers.to(device), batch.foils.to(device))
+            runs[name] = dict(out.records, metric=found.tolist(), ids=ids.to(device))
+    clean, corrupted = runs["clean"]["metric"], runs["corrupted"]["metric"]
+    source, target = runs[source_name], runs[target_name]
+    pairs, n = len(batch.lengths), batch.clean.shape[1]
+    cells, unchanged = [], 0
+    for row in range(pairs):
+        if clean[row] != corrupted[row]:
+            found, same = sweep_cells(site, layer, source[site], target[site], cfg.n_layers, cfg.n_heads, row)
+            cells += found
+            unchanged += same
+    shape = sweep_shape(site, layer, n, cfg.n_layers, cfg.n_heads)
+    metrics = torch.tensor(target["metric"])[:, None, None].repeat(1, *shape)      # [P, ...]: the target's own
+    left = [0] * pairs                                                              # each pair's cells still to run
+    for cell in cells:
+        left[cell.row] += 1
+    computed = list(left)
+    total, done = len(cells) + unchanged, unchanged
+    cells.sort(key=lambda cell: (cell.row, cell.layer, cell.first))
+
+    def finished(row: int) -> PatchSweep:
+        values = metrics[row]
+        if by_position(site, layer):
+            values = values[:, n - batch.lengths[row]:]
+        values, c, k = values.clone(), clean[row], corrupted[row]
+        return PatchSweep(site, mode, layer, (values - k) / (c - k), values, c, k, computed[row])
+
+    ready, i = 0, 0
+    while True:
+        while ready < pairs and left[ready] == 0:
+            yield ready, finished(ready)
+            ready += 1
+        if i == len(cells):
+            return
+        j, start = i, cells[i].first       # a batch holds rows × (n − start) ≤ batch_tokens
+        while j < len(cells) and (j + 1 - i) * (n - min(start, cells[j].first)) <= max(batch_tokens, n):
+            start = min(start, cells[j].first)
+            j += 1
+        chunk = sorted(cells[i:j], key=lambda cell: cell.layer)      # stable: each layer's rows in pair order
+        with torch.inference_mode():
+            values = resumed_metrics(model, chunk, site, source[site], target, batch.answers, batch.foils, mask)
+        for cell, value in zip(chunk, values.tolist()):
+            metrics[(cell.row, *cell.index)] = value
+            left[cell.row] -= 1
+        done += len(chunk)
+        i = j
+        if progress is not None:
+            progress(done, total)
+
+
+def check_sweep(model, site: str, mode: str, layer: int | None) -> None:
+    """A sweep's site, mode and layer, and a model it can run on."""
+    check_decoder(model, "patching")
+    cfg = model.config
+    if site not in SITES:
+        raise ValueError(f"site must be one of {', '.join(SITES)}, got {site!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be 'denoise' or 'noise', got {mode!r}")
+    if layer is not None and site != "z":
+        raise ValueError(f"layer= sweeps one layer's heads × positions: it applies to site 'z' only, not {site!r}")
+    if layer is not None and not 0 <= layer < cfg.n_layers:
+        raise IndexError(f"layer {layer} is out of range: the model has layers 0..{cfg.n_layers - 1}")
 
 
 def patch_sweep(model, clean_ids: Tensor, corrupted_ids: Tensor, answer: int, foil: int, site: str,
@@ -175,54 +319,19 @@ def patch_sweep(model, clean_ids: Tensor, corrupted_ids: Tensor, answer: int, fo
     clean_ids, corrupted_ids [1, T]: the same length. mode "denoise" writes clean activations into the corrupted
     run, "noise" corrupted ones into the clean run. Cells whose activation is the same in both runs are not run
     (patching them writes what is there). The rest go in batches of at most `batch_tokens` rows × positions
-    (see resumed_metrics), never one whole pass per patch. progress(done, total) after each batch."""
-    check_decoder(model, "patching")
-    cfg = model.config
+    (see resumed_metrics), never one whole pass per patch. progress(done, total) after each batch.
+    The sweep of a batch of one pair (sweep_pairs, which sweeps many at once)."""
+    check_sweep(model, site, mode, layer)
     answer, foil = check_token(model, answer, "answer"), check_token(model, foil, "foil")
-    if site not in SITES:
-        raise ValueError(f"site must be one of {', '.join(SITES)}, got {site!r}")
-    if mode not in MODES:
-        raise ValueError(f"mode must be 'denoise' or 'noise', got {mode!r}")
-    if layer is not None and site != "z":
-        raise ValueError(f"layer= sweeps one layer's heads × positions: it applies to site 'z' only, not {site!r}")
-    if layer is not None and not 0 <= layer < cfg.n_layers:
-        raise IndexError(f"layer {layer} is out of range: the model has layers 0..{cfg.n_layers - 1}")
     if clean_ids.shape != corrupted_ids.shape or clean_ids.dim() != 2 or clean_ids.shape[0] != 1:
         raise ValueError(f"the clean and corrupted prompts must be [1, T] with the same T; got "
                          f"{list(clean_ids.shape)} and {list(corrupted_ids.shape)}")
-    record = {"resid_pre", "k", "v", site}
-    runs = {}
-    with torch.inference_mode():
-        for name, ids in (("clean", clean_ids), ("corrupted", corrupted_ids)):
-            out = model(ids.to(model.device), record=record, return_logits=False)
-            runs[name] = dict(out.records, metric=metric(model, out.hidden_states, answer, foil).item(),
-                              ids=ids.to(model.device))
-        clean, corrupted = runs["clean"]["metric"], runs["corrupted"]["metric"]
-        if clean == corrupted:
-            raise ValueError(f"the clean and corrupted runs give the same logit difference ({clean:.4g}): "
-                             "choose an answer and a foil that tell them apart")
-        source, target = (runs["clean"], runs["corrupted"]) if mode == "denoise" else (runs["corrupted"], runs["clean"])
-        cells, shape, unchanged = sweep_cells(site, layer, source[site], target[site], cfg.n_layers, cfg.n_heads)
-        metrics = torch.full(shape, target["metric"])
-        total, done = len(cells) + unchanged, unchanged
-        cells.sort(key=lambda cell: (cell.layer, cell.first))
-        n = clean_ids.shape[1]
-        i = 0
-        while i < len(cells):    # a batch holds rows × (n − start) ≤ batch_tokens
-            j, start = i, cells[i].first
-            while j < len(cells) and (j + 1 - i) * (n - min(start, cells[j].first)) <= max(batch_tokens, n):
-                start = min(start, cells[j].first)
-                j += 1
-            chunk = cells[i:j]
-            values = resumed_metrics(model, chunk, site, source[site], target, answer, foil)
-            for cell, value in zip(chunk, values.tolist()):
-                metrics[cell.index] = value
-            done += len(chunk)
-            i = j
-            if progress is not None:
-                progress(done, total)
-    scores = (metrics - corrupted) / (clean - corrupted)
-    return PatchSweep(site, mode, layer, scores, metrics, clean, corrupted, len(cells))
+    batch = pair_batch([(clean_ids[0], corrupted_ids[0], answer, foil)])
+    (_, sweep), = sweep_pairs(model, batch, site, mode, layer, batch_tokens, progress)
+    if sweep.clean_metric == sweep.corrupted_metric:
+        raise ValueError(f"the clean and corrupted runs give the same logit difference ({sweep.clean_metric:.4g}): "
+                         "choose an answer and a foil that tell them apart")
+    return sweep
 
 
 # ---- direct logit attribution ----

@@ -26,8 +26,8 @@ from . import Pair
 CONFIDENCE = 0.95          # the interval's coverage
 BATCH_TOKENS = 4096        # head scores: padded tokens in one batch, rows × the batch's longest text
 ABLATION_TEXTS = 8         # ablation_over's default cap on texts: its sweep removes every head once per text
-POSITION_SITES = ("resid_pre", "attn_out", "mlp_out")
 NAMED = 20                 # items a note or an error names before it says "…"
+PAIR_TOKENS = 256          # patch_over: pairs × their longest prompt swept together (their records are held at once)
 
 Progress = Callable[[int, int], None]
 Each = Callable[[int, object], None]
@@ -246,6 +246,12 @@ def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
     return batches + ([current] if current else [])
 
 
+def pad_token(model) -> int:
+    """The id that fills padding (what it is never matters: attention never sees it): the model's own, else 0."""
+    cfg = model.config
+    return cfg.pad_token_id if cfg.pad_token_id is not None and 0 <= cfg.pad_token_id < cfg.vocab_size else 0
+
+
 def padded(texts: list[Tensor], pad: int) -> tuple[Tensor, Tensor]:
     """Right-padded ids [B, T_max] and the mask [B, T_max] (True on real tokens)."""
     width = max(len(t) for t in texts)
@@ -270,7 +276,7 @@ def head_scores_over(model, texts: Sequence[Tensor], batch_tokens: int = BATCH_T
     cfg = model.config
     induction = cfg.causal and model.encoder is None and model.lm_head is not None
     job = Job(len(texts), "text", progress, stop, each).resume(done)
-    pad = cfg.pad_token_id if cfg.pad_token_id is not None and 0 <= cfg.pad_token_id < cfg.vocab_size else 0
+    pad = pad_token(model)
     todo = [i for i in range(len(texts)) if i not in job.values]
     for places in length_batches([len(texts[i]) for i in todo], batch_tokens):
         if job.stopping():
@@ -313,9 +319,7 @@ def logit_attribution_over(model, pairs: Sequence[Pair], progress: Progress | No
             job.over((cfg.n_layers,), lambda value: value[1]))
 
 
-def by_position(site: str, layer: int | None) -> bool:
-    """Whether a sweep's columns are token positions (every site but the layer × head sweep of z)."""
-    return site in POSITION_SITES or (site == "z" and layer is not None)
+by_position = patching.by_position     # whether a sweep's columns are token positions
 
 
 def check_one_length(pairs: list[Pair]) -> None:
@@ -330,23 +334,19 @@ def check_one_length(pairs: list[Pair]) -> None:
                          "without a layer), which takes any lengths")
 
 
-def same_metrics(model, pair: Pair) -> float | None:
-    """The logit difference both prompts of the pair give, where it is the same, else None."""
-    with torch.inference_mode():
-        found = [patching.metric(model, model(ids[None].to(model.device), return_logits=False).hidden_states,
-                                 pair.answer, pair.foil).item() for ids in (pair.clean, pair.corrupted)]
-    return found[0] if found[0] == found[1] else None
-
-
 def patch_over(model, pairs: Sequence[Pair], site: str, mode: str = "denoise", layer: int | None = None,
                progress: Progress | None = None, stop: Stop | None = None,
-               each: Each | None = None, done: Done | None = None) -> Over:
+               each: Each | None = None, done: Done | None = None, batch_tokens: int = patching.SWEEP_TOKENS,
+               pair_tokens: int = PAIR_TOKENS) -> Over:
     """Activation patching (core/analysis/patching.py patch_sweep) of each pair, summarised: per_item holds each
     pair's normalised scores (1: the clean run's metric, 0: the corrupted run's), and mean is the mean of those
     scores, not the normalised mean metric. Position sites (resid_pre, attn_out, mlp_out, and z at one layer)
     need pairs of one token length; the layer × head sweep of z takes any. A pair whose clean and corrupted runs
-    give the same logit difference has no normalised score: it is skipped and named in the note. One pair at a
-    time, each sweep batched over its cells as patch_sweep batches them."""
+    give the same logit difference has no normalised score: it is skipped and named in the note.
+    Pairs of similar length are swept together (patching.sweep_pairs, the sweep patch_sweep runs on a batch of
+    one): up to pair_tokens pairs × their longest prompt, left-padded, share one clean and one corrupted pass,
+    and their cells share batches of up to batch_tokens rows × positions. Each pair is handed on as its last
+    cell finishes; stop() is asked between those batches."""
     patching.check_decoder(model, "patching")
     pairs = check_pairs(model, pairs)
     cfg = model.config
@@ -361,28 +361,24 @@ def patch_over(model, pairs: Sequence[Pair], site: str, mode: str = "denoise", l
     if positions:
         check_one_length(pairs)
     job = Job(len(pairs), "pair", progress, stop, each).resume(done)
-    for i, pair in enumerate(pairs):
-        if i in job.values:
-            continue
-        if job.stopping():
-            break
-        try:
-            sweep = patching.patch_sweep(model, pair.clean[None], pair.corrupted[None], pair.answer, pair.foil,
-                                         site, mode, layer, progress=job.inner)
-        except Stopped:
-            break
-        except ValueError as error:
-            same = same_metrics(model, pair)
-            if same is None:
-                raise ValueError(f"pair {i}: {error}") from None
-            job.skip(i, f"its clean and corrupted runs give the same logit difference, {same:.4g}")
-            continue
-        job.finish(i, sweep.scores)
+    todo = [i for i in range(len(pairs)) if i not in job.values]
+    try:
+        for places in length_batches([len(pairs[i].clean) for i in todo], pair_tokens):
+            if job.stopping():
+                break
+            chosen = [todo[place] for place in places]
+            batch = patching.pair_batch([(pairs[i].clean, pairs[i].corrupted, pairs[i].answer, pairs[i].foil)
+                                         for i in chosen], pad_token(model))
+            for row, sweep in patching.sweep_pairs(model, batch, site, mode, layer, batch_tokens, job.inner):
+                if sweep.clean_metric == sweep.corrupted_metric:
+                    job.skip(chosen[row], "its clean and corrupted runs give the same logit difference, "
+                                          f"{sweep.clean_metric:.4g}")
+                else:
+                    job.finish(chosen[row], sweep.scores)
+    except Stopped:
+        pass
     n = len(pairs[0].clean)
-    if not positions:
-        shape = (cfg.n_layers, cfg.n_heads)
-    else:
-        shape = (cfg.n_heads, n) if site == "z" else (cfg.n_layers, n)
+    shape = patching.sweep_shape(site, layer, n, cfg.n_layers, cfg.n_heads)
     return job.over(shape)
 
 

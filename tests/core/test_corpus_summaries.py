@@ -98,15 +98,17 @@ def test_a_stopped_job_keeps_its_finished_items(llama):
                                       stop=lambda: len(finished) >= 2)
     assert over["entropy"].n == 2 and over["entropy"].items == (0, 1)
     assert "stopped after 2 of 5 texts" in over["entropy"].note
-    # a sweep stops between its own batches: the pair under way is dropped, the finished one kept
-    calls, streamed = [], {}
+    # a sweep stops between its batches of pairs (pair_tokens=7: one pair each) or between the batches of cells
+    # inside one (batch_tokens=8: two rows of 4 positions each): the pair under way is dropped, the finished kept
     pairs = [random_pair(7, (3,), seed) for seed in range(3)]
-    patched = summaries.patch_over(llama, pairs, "z", progress=lambda d, t: calls.append(d),
-                                   stop=lambda: len(calls) >= 1, each=streamed.__setitem__)
-    assert patched.n == 1 and "stopped after 1 of 3 pairs" in patched.note
-    assert list(streamed) == [0] and torch.equal(streamed[0], patched.per_item[0])
     one = patching.patch_sweep(llama, pairs[0].clean[None], pairs[0].corrupted[None], ANSWER, FOIL, "z")
-    torch.testing.assert_close(patched.per_item[0], one.scores)
+    for sizes in ({"pair_tokens": 7}, {"batch_tokens": 8}):
+        calls, streamed = [], {}
+        patched = summaries.patch_over(llama, pairs, "z", progress=lambda d, t: calls.append(d),
+                                       stop=lambda: len(calls) >= 1, each=streamed.__setitem__, **sizes)
+        assert patched.n == 1 and "stopped after 1 of 3 pairs" in patched.note, sizes
+        assert list(streamed) == [0] and torch.equal(streamed[0], patched.per_item[0])
+        torch.testing.assert_close(patched.per_item[0], one.scores, atol=1e-5, rtol=0)
 
 
 def test_logit_attribution_over_is_the_mean_of_each_pairs(llama):
@@ -183,3 +185,84 @@ def test_left_padding_scores_as_right_padding(llama):
     by_right = heads.batch_pattern_scores(llama, right, mask)
     for name, table in by_right.items():
         torch.testing.assert_close(by_left[name], table.flip(0), atol=1e-5, rtol=0)
+
+
+def looped(model, pairs, site, mode="denoise", layer=None):
+    """Each pair's single-pair sweep, or None where its runs give the same metric."""
+    found = []
+    for p in pairs:
+        try:
+            found.append(patching.patch_sweep(model, p.clean[None], p.corrupted[None], p.answer, p.foil, site, mode,
+                                              layer))
+        except ValueError:
+            found.append(None)
+    return found
+
+
+@pytest.fixture(scope="module")
+def llama64():
+    """The tiny Llama in float64. A score divides by clean − corrupted, which random weights can make small, so
+    float32's rounding of a padded batch against one prompt alone (about 1e-6 in the metric) could pass 1e-5 in a
+    score; in float64 it cannot, and a wrong mask, position or row still shows."""
+    return load_model(tiny.save(tiny.llama(num_key_value_heads=2)), device="cpu", dtype=torch.float64)
+
+
+@pytest.mark.parametrize("build", ["llama", "gpt2", "bloom", "gemma2"])
+def test_pairs_of_any_lengths_sweep_together_as_each_alone(build, llama64, monkeypatch):
+    """Head sites batch pairs of different lengths, left-padded: one clean and one corrupted pass for them all and
+    fewer batches of cells than the sweeps one by one, and each pair's scores as its own sweep gives them."""
+    if build == "llama":
+        model = llama64
+    else:
+        made = tiny.gemma(2) if build == "gemma2" else getattr(tiny, build)()
+        model = load_model(tiny.save(made), device="cpu", dtype=torch.float64)
+    pairs = [random_pair(n, at, seed) for seed, (n, at) in enumerate(((8, (2,)), (6, (4,)), (11, (3, 9)), (8, (6,))))]
+    pairs.insert(2, Pair(pairs[1].clean, pairs[1].clean.clone(), ANSWER, FOIL))     # the same metric on both runs
+    alone = looped(model, pairs, "z", "noise")
+    forwards, forward = [], model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **k: forwards.append(1) or forward(*a, **k))
+    over = summaries.patch_over(model, pairs, "z", "noise")
+    assert len(forwards) == 2                                                       # all five in one batch
+    assert over.items == (0, 1, 3, 4) and "pair 2 (its clean and corrupted runs give the same logit" in over.note
+    torch.testing.assert_close(over.per_item, torch.stack([alone[i].scores for i in over.items]), atol=1e-5, rtol=0)
+    # the cells of all the pairs share one batch, where the sweeps one by one need one each
+    batch = patching.pair_batch([(p.clean, p.corrupted, p.answer, p.foil) for p in pairs])
+    assert batch.mask is not None and batch.mask.sum(1).tolist() == [8, 6, 6, 11, 8]
+    together, apart = [], []
+    found = dict(patching.sweep_pairs(model, batch, "z", "noise", progress=lambda d, t: together.append(d)))
+    for p in pairs[:2] + pairs[3:]:
+        patching.patch_sweep(model, p.clean[None], p.corrupted[None], ANSWER, FOIL, "z", "noise",
+                             progress=lambda d, t: apart.append(d))
+    assert list(found) == [0, 1, 2, 3, 4] and found[2].scores.isnan().all()
+    assert len(together) == 1 and len(apart) == 4
+    assert sum(found[i].computed for i in found) == sum(s.computed for s in alone if s is not None)
+
+
+def test_padded_position_sweeps_keep_each_pairs_own_positions(llama64):
+    """sweep_pairs over pairs of different lengths at a position site: each sweep has its own T columns, the
+    padding left out, equal to its single-pair sweep; patch_over batches equal lengths only there."""
+    pairs = [random_pair(n, (2,), seed) for seed, n in enumerate((9, 5, 7))]
+    batch = patching.pair_batch([(p.clean, p.corrupted, p.answer, p.foil) for p in pairs], pad=3)
+    for site, layer in (("resid_pre", None), ("z", 1)):
+        found = dict(patching.sweep_pairs(llama64, batch, site, "denoise", layer))
+        for row, sweep in zip(found, looped(llama64, pairs, site, "denoise", layer)):
+            assert found[row].scores.shape == sweep.scores.shape and found[row].computed == sweep.computed
+            torch.testing.assert_close(found[row].scores, sweep.scores, atol=1e-5, rtol=0)
+            torch.testing.assert_close(found[row].metrics, sweep.metrics, atol=1e-5, rtol=0)
+
+
+def test_smollm2_ioi_pairs_of_three_lengths_sweep_together_as_alone(smollm):
+    """Real weights: IOI pairs of three token lengths in one left-padded batch (one layer's heads × positions, a
+    sweep that reads the padded prefix cache and positions; cheaper than every layer's), each pair's sweep as its
+    own patch_sweep gives it, within 1e-5."""
+    from core.corpus.texts import ioi_pairs
+
+    pool = ioi_pairs(smollm.tokenizer, 12, seed=0)
+    pairs = list({len(p.clean): p for p in pool}.values())[:3]
+    assert len({len(p.clean) for p in pairs}) == 3
+    layer = smollm.config.n_layers // 2
+    batch = patching.pair_batch([(p.clean, p.corrupted, p.answer, p.foil) for p in pairs])
+    found = dict(patching.sweep_pairs(smollm, batch, "z", "denoise", layer))
+    for row, sweep in zip(found, looped(smollm, pairs, "z", "denoise", layer)):
+        assert found[row].scores.shape == (smollm.config.n_heads, len(pairs[row].clean))
+        torch.testing.assert_close(found[row].scores, sweep.scores, atol=1e-5, rtol=0)
