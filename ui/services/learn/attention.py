@@ -104,11 +104,12 @@ def measure_reading(model, progress: ProgressFn | None = None) -> Measured:
     if model.encoder is not None:   # the decoder reads the text as its target, after the encoder read it once
         context = encoder_context(model, ids)
         decoder_ids = ([cfg.decoder_start_token_id] + ids)[:len(ids)]
-        note = (f"{cfg.family} is an encoder-decoder: its decoder reads the text here, with the encoder's reading of "
-                "the same text computed once beforehand (not timed).")
+        note = (f"The loaded model ({cfg.family}) is an encoder-decoder: its decoder reads the text here, with the "
+                "encoder's reading of the same text computed once beforehand (not timed).")
     if encoder_only:
-        note = (f"{cfg.family} is an encoder: it reads every token in both directions, so a left-to-right reading "
-                "cannot keep a cache; here each step runs the whole prefix again, the cost such a reader would pay.")
+        note = (f"The loaded model ({cfg.family}) is an encoder: it reads every token in both directions, so a "
+                "left-to-right reading cannot keep a cache; here each step runs the whole prefix again, the cost such "
+                "a reader would pay.")
     read_at_once(model, decoder_ids[:2], context)   # untimed: the first call of a process pays for set-up
     at_once, one_by_one, logits = [], [], None
     for run in range(TIMING_RUNS):
@@ -237,10 +238,11 @@ def measure_scale(model, progress: ProgressFn | None = None) -> Measured:
                      f"multiplying by {factor}. Random q and k with unit-variance components give "
                      f"{random_var:.2f}, the textbook's 1. The scale keeps the softmax soft: this head's mean row "
                      f"entropy is {found.entropy:.2f} nats with it and {found.entropy_unscaled:.2f} without."),
-        why=(f"Eq. 2.2 assumes components of variance 1, but this head's q components have variance {var_q:.2f} and "
-             f"its k components {var_k:.2f}: independent vectors of those variances would give d_k·σ_q²·σ_k²·scale² "
-             f"= {independent:.2f}; the rest comes from q and k being neither independent nor centred (training "
-             "aligns them), so the scale removes the growth with d_k but does not bring a real head to 1."),
+        why=(f"Eq. 2.2 assumes components of variance 1, but this head's q components have variance {var_q:.2f} "
+             f"and its k components {var_k:.2f}: independent vectors of those variances would give "
+             f"d_k·σ_q²·σ_k²·scale² = {independent:.2f}; the rest comes from q and k being neither independent nor "
+             "centred (training aligns them), so the scale removes the growth with d_k but does not bring a real "
+             "head to 1."),
         alt=(f"Var(q·k) after the scale: {found.scaled_variance:.2f} on layer {stages.layer}, head {stages.head} "
              f"(d_k = {d_k}), against {random_var:.2f} for random unit-variance q and k."),
         values={"layer": stages.layer, "head": stages.head, "d_head": d_k, "scale": scale,
@@ -282,7 +284,8 @@ def measure_masks(model, progress: ProgressFn | None = None) -> Measured:
                 "the tokens after it, mean over every layer and head.")
     else:
         stack = "its encoder" if model.encoder is not None else "it"
-        what = (f"{cfg.family} is {'an encoder-decoder' if model.encoder is not None else 'an encoder'}: "
+        what = (f"The loaded model ({cfg.family}) is "
+                f"{'an encoder-decoder' if model.encoder is not None else 'an encoder'}: "
                 f"{stack} has no causal mask and reads both ways, so a token puts {percent(share)} of its "
                 "attention on the tokens after it, mean over every layer and head.")
     if effect is not None:
@@ -302,8 +305,8 @@ def measure_masks(model, progress: ProgressFn | None = None) -> Measured:
                      f"{percent(float(np.mean(off['pad_mass'])))} of their attention on them and their outputs move "
                      f"by up to {off['max_change']:.2f} (relative), against {on['max_change']:.1e} with it.")
     else:
-        note = (f"{cfg.family} is an encoder-decoder: the padding demo batches texts for decoder-only and encoder-only "
-                "models, so it is left out here.")
+        note = (f"The loaded model ({cfg.family}) is an encoder-decoder: the padding demo batches texts for "
+                "decoder-only and encoder-only models, so it is left out here.")
     return Measured(
         answer=100 * share,
         answer_text=what + pad_words,
@@ -390,8 +393,10 @@ def measure_heads(model, progress: ProgressFn | None = None) -> Measured:
         answer_text=(f"Layer 0's attention holds {total:,} parameters: W^Q {counts['W^Q']:,}, W^K {counts['W^K']:,}, "
                      f"W^V {counts['W^V']:,}, W^O {counts['W^O']:,}{extras}"
                      + ("; every layer holds the same." if same else "; the layers differ in size.") + heads_words),
-        why=(f"4d² = 4 · {d}² = {4 * d * d:,} assumes h heads of width d/h for queries, keys and values alike; this "
-             f"model's weights hold {weights:,} ({percent(weights / (4 * d * d))} of it){gqa}{width}."),
+        why=(f"4d² = 4 · {d}² = {4 * d * d:,} assumes h heads of width d/h for queries, keys and values alike; "
+             + (f"this model's four matrices hold exactly that, {weights:,}: splitting d into {h} heads adds no "
+                "weights." if weights == 4 * d * d else
+                f"this model's weights hold {weights:,} ({percent(weights / (4 * d * d))} of it){gqa}{width}.")),
         alt=(f"Layer 0: W^Q {counts['W^Q']:,} · W^K {counts['W^K']:,} · W^V {counts['W^V']:,} · W^O "
              f"{counts['W^O']:,} = {weights:,} weights, against 4d² = {4 * d * d:,}."),
         values={"counts": counts, "per_layer": per_layer, "d_model": d, "n_heads": h, "n_kv_heads": h_kv,
