@@ -122,6 +122,7 @@ def calls(llama: str, upload: str) -> list[tuple[str, tuple]]:
         ("corpus_attribution", (llama, "uploaded file", 3, handle_file(corpus_pairs(upload)), 0, 0)),
         ("corpus_patch", (llama, "uploaded file", 3, handle_file(corpus_pairs(upload)), "z", "denoise", 0, 0, 0)),
         ("corpus_examples", (llama, "induction texts", 4, None, 1, 2, 5)),
+        ("lesson", (llama, "sqrt-dk")),
     ]
 
 

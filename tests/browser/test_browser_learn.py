@@ -20,11 +20,9 @@ from conftest import SMOLLM, open_page, screenshot  # noqa: E402
 from tiny_app_model import launch_app  # noqa: E402
 from ui.services import learn  # noqa: E402
 from ui.services.learn import course as syllabus  # noqa: E402
-from ui.views.learn.course import TAB_TITLES  # noqa: E402
 
 TIMEOUT_MS = 60_000
 VIEWPORTS = {"wide": {"width": 1400, "height": 1000}, "phone": {"width": 390, "height": 844}}
-TAB_IDS = {title: name for name, title in TAB_TITLES.items()}
 
 
 @pytest.fixture(scope="module")
@@ -92,14 +90,15 @@ def test_every_lesson_shows_its_figure_and_its_measured_answer(browser, served, 
     assert not errors, f"JavaScript errors in the page: {errors}"
 
 
-def test_a_link_opens_a_lesson_and_the_browser_remembers_it(browser, served):
+def test_a_link_opens_a_lesson_the_browser_remembers_it_and_the_keyboard_walks_on(browser, served):
     url, _ = served
-    third = syllabus.lessons()[2]
+    third, fourth = syllabus.lessons()[2:4]
     context, page, errors = open_page(browser, f"{url}?tab=learn&lesson={third.name}")
     try:
         expect(page.locator("#learn-place")).to_contain_text("Lesson 3 of", timeout=TIMEOUT_MS)
         expect(page.locator("#learn-place")).to_contain_text(third.title)
-        page.locator("#learn-reveal").click()
+        page.locator("#learn-reveal").focus()    # the reveal, pressed from the keyboard
+        page.keyboard.press("Enter")
         expect(page.locator("#learn-answer")).to_contain_text("Measured", timeout=TIMEOUT_MS)
         page.wait_for_timeout(300)   # the BrowserState is written after the event
         page.goto(url)               # no query: the page opens on its own tab; the Learn tab resumes at lesson 3
@@ -107,21 +106,7 @@ def test_a_link_opens_a_lesson_and_the_browser_remembers_it(browser, served):
         page.get_by_role("tab", name="Learn").click()
         expect(page.locator("#learn-place")).to_contain_text(third.title, timeout=TIMEOUT_MS)
         expect(page.locator("#learn-choose input")).to_have_value(f"3. {third.title} ✓")   # revealed, marked
-    finally:
-        context.close()
-    assert not errors, f"JavaScript errors in the page: {errors}"
-
-
-def test_a_reader_walks_the_course_with_the_keyboard(browser, served):
-    url, _ = served
-    lessons = syllabus.lessons()
-    context, page, errors = open_page(browser, f"{url}?tab=learn&lesson={lessons[0].name}")
-    try:
-        expect(page.locator("#learn-place")).to_contain_text("Lesson 1 of", timeout=TIMEOUT_MS)
-        page.locator("#learn-next").focus()
-        page.keyboard.press("Enter")
-        expect(page.locator("#learn-place")).to_contain_text("Lesson 2 of", timeout=TIMEOUT_MS)
-        # from the lesson picker, Tab reaches Back, then Next
+        # from the lesson picker, Tab reaches Back, then Next; Enter on Next opens lesson 4
         page.locator("#learn-choose input").focus()
         for target in ("learn-back", "learn-next"):
             for _ in range(6):
@@ -130,11 +115,8 @@ def test_a_reader_walks_the_course_with_the_keyboard(browser, served):
                     break
             assert page.evaluate("() => document.activeElement.closest('[id]')?.id") == target, target
         page.keyboard.press("Enter")
-        expect(page.locator("#learn-place")).to_contain_text("Lesson 3 of", timeout=TIMEOUT_MS)
-        # and the reveal button, from the guess field
-        page.locator("#learn-reveal").focus()
-        page.keyboard.press("Enter")
-        expect(page.locator("#learn-answer")).to_contain_text("Why:", timeout=TIMEOUT_MS)
+        expect(page.locator("#learn-place")).to_contain_text("Lesson 4 of", timeout=TIMEOUT_MS)
+        expect(page.locator("#learn-place")).to_contain_text(fourth.title)
     finally:
         context.close()
     assert not errors, f"JavaScript errors in the page: {errors}"
@@ -143,19 +125,20 @@ def test_a_reader_walks_the_course_with_the_keyboard(browser, served):
 def test_try_it_opens_the_lessons_tab_in_its_state(browser, served):
     url, services = served
     model = services.models.get(SMOLLM)
-    lesson = next(lesson for lesson in syllabus.lessons()
-                  if services.lessons.get(SMOLLM, model, lesson).link.get("tab") == "attention"
-                  and "head" in services.lessons.get(SMOLLM, model, lesson).link)
+    lesson = syllabus.find("sqrt-dk")
     link = services.lessons.get(SMOLLM, model, lesson).link
+    assert link["tab"] == "inside" and {"layer", "head", "text"} <= set(link)
     context, page, errors = open_page(browser, f"{url}?tab=learn&lesson={lesson.name}")
     try:
         expect(page.locator("#learn-place")).to_contain_text(lesson.title, timeout=TIMEOUT_MS)
-        expect(page.locator("#learn-try")).to_contain_text("Attention")
+        expect(page.locator("#learn-try")).to_contain_text("Inside")
         page.locator("#learn-try").click()
-        expect(page.get_by_role("tab", name="Attention")).to_have_attribute("aria-selected", "true",
-                                                                           timeout=TIMEOUT_MS)
-        expect(page.locator("#attn-layer input")).to_have_value(str(link["layer"]), timeout=TIMEOUT_MS)
-        expect(page.locator("#attn-head-view .js-plotly-plot")).to_be_attached(timeout=TIMEOUT_MS)
+        expect(page.get_by_role("tab", name="Inside")).to_have_attribute("aria-selected", "true",
+                                                                        timeout=TIMEOUT_MS)
+        expect(page.locator("#inside-layer input")).to_have_value(str(link["layer"]), timeout=TIMEOUT_MS)
+        expect(page.locator("#inside-text textarea")).to_have_value(link["text"])
+        # the walk is computed for that layer and head on that text
+        expect(page.locator("#inside-note")).to_contain_text(f"layer {link['layer']}", timeout=TIMEOUT_MS)
     finally:
         context.close()
     assert not errors, f"JavaScript errors in the page: {errors}"

@@ -69,7 +69,7 @@ def test_an_encoder_is_told_why_it_keeps_no_cache_and_a_tiny_decoder_is_measured
     llama, bert = tiny
     measured = KV.measure(bert, None)
     assert isinstance(measured.answer, str) and "encoder" in measured.note and "does not generate" in measured.note
-    assert "no cache, 0 MB" in reveal(KV, measured, "3")
+    assert "Measured: nothing (this model keeps no cache)" in reveal(KV, measured, "3")
     fig = views.FIGURES["kv-cache"](measured)
     assert not fig.data and "encoder" in fig.layout.annotations[0].text
     small = KV.measure(llama, None)

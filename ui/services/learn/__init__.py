@@ -104,7 +104,9 @@ def reveal(lesson: Lesson, measured: Measured, guess) -> str:
     value, note = read_guess(lesson.question, guess)
     unit = f" {lesson.question.unit}" if lesson.question.unit else ""
     lines = []
-    if value is None:
+    if isinstance(measured.answer, str) and lesson.question.numeric:  # nothing to measure here (note says why)
+        lines.append(f"**Measured: nothing ({measured.answer}).** {measured.answer_text}")
+    elif value is None:
         shown = f"“{measured.answer}”" if not lesson.question.numeric else f"{number(measured.answer)}{unit}"
         lines.append(f"**Measured: {shown}.** {measured.answer_text}")
     elif lesson.question.numeric:

@@ -37,8 +37,7 @@ def progress_to(progress: ProgressFn | None, fraction: float, what: str) -> None
 
 def no_generation(reason: str, values: dict | None = None) -> Measured:
     """An encoder in a generation lesson: the reason in words, as the answer, the alt line and the note."""
-    # read with the question's unit: "measured: no cache, 0 MB"
-    return Measured(answer="no cache, 0", answer_text=reason,
+    return Measured(answer="this model keeps no cache", answer_text=reason,
                     why="A KV cache keeps the keys and values of the tokens written so far for the next step; a "
                         "model that writes no next token has no steps and keeps none.",
                     alt=f"Nothing to draw: {reason}", values=values or {}, link={"tab": "generate"}, note=reason)

@@ -179,7 +179,7 @@ def wire_try(course, tabs, current_tab, controls: dict) -> None:
     (ui.tabs.widgets.Tab, by tab id); any other tab just opens."""
     fields, runs, oks = [], {}, {}
     for name, tab in controls.items():
-        fields += [tab.text, *(f for f in (tab.layer, tab.head) if f is not None)]
+        fields += [tab.text, *(f for f in (tab.layer, tab.head, tab.corrupted) if f is not None)]
         runs[name] = tab.run_event or tab.opening
         if runs[name] is not None:
             oks[name] = gr.State(False)
@@ -199,6 +199,8 @@ def wire_try(course, tabs, current_tab, controls: dict) -> None:
             if tab.head is not None:
                 head = state.get("head")
                 values.append(gr.skip() if not here or head is None else str(head) if name == "attention" else head)
+            if tab.corrupted is not None:
+                values.append(state["corrupted"] if here and "corrupted" in state else gr.skip())
         values += [name == target for name in oks]
         values += [False if name == target else gr.skip() for name in firsts]
         return [*values, *(gr.update(visible=True) if name == target else gr.skip() for name, _ in hidden)]

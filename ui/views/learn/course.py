@@ -75,13 +75,15 @@ def neighbour(name: str, step: int) -> str:
 
 
 def try_state(link: dict) -> dict:
-    """The state "try it" opens: the tab, and its text, layer and head where the lesson names them."""
+    """The state "try it" opens: the tab, and its text (and corrupted prompt), layer and head where the lesson
+    names them."""
     state = {"tab": link.get("tab", "attention")}
     for key in ("layer", "head"):
         if index_of(link.get(key)) is not None:
             state[key] = index_of(link[key])
-    if isinstance(link.get("text"), str) and link["text"].strip():
-        state["text"] = link["text"]
+    for key in ("text", "corrupted"):  # the Patching tab's second prompt
+        if isinstance(link.get(key), str) and link[key].strip():
+            state[key] = link[key]
     return state
 
 
