@@ -186,12 +186,13 @@ def measure_scores(model, progress: ProgressFn | None = None) -> Measured:
     kind = key_kind(ids, last, key)
     weight = float(stages.probs[last, key])
     seen = scores[last][mask[last]]
-    name = labels[key].split(" ", 1)[1]
+    pieces = [label.split(" ", 1)[1] for label in labels]                 # labels read "position token"
+    name = pieces[key]
     best = np.where(mask, scores, -np.inf).argmax(-1)[1:]                # each later query's top key
     sink = int((best == 0).sum())
     return Measured(
         answer=kind,
-        answer_text=(f"In layer {stages.layer}, head {stages.head}, the query of the last token ({labels[last]}) "
+        answer_text=(f"In layer {stages.layer}, head {stages.head}, the last token's query (“{pieces[last]}”) "
                      f"scores highest against key {key}, “{name}”: q·k = {row[key]:.1f}, in a row that runs from "
                      f"{seen.min():.1f} to {seen.max():.1f}. After the scale and the softmax that key gets "
                      f"{percent(weight)} of the token's attention."),
