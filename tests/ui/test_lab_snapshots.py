@@ -63,13 +63,25 @@ def test_the_tab_trains_the_default_config_with_the_default_snapshots():
 
 
 @pytest.mark.slow
-def test_the_default_snapshot_steps_show_formed_attention_where_the_old_ones_were_blank():
+def test_the_default_run_forms_its_attention_by_the_snapshot_steps_and_learns_to_reverse():
     """The default run itself (600 steps; about 35 s on 2 free cores), measured after each snapshot step on the
-    example the snapshots draw. Evaluation is made rare and small: it reads the model in inference mode and draws
-    no random numbers, so the run trains exactly as the Lab trains it."""
+    example the snapshots draw: blank before it starts to learn, formed at every default snapshot step. Evaluation
+    is made rare and small: it reads the model in inference mode and draws no random numbers, so the run trains
+    exactly as the Lab trains it. At its end (one run serves both checks: it is the suite's longest) the model
+    reverses held-out text, each output character looking at its mirror in the source."""
     bench = bench_module()
     config = replace(default_config(LabSettings()), time_budget=None, eval_every=10**6, eval_examples=4)
     assert bench.FORMED > THRESHOLD
-    shown = {p.step: float(p.shown.max()) for p in bench.formation_curve(config, (*BLANK, *config.snapshot_steps))}
+    held = engine.examples(config.task, config.seed, 1, True, config.lengths)
+    wanted, shown = {*BLANK, *config.snapshot_steps}, {}
+    for run, progress in engine.train(config):
+        if progress.step in wanted and progress.step not in shown:
+            shown[progress.step] = float(bench.formation(run.model, config, held)[0].max())
     assert all(shown[step] < THRESHOLD for step in BLANK), shown
     assert all(shown[step] >= THRESHOLD for step in config.snapshot_steps), shown
+    pairs = engine.examples(config.task, config.seed, 100, True, config.lengths)
+    assert engine.exact_match(run.model, pairs, seq2seq=True) >= 0.9
+    source = "abcdefghij"
+    maps = engine.lab_attention(run.model, "marian", source)
+    assert "".join(maps.target_tokens[1:]) == source[::-1]
+    assert engine.alignment(maps, lambda i: len(source) - 1 - i) >= 0.7
