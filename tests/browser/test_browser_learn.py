@@ -7,6 +7,7 @@ reaches and presses the buttons; "try it" lands on the lesson's tab with its sta
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -30,6 +31,17 @@ def served(smollm_folder):
     demo, url, services = launch_app([SMOLLM], SMOLLM)
     yield url, services
     demo.close()
+
+
+@pytest.fixture(scope="module")
+def encoder_installed():
+    """MiniLM in the weight store, for the model change (the picker would fetch it, with a bar, mid-test)."""
+    from core.store import WeightsUnavailable, ensure
+
+    try:
+        ensure("minilm-l6")
+    except WeightsUnavailable as error:
+        pytest.skip(f"minilm-l6: no weight source reachable, so the model change cannot be tried:\n{error}")
 
 
 TIMED = {"why-attention"}  # its answer is a timing ratio: the page must show the server's own measurement
@@ -90,7 +102,7 @@ def test_every_lesson_shows_its_figure_and_its_measured_answer(browser, served, 
     assert not errors, f"JavaScript errors in the page: {errors}"
 
 
-def test_a_link_opens_a_lesson_the_browser_remembers_it_and_the_keyboard_walks_on(browser, served):
+def test_a_link_opens_a_lesson_the_browser_remembers_it_and_the_keyboard_walks_on(browser, served, encoder_installed):
     url, _ = served
     third, fourth = syllabus.lessons()[2:4]
     context, page, errors = open_page(browser, f"{url}?tab=learn&lesson={third.name}")
@@ -117,6 +129,12 @@ def test_a_link_opens_a_lesson_the_browser_remembers_it_and_the_keyboard_walks_o
         page.keyboard.press("Enter")
         expect(page.locator("#learn-place")).to_contain_text("Lesson 4 of", timeout=TIMEOUT_MS)
         expect(page.locator("#learn-place")).to_contain_text(fourth.title)
+        # a model change mid-lesson computes the lesson for the new model, in place
+        page.locator("#model-picker input").click()
+        page.get_by_role("option", name=re.compile("^minilm-l6")).click()
+        expect(page.locator("#learn-text")).to_contain_text("Measured on minilm-l6", timeout=TIMEOUT_MS)
+        expect(page.locator("#learn-place")).to_contain_text(fourth.title)
+        expect(page.locator("#learn-answer")).to_be_empty()
     finally:
         context.close()
     assert not errors, f"JavaScript errors in the page: {errors}"
