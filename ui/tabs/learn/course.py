@@ -17,7 +17,7 @@ from ui.tabs import events
 from ui.tabs.events import ON_ANALYSIS, progress_callback, user_errors
 from ui.views.learn import course as views
 
-LEAD = """**A course through the theory.** Eleven short lessons, in order, each computed live on the model chosen
+LEAD = """**A course through the theory.** {n} short lessons, in order, each computed live on the model chosen
 above. Answer each question before you reveal the answer: a guess made and then checked is remembered. Your place
 and the lessons you revealed are kept in this browser."""
 SAVED_KEY = "attention-explorer-course"  # the browser's localStorage key (BrowserState) for the reader's progress
@@ -43,7 +43,7 @@ def build(services, picker) -> SimpleNamespace:
     """The tab; returns what the page wires: the lesson shown, its try-it state and button, and the load event."""
     first = syllabus.names()[0]
     with gr.Tab("Learn", id="learn") as tab:
-        gr.Markdown(LEAD, elem_classes=["tab-lead"])
+        gr.Markdown(LEAD.format(n=len(syllabus.lessons())), elem_classes=["tab-lead"])
         with gr.Row(equal_height=False):
             choose = gr.Dropdown(lesson_choices(), value=first, label="Lesson", elem_id="learn-choose", scale=3,
                                  min_width=220)
