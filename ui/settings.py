@@ -7,7 +7,9 @@ result to the services and the page; tests build AppSettings() with the defaults
     ATTN_KEPT_BUDGET_MB     what all sessions keep for reuse together: captures, generation rows (default 1000)
     ATTN_SESSIONS           sessions whose state Gradio keeps; the oldest is dropped beyond it (default 500)
     ATTN_LAB_JOBS, ATTN_LAB_MAX_STEPS, ATTN_LAB_MAX_SECONDS, ATTN_LAB_EVAL_EXAMPLES   the Lab's limits
-    ATTN_PRIVATE_RUN_MINUTES   how long a saved run is kept on a shared server (a Space, --public; default 60)
+    ATTN_PRIVATE_RUN_MINUTES   how long a saved run is kept on a shared server (a Space, --public; default 60):
+                            a Lab run after it was saved, a corpus job after its last write
+    ATTN_PRIVATE_CORPUS_MB  on a shared server, the saved corpus jobs one page may keep (default 20 MB)
     ATTN_WEIGHTS_DIR        where the weight store lives (read by core.store itself)
 """
 
@@ -24,6 +26,7 @@ log = logging.getLogger(__name__)
 TEXT_CAP_SETTING = "ATTN_MAX_TEXT_MB"
 KEPT_BUDGET_SETTING = "ATTN_KEPT_BUDGET_MB"
 SESSIONS_SETTING = "ATTN_SESSIONS"
+CORPUS_PAGE_SETTING = "ATTN_PRIVATE_CORPUS_MB"
 DEFAULT_TEXT_BYTES = 1_000_000
 MAX_ATTENTION_TOKENS = 2048  # default cap of the Attention tab: a capture on 2 CPU cores stays within seconds
 
@@ -84,6 +87,7 @@ class AppSettings:
     sessions: int = 500
     max_attention_tokens: int = MAX_ATTENTION_TOKENS  # the Attention tab's cap, below the model's context
     device: str | None = None  # None: cuda (bfloat16) when there is a GPU, else cpu; "meta": no weights (Ray front)
+    corpus_page_bytes: int = 20_000_000  # a shared server's saved corpus jobs, per page (0: none saved)
     lab: LabSettings = field(default_factory=LabSettings)
 
     @classmethod
@@ -94,6 +98,8 @@ class AppSettings:
             text_cap_bytes=int(env_number(TEXT_CAP_SETTING, 1.0, 0.001, environ=environ) * 1_000_000),
             kept_budget_bytes=int(env_number(KEPT_BUDGET_SETTING, 1000.0, 0.0, environ=environ) * 1_000_000),
             sessions=env_number(SESSIONS_SETTING, cls.sessions, 1, int, strict=True, environ=environ),
+            corpus_page_bytes=int(env_number(CORPUS_PAGE_SETTING, cls.corpus_page_bytes / 1e6, 0.0, strict=True,
+                                             environ=environ) * 1_000_000),
             lab=LabSettings.from_env(environ, public),
         )
         return cls(**{**read, **given})

@@ -20,7 +20,8 @@ Files are JSON and .npz read with allow_pickle=False: nothing on disk is ever un
 The root is the caller's: default_root() gives $ATTN_RUNS_DIR where set, else /data/runs on a Hugging Face Space
 with persistent storage (SPACE_ID set and /data writable, as the weight store chooses /data/weights), else runs/.
 A shared server keeps each page's jobs private by giving each page its own root, caps each root's size
-(run_over's max_bytes) and deletes old jobs (prune)."""
+(run_over's max_bytes, or its `room` check) and deletes each job a stated time after its last write (told of each
+write by run_over's `wrote`; prune does the same by the files' times)."""
 from __future__ import annotations
 
 import csv
@@ -305,17 +306,22 @@ def disk_usage(root: Path) -> int:
     return total
 
 
+class NoRoom(ValueError):
+    """A new job refused because a cap on the saved results' bytes is reached: the message says which."""
+
+
 def check_room(root: Path, max_bytes: int | None) -> None:
     if max_bytes is None:
         return
     used = disk_usage(root)
     if used >= max_bytes:
-        raise ValueError(f"the saved results under {root} take {used / 1e6:.1f} MB, at or over this server's cap of "
-                         f"{max_bytes / 1e6:.1f} MB, so no new job is started: delete older jobs (prune) or wait "
-                         "until they expire")
+        raise NoRoom(f"the saved results under {root} take {used / 1e6:.1f} MB, at or over this server's cap of "
+                     f"{max_bytes / 1e6:.1f} MB, so no new job is saved there: delete older jobs (prune) or wait "
+                     "until they expire")
 
 
 def run_over(analysis: str, model, items: Sequence, root, model_name: str, *, max_bytes: int | None = None,
+             room: Callable[[], None] | None = None, wrote: Callable[[Path], None] | None = None,
              progress: summaries.Progress | None = None, stop: summaries.Stop | None = None,
              each: summaries.Each | None = None, **arguments) -> Run:
     """Run one analysis of summaries.py ("head_scores", "logit_attribution", "patch", "ablation") over `items`
@@ -323,7 +329,10 @@ def run_over(analysis: str, model, items: Sequence, root, model_name: str, *, ma
     each item under root as it finishes. A job already finished is reopened without measuring anything; one
     stopped or killed before resumes: its items on disk are read back, only the rest are measured, and the summary
     is of all of them in input order, as one uninterrupted run gives. max_bytes: refuse to start a new job while
-    root holds that many bytes or more (a resumed job goes on). progress, stop and each as in summaries.py."""
+    root holds that many bytes or more (a resumed job goes on); room(), where given, is asked too before a new
+    job starts and raises NoRoom to refuse it. wrote(folder), where given, is told each time the job's folder is
+    written: as a new or resumed job starts, after each item, once the result is saved (a shared server counts a
+    job's lifetime from its last write). progress, stop and each as in summaries.py."""
     spec = analysis_named(analysis)
     arguments = arguments_of(analysis, arguments)
     if not isinstance(model_name, str) or not model_name.strip():
@@ -348,15 +357,20 @@ def run_over(analysis: str, model, items: Sequence, root, model_name: str, *, ma
             raise ValueError(f"{folder} holds another job ({saved.get('analysis')} of {saved.get('model')}); "
                              "move it away or give another root")
     new = not (folder / JOB).exists()
+    told = wrote or (lambda folder: None)
     if new:
         check_room(Path(root), max_bytes)
+        if room is not None:
+            room()
         (folder / ITEMS).mkdir(parents=True, exist_ok=True)
         write_json(folder / JOB, {**ident, "created": now_iso()})
+    told(folder)
     done = read_items(folder, spec.count(arguments, len(items)))
     measured, stopped = [0], [False]
 
     def keep(index: int, value) -> None:
         write_item(folder, index, value)
+        told(folder)
         measured[0] += 1
         if each is not None:
             each(index, value)
@@ -373,6 +387,7 @@ def run_over(analysis: str, model, items: Sequence, root, model_name: str, *, ma
         raise
     if not stopped[0]:
         save_result(folder, ident, spec, arguments, result)
+        told(folder)
     return Run(folder, result, not stopped[0], len(done), measured[0])
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 GENERATION_SLOTS = 2
 
+from ui.services.corpus.pages import CorpusRuns
 from ui.services.jobs import HeavyJobs, Turns
 from ui.services.kept import FirstViews, KeptStore
 from ui.services.lab.runs import Lab
@@ -31,6 +32,7 @@ class Services:
     lessons: LessonCache = field(default_factory=LessonCache)  # the Learn tab's, apart from the first screens'
     # generation steps: two tokens computed at once (the old limit of two generations), every stream in turn
     turns: Turns = field(default_factory=lambda: Turns(GENERATION_SLOTS))
+    corpus_runs: CorpusRuns | None = None  # where each page saves its corpus jobs (private on a shared server)
 
     @classmethod
     def create(cls, settings: AppSettings | None = None, models: ModelStore | None = None,
@@ -44,4 +46,5 @@ class Services:
         if lab.private is not None:
             models.private = lab.private_folder  # a session's saved run loads by its alias, listed to it alone
             lab.private.on_expire.append(models.forget)  # and once expired, answers why instead of loading
-        return cls(settings, models, KeptStore(settings.kept_budget_bytes), lab)
+        return cls(settings, models, KeptStore(settings.kept_budget_bytes), lab,
+                   corpus_runs=CorpusRuns.from_settings(settings))

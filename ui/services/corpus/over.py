@@ -32,6 +32,7 @@ from core.corpus import summaries, texts as corpora
 from core.corpus.summaries import Over, summarise
 from ui import links
 from ui.services.checks import UserError, check_head, check_range, stack_shape
+from ui.services.corpus.pages import Saving, saved_words, saving_given, unsaved
 from ui.services.heads import next_token_reason
 from ui.services.jobs import stream_job
 from ui.services.text import token_pieces
@@ -208,28 +209,6 @@ PARTIAL = {"heads": partial_heads, "attribution": partial_attribution, "patch": 
 
 
 SAVED_NAMES = {"heads": "head_scores", "attribution": "logit_attribution", "patch": "patch"}
-RUNS_MAX_BYTES = 1_000_000_000   # a new job is refused (its message says so) while the runs folder holds this much
-
-
-def runs_root(services) -> Path | None:
-    """Where corpus jobs are saved (core/corpus/saved.py default_root: $ATTN_RUNS_DIR, a Space's /data/runs, else
-    runs/), or None on a shared server (a Space, --public): there a saved job would be readable by any page that
-    runs the same corpus, and saving stays off until each page has a root of its own."""
-    return None if services.settings.lab.private else saved.default_root()
-
-
-def saved_words(run, root: Path | None) -> str:
-    """What saving did, in one sentence (empty while a job runs)."""
-    if root is None:
-        return "Not saved: on a shared server corpus jobs are measured afresh each time."
-    if run is None:
-        return ""
-    where = run.folder.name.rpartition("__")[2]   # the job's key: the folder's name holds the model's, maybe a path
-    if run.finished and not run.measured:
-        return f"Reopened from the saved job {where}: nothing was measured again."
-    resumed = f", resumed from {run.reused} items saved before" if run.reused else ""
-    state = "saved" if run.finished else "stopped; its finished items are kept, and the same job resumes from them"
-    return f"Job {where} {state}{resumed} (in the runs folder; a rerun of the same job reopens it)."
 
 
 class ChunkRunner(Protocol):
@@ -255,20 +234,22 @@ def chunks_on(runner: ChunkRunner):
 
 def stream_over(model, analysis: str, corpus: Corpus, site: str | None = None, mode: str = "denoise",
                 layer: int | None = None, stop: Callable[[], bool] | None = None, root: Path | None = None,
-                model_name: str = "") -> Iterator[OverUpdate]:
+                model_name: str = "", saving: Saving | None = None) -> Iterator[OverUpdate]:
     """The analysis over the corpus: an update as items finish, with the summary of those finished so far, then
     the core's result (finished), its `saved` words saying what saving did. Closing the iterator stops the work;
     stop() is the core's own (a stopped job's result is the summary of the items it finished). root: save the
-    job there (saved.run_over): a job already finished is reopened without measuring. Run in a worker thread
-    here, or in chunks on the runner of chunks_on where one is set."""
+    job there (saved.run_over): a job already finished is reopened without measuring; saving (pages.saving_of's, for
+    a page) instead gives the root with its caps and what to tell of each write. Past a cap a new job is measured
+    and not saved. Run in a worker thread here, or in chunks on the runner of chunks_on where one is set."""
+    saving = saving_given(root, saving)
     runner = CHUNKS.get()
     if runner is not None:
-        return stream_chunks(runner, model, analysis, corpus, site, mode, layer, stop, root, model_name)
-    return stream_here(model, analysis, corpus, site, mode, layer, stop, root, model_name)
+        return stream_chunks(runner, model, analysis, corpus, site, mode, layer, stop, saving, model_name)
+    return stream_here(model, analysis, corpus, site, mode, layer, stop, saving, model_name)
 
 
 def stream_here(model, analysis: str, corpus: Corpus, site: str | None, mode: str, layer: int | None,
-                stop: Callable[[], bool] | None, root: Path | None, model_name: str) -> Iterator[OverUpdate]:
+                stop: Callable[[], bool] | None, saving: Saving, model_name: str) -> Iterator[OverUpdate]:
     """stream_over in a worker thread of this process, saving item by item: a job stopped before resumes from
     its items."""
     values: dict[int, object] = {}
@@ -280,35 +261,43 @@ def stream_here(model, analysis: str, corpus: Corpus, site: str | None, mode: st
         hooks = dict(progress=report, stop=stop, each=each)
         arguments = dict(site=site, mode=mode, layer=layer) if analysis == "patch" else {}
         with refusals_in_words():
-            if root is not None:
-                run = saved.run_over(SAVED_NAMES[analysis], model, corpus.items, root, model_name,
-                                     max_bytes=RUNS_MAX_BYTES, **hooks, **arguments)
-                return run.result, run
-            if analysis == "heads":
-                return summaries.head_scores_over(model, corpus.items, **hooks), None
-            if analysis == "attribution":
-                return summaries.logit_attribution_over(model, corpus.items, **hooks), None
-            return summaries.patch_over(model, corpus.items, site, mode, layer, **hooks), None
+            if saving.root is not None:
+                try:
+                    run = saved.run_over(SAVED_NAMES[analysis], model, corpus.items, saving.root, model_name,
+                                         max_bytes=saving.max_bytes, room=saving.room, wrote=saving.wrote,
+                                         **hooks, **arguments)
+                    return run.result, run, saving
+                except saved.NoRoom as error:   # past a cap: measured all the same, and not saved
+                    return measure(hooks, arguments), None, unsaved(error)
+            return measure(hooks, arguments), None, saving
+
+    def measure(hooks: dict, arguments: dict):
+        if analysis == "heads":
+            return summaries.head_scores_over(model, corpus.items, **hooks)
+        if analysis == "attribution":
+            return summaries.logit_attribution_over(model, corpus.items, **hooks)
+        return summaries.patch_over(model, corpus.items, **arguments, **hooks)
 
     total = len(corpus.items)
     for update in stream_job(work, total, f"corpus-{analysis}"):
         if update.finished:
-            result, run = update.result
+            result, run, used = update.result
             folder = run.folder if run is not None and run.finished else None
-            yield OverUpdate(update.done, update.total, result, update.seconds, True, saved_words(run, root), folder)
+            yield OverUpdate(update.done, update.total, result, update.seconds, True, saved_words(run, used), folder)
             continue
         finished = dict(values)   # the worker may have finished more items since this report: count those
         yield OverUpdate(max(update.done, len(finished)), total, PARTIAL[analysis](finished, total), update.seconds)
 
 
 def stream_chunks(runner: ChunkRunner, model, analysis: str, corpus: Corpus, site: str | None, mode: str,
-                  layer: int | None, stop: Callable[[], bool] | None, root: Path | None,
+                  layer: int | None, stop: Callable[[], bool] | None, saving: Saving,
                   model_name: str) -> Iterator[OverUpdate]:
     """stream_over with the corpus split into chunks of runner.chunk_items items, runner.in_flight of them under
     way at once: an update as each chunk finishes, with the merged summary of the chunks finished so far. The
     whole corpus is checked here first, as one run checks it. Closing the iterator (the page's Stop) cancels the
     chunks under way; stop() ends the job with the summary of the finished chunks. A finished job is saved under
     root whole, and a finished one found there is reopened; a stopped one is not kept for resuming."""
+    root = saving.root
     name, noun, total = SAVED_NAMES[analysis], corpus.noun, len(corpus.items)
     arguments = dict(site=site, mode=mode, layer=layer) if analysis == "patch" else {}
     started = time.perf_counter()
@@ -319,10 +308,15 @@ def stream_chunks(runner: ChunkRunner, model, analysis: str, corpus: Corpus, sit
         if folder is not None and (folder / saved.META).exists():
             run = saved.open_job(folder)
             yield OverUpdate(total, total, run.result, time.perf_counter() - started, True,
-                             saved_words(run, root), folder)
+                             saved_words(run, saving), folder)
             return
         if folder is not None:
-            saved.check_room(Path(root), RUNS_MAX_BYTES)
+            try:
+                saved.check_room(Path(root), saving.max_bytes)
+                if saving.room is not None:
+                    saving.room()
+            except saved.NoRoom as error:   # past a cap: measured all the same, and not saved
+                folder, saving = None, unsaved(error)
     ranges = chunks.split(total, runner.chunk_items)
     yield OverUpdate(0, total, None, 0.0)
     finished = []
@@ -342,34 +336,43 @@ def stream_chunks(runner: ChunkRunner, model, analysis: str, corpus: Corpus, sit
     stopped = len(finished) < len(ranges)
     result = chunks.merge(empty, finished, noun, total, stopped)
     if folder is None:
-        words = saved_words(None, None)
+        words = saving.why
     elif stopped:
         words, folder = "Stopped: the summary of the finished chunks is shown, not saved.", None
     else:
         try:
-            words = save_whole(folder, name, model_name, corpus.items, arguments, result)
+            words = save_whole(folder, name, model_name, corpus.items, arguments, result, saving)
         except (OSError, ValueError) as error:    # the result is still shown: only keeping it failed
             words, folder = f"Not saved: {error}.", None
     yield OverUpdate(total, total, result, time.perf_counter() - started, True, words, folder)
 
 
-def save_whole(folder: Path, name: str, model_name: str, items: list, arguments: dict, result) -> str:
+def save_whole(folder: Path, name: str, model_name: str, items: list, arguments: dict, result,
+               saving: Saving) -> str:
     """A finished chunked job saved as saved.run_over saves one (job.json, result.npz, meta.json), so a rerun
     here or in one process reopens it and Export reads it; its items are not saved one by one."""
     arguments = saved.arguments_of(name, arguments)
     ident = saved.identity(name, model_name, items, arguments)
     (folder / saved.ITEMS).mkdir(parents=True, exist_ok=True)
+    if saving.wrote is not None:
+        saving.wrote(folder)
     saved.write_json(folder / saved.JOB, {**ident, "created": saved.now_iso()})
     saved.save_result(folder, ident, saved.analysis_named(name), arguments, result)
-    return f"Job {folder.name.rpartition('__')[2]} saved (in the runs folder; a rerun of the same job reopens it)."
+    if saving.wrote is not None:
+        saving.wrote(folder)
+    return f"Job {folder.name.rpartition('__')[2]} saved ({saving.where})."
 
 
 def exported(folder: Path | None) -> dict[str, bytes]:
     """A finished saved job's files (saved.export: per part, a CSV of its cells with mean, low, high and n, a CSV
     of every item's values, and the .npz of the whole result), by name."""
     if folder is None:
-        raise UserError("This result has no saved job to export: run it to the end (on a shared server jobs are "
-                        "not saved); each figure's camera button downloads it as an image.")
+        raise UserError("This result has no saved job to export: run it to the end (a job past the saved jobs' "
+                        "cap is not saved); each figure's camera button downloads it as an image.")
+    if not (Path(folder) / saved.META).exists():
+        raise UserError("This result's saved job is gone (on a shared server saved jobs are deleted a while after "
+                        "their last write): run it again to export it; each figure's camera button downloads it "
+                        "as an image.")
     with tempfile.TemporaryDirectory() as out, refusals_in_words():
         return {path.name: path.read_bytes() for path in saved.export(folder, out)}
 

@@ -1,17 +1,20 @@
 """Across texts tab: how typical is what one text shows? A corpus (built in, or uploaded), an analysis (head
 scores, logit attribution, patching) run over every item, and its mean map with the 95 % interval, plus one
 cell's value item by item. Each job is heavy (one per session), shows its progress, and Stop keeps the summary
-of the items finished before it."""
+of the items finished before it. A job is saved for its page (ui/services/corpus/pages.py: on a shared server a
+folder of the page's own), and a model change clears the tab's results."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from types import SimpleNamespace
 
 import gradio as gr
 
 from ui.services.corpus.over import CORPORA, DEFAULT_N, KINDS, MAX_EXAMPLES, MAX_PAIRS, MAX_TEXTS
 from ui.services.kept import keeping
-from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, user_errors
+from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, session_of, user_errors
 from ui.tabs.widgets import click_bridge
 from ui.views.corpus import across as views
 
@@ -53,22 +56,22 @@ def build(services, picker, initial) -> SimpleNamespace:
                                 min_width=120)
             with gr.Accordion("Head scores (texts)", open=True, elem_id="corpus-heads-box"):
                 kind = gr.Dropdown(list(KINDS), value="induction", label="Score", elem_id="corpus-kind")
-                heads_run = gr.Button("Score the heads", variant="primary", elem_id="corpus-heads-run")
+                heads_run = gr.Button(views.RUN_BUTTONS[0], variant="primary", elem_id="corpus-heads-run")
             with gr.Accordion("Logit attribution (pairs)", open=True, elem_id="corpus-attribution-box"):
-                attribution_run = gr.Button("Attribute over the pairs", variant="primary",
+                attribution_run = gr.Button(views.RUN_BUTTONS[1], variant="primary",
                                             elem_id="corpus-attribution-run")
             with gr.Accordion("Patching (pairs)", open=False, elem_id="corpus-patch-box"):
                 site = gr.Dropdown(SITE_CHOICES, value="z", label="What to patch", elem_id="corpus-site")
                 mode = gr.Radio(["denoise", "noise"], value="denoise", label="Direction", elem_id="corpus-mode")
                 layer = gr.Number(0, label="Layer (for one layer's heads)", precision=0, elem_id="corpus-layer")
-                patch_run = gr.Button("Patch every pair", variant="primary", elem_id="corpus-patch-run")
+                patch_run = gr.Button(views.RUN_BUTTONS[2], variant="primary", elem_id="corpus-patch-run")
             with gr.Accordion("Top examples of one head (texts)", open=False, elem_id="corpus-examples-box"):
                 with gr.Row():
                     ex_layer = gr.Number(0, label="Layer", precision=0, elem_id="corpus-ex-layer", min_width=90)
                     ex_head = gr.Number(0, label="Head", precision=0, elem_id="corpus-ex-head", min_width=90)
                     ex_k = gr.Number(10, label=f"Examples (k, up to {MAX_EXAMPLES})", precision=0,
                                      elem_id="corpus-ex-k", min_width=90)
-                examples_run = gr.Button("Find its top examples", variant="primary", elem_id="corpus-examples-run")
+                examples_run = gr.Button(views.EXAMPLES_BUTTON, variant="primary", elem_id="corpus-examples-run")
             stop = gr.Button("Stop", variant="stop", elem_id="corpus-stop")
         with gr.Column(scale=3, min_width=340):
             gr.Markdown(HOW_TO_READ, elem_classes=["how-to-read"])
@@ -88,7 +91,7 @@ def build(services, picker, initial) -> SimpleNamespace:
     common = [picker.model, corpus, n, upload]
 
     def job(view, name: str, what: str, inputs: list) -> dict:
-        return dict(fn=handler(keeping(view, services.kept, CORPUS_KEPT), services, name, heavy=what),
+        return dict(fn=for_its_page(handler(keeping(view, services.kept, CORPUS_KEPT), services, name, heavy=what)),
                     inputs=inputs, outputs=outputs, **ON_HEAVY)
 
     runs = dict(heads=job(views.heads_view, "corpus_heads", "A head-score job over a corpus",
@@ -112,6 +115,8 @@ def build(services, picker, initial) -> SimpleNamespace:
                         progress=False)
     export_button.click(lambda: gr.File(visible=True), None, export_files, api_visibility="private",
                         queue=False).then(exporting, kept, [export_files, kept], api_visibility="private")
+    wire_switch(picker, events, [note, mean_fig, cell_note, strip_fig, kept, export_files, examples_note,
+                                 examples_table])
     return SimpleNamespace(corpus=corpus, n=n, kind=kind, site=site, mode=mode, row=row, col=col, runs=runs,
                            stop=stop, note=note)
 
@@ -131,3 +136,40 @@ def wire_cells(services, row, col, kept, outputs) -> None:
     picked.click(chosen, picked, [row, col], api_visibility="private", queue=False).then(**cell)
     for field in (row, col):
         field.submit(**cell)
+
+
+def for_its_page(event):
+    """A handler's event whose view takes `page` (the session it saves jobs for), as Gradio calls it: the same
+    parameters without `page`, which comes from the request (gr.Request, which Gradio fills; the API's inputs are
+    unchanged)."""
+    full = inspect.signature(event)
+    signature = full.replace(parameters=[p for p in full.parameters.values() if p.name != "page"])
+
+    def given(args, kwargs) -> dict:
+        values = signature.bind(*args, **kwargs).arguments
+        return {**values, "page": session_of(values.get("request"))}
+
+    if inspect.isgeneratorfunction(event):
+        @functools.wraps(event)
+        def run(*args, **kwargs):
+            yield from event(**given(args, kwargs))
+    else:
+        @functools.wraps(event)
+        def run(*args, **kwargs):
+            return event(**given(args, kwargs))
+    run.__signature__ = signature
+    return run
+
+
+def wire_switch(picker, jobs: list, outputs: list) -> None:
+    """After a model change: a job of the old model still running is stopped (its items stay saved), and the
+    results (note, map, cell note, strip, the kept result, the export, the top examples) are cleared, the notes
+    saying which button computes them for the new model. outputs in that order."""
+    def switch(model_name):
+        note, examples_note = views.switched(model_name)
+        return note, None, "", None, None, gr.File(value=None, visible=False), examples_note, ""
+
+    switch.__name__ = switch.__qualname__ = "switch_corpus"   # as ui/page.py names each tab's
+    # the cancel on the change itself: Gradio never fires the cancel of a .success (it has no event of its own)
+    picker.model.change(None, None, None, cancels=jobs, api_visibility="private", queue=False)
+    picker.loaded.success(switch, picker.model, outputs, api_visibility="private", queue=False)

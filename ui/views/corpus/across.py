@@ -15,7 +15,8 @@ from ui.services import Services
 from ui.services.checks import UserError
 from ui.services.corpus.over import (Corpus, MapAxes, check_cell, check_kind, check_model, check_mode, check_site,
                                      corpus_pairs, corpus_texts, map_axes, stream_over)
-from ui.services.corpus.over import PER_DECILE, check_examples, exported, runs_root, stream_examples
+from ui.services.corpus.over import PER_DECILE, check_examples, exported, stream_examples
+from ui.services.corpus.pages import saving_of
 from ui.views import export
 
 PARTIAL_S = 1.0    # the least time between two partial summaries sent to the page
@@ -102,9 +103,9 @@ def running(message: str, name: str, view: str):
 
 
 def heads_view(services: Services, model_name, corpus, n, upload, kind, cell_layer, cell_head, previous=None,
-               progress=None):
+               page=None, progress=None):
     """(note, mean map, strip, kept result): one attention-pattern score of every head over the corpus; the body
-    of the `corpus_heads` endpoint."""
+    of the `corpus_heads` endpoint. page: the session whose saved jobs it reads and adds to."""
     name = model_name
     model = services.models.get(name, progress)
     check_model(model, "heads")
@@ -120,7 +121,7 @@ def heads_view(services: Services, model_name, corpus, n, upload, kind, cell_lay
         shown = Shown(over, axes, "text", f"{words} score, mean over the corpus", "score", False, name, view, update.folder)
         return note_of(over, chosen, "heads", cell, axes, update, f"The {words} score"), *figures(shown, cell), shown
 
-    updates = stream_over(model, "heads", chosen, root=runs_root(services), model_name=name)
+    updates = stream_over(model, "heads", chosen, model_name=name, saving=saving_of(services, page))
     for last in streamed(updates, lambda result: (result or {}).get(kind), render, progress, "text"):
         yield last
     if last is None:
@@ -130,9 +131,9 @@ def heads_view(services: Services, model_name, corpus, n, upload, kind, cell_lay
 
 
 def attribution_view(services: Services, model_name, corpus, n, upload, cell_layer, cell_head, previous=None,
-                     progress=None):
+                     page=None, progress=None):
     """(note, mean map, strip, kept result): each head's direct logit attribution over the pairs; the body of
-    the `corpus_attribution` endpoint."""
+    the `corpus_attribution` endpoint. page: as heads_view's."""
     name = model_name
     model = services.models.get(name, progress)
     check_model(model, "attribution")
@@ -148,15 +149,15 @@ def attribution_view(services: Services, model_name, corpus, n, upload, cell_lay
         return (note_of(over, chosen, "attribution", cell, axes, update, "Direct logit attribution"),
                 *figures(shown, cell), shown)
 
-    yield from streamed(stream_over(model, "attribution", chosen, root=runs_root(services),
-                                    model_name=name), lambda result: result and result[0], render,
-                        progress, "pair")
+    yield from streamed(stream_over(model, "attribution", chosen, model_name=name,
+                                    saving=saving_of(services, page)), lambda result: result and result[0],
+                        render, progress, "pair")
 
 
 def patch_view(services: Services, model_name, corpus, n, upload, site, mode, layer_index, cell_row, cell_col,
-               previous=None, progress=None):
+               previous=None, page=None, progress=None):
     """(note, mean map, strip, kept result): a patching sweep of every pair, the mean of the pairs' normalised
-    scores; the body of the `corpus_patch` endpoint."""
+    scores; the body of the `corpus_patch` endpoint. page: as heads_view's."""
     name = model_name
     model = services.models.get(name, progress)
     check_model(model, "patch")
@@ -175,8 +176,8 @@ def patch_view(services: Services, model_name, corpus, n, upload, site, mode, la
         return (note_of(over, chosen, "patch", cell, axes, update, f"Patching ({mode}, {site}{layer_words})"),
                 *figures(shown, cell), shown)
 
-    yield from streamed(stream_over(model, "patch", chosen, core_site, mode, layer,
-                                    root=runs_root(services), model_name=name), lambda result: result, render,
+    yield from streamed(stream_over(model, "patch", chosen, core_site, mode, layer, model_name=name,
+                                    saving=saving_of(services, page)), lambda result: result, render,
                         progress, "pair")
 
 
@@ -205,6 +206,19 @@ def export_view(services: Services, previous=None):
     except ValueError as error:   # an export over the size a download may have
         raise UserError(str(error)) from None
     return files, previous
+
+
+RUN_BUTTONS = ("Score the heads", "Attribute over the pairs", "Patch every pair")  # the tab's, in its order
+EXAMPLES_BUTTON = "Find its top examples"
+
+
+def switched(model_name) -> tuple[str, str]:
+    """(note, examples note) after a model change, the old model's results cleared: which button computes them
+    for the new one."""
+    named = escaped(str(model_name or "the new model"))
+    runs = ", ".join(f"**{button}**" for button in RUN_BUTTONS[:-1]) + f" or **{RUN_BUTTONS[-1]}**"
+    return (f"Now on {named}: press {runs} to compute this over the corpus for it.",
+            f"Now on {named}: press **{EXAMPLES_BUTTON}** to find a head's top examples for it.")
 
 
 def mark_stopped(note: str) -> str:
