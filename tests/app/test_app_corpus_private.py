@@ -17,7 +17,11 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 from gradio_client import Client, handle_file  # noqa: E402
 
+from test_ray_corpus import ThreadChunks, texts  # noqa: E402
 from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
+from ui.services.checks import UserError  # noqa: E402
+from ui.services.corpus.over import Corpus, chunks_on, exported, stream_over  # noqa: E402
+from ui.services.corpus.pages import CorpusRuns  # noqa: E402
 from ui.services.lab.private import PRIVATE_DIR  # noqa: E402
 from ui.views.corpus import across  # noqa: E402
 
@@ -86,6 +90,8 @@ def test_a_saved_job_is_deleted_on_time_with_no_request(space, monkeypatch):
     while job.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not job.exists() and time.monotonic() - saved_at < 10
+    with pytest.raises(UserError, match="saved job is gone"):                         # Export then says why
+        exported(job)
     again, _, _ = heads(space, page, n=3)
     assert "Reopened" not in again and "saved (for this page only" in again          # measured afresh
 
@@ -129,3 +135,29 @@ def test_a_model_change_clears_the_tabs_results(space):
     stopping = [fn for fn in fns.values() if fn.is_cancel_function and fn.targets == change]
     assert [sorted(fns[i].name for i in fn.cancels) for fn in stopping] == [
         ["corpus_attribution", "corpus_examples", "corpus_heads", "corpus_patch"]]
+
+
+def test_a_job_in_chunks_is_saved_for_its_page_and_its_clock_started(space, tmp_path, monkeypatch):
+    """The Ray front's path (the corpus in chunks): the finished job goes to the page's folder and is registered for
+    deletion; past the page's cap it is shown but not saved."""
+    monkeypatch.setenv("ATTN_RUNS_DIR", str(tmp_path / "runs"))
+    runs = CorpusRuns(private=True, ttl_s=600.0, page_bytes=5_000_000)
+    model = space["services"].models.get(space["llama"])
+    corpus = Corpus(texts()[:3], "text", "three repeated spans")
+
+    def last(saving):
+        with chunks_on(ThreadChunks(model, in_flight=2, chunk_items=2)):
+            return list(stream_over(model, "heads", corpus, model_name="tiny", saving=saving))[-1]
+
+    first = last(runs.saving("page-a"))
+    assert "saved (for this page only, deleted 10 minutes after its last write" in first.saved, first.saved
+    assert first.folder.parent == runs.saving("page-a").root and (first.folder / "meta.json").is_file()
+    assert len(runs.pages().choices("page-a")) == 1 and runs.pages().choices("page-b") == []
+    assert "nothing was measured again" in last(runs.saving("page-a")).saved
+    other = last(runs.saving("page-b"))                                               # another page: afresh
+    assert "saved (for this page only" in other.saved and other.folder != first.folder
+    runs.page_bytes = 0
+    capped = last(runs.saving("page-c"))
+    assert capped.saved.startswith("Not saved: this page's saved jobs take 0.0 kB") and capped.folder is None
+    assert capped.result["induction"].n == first.result["induction"].n
+    runs.pages().close()
