@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from core.corpus import saved
@@ -38,7 +38,7 @@ class Saving:
     where: str = "in the runs folder; a rerun of the same job reopens it"
     room: Callable[[], None] | None = None     # raises saved.NoRoom when a new job may not be saved
     wrote: Callable[[Path], None] | None = None  # told each time a job's folder is written
-    max_bytes: int | None = field(default=None)
+    max_bytes: int | None = None               # the root's cap (a laptop's); a page's are room's
 
 
 def shared_saving(root: Path) -> Saving:
