@@ -8,11 +8,13 @@ way, in one run: medians (and ranges) of alternating runs (each side first in ev
   memory   peak RSS, while the job runs, of a fresh process that loads the model and runs head_scores_over on
            --memory-texts random texts of --tokens tokens, against one on a tenth as many; the difference is what
            the corpus adds
+--parts picks which of the three to run (all by default); --threads sets torch's thread count (on a shared
+machine 1 keeps the two sides' timings apart from the other jobs' load).
 --quick shrinks every size (12 texts, 2 pairs, 100 vs 10 texts, 32 tokens, batches of 320 tokens, so that the
 smaller memory corpus still fills one batch): a check that it runs, whose ratios are rougher than the full run's.
 Usage: python bench/corpus/speed.py [--model smollm2-135m-instruct] [--texts 48] [--tokens 64] [--pairs 100]
                                     [--memory-texts 1000] [--batch-tokens 4096] [--repeats 5] [--quick]
-                                    [--random-weights]
+                                    [--random-weights] [--threads N] [--parts heads,patch,memory]
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))     # bench/, for common (which adds the root)
@@ -37,6 +40,7 @@ from core.corpus.texts import ioi_pairs  # noqa: E402
 from load import MemorySampler, rss_bytes  # noqa: E402
 
 WIDTHS = (46, 24, 24, 9)
+PARTS = ("heads", "patch", "memory")
 QUICK = {"texts": 12, "tokens": 32, "pairs": 2, "memory_texts": 100, "batch_tokens": 320}
 
 
@@ -84,7 +88,7 @@ def peak_rss(folder: str, n: int, tokens: int, batch_tokens: int) -> dict:
 
 def in_child(folder, n: int, tokens: int, batch_tokens: int) -> dict:
     done = subprocess.run([sys.executable, __file__, "--child-rss", str(folder), str(n), str(tokens),
-                           str(batch_tokens)],
+                           str(batch_tokens), "--threads", str(torch.get_num_threads())],
                           check=False, capture_output=True, text=True, timeout=3600)
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -104,8 +108,14 @@ def main() -> None:
     parser.add_argument("--random-weights", action="store_true", help="seeded random weights of the same shapes")
     parser.add_argument("--batch-tokens", type=int, default=summaries.BATCH_TOKENS,
                         help="rows × longest text in one padded batch (head scores and memory)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"which to run, comma-separated: {', '.join(PARTS)}")
     parser.add_argument("--child-rss", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.threads is not None:
+        if args.threads < 1:
+            raise SystemExit(f"--threads must be at least 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     if args.child_rss:
         folder, n, tokens, batch_tokens = args.child_rss
         print("RESULT", json.dumps(peak_rss(folder, int(n), int(tokens), int(batch_tokens))))
@@ -113,7 +123,11 @@ def main() -> None:
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
-    if args.memory_texts // 10 * args.tokens < args.batch_tokens:
+    parts = [part for part in args.parts.split(",") if part]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown or not parts:
+        raise SystemExit(f"--parts {args.parts!r}: choose among {', '.join(PARTS)}")
+    if "memory" in parts and args.memory_texts // 10 * args.tokens < args.batch_tokens:
         raise SystemExit(f"--memory-texts {args.memory_texts}: its tenth must fill a batch of --batch-tokens "
                          f"{args.batch_tokens}, or the two runs differ in batch, not only in corpus")
     if args.repeats < 5:
@@ -125,43 +139,60 @@ def main() -> None:
     cfg = model.config
     print(f"model {args.model} ({folder}), cpu, float32, threads {torch.get_num_threads()}, "
           f"medians (ranges) of {args.repeats} alternating runs{', QUICK sizes' if args.quick else ''}")
-    summaries.head_scores_over(model, texts[:2]), plain_forward(model, texts[:2])        # warm-up
-    looped_sweeps(model, pairs[:1])
-
+    sides = {"heads": ("scores", "plain"), "patch": ("patch_over", "looped")}
     jobs = {"scores": lambda: summaries.head_scores_over(model, texts, args.batch_tokens),
             "plain": lambda: plain_forward(model, texts, args.batch_tokens),
             "patch_over": lambda: summaries.patch_over(model, pairs, "z"),
             "looped": lambda: looped_sweeps(model, pairs)}
-    times = {key: [] for key in jobs}
-    for repeat in range(args.repeats):
-        for pair in (("scores", "plain"), ("patch_over", "looped")):
-            for key in pair[::-1] if repeat % 2 else pair:      # each side first in every other run
+    if "heads" in parts:                                                                # warm-up
+        summaries.head_scores_over(model, texts[:2]), plain_forward(model, texts[:2])
+    if "patch" in parts:
+        looped_sweeps(model, pairs[:1])
+    times = {key: [] for part in parts if part in sides for key in sides[part]}
+    cpu = {key: [] for key in times}       # this process's CPU seconds: less moved by other jobs on a shared machine
+    for repeat in range(args.repeats if times else 0):
+        for part in parts:
+            for key in sides[part][::-1] if repeat % 2 else sides[part]:     # each side first in every other run
+                before = time.process_time()
                 times[key].append(timed(jobs[key], "cpu")[0])
-    tokens = args.texts * args.tokens
-    heads_ratio = median(times["plain"]) / median(times["scores"])
-    patch_ratio = median(times["looped"]) / median(times["patch_over"])
-    print(row("", "corpus job (s)", "plain way (s)", "ratio", widths=WIDTHS))
-    print(row(f"head scores, {args.texts} texts × {args.tokens} tokens", spread(times["scores"], 2),
-              spread(times["plain"], 2), f"{heads_ratio:.2f}", widths=WIDTHS))
-    print(f"  token throughput: head_scores_over {tokens / median(times['scores']):.0f} tok/s, plain forward "
-          f"{tokens / median(times['plain']):.0f} tok/s (ratio = scores / plain, target ≥ 0.5, aim 0.7)")
-    print(row(f"patch_over z, {len(pairs)} IOI pairs ({cfg.n_layers}×{cfg.n_heads} heads)",
-              spread(times["patch_over"], 2), spread(times["looped"], 2), f"{patch_ratio:.2f}x", widths=WIDTHS))
-    print("  ratio = looped patch_sweep time / patch_over time (≥ 1: never slower)")
-
-    small_n = max(1, args.memory_texts // 10)
-    small = in_child(folder, small_n, args.tokens, args.batch_tokens)
-    large = in_child(folder, args.memory_texts, args.tokens, args.batch_tokens)
-    grown = large["peak"] - small["peak"]
-    print(f"memory, head_scores_over on random texts of {args.tokens} tokens (peak RSS of a fresh process while the "
-          f"job runs; before it: {small['loaded']:.0f} MB; batches of {args.batch_tokens // args.tokens} texts)")
-    print(f"  {small_n} texts: {small['peak']:.0f} MB   {args.memory_texts} texts: {large['peak']:.0f} MB   "
-          f"difference {grown:+.0f} MB (target ≤ 300)")
-    print(f"SUMMARY corpus{' (QUICK)' if args.quick else ''}: head scores {heads_ratio:.2f} of a plain forward's "
-          f"throughput on {args.texts}×{args.tokens} tokens; patch_over {median(times['patch_over']):.1f} s over "
-          f"{len(pairs)} pairs, {patch_ratio:.2f}x the looped sweeps; RSS {args.memory_texts} vs {small_n} texts "
-          f"{grown:+.0f} MB")
-
+                cpu[key].append(time.process_time() - before)
+    summary = []
+    if times:
+        print(row("", "corpus job (s)", "plain way (s)", "ratio", widths=WIDTHS))
+    if "heads" in parts:
+        tokens = args.texts * args.tokens
+        heads_ratio = median(times["plain"]) / median(times["scores"])
+        print(row(f"head scores, {args.texts} texts × {args.tokens} tokens", spread(times["scores"], 2),
+                  spread(times["plain"], 2), f"{heads_ratio:.2f}", widths=WIDTHS))
+        print(f"  token throughput: head_scores_over {tokens / median(times['scores']):.0f} tok/s, plain forward "
+              f"{tokens / median(times['plain']):.0f} tok/s (ratio = scores / plain, target ≥ 0.5, aim 0.7)")
+        summary.append(f"head scores {heads_ratio:.2f} of a plain forward's throughput on {args.texts}×{args.tokens} "
+                       "tokens")
+    if "patch" in parts:
+        patch_ratio = median(times["looped"]) / median(times["patch_over"])
+        print(row(f"patch_over z, {len(pairs)} IOI pairs ({cfg.n_layers}×{cfg.n_heads} heads)",
+                  spread(times["patch_over"], 2), spread(times["looped"], 2), f"{patch_ratio:.2f}x", widths=WIDTHS))
+        print("  ratio = looped patch_sweep time / patch_over time (≥ 1: never slower); per run, each side first "
+              "in turn")
+        print("  patch_over (s): " + " ".join(f"{t:.2f}" for t in times["patch_over"]) + "   looped (s): "
+              + " ".join(f"{t:.2f}" for t in times["looped"]))
+        cpu_ratio = median(cpu["looped"]) / median(cpu["patch_over"])
+        print(f"  CPU time: patch_over {spread(cpu['patch_over'], 2)} s, looped {spread(cpu['looped'], 2)} s, "
+              f"ratio {cpu_ratio:.2f}x")
+        summary.append(f"patch_over {median(times['patch_over']):.1f} s over {len(pairs)} pairs, {patch_ratio:.2f}x "
+                       f"the looped sweeps ({cpu_ratio:.2f}x in CPU time)")
+    if "memory" in parts:
+        small_n = max(1, args.memory_texts // 10)
+        small = in_child(folder, small_n, args.tokens, args.batch_tokens)
+        large = in_child(folder, args.memory_texts, args.tokens, args.batch_tokens)
+        grown = large["peak"] - small["peak"]
+        print(f"memory, head_scores_over on random texts of {args.tokens} tokens (peak RSS of a fresh process while "
+              f"the job runs; before it: {small['loaded']:.0f} MB; batches of {args.batch_tokens // args.tokens} "
+              "texts)")
+        print(f"  {small_n} texts: {small['peak']:.0f} MB   {args.memory_texts} texts: {large['peak']:.0f} MB   "
+              f"difference {grown:+.0f} MB (target ≤ 300)")
+        summary.append(f"RSS {args.memory_texts} vs {small_n} texts {grown:+.0f} MB")
+    print(f"SUMMARY corpus{' (QUICK)' if args.quick else ''}, threads {torch.get_num_threads()}: " + "; ".join(summary))
 
 if __name__ == "__main__":
     main()

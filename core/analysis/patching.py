@@ -71,7 +71,7 @@ class PatchSweep:
     site: str
     mode: str
     layer: int | None           # the layer a "z" sweep over heads × positions is at, else None
-    scores: Tensor              # normalised: 1 is the clean run's metric, 0 the corrupted run's (NaN where they are equal)
+    scores: Tensor              # normalised: 1 is the clean run's metric, 0 the corrupted run's (NaN if they are equal)
     metrics: Tensor             # logit(answer) − logit(foil) of each patched run, the same shape
     clean_metric: float
     corrupted_metric: float

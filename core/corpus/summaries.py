@@ -28,6 +28,7 @@ BATCH_TOKENS = 4096        # head scores: padded tokens in one batch, rows × th
 ABLATION_TEXTS = 8         # ablation_over's default cap on texts: its sweep removes every head once per text
 NAMED = 20                 # items a note or an error names before it says "…"
 PAIR_TOKENS = 256          # patch_over: pairs × their longest prompt swept together (their records are held at once)
+PATCH_TOKENS = 1024        # patch_over: rows × positions in one batch of cells; larger ones only hold more at once
 
 Progress = Callable[[int, int], None]
 Each = Callable[[int, object], None]
@@ -334,9 +335,29 @@ def check_one_length(pairs: list[Pair]) -> None:
                          "without a layer), which takes any lengths")
 
 
+def pair_groups(pairs: list[Pair], todo: list[int], pair_tokens: int) -> list[list[int]]:
+    """The pairs of todo to sweep together, each group at most pair_tokens pairs × its longest prompt (one pair at
+    least), ordered by their tail, the tokens from their first difference to the end, then by length: a batch of
+    cells resumes every row from its earliest position, left-padded prompts end together, so pairs with like tails
+    share a batch with no wasted positions."""
+    def tail(i: int) -> int:
+        differ = (pairs[i].clean != pairs[i].corrupted).nonzero()
+        return len(pairs[i].clean) - (int(differ[0]) if len(differ) else len(pairs[i].clean))
+
+    groups, current, width = [], [], 0
+    for i in sorted(todo, key=lambda i: (tail(i), len(pairs[i].clean))):
+        width_with = max(width, len(pairs[i].clean))
+        if current and (len(current) + 1) * width_with > pair_tokens:
+            groups.append(current)
+            current, width_with = [], len(pairs[i].clean)
+        current.append(i)
+        width = width_with
+    return groups + ([current] if current else [])
+
+
 def patch_over(model, pairs: Sequence[Pair], site: str, mode: str = "denoise", layer: int | None = None,
                progress: Progress | None = None, stop: Stop | None = None,
-               each: Each | None = None, done: Done | None = None, batch_tokens: int = patching.SWEEP_TOKENS,
+               each: Each | None = None, done: Done | None = None, batch_tokens: int = PATCH_TOKENS,
                pair_tokens: int = PAIR_TOKENS) -> Over:
     """Activation patching (core/analysis/patching.py patch_sweep) of each pair, summarised: per_item holds each
     pair's normalised scores (1: the clean run's metric, 0: the corrupted run's), and mean is the mean of those
@@ -361,12 +382,10 @@ def patch_over(model, pairs: Sequence[Pair], site: str, mode: str = "denoise", l
     if positions:
         check_one_length(pairs)
     job = Job(len(pairs), "pair", progress, stop, each).resume(done)
-    todo = [i for i in range(len(pairs)) if i not in job.values]
     try:
-        for places in length_batches([len(pairs[i].clean) for i in todo], pair_tokens):
+        for chosen in pair_groups(pairs, [i for i in range(len(pairs)) if i not in job.values], pair_tokens):
             if job.stopping():
                 break
-            chosen = [todo[place] for place in places]
             batch = patching.pair_batch([(pairs[i].clean, pairs[i].corrupted, pairs[i].answer, pairs[i].foil)
                                          for i in chosen], pad_token(model))
             for row, sweep in patching.sweep_pairs(model, batch, site, mode, layer, batch_tokens, job.inner):
