@@ -187,8 +187,8 @@ Models add the order in one of four ways:
 - **sinusoids** (eq. 4.1), added to the token embeddings (eq. 4.2): each position gets a fixed pattern of sines and
   cosines at geometrically spaced frequencies, defined for any position;
 - a **learned table** (eq. 4.3): one trained row per position, and no row past the last one it was given;
-- **RoPE** (eq. 6.2): q and k are rotated by an angle proportional to their position, so q·k depends on the distance
-  i − j alone (SmolLM2 and most recent decoders);
+- **RoPE** (eq. 6.2): q and k are rotated by an angle proportional to their position, so q·k depends on their
+  positions only through the distance i − j (SmolLM2 and most recent decoders);
 - **ALiBi** (eq. 6.3): no position vectors at all; each head subtracts m_h·(i − j) from the scores, a penalty that
   grows with distance.
 
