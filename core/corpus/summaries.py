@@ -357,17 +357,16 @@ def pair_groups(pairs: list[Pair], todo: list[int], pair_tokens: int) -> list[li
 
 def patch_over(model, pairs: Sequence[Pair], site: str, mode: str = "denoise", layer: int | None = None,
                progress: Progress | None = None, stop: Stop | None = None,
-               each: Each | None = None, done: Done | None = None, batch_tokens: int = PATCH_TOKENS,
-               pair_tokens: int = PAIR_TOKENS) -> Over:
+               each: Each | None = None, done: Done | None = None) -> Over:
     """Activation patching (core/analysis/patching.py patch_sweep) of each pair, summarised: per_item holds each
     pair's normalised scores (1: the clean run's metric, 0: the corrupted run's), and mean is the mean of those
     scores, not the normalised mean metric. Position sites (resid_pre, attn_out, mlp_out, and z at one layer)
     need pairs of one token length; the layer × head sweep of z takes any. A pair whose clean and corrupted runs
     give the same logit difference has no normalised score: it is skipped and named in the note.
-    Pairs of similar length are swept together (patching.sweep_pairs, the sweep patch_sweep runs on a batch of
-    one): up to pair_tokens pairs × their longest prompt, left-padded, share one clean and one corrupted pass,
-    and their cells share batches of up to batch_tokens rows × positions. Each pair is handed on as its last
-    cell finishes; stop() is asked between those batches."""
+    Pairs are swept together (patching.sweep_pairs, the sweep patch_sweep runs on a batch of one): up to
+    PAIR_TOKENS pairs × their longest prompt, left-padded, share one clean and one corrupted pass, and their cells
+    share batches of up to PATCH_TOKENS rows × positions (sizes, not arguments: a saved job is named by what it
+    measures). Each pair is handed on as its last cell finishes; stop() is asked between those batches."""
     patching.check_decoder(model, "patching")
     pairs = check_pairs(model, pairs)
     cfg = model.config
@@ -383,12 +382,12 @@ def patch_over(model, pairs: Sequence[Pair], site: str, mode: str = "denoise", l
         check_one_length(pairs)
     job = Job(len(pairs), "pair", progress, stop, each).resume(done)
     try:
-        for chosen in pair_groups(pairs, [i for i in range(len(pairs)) if i not in job.values], pair_tokens):
+        for chosen in pair_groups(pairs, [i for i in range(len(pairs)) if i not in job.values], PAIR_TOKENS):
             if job.stopping():
                 break
             batch = patching.pair_batch([(pairs[i].clean, pairs[i].corrupted, pairs[i].answer, pairs[i].foil)
                                          for i in chosen], pad_token(model))
-            for row, sweep in patching.sweep_pairs(model, batch, site, mode, layer, batch_tokens, job.inner):
+            for row, sweep in patching.sweep_pairs(model, batch, site, mode, layer, PATCH_TOKENS, job.inner):
                 if sweep.clean_metric == sweep.corrupted_metric:
                     job.skip(chosen[row], "its clean and corrupted runs give the same logit difference, "
                                           f"{sweep.clean_metric:.4g}")

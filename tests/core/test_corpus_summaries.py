@@ -91,21 +91,24 @@ def test_induction_over_repeated_texts_is_the_probes_score(llama):
     assert not torch.allclose(over.per_item[2], over.per_item[1])             # without BOS, other positions
 
 
-def test_a_stopped_job_keeps_its_finished_items(llama):
+def test_a_stopped_job_keeps_its_finished_items(llama, monkeypatch):
     texts = random_texts([5, 5, 8, 8, 8])
     finished = []
     over = summaries.head_scores_over(llama, texts, batch_tokens=10, progress=lambda d, t: finished.append(d),
                                       stop=lambda: len(finished) >= 2)
     assert over["entropy"].n == 2 and over["entropy"].items == (0, 1)
     assert "stopped after 2 of 5 texts" in over["entropy"].note
-    # a sweep stops between its batches of pairs (pair_tokens=7: one pair each) or between the batches of cells
-    # inside one (batch_tokens=8: two rows of 4 positions each): the pair under way is dropped, the finished kept
+    # a sweep stops between its batches of pairs (PAIR_TOKENS 7: one pair each) or between the batches of cells
+    # inside one (PATCH_TOKENS 8: two rows of 4 positions each): the pair under way is dropped, the finished kept
     pairs = [random_pair(7, (3,), seed) for seed in range(3)]
     one = patching.patch_sweep(llama, pairs[0].clean[None], pairs[0].corrupted[None], ANSWER, FOIL, "z")
-    for sizes in ({"pair_tokens": 7}, {"batch_tokens": 8}):
+    for sizes in ({"PAIR_TOKENS": 7}, {"PATCH_TOKENS": 8}):
         calls, streamed = [], {}
-        patched = summaries.patch_over(llama, pairs, "z", progress=lambda d, t: calls.append(d),
-                                       stop=lambda: len(calls) >= 1, each=streamed.__setitem__, **sizes)
+        with monkeypatch.context() as patched_sizes:
+            for name, value in sizes.items():
+                patched_sizes.setattr(summaries, name, value)
+            patched = summaries.patch_over(llama, pairs, "z", progress=lambda d, t: calls.append(d),
+                                           stop=lambda: len(calls) >= 1, each=streamed.__setitem__)
         assert patched.n == 1 and "stopped after 1 of 3 pairs" in patched.note, sizes
         assert list(streamed) == [0] and torch.equal(streamed[0], patched.per_item[0])
         torch.testing.assert_close(patched.per_item[0], one.scores, atol=1e-5, rtol=0)
