@@ -36,6 +36,7 @@ TABS = {  # tab label → (its id in links, its primary button, a figure its fir
     "Heads": ("heads", "heads-run", "heads-map"),
     "Patching": ("patching", "patch-run", "patch-map"),
     "Inside": ("inside", "inside-run", "inside-stage1"),
+    "Learn": ("learn", "learn-next", "learn-figure"),
     "Lab": ("lab", "lab-train", None),
 }
 CHEAP = {"attention", "positions", "masks", "heads", "patching", "inside"}

@@ -62,7 +62,9 @@ def build(services, picker) -> SimpleNamespace:
                 reveal = gr.Button("Reveal the answer", variant="primary", elem_id="learn-reveal")
                 answer = gr.Markdown(elem_id="learn-answer")
             with gr.Column(scale=3, min_width=300):
-                figure = gr.Plot(label="The lesson's figure, computed on the model", elem_id="learn-figure")
+                # hidden until the lesson is computed: no figure box is shown empty
+                figure = gr.Plot(label="The lesson's figure, computed on the model", elem_id="learn-figure",
+                                 visible=False)
                 alt = gr.Markdown(elem_id="learn-alt")
                 try_button = gr.Button("Try it", elem_id="learn-try", size="sm")
     saved = gr.BrowserState({"lesson": first, "revealed": []}, storage_key=SAVED_KEY)
@@ -78,7 +80,8 @@ def build(services, picker) -> SimpleNamespace:
         state["lesson"] = page.name
         return (gr.Dropdown(choices=lesson_choices(state["revealed"]), value=page.name), page.place, page.text,
                 page.question, gr.Textbox(value="", visible=not page.choices),
-                gr.Radio(choices=list(page.choices), value=None, visible=bool(page.choices)), "", page.figure,
+                gr.Radio(choices=list(page.choices), value=None, visible=bool(page.choices)), "",
+                gr.Plot(value=page.figure, visible=True),
                 page.alt, gr.Button(page.try_label), views.try_state(page.link), (model_name, page.name), state)
 
     def step(by: int):
@@ -119,12 +122,12 @@ def build(services, picker) -> SimpleNamespace:
 def api_endpoint(services) -> None:
     """`lesson(model_name, lesson)`: the lesson's text and question, its figure, and its answer (hidden parts of
     the page that only the API reads)."""
-    with gr.Column(visible=False):
-        model_name = gr.Textbox()
-        lesson = gr.Textbox()
-        text, answer = gr.Markdown(), gr.Markdown()
-        figure = gr.Plot()
-        trigger = gr.Button()
+    with gr.Column(visible=False, elem_id="learn-api"):
+        model_name = gr.Textbox(elem_id="learn-api-model")
+        lesson = gr.Textbox(elem_id="learn-api-lesson")
+        text, answer = gr.Markdown(elem_id="learn-api-text"), gr.Markdown(elem_id="learn-api-answer")
+        figure = gr.Plot(elem_id="learn-api-figure")
+        trigger = gr.Button(elem_id="learn-api-run")
 
     @user_errors
     def lesson_api(model_name: str, lesson: str, progress=gr.Progress()):
