@@ -19,23 +19,19 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
-from urllib.parse import urlsplit
 
 import torch
 from torch import Tensor
 
 from core.analysis import heads as head_analysis
 from core.corpus import Pair
-from core.corpus import heads as head_places
 from core.corpus import chunks, saved
 from core.corpus import summaries, texts as corpora
 from core.corpus.summaries import Over, summarise
-from ui import links
-from ui.services.checks import UserError, check_head, check_range, stack_shape
+from ui.services.checks import UserError, check_range, stack_shape
 from ui.services.corpus.pages import Saving, saved_words, saving_given, unsaved
 from ui.services.heads import next_token_reason
 from ui.services.jobs import stream_job
-from ui.services.text import token_pieces
 from ui.services.patching import SITES
 
 BUILT_IN = ("induction texts", "IOI pairs")
@@ -413,68 +409,3 @@ def check_kind(kind) -> str:
     if kind not in KINDS:
         raise UserError(f"Score must be one of {', '.join(KINDS)}, got {str(kind)[:40]!r}.")
     return kind
-
-
-# ---- one head's top examples over the corpus (core/corpus/heads.py top_examples) ----
-
-MAX_EXAMPLES = 50        # top places one job lists
-PER_DECILE = 2           # places shown from each decile of the head's weights
-
-
-@dataclass
-class Place:
-    """One place as the page lists it: the texts around the query and the key, the two tokens apart, and the
-    query string of a link that opens the text in the Attention tab at this head."""
-    label: str               # "1", "decile 10"
-    text: int
-    query: int
-    key: int
-    weight: float
-    query_parts: tuple[str, str, str]     # before, the query token, after
-    key_parts: tuple[str, str, str]
-    link: str                # "?model=…&tab=attention&layer=…&head=…&text=…", or "" when the text is too long
-
-
-def check_examples(model, layer, head, k) -> tuple[int, int, int]:
-    layer, head = check_head(model, layer, head)
-    return layer, head, check_range("Examples (k)", k, 1, MAX_EXAMPLES)
-
-
-def shown_piece(piece: str) -> str:
-    """A token's text as a table shows it: spaces kept, a newline as ↵, a tab as ⇥, other unprintable characters
-    as ·, and an empty piece as ∅, so every token has a visible place."""
-    piece = piece.replace("\n", "↵").replace("\t", "⇥")
-    return "".join(ch if ch.isprintable() else "·" for ch in piece) or "∅"
-
-
-def parts_of(model, ids, start: int, at: int) -> tuple[str, str, str]:
-    pieces = [shown_piece(piece) for piece in token_pieces(model, ids)]
-    i = at - start
-    return "".join(pieces[:i]), pieces[i], "".join(pieces[i + 1:])
-
-
-def place_of(model, model_name: str, corpus: Corpus, example, layer: int, head: int, label: str) -> Place:
-    text = model.tokenizer.decode(corpus.items[example.text].tolist(), skip_special_tokens=True)
-    link, _ = links.make("/", model_name, "attention", layer, head, text)
-    query = urlsplit(link).query if "text=" in link else ""
-    return Place(label, example.text, example.query, example.key, example.weight,
-                 parts_of(model, example.query_ids, example.query_from, example.query),
-                 parts_of(model, example.key_ids, example.key_from, example.key), f"?{query}" if query else "")
-
-
-def run_examples(model, model_name: str, corpus: Corpus, layer: int, head: int, k: int,
-                 report) -> tuple[list[Place], list[Place], object]:
-    """(top places, decile samples highest first, the core's HeadExamples) of one head over the corpus."""
-    with refusals_in_words():
-        found = head_places.top_examples(model, corpus.items, layer, head, k, per_decile=PER_DECILE,
-                                         progress=report)
-    top = [place_of(model, model_name, corpus, e, layer, head, str(i + 1)) for i, e in enumerate(found.top)]
-    deciles = [place_of(model, model_name, corpus, e, layer, head, f"decile {d + 1}")
-               for d in reversed(range(len(found.deciles))) for e in found.deciles[d]]
-    return top, deciles, found
-
-
-def stream_examples(model, model_name: str, corpus: Corpus, layer: int, head: int, k: int):
-    """run_examples in a worker thread, as ui.services.jobs.stream_job updates (closing it stops the job)."""
-    return stream_job(lambda report: run_examples(model, model_name, corpus, layer, head, k, report),
-                      len(corpus.items), "corpus-examples")

@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from ui.services.corpus.over import CORPORA, DEFAULT_N, KINDS, MAX_EXAMPLES, MAX_PAIRS, MAX_TEXTS
+from ui.services.corpus.examples import MAX_EXAMPLES
+from ui.services.corpus.over import CORPORA, DEFAULT_N, KINDS, MAX_PAIRS, MAX_TEXTS
 from ui.services.kept import keeping
 from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, session_of, user_errors
 from ui.tabs.widgets import click_bridge

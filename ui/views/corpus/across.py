@@ -13,9 +13,9 @@ from ui.plots.corpus import examples_html, interval_words, item_strip, mean_map
 from ui.plots.text import escaped
 from ui.services import Services
 from ui.services.checks import UserError
+from ui.services.corpus.examples import PER_DECILE, check_examples, stream_examples
 from ui.services.corpus.over import (Corpus, MapAxes, check_cell, check_kind, check_model, check_mode, check_site,
-                                     corpus_pairs, corpus_texts, map_axes, stream_over)
-from ui.services.corpus.over import PER_DECILE, check_examples, exported, stream_examples
+                                     corpus_pairs, corpus_texts, exported, map_axes, stream_over)
 from ui.services.corpus.pages import saving_of
 from ui.views import export
 

@@ -1,0 +1,77 @@
+"""One head's top examples over a corpus (core/corpus/heads.py top_examples) as the page lists them: each place
+with the text around its query and key token, and a link that opens its text in the Attention tab at that head;
+run in a worker thread (ui.services.jobs.stream_job) so the page can stop it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from core.corpus import heads as head_places
+from ui import links
+from ui.services.checks import check_head, check_range
+from ui.services.corpus.over import Corpus, refusals_in_words
+from ui.services.jobs import stream_job
+from ui.services.text import token_pieces
+
+MAX_EXAMPLES = 50        # top places one job lists
+PER_DECILE = 2           # places shown from each decile of the head's weights
+
+
+@dataclass
+class Place:
+    """One place as the page lists it: the texts around the query and the key, the two tokens apart, and the
+    query string of a link that opens the text in the Attention tab at this head."""
+    label: str               # "1", "decile 10"
+    text: int
+    query: int
+    key: int
+    weight: float
+    query_parts: tuple[str, str, str]     # before, the query token, after
+    key_parts: tuple[str, str, str]
+    link: str                # "?model=…&tab=attention&layer=…&head=…&text=…", or "" when the text is too long
+
+
+def check_examples(model, layer, head, k) -> tuple[int, int, int]:
+    layer, head = check_head(model, layer, head)
+    return layer, head, check_range("Examples (k)", k, 1, MAX_EXAMPLES)
+
+
+def shown_piece(piece: str) -> str:
+    """A token's text as a table shows it: spaces kept, a newline as ↵, a tab as ⇥, other unprintable characters
+    as ·, and an empty piece as ∅, so every token has a visible place."""
+    piece = piece.replace("\n", "↵").replace("\t", "⇥")
+    return "".join(ch if ch.isprintable() else "·" for ch in piece) or "∅"
+
+
+def parts_of(model, ids, start: int, at: int) -> tuple[str, str, str]:
+    pieces = [shown_piece(piece) for piece in token_pieces(model, ids)]
+    i = at - start
+    return "".join(pieces[:i]), pieces[i], "".join(pieces[i + 1:])
+
+
+def place_of(model, model_name: str, corpus: Corpus, example, layer: int, head: int, label: str) -> Place:
+    text = model.tokenizer.decode(corpus.items[example.text].tolist(), skip_special_tokens=True)
+    link, _ = links.make("/", model_name, "attention", layer, head, text)
+    query = urlsplit(link).query if "text=" in link else ""
+    return Place(label, example.text, example.query, example.key, example.weight,
+                 parts_of(model, example.query_ids, example.query_from, example.query),
+                 parts_of(model, example.key_ids, example.key_from, example.key), f"?{query}" if query else "")
+
+
+def run_examples(model, model_name: str, corpus: Corpus, layer: int, head: int, k: int,
+                 report) -> tuple[list[Place], list[Place], object]:
+    """(top places, decile samples highest first, the core's HeadExamples) of one head over the corpus."""
+    with refusals_in_words():
+        found = head_places.top_examples(model, corpus.items, layer, head, k, per_decile=PER_DECILE,
+                                         progress=report)
+    top = [place_of(model, model_name, corpus, e, layer, head, str(i + 1)) for i, e in enumerate(found.top)]
+    deciles = [place_of(model, model_name, corpus, e, layer, head, f"decile {d + 1}")
+               for d in reversed(range(len(found.deciles))) for e in found.deciles[d]]
+    return top, deciles, found
+
+
+def stream_examples(model, model_name: str, corpus: Corpus, layer: int, head: int, k: int):
+    """run_examples in a worker thread, as ui.services.jobs.stream_job updates (closing it stops the job)."""
+    return stream_job(lambda report: run_examples(model, model_name, corpus, layer, head, k, report),
+                      len(corpus.items), "corpus-examples")
