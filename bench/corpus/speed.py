@@ -5,16 +5,20 @@ way, in one run: medians (and ranges) of alternating runs (each side first in ev
            batched forward pass (the stack only, no logits) of the same padded batches: token throughput ratio
   patch    patch_over at the head site (z, every layer × head) over --pairs IOI pairs (ioi_pairs, seed 0),
            against looping the single-pair patch_sweep over the same pairs
+  lens     where transformer-lens is installed (its own environment: requirements-bench.txt), the same head
+           scores from the patterns of its run_with_cache looped over the same texts one at a time, and run on
+           all of them in one batch (they are of one length), checked against head_scores_over's per-item
+           values (bench/corpus/lens.py); skipped, saying why, where it is not installed
   memory   peak RSS, while the job runs, of a fresh process that loads the model and runs head_scores_over on
            --memory-texts random texts of --tokens tokens, against one on a tenth as many; the difference is what
            the corpus adds
---parts picks which of the three to run (all by default); --threads sets torch's thread count (on a shared
+--parts picks which of the four to run (all by default); --threads sets torch's thread count (on a shared
 machine 1 keeps the two sides' timings apart from the other jobs' load).
 --quick shrinks every size (12 texts, 2 pairs, 100 vs 10 texts, 32 tokens, batches of 320 tokens, so that the
 smaller memory corpus still fills one batch): a check that it runs, whose ratios are rougher than the full run's.
 Usage: python bench/corpus/speed.py [--model smollm2-135m-instruct] [--texts 48] [--tokens 64] [--pairs 100]
                                     [--memory-texts 1000] [--batch-tokens 4096] [--repeats 5] [--quick]
-                                    [--random-weights] [--threads N] [--parts heads,patch,memory]
+                                    [--random-weights] [--threads N] [--parts heads,patch,lens,memory]
 """
 from __future__ import annotations
 
@@ -37,10 +41,11 @@ from core.analysis import patching  # noqa: E402
 from core.corpus import summaries  # noqa: E402
 from core.corpus.heads import pad_id  # noqa: E402
 from core.corpus.texts import ioi_pairs  # noqa: E402
+from lens import check_agreement, lens_model, lens_scores  # noqa: E402
 from load import MemorySampler, rss_bytes  # noqa: E402
 
 WIDTHS = (46, 24, 24, 9)
-PARTS = ("heads", "patch", "memory")
+PARTS = ("heads", "patch", "lens", "memory")
 QUICK = {"texts": 12, "tokens": 32, "pairs": 2, "memory_texts": 100, "batch_tokens": 320}
 
 
@@ -96,7 +101,78 @@ def in_child(folder, n: int, tokens: int, batch_tokens: int) -> dict:
     raise SystemExit(f"the memory child ({n} texts) failed:\n{done.stderr[-3000:]}")
 
 
-def main() -> None:
+def alternating(jobs: dict, order: list[str], repeats: int) -> tuple[dict, dict]:
+    """Wall and CPU seconds of each job, `repeats` times, in `order` and then reversed in every other run (so
+    each side of a comparison goes first in turn): key → [seconds]. CPU seconds are this process's, less
+    moved by other jobs on a shared machine."""
+    times, cpu = {key: [] for key in order}, {key: [] for key in order}
+    for repeat in range(repeats if order else 0):
+        for key in order[::-1] if repeat % 2 else order:
+            before = time.process_time()
+            times[key].append(timed(jobs[key], "cpu")[0])
+            cpu[key].append(time.process_time() - before)
+    return times, cpu
+
+
+def report_heads(times: dict, args) -> str:
+    tokens = args.texts * args.tokens
+    ratio = median(times["plain"]) / median(times["scores"])
+    print(row(f"head scores, {args.texts} texts × {args.tokens} tokens", spread(times["scores"], 2),
+              spread(times["plain"], 2), f"{ratio:.2f}", widths=WIDTHS))
+    print(f"  token throughput: head_scores_over {tokens / median(times['scores']):.0f} tok/s, plain forward "
+          f"{tokens / median(times['plain']):.0f} tok/s (ratio = scores / plain, target ≥ 0.5, aim 0.7)")
+    return f"head scores {ratio:.2f} of a plain forward's throughput on {args.texts}×{args.tokens} tokens"
+
+
+def report_patch(times: dict, cpu: dict, pairs, cfg) -> str:
+    ratio = median(times["looped"]) / median(times["patch_over"])
+    print(row(f"patch_over z, {len(pairs)} IOI pairs ({cfg.n_layers}×{cfg.n_heads} heads)",
+              spread(times["patch_over"], 2), spread(times["looped"], 2), f"{ratio:.2f}x", widths=WIDTHS))
+    print("  ratio = looped patch_sweep time / patch_over time (≥ 1: never slower); per run, each side first "
+          "in turn")
+    print("  patch_over (s): " + " ".join(f"{t:.2f}" for t in times["patch_over"]) + "   looped (s): "
+          + " ".join(f"{t:.2f}" for t in times["looped"]))
+    cpu_ratio = median(cpu["looped"]) / median(cpu["patch_over"])
+    print(f"  CPU time: patch_over {spread(cpu['patch_over'], 2)} s, looped {spread(cpu['looped'], 2)} s, "
+          f"ratio {cpu_ratio:.2f}x")
+    return (f"patch_over {median(times['patch_over']):.1f} s over {len(pairs)} pairs, {ratio:.2f}x the looped "
+            f"sweeps ({cpu_ratio:.2f}x in CPU time)")
+
+
+def report_lens(times: dict, cpu: dict, args, agreement: str) -> str:
+    ratios = {key: median(times[key]) / median(times["scores"]) for key in ("lens loop", "lens batched")}
+    cpu_ratios = {key: median(cpu[key]) / median(cpu["scores"]) for key in ratios}
+    print(row(f"head scores, transformer-lens, {args.texts} texts", spread(times["scores"], 2), "", "",
+              widths=WIDTHS))
+    print(row("  run_with_cache looped over the texts", "", spread(times["lens loop"], 2),
+              f"{ratios['lens loop']:.2f}x", widths=WIDTHS))
+    print(row(f"  run_with_cache on all {args.texts} in one batch", "", spread(times["lens batched"], 2),
+              f"{ratios['lens batched']:.2f}x", widths=WIDTHS))
+    print("  ratio = transformer-lens time / head_scores_over time (> 1: head_scores_over is faster); patterns "
+          "only cached (names_filter)")
+    print(f"  CPU time: head_scores_over {spread(cpu['scores'], 2)} s, loop {spread(cpu['lens loop'], 2)} s "
+          f"({cpu_ratios['lens loop']:.2f}x), batched {spread(cpu['lens batched'], 2)} s "
+          f"({cpu_ratios['lens batched']:.2f}x)")
+    print(f"  {agreement}")
+    return (f"transformer-lens run_with_cache loop {ratios['lens loop']:.2f}x head_scores_over's time "
+            f"({cpu_ratios['lens loop']:.2f}x in CPU time), batched {ratios['lens batched']:.2f}x "
+            f"({cpu_ratios['lens batched']:.2f}x)")
+
+
+def report_memory(folder, args) -> str:
+    small_n = max(1, args.memory_texts // 10)
+    small = in_child(folder, small_n, args.tokens, args.batch_tokens)
+    large = in_child(folder, args.memory_texts, args.tokens, args.batch_tokens)
+    grown = large["peak"] - small["peak"]
+    print(f"memory, head_scores_over on random texts of {args.tokens} tokens (peak RSS of a fresh process while "
+          f"the job runs; before it: {small['loaded']:.0f} MB; batches of {args.batch_tokens // args.tokens} "
+          "texts)")
+    print(f"  {small_n} texts: {small['peak']:.0f} MB   {args.memory_texts} texts: {large['peak']:.0f} MB   "
+          f"difference {grown:+.0f} MB (target ≤ 300)")
+    return f"RSS {args.memory_texts} vs {small_n} texts {grown:+.0f} MB"
+
+
+def arguments():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--texts", type=int, default=48)
@@ -111,7 +187,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"which to run, comma-separated: {', '.join(PARTS)}")
     parser.add_argument("--child-rss", nargs=4, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
     if args.threads is not None:
         if args.threads < 1:
             raise SystemExit(f"--threads must be at least 1, got {args.threads}")
@@ -136,63 +216,44 @@ def main() -> None:
     model = load_model(folder, device="cpu", dtype=torch.float32)
     texts = windows(model.tokenizer, args.texts, args.tokens)
     pairs = ioi_pairs(model.tokenizer, args.pairs, seed=0)
-    cfg = model.config
+    lens, lens_skipped = lens_model(folder, model.tokenizer) if "lens" in parts else (None, "")
     print(f"model {args.model} ({folder}), cpu, float32, threads {torch.get_num_threads()}, "
           f"medians (ranges) of {args.repeats} alternating runs{', QUICK sizes' if args.quick else ''}")
-    sides = {"heads": ("scores", "plain"), "patch": ("patch_over", "looped")}
+    sides = {"heads": ("scores", "plain"), "patch": ("patch_over", "looped"),
+             "lens": ("scores", "lens loop", "lens batched")}
     jobs = {"scores": lambda: summaries.head_scores_over(model, texts, args.batch_tokens),
             "plain": lambda: plain_forward(model, texts, args.batch_tokens),
             "patch_over": lambda: summaries.patch_over(model, pairs, "z"),
-            "looped": lambda: looped_sweeps(model, pairs)}
+            "looped": lambda: looped_sweeps(model, pairs),
+            "lens loop": lambda: lens_scores(lens, texts),
+            "lens batched": lambda: lens_scores(lens, texts, len(texts))}
+    summary = []
+    if lens_skipped:
+        print(f"lens: skipped: {lens_skipped}")
+        summary.append("transformer-lens not installed")
+        parts.remove("lens")
     if "heads" in parts:                                                                # warm-up
         summaries.head_scores_over(model, texts[:2]), plain_forward(model, texts[:2])
     if "patch" in parts:
         looped_sweeps(model, pairs[:1])
-    times = {key: [] for part in parts if part in sides for key in sides[part]}
-    cpu = {key: [] for key in times}       # this process's CPU seconds: less moved by other jobs on a shared machine
-    for repeat in range(args.repeats if times else 0):
-        for part in parts:
-            for key in sides[part][::-1] if repeat % 2 else sides[part]:     # each side first in every other run
-                before = time.process_time()
-                times[key].append(timed(jobs[key], "cpu")[0])
-                cpu[key].append(time.process_time() - before)
-    summary = []
+    if "lens" in parts:          # warm-up at full size, whose results are checked before anything is timed
+        ours = summaries.head_scores_over(model, texts, args.batch_tokens)
+        agreement = check_agreement(ours, jobs["lens loop"]())
+        check_agreement(ours, jobs["lens batched"]())
+    order = list(dict.fromkeys(key for part in parts if part in sides for key in sides[part]))
+    times, cpu = alternating(jobs, order, args.repeats)
     if times:
         print(row("", "corpus job (s)", "plain way (s)", "ratio", widths=WIDTHS))
     if "heads" in parts:
-        tokens = args.texts * args.tokens
-        heads_ratio = median(times["plain"]) / median(times["scores"])
-        print(row(f"head scores, {args.texts} texts × {args.tokens} tokens", spread(times["scores"], 2),
-                  spread(times["plain"], 2), f"{heads_ratio:.2f}", widths=WIDTHS))
-        print(f"  token throughput: head_scores_over {tokens / median(times['scores']):.0f} tok/s, plain forward "
-              f"{tokens / median(times['plain']):.0f} tok/s (ratio = scores / plain, target ≥ 0.5, aim 0.7)")
-        summary.append(f"head scores {heads_ratio:.2f} of a plain forward's throughput on {args.texts}×{args.tokens} "
-                       "tokens")
+        summary.append(report_heads(times, args))
     if "patch" in parts:
-        patch_ratio = median(times["looped"]) / median(times["patch_over"])
-        print(row(f"patch_over z, {len(pairs)} IOI pairs ({cfg.n_layers}×{cfg.n_heads} heads)",
-                  spread(times["patch_over"], 2), spread(times["looped"], 2), f"{patch_ratio:.2f}x", widths=WIDTHS))
-        print("  ratio = looped patch_sweep time / patch_over time (≥ 1: never slower); per run, each side first "
-              "in turn")
-        print("  patch_over (s): " + " ".join(f"{t:.2f}" for t in times["patch_over"]) + "   looped (s): "
-              + " ".join(f"{t:.2f}" for t in times["looped"]))
-        cpu_ratio = median(cpu["looped"]) / median(cpu["patch_over"])
-        print(f"  CPU time: patch_over {spread(cpu['patch_over'], 2)} s, looped {spread(cpu['looped'], 2)} s, "
-              f"ratio {cpu_ratio:.2f}x")
-        summary.append(f"patch_over {median(times['patch_over']):.1f} s over {len(pairs)} pairs, {patch_ratio:.2f}x "
-                       f"the looped sweeps ({cpu_ratio:.2f}x in CPU time)")
+        summary.append(report_patch(times, cpu, pairs, model.config))
+    if "lens" in parts:
+        summary.append(report_lens(times, cpu, args, agreement))
     if "memory" in parts:
-        small_n = max(1, args.memory_texts // 10)
-        small = in_child(folder, small_n, args.tokens, args.batch_tokens)
-        large = in_child(folder, args.memory_texts, args.tokens, args.batch_tokens)
-        grown = large["peak"] - small["peak"]
-        print(f"memory, head_scores_over on random texts of {args.tokens} tokens (peak RSS of a fresh process while "
-              f"the job runs; before it: {small['loaded']:.0f} MB; batches of {args.batch_tokens // args.tokens} "
-              "texts)")
-        print(f"  {small_n} texts: {small['peak']:.0f} MB   {args.memory_texts} texts: {large['peak']:.0f} MB   "
-              f"difference {grown:+.0f} MB (target ≤ 300)")
-        summary.append(f"RSS {args.memory_texts} vs {small_n} texts {grown:+.0f} MB")
+        summary.append(report_memory(folder, args))
     print(f"SUMMARY corpus{' (QUICK)' if args.quick else ''}, threads {torch.get_num_threads()}: " + "; ".join(summary))
+
 
 if __name__ == "__main__":
     main()
