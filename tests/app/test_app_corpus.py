@@ -278,3 +278,107 @@ def test_a_finished_job_exports_its_cells_and_items(served):
     assert any(name.endswith(".npz") for name in by_name)
     with pytest.raises(Exception, match="no saved job to export"):
         across.export_view(services, across.Shown(over, None, "text", "", "", False, "m", "v"))
+
+
+# ---- one head's query/key plane, and each head's ablation ----
+
+def test_the_qk_plane_service_is_the_cores_with_each_points_token(served):
+    from core.corpus import heads as head_places
+    from ui.services.corpus.over import Corpus
+    from ui.services.corpus.qk import PLANE_POINTS, run_plane
+    from ui.services.text import token_texts
+
+    model = served["model"]
+    texts = corpora.encode_texts(model.tokenizer, TEXTS)
+    shown = run_plane(model, Corpus(texts, "text", "five texts"), 1, 2)
+    plane = head_places.qk_over(model, texts, 1, 2, max_points=PLANE_POINTS)
+    torch.testing.assert_close(shown.plane.points, plane.points)
+    assert torch.equal(shown.plane.is_key, plane.is_key) and torch.equal(shown.plane.token, plane.token)
+    assert shown.labels == token_texts(model, plane.token)     # each point's own token, in the points' order
+    assert shown.rope and not shown.qk_norm      # the tiny Llama: RoPE, no QK-norm
+
+
+def test_the_qk_plane_endpoint_draws_the_cores_points_with_its_line(served):
+    from core.corpus import heads as head_places
+
+    model = served["model"]
+    note, figure = served["client"].predict(served["llama"], "uploaded file", 4, handle_file(served["texts"]), 1, 3,
+                                            api_name="/corpus_qk")
+    texts = corpora.encode_texts(model.tokenizer, TEXTS[:4])
+    plane = head_places.qk_over(model, texts, 1, 3)
+    queries, keys = shown(figure)["data"]
+    n = len(plane.queries)
+    for trace, points in ((queries, plane.points[:n]), (keys, plane.points[n:])):
+        xy = torch.tensor(plotly_array(trace["x"]), dtype=torch.float32), torch.tensor(plotly_array(trace["y"]))
+        torch.testing.assert_close(xy[0], points[:, 0])
+        torch.testing.assert_close(xy[1].float(), points[:, 1])
+    assert [queries["marker"]["symbol"], keys["marker"]["symbol"]] == ["circle", "triangle-up"]
+    custom = plotly_array(keys["customdata"]).astype(int)
+    assert custom[:, 0].tolist() == plane.text[n:].tolist() and custom[:, 1].tolist() == plane.position[n:].tolist()
+    assert "%{text}" in keys["hovertemplate"] and "text %{customdata[0]}" in keys["hovertemplate"]
+    line = shown(figure)["layout"]["annotations"][0]["text"]
+    assert line.startswith(f"4 texts: {n:,} of {plane.tokens:,} tokens") and "onto the queries' mean" in line
+    assert "PCA of the union by SVD" in line and "after RoPE" in line
+    assert "the first 4 of 5 texts of texts.txt" in note
+
+
+def test_the_qk_plane_refuses_a_head_out_of_range_in_words(served):
+    with pytest.raises(AppError, match="Head must be between 0 and 3, got 7"):
+        served["client"].predict(served["llama"], "induction texts", 3, None, 0, 7, api_name="/corpus_qk")
+
+
+def test_the_ablation_service_streams_the_cores_summary_capped_at_its_texts(served):
+    from ui.services.corpus.ablation import stream_ablation
+    from ui.services.corpus.over import Corpus
+    from ui.services.corpus.pages import Saving
+
+    model = served["model"]
+    texts = corpora.induction_texts(model.tokenizer, 10, 8, seed=3)
+    updates = list(stream_ablation(model, Corpus(texts, "text", "ten texts"), "mean", Saving(None), "tiny"))
+    final = updates[-1].result
+    over = summaries.ablation_over(model, texts, "mean")
+    torch.testing.assert_close(final.per_item, over.per_item)
+    torch.testing.assert_close(final.mean, over.mean)
+    assert final.n == summaries.ABLATION_TEXTS == 8 and "swept the first 8 of 10 texts" in final.note
+    assert updates[-1].total == 8 and "Not saved" in updates[-1].saved
+    for update in updates[:-1]:   # each partial summary: the core's summarise of the texts finished by then
+        if update.result is not None:
+            done = update.result.n
+            torch.testing.assert_close(update.result.mean, summaries.summarise(over.per_item[:done]).mean)
+
+
+def test_the_ablation_endpoint_maps_the_cores_mean_and_states_its_cap(served):
+    model = served["model"]
+    note, mean_figure, strip_figure = served["client"].predict(served["llama"], "induction texts", 9, None, "zero",
+                                                               1, 0, api_name="/corpus_ablation")
+    texts = corpora.induction_texts(model.tokenizer, 9, INDUCTION_LENGTH, bos=model.config.bos_token_id)
+    over = summaries.ablation_over(model, texts)
+    check_map_and_strip(note, mean_figure, strip_figure, over, (1, 0), "text")
+    assert "at most the first 8 texts are swept" in note and "swept the first 8 of 9 texts" in note
+
+
+@pytest.mark.parametrize("corpus, n, ablation, words", [
+    ("uploaded file", 3, "zero", "no file was uploaded"),
+    ("induction texts", 0, "zero", "Items (n) must be between 1 and 200, got 0"),
+    ("induction texts", 3, "half", "'half' (type: &lt;class 'str'&gt;) is not in the list of choices"),  # Gradio's
+])
+def test_the_ablation_refuses_bad_input_in_words(served, corpus, n, ablation, words):
+    with pytest.raises(AppError) as caught:
+        served["client"].predict(served["llama"], corpus, n, None, ablation, 0, 0, api_name="/corpus_ablation")
+    assert words in str(caught.value), str(caught.value)
+
+
+def test_an_encoder_decoder_or_a_model_without_an_lm_head_is_refused_both_in_words(served):
+    from types import SimpleNamespace
+
+    from ui.services.checks import UserError
+    from ui.services.corpus.ablation import check_ablation_model
+    from ui.services.corpus.qk import check_plane
+
+    seq2seq = SimpleNamespace(config=SimpleNamespace(is_encoder_decoder=True), lm_head=object())
+    for check in (check_ablation_model, lambda model: check_plane(model, 0, 0)):
+        with pytest.raises(UserError, match="this is an encoder-decoder"):
+            check(seq2seq)
+    headless = SimpleNamespace(config=SimpleNamespace(is_encoder_decoder=False, causal=False), lm_head=None)
+    with pytest.raises(UserError, match="Ablation reads each position's token prediction through the LM head"):
+        check_ablation_model(headless)

@@ -122,6 +122,8 @@ def calls(llama: str, upload: str) -> list[tuple[str, tuple]]:
         ("corpus_attribution", (llama, "uploaded file", 3, handle_file(corpus_pairs(upload)), 0, 0)),
         ("corpus_patch", (llama, "uploaded file", 3, handle_file(corpus_pairs(upload)), "z", "denoise", 0, 0, 0)),
         ("corpus_examples", (llama, "induction texts", 4, None, 1, 2, 5)),
+        ("corpus_qk", (llama, "induction texts", 3, None, 1, 2)),
+        ("corpus_ablation", (llama, "induction texts", 2, None, "zero", 0, 0)),
         ("lesson", (llama, "sqrt-dk")),
     ]
 

@@ -1,11 +1,12 @@
 """The Across texts tab in headless Chromium on a tiny random model, at 1400 px and on a 390 px phone: head scores
 over the built-in induction texts draw the mean map and the strip of one cell inside the page's width, each with
 its line on n and the interval; hovering a cell gives its mean, interval and n, and a click on it (or the cell
-typed) redraws the strip for that cell."""
+typed) redraws the strip for that cell; one head's query/key plane is drawn with its line."""
 
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -89,6 +90,7 @@ def test_head_scores_over_a_corpus_draw_inside_the_page(browser, app_url, name):
         if name == "wide":   # the finished job's files, from the saved job
             page.locator("#corpus-export").click()
             expect(page.locator("#corpus-export-files")).to_contain_text("_induction_items", timeout=RUN_TIMEOUT_MS)
+            check_plane(page)
         screenshot(page, f"corpus-{name}")
     finally:
         context.close()
@@ -109,3 +111,27 @@ def test_the_heads_tab_asks_how_typical_the_induction_score_is(browser, app_url)
     finally:
         context.close()
     assert not errors, f"JavaScript errors in the page: {errors}"
+
+
+
+def check_plane(page) -> None:
+    """The plane of one head over 3 induction texts (run on the page the heads test opened, to save opening
+    another): queries and keys drawn as two traces of points, the line under them saying how many texts and
+    tokens and the keys' shift; hovering a point names it, its text and its position."""
+    page.locator("#corpus-n input").fill("3")
+    page.locator("#corpus-qk-box").get_by_text("Query/key plane of one head").click()   # open its accordion
+    page.locator("#corpus-qk-layer input").fill("1")
+    page.locator("#corpus-qk-head input").fill("2")
+    page.locator("#corpus-qk-run").click()
+    expect(page.locator("#corpus-qk-note")).to_contain_text("Query/key plane", timeout=RUN_TIMEOUT_MS)
+    inside(page, "#corpus-qk")
+    traces = page.locator("#corpus-qk .scatterlayer .trace")
+    expect(traces).to_have_count(2)
+    # 3 texts of 2 × 24 tokens and a BOS each: 147 queries and 147 keys
+    assert traces.nth(0).locator(".point").count() == 147 and traces.nth(1).locator(".point").count() == 147
+    line = page.locator("#corpus-qk .annotation-text").first
+    expect(line).to_contain_text("3 texts: 147 of 147 tokens")
+    expect(line).to_contain_text("onto the queries' mean")
+    traces.nth(1).locator(".point").first.hover(force=True)
+    hover = page.locator("#corpus-qk .hoverlayer .hovertext").first   # the nearest point: a key, maybe another
+    expect(hover).to_contain_text(re.compile(r"key .*text [0-2], position \d+"), timeout=10_000)

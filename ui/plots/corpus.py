@@ -103,3 +103,34 @@ def examples_html(rows: Sequence[Mapping], caption_line: str) -> str:
             "<th>key (position: context)</th><th></th></tr>")
     return (f'<div class="corpus-examples" style="overflow-x:auto"><table><caption>{escaped(caption_line)}'
             f"</caption>{head}{''.join(body)}</table></div>")
+
+
+QUERY_COLOR = "#1f77b4"
+KEY_COLOR = "#ff7f0e"
+
+
+def qk_plane(points: np.ndarray, is_key: np.ndarray, text: np.ndarray, position: np.ndarray,
+             labels: Sequence[str], explained: Sequence[float], title: str, line: str) -> go.Figure:
+    """points [2N, 2] in the plane of the first two principal components; is_key, text, position [2N]; labels
+    [2N] each point's token. Queries as circles, keys as triangles, each hover giving the token (escaped: a token
+    "<b>" reads "<b>"), its text and its position there; the axes name each component's share of the variance."""
+    points = as_f32(points).reshape(-1, 2)
+    is_key = np.asarray(is_key, dtype=bool)
+    fig = go.Figure()
+    for one, name, chosen, colour, symbol in (("query", "queries", ~is_key, QUERY_COLOR, "circle"),
+                                              ("key", "keys", is_key, KEY_COLOR, "triangle-up")):
+        where = np.flatnonzero(chosen)
+        custom = np.stack([np.asarray(text)[where], np.asarray(position)[where]], axis=-1).astype(int)
+        fig.add_trace(go.Scatter(
+            x=points[where, 0], y=points[where, 1], mode="markers", name=name, customdata=custom,
+            text=[escaped(labels[i]) for i in where],
+            marker={"color": colour, "symbol": symbol, "size": 6, "opacity": 0.6},
+            hovertemplate=f"{one} %{{text}}<br>text %{{customdata[0]}}, "
+                          "position %{customdata[1]}<extra></extra>"))
+    base_layout(fig, title, height=460)
+    fig.update_layout(showlegend=True, legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1,
+                                               "xanchor": "right"})
+    shares = [f" ({float(share) * 100:.0f} % of the variance)" if np.isfinite(share) else "" for share in explained]
+    fig.update_xaxes(title_text=f"PC 1{shares[0]}")
+    fig.update_yaxes(title_text=f"PC 2{shares[1]}", scaleanchor="x", scaleratio=1)
+    return caption(fig, line)

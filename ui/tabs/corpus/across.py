@@ -1,6 +1,6 @@
 """Across texts tab: how typical is what one text shows? A corpus (built in, or uploaded), an analysis (head
-scores, logit attribution, patching) run over every item, and its mean map with the 95 % interval, plus one
-cell's value item by item. Each job is heavy (one per session), shows its progress, and Stop keeps the summary
+scores, logit attribution, patching, each head's ablation) run over every item, and its mean map with the 95 %
+interval, plus one cell's value item by item; for one head, its top examples and its query/key plane. Each job is heavy (one per session), shows its progress, and Stop keeps the summary
 of the items finished before it. A job is saved for its page (ui/services/corpus/pages.py: on a shared server a
 folder of the page's own), and a model change clears the tab's results."""
 
@@ -12,12 +12,14 @@ from types import SimpleNamespace
 
 import gradio as gr
 
+from ui.services.corpus.ablation import ABLATION_TEXTS
 from ui.services.corpus.examples import MAX_EXAMPLES
 from ui.services.corpus.over import CORPORA, DEFAULT_N, KINDS, MAX_PAIRS, MAX_TEXTS
 from ui.services.kept import keeping
 from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, session_of, user_errors
 from ui.tabs.widgets import click_bridge
 from ui.views.corpus import across as views
+from ui.views.corpus.qk import qk_view
 
 LEAD = """**How typical is this?** One text is an anecdote. Run an analysis over many texts (or prompt pairs) and
 see each head's mean with its 95 % confidence interval, and every item's own value for one cell."""
@@ -73,6 +75,8 @@ def build(services, picker, initial) -> SimpleNamespace:
                     ex_k = gr.Number(10, label=f"Examples (k, up to {MAX_EXAMPLES})", precision=0,
                                      elem_id="corpus-ex-k", min_width=90)
                 examples_run = gr.Button(views.EXAMPLES_BUTTON, variant="primary", elem_id="corpus-examples-run")
+            plane = plane_box()
+            ablation, ablation_run = ablation_box()
             stop = gr.Button("Stop", variant="stop", elem_id="corpus-stop")
         with gr.Column(scale=3, min_width=340):
             gr.Markdown(HOW_TO_READ, elem_classes=["how-to-read"])
@@ -87,6 +91,8 @@ def build(services, picker, initial) -> SimpleNamespace:
                                        interactive=False, elem_id="corpus-export-files", visible=False)
             examples_note = gr.Markdown(elem_id="corpus-examples-note")
             examples_table = gr.HTML(elem_id="corpus-examples")
+            plane_note = gr.Markdown(elem_id="corpus-qk-note")
+            plane_fig = gr.Plot(label="One head's queries and keys over the corpus", elem_id="corpus-qk")
     kept = gr.State(None, time_to_live=1800)   # a KeptRef: the ticket of the session's last result
     outputs = [note, mean_fig, strip_fig, kept]
     common = [picker.model, corpus, n, upload]
@@ -98,7 +104,9 @@ def build(services, picker, initial) -> SimpleNamespace:
     runs = dict(heads=job(views.heads_view, "corpus_heads", "A head-score job over a corpus",
                           [*common, kind, row, col, kept]),
                 patch=job(views.patch_view, "corpus_patch", "A patching job over a corpus",
-                          [*common, site, mode, layer, row, col, kept]))
+                          [*common, site, mode, layer, row, col, kept]),
+                ablation=job(views.ablation_view, "corpus_ablation", "An ablation job over a corpus",
+                             [*common, ablation, row, col, kept]))
     events = [
         heads_run.click(**runs["heads"], api_name="corpus_heads"),
         attribution_run.click(**job(views.attribution_view, "corpus_attribution", "An attribution job over a corpus",
@@ -107,6 +115,10 @@ def build(services, picker, initial) -> SimpleNamespace:
         examples_run.click(handler(views.examples_view, services, "corpus_examples", heavy="A top-examples job"),
                            [*common, ex_layer, ex_head, ex_k], [examples_note, examples_table],
                            api_name="corpus_examples", **ON_HEAVY),
+        plane.run.click(handler(qk_view, services, "corpus_qk", heavy="A query/key plane over a corpus"),
+                        [*common, plane.layer, plane.head], [plane_note, plane_fig], api_name="corpus_qk",
+                        **ON_HEAVY),
+        ablation_run.click(**runs["ablation"], api_name="corpus_ablation"),
     ]
     # cancel first, then relabel: the figures keep the last summary the job sent
     stop.click(None, None, None, cancels=events, api_visibility="private").then(
@@ -117,9 +129,33 @@ def build(services, picker, initial) -> SimpleNamespace:
     export_button.click(lambda: gr.File(visible=True), None, export_files, api_visibility="private",
                         queue=False).then(exporting, kept, [export_files, kept], api_visibility="private")
     wire_switch(picker, events, [note, mean_fig, cell_note, strip_fig, kept, export_files, examples_note,
-                                 examples_table])
+                                 examples_table, plane_note, plane_fig])
     return SimpleNamespace(corpus=corpus, n=n, kind=kind, site=site, mode=mode, row=row, col=col, runs=runs,
                            stop=stop, note=note)
+
+
+def plane_box() -> SimpleNamespace:
+    """The query/key plane's box: one head (layer, head) and its button; the corpus is the tab's."""
+    with gr.Accordion("Query/key plane of one head (texts)", open=False, elem_id="corpus-qk-box"):
+        gr.Markdown("Every token's query and key of one head, in the plane of their first two principal "
+                    "components (the keys shifted onto the queries' mean), as AttentionViz draws them.",
+                    elem_classes=["field-note"])
+        with gr.Row():
+            layer = gr.Number(0, label="Layer", precision=0, elem_id="corpus-qk-layer", min_width=90)
+            head = gr.Number(0, label="Head", precision=0, elem_id="corpus-qk-head", min_width=90)
+        run = gr.Button(views.PLANE_BUTTON, variant="primary", elem_id="corpus-qk-run")
+    return SimpleNamespace(layer=layer, head=head, run=run)
+
+
+def ablation_box():
+    """The ablation's box: zero or mean ablation, and its button; the map and strip are the tab's."""
+    with gr.Accordion("Ablation of each head (texts)", open=False, elem_id="corpus-ablation-box"):
+        gr.Markdown(f"The loss increase when each head alone is removed. A sweep runs the model once per head and "
+                    f"text, so only the **first {ABLATION_TEXTS} texts** are swept (the note says how many of how "
+                    "many).", elem_classes=["field-note"])
+        kind = gr.Radio(["zero", "mean"], value="zero", label="Ablation", elem_id="corpus-ablation-kind")
+        run = gr.Button(views.RUN_BUTTONS[3], variant="primary", elem_id="corpus-ablation-run")
+    return kind, run
 
 
 def wire_cells(services, row, col, kept, outputs) -> None:
@@ -164,11 +200,13 @@ def for_its_page(event):
 
 def wire_switch(picker, jobs: list, outputs: list) -> None:
     """After a model change: a job of the old model still running is stopped (its items stay saved), and the
-    results (note, map, cell note, strip, the kept result, the export, the top examples) are cleared, the notes
+    results (note, map, cell note, strip, the kept result, the export, the top examples, the q/k plane) are
+    cleared, the notes
     saying which button computes them for the new model. outputs in that order."""
     def switch(model_name):
-        note, examples_note = views.switched(model_name)
-        return note, None, "", None, None, gr.File(value=None, visible=False), examples_note, ""
+        note, examples_note, plane_note = views.switched(model_name)
+        return (note, None, "", None, None, gr.File(value=None, visible=False), examples_note, "", plane_note,
+                None)
 
     switch.__name__ = switch.__qualname__ = "switch_corpus"   # as ui/page.py names each tab's
     # the cancel on the change itself: Gradio never fires the cancel of a .success (it has no event of its own)

@@ -13,10 +13,12 @@ from ui.plots.corpus import examples_html, interval_words, item_strip, mean_map
 from ui.plots.text import escaped
 from ui.services import Services
 from ui.services.checks import UserError
+from ui.services.corpus.ablation import ABLATION_TEXTS, check_ablation_model, stream_ablation
 from ui.services.corpus.examples import PER_DECILE, check_examples, stream_examples
 from ui.services.corpus.over import (Corpus, MapAxes, check_cell, check_kind, check_model, check_mode, check_site,
                                      corpus_pairs, corpus_texts, exported, map_axes, stream_over)
 from ui.services.corpus.pages import saving_of
+from ui.services.heads import check_ablation
 from ui.views import export
 
 PARTIAL_S = 1.0    # the least time between two partial summaries sent to the page
@@ -25,6 +27,8 @@ HEAD_WORDS = {
     "attribution": "each head's direct part of logit(answer) − logit(foil) on each pair's clean prompt",
     "patch": "each pair's patching score, (patched − corrupted) / (clean − corrupted), the mean of the pairs' "
              "scores (not the score of the mean metric)",
+    "ablation": "each text's mean loss with that head alone removed minus its loss with every head (the next-token "
+                "cross-entropy; an encoder's, of each token read at its own position)",
 }
 
 
@@ -181,6 +185,32 @@ def patch_view(services: Services, model_name, corpus, n, upload, site, mode, la
                         progress, "pair")
 
 
+def ablation_view(services: Services, model_name, corpus, n, upload, ablation, cell_layer, cell_head,
+                  previous=None, page=None, progress=None):
+    """(note, mean map, strip, kept result): the loss increase when each head alone is removed, over the first
+    ABLATION_TEXTS texts of the corpus (the core's note says how many of how many); the body of the
+    `corpus_ablation` endpoint. page: as heads_view's."""
+    name = model_name
+    model = services.models.get(name, progress)
+    check_ablation_model(model)
+    kind = check_ablation(ablation)
+    chosen = corpus_texts(model, corpus, n, upload)
+    axes = map_axes(model, "ablation", chosen)
+    cell = check_cell(axes, cell_layer, cell_head)
+    view = f"corpus-ablation-{kind}"
+    swept = min(len(chosen.items), ABLATION_TEXTS)
+    yield running(f"Ablating each head over the first {swept} texts of {escaped(chosen.source)}…", name, view)
+    what = f"{kind.capitalize()} ablation of each head (at most the first {ABLATION_TEXTS} texts are swept)"
+
+    def render(over, update):
+        shown = Shown(over, axes, "text", f"{kind.capitalize()} ablation: mean loss increase over the texts",
+                      "loss increase", True, name, view, update.folder)
+        return note_of(over, chosen, "ablation", cell, axes, update, what), *figures(shown, cell), shown
+
+    yield from streamed(stream_ablation(model, chosen, kind, saving_of(services, page), name), lambda result: result,
+                        render, progress, "text")
+
+
 def cell_view(services: Services, cell_row, cell_col, previous=None):
     """(cell note, mean map, strip, kept result): another cell of the result the session was last shown, drawn
     from the kept summary without measuring again."""
@@ -208,17 +238,20 @@ def export_view(services: Services, previous=None):
     return files, previous
 
 
-RUN_BUTTONS = ("Score the heads", "Attribute over the pairs", "Patch every pair")  # the tab's, in its order
+RUN_BUTTONS = ("Score the heads", "Attribute over the pairs", "Patch every pair",
+               "Ablate each head")  # the tab's, in its order
 EXAMPLES_BUTTON = "Find its top examples"
+PLANE_BUTTON = "Draw its query/key plane"
 
 
-def switched(model_name) -> tuple[str, str]:
-    """(note, examples note) after a model change, the old model's results cleared: which button computes them
-    for the new one."""
+def switched(model_name) -> tuple[str, str, str]:
+    """(note, examples note, plane note) after a model change, the old model's results cleared: which button
+    computes them for the new one."""
     named = escaped(str(model_name or "the new model"))
     runs = ", ".join(f"**{button}**" for button in RUN_BUTTONS[:-1]) + f" or **{RUN_BUTTONS[-1]}**"
     return (f"Now on {named}: press {runs} to compute this over the corpus for it.",
-            f"Now on {named}: press **{EXAMPLES_BUTTON}** to find a head's top examples for it.")
+            f"Now on {named}: press **{EXAMPLES_BUTTON}** to find a head's top examples for it.",
+            f"Now on {named}: press **{PLANE_BUTTON}** to draw a head's queries and keys for it.")
 
 
 def mark_stopped(note: str) -> str:
