@@ -125,16 +125,17 @@ def test_a_model_change_clears_the_tabs_results(space):
     assert switch.trigger_only_on_success
     ids = [getattr(block, "elem_id", None) for block in switch.outputs]
     assert ids == ["corpus-note", "corpus-map", "corpus-cell-note", "corpus-strip", None, "corpus-export-files",
-                   "corpus-examples-note", "corpus-examples"]
-    note, mean_map, cell, strip, kept, files, examples_note, table = switch.fn("other-model")
-    assert mean_map is None and strip is None and kept is None and cell == "" and table == ""
+                   "corpus-examples-note", "corpus-examples", "corpus-qk-note", "corpus-qk"]
+    note, mean_map, cell, strip, kept, files, examples_note, table, plane_note, plane = switch.fn("other-model")
+    assert mean_map is None and strip is None and kept is None and cell == "" and table == "" and plane is None
+    assert f"**{across.PLANE_BUTTON}**" in plane_note
     assert files.visible is False and files.value is None                             # hidden, emptied
     assert note.startswith("Now on other-model:") and all(f"**{b}**" in note for b in across.RUN_BUTTONS)
     assert f"**{across.EXAMPLES_BUTTON}**" in examples_note
     change = fns[switch.trigger_after].targets                                       # the picker's change
     stopping = [fn for fn in fns.values() if fn.is_cancel_function and fn.targets == change]
     assert [sorted(fns[i].name for i in fn.cancels) for fn in stopping] == [
-        ["corpus_attribution", "corpus_examples", "corpus_heads", "corpus_patch"]]
+        ["corpus_ablation", "corpus_attribution", "corpus_examples", "corpus_heads", "corpus_patch", "corpus_qk"]]
 
 
 def test_a_job_in_chunks_is_saved_for_its_page_and_its_clock_started(space, tmp_path, monkeypatch):
