@@ -1,22 +1,24 @@
-"""A corpus job split into chunks of consecutive items, each chunk run as a job of its own (the same *_over of
-summaries.py on a sub-list, wherever it runs: a Ray Serve replica, a thread here), and the finished chunks merged
-into what one run over the whole corpus gives: each part's per_item concatenated in input order and summarised
-once (summaries.Job.over, which calls summarise), its note naming items by their index in the whole corpus.
+"""A corpus job split into chunks of items, each chunk run as a job of its own (the same *_over of summaries.py
+on a sub-list, wherever it runs: a Ray Serve replica, a thread here), and the finished chunks merged into what one
+run over the whole corpus gives: each part's per_item concatenated in input order and summarised once
+(summaries.Job.over, which calls summarise), its note naming items by their index in the whole corpus.
 
     empty = check("head_scores", model, texts)            # the whole corpus refused or accepted as one run would be
-    ranges = split(len(texts), CHUNK_ITEMS)
-    finished = list(as_finished(submit, ranges, in_flight, "text"))   # submit(range) → Future of run_chunk's result
-    result = merge(empty, finished, "text", len(texts), stopped=len(finished) < len(ranges))
+    begun = saved.begin("head_scores", texts, root, name, {})      # items finished before: begun.done
+    ranges = remaining(len(texts), begun.done, CHUNK_ITEMS)
+    finished = list(as_finished(submit, ranges, in_flight, "text"))   # submit(items) → Future of run_chunk's
+    # each chunk's chunk.kept() written with saved.write_item as it finishes, so a stopped job resumes from them
+    before = [from_saved("head_scores", model, texts, begun.done)] if begun.done else []
+    result = merge(empty, before + finished, "text", len(texts), stopped=len(finished) < len(ranges))
 
 No measurement is implemented here: a chunk is summaries.py's function on fewer items, and the merge only moves
 its rows."""
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import saved, summaries
 from .summaries import Over
@@ -29,9 +31,22 @@ STOP_POLL_S = 0.25         # how often a wait for chunks asks stop()
 
 
 @dataclass(frozen=True)
+class Measured:
+    """What one chunk's run gives back: the analysis's result over the chunk's items alone, and each finished
+    item's own value as the analysis hands it to `each` (what saved.write_item keeps), by its index in the chunk."""
+    result: object           # dict[str, Over] | tuple[Over, Over] | Over
+    values: dict[int, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Chunk:
-    items: range           # the chunk's items: their indices in the whole corpus
-    result: object         # the analysis's result over those items alone (dict[str, Over] | tuple[Over, Over] | Over)
+    items: Sequence[int]     # the chunk's items: their indices in the whole corpus, in order
+    result: object           # the analysis's result over those items alone (dict[str, Over] | tuple[Over, Over] | Over)
+    values: dict[int, object] = field(default_factory=dict)     # Measured.values: index in the chunk → value
+
+    def kept(self) -> dict[int, object]:
+        """index in the whole corpus → value, of every item the chunk measured (a skipped pair has none)."""
+        return {self.items[i]: value for i, value in self.values.items()}
 
 
 def analysis_run(analysis: str) -> Callable:
@@ -47,6 +62,12 @@ def split(n: int, size: int = CHUNK_ITEMS) -> list[range]:
     return [range(start, min(start + size, n)) for start in range(0, n, size)]
 
 
+def remaining(total: int, done, size: int = CHUNK_ITEMS) -> list[tuple[int, ...]]:
+    """The items of 0..total−1 not in `done` (those finished before), in order, as chunks of at most `size`."""
+    todo = [i for i in range(total) if i not in done]
+    return [tuple(todo[j] for j in part) for part in split(len(todo), size)]
+
+
 def check(analysis: str, model, items: Sequence, **arguments):
     """The whole corpus checked as one run checks it (every id, the pairs' lengths for a position site, the
     model's kind, the arguments), measuring nothing: the analysis itself, told to stop before its first item.
@@ -55,21 +76,37 @@ def check(analysis: str, model, items: Sequence, **arguments):
     return analysis_run(analysis)(model, items, stop=lambda: True, **arguments)
 
 
-def run_chunk(analysis: str, model, items: Sequence, stop: summaries.Stop | None = None, **arguments):
-    """One chunk: the analysis's *_over on the chunk's items alone (what a replica runs)."""
-    return analysis_run(analysis)(model, list(items), stop=stop, **arguments)
+def run_chunk(analysis: str, model, items: Sequence, stop: summaries.Stop | None = None, **arguments) -> Measured:
+    """One chunk: the analysis's *_over on the chunk's items alone (what a replica runs), with each item's value."""
+    values: dict[int, object] = {}
+    result = analysis_run(analysis)(model, list(items), stop=stop, each=values.__setitem__, **arguments)
+    return Measured(result, values)
 
 
-def words(items: range, noun: str) -> str:
-    """'texts 8–15' (or 'text 8'): a chunk's items by their index in the corpus."""
-    return f"{noun} {items.start}" if len(items) == 1 else f"{noun}s {items.start}–{items[-1]}"
+def from_saved(analysis: str, model, items: Sequence, done: dict[int, object], **arguments) -> Chunk:
+    """The items finished before (index in the corpus → value, as saved.read_items reads them back) as one chunk,
+    summarised where this runs without measuring anything: the analysis is told every one of them is done."""
+    chosen = sorted(done)
+    result = analysis_run(analysis)(model, [items[i] for i in chosen],
+                                    done={place: done[i] for place, i in enumerate(chosen)}, **arguments)
+    return Chunk(tuple(chosen), result)
 
 
-def as_finished(submit: Callable[[range], Future], ranges: Sequence[range], in_flight: int, noun: str,
+def words(items: Sequence[int], noun: str) -> str:
+    """'texts 8–15', 'texts 3, 4, 9' or 'text 8': a chunk's items by their index in the corpus."""
+    if len(items) == 1:
+        return f"{noun} {items[0]}"
+    if list(items) == list(range(items[0], items[-1] + 1)):
+        return f"{noun}s {items[0]}–{items[-1]}"
+    return f"{noun}s {', '.join(map(str, items))}"
+
+
+def as_finished(submit: Callable[[Sequence[int]], Future], ranges: Sequence[Sequence[int]], in_flight: int, noun: str,
                 stop: summaries.Stop | None = None) -> Iterator[Chunk]:
     """Each chunk as it finishes (in any order), with at most `in_flight` submitted and unfinished at once, the
     rest submitted as those finish. Ends early once stop() says so; ending (early, or the reader closing the
-    iterator) cancels the chunks still under way. A chunk that fails raises a ValueError naming its items."""
+    iterator) cancels the chunks still under way. A chunk that fails raises a ValueError naming its items.
+    submit(items) gives a Future of run_chunk's Measured over those items."""
     waiting, pending = list(ranges), {}
     if in_flight < 1:
         raise ValueError(f"in_flight is how many chunks run at once: at least 1, got {in_flight}")
@@ -81,15 +118,16 @@ def as_finished(submit: Callable[[range], Future], ranges: Sequence[range], in_f
             if stop is not None and stop():
                 return
             done, _ = wait(pending, timeout=STOP_POLL_S, return_when=FIRST_COMPLETED)
-            for future in sorted(done, key=lambda f: pending[f].start):
+            for future in sorted(done, key=lambda f: pending[f][0]):
                 items = pending.pop(future)
-                yield Chunk(items, outcome(future, items, noun))
+                measured = outcome(future, items, noun)
+                yield Chunk(items, measured.result, measured.values)
     finally:
         for future in pending:
             future.cancel()
 
 
-def outcome(future: Future, items: range, noun: str):
+def outcome(future: Future, items: Sequence[int], noun: str) -> Measured:
     try:
         return future.result()
     except ValueError as error:      # the analysis refused something in the chunk: its own words
@@ -101,24 +139,17 @@ def outcome(future: Future, items: range, noun: str):
             from None
 
 
-def reasons(note: str, noun: str) -> dict[int, str]:
-    """index → why, for the items a summary's note names as left out (summaries.Job.note writes each as
-    '<noun> <index> (<why>)'): the merge names them again by their index in the whole corpus."""
-    return {int(i): why for i, why in re.findall(rf"\b{noun} (\d+) \(([^()]*)\)", note)}
-
-
 def merge(empty, chunks: Sequence[Chunk], noun: str, total: int, stopped: bool = False):
     """The finished chunks as one result over the corpus of `total` items, in the form of `empty` (check's):
     each part's per_item rows concatenated in input order and summarised once, as summaries.py summarises one run.
-    An item a chunk measured but left out of a part (a text that is no repeated span, for induction) is left out
-    of that part here; one no part holds (a skipped pair) is skipped. stopped: the chunks not merged were
-    stopped, which the note says, as a stopped run's does."""
+    Each part's left_out (index in its chunk → why) is named again by the index in the whole corpus: an item a
+    chunk measured but left out of a part (a text that is no repeated span, for induction) is left out of that
+    part here; one no part holds (a skipped pair) is skipped. stopped: the chunks not merged were stopped, which
+    the note says, as a stopped run's does."""
     form = "over" if isinstance(empty, Over) else "tuple" if isinstance(empty, tuple) else "dict"
-    ordered = sorted(chunks, key=lambda chunk: chunk.items.start)
-    measured: set[int] = set()
-    for chunk in ordered:
-        for over in saved.parts_of(chunk.result).values():
-            measured.update(chunk.items[i] for i in over.items)
+    ordered = sorted(chunks, key=lambda chunk: chunk.items[0])
+    measured = {chunk.items[i] for chunk in ordered for over in saved.parts_of(chunk.result).values()
+                for i in over.items}
     merged = {}
     for name, blank in saved.parts_of(empty).items():
         job = summaries.Job(total, noun, stopped=stopped)
@@ -127,9 +158,7 @@ def merge(empty, chunks: Sequence[Chunk], noun: str, total: int, stopped: bool =
             over = saved.parts_of(chunk.result)[name]
             for row, i in enumerate(over.items):
                 job.values[chunk.items[i]] = over.per_item[row]
-            named = reasons(over.note, noun)
-            for i in sorted(set(range(len(chunk.items))) - set(over.items)):
-                why = named.get(i, "left out where its chunk ran")
+            for i, why in over.left_out.items():
                 index = chunk.items[i]
                 if index in measured:
                     job.values[index], left_out[index] = None, why     # measured, not of this part

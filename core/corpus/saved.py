@@ -13,7 +13,11 @@ The date it started is kept beside, not in the identity, so a rerun finds the sa
         items/000007.npz    one finished item's value (float tensors in float32, float64 kept as it is), written to
                             a hidden temporary file and renamed: a kill never leaves half an item under a name read
         result.npz          each Over's mean, low, high, per_item and items, once every item is measured
-        meta.json           written last, so its presence says the job finished: the identity, n, notes, dates
+        meta.json           written last, so its presence says the job finished: the identity, n, notes, the items
+                            left out of each part (index → why), dates
+
+A job measured elsewhere in chunks (core/corpus/chunks.py) is saved by the same steps run_over takes: begin,
+write_item for each finished item, save_result; so one folder resumes in one process or in chunks alike.
 
 Files are JSON and .npz read with allow_pickle=False: nothing on disk is ever unpickled.
 
@@ -343,29 +347,11 @@ def run_over(analysis: str, model, items: Sequence, root, model_name: str, *, ma
         wanted = "Pair(clean, corrupted, answer, foil)s" if spec.items == "pairs" else "1-D token-id tensors"
         raise ValueError(f"{analysis} runs over {spec.items}: give {wanted}")
     items = check(model, items)
-    ident = identity(analysis, model_name, items, arguments)
-    folder = job_folder(Path(root), ident)
-    if (folder / META).exists():
-        try:
-            return open_job(folder)
-        except (ValueError, KeyError, OSError, zipfile.BadZipFile) as error:
-            log.warning("the saved result in %s is unreadable, measuring again from its items: %s", folder, error)
-            (folder / META).unlink(missing_ok=True)
-    if (folder / JOB).exists():
-        saved = read_json(folder / JOB)
-        if {key: saved.get(key) for key in ident} != ident:
-            raise ValueError(f"{folder} holds another job ({saved.get('analysis')} of {saved.get('model')}); "
-                             "move it away or give another root")
-    new = not (folder / JOB).exists()
     told = wrote or (lambda folder: None)
-    if new:
-        check_room(Path(root), max_bytes)
-        if room is not None:
-            room()
-        (folder / ITEMS).mkdir(parents=True, exist_ok=True)
-        write_json(folder / JOB, {**ident, "created": now_iso()})
-    told(folder)
-    done = read_items(folder, spec.count(arguments, len(items)))
+    begun = begin(analysis, items, root, model_name, arguments, max_bytes=max_bytes, room=room, wrote=told)
+    if begun.finished is not None:
+        return begun.finished
+    folder, done = begun.folder, begun.done
     measured, stopped = [0], [False]
 
     def keep(index: int, value) -> None:
@@ -382,13 +368,53 @@ def run_over(analysis: str, model, items: Sequence, root, model_name: str, *, ma
     try:
         result = spec.run(model, items, progress=progress, stop=stopping, each=keep, done=done, **arguments)
     except ValueError:
-        if new and not measured[0]:     # refused (the model, an argument): leave no empty job behind
+        if begun.new and not measured[0]:     # refused (the model, an argument): leave no empty job behind
             shutil.rmtree(folder, ignore_errors=True)
         raise
     if not stopped[0]:
-        save_result(folder, ident, spec, arguments, result)
+        save_result(folder, begun.ident, spec, arguments, result)
         told(folder)
     return Run(folder, result, not stopped[0], len(done), measured[0])
+
+
+@dataclass
+class Begun:
+    """A job's folder as a run finds it: finished (reopened as `finished`), or started or resumed."""
+    folder: Path
+    ident: dict
+    done: dict[int, object]     # index → value of each item finished before (read back from items/)
+    new: bool                   # this run made the folder
+    finished: Run | None = None
+
+
+def begin(analysis: str, items: Sequence, root, model_name: str, arguments: dict, *, max_bytes: int | None = None,
+          room: Callable[[], None] | None = None, wrote: Callable[[Path], None] = lambda folder: None) -> Begun:
+    """The job of `analysis` over the checked `items` with `arguments` (arguments_of's) under root: a finished
+    one reopened without measuring; a stopped or killed one's finished items read back; a new one's folder and
+    job.json made once max_bytes and room() allow (run_over says how). Whoever measures the rest writes each item
+    with write_item, whichever process it ran in, and the result with save_result."""
+    ident = identity(analysis, model_name, items, arguments)
+    folder = job_folder(Path(root), ident)
+    if (folder / META).exists():
+        try:
+            return Begun(folder, ident, {}, False, open_job(folder))
+        except (ValueError, KeyError, OSError, zipfile.BadZipFile) as error:
+            log.warning("the saved result in %s is unreadable, measuring again from its items: %s", folder, error)
+            (folder / META).unlink(missing_ok=True)
+    if (folder / JOB).exists():
+        saved = read_json(folder / JOB)
+        if {key: saved.get(key) for key in ident} != ident:
+            raise ValueError(f"{folder} holds another job ({saved.get('analysis')} of {saved.get('model')}); "
+                             "move it away or give another root")
+    new = not (folder / JOB).exists()
+    if new:
+        check_room(Path(root), max_bytes)
+        if room is not None:
+            room()
+        (folder / ITEMS).mkdir(parents=True, exist_ok=True)
+        write_json(folder / JOB, {**ident, "created": now_iso()})
+    wrote(folder)
+    return Begun(folder, ident, read_items(folder, analysis_named(analysis).count(arguments, len(items))), new)
 
 
 def save_result(folder: Path, ident: dict, spec: Analysis, arguments: dict, result) -> None:
@@ -405,6 +431,7 @@ def save_result(folder: Path, ident: dict, spec: Analysis, arguments: dict, resu
     write_json(folder / META, {
         **ident, "created": created, "finished": now_iso(), "form": form,
         "parts": {name: {"n": over.n, "note": over.note, "dtype": str(over.mean.dtype).removeprefix("torch."),
+                         "left_out": {str(i): why for i, why in sorted(over.left_out.items())},
                          "axes": list(axes.get(name, axes.get("*", ())))} for name, over in parts.items()}})
 
 
@@ -419,8 +446,9 @@ def open_job(folder) -> Run:
     for name, part in meta["parts"].items():
         kind = getattr(torch, part["dtype"])
         values = {key: torch.from_numpy(arrays[f"{name}.{key}"]).to(kind) for key in OVER_FIELDS}
+        left_out = {int(i): why for i, why in part.get("left_out", {}).items()}   # older jobs: only the note says
         parts[name] = Over(values["mean"], values["low"], values["high"], values["per_item"], part["n"],
-                           part["note"], tuple(int(i) for i in arrays[f"{name}.items"]))
+                           part["note"], tuple(int(i) for i in arrays[f"{name}.items"]), left_out)
     on_disk = sum(1 for path in (folder / ITEMS).glob("*.npz") if ITEM_FILE.fullmatch(path.name))
     return Run(folder, result_of(meta["form"], parts), True, on_disk, 0)
 

@@ -49,10 +49,13 @@ class Over:
     n: int
     note: str = ""              # what the summary leaves out and why: n < 2, skipped items, a stopped job
     items: tuple[int, ...] = ()     # the index in the input of each row of per_item
+    left_out: dict[int, str] = field(default_factory=dict)   # index in the input → why it has no row (as the note)
 
 
-def summarise(per_item: Tensor, note: str = "", items: Sequence[int] | None = None) -> Over:
-    """The Over of per_item [N, ...]; note: what the caller left out (joined with the n < 2 note here)."""
+def summarise(per_item: Tensor, note: str = "", items: Sequence[int] | None = None,
+              left_out: Mapping[int, str] | None = None) -> Over:
+    """The Over of per_item [N, ...]; note: what the caller left out (joined with the n < 2 note here), and
+    left_out the same items by index with their reasons."""
     n = per_item.shape[0]
     values = per_item.double()
     mean = values.mean(0) if n else values.new_full(values.shape[1:], math.nan)
@@ -65,7 +68,7 @@ def summarise(per_item: Tensor, note: str = "", items: Sequence[int] | None = No
         low, high = mean - half, mean + half
     kind = per_item.dtype if per_item.is_floating_point() else torch.float32
     return Over(mean.to(kind), low.to(kind), high.to(kind), per_item, n, "; ".join(notes),
-                tuple(range(n)) if items is None else tuple(items))
+                tuple(range(n)) if items is None else tuple(items), dict(left_out or {}))
 
 
 def incomplete_beta(a: float, b: float, x: float) -> float:
@@ -167,10 +170,14 @@ class Job:
         if self.progress is not None:
             self.progress(len(self.values) + len(self.skipped), self.total)
 
+    def left_out(self, left_out: dict[int, str] | None = None) -> dict[int, str]:
+        """index → why, of the items skipped and those the caller leaves out of one part."""
+        return {**self.skipped, **(left_out or {})}
+
     def note(self, left_out: dict[int, str] | None = None) -> str:
         """Which items were skipped and why, and whether the job was stopped."""
         notes = []
-        left_out = {**self.skipped, **(left_out or {})}
+        left_out = self.left_out(left_out)
         if left_out:
             named = ", ".join(f"{self.noun} {i} ({why})" for i, why in sorted(left_out.items())[:NAMED])
             named += " …" if len(left_out) > NAMED else ""
@@ -184,7 +191,7 @@ class Job:
         """The Over of the finished items (in input order) less those in left_out; shape: one item's value."""
         kept = [i for i in sorted(self.values) if i not in (left_out or {})]
         per_item = torch.stack([pick(self.values[i]) for i in kept]) if kept else torch.empty(0, *shape)
-        return summarise(per_item, self.note(left_out), kept)
+        return summarise(per_item, self.note(left_out), kept, self.left_out(left_out))
 
 
 # ---- the inputs, checked ----

@@ -318,6 +318,68 @@ def test_the_across_texts_tab_on_ray_sends_its_job_in_chunks(ray_front, llama, t
     assert len(list((tmp_path / "runs").glob("*/meta.json"))) == 1
 
 
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_job_stopped_on_the_replicas_resumes_sending_only_the_rest(ray_front, llama, tmp_path):
+    """The front saves each chunk's items as it comes back; a rerun of the stopped job sends only the others and
+    ends with the one-process summary."""
+    from core.corpus import saved, summaries
+    from ui.services.corpus.chunked import chunks_on
+    from ui.services.corpus.over import Corpus, stream_over
+
+    import app
+
+    _, _, backend = ray_front
+    args = app.parse_args(["--model", llama])
+    args.backend = "ray"
+    front = Services.create(app.app_settings(args), default_model=llama).models.get(llama)   # the front's: no weights
+    assert next(front.parameters()).device.type == "meta"
+    model = Services.create(default_model=llama).models.get(llama)   # with weights: the one-process reference
+    texts, _ = corpus_ids(model)
+    runner = backend.corpus_chunks(llama)
+    sent = []
+    submit = runner.submit
+    runner.submit = lambda analysis, items, arguments: sent.append(len(items)) or submit(analysis, items, arguments)
+    runner.chunk_items, runner.in_flight = 2, 1
+    corpus = Corpus(texts, "text", "seven texts")
+    with chunks_on(runner):
+        stopped = list(stream_over(front, "heads", corpus, root=tmp_path, model_name="tiny",
+                                   stop=lambda: len(sent) > 1))[-1]
+        assert "stopped; its finished items are kept" in stopped.saved, stopped.saved
+        sent.clear()
+        resumed = list(stream_over(front, "heads", corpus, root=tmp_path, model_name="tiny"))[-1]
+    assert sent == [2, 2, 1] and "resumed from 2 items saved before" in resumed.saved
+    for name, over in summaries.head_scores_over(model, texts).items():
+        assert_same_over(resumed.result[name], over)
+    assert (resumed.folder / saved.META).is_file()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_top_examples_on_ray_are_the_local_ones_sent_as_token_ids(ray_front, local, llama, tmp_path, monkeypatch):
+    """corpus_examples on the Ray front: the front reads the upload and sends its texts' ids in one call (no path
+    reaches a replica, which may be on another node); the table is the in-process app's."""
+    from ui.backend import ray_serve
+
+    _, client, _ = ray_front
+    sent = []
+    examples = ray_serve.ServeChunks.examples
+
+    def recording(self, texts, *rest):
+        sent.append([type(text).__name__ for text in texts])
+        return examples(self, texts, *rest)
+
+    monkeypatch.setattr(ray_serve.ServeChunks, "examples", recording)
+    path = tmp_path / "texts.txt"
+    path.write_text(f"{TEXT}\nThe keeper lit the lamp, and the lamp lit the rocks.\n", encoding="utf-8")
+    from gradio_client import handle_file
+
+    args = (llama, "uploaded file", 5, handle_file(str(path)), 1, 2, 4)
+    remote = client.predict(*args, api_name="/corpus_examples")
+    assert sent == [["Tensor", "Tensor"]]
+    assert_same(remote, Client(local, verbose=False).predict(*args, api_name="/corpus_examples"))
+
+
 def test_the_serve_config_sets_the_chunks_and_the_replicas_how_many_run(tmp_path):
     from ui.backend.ray_serve import ServeOptions, chunks_in_flight
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from core import load_model
-from core.corpus import Pair, chunks, summaries
+from core.corpus import Pair, chunks, saved, summaries
 from tests import tiny
 
 ANSWER, FOIL = 11, 23
@@ -62,7 +62,7 @@ def chunked(analysis, model, items, size, stop=None, fail_at=None, **arguments):
 def assert_same(got: summaries.Over, want: summaries.Over) -> None:
     for field in ("mean", "low", "high", "per_item"):
         torch.testing.assert_close(getattr(got, field), getattr(want, field), atol=1e-5, rtol=0, equal_nan=True)
-    assert (got.n, got.items, got.note) == (want.n, want.items, want.note)
+    assert (got.n, got.items, got.note, got.left_out) == (want.n, want.items, want.note, want.left_out)
 
 
 def test_split_covers_the_corpus_in_order():
@@ -95,6 +95,46 @@ def test_chunked_attribution_and_patching_are_the_whole_runs(llama):
         assert 4 not in merged.items and "pair 4 (its clean and corrupted runs give the same" in merged.note
 
 
+def test_items_left_out_are_named_by_index_past_the_ones_a_note_names(llama):
+    """A chunk that leaves out more items than its note names (summaries.NAMED): each is still left out, with its
+    own reason, by its index in the whole corpus."""
+    texts = [random_ids(6, 300 + i) for i in range(summaries.NAMED + 4)]
+    texts[1] = torch.cat([texts[1][:3], texts[1][:3]])        # the one text scored for induction
+    whole = summaries.head_scores_over(llama, texts)["induction"]
+    merged = chunked("head_scores", llama, texts, len(texts) - 1)[0]["induction"]
+    assert len(whole.left_out) == len(texts) - 1 and merged.items == (1,)
+    assert_same(merged, whole)
+
+
+def test_the_items_finished_before_merge_with_the_rest_as_one_run(llama, tmp_path):
+    """Items one run finished and saved (saved.write_item), read back and summarised without measuring, then
+    merged with chunks of the rest alone: the whole run's Over. A skipped pair has no value saved: it is sent
+    again, and skipped again."""
+    texts, pairs = corpus_texts(), corpus_pairs()
+    jobs = (("head_scores", texts, {}, summaries.head_scores_over(llama, texts)),
+            ("patch", pairs, {"site": "z"}, summaries.patch_over(llama, pairs, "z")))
+    for analysis, items, arguments, whole in jobs:
+        folder = tmp_path / analysis
+        (folder / saved.ITEMS).mkdir(parents=True)
+        first = chunks.run_chunk(analysis, llama, items[1:5], **arguments)      # items 1–4, finished before
+        for i, value in first.values.items():
+            saved.write_item(folder, 1 + i, value)
+        done = saved.read_items(folder, len(items))
+        assert sorted(done) == ([1, 2, 3, 4] if analysis == "head_scores" else [1, 2, 3])   # pair 4: skipped
+        ranges = chunks.remaining(len(items), done, 2)
+        assert sorted(i for part in ranges for i in part) == sorted(set(range(len(items))) - set(done))
+        rest = []
+        for part in ranges:
+            measured = chunks.run_chunk(analysis, llama, [items[i] for i in part], **arguments)
+            rest.append(chunks.Chunk(part, measured.result, measured.values))
+        before = chunks.from_saved(analysis, llama, items, done, **arguments)
+        assert before.items == tuple(sorted(done)) and before.values == {}
+        noun = "pair" if analysis == "patch" else "text"
+        merged = chunks.merge(chunks.check(analysis, llama, items, **arguments), [*rest, before], noun, len(items))
+        for name, over in saved.parts_of(whole).items():
+            assert_same(saved.parts_of(merged)[name], over)
+
+
 def test_a_stop_keeps_the_finished_chunks(llama):
     texts = corpus_texts()
     asked = []
@@ -116,6 +156,7 @@ def test_a_stop_keeps_the_finished_chunks(llama):
 def test_a_failed_chunk_names_its_items(llama):
     with pytest.raises(ValueError, match=r"texts 3–5 \(one chunk of the job\) failed where it ran \(RuntimeError\)"):
         chunked("head_scores", llama, corpus_texts(), 3, fail_at=4)
+    assert chunks.words((2, 3, 6), "pair") == "pairs 2, 3, 6" and chunks.words((5,), "text") == "text 5"
 
 
 def test_the_whole_corpus_is_checked_before_any_chunk_runs(llama):

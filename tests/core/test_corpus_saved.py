@@ -215,6 +215,20 @@ def test_head_scores_and_attribution_resume_and_reopen(llama, tmp_path, monkeypa
     assert_same_over(back.result[1], want[1])
 
 
+def test_the_reasons_items_were_left_out_are_saved_and_old_jobs_still_open(llama, tmp_path):
+    texts = random_texts([9, 4, 6])
+    texts[2] = torch.cat([texts[2], texts[2]])      # the one span repeated once: the others are left out of induction
+    run = saved.run_over("head_scores", llama, texts, tmp_path, "tiny-llama")
+    assert run.result["induction"].left_out == {0: "not a span repeated once", 1: "not a span repeated once"}
+    assert saved.open_job(run.folder).result["induction"].left_out == run.result["induction"].left_out
+    meta = saved.read_json(run.folder / saved.META)
+    for part in meta["parts"].values():   # a job saved before parts had left_out: only its note names them
+        del part["left_out"]
+    saved.write_json(run.folder / saved.META, meta)
+    old = saved.open_job(run.folder).result["induction"]
+    assert old.left_out == {} and "text 0 (not a span repeated once)" in old.note
+
+
 def test_ablation_saves_the_texts_it_sweeps(llama, tmp_path):
     texts = random_texts([5, 6, 4])
     run = saved.run_over("ablation", llama, texts, tmp_path, "tiny-llama", limit=2)

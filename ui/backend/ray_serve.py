@@ -9,10 +9,11 @@ calls carry its Gradio session hash as Serve's multiplexed model id, so Serve ro
 served the session before, where its kept captures and generation rows live; when that replica is busy, gone or
 has forgotten the session, the call runs elsewhere and the services treat the ticket as a cache miss.
 
-A corpus job of the Across texts tab runs on the front instead (ui.backend.routing.route): the front splits the
-corpus into chunks of consecutive items (core/corpus/chunks.py) and sends each as a call of the model's deployment
-(ModelReplica.corpus_chunk), so the chunks run on all its replicas at once, each replica's weights loaded once; the
-front merges the chunks' per-item values and summarises once.
+A corpus job of the Across texts tab runs on the front instead (ui.backend.routing.route): the front reads and
+encodes the corpus, splits it into chunks of items (core/corpus/chunks.py) and sends each chunk's token ids as a
+call of the model's deployment (ModelReplica.corpus_chunk), so the chunks run on all its replicas at once, each
+replica's weights loaded once; the front saves each chunk's items as it comes, merges the chunks' per-item values
+and summarises once. A head's top examples are one call (ModelReplica.corpus_examples) with every text's ids.
 
 Imported only with `--backend ray`: `python app.py` never imports Ray (requirements-scale.txt installs it).
 """
@@ -34,6 +35,7 @@ import ray
 from ray import serve
 
 from core.corpus import chunks
+from core.corpus import heads as head_places
 from ui.backend import routing as backend
 from ui.page import build_page
 from ui.services import Services
@@ -80,22 +82,36 @@ class ModelReplica:
             yield update
 
     async def corpus_chunk(self, analysis: str, items: list, arguments: dict) -> Any:
-        """One chunk of a corpus job (core/corpus/chunks.py run_chunk) on this replica's model: the analysis's
-        result over `items`, or a RemoteError with the words of its refusal. A front that cancels the call (its
-        Stop) stops the chunk at its next item."""
+        """One chunk of a corpus job (core/corpus/chunks.py run_chunk) on this replica's model: its Measured over
+        `items`, or a RemoteError with the words of its refusal."""
+        return await self.stoppable(lambda stop: chunks.run_chunk(analysis, self.model(), items, stop=stop,
+                                                                  **arguments))
+
+    async def corpus_examples(self, texts: list, layer: int, head: int, k: int, per_decile: int) -> Any:
+        """One head's top examples over the whole of `texts` (token ids the front read and encoded; core/corpus/
+        heads.py top_examples), or a RemoteError with the words of its refusal."""
+        return await self.stoppable(lambda stop: head_places.top_examples(self.model(), texts, layer, head, k,
+                                                                          per_decile=per_decile, stop=stop))
+
+    def model(self):
+        return self.services.models.get(self.model_name)
+
+    @staticmethod
+    async def stoppable(work) -> Any:
+        """work(stop) in a thread; a front that cancels the call (its Stop) stops it at its next item."""
         cancelled = threading.Event()
         try:
-            return await asyncio.to_thread(self.run_chunk, analysis, items, arguments, cancelled.is_set)
+            return await asyncio.to_thread(refused_in_words, work, cancelled.is_set)
         except asyncio.CancelledError:
             cancelled.set()
             raise
 
-    def run_chunk(self, analysis: str, items: list, arguments: dict, stop) -> Any:
-        model = self.services.models.get(self.model_name)
-        try:
-            return chunks.run_chunk(analysis, model, items, stop=stop, **arguments)
-        except ValueError as exc:
-            return backend.RemoteError(str(exc))
+
+def refused_in_words(work, stop) -> Any:
+    try:
+        return work(stop)
+    except ValueError as exc:
+        return backend.RemoteError(str(exc))
 
 
 @dataclass
@@ -240,14 +256,19 @@ def chunks_in_flight(options: dict) -> int:
 
 
 class ServeChunks:
-    """A corpus job's chunks as calls of one model's deployment (ui.services.corpus.over runs them): submit
-    gives a Future of the chunk's result; cancelling it cancels the call."""
+    """A corpus job's calls of one model's deployment (ui.services.corpus.chunked runs them): each gives a Future
+    of its result; cancelling it cancels the call."""
 
     def __init__(self, handle: serve.handle.DeploymentHandle, in_flight: int, chunk_items: int = chunks.CHUNK_ITEMS):
         self.handle, self.in_flight, self.chunk_items = handle, in_flight, chunk_items
 
     def submit(self, analysis: str, items: list, arguments: dict) -> Future:
-        response = self.handle.corpus_chunk.remote(analysis, items, arguments)
+        return self.watched(self.handle.corpus_chunk.remote(analysis, items, arguments))
+
+    def examples(self, texts: list, layer: int, head: int, k: int, per_decile: int) -> Future:
+        return self.watched(self.handle.corpus_examples.remote(texts, layer, head, k, per_decile))
+
+    def watched(self, response) -> Future:
         future: Future = Future()
         future.add_done_callback(lambda done: response.cancel() if done.cancelled() else None)
         threading.Thread(target=self._wait, args=(response, future), name="corpus-chunk", daemon=True).start()

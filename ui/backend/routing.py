@@ -20,8 +20,9 @@ replica comes back as its bytes and is written under the front's temporary folde
 
 A backend that runs corpus jobs in chunks (one with `corpus_chunks(model_name)`, as RayBackend has) gets the
 Across texts tab's jobs differently: the page's own function runs here, on the front, where the upload and the
-session's kept result are, and its job is sent to the backend chunk by chunk (ui.services.corpus.over.chunks_on);
-the tab's cell clicks, which redraw that kept result, stay here too.
+session's kept result are, and its measuring is sent to the backend as token ids (ui.services.corpus.chunked
+.chunks_on): chunk by chunk, or for a head's top examples in one call; the tab's cell clicks, which redraw that
+kept result, stay here too.
 
 Kept data (the KeptStore of ui.services: the Attention tab's captures, a generation's rows) stays where it was
 computed. A session's calls go to the same replica where the backend can arrange it; where not, a ticket the
@@ -40,12 +41,12 @@ from typing import Any, Protocol
 
 import gradio as gr
 
-from ui.services.corpus.over import chunks_on
+from ui.services.corpus.chunked import chunks_on
 from ui.tabs.events import MODEL_GROUPS, stays_behind, user_errors
 from ui.views import export
 
 TRACE_READERS = ("generation_step", "export_generation")  # read the rows a generation kept where it ran
-CHUNKED = ("corpus_heads", "corpus_attribution", "corpus_patch")  # corpus jobs a chunking backend splits
+CHUNKED = ("corpus_heads", "corpus_attribution", "corpus_patch", "corpus_examples")  # corpus jobs run from here
 ON_FRONT = ("corpus_cell",)  # redraws the result a chunked job kept on the front
 PICKER_ID = "model-picker"  # elem_id of the model dropdown: its value names the model an event runs
 

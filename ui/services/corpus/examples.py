@@ -1,21 +1,25 @@
 """One head's top examples over a corpus (core/corpus/heads.py top_examples) as the page lists them: each place
 with the text around its query and key token, and a link that opens its text in the Attention tab at that head;
-run in a worker thread (ui.services.jobs.stream_job) so the page can stop it."""
+run in a worker thread (ui.services.jobs.stream_job) so the page can stop it, or, on the Ray backend, in one call
+of the model's deployment (chunked.ChunkRunner.examples) with the texts' token ids."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from core.corpus import heads as head_places
 from ui import links
 from ui.services.checks import check_head, check_range
+from ui.services.corpus.chunked import CHUNKS, ChunkRunner
 from ui.services.corpus.over import Corpus, refusals_in_words
 from ui.services.jobs import stream_job
 from ui.services.text import token_pieces
 
 MAX_EXAMPLES = 50        # top places one job lists
 PER_DECILE = 2           # places shown from each decile of the head's weights
+WAIT_S = 1.0             # how often a job run elsewhere asks whether the page stopped it
 
 
 @dataclass
@@ -59,19 +63,44 @@ def place_of(model, model_name: str, corpus: Corpus, example, layer: int, head: 
                  parts_of(model, example.key_ids, example.key_from, example.key), f"?{query}" if query else "")
 
 
-def run_examples(model, model_name: str, corpus: Corpus, layer: int, head: int, k: int,
+def run_examples(model, model_name: str, corpus: Corpus, layer: int, head: int, k: int, find: Callable,
                  report) -> tuple[list[Place], list[Place], object]:
-    """(top places, decile samples highest first, the core's HeadExamples) of one head over the corpus."""
+    """(top places, decile samples highest first, the core's HeadExamples) of one head over the corpus, the
+    HeadExamples from find(report) (found_here's or found_on's)."""
     with refusals_in_words():
-        found = head_places.top_examples(model, corpus.items, layer, head, k, per_decile=PER_DECILE,
-                                         progress=report)
+        found = find(report)
     top = [place_of(model, model_name, corpus, e, layer, head, str(i + 1)) for i, e in enumerate(found.top)]
     deciles = [place_of(model, model_name, corpus, e, layer, head, f"decile {d + 1}")
                for d in reversed(range(len(found.deciles))) for e in found.deciles[d]]
     return top, deciles, found
 
 
+def found_here(model, corpus: Corpus, layer: int, head: int, k: int) -> Callable:
+    return lambda report: head_places.top_examples(model, corpus.items, layer, head, k, per_decile=PER_DECILE,
+                                                   progress=report)
+
+
+def found_on(runner: ChunkRunner, corpus: Corpus, layer: int, head: int, k: int) -> Callable:
+    """top_examples in one call where the runner's model is, sent the texts' token ids (read and encoded here, so
+    no node needs the uploaded file). One call, not chunks: the exact top k and the deciles are of every place of
+    the corpus at once. Asked every WAIT_S whether the page stopped, which cancels the call."""
+    def find(report):
+        future = runner.examples(list(corpus.items), layer, head, k, PER_DECILE)
+        try:
+            while True:
+                try:
+                    return future.result(timeout=WAIT_S)
+                except TimeoutError:
+                    report(0, len(corpus.items))    # raises once the page stopped the job
+        finally:
+            future.cancel()
+    return find
+
+
 def stream_examples(model, model_name: str, corpus: Corpus, layer: int, head: int, k: int):
-    """run_examples in a worker thread, as ui.services.jobs.stream_job updates (closing it stops the job)."""
-    return stream_job(lambda report: run_examples(model, model_name, corpus, layer, head, k, report),
+    """run_examples in a worker thread, as ui.services.jobs.stream_job updates (closing it stops the job); the
+    measuring on the runner of chunked.chunks_on where one is set."""
+    runner = CHUNKS.get()
+    find = found_here(model, corpus, layer, head, k) if runner is None else found_on(runner, corpus, layer, head, k)
+    return stream_job(lambda report: run_examples(model, model_name, corpus, layer, head, k, find, report),
                       len(corpus.items), "corpus-examples")

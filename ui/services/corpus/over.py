@@ -4,32 +4,27 @@ induction texts) or read from an upload and checked against the model, the analy
 the job keeps what it had. The partial summary is the core's own `summarise` of the finished items' values, the
 values the core hands out as each item finishes; the final one is the core's result itself.
 
-Where the page's model work runs elsewhere (the Ray backend: ui.backend.routing runs these jobs on the front
-inside `chunks_on(runner)`), a job is split into chunks of consecutive items (core/corpus/chunks.py), each sent to
-the runner as one call, and the finished chunks are merged into the one run's summary as they come."""
+Where the page's model work runs elsewhere (the Ray backend), a job is sent in chunks instead (chunked.py)."""
 
 from __future__ import annotations
 
 import tempfile
-import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
-from contextlib import closing, contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from core.analysis import heads as head_analysis
 from core.corpus import Pair
-from core.corpus import chunks, saved
+from core.corpus import saved
 from core.corpus import summaries, texts as corpora
 from core.corpus.summaries import Over, summarise
 from ui.services.checks import UserError, check_range, stack_shape
+from ui.services.corpus.chunked import CHUNKS, chunks_on, stream_chunks  # noqa: F401 - chunks_on: tests import it here
 from ui.services.corpus.pages import Saving, saved_words, saving_given, unsaved
+from ui.services.corpus.updates import OverUpdate, partial_note, refusals_in_words
 from ui.services.heads import next_token_reason
 from ui.services.jobs import stream_job
 from ui.services.patching import SITES
@@ -50,30 +45,6 @@ class Corpus:
     items: list              # 1-D id tensors (texts) or Pairs
     noun: str                # "text" or "pair"
     source: str              # in words: "20 induction texts (24 random tokens, repeated once)"
-
-
-@dataclass
-class OverUpdate:
-    done: int
-    total: int
-    result: object           # dict[str, Over] | tuple[Over, Over] | Over: partial until finished
-    seconds: float
-    finished: bool = False
-    saved: str = ""          # what saving the job did, in words (the finished update's)
-    folder: Path | None = None   # the saved job's folder once finished (None: not saved, or stopped)
-
-
-@contextmanager
-def refusals_in_words():
-    """The core's refusals of a corpus (ValueError, IndexError) as a UserError with the same words: a message
-    that starts with a file's name keeps it as the file is named."""
-    try:
-        yield
-    except UserError:
-        raise
-    except (ValueError, IndexError) as error:
-        text = str(error).strip() or "The corpus was refused"
-        raise UserError(text if text.endswith((".", "?", "!")) else text + ".") from error
 
 
 def check_corpus(corpus) -> str:
@@ -162,10 +133,6 @@ def check_site(model, site, layer) -> tuple[str, int | None]:
 
 # ---- the partial summaries: the core's summarise over the values of the items finished so far ----
 
-def partial_note(done: int, total: int, noun: str) -> str:
-    return f"{done} of {total} {noun}s finished so far: the summary is of those"
-
-
 def stacked(values: dict[int, object], pick: Callable, keep: Callable = lambda value: True) -> tuple[Tensor, list]:
     kept = [i for i in sorted(values) if keep(values[i])]
     return (torch.stack([pick(values[i]) for i in kept]) if kept else torch.empty(0)), kept
@@ -207,27 +174,6 @@ PARTIAL = {"heads": partial_heads, "attribution": partial_attribution, "patch": 
 SAVED_NAMES = {"heads": "head_scores", "attribution": "logit_attribution", "patch": "patch"}
 
 
-class ChunkRunner(Protocol):
-    """Where a job's chunks run (ui.backend.ray_serve.ServeChunks: the model's deployment on Ray Serve)."""
-    in_flight: int           # chunks under way at once
-    chunk_items: int         # items in one chunk
-
-    def submit(self, analysis: str, items: list, arguments: dict) -> Future: ...
-
-
-CHUNKS: ContextVar[ChunkRunner | None] = ContextVar("corpus_chunks", default=None)
-
-
-@contextmanager
-def chunks_on(runner: ChunkRunner):
-    """Within this block stream_over sends its job to `runner` in chunks instead of running it here."""
-    token = CHUNKS.set(runner)
-    try:
-        yield
-    finally:
-        CHUNKS.reset(token)
-
-
 def stream_over(model, analysis: str, corpus: Corpus, site: str | None = None, mode: str = "denoise",
                 layer: int | None = None, stop: Callable[[], bool] | None = None, root: Path | None = None,
                 model_name: str = "", saving: Saving | None = None) -> Iterator[OverUpdate]:
@@ -240,7 +186,9 @@ def stream_over(model, analysis: str, corpus: Corpus, site: str | None = None, m
     saving = saving_given(root, saving)
     runner = CHUNKS.get()
     if runner is not None:
-        return stream_chunks(runner, model, analysis, corpus, site, mode, layer, stop, saving, model_name)
+        arguments = dict(site=site, mode=mode, layer=layer) if analysis == "patch" else {}
+        return stream_chunks(runner, model, SAVED_NAMES[analysis], corpus.items, corpus.noun, arguments, stop,
+                             saving, model_name)
     return stream_here(model, analysis, corpus, site, mode, layer, stop, saving, model_name)
 
 
@@ -283,80 +231,6 @@ def stream_here(model, analysis: str, corpus: Corpus, site: str | None, mode: st
             continue
         finished = dict(values)   # the worker may have finished more items since this report: count those
         yield OverUpdate(max(update.done, len(finished)), total, PARTIAL[analysis](finished, total), update.seconds)
-
-
-def stream_chunks(runner: ChunkRunner, model, analysis: str, corpus: Corpus, site: str | None, mode: str,
-                  layer: int | None, stop: Callable[[], bool] | None, saving: Saving,
-                  model_name: str) -> Iterator[OverUpdate]:
-    """stream_over with the corpus split into chunks of runner.chunk_items items, runner.in_flight of them under
-    way at once: an update as each chunk finishes, with the merged summary of the chunks finished so far. The
-    whole corpus is checked here first, as one run checks it. Closing the iterator (the page's Stop) cancels the
-    chunks under way; stop() ends the job with the summary of the finished chunks. A finished job is saved under
-    root whole, and a finished one found there is reopened; a stopped one is not kept for resuming."""
-    root = saving.root
-    name, noun, total = SAVED_NAMES[analysis], corpus.noun, len(corpus.items)
-    arguments = dict(site=site, mode=mode, layer=layer) if analysis == "patch" else {}
-    started = time.perf_counter()
-    with refusals_in_words():
-        empty = chunks.check(name, model, corpus.items, **arguments)
-        folder = saved.job_folder(root, saved.identity(name, model_name, corpus.items,
-                                                       saved.arguments_of(name, arguments))) if root else None
-        if folder is not None and (folder / saved.META).exists():
-            run = saved.open_job(folder)
-            yield OverUpdate(total, total, run.result, time.perf_counter() - started, True,
-                             saved_words(run, saving), folder)
-            return
-        if folder is not None:
-            try:
-                saved.check_room(Path(root), saving.max_bytes)
-                if saving.room is not None:
-                    saving.room()
-            except saved.NoRoom as error:   # past a cap: measured all the same, and not saved
-                folder, saving = None, unsaved(error)
-    ranges = chunks.split(total, runner.chunk_items)
-    yield OverUpdate(0, total, None, 0.0)
-    finished = []
-
-    def submit(items: range) -> Future:
-        return runner.submit(name, [corpus.items[i] for i in items], arguments)
-
-    with refusals_in_words(), closing(chunks.as_finished(submit, ranges, runner.in_flight, noun, stop)) as done_chunks:
-        for chunk in done_chunks:   # closing: a page that stops here cancels the chunks under way at once
-            finished.append(chunk)
-            done = sum(len(part.items) for part in finished)
-            if done < total:
-                partial = chunks.merge(empty, finished, noun, total)
-                for over in saved.parts_of(partial).values():
-                    over.note = "; ".join(part for part in (partial_note(done, total, noun), over.note) if part)
-                yield OverUpdate(done, total, partial, time.perf_counter() - started)
-    stopped = len(finished) < len(ranges)
-    result = chunks.merge(empty, finished, noun, total, stopped)
-    if folder is None:
-        words = saving.why
-    elif stopped:
-        words, folder = "Stopped: the summary of the finished chunks is shown, not saved.", None
-    else:
-        try:
-            words = save_whole(folder, name, model_name, corpus.items, arguments, result, saving)
-        except (OSError, ValueError) as error:    # the result is still shown: only keeping it failed
-            words, folder = f"Not saved: {error}.", None
-    yield OverUpdate(total, total, result, time.perf_counter() - started, True, words, folder)
-
-
-def save_whole(folder: Path, name: str, model_name: str, items: list, arguments: dict, result,
-               saving: Saving) -> str:
-    """A finished chunked job saved as saved.run_over saves one (job.json, result.npz, meta.json), so a rerun
-    here or in one process reopens it and Export reads it; its items are not saved one by one."""
-    arguments = saved.arguments_of(name, arguments)
-    ident = saved.identity(name, model_name, items, arguments)
-    (folder / saved.ITEMS).mkdir(parents=True, exist_ok=True)
-    if saving.wrote is not None:
-        saving.wrote(folder)
-    saved.write_json(folder / saved.JOB, {**ident, "created": saved.now_iso()})
-    saved.save_result(folder, ident, saved.analysis_named(name), arguments, result)
-    if saving.wrote is not None:
-        saving.wrote(folder)
-    return f"Job {folder.name.rpartition('__')[2]} saved ({saving.where})."
 
 
 def exported(folder: Path | None) -> dict[str, bytes]:
