@@ -133,4 +133,6 @@ def qk_plane(points: np.ndarray, is_key: np.ndarray, text: np.ndarray, position:
     shares = [f" ({float(share) * 100:.0f} % of the variance)" if np.isfinite(share) else "" for share in explained]
     fig.update_xaxes(title_text=f"PC 1{shares[0]}")
     fig.update_yaxes(title_text=f"PC 2{shares[1]}", scaleanchor="x", scaleratio=1)
-    return caption(fig, line)
+    caption(fig, line)
+    fig.layout.annotations[-1].align = "left"    # the line's two parts, one under the other from the left edge
+    return fig
