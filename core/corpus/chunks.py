@@ -11,6 +11,10 @@ run over the whole corpus gives: each part's per_item concatenated in input orde
     before = [from_saved("head_scores", model, texts, begun.done)] if begun.done else []
     result = merge(empty, before + finished, "text", len(texts), stopped=len(finished) < len(ranges))
 
+An analysis that measures only some items (ablation: its first `limit` texts) is split after its cap:
+measured, cap = capped("ablation", texts, {}); the chunks are of `measured`, and merge(..., cap=cap) adds the
+note one run gives of the rest.
+
 No measurement is implemented here: a chunk is summaries.py's function on fewer items, and the merge only moves
 its rows."""
 from __future__ import annotations
@@ -25,7 +29,7 @@ from .summaries import Over
 
 log = logging.getLogger(__name__)
 
-ANALYSES = ("head_scores", "logit_attribution", "patch")   # saved.ANALYSES's names; ablation caps its texts itself
+ANALYSES = ("head_scores", "logit_attribution", "patch", "ablation")   # saved.ANALYSES's names
 CHUNK_ITEMS = 8            # items one chunk measures: a patching chunk of 8 pairs is 8 sweeps
 STOP_POLL_S = 0.25         # how often a wait for chunks asks stop()
 
@@ -53,6 +57,17 @@ def analysis_run(analysis: str) -> Callable:
     if analysis not in ANALYSES:
         raise ValueError(f"a corpus job is split into chunks for {', '.join(ANALYSES)}, not {analysis!r}")
     return saved.analysis_named(analysis).run
+
+
+def capped(analysis: str, items: Sequence, arguments: dict) -> tuple[list, str]:
+    """(the items a job measures, the note one run gives of the others): ablation sweeps only the first `limit`
+    texts (summaries.ABLATION_TEXTS unless told) and its note says so; the other analyses measure every item, with
+    no note. The cap is applied before splitting, so a chunk never reaches it and merge adds the note once."""
+    arguments = saved.arguments_of(analysis, arguments)
+    count = saved.analysis_named(analysis).count(arguments, len(items))
+    if count == len(items):
+        return list(items), ""
+    return list(items[:count]), summaries.ablation_cap_note(count, len(items), arguments["limit"])
 
 
 def split(n: int, size: int = CHUNK_ITEMS) -> list[range]:
@@ -139,13 +154,14 @@ def outcome(future: Future, items: Sequence[int], noun: str) -> Measured:
             from None
 
 
-def merge(empty, chunks: Sequence[Chunk], noun: str, total: int, stopped: bool = False):
+def merge(empty, chunks: Sequence[Chunk], noun: str, total: int, stopped: bool = False, cap: str = ""):
     """The finished chunks as one result over the corpus of `total` items, in the form of `empty` (check's):
     each part's per_item rows concatenated in input order and summarised once, as summaries.py summarises one run.
     Each part's left_out (index in its chunk → why) is named again by the index in the whole corpus: an item a
     chunk measured but left out of a part (a text that is no repeated span, for induction) is left out of that
     part here; one no part holds (a skipped pair) is skipped. stopped: the chunks not merged were stopped, which
-    the note says, as a stopped run's does."""
+    the note says, as a stopped run's does. cap: capped's note of the items the job leaves, put first in each
+    part's note as one run puts it."""
     form = "over" if isinstance(empty, Over) else "tuple" if isinstance(empty, tuple) else "dict"
     ordered = sorted(chunks, key=lambda chunk: chunk.items[0])
     measured = {chunk.items[i] for chunk in ordered for over in saved.parts_of(chunk.result).values()
@@ -164,5 +180,7 @@ def merge(empty, chunks: Sequence[Chunk], noun: str, total: int, stopped: bool =
                     job.values[index], left_out[index] = None, why     # measured, not of this part
                 else:
                     job.skipped[index] = why
-        merged[name] = job.over(tuple(blank.per_item.shape[1:]), left_out=left_out)
+        over = job.over(tuple(blank.per_item.shape[1:]), left_out=left_out)
+        over.note = "; ".join(part for part in (cap, over.note) if part)
+        merged[name] = over
     return saved.result_of(form, merged)

@@ -431,7 +431,14 @@ def ablation_over(model, texts: Sequence[Tensor], ablation: str = "zero", limit:
             break
     over = job.over((model.config.n_layers, model.config.n_heads))
     if len(chosen) < len(texts):
-        capped = (f"swept the first {len(chosen)} of {len(texts)} texts (limit={limit}: a sweep runs the model "
-                  "once per head and text; pass limit=None for all)")
-        over.note = "; ".join(part for part in (capped, over.note) if part)
+        over.note = "; ".join(part for part in (ablation_cap_note(len(chosen), len(texts), limit), over.note) if part)
     return over
+
+
+LIMIT_HINT = "; pass limit=None for all"   # the API's way past ablation_over's cap (a page without one drops it)
+
+
+def ablation_cap_note(swept: int, total: int, limit: int) -> str:
+    """What ablation_over's note says of the texts it left: its words, shared with a job run in chunks."""
+    return (f"swept the first {swept} of {total} texts (limit={limit}: a sweep runs the model once per head and "
+            f"text{LIMIT_HINT})")

@@ -95,6 +95,25 @@ def test_chunked_attribution_and_patching_are_the_whole_runs(llama):
         assert 4 not in merged.items and "pair 4 (its clean and corrupted runs give the same" in merged.note
 
 
+def test_chunked_ablation_is_capped_before_splitting_and_is_the_whole_run(llama):
+    """Ablation sweeps only the first ABLATION_TEXTS texts: the cap is applied before splitting (no chunk reaches
+    it), and the merged Over carries the cap's note as one run does."""
+    texts = corpus_texts() + corpus_texts()[:3]                 # 10 texts: 8 swept
+    measured, cap = chunks.capped("ablation", texts, {})
+    assert len(measured) == summaries.ABLATION_TEXTS == 8 and cap.startswith("swept the first 8 of 10 texts")
+    empty = chunks.check("ablation", llama, texts)              # every text checked, as one run checks them
+    with ThreadPoolExecutor(2) as pool:
+        finished = list(chunks.as_finished(
+            lambda part: pool.submit(chunks.run_chunk, "ablation", llama, [measured[i] for i in part],
+                                     ablation="mean"), chunks.split(len(measured), 3), 2, "text"))
+    assert sorted(len(chunk.items) for chunk in finished) == [2, 3, 3]
+    assert all(chunk.result.note == "" for chunk in finished)    # no chunk is capped
+    merged = chunks.merge(empty, finished, "text", len(measured), cap=cap)
+    assert_same(merged, summaries.ablation_over(llama, texts, "mean"))
+    assert chunks.capped("ablation", texts[:5], {})[1] == "" and len(chunks.capped("ablation", texts, {"limit": 3})[0]) == 3
+    assert chunks.capped("ablation", texts, {"limit": None})[1] == ""
+
+
 def test_items_left_out_are_named_by_index_past_the_ones_a_note_names(llama):
     """A chunk that leaves out more items than its note names (summaries.NAMED): each is still left out, with its
     own reason, by its index in the whole corpus."""
@@ -164,5 +183,5 @@ def test_the_whole_corpus_is_checked_before_any_chunk_runs(llama):
     pairs[5] = Pair(random_ids(11, 9), random_ids(11, 10), ANSWER, FOIL)   # one pair of another length
     with pytest.raises(ValueError, match=r"pairs 5 \(11\) do not"):
         chunks.check("patch", llama, pairs, site="resid_pre")      # each chunk alone would be of one length
-    with pytest.raises(ValueError, match="not 'ablation'"):
-        chunks.check("ablation", llama, corpus_texts())
+    with pytest.raises(ValueError, match="not 'attention'"):
+        chunks.check("attention", llama, corpus_texts())
