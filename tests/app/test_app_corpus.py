@@ -328,13 +328,13 @@ def test_the_qk_plane_refuses_a_head_out_of_range_in_words(served):
 
 
 def test_the_ablation_service_streams_the_cores_summary_capped_at_its_texts(served):
-    from ui.services.corpus.ablation import stream_ablation
-    from ui.services.corpus.over import Corpus
+    from ui.services.corpus.over import Corpus, stream_over
     from ui.services.corpus.pages import Saving
 
     model = served["model"]
     texts = corpora.induction_texts(model.tokenizer, 10, 8, seed=3)
-    updates = list(stream_ablation(model, Corpus(texts, "text", "ten texts"), "mean", Saving(None), "tiny"))
+    updates = list(stream_over(model, "ablation", Corpus(texts, "text", "ten texts"), model_name="tiny",
+                               saving=Saving(None), ablation="mean"))
     final = updates[-1].result
     over = summaries.ablation_over(model, texts, "mean")
     torch.testing.assert_close(final.per_item, over.per_item)

@@ -281,8 +281,8 @@ def test_a_corpus_job_in_chunks_on_the_replicas_is_the_local_run(ray_front, llam
         kept.append(chunk)
     stopped = chunks.merge(chunks.check("head_scores", model, texts), kept, "text", len(texts), stopped=True)
     assert stopped["previous_token"].items == (0,) and "stopped after 1 of 7 texts" in stopped["previous_token"].note
-    with pytest.raises(ValueError, match="not 'ablation'"):
-        runner.submit("ablation", texts[:1], {}).result(timeout=120)
+    with pytest.raises(ValueError, match="not 'attention'"):
+        runner.submit("attention", texts[:1], {}).result(timeout=120)
 
 
 @pytest.mark.ray
@@ -378,6 +378,48 @@ def test_top_examples_on_ray_are_the_local_ones_sent_as_token_ids(ray_front, loc
     remote = client.predict(*args, api_name="/corpus_examples")
     assert sent == [["Tensor", "Tensor"]]
     assert_same(remote, Client(local, verbose=False).predict(*args, api_name="/corpus_examples"))
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_an_ablation_and_a_qk_plane_on_ray_run_from_the_front(ray_front, local, llama, tmp_path, monkeypatch):
+    """corpus_ablation on the Ray front: the front caps the texts (8 of 9), sends them in chunks and shows the
+    one-process summary; the result is kept and saved on the front, so a cell click and Export work there.
+    corpus_qk: one call with the texts' token ids (no path), the figure the in-process app's."""
+    from core.corpus import summaries, texts as corpora
+    from ui.backend import ray_serve
+    from ui.services.corpus.over import INDUCTION_LENGTH
+
+    demo, client, backend = ray_front
+    monkeypatch.setenv("ATTN_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setattr(backend.options, "chunk_items", 3)
+    sent = []
+    submit, qk = ray_serve.ServeChunks.submit, ray_serve.ServeChunks.qk
+    monkeypatch.setattr(ray_serve.ServeChunks, "submit", lambda self, analysis, items, arguments:
+                        sent.append((analysis, len(items))) or submit(self, analysis, items, arguments))
+    monkeypatch.setattr(ray_serve.ServeChunks, "qk", lambda self, texts, *rest:
+                        sent.append(("qk", {type(text).__name__ for text in texts})) or qk(self, texts, *rest))
+    events = {block_fn.name: block_fn.fn for block_fn in demo.fns.values()}
+    *_, (note, mean_figure, _, kept) = events["corpus_ablation"](llama, "induction texts", 9, None, "mean", 1, 0, None)
+    assert sorted(sent) == [("ablation", 2), ("ablation", 3), ("ablation", 3)]
+    model = Services.create(default_model=llama).models.get(llama)
+    texts = corpora.induction_texts(model.tokenizer, 9, INDUCTION_LENGTH, bos=model.config.bos_token_id)
+    over = summaries.ablation_over(model, texts, "mean")
+    heatmap = json.loads(mean_figure.plot)["data"][0]          # the event's PlotData, as Gradio sends it
+    torch.testing.assert_close(torch.tensor(plotly_array(heatmap["z"]), dtype=torch.float32), over.mean.float(),
+                               atol=1e-5, rtol=0)
+    assert "n = **8**" in note and "swept the first 8 of 9 texts" in note and "limit=None" not in note, note
+    assert "saved (in the runs folder" in note, note
+    words, *_ = events["corpus_cell"](1, 3, kept)                                   # a click, on the front
+    assert f"mean **{float(over.mean[1, 3]):+.4f}**" in words, words
+    files, _ = events["corpus_export"](kept)
+    assert any(str(path).endswith(".npz") for path in files) and all(Path(path).is_file() for path in files)
+
+    sent.clear()
+    args = (llama, "induction texts", 4, None, 1, 2)
+    remote = client.predict(*args, api_name="/corpus_qk")
+    assert sent == [("qk", {"Tensor"})]
+    assert_same(remote, Client(local, verbose=False).predict(*args, api_name="/corpus_qk"))
 
 
 def test_the_serve_config_sets_the_chunks_and_the_replicas_how_many_run(tmp_path):

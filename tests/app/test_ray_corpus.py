@@ -3,7 +3,7 @@ stream_examples inside chunked.chunks_on), with a runner of threads in this proc
 the updates stream as chunks finish, the last is the one-process result, a page that stops cancels the chunks not
 yet run, each finished chunk's items are saved on the front so a rerun sends only the rest (and one process resumes
 the same folder, and the other way), a finished job is reopened without sending a chunk, and a head's top examples
-found in one call are the ones found here. The same paths on a local Ray instance: tests/app/test_ray_backend.py."""
+found in one call are the ones found here, as is a head's query/key plane. The same paths on a local Ray instance: tests/app/test_ray_backend.py."""
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
@@ -35,6 +35,10 @@ class ThreadChunks:
     def examples(self, texts: list, layer: int, head: int, k: int, per_decile: int) -> Future:
         self.sent.append(("examples", len(texts), None))
         return self.pool.submit(head_places.top_examples, self.model, texts, layer, head, k, per_decile=per_decile)
+
+    def qk(self, texts: list, layer: int, head: int, max_points: int) -> Future:
+        self.sent.append(("qk", [type(text).__name__ for text in texts], None))
+        return self.pool.submit(head_places.qk_over, self.model, texts, layer, head, max_points=max_points)
 
 
 @pytest.fixture(scope="module")
@@ -189,3 +193,36 @@ def test_top_examples_found_in_one_call_elsewhere_are_the_ones_found_here(named_
     assert [(kind, n) for kind, n, _ in runner.sent] == [("examples", 3)]
     assert there[0] == here[0] and there[1] == here[1] and len(there[0]) == 4
     assert (there[2].places, there[2].n, there[2].note) == (here[2].places, here[2].n, here[2].note)
+
+
+def test_an_ablation_in_chunks_is_capped_first_saved_on_the_front_and_is_the_one_process_result(llama, tmp_path):
+    """Ablation sweeps the first ABLATION_TEXTS texts: the front caps the corpus before splitting it, saves each
+    chunk's items, and ends with one run's Over (note included); the one-process path reopens the same job."""
+    corpus = Corpus(texts() + texts()[:3], "text", "ten repeated spans")        # 10 texts: 8 swept
+    runner = ThreadChunks(llama, in_flight=2, chunk_items=3)
+    with chunks_on(runner):
+        updates = list(stream_over(llama, "ablation", corpus, root=tmp_path, model_name="tiny", ablation="mean"))
+    assert sorted(size for _, size, _ in runner.sent) == [2, 3, 3] and {a for a, _, _ in runner.sent} == {"ablation"}
+    assert updates[-1].total == 8 and (updates[-1].folder / saved.META).is_file()
+    want = summaries.ablation_over(llama, corpus.items, "mean")
+    assert_whole({"over": updates[-1].result}, {"over": want})
+    assert want.note.startswith("swept the first 8 of 10 texts")
+    here = list(stream_over(llama, "ablation", corpus, root=tmp_path, model_name="tiny", ablation="mean"))[-1]
+    assert "nothing was measured again" in here.saved and here.folder == updates[-1].folder
+
+
+def test_a_qk_plane_found_in_one_call_elsewhere_is_the_one_found_here(named_llama):
+    """The front sends the texts' token ids (never a file's path) in one call; the plane is the same."""
+    from ui.services.corpus.qk import stream_plane
+
+    tokenizer = named_llama.tokenizer
+    strings = ["the cat sat on the mat and the cat sat", "a dog ran far, a dog ran", "one two three one two three"]
+    corpus = Corpus([torch.tensor(tokenizer.encode(text)) for text in strings], "text", "three texts")
+    runner = ThreadChunks(named_llama, in_flight=1, chunk_items=2)
+    with chunks_on(runner):
+        there = list(stream_plane(named_llama, corpus, 1, 2))[-1].result
+    here = list(stream_plane(named_llama, corpus, 1, 2))[-1].result
+    assert [(kind, types) for kind, types, _ in runner.sent] == [("qk", ["Tensor"] * 3)]
+    for field in ("points", "is_key", "text", "position", "token"):
+        torch.testing.assert_close(getattr(there.plane, field), getattr(here.plane, field), atol=1e-5, rtol=0)
+    assert (there.plane.note, there.labels) == (here.plane.note, here.labels)

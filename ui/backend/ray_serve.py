@@ -13,7 +13,8 @@ A corpus job of the Across texts tab runs on the front instead (ui.backend.routi
 encodes the corpus, splits it into chunks of items (core/corpus/chunks.py) and sends each chunk's token ids as a
 call of the model's deployment (ModelReplica.corpus_chunk), so the chunks run on all its replicas at once, each
 replica's weights loaded once; the front saves each chunk's items as it comes, merges the chunks' per-item values
-and summarises once. A head's top examples are one call (ModelReplica.corpus_examples) with every text's ids.
+and summarises once. A head's top examples and its query/key plane are one call each (ModelReplica.corpus_examples,
+ModelReplica.corpus_qk) with every text's ids.
 
 Imported only with `--backend ray`: `python app.py` never imports Ray (requirements-scale.txt installs it).
 """
@@ -92,6 +93,12 @@ class ModelReplica:
         heads.py top_examples), or a RemoteError with the words of its refusal."""
         return await self.stoppable(lambda stop: head_places.top_examples(self.model(), texts, layer, head, k,
                                                                           per_decile=per_decile, stop=stop))
+
+    async def corpus_qk(self, texts: list, layer: int, head: int, max_points: int) -> Any:
+        """One head's query/key plane over the whole of `texts` (token ids the front read and encoded; core/corpus/
+        heads.py qk_over), or a RemoteError with the words of its refusal."""
+        return await self.stoppable(lambda stop: head_places.qk_over(self.model(), texts, layer, head,
+                                                                     max_points=max_points, stop=stop))
 
     def model(self):
         return self.services.models.get(self.model_name)
@@ -267,6 +274,9 @@ class ServeChunks:
 
     def examples(self, texts: list, layer: int, head: int, k: int, per_decile: int) -> Future:
         return self.watched(self.handle.corpus_examples.remote(texts, layer, head, k, per_decile))
+
+    def qk(self, texts: list, layer: int, head: int, max_points: int) -> Future:
+        return self.watched(self.handle.corpus_qk.remote(texts, layer, head, max_points))
 
     def watched(self, response) -> Future:
         future: Future = Future()

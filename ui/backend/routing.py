@@ -21,8 +21,9 @@ replica comes back as its bytes and is written under the front's temporary folde
 A backend that runs corpus jobs in chunks (one with `corpus_chunks(model_name)`, as RayBackend has) gets the
 Across texts tab's jobs differently: the page's own function runs here, on the front, where the upload and the
 session's kept result are, and its measuring is sent to the backend as token ids (ui.services.corpus.chunked
-.chunks_on): chunk by chunk, or for a head's top examples in one call; the tab's cell clicks, which redraw that
-kept result, stay here too.
+.chunks_on): chunk by chunk (an ablation capped at its first texts before it is split), or for a head's top
+examples and its query/key plane in one call each; the tab's cell clicks, which redraw that kept result, and its
+Export, which reads the job saved here, stay here too.
 
 Kept data (the KeptStore of ui.services: the Attention tab's captures, a generation's rows) stays where it was
 computed. A session's calls go to the same replica where the backend can arrange it; where not, a ticket the
@@ -46,7 +47,8 @@ from ui.tabs.events import MODEL_GROUPS, stays_behind, user_errors
 from ui.views import export
 
 TRACE_READERS = ("generation_step", "export_generation")  # read the rows a generation kept where it ran
-CHUNKED = ("corpus_heads", "corpus_attribution", "corpus_patch", "corpus_examples")  # corpus jobs run from here
+CHUNKED = ("corpus_heads", "corpus_attribution", "corpus_patch", "corpus_ablation", "corpus_examples",
+           "corpus_qk")  # corpus jobs run from here
 ON_FRONT = ("corpus_cell",)  # redraws the result a chunked job kept on the front
 PICKER_ID = "model-picker"  # elem_id of the model dropdown: its value names the model an event runs
 

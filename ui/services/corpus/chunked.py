@@ -22,6 +22,7 @@ from ui.services.corpus.pages import Saving, saved_words, unsaved
 from ui.services.corpus.updates import OverUpdate, partial_note, refusals_in_words
 
 log = logging.getLogger(__name__)
+WAIT_S = 1.0             # how often a job of one call elsewhere asks whether the page stopped it
 
 
 class ChunkRunner(Protocol):
@@ -35,19 +36,35 @@ class ChunkRunner(Protocol):
     def examples(self, texts: list, layer: int, head: int, k: int, per_decile: int) -> Future:
         """A Future of core.corpus.heads.top_examples over the whole of `texts`, run where the model is."""
 
+    def qk(self, texts: list, layer: int, head: int, max_points: int) -> Future:
+        """A Future of core.corpus.heads.qk_over over the whole of `texts`, run where the model is."""
+
 
 CHUNKS: ContextVar[ChunkRunner | None] = ContextVar("corpus_chunks", default=None)
 
 
 @contextmanager
 def chunks_on(runner: ChunkRunner):
-    """Within this block the corpus jobs (over.stream_over, examples.stream_examples) send their measuring to
-    `runner` instead of running it here."""
+    """Within this block the corpus jobs (over.stream_over, examples.stream_examples, qk.stream_plane) send their
+    measuring to `runner` instead of running it here."""
     token = CHUNKS.set(runner)
     try:
         yield
     finally:
         CHUNKS.reset(token)
+
+
+def waited(future: Future, report: Callable[[int, int], None], total: int):
+    """The result of one call where the runner's model is (top examples, a q/k plane), asked every WAIT_S whether
+    the page stopped the job (report raises then), which cancels the call."""
+    try:
+        while True:
+            try:
+                return future.result(timeout=WAIT_S)
+            except TimeoutError:
+                report(0, total)
+    finally:
+        future.cancel()
 
 
 def begun_job(name: str, items: list, arguments: dict, saving: Saving,
@@ -78,11 +95,15 @@ def stream_chunks(runner: ChunkRunner, model, name: str, items: list, noun: str,
     the merged summary of the chunks finished so far. The whole corpus is checked here first, as one run checks
     it. Saved under saving.root: a finished job is reopened; one stopped or killed before sends only the items it
     had not finished, and merges the rest read back from its folder. Closing the iterator (the page's Stop)
-    cancels the chunks under way; stop() ends the job with the summary of the finished chunks, which are kept."""
-    total, started = len(items), time.perf_counter()
+    cancels the chunks under way; stop() ends the job with the summary of the finished chunks, which are kept.
+    An analysis that measures only some items (ablation's first texts) is capped here, before splitting, and its
+    result noted as one run notes it; the job's folder is the whole corpus's, as one run's is."""
+    started = time.perf_counter()
     with refusals_in_words():
         empty = chunks.check(name, model, items, **arguments)
         begun, saving = begun_job(name, items, arguments, saving, model_name)
+        items, cap = chunks.capped(name, items, arguments)
+        total = len(items)
         if begun is not None and begun.finished is not None:
             yield OverUpdate(total, total, begun.finished.result, time.perf_counter() - started, True,
                              saved_words(begun.finished, saving), begun.folder)
@@ -107,7 +128,7 @@ def stream_chunks(runner: ChunkRunner, model, name: str, items: list, noun: str,
             if count < total:
                 yield OverUpdate(count, total, partial(empty, finished, noun, total), time.perf_counter() - started)
     stopped = len(finished) - bool(done) < len(ranges)
-    result = chunks.merge(empty, finished, noun, total, stopped)
+    result = chunks.merge(empty, finished, noun, total, stopped, cap)
     run = None
     if begun is not None:
         measured = sum(len(chunk.values) for chunk in finished[bool(done):])

@@ -12,14 +12,13 @@ from urllib.parse import urlsplit
 from core.corpus import heads as head_places
 from ui import links
 from ui.services.checks import check_head, check_range
-from ui.services.corpus.chunked import CHUNKS, ChunkRunner
+from ui.services.corpus.chunked import CHUNKS, ChunkRunner, waited
 from ui.services.corpus.over import Corpus, refusals_in_words
 from ui.services.jobs import stream_job
 from ui.services.text import token_pieces
 
 MAX_EXAMPLES = 50        # top places one job lists
 PER_DECILE = 2           # places shown from each decile of the head's weights
-WAIT_S = 1.0             # how often a job run elsewhere asks whether the page stopped it
 
 
 @dataclass
@@ -83,18 +82,9 @@ def found_here(model, corpus: Corpus, layer: int, head: int, k: int) -> Callable
 def found_on(runner: ChunkRunner, corpus: Corpus, layer: int, head: int, k: int) -> Callable:
     """top_examples in one call where the runner's model is, sent the texts' token ids (read and encoded here, so
     no node needs the uploaded file). One call, not chunks: the exact top k and the deciles are of every place of
-    the corpus at once. Asked every WAIT_S whether the page stopped, which cancels the call."""
-    def find(report):
-        future = runner.examples(list(corpus.items), layer, head, k, PER_DECILE)
-        try:
-            while True:
-                try:
-                    return future.result(timeout=WAIT_S)
-                except TimeoutError:
-                    report(0, len(corpus.items))    # raises once the page stopped the job
-        finally:
-            future.cancel()
-    return find
+    the corpus at once. Asked every chunked.WAIT_S whether the page stopped, which cancels the call."""
+    return lambda report: waited(runner.examples(list(corpus.items), layer, head, k, PER_DECILE), report,
+                                 len(corpus.items))
 
 
 def stream_examples(model, model_name: str, corpus: Corpus, layer: int, head: int, k: int):

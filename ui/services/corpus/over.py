@@ -19,7 +19,7 @@ from torch import Tensor
 from core.analysis import heads as head_analysis
 from core.corpus import Pair
 from core.corpus import saved
-from core.corpus import summaries, texts as corpora
+from core.corpus import texts as corpora
 from core.corpus.summaries import Over, summarise
 from ui.services.checks import UserError, check_range, stack_shape
 from ui.services.corpus.chunked import CHUNKS, chunks_on, stream_chunks  # noqa: F401 - chunks_on: tests import it here
@@ -37,7 +37,7 @@ MAX_PAIRS = 100          # pairs one attribution or patching job reads: each pai
 DEFAULT_N = 20
 INDUCTION_LENGTH = 24    # tokens of each induction text before it repeats
 KINDS = tuple(head_analysis.SCORES)
-NOUNS = {"heads": "text", "attribution": "pair", "patch": "pair"}
+NOUNS = {"heads": "text", "attribution": "pair", "patch": "pair", "ablation": "text"}
 
 
 @dataclass
@@ -161,39 +161,52 @@ def partial_attribution(values: dict, total: int) -> tuple[Over, Over] | None:
     return summarise(heads, note, kept), summarise(mlps, note, kept)
 
 
-def partial_patch(values: dict, total: int) -> Over | None:
-    if not values:
-        return None
-    per_item, kept = stacked(values, lambda value: value)
-    return summarise(per_item, partial_note(len(values), total, "pair"), kept)
+def partial_one(noun: str) -> Callable[[dict, int], Over | None]:
+    """The partial summary of an analysis whose item's value is one tensor (patching's scores, ablation's [L, H])."""
+    def partial(values: dict, total: int) -> Over | None:
+        if not values:
+            return None
+        per_item, kept = stacked(values, lambda value: value)
+        return summarise(per_item, partial_note(len(values), total, noun), kept)
+    return partial
 
 
-PARTIAL = {"heads": partial_heads, "attribution": partial_attribution, "patch": partial_patch}
+PARTIAL = {"heads": partial_heads, "attribution": partial_attribution, "patch": partial_one("pair"),
+           "ablation": partial_one("text")}
 
 
-SAVED_NAMES = {"heads": "head_scores", "attribution": "logit_attribution", "patch": "patch"}
+SAVED_NAMES = {"heads": "head_scores", "attribution": "logit_attribution", "patch": "patch", "ablation": "ablation"}
+
+
+def arguments_of(analysis: str, site: str | None, mode: str, layer: int | None, ablation: str) -> dict:
+    """The analysis's own arguments of the core's *_over, as stream_over is given them."""
+    if analysis == "patch":
+        return dict(site=site, mode=mode, layer=layer)
+    return dict(ablation=ablation) if analysis == "ablation" else {}
 
 
 def stream_over(model, analysis: str, corpus: Corpus, site: str | None = None, mode: str = "denoise",
                 layer: int | None = None, stop: Callable[[], bool] | None = None, root: Path | None = None,
-                model_name: str = "", saving: Saving | None = None) -> Iterator[OverUpdate]:
+                model_name: str = "", saving: Saving | None = None, ablation: str = "zero") -> Iterator[OverUpdate]:
     """The analysis over the corpus: an update as items finish, with the summary of those finished so far, then
     the core's result (finished), its `saved` words saying what saving did. Closing the iterator stops the work;
     stop() is the core's own (a stopped job's result is the summary of the items it finished). root: save the
     job there (saved.run_over): a job already finished is reopened without measuring; saving (pages.saving_of's, for
     a page) instead gives the root with its caps and what to tell of each write. Past a cap a new job is measured
-    and not saved. Run in a worker thread here, or in chunks on the runner of chunks_on where one is set."""
+    and not saved. Run in a worker thread here, or in chunks on the runner of chunks_on where one is set.
+    ablation ("zero" or "mean"): the ablation's kind; it sweeps the first summaries.ABLATION_TEXTS texts only (the
+    updates count those), and the core's note says how many of how many."""
     saving = saving_given(root, saving)
     runner = CHUNKS.get()
+    arguments = arguments_of(analysis, site, mode, layer, ablation)
     if runner is not None:
-        arguments = dict(site=site, mode=mode, layer=layer) if analysis == "patch" else {}
         return stream_chunks(runner, model, SAVED_NAMES[analysis], corpus.items, corpus.noun, arguments, stop,
                              saving, model_name)
-    return stream_here(model, analysis, corpus, site, mode, layer, stop, saving, model_name)
+    return stream_here(model, analysis, corpus, arguments, stop, saving, model_name)
 
 
-def stream_here(model, analysis: str, corpus: Corpus, site: str | None, mode: str, layer: int | None,
-                stop: Callable[[], bool] | None, saving: Saving, model_name: str) -> Iterator[OverUpdate]:
+def stream_here(model, analysis: str, corpus: Corpus, arguments: dict, stop: Callable[[], bool] | None,
+                saving: Saving, model_name: str) -> Iterator[OverUpdate]:
     """stream_over in a worker thread of this process, saving item by item: a job stopped before resumes from
     its items."""
     values: dict[int, object] = {}
@@ -203,7 +216,6 @@ def stream_here(model, analysis: str, corpus: Corpus, site: str | None, mode: st
 
     def work(report):
         hooks = dict(progress=report, stop=stop, each=each)
-        arguments = dict(site=site, mode=mode, layer=layer) if analysis == "patch" else {}
         with refusals_in_words():
             if saving.root is not None:
                 try:
@@ -212,17 +224,14 @@ def stream_here(model, analysis: str, corpus: Corpus, site: str | None, mode: st
                                          **hooks, **arguments)
                     return run.result, run, saving
                 except saved.NoRoom as error:   # past a cap: measured all the same, and not saved
-                    return measure(hooks, arguments), None, unsaved(error)
-            return measure(hooks, arguments), None, saving
+                    return measure(hooks), None, unsaved(error)
+            return measure(hooks), None, saving
 
-    def measure(hooks: dict, arguments: dict):
-        if analysis == "heads":
-            return summaries.head_scores_over(model, corpus.items, **hooks)
-        if analysis == "attribution":
-            return summaries.logit_attribution_over(model, corpus.items, **hooks)
-        return summaries.patch_over(model, corpus.items, **arguments, **hooks)
+    def measure(hooks: dict):
+        return saved.analysis_named(SAVED_NAMES[analysis]).run(model, corpus.items, **arguments, **hooks)
 
-    total = len(corpus.items)
+    name = SAVED_NAMES[analysis]
+    total = saved.analysis_named(name).count(saved.arguments_of(name, arguments), len(corpus.items))
     for update in stream_job(work, total, f"corpus-{analysis}"):
         if update.finished:
             result, run, used = update.result

@@ -13,7 +13,7 @@ from ui.plots.corpus import examples_html, interval_words, item_strip, mean_map
 from ui.plots.text import escaped
 from ui.services import Services
 from ui.services.checks import UserError
-from ui.services.corpus.ablation import ABLATION_TEXTS, check_ablation_model, stream_ablation
+from ui.services.corpus.ablation import ABLATION_TEXTS, check_ablation_model, for_page
 from ui.services.corpus.examples import PER_DECILE, check_examples, stream_examples
 from ui.services.corpus.over import (Corpus, MapAxes, check_cell, check_kind, check_model, check_mode, check_site,
                                      corpus_pairs, corpus_texts, exported, map_axes, stream_over)
@@ -207,8 +207,8 @@ def ablation_view(services: Services, model_name, corpus, n, upload, ablation, c
                       "loss increase", True, name, view, update.folder)
         return note_of(over, chosen, "ablation", cell, axes, update, what), *figures(shown, cell), shown
 
-    yield from streamed(stream_ablation(model, chosen, kind, saving_of(services, page), name), lambda result: result,
-                        render, progress, "text")
+    yield from streamed(stream_over(model, "ablation", chosen, model_name=name, saving=saving_of(services, page),
+                                    ablation=kind), for_page, render, progress, "text")
 
 
 def cell_view(services: Services, cell_row, cell_col, previous=None):
