@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 ANALYSES = ("head_scores", "logit_attribution", "patch", "ablation")   # saved.ANALYSES's names
 CHUNK_ITEMS = 8            # items one chunk measures: a patching chunk of 8 pairs is 8 sweeps
 STOP_POLL_S = 0.25         # how often a wait for chunks asks stop()
+ITEMS_AT_MOST = {"ablation": 1}   # an ablation text runs the model once per head: each its own call, so 8 texts
+                                  # keep 8 replicas busy
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,11 @@ def capped(analysis: str, items: Sequence, arguments: dict) -> tuple[list, str]:
     if count == len(items):
         return list(items), ""
     return list(items[:count]), summaries.ablation_cap_note(count, len(items), arguments["limit"])
+
+
+def chunk_items(analysis: str, size: int) -> int:
+    """Items one chunk of `analysis` measures, given `size` for the others (ITEMS_AT_MOST caps the sweeps)."""
+    return min(size, ITEMS_AT_MOST.get(analysis, size))
 
 
 def split(n: int, size: int = CHUNK_ITEMS) -> list[range]:

@@ -355,6 +355,7 @@ def test_the_ablation_endpoint_maps_the_cores_mean_and_states_its_cap(served):
     over = summaries.ablation_over(model, texts)
     check_map_and_strip(note, mean_figure, strip_figure, over, (1, 0), "text")
     assert "at most the first 8 texts are swept" in note and "swept the first 8 of 9 texts" in note
+    assert "limit=None" not in note      # the core's hint for API callers: the page has no such setting
 
 
 @pytest.mark.parametrize("corpus, n, ablation, words", [

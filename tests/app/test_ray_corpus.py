@@ -195,14 +195,21 @@ def test_top_examples_found_in_one_call_elsewhere_are_the_ones_found_here(named_
     assert (there[2].places, there[2].n, there[2].note) == (here[2].places, here[2].n, here[2].note)
 
 
-def test_an_ablation_in_chunks_is_capped_first_saved_on_the_front_and_is_the_one_process_result(llama, tmp_path):
-    """Ablation sweeps the first ABLATION_TEXTS texts: the front caps the corpus before splitting it, saves each
-    chunk's items, and ends with one run's Over (note included); the one-process path reopens the same job."""
+def test_an_ablation_in_chunks_is_capped_first_resumes_and_is_the_one_process_result(llama, tmp_path):
+    """Ablation sweeps the first ABLATION_TEXTS texts: the front caps the corpus before splitting it (one text a
+    chunk), saves each chunk's items so a stopped job resumes sending only the rest, and ends with one run's Over
+    (note included); the one-process path reopens the same job."""
     corpus = Corpus(texts() + texts()[:3], "text", "ten repeated spans")        # 10 texts: 8 swept
+    first = ThreadChunks(llama, in_flight=1, chunk_items=3)
+    with chunks_on(first):
+        stopped = list(stream_over(llama, "ablation", corpus, root=tmp_path, model_name="tiny", ablation="mean",
+                                   stop=lambda: len(first.sent) > 3))[-1]
+    assert "stopped; its finished items are kept" in stopped.saved and stopped.result.items == (0, 1, 2)
     runner = ThreadChunks(llama, in_flight=2, chunk_items=3)
     with chunks_on(runner):
         updates = list(stream_over(llama, "ablation", corpus, root=tmp_path, model_name="tiny", ablation="mean"))
-    assert sorted(size for _, size, _ in runner.sent) == [2, 3, 3] and {a for a, _, _ in runner.sent} == {"ablation"}
+    assert [(a, size) for a, size, _ in runner.sent] == [("ablation", 1)] * 5       # a sweep: one text a call
+    assert "resumed from 3 items saved before" in updates[-1].saved
     assert updates[-1].total == 8 and (updates[-1].folder / saved.META).is_file()
     want = summaries.ablation_over(llama, corpus.items, "mean")
     assert_whole({"over": updates[-1].result}, {"over": want})

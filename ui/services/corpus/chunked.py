@@ -91,10 +91,11 @@ def not_kept(error: OSError) -> Saving:
 def stream_chunks(runner: ChunkRunner, model, name: str, items: list, noun: str, arguments: dict,
                   stop: Callable[[], bool] | None, saving: Saving, model_name: str) -> Iterator[OverUpdate]:
     """over.stream_over of the analysis `name` (saved.ANALYSES's) with the corpus split into chunks of
-    runner.chunk_items items, runner.in_flight of them under way at once: an update as each chunk finishes, with
-    the merged summary of the chunks finished so far. The whole corpus is checked here first, as one run checks
-    it. Saved under saving.root: a finished job is reopened; one stopped or killed before sends only the items it
-    had not finished, and merges the rest read back from its folder. Closing the iterator (the page's Stop)
+    runner.chunk_items items (an ablation's of one text: chunks.chunk_items), runner.in_flight of them under way at
+    once: an update as each chunk finishes, with the merged summary of the chunks finished so far. The whole
+    corpus is checked here first, as one run checks it. Saved under saving.root: a finished job is reopened; one
+    stopped or killed before sends only the items it had not finished, and merges the rest read back from its
+    folder. Closing the iterator (the page's Stop)
     cancels the chunks under way; stop() ends the job with the summary of the finished chunks, which are kept.
     An analysis that measures only some items (ablation's first texts) is capped here, before splitting, and its
     result noted as one run notes it; the job's folder is the whole corpus's, as one run's is."""
@@ -110,7 +111,7 @@ def stream_chunks(runner: ChunkRunner, model, name: str, items: list, noun: str,
             return
         done = begun.done if begun is not None else {}
         finished = [chunks.from_saved(name, model, items, done, **arguments)] if done else []
-    ranges = chunks.remaining(total, done, runner.chunk_items)
+    ranges = chunks.remaining(total, done, chunks.chunk_items(name, runner.chunk_items))
     yield OverUpdate(len(done), total, partial(empty, finished, noun, total) if done else None, 0.0)
 
     def submit(part) -> Future:
