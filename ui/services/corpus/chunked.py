@@ -99,6 +99,12 @@ def stream_chunks(runner: ChunkRunner, model, name: str, items: list, noun: str,
     cancels the chunks under way; stop() ends the job with the summary of the finished chunks, which are kept.
     An analysis that measures only some items (ablation's first texts) is capped here, before splitting, and its
     result noted as one run notes it; the job's folder is the whole corpus's, as one run's is."""
+    with saving.held():     # the page's saved jobs are not deleted while this one runs
+        yield from chunk_updates(runner, model, name, items, noun, arguments, stop, saving, model_name)
+
+
+def chunk_updates(runner: ChunkRunner, model, name: str, items: list, noun: str, arguments: dict,
+                  stop: Callable[[], bool] | None, saving: Saving, model_name: str) -> Iterator[OverUpdate]:
     started = time.perf_counter()
     with refusals_in_words():
         empty = chunks.check(name, model, items, **arguments)

@@ -216,7 +216,7 @@ def stream_here(model, analysis: str, corpus: Corpus, arguments: dict, stop: Cal
 
     def work(report):
         hooks = dict(progress=report, stop=stop, each=each)
-        with refusals_in_words():
+        with saving.held(), refusals_in_words():
             if saving.root is not None:
                 try:
                     run = saved.run_over(SAVED_NAMES[analysis], model, corpus.items, saving.root, model_name,

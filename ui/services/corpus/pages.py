@@ -8,13 +8,15 @@ ROOT/.private/TOKEN/, through the Lab's PrivateRuns (TOKEN random, not the sessi
 job is reopened and resumed by its page alone, and another page that asks for the same corpus measures it afresh,
 never reading these items (an upload's items included). A page's jobs take at most page_bytes, all pages' together
 RUNS_MAX_BYTES; a new job past either cap is measured and shown but not saved, its note saying why. Each job's
-folder is deleted ttl_s after its last write (a job starting or resuming, an item finished, the result saved) by
-PrivateRuns's expiry thread, which sleeps until the next one is due, so an idle server keeps nothing longer."""
+folder is deleted ttl_s after its last write (a job starting or resuming, an item finished, the result saved) or
+after the end of its page's last job, whichever is later (never while a job of its page runs), by PrivateRuns's
+expiry thread, which sleeps until the next one is due, so an idle server keeps nothing longer."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +41,7 @@ class Saving:
     room: Callable[[], None] | None = None     # raises saved.NoRoom when a new job may not be saved
     wrote: Callable[[Path], None] | None = None  # told each time a job's folder is written
     max_bytes: int | None = None               # the root's cap (a laptop's); a page's are room's
+    held: Callable[[], AbstractContextManager] = nullcontext  # around a job: its page's jobs are not deleted meanwhile
 
 
 def shared_saving(root: Path) -> Saving:
@@ -98,7 +101,8 @@ class CorpusRuns:
             pages.add(page, folder.name, folder)    # (re)starts the job's clock: deleted ttl_s from now
 
         return Saving(root, where=f"for this page only, deleted {life} after its last write; a rerun of the same "
-                                  "job on this page reopens it", room=room, wrote=wrote)
+                                  "job on this page reopens it", room=room, wrote=wrote,
+                      held=lambda: pages.held(page))
 
 
 def saving_of(services, page: str | None) -> Saving:

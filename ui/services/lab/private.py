@@ -12,7 +12,8 @@ import secrets
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,7 @@ class PrivateRuns:
         self._tokens: dict[str, str] = {}             # session → its folder's random token
         self.gone: set[str] = set()                   # aliases of runs deleted after ttl_s
         self.on_expire: list[Callable[[str], object]] = []  # called with each expired alias, its files gone
+        self._held: dict[str, int] = {}               # session → its jobs under way (held(): none of its runs expires)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # a run added, or close(): the expiry thread looks again
         self._expiry: threading.Thread | None = None
@@ -70,13 +72,33 @@ class PrivateRuns:
             self._changed.notify_all()
         return run
 
+    @contextmanager
+    def held(self, session: str) -> Iterator[None]:
+        """While a job of `session` runs, none of its runs expires (a job still writing is never deleted under it,
+        however long one item takes); when its last job ends, each of its runs' clocks starts again from then."""
+        with self._lock:
+            self._held[session] = self._held.get(session, 0) + 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._held[session] -= 1
+                if not self._held[session]:
+                    del self._held[session]
+                    now = time.time()
+                    for run in self._runs.values():
+                        if run.session == session:
+                            run.saved_at = max(run.saved_at, now)
+                self._changed.notify_all()
+
     def _expire_on_time(self) -> None:
         """Sleep until the oldest run is due (or forever while there is none), then expire; until close()."""
         while True:
             with self._changed:
                 if self._closed:
                     return
-                due = min((r.saved_at + self.ttl_s for r in self._runs.values()), default=None)
+                due = min((r.saved_at + self.ttl_s for r in self._runs.values() if r.session not in self._held),
+                          default=None)
                 wait = None if due is None else due - time.time()
                 if wait is None or wait > 0:
                     self._changed.wait(wait)
@@ -108,7 +130,7 @@ class PrivateRuns:
         """Delete the runs saved ttl_s ago or earlier, then tell on_expire; returns their aliases."""
         now = time.time() if now is None else now
         with self._lock:
-            old = [r for r in self._runs.values() if now - r.saved_at >= self.ttl_s]
+            old = [r for r in self._runs.values() if now - r.saved_at >= self.ttl_s and r.session not in self._held]
             for run in old:
                 del self._runs[run.alias]
                 self.gone.add(run.alias)
