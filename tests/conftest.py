@@ -19,6 +19,41 @@ def pytest_collection_modifyitems(config, items):
         if folder in FOLDER_MARKERS:
             item.add_marker(FOLDER_MARKERS[folder])
 
+
+# ---- one app shared by neighbouring browser modules that start the same one (the tiny Llama, default settings)
+
+SHARED_APPS: dict[str, tuple] = {}  # fixture name → (demo, url, services, the Llama's name)
+
+
+def shared_app(tmp_path_factory, name: str) -> tuple:
+    """(url, services, the Llama's name) of the app on the tiny Llama alone with the default settings: started
+    once for a run of neighbouring modules whose tests use the fixture `name`. Each page is its own session, so a
+    module sees no other module's inputs; what the server caches (a model, a tab's first screen on the default
+    text) is what one app serving many visitors caches."""
+    from tiny_app_model import build_tiny_llama, launch_app
+
+    if name not in SHARED_APPS:
+        llama = str(build_tiny_llama(tmp_path_factory.mktemp(name) / "tiny-llama"))
+        demo, url, services = launch_app([llama], llama)
+        SHARED_APPS[name] = (demo, url, services, llama)
+    return SHARED_APPS[name][1:]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_app(tmp_path_factory):
+    """The shared app on the tiny Llama alone: (url, services, its name)."""
+    return shared_app(tmp_path_factory, "tiny_llama_app")
+
+
+@pytest.hookimpl(trylast=True)  # after the item's own teardown: its pages are closed before their app
+def pytest_runtest_teardown(item, nextitem):
+    """Close a shared app as soon as the next test does not use it (a later one starts it again): an idle app's
+    queue loop keeps about 5 % of a core busy."""
+    for name in list(SHARED_APPS):
+        if nextitem is None or name not in nextitem.fixturenames:
+            SHARED_APPS.pop(name)[0].close()
+
+
 # ---- the browser tests' Chromium (Debian's package) and pages, shared by tests/browser/
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")

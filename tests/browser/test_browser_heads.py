@@ -18,7 +18,6 @@ pytest.importorskip("playwright.sync_api", reason="the browser tests need playwr
 from playwright.sync_api import Page, expect  # noqa: E402
 
 from conftest import drawn, open_page, screenshot  # noqa: E402
-from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 
 TIMEOUT_MS = 60_000
 NARROW = {"width": 390, "height": 844}
@@ -32,17 +31,12 @@ BOX_JS = """(e) => { const r = e.getBoundingClientRect();
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    root = tmp_path_factory.mktemp("browser-heads")
-    llama = str(build_tiny_llama(root / "tiny-llama"))  # 2 layers × 4 heads
-    demo, url, _ = launch_app([llama], llama)
-    yield url
-    demo.close()
+def app_url(tiny_llama_app):
+    return tiny_llama_app[0]  # one app for the neighbouring modules on the tiny Llama alone (tests/conftest.py)
 
 
 def open_heads(browser, url: str, viewport: dict | None = None):
-    context, page, errors = open_page(browser, url, viewport)
-    page.goto(f"{url}?tab=heads")
+    context, page, errors = open_page(browser, f"{url}?tab=heads", viewport)  # a link opens the tab
     expect(page.locator("#heads-run")).to_be_visible(timeout=TIMEOUT_MS)
     # the tab opens on the atlas of its default text: wait for that result, drawn
     expect(page.locator("#heads-map .js-plotly-plot .hm image").first).to_be_attached(timeout=TIMEOUT_MS)

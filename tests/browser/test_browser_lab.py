@@ -107,9 +107,9 @@ def test_the_first_screen_holds_the_train_button_and_no_empty_figure(page, lab_p
 
 
 def test_the_narrow_screen_opens_on_the_controls_and_no_empty_figure(browser, app_url, lab_plots):
-    context, page, errors = open_page(browser, app_url, NARROW)
+    # a narrow screen folds the tab bar into a menu; the link opens the tab
+    context, page, errors = open_page(browser, f"{app_url}?tab=lab", NARROW)
     try:
-        page.goto(f"{app_url}?tab=lab")  # a narrow screen folds the tab bar into a menu; the link opens the tab
         expect(page.locator("#lab-train")).to_be_visible(timeout=TIMEOUT_MS)
         expect_no_plot_shown(page, lab_plots)
         assert box(page, "#lab-train")["y"] < box(page, "#lab-status")["y"]  # controls above the results

@@ -19,7 +19,6 @@ pytest.importorskip("playwright.sync_api", reason="the browser tests need playwr
 from playwright.sync_api import Page, expect  # noqa: E402
 
 from conftest import drawn, open_page, screenshot  # noqa: E402
-from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 
 TIMEOUT_MS = 60_000
 NARROW = {"width": 390, "height": 844}
@@ -29,11 +28,8 @@ FIGURES = [f"mask-stage-{mask}-{stage}" for mask in ("on", "off") for stage in (
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    llama = str(build_tiny_llama(tmp_path_factory.mktemp("masks-browser") / "tiny-llama"))
-    demo, url, _ = launch_app([llama], llama)
-    yield url
-    demo.close()
+def app_url(tiny_llama_app):
+    return tiny_llama_app[0]  # one app for the neighbouring modules on the tiny Llama alone (tests/conftest.py)
 
 
 def box(page: Page, selector: str) -> dict:
@@ -140,9 +136,8 @@ def test_wide_the_button_is_above_the_fold_and_no_figure_shows_before_a_result(p
 
 
 def test_narrow_the_figures_stack_in_one_column_without_overlap(browser, app_url):
-    context, page, errors = open_page(browser, app_url, NARROW)
+    context, page, errors = open_page(browser, f"{app_url}?tab=masks", NARROW)  # a link opens the tab
     try:
-        page.goto(f"{app_url}?tab=masks")
         expect(page.locator("#mask-run")).to_be_visible(timeout=TIMEOUT_MS)
         first_screen(page)
         assert_no_empty_figure(page)
