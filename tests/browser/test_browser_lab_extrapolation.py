@@ -15,18 +15,14 @@ pytest.importorskip("playwright.sync_api", reason="the browser tests need playwr
 from playwright.sync_api import expect  # noqa: E402
 
 from conftest import open_page, screenshot  # noqa: E402
-from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 
 RUN_TIMEOUT_MS = 120_000
 VIEWPORTS = {"wide": {"width": 1400, "height": 1000}, "phone": {"width": 390, "height": 844}}
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    llama = str(build_tiny_llama(tmp_path_factory.mktemp("extrapolation-browser") / "tiny-llama"))
-    demo, url, _ = launch_app([llama], llama)
-    yield url
-    demo.close()
+def app_url(tiny_llama_app):
+    return tiny_llama_app[0]  # one app for the neighbouring modules on the tiny Llama alone (tests/conftest.py)
 
 
 def inside_width(page, selector: str) -> None:

@@ -16,18 +16,14 @@ pytest.importorskip("playwright.sync_api", reason="the browser tests need playwr
 from playwright.sync_api import Page, expect  # noqa: E402
 
 from conftest import screenshot  # noqa: E402
-from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 
 RUN_TIMEOUT_MS = 60_000
 CLEAN, CORRUPTED = "the bread is warm and the lamp", "the bread is warm and the shop"
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    llama = str(build_tiny_llama(tmp_path_factory.mktemp("patching-browser") / "tiny-llama"))
-    demo, url, _ = launch_app([llama], llama)
-    yield url
-    demo.close()
+def app_url(tiny_llama_app):
+    return tiny_llama_app[0]  # one app for the neighbouring modules on the tiny Llama alone (tests/conftest.py)
 
 
 def drawn(page: Page, elem_id: str, layer: str = ".hm image") -> None:

@@ -17,7 +17,6 @@ pytest.importorskip("playwright.sync_api", reason="the browser tests need playwr
 from playwright.sync_api import Page, expect  # noqa: E402
 
 from conftest import drawn, open_page, screenshot  # noqa: E402
-from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 
 TIMEOUT_MS = 60_000
 NARROW = {"width": 390, "height": 844}
@@ -25,11 +24,8 @@ FIGURES = ["pb-first", "pb-second"]
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    llama = str(build_tiny_llama(tmp_path_factory.mktemp("bias-browser") / "tiny-llama"))
-    demo, url, _ = launch_app([llama], llama)
-    yield url
-    demo.close()
+def app_url(tiny_llama_app):
+    return tiny_llama_app[0]  # one app for the neighbouring modules on the tiny Llama alone (tests/conftest.py)
 
 
 def boxes(page: Page) -> dict[str, dict | None]:
@@ -76,11 +72,13 @@ def show(page: Page, kind: str) -> None:
     drawn(page)
 
 
-def open_tab(page: Page, url: str) -> None:
-    page.goto(f"{url}?tab=positions")
+def open_tab(browser, url: str, viewport: dict | None = None):
+    """A page opened by a link on the tab (one page load); returns (context, page, errors) as open_page does."""
+    context, page, errors = open_page(browser, f"{url}?tab=positions", viewport)
     expect(page.locator("#pb-run")).to_be_attached(timeout=TIMEOUT_MS)
     assert all(b is None for b in boxes(page).values())  # no empty figure box before the button
     page.locator("#pb-run").scroll_into_view_if_needed()
+    return context, page, errors
 
 
 def overlaps(a: dict, b: dict) -> bool:
@@ -88,24 +86,27 @@ def overlaps(a: dict, b: dict) -> bool:
             and a["y"] + a["height"] - 1 > b["y"] and b["y"] + b["height"] - 1 > a["y"])
 
 
-def test_wide_the_figures_sit_side_by_side_and_say_whose_numbers(page, app_url):
-    open_tab(page, app_url)
-    show(page, "alibi")
-    first, second = boxes(page).values()
-    assert not overlaps(first, second) and first["y"] == pytest.approx(second["y"], abs=2)  # side by side
-    assert titles_outside_their_figure(page) == []
-    expect(page.locator("#pb-note")).to_contain_text("The formula, not this model")
-    show(page, "rope-partial")
-    expect(page.locator("#pb-note")).to_contain_text("This model's own full rotary")
-    assert page.locator("#pb-second .js-plotly-plot .scatterlayer .trace").count() == 2  # full and partial
-    assert titles_outside_their_figure(page) == []
-    screenshot(page, "position-bias-wide")
+def test_wide_the_figures_sit_side_by_side_and_say_whose_numbers(browser, app_url):
+    context, page, errors = open_tab(browser, app_url)
+    try:
+        show(page, "alibi")
+        first, second = boxes(page).values()
+        assert not overlaps(first, second) and first["y"] == pytest.approx(second["y"], abs=2)  # side by side
+        assert titles_outside_their_figure(page) == []
+        expect(page.locator("#pb-note")).to_contain_text("The formula, not this model")
+        show(page, "rope-partial")
+        expect(page.locator("#pb-note")).to_contain_text("This model's own full rotary")
+        assert page.locator("#pb-second .js-plotly-plot .scatterlayer .trace").count() == 2  # full and partial
+        assert titles_outside_their_figure(page) == []
+        screenshot(page, "position-bias-wide")
+    finally:
+        context.close()
+    assert not errors, errors
 
 
 def test_narrow_the_figures_stack_in_one_column_within_the_phone(browser, app_url):
-    context, page, errors = open_page(browser, app_url, NARROW)
+    context, page, errors = open_tab(browser, app_url, NARROW)
     try:
-        open_tab(page, app_url)
         show(page, "t5")
         first, second = boxes(page).values()
         assert not overlaps(first, second) and first["x"] == pytest.approx(second["x"], abs=2)  # one column

@@ -17,7 +17,6 @@ from playwright.sync_api import Page, expect  # noqa: E402
 
 from conftest import open_page, screenshot  # noqa: E402
 from test_browser_masks import overlaps  # noqa: E402
-from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 
 TIMEOUT_MS = 60_000
 WIDE, NARROW = {"width": 1400, "height": 1000}, {"width": 390, "height": 844}
@@ -25,11 +24,8 @@ FIGURES = ["window-mask", "window-weights", "window-kl", "window-cost"]
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    llama = str(build_tiny_llama(tmp_path_factory.mktemp("window-browser") / "tiny-llama"))
-    demo, url, _ = launch_app([llama], llama)
-    yield url
-    demo.close()
+def app_url(tiny_llama_app):
+    return tiny_llama_app[0]  # one app for the neighbouring modules on the tiny Llama alone (tests/conftest.py)
 
 
 def run_window(page: Page) -> dict[str, dict]:
@@ -62,9 +58,8 @@ def titles_outside(page: Page) -> list[str]:
 
 @pytest.mark.parametrize(("viewport", "shot"), [(WIDE, "window-mask-wide"), (NARROW, "window-mask-narrow")])
 def test_the_window_figures_are_drawn_apart_and_within_the_page(browser, app_url, viewport, shot):
-    context, page, errors = open_page(browser, app_url, viewport)
+    context, page, errors = open_page(browser, f"{app_url}?tab=masks", viewport)  # a link opens the tab
     try:
-        page.goto(f"{app_url}?tab=masks")
         boxes = run_window(page)
         for i, a in enumerate(FIGURES):
             assert boxes[a]["width"] > 200 and boxes[a]["height"] > 200, (a, boxes[a])
