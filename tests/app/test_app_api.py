@@ -46,14 +46,15 @@ def tiny_models(tmp_path_factory):
     return {"llama": str(build_tiny_llama(root / "tiny-llama")), "bert": str(build_tiny_bert(root / "tiny-bert"))}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def server(tiny_models):
+    # closed when the module ends: an idle app's queue loop keeps about 5 % of a core busy for the rest of the run
     demo, url, _ = launch_app([tiny_models["llama"], tiny_models["bert"]], tiny_models["llama"])
     yield demo, url
     demo.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def client(server):
     return Client(server[1], verbose=False)
 
