@@ -1,3 +1,4 @@
+import gc
 import os
 import sys
 from pathlib import Path
@@ -18,6 +19,29 @@ def pytest_collection_modifyitems(config, items):
         folder = Path(str(item.fspath)).parent.name
         if folder in FOLDER_MARKERS:
             item.add_marker(FOLDER_MARKERS[folder])
+
+
+# ---- the test process's heap. Hundreds of pages are built in one process; left alone, every page ever built
+# stays alive (FastAPI's route caches keep each app's handlers, closures over its page), the heap grows by about
+# 55,000 objects a page, and each full collection walks it all: pauses of 3 s by the middle of the suite, long
+# enough for Gradio's own 3-second check of a page it just launched to fail ("localhost is not accessible").
+
+def pytest_collection_finish(session):
+    """What collection imported (torch, transformers, Gradio, every test module) lives to the end: freeze it, so
+    that full collections walk only what the tests make."""
+    gc.collect()
+    gc.freeze()
+
+
+def forget_closed_pages() -> None:
+    """Clear FastAPI's caches of handler kinds (keyed by the handler, which closes over its page), so that a
+    page nobody uses any more can be collected; a live app refills them on its next request."""
+    from fastapi.dependencies import models
+
+    for name in ("_is_gen_callable_cached", "_is_async_gen_callable_cached", "_is_coroutine_callable_cached"):
+        cached = getattr(models, name, None)  # private to FastAPI: where a release renames them, nothing is done
+        if cached is not None:
+            cached.cache_clear()
 
 
 # ---- one app shared by neighbouring browser modules that start the same one (the tiny Llama, default settings)
@@ -52,6 +76,7 @@ def pytest_runtest_teardown(item, nextitem):
     for name in list(SHARED_APPS):
         if nextitem is None or name not in nextitem.fixturenames:
             SHARED_APPS.pop(name)[0].close()
+    forget_closed_pages()
 
 
 # ---- the browser tests' Chromium (Debian's package) and pages, shared by tests/browser/
