@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from ui import memory  # noqa: PLC0415 - the allocator's bound comes before any thread allocates
 
-    memory.bound_arenas()
+    memory.configure()
     args = parse_args(argv)
     if args.max_tokens < 2:
         print(f"error: --max-tokens must be at least 2, got {args.max_tokens}", file=sys.stderr)

@@ -2,16 +2,25 @@
 
 glibc gives each thread that allocates while the others hold theirs an arena of its own (up to 8 per core), and
 memory freed inside an arena stays mapped in the process: after a heavy job (a sweep, integrated gradients)
-that ran in a few of Gradio's worker threads, the freed activations of each stay resident. Two calls fix that:
+that ran in a few of Gradio's worker threads, the freed activations of each stay resident. The calls:
 
 - bound_arenas(n): mallopt(M_ARENA_MAX, n), made before any other thread allocates (first thing in app.py's
   main()), so that all threads share at most n arenas; this is what MALLOC_ARENA_MAX=n does when it is in the
   environment before the process starts, without re-executing the process to put it there.
 - trim(): malloc_trim(0), which hands every arena's free pages back to the system; HeavyJobs calls it when a
   long job ends.
+- fix_mmap_threshold(kb): mallopt(M_MMAP_THRESHOLD, kb KiB). A block of at least the threshold is mapped on its
+  own and unmapped when freed. glibc's threshold moves: each time such a block is freed it rises to that
+  block's size (up to 32 MiB), and from then on a batch's activations come from the arenas and stay there when
+  freed. Fixed at 128 KiB, a corpus job of head scores on SmolLM2 peaked about 1 GB lower (140 MB over the
+  loaded model against 1.1 GB), but every big tensor is then mapped afresh and its pages faulted in, and the
+  job ran 1.17x slower. So it is off by default: a setting for a server short of memory
+  (bench/corpus/speed.py's memory part measures the memory, bench/corpus/threshold.py the speed).
 
-Settings (environment, read when called): ATTN_MALLOC_ARENAS (default 2; 0 leaves glibc's own bound) and
-ATTN_MALLOC_TRIM (default 1; 0 never trims), so that the two can be measured with and without.
+configure() makes the two mallopt calls, first thing in app.py's main(). Settings (environment, read when
+called): ATTN_MALLOC_ARENAS (default 2; 0 leaves glibc's own bound), ATTN_MALLOC_TRIM (default 1; 0 never
+trims) and ATTN_MALLOC_MMAP_KB (default 0, glibc's moving threshold; 128 fixes it at 128 KiB), so that each
+can be measured with and without.
 """
 
 from __future__ import annotations
@@ -26,9 +35,12 @@ import sys
 log = logging.getLogger(__name__)
 
 ARENAS = 2  # arenas every thread shares: measured against glibc's default by bench/memory.py
+MMAP_KB = 0  # glibc's moving threshold: fixing it bounds a corpus job's memory but slows every batch (above)
 M_ARENA_MAX = -8  # glibc's malloc.h
+M_MMAP_THRESHOLD = -3
 ARENAS_SETTING = "ATTN_MALLOC_ARENAS"
 TRIM_SETTING = "ATTN_MALLOC_TRIM"
+MMAP_SETTING = "ATTN_MALLOC_MMAP_KB"
 
 _unavailable_said: set[str] = set()
 
@@ -82,6 +94,29 @@ def bound_arenas(n: int | None = None) -> bool:
         return False
     log.info("malloc arenas: at most %d, shared by every thread", n)
     return True
+
+
+def fix_mmap_threshold(kb: int | None = None) -> bool:
+    """mallopt(M_MMAP_THRESHOLD, kb KiB), kb by default ATTN_MALLOC_MMAP_KB (0: leave glibc's moving
+    threshold). True when set."""
+    kb = _setting(MMAP_SETTING, MMAP_KB) if kb is None else kb
+    if kb == 0:
+        log.info("malloc mmap threshold: glibc's own, moving (%s=0)", MMAP_SETTING)
+        return False
+    libc = glibc()
+    if libc is None:
+        return _unavailable("malloc mmap threshold")
+    if libc.mallopt(M_MMAP_THRESHOLD, int(kb) * 1024) != 1:  # glibc refuses a threshold over its heaps' half
+        log.warning("malloc mmap threshold: mallopt(M_MMAP_THRESHOLD, %d KiB) was refused; glibc's stays", kb)
+        return False
+    log.info("malloc mmap threshold: fixed at %d KiB", kb)
+    return True
+
+
+def configure() -> None:
+    """Both mallopt settings, before any other thread allocates."""
+    bound_arenas()
+    fix_mmap_threshold()
 
 
 def trim() -> bool:

@@ -11,13 +11,14 @@ way, in one run: medians (and ranges) of alternating runs (each side first in ev
            values (bench/corpus/lens.py); skipped, saying why, where it is not installed
   memory   peak RSS, while the job runs, of a fresh process that loads the model and runs head_scores_over on
            --memory-texts random texts of --tokens tokens, against one on a tenth as many; the difference is what
-           the corpus adds
+           the corpus adds. Twice: with glibc's allocator as it comes, and with its mmap threshold fixed at
+           --mmap-kb KiB (ui/memory.py fix_mmap_threshold, the app's ATTN_MALLOC_MMAP_KB)
 --parts picks which of the four to run (all by default); --threads sets torch's thread count (on a shared
 machine 1 keeps the two sides' timings apart from the other jobs' load).
 --quick shrinks every size (12 texts, 2 pairs, 100 vs 10 texts, 32 tokens, batches of 320 tokens, so that the
 smaller memory corpus still fills one batch): a check that it runs, whose ratios are rougher than the full run's.
 Usage: python bench/corpus/speed.py [--model smollm2-135m-instruct] [--texts 48] [--tokens 64] [--pairs 100]
-                                    [--memory-texts 1000] [--batch-tokens 4096] [--repeats 5] [--quick]
+                                    [--memory-texts 1000] [--mmap-kb 128] [--batch-tokens 4096] [--repeats 5] [--quick]
                                     [--random-weights] [--threads N] [--parts heads,patch,lens,memory]
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ from core.corpus.heads import pad_id  # noqa: E402
 from core.corpus.texts import ioi_pairs  # noqa: E402
 from lens import check_agreement, lens_model, lens_scores  # noqa: E402
 from load import MemorySampler, rss_bytes  # noqa: E402
+from ui import memory  # noqa: E402
 
 WIDTHS = (46, 24, 24, 9)
 PARTS = ("heads", "patch", "lens", "memory")
@@ -115,10 +117,13 @@ def peak_rss(folder: str, n: int, tokens: int, batch_tokens: int) -> dict:
             "how": "kernel high-water mark" if exact else "sampled every 10 ms"}
 
 
-def in_child(folder, n: int, tokens: int, batch_tokens: int) -> dict:
+def in_child(folder, n: int, tokens: int, batch_tokens: int, mmap_kb: int) -> dict:
+    """peak_rss in a fresh process, its mmap threshold fixed at mmap_kb KiB first (0: glibc's moving one; the
+    ATTN_MALLOC_* and MALLOC_* settings of this environment are ignored)."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("ATTN_MALLOC_", "MALLOC_"))}
     done = subprocess.run([sys.executable, __file__, "--child-rss", str(folder), str(n), str(tokens),
-                           str(batch_tokens), "--threads", str(torch.get_num_threads())],
-                          check=False, capture_output=True, text=True, timeout=3600)
+                           str(batch_tokens), str(mmap_kb), "--threads", str(torch.get_num_threads())],
+                          check=False, capture_output=True, text=True, timeout=3600, env=env)
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -185,16 +190,19 @@ def report_lens(times: dict, cpu: dict, args, agreement: str) -> str:
 
 def report_memory(folder, args) -> str:
     small_n = max(1, args.memory_texts // 10)
-    small = in_child(folder, small_n, args.tokens, args.batch_tokens)
-    large = in_child(folder, args.memory_texts, args.tokens, args.batch_tokens)
-    grown = large["peak"] - small["peak"]
     print(f"memory, head_scores_over on random texts of {args.tokens} tokens (peak RSS of a fresh process while "
-          f"the job runs, by {large['how']}; before it: {small['loaded']:.0f} MB; batches of "
-          f"{args.batch_tokens // args.tokens} texts)")
-    print(f"  {small_n} texts: {small['peak']:.0f} MB   {args.memory_texts} texts: {large['peak']:.0f} MB   "
-          f"difference {grown:+.0f} MB (target ≤ 300)")
-    print(f"  sampled every 10 ms instead: {small['sampled']:.0f} MB and {large['sampled']:.0f} MB")
-    return f"RSS {args.memory_texts} vs {small_n} texts {grown:+.0f} MB"
+          f"the job runs; batches of {args.batch_tokens // args.tokens} texts)")
+    summary = []
+    for kb, said in ((0, "glibc as it comes"), (args.mmap_kb, f"mmap threshold fixed at {args.mmap_kb} KiB")):
+        small = in_child(folder, small_n, args.tokens, args.batch_tokens, kb)
+        large = in_child(folder, args.memory_texts, args.tokens, args.batch_tokens, kb)
+        grown = large["peak"] - small["peak"]
+        print(f"  {said}, by {large['how']}; before the job: {small['loaded']:.0f} MB")
+        print(f"    {small_n} texts: {small['peak']:.0f} MB   {args.memory_texts} texts: {large['peak']:.0f} MB   "
+              f"difference {grown:+.0f} MB (target ≤ 300)")
+        print(f"    sampled every 10 ms instead: {small['sampled']:.0f} MB and {large['sampled']:.0f} MB")
+        summary.append(f"RSS {args.memory_texts} vs {small_n} texts {grown:+.0f} MB ({said})")
+    return ", ".join(summary)
 
 
 def arguments():
@@ -211,7 +219,8 @@ def arguments():
                         help="rows × longest text in one padded batch (head scores and memory)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"which to run, comma-separated: {', '.join(PARTS)}")
-    parser.add_argument("--child-rss", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--mmap-kb", type=int, default=128, help="the memory part's fixed mmap threshold, KiB")
+    parser.add_argument("--child-rss", nargs=5, help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
@@ -222,7 +231,9 @@ def main() -> None:
             raise SystemExit(f"--threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     if args.child_rss:
-        folder, n, tokens, batch_tokens = args.child_rss
+        folder, n, tokens, batch_tokens, mmap_kb = args.child_rss
+        if int(mmap_kb):
+            memory.fix_mmap_threshold(int(mmap_kb))
         print("RESULT", json.dumps(peak_rss(folder, int(n), int(tokens), int(batch_tokens))))
         return
     if args.quick:

@@ -64,12 +64,49 @@ def test_bound_arenas_before_the_threads_start_holds_them_to_the_bound():
     assert arenas_after_eight_threads("2") <= 2
 
 
-def test_the_settings_turn_both_off(monkeypatch):
+# In a fresh process: a 1 MiB block freed, then another; how many more bytes glibc then has in blocks mapped on
+# their own.
+SECOND_BLOCK_MAPPED = """
+import ctypes, sys
+from ui import memory
+if sys.argv[1] != "moving":
+    assert memory.fix_mmap_threshold(int(sys.argv[1]))
+libc = memory.glibc()
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+libc.mallinfo2.restype = Mallinfo2
+libc.free(libc.malloc(2**20))
+before = libc.mallinfo2().hblkhd
+second = libc.malloc(2**20)
+print(libc.mallinfo2().hblkhd - before)
+"""
+
+
+def mapped_bytes_after_a_second_block(threshold: str) -> int:
+    done = subprocess.run([sys.executable, "-c", SECOND_BLOCK_MAPPED, threshold], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not ON_GLIBC, reason="mallopt is glibc's")
+def test_a_fixed_mmap_threshold_keeps_a_big_block_mapped_after_one_was_freed():
+    assert mapped_bytes_after_a_second_block("moving") == 0  # freeing the first raised the threshold past 1 MiB
+    assert mapped_bytes_after_a_second_block("128") >= 2**20
+
+
+def test_the_settings_turn_each_off(monkeypatch):
     calls = []
     monkeypatch.setattr(memory, "glibc", lambda: calls.append("looked up"))
     monkeypatch.setenv(memory.ARENAS_SETTING, "0")
     monkeypatch.setenv(memory.TRIM_SETTING, "0")
-    assert memory.bound_arenas() is False and memory.trim() is False
+    monkeypatch.setenv(memory.MMAP_SETTING, "0")
+    assert memory.bound_arenas() is False and memory.trim() is False and memory.fix_mmap_threshold() is False
+    memory.configure()
     assert calls == []  # not even looked up
 
 
