@@ -80,37 +80,32 @@ def _setting(name: str, default: int) -> int:
     return value
 
 
-def bound_arenas(n: int | None = None) -> bool:
-    """mallopt(M_ARENA_MAX, n), n by default ATTN_MALLOC_ARENAS (2; 0: leave glibc's bound). True when set."""
-    n = _setting(ARENAS_SETTING, ARENAS) if n is None else n
-    if n == 0:
-        log.info("malloc arenas: glibc's own bound (%s=0)", ARENAS_SETTING)
+def _mallopt(what: str, option: int, value: int, setting: str, unit: str = "", scale: int = 1) -> bool:
+    """mallopt(option, value × scale), said in the log as `what`; value 0 leaves glibc's own. True when set."""
+    if value == 0:
+        log.info("%s: glibc's own (%s=0)", what, setting)
         return False
     libc = glibc()
     if libc is None:
-        return _unavailable("malloc arenas bound")
-    if libc.mallopt(M_ARENA_MAX, int(n)) != 1:
-        log.warning("malloc arenas: mallopt(M_ARENA_MAX, %d) was refused; glibc's own bound stays", n)
+        return _unavailable(what)
+    if libc.mallopt(option, int(value) * scale) != 1:  # e.g. a threshold over half of glibc's heap size
+        log.warning("%s: mallopt refused %d%s; glibc's own stays", what, value, unit)
         return False
-    log.info("malloc arenas: at most %d, shared by every thread", n)
+    log.info("%s: %d%s", what, value, unit)
     return True
+
+
+def bound_arenas(n: int | None = None) -> bool:
+    """mallopt(M_ARENA_MAX, n), n by default ATTN_MALLOC_ARENAS (2; 0: leave glibc's bound). True when set."""
+    n = _setting(ARENAS_SETTING, ARENAS) if n is None else n
+    return _mallopt("malloc arenas every thread shares", M_ARENA_MAX, n, ARENAS_SETTING)
 
 
 def fix_mmap_threshold(kb: int | None = None) -> bool:
     """mallopt(M_MMAP_THRESHOLD, kb KiB), kb by default ATTN_MALLOC_MMAP_KB (0: leave glibc's moving
     threshold). True when set."""
     kb = _setting(MMAP_SETTING, MMAP_KB) if kb is None else kb
-    if kb == 0:
-        log.info("malloc mmap threshold: glibc's own, moving (%s=0)", MMAP_SETTING)
-        return False
-    libc = glibc()
-    if libc is None:
-        return _unavailable("malloc mmap threshold")
-    if libc.mallopt(M_MMAP_THRESHOLD, int(kb) * 1024) != 1:  # glibc refuses a threshold over its heaps' half
-        log.warning("malloc mmap threshold: mallopt(M_MMAP_THRESHOLD, %d KiB) was refused; glibc's stays", kb)
-        return False
-    log.info("malloc mmap threshold: fixed at %d KiB", kb)
-    return True
+    return _mallopt("malloc mmap threshold, fixed", M_MMAP_THRESHOLD, kb, MMAP_SETTING, " KiB", 1024)
 
 
 def configure() -> None:
