@@ -232,8 +232,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.child_rss:
         folder, n, tokens, batch_tokens, mmap_kb = args.child_rss
-        if int(mmap_kb):
-            memory.fix_mmap_threshold(int(mmap_kb))
+        if int(mmap_kb) and not memory.fix_mmap_threshold(int(mmap_kb)):
+            raise SystemExit("the mmap threshold could not be fixed here (glibc only): the fixed case would not be")
         print("RESULT", json.dumps(peak_rss(folder, int(n), int(tokens), int(batch_tokens))))
         return
     if args.quick:
