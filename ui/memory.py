@@ -105,7 +105,7 @@ def fix_mmap_threshold(kb: int | None = None) -> bool:
     """mallopt(M_MMAP_THRESHOLD, kb KiB), kb by default ATTN_MALLOC_MMAP_KB (0: leave glibc's moving
     threshold). True when set."""
     kb = _setting(MMAP_SETTING, MMAP_KB) if kb is None else kb
-    return _mallopt("malloc mmap threshold, fixed", M_MMAP_THRESHOLD, kb, MMAP_SETTING, " KiB", 1024)
+    return _mallopt("malloc mmap threshold", M_MMAP_THRESHOLD, kb, MMAP_SETTING, " KiB", 1024)
 
 
 def configure() -> None:
