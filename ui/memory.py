@@ -10,17 +10,22 @@ that ran in a few of Gradio's worker threads, the freed activations of each stay
 - trim(): malloc_trim(0), which hands every arena's free pages back to the system; HeavyJobs calls it when a
   long job ends.
 - fix_mmap_threshold(kb): mallopt(M_MMAP_THRESHOLD, kb KiB). A block of at least the threshold is mapped on its
-  own and unmapped when freed. glibc's threshold moves: each time such a block is freed it rises to that
-  block's size (up to 32 MiB), and from then on a batch's activations come from the arenas and stay there when
-  freed. Fixed at 128 KiB, a corpus job of head scores on SmolLM2 peaked about 1 GB lower (140 MB over the
-  loaded model against 1.1 GB), but every big tensor is then mapped afresh and its pages faulted in, and the
-  job ran 1.17x slower. So it is off by default: a setting for a server short of memory
-  (bench/corpus/speed.py's memory part measures the memory, bench/corpus/threshold.py the speed).
+  own and unmapped when freed. glibc's own threshold moves: each time such a block is freed it rises to that
+  block's size (up to 32 MiB) and the trim threshold to twice that; from then on a batch's activations come from
+  the heap, which keeps its free top up to the trim threshold, and how much more stays depends on how the heap
+  happens to fragment: a corpus job of head scores on SmolLM2 peaked anywhere from 1.3 to 2.5 GB from run to
+  run, whatever its size. A fixed threshold also keeps the trim threshold at its 128 KiB, so the heap's free top
+  goes back as soon as a batch is freed (tests/ui/test_memory.py shows both). The app fixes it at 32 MiB,
+  glibc's own ceiling: the corpus then adds at most about 10 MB to the peak, and generation, a forward keeping
+  probabilities, a patching sweep and head scores ran 0.94x to 1.01x the time of the moving threshold
+  (bench/corpus/threshold.py). Fixed at 128 KiB the peak is about 1 GB lower still, but every big
+  tensor is mapped afresh and its pages faulted in: 1.04x to 1.44x the time; a setting for a server short of
+  memory (bench/corpus/speed.py's memory part measures the memory).
 
 configure() makes the two mallopt calls, first thing in app.py's main(). Settings (environment, read when
 called): ATTN_MALLOC_ARENAS (default 2; 0 leaves glibc's own bound), ATTN_MALLOC_TRIM (default 1; 0 never
-trims) and ATTN_MALLOC_MMAP_KB (default 0, glibc's moving threshold; 128 fixes it at 128 KiB), so that each
-can be measured with and without.
+trims) and ATTN_MALLOC_MMAP_KB (default 32768, fixed at 32 MiB; 128 fixes it at 128 KiB; 0 leaves glibc's moving
+threshold), so that each can be measured with and without.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import sys
 log = logging.getLogger(__name__)
 
 ARENAS = 2  # arenas every thread shares: measured against glibc's default by bench/memory.py
-MMAP_KB = 0  # glibc's moving threshold: fixing it bounds a corpus job's memory but slows every batch (above)
+MMAP_KB = 32768  # glibc's own ceiling, fixed: a freed batch goes back at once (above)
 M_ARENA_MAX = -8  # glibc's malloc.h
 M_MMAP_THRESHOLD = -3
 ARENAS_SETTING = "ATTN_MALLOC_ARENAS"
@@ -102,7 +107,7 @@ def bound_arenas(n: int | None = None) -> bool:
 
 
 def fix_mmap_threshold(kb: int | None = None) -> bool:
-    """mallopt(M_MMAP_THRESHOLD, kb KiB), kb by default ATTN_MALLOC_MMAP_KB (0: leave glibc's moving
+    """mallopt(M_MMAP_THRESHOLD, kb KiB), kb by default ATTN_MALLOC_MMAP_KB (32768; 0: leave glibc's moving
     threshold). True when set."""
     kb = _setting(MMAP_SETTING, MMAP_KB) if kb is None else kb
     return _mallopt("malloc mmap threshold", M_MMAP_THRESHOLD, kb, MMAP_SETTING, " KiB", 1024)
