@@ -215,6 +215,22 @@ def comparable(value):
     return value
 
 
+@pytest.mark.ray
+def test_the_replicas_get_the_fronts_allocator_settings(monkeypatch):
+    pytest.importorskip("ray", reason="Ray is not installed: pip install -r requirements-scale.txt")
+    from ui.backend import ray_serve
+
+    started = {}
+    monkeypatch.setattr(ray_serve.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_serve.ray, "init", lambda **options: started.update(options))
+    monkeypatch.setattr(ray_serve.serve, "start", lambda **options: None)
+    monkeypatch.setenv("ATTN_MALLOC_MMAP_KB", "128")
+    ray_serve.connect(None)
+    env_vars = started["runtime_env"]["env_vars"]
+    assert env_vars["ATTN_MALLOC_MMAP_KB"] == "128" and env_vars["PYTHONPATH"] == str(ROOT)
+    assert started["_node_ip_address"] == "127.0.0.1"  # a Ray started here stays on loopback
+
+
 def test_a_replica_error_is_the_pages_message():
     event = model_backend.ModelEvent("1:x", lambda: None, False, 0, None, ())
     shipped = pickle.loads(pickle.dumps(model_backend.RemoteError("Layer must be 0–1, got 99.")))

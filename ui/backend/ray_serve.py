@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import re
 import threading
 from collections.abc import Iterator
@@ -37,6 +38,7 @@ from ray import serve
 
 from core.corpus import chunks
 from core.corpus import heads as head_places
+from ui import memory
 from ui.backend import routing as backend
 from ui.page import build_page
 from ui.services import Services
@@ -59,6 +61,7 @@ class ModelReplica:
     """One model's page on one replica: runs the front's model events by key (ui.backend.model_events)."""
 
     def __init__(self, model_name: str, device: str | None, max_tokens: int):
+        memory.configure()  # the front's allocator settings (connect passes them on), before the model loads
         self.model_name = model_name
         self.services = replica_services(model_name, device, max_tokens)
         self.events = backend.model_events(build_page(self.services, model_name))
@@ -190,8 +193,9 @@ def connect(address: str | None) -> None:
     if not ray.is_initialized():
         # a Ray started here listens on loopback only and has no dashboard, like the app's own defaults
         local = {} if address else {"_node_ip_address": "127.0.0.1", "include_dashboard": False}
-        ray.init(address=address, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}}, log_to_driver=False,
-                 **local)
+        settings = {name: value for name, value in os.environ.items() if name.startswith("ATTN_MALLOC_")}
+        ray.init(address=address, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), **settings}},
+                 log_to_driver=False, **local)
     serve.start(proxy_location="Disabled")
 
 
