@@ -3,14 +3,16 @@ time running the same integrated-gradients attributions (--attributions sessions
 Attention example's first 16 tokens) through gradio_client, with the server's RSS printed before, at the peak
 (sampled every 0.2 s), right after and --settle seconds after.
 
-  glibc default       ATTN_MALLOC_ARENAS=0 ATTN_MALLOC_TRIM=0: up to 8 arenas per core, never trimmed
+  glibc default       ATTN_MALLOC_ARENAS=0 ATTN_MALLOC_TRIM=0 ATTN_MALLOC_MMAP_KB=0: up to 8 arenas per core,
+                      never trimmed, glibc's moving mmap threshold
   environment         MALLOC_ARENA_MAX=2 set before the process starts (what re-executing app.py with it would do)
   mallopt             mallopt(M_ARENA_MAX, 2) first thing in app.py's main() (ui/memory.py), no trim
   trim                malloc_trim(0) after each heavy job, arenas as glibc bounds them
-  mallopt + trim      both (the app's default)
+  mallopt + trim      both, glibc's moving mmap threshold (the app's default until 2026-12-03)
+  app default         both, and the mmap threshold fixed at 32 MiB (ATTN_MALLOC_MMAP_KB unset: the app's default)
 
 Usage: python bench/memory.py [--attributions 3] [--steps 256] [--settle 60] [--model smollm2-135m-instruct]
-                              [--only "glibc default,mallopt + trim"]
+                              [--only "glibc default,app default"]
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ from pathlib import Path
 
 from load import MemorySampler, free_port, mb, read_texts, rss_bytes, start_server, stop_server, wait_until_up
 
-OFF = dict(ATTN_MALLOC_ARENAS="0", ATTN_MALLOC_TRIM="0", MALLOC_ARENA_MAX=None)
+OFF = dict(ATTN_MALLOC_ARENAS="0", ATTN_MALLOC_TRIM="0", ATTN_MALLOC_MMAP_KB="0", MALLOC_ARENA_MAX=None)
 VARIANTS = {
     "glibc default": OFF,
     "environment": dict(OFF, MALLOC_ARENA_MAX="2"),
     "mallopt": dict(OFF, ATTN_MALLOC_ARENAS="2"),
     "trim": dict(OFF, ATTN_MALLOC_TRIM="1"),
-    "mallopt + trim": dict(ATTN_MALLOC_ARENAS="2", ATTN_MALLOC_TRIM="1", MALLOC_ARENA_MAX=None),
+    "mallopt + trim": dict(OFF, ATTN_MALLOC_ARENAS="2", ATTN_MALLOC_TRIM="1"),
+    "app default": {name: None for name in OFF},  # nothing set: the app's own settings
 }
 POSITION = 15  # 16 tokens: 256 steps × 16 tokens is the Heads tab's budget of 4,096
 

@@ -18,8 +18,8 @@ machine 1 keeps the two sides' timings apart from the other jobs' load).
 --quick shrinks every size (12 texts, 2 pairs, 100 vs 10 texts, 32 tokens, batches of 320 tokens, so that the
 smaller memory corpus still fills one batch): a check that it runs, whose ratios are rougher than the full run's.
 Usage: python bench/corpus/speed.py [--model smollm2-135m-instruct] [--texts 48] [--tokens 64] [--pairs 100]
-                                    [--memory-texts 1000] [--mmap-kb 128] [--batch-tokens 4096] [--repeats 5] [--quick]
-                                    [--random-weights] [--threads N] [--parts heads,patch,lens,memory]
+                                    [--memory-texts 1000] [--mmap-kb 32768] [--batch-tokens 4096] [--repeats 5]
+                                    [--quick] [--random-weights] [--threads N] [--parts heads,patch,lens,memory]
 """
 from __future__ import annotations
 
@@ -219,7 +219,8 @@ def arguments():
                         help="rows × longest text in one padded batch (head scores and memory)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"which to run, comma-separated: {', '.join(PARTS)}")
-    parser.add_argument("--mmap-kb", type=int, default=128, help="the memory part's fixed mmap threshold, KiB")
+    parser.add_argument("--mmap-kb", type=int, default=memory.MMAP_KB,
+                        help="the memory part's fixed mmap threshold, KiB (default: the app's)")
     parser.add_argument("--child-rss", nargs=5, help=argparse.SUPPRESS)
     return parser.parse_args()
 
