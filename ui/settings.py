@@ -10,6 +10,7 @@ result to the services and the page; tests build AppSettings() with the defaults
     ATTN_PRIVATE_RUN_MINUTES   how long a saved run is kept on a shared server (a Space, --public; default 60):
                             a Lab run after it was saved, a corpus job after its last write
     ATTN_PRIVATE_CORPUS_MB  on a shared server, the saved corpus jobs one page may keep (default 20 MB)
+    ATTN_CORPUS_MAX_SECONDS the longest one corpus job runs (default 600 s): it stops there, keeping its items
     ATTN_WEIGHTS_DIR        where the weight store lives (read by core.store itself)
 """
 
@@ -27,6 +28,7 @@ TEXT_CAP_SETTING = "ATTN_MAX_TEXT_MB"
 KEPT_BUDGET_SETTING = "ATTN_KEPT_BUDGET_MB"
 SESSIONS_SETTING = "ATTN_SESSIONS"
 CORPUS_PAGE_SETTING = "ATTN_PRIVATE_CORPUS_MB"
+CORPUS_SECONDS_SETTING = "ATTN_CORPUS_MAX_SECONDS"
 DEFAULT_TEXT_BYTES = 1_000_000
 MAX_ATTENTION_TOKENS = 2048  # default cap of the Attention tab: a capture on 2 CPU cores stays within seconds
 
@@ -88,6 +90,7 @@ class AppSettings:
     max_attention_tokens: int = MAX_ATTENTION_TOKENS  # the Attention tab's cap, below the model's context
     device: str | None = None  # None: cuda (bfloat16) when there is a GPU, else cpu; "meta": no weights (Ray front)
     corpus_page_bytes: int = 20_000_000  # a shared server's saved corpus jobs, per page (0: none saved)
+    corpus_max_seconds: float = 600.0  # one corpus job's time cap: 100 IOI pairs' head-site sweeps take ~250 s
     lab: LabSettings = field(default_factory=LabSettings)
 
     @classmethod
@@ -100,6 +103,8 @@ class AppSettings:
             sessions=env_number(SESSIONS_SETTING, cls.sessions, 1, int, strict=True, environ=environ),
             corpus_page_bytes=int(env_number(CORPUS_PAGE_SETTING, cls.corpus_page_bytes / 1e6, 0.0, strict=True,
                                              environ=environ) * 1_000_000),
+            corpus_max_seconds=env_number(CORPUS_SECONDS_SETTING, cls.corpus_max_seconds, 1.0, strict=True,
+                                          environ=environ),
             lab=LabSettings.from_env(environ, public),
         )
         return cls(**{**read, **given})

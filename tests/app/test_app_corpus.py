@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -233,6 +234,30 @@ def test_top_examples_are_the_cores_places_each_linking_its_text_at_that_head(se
     assert f"{found.places:,} query–key places" in note
 
 
+def test_an_examples_link_opens_the_very_tokens_listed_and_random_tokens_get_none(served):
+    """A link's text, encoded as the Attention tab encodes any text, is the item's token ids, so the positions
+    listed are the tab's; the induction texts' random tokens read back as other tokens, so they get words, not a
+    link."""
+    from urllib.parse import parse_qs
+
+    from ui.services.text import encode
+
+    model = served["model"]
+    _, table = served["client"].predict(served["llama"], "uploaded file", 5, handle_file(served["texts"]), 1, 2, 4,
+                                        api_name="/corpus_examples")
+    items = corpora.encode_texts(model.tokenizer, TEXTS)
+    rows = table.split("<tr>")[2:]       # the header, then one row per place: rank, text, weight, …, link
+    assert rows and all('href="?' in row for row in rows), "an uploaded text's places each link to it"
+    for row in rows:
+        index = int(row.split("<td>")[2].split("<")[0])
+        query = re.search(r'href="\?([^"]+)"', row).group(1)
+        text = parse_qs(query.replace("&amp;", "&"))["text"][0]
+        assert encode(model, text).ids == items[index].tolist()
+    _, random_table = served["client"].predict(served["llama"], "induction texts", 3, None, 1, 2, 4,
+                                               api_name="/corpus_examples")
+    assert "href=" not in random_table and "no link: as text, these tokens read back as other tokens" in random_table
+
+
 def test_top_examples_escape_an_uploaded_text(served, tmp_path):
     path = tmp_path / "markup.txt"
     path.write_text("<script>alert(1)</script> the bread is warm\n<b>bold</b> and the lamp\n", encoding="utf-8")
@@ -345,6 +370,37 @@ def test_the_ablation_service_streams_the_cores_summary_capped_at_its_texts(serv
         if update.result is not None:
             done = update.result.n
             torch.testing.assert_close(update.result.mean, summaries.summarise(over.per_item[:done]).mean)
+
+
+class Ticking:
+    """A clock for the corpus services' time cap that moves one second each time it is read."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_a_job_past_its_time_cap_stops_with_its_finished_items_and_says_so(served, monkeypatch):
+    import dataclasses
+
+    from ui.services.corpus import over as over_service
+
+    services, model = served["services"], served["model"]
+    monkeypatch.setattr(over_service, "time", Ticking())   # the cap's clock only: every stop() check is 1 s
+    monkeypatch.setattr(services, "settings", dataclasses.replace(services.settings, corpus_max_seconds=4.5))
+    *_, (note, _, _, shown) = across.ablation_view(services, served["llama"], "induction texts", 8, None, "zero",
+                                                   0, 0)
+    texts = corpora.induction_texts(model.tokenizer, 8, INDUCTION_LENGTH, bos=model.config.bos_token_id)
+    full = summaries.ablation_over(model, texts)
+    done = shown.over.n
+    assert 0 < done < 8, "the cap stopped the job part-way"
+    torch.testing.assert_close(shown.over.per_item, full.per_item[:done])   # the items finished, as measured
+    assert f"stopped after {done} of 8 texts" in shown.over.note
+    assert "**Stopped at the time cap** of 4.5 s per job: the figures show the items finished by then." in note
+    assert "Done in" not in note and f"mean over n = **{done}**" in note
 
 
 def test_the_ablation_endpoint_maps_the_cores_mean_and_states_its_cap(served):

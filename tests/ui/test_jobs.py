@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from ui.services.checks import UserError
 from ui.services.jobs import Turns, stream_job
 
 
@@ -60,6 +61,18 @@ def test_an_error_in_the_work_reaches_the_reader():
 
     with pytest.raises(RuntimeError, match="the work failed"):
         list(stream_job(broken, 2, "job-broken"))
+
+
+def test_work_past_its_time_cap_stops_and_the_reader_is_told_in_words():
+    ran = []
+    stream = stream_job(slow_work(10_000, 0.01, ran), 10_000, "job-capped", max_seconds=0.2)
+    with pytest.raises(UserError, match=r"time cap of 0\.2 s per job and was stopped: ask for fewer items"):
+        list(stream)
+    thread = worker("job-capped")
+    if thread is not None:
+        thread.join(timeout=5)
+        assert not thread.is_alive()
+    assert 0 < len(ran) < 10_000
 
 
 def tokens(name: str, count: int, log: list, turns: Turns, started: threading.Event | None = None):

@@ -89,12 +89,13 @@ def place_cell(before: str, token: str, after: str) -> str:
 
 
 def examples_html(rows: Sequence[Mapping], caption_line: str) -> str:
-    """A table of a head's places: rows of label, text, query, key, weight, query_parts, key_parts and link
-    (a link's query string, or ""). All text is escaped: an uploaded text never becomes markup."""
+    """A table of a head's places: rows of label, text, query, key, weight, query_parts, key_parts, link (a
+    link's query string, or "") and why (the words in place of a missing link). All text is escaped: an uploaded
+    text never becomes markup."""
     body = []
     for row in rows:
         link = (f'<a href="{html.escape(row["link"], quote=True)}" target="_blank" rel="noopener">open in Attention</a>'
-                if row["link"] else "too long for a link")
+                if row["link"] else escaped(row.get("why") or "no link"))
         body.append(f"<tr><td>{escaped(row['label'])}</td><td>{int(row['text'])}</td>"
                     f"<td>{float(row['weight']):.3f}</td>"
                     f"<td>{int(row['query'])}: {place_cell(*row['query_parts'])}</td>"

@@ -34,18 +34,32 @@ class JobStopped(Exception):
 ABANDONED_S = 10.0  # updates waiting this long unread: the reader is gone (a page that left without closing us)
 
 
+class JobCapped(Exception):
+    """Raised inside the work at its first report past the job's time cap."""
+
+
+def capped_words(max_seconds: float) -> str:
+    return (f"This job passed the server's time cap of {max_seconds:g} s per job and was stopped: ask for fewer "
+            "items.")
+
+
 def stream_job(work: Callable[[Callable[[int, int], None]], Any], total: int, name: str,
-               abandoned_s: float = ABANDONED_S) -> Iterator[JobUpdate]:
+               abandoned_s: float = ABANDONED_S, max_seconds: float | None = None) -> Iterator[JobUpdate]:
     """Run work(report) in a thread; report(done, total) yields an update here. Errors are raised to the reader.
     The work stops at its next report once the iterator is closed, or once its updates have gone unread for
-    `abandoned_s` (a client that disconnected may leave the iterator suspended rather than closed)."""
+    `abandoned_s` (a client that disconnected may leave the iterator suspended rather than closed); and at its
+    first report past `max_seconds`, when the reader gets a UserError saying so (for work with no partial result
+    worth showing: a corpus job that has one asks its own stop() instead, ui.services.corpus.over.TimeCap)."""
     updates: queue.Queue = queue.Queue()
     stopped = threading.Event()
     last_read = [time.monotonic()]
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
 
     def report(done: int, of: int) -> None:
         if stopped.is_set() or (not updates.empty() and time.monotonic() - last_read[0] > abandoned_s):
             raise JobStopped
+        if deadline is not None and time.monotonic() > deadline:
+            raise JobCapped
         updates.put(("progress", done, of))
 
     def run() -> None:
@@ -53,6 +67,8 @@ def stream_job(work: Callable[[Callable[[int, int], None]], Any], total: int, na
             updates.put(("done", work(report)))
         except JobStopped:
             pass
+        except JobCapped:
+            updates.put(("error", UserError(capped_words(max_seconds))))
         except Exception as exc:  # noqa: BLE001 - handed to the reader, which raises it
             updates.put(("error", exc))
 

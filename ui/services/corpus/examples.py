@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from core.corpus import heads as head_places
+from core.corpus.texts import ids_of
 from ui import links
 from ui.services.checks import check_head, check_range
 from ui.services.corpus.chunked import CHUNKS, ChunkRunner, waited
@@ -32,7 +33,11 @@ class Place:
     weight: float
     query_parts: tuple[str, str, str]     # before, the query token, after
     key_parts: tuple[str, str, str]
-    link: str                # "?model=…&tab=attention&layer=…&head=…&text=…", or "" when the text is too long
+    link: str                # "?model=…&tab=attention&layer=…&head=…&text=…", or "" (unlinked: `why`)
+    why: str = ""            # why there is no link: the text is too long, or it does not read back as its tokens
+
+NOT_READ_BACK = "no link: as text, these tokens read back as other tokens (random tokens do)"
+TOO_LONG = "no link: too long for a link"
 
 
 def check_examples(model, layer, head, k) -> tuple[int, int, int]:
@@ -53,13 +58,29 @@ def parts_of(model, ids, start: int, at: int) -> tuple[str, str, str]:
     return "".join(pieces[:i]), pieces[i], "".join(pieces[i + 1:])
 
 
-def place_of(model, model_name: str, corpus: Corpus, example, layer: int, head: int, label: str) -> Place:
-    text = model.tokenizer.decode(corpus.items[example.text].tolist(), skip_special_tokens=True)
-    link, _ = links.make("/", model_name, "attention", layer, head, text)
-    query = urlsplit(link).query if "text=" in link else ""
+def linked_text(model, ids: list[int]) -> tuple[str | None, str]:
+    """(the text a link carries, "") when the Attention tab, encoding it as it encodes any text, reads back these
+    very tokens, so the positions listed are its positions; else (None, why not)."""
+    text = model.tokenizer.decode(ids, skip_special_tokens=True)
+    if not text.strip() or ids_of(model.tokenizer, text) != ids:
+        return None, NOT_READ_BACK
+    return text, ""
+
+
+def place_of(model, model_name: str, corpus: Corpus, example, layer: int, head: int, label: str,
+             texts: dict[int, tuple[str | None, str]]) -> Place:
+    """texts: linked_text of each text index met so far (each text is checked once)."""
+    if example.text not in texts:
+        texts[example.text] = linked_text(model, corpus.items[example.text].tolist())
+    text, why = texts[example.text]
+    query = ""
+    if text is not None:
+        link, _ = links.make("/", model_name, "attention", layer, head, text)
+        query = urlsplit(link).query if "text=" in link else ""
+        why = "" if query else TOO_LONG
     return Place(label, example.text, example.query, example.key, example.weight,
                  parts_of(model, example.query_ids, example.query_from, example.query),
-                 parts_of(model, example.key_ids, example.key_from, example.key), f"?{query}" if query else "")
+                 parts_of(model, example.key_ids, example.key_from, example.key), f"?{query}" if query else "", why)
 
 
 def run_examples(model, model_name: str, corpus: Corpus, layer: int, head: int, k: int, find: Callable,
@@ -68,8 +89,9 @@ def run_examples(model, model_name: str, corpus: Corpus, layer: int, head: int, 
     HeadExamples from find(report) (found_here's or found_on's)."""
     with refusals_in_words():
         found = find(report)
-    top = [place_of(model, model_name, corpus, e, layer, head, str(i + 1)) for i, e in enumerate(found.top)]
-    deciles = [place_of(model, model_name, corpus, e, layer, head, f"decile {d + 1}")
+    texts: dict[int, tuple[str | None, str]] = {}
+    top = [place_of(model, model_name, corpus, e, layer, head, str(i + 1), texts) for i, e in enumerate(found.top)]
+    deciles = [place_of(model, model_name, corpus, e, layer, head, f"decile {d + 1}", texts)
                for d in reversed(range(len(found.deciles))) for e in found.deciles[d]]
     return top, deciles, found
 
@@ -87,10 +109,11 @@ def found_on(runner: ChunkRunner, corpus: Corpus, layer: int, head: int, k: int)
                                  len(corpus.items))
 
 
-def stream_examples(model, model_name: str, corpus: Corpus, layer: int, head: int, k: int):
+def stream_examples(model, model_name: str, corpus: Corpus, layer: int, head: int, k: int,
+                    max_seconds: float | None = None):
     """run_examples in a worker thread, as ui.services.jobs.stream_job updates (closing it stops the job); the
-    measuring on the runner of chunked.chunks_on where one is set."""
+    measuring on the runner of chunked.chunks_on where one is set; past max_seconds it stops with a message."""
     runner = CHUNKS.get()
     find = found_here(model, corpus, layer, head, k) if runner is None else found_on(runner, corpus, layer, head, k)
     return stream_job(lambda report: run_examples(model, model_name, corpus, layer, head, k, find, report),
-                      len(corpus.items), "corpus-examples")
+                      len(corpus.items), "corpus-examples", max_seconds=max_seconds)

@@ -9,8 +9,10 @@ Where the page's model work runs elsewhere (the Ray backend), a job is sent in c
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from contextlib import closing
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -25,7 +27,7 @@ from ui.services.checks import UserError, check_range, stack_shape
 from ui.services.corpus.chunked import CHUNKS, chunks_on, stream_chunks  # noqa: F401 - chunks_on: tests import it here
 from ui.services.corpus.pages import Saving, saved_words, saving_given, unsaved
 from ui.services.corpus.updates import OverUpdate, partial_note, refusals_in_words
-from ui.services.heads import next_token_reason
+from ui.services.heads import INDUCTION_LENGTH as PROBE_LENGTH, next_token_reason
 from ui.services.jobs import stream_job
 from ui.services.patching import SITES
 
@@ -35,7 +37,7 @@ CORPORA = (*BUILT_IN, UPLOAD)
 MAX_TEXTS = 200          # texts one head-score job reads
 MAX_PAIRS = 100          # pairs one attribution or patching job reads: each pair is a sweep
 DEFAULT_N = 20
-INDUCTION_LENGTH = 24    # tokens of each induction text before it repeats
+INDUCTION_LENGTH = PROBE_LENGTH  # tokens of each induction text before it repeats: the Heads tab's probe's
 KINDS = tuple(head_analysis.SCORES)
 NOUNS = {"heads": "text", "attribution": "pair", "patch": "pair", "ablation": "text"}
 
@@ -44,7 +46,7 @@ NOUNS = {"heads": "text", "attribution": "pair", "patch": "pair", "ablation": "t
 class Corpus:
     items: list              # 1-D id tensors (texts) or Pairs
     noun: str                # "text" or "pair"
-    source: str              # in words: "20 induction texts (24 random tokens, repeated once)"
+    source: str              # in words: "20 induction texts (100 random tokens, repeated once, …)"
 
 
 def check_corpus(corpus) -> str:
@@ -84,14 +86,20 @@ def check_lengths(model, items: list, noun: str) -> None:
         raise UserError(f"This model reads at most {limit} positions, and {named} are longer: shorten them.")
 
 
+def induction_length(model) -> int:
+    """The induction texts' half length: the probe's, or what fits twice after a BOS in a shorter context."""
+    return max(1, min(INDUCTION_LENGTH, (model.config.max_positions - 1) // 2))
+
+
 def corpus_texts(model, corpus, n, upload=None) -> Corpus:
     """The texts of a head-score job: induction texts, the IOI pairs' clean prompts, or an upload's first n."""
     corpus, n = check_corpus(corpus), check_range("Items (n)", n, 1, MAX_TEXTS)
     tokenizer = model.tokenizer
     with refusals_in_words():
         if corpus == "induction texts":
-            items = corpora.induction_texts(tokenizer, n, INDUCTION_LENGTH, bos=model.config.bos_token_id)
-            source = f"{n} induction texts ({INDUCTION_LENGTH} random tokens, repeated once)"
+            length = induction_length(model)
+            items = corpora.induction_texts(tokenizer, n, length, bos=model.config.bos_token_id)
+            source = f"{n} induction texts ({length} random tokens, repeated once, as the Heads tab's probe)"
         elif corpus == "IOI pairs":
             items = [pair.clean for pair in corpora.ioi_pairs(tokenizer, n)]
             source = f"the clean prompts of {n} IOI pairs"
@@ -185,9 +193,34 @@ def arguments_of(analysis: str, site: str | None, mode: str, layer: int | None, 
     return dict(ablation=ablation) if analysis == "ablation" else {}
 
 
+@dataclass
+class TimeCap:
+    """The core's stop() of a corpus job: the caller's stop, or the job's time cap passed (None: no cap)."""
+    max_seconds: float | None
+    stop: Callable[[], bool] | None = None
+    started: float | None = None
+    hit: bool = False
+
+    def __post_init__(self):
+        if self.started is None:
+            self.started = time.monotonic()
+
+    def __call__(self) -> bool:
+        if self.stop is not None and self.stop():
+            return True
+        if self.max_seconds is not None and time.monotonic() - self.started > self.max_seconds:
+            self.hit = True
+        return self.hit
+
+    def words(self) -> str:
+        return (f"**Stopped at the time cap** of {self.max_seconds:g} s per job: the figures show the items "
+                "finished by then." if self.hit else "")
+
+
 def stream_over(model, analysis: str, corpus: Corpus, site: str | None = None, mode: str = "denoise",
                 layer: int | None = None, stop: Callable[[], bool] | None = None, root: Path | None = None,
-                model_name: str = "", saving: Saving | None = None, ablation: str = "zero") -> Iterator[OverUpdate]:
+                model_name: str = "", saving: Saving | None = None, ablation: str = "zero",
+                max_seconds: float | None = None) -> Iterator[OverUpdate]:
     """The analysis over the corpus: an update as items finish, with the summary of those finished so far, then
     the core's result (finished), its `saved` words saying what saving did. Closing the iterator stops the work;
     stop() is the core's own (a stopped job's result is the summary of the items it finished). root: save the
@@ -195,14 +228,25 @@ def stream_over(model, analysis: str, corpus: Corpus, site: str | None = None, m
     a page) instead gives the root with its caps and what to tell of each write. Past a cap a new job is measured
     and not saved. Run in a worker thread here, or in chunks on the runner of chunks_on where one is set.
     ablation ("zero" or "mean"): the ablation's kind; it sweeps the first summaries.ABLATION_TEXTS texts only (the
-    updates count those), and the core's note says how many of how many."""
+    updates count those), and the core's note says how many of how many. max_seconds: the job's time cap; past
+    it the job stops as a stop() would (its finished items summarised and kept, a saved job resumable), and the
+    finished update's `capped` says so."""
     saving = saving_given(root, saving)
     runner = CHUNKS.get()
     arguments = arguments_of(analysis, site, mode, layer, ablation)
+    cap = TimeCap(max_seconds, stop)
     if runner is not None:
-        return stream_chunks(runner, model, SAVED_NAMES[analysis], corpus.items, corpus.noun, arguments, stop,
-                             saving, model_name)
-    return stream_here(model, analysis, corpus, arguments, stop, saving, model_name)
+        updates = stream_chunks(runner, model, SAVED_NAMES[analysis], corpus.items, corpus.noun, arguments, cap,
+                                saving, model_name)
+    else:
+        updates = stream_here(model, analysis, corpus, arguments, cap, saving, model_name)
+    return told_of_cap(updates, cap)
+
+
+def told_of_cap(updates: Iterator[OverUpdate], cap: TimeCap) -> Iterator[OverUpdate]:
+    with closing(updates):
+        for update in updates:
+            yield replace(update, capped=cap.words()) if update.finished else update
 
 
 def stream_here(model, analysis: str, corpus: Corpus, arguments: dict, stop: Callable[[], bool] | None,

@@ -57,9 +57,10 @@ def run_plane(model, corpus: Corpus, layer: int, head: int, report=None, runner:
     return PlaneShown(plane, token_labels(model, plane.token), cfg.positional == "rope", bool(cfg.qk_norm))
 
 
-def stream_plane(model, corpus: Corpus, layer: int, head: int):
+def stream_plane(model, corpus: Corpus, layer: int, head: int, max_seconds: float | None = None):
     """run_plane in a worker thread, as ui.services.jobs.stream_job updates (closing it stops the job); the
-    measuring on the runner of chunked.chunks_on where one is set (read here: the worker thread has no context)."""
+    measuring on the runner of chunked.chunks_on where one is set (read here: the worker thread has no context);
+    past max_seconds it stops with a message."""
     runner = CHUNKS.get()
     return stream_job(lambda report: run_plane(model, corpus, layer, head, report, runner), len(corpus.items),
-                      "corpus-qk")
+                      "corpus-qk", max_seconds=max_seconds)

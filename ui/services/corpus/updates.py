@@ -19,6 +19,7 @@ class OverUpdate:
     finished: bool = False
     saved: str = ""          # what saving the job did, in words (the finished update's)
     folder: Path | None = None   # the saved job's folder once finished (None: not saved, or stopped)
+    capped: str = ""         # the finished update's words when the job stopped at its time cap, else empty
 
 
 @contextmanager

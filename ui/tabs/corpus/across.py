@@ -78,6 +78,8 @@ def build(services, picker, initial) -> SimpleNamespace:
             plane = plane_box()
             ablation, ablation_run = ablation_box()
             stop = gr.Button("Stop", variant="stop", elem_id="corpus-stop")
+            gr.Markdown(cap_words(services.settings.corpus_max_seconds), elem_classes=["field-note"],
+                        elem_id="corpus-cap")
         with gr.Column(scale=3, min_width=340):
             gr.Markdown(HOW_TO_READ, elem_classes=["how-to-read"])
             note = gr.Markdown(elem_id="corpus-note")
@@ -132,6 +134,11 @@ def build(services, picker, initial) -> SimpleNamespace:
                                  examples_table, plane_note, plane_fig])
     return SimpleNamespace(corpus=corpus, n=n, kind=kind, site=site, mode=mode, row=row, col=col, runs=runs,
                            stop=stop, note=note)
+
+
+def cap_words(max_seconds: float) -> str:
+    return (f"One job runs at most **{max_seconds:g} s** on this server. A map's job stopped (by Stop or the cap) "
+            "keeps the summary of the items finished by then, and a saved job run again goes on from them.")
 
 
 def plane_box() -> SimpleNamespace:

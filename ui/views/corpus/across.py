@@ -81,7 +81,16 @@ def note_of(over, corpus: Corpus, analysis: str, cell: tuple[int, int], axes: Ma
     return (f"{state}**{escaped(what)}** over {escaped(corpus.source)}: {HEAD_WORDS[analysis]}. The map shows the "
             f"mean over n = **{over.n}**; {interval_words(over.n, corpus.noun)} (hover a cell for "
             f"its interval; click one for its items). {cell_words(over, cell, axes)}"
-            f"{'' if not update.finished else f' Done in {update.seconds:.1f} s. {update.saved}'}{core_note}")
+            f"{finished_words(update)}{core_note}")
+
+
+def finished_words(update) -> str:
+    """How the job ended (empty while it runs): done in so many seconds, or stopped at the time cap; then what
+    saving did."""
+    if not update.finished:
+        return ""
+    ended = update.capped or f"Done in {update.seconds:.1f} s."
+    return f" {ended} {update.saved}"
 
 
 def streamed(updates, pick, render, progress, noun: str):
@@ -125,7 +134,8 @@ def heads_view(services: Services, model_name, corpus, n, upload, kind, cell_lay
         shown = Shown(over, axes, "text", f"{words} score, mean over the corpus", "score", False, name, view, update.folder)
         return note_of(over, chosen, "heads", cell, axes, update, f"The {words} score"), *figures(shown, cell), shown
 
-    updates = stream_over(model, "heads", chosen, model_name=name, saving=saving_of(services, page))
+    updates = stream_over(model, "heads", chosen, model_name=name, saving=saving_of(services, page),
+                          max_seconds=services.settings.corpus_max_seconds)
     for last in streamed(updates, lambda result: (result or {}).get(kind), render, progress, "text"):
         yield last
     if last is None:
@@ -154,7 +164,9 @@ def attribution_view(services: Services, model_name, corpus, n, upload, cell_lay
                 *figures(shown, cell), shown)
 
     yield from streamed(stream_over(model, "attribution", chosen, model_name=name,
-                                    saving=saving_of(services, page)), lambda result: result and result[0],
+                                    saving=saving_of(services, page),
+                                    max_seconds=services.settings.corpus_max_seconds),
+                        lambda result: result and result[0],
                         render, progress, "pair")
 
 
@@ -181,7 +193,8 @@ def patch_view(services: Services, model_name, corpus, n, upload, site, mode, la
                 *figures(shown, cell), shown)
 
     yield from streamed(stream_over(model, "patch", chosen, core_site, mode, layer, model_name=name,
-                                    saving=saving_of(services, page)), lambda result: result, render,
+                                    saving=saving_of(services, page),
+                                    max_seconds=services.settings.corpus_max_seconds), lambda result: result, render,
                         progress, "pair")
 
 
@@ -208,7 +221,8 @@ def ablation_view(services: Services, model_name, corpus, n, upload, ablation, c
         return note_of(over, chosen, "ablation", cell, axes, update, what), *figures(shown, cell), shown
 
     yield from streamed(stream_over(model, "ablation", chosen, model_name=name, saving=saving_of(services, page),
-                                    ablation=kind), for_page, render, progress, "text")
+                                    ablation=kind, max_seconds=services.settings.corpus_max_seconds), for_page,
+                        render, progress, "text")
 
 
 def cell_view(services: Services, cell_row, cell_col, previous=None):
@@ -269,7 +283,8 @@ def examples_view(services: Services, model_name, corpus, n, upload, layer, head
     layer, head, k = check_examples(model, layer, head, k)
     chosen = corpus_texts(model, corpus, n, upload)
     yield f"Reading {escaped(chosen.source)} through layer {layer}, head {head}…", ""
-    with closing(stream_examples(model, name, chosen, layer, head, k)) as updates:
+    with closing(stream_examples(model, name, chosen, layer, head, k,
+                                         services.settings.corpus_max_seconds)) as updates:
         for update in updates:
             if progress is not None:
                 progress(update.done / max(update.total, 1), f"{update.done} of {update.total} texts")
@@ -281,6 +296,7 @@ def examples_view(services: Services, model_name, corpus, n, upload, layer, head
     skipped = f" Left out: {', '.join(found.skip)} (key 0, the query's own token)." if found.skip else ""
     note = (f"**Top examples**: where layer {layer}, head {head} puts its most weight over {escaped(chosen.source)} "
             f"({found.n} texts, {found.places:,} query–key places).{skipped} A link opens the text in the Attention "
-            f"tab at this head.{core_note}")
+            "tab at this head, at the positions listed; a text whose words do not read back as its tokens (random "
+            f"tokens, as in the induction texts) has none.{core_note}")
     rows = [vars(place) for place in top] + [vars(place) for place in deciles]
     yield note, examples_html(rows, line)

@@ -43,7 +43,7 @@ def qk_view(services: Services, model_name, corpus, n, upload, layer, head, prog
     yield (f"Reading {escaped(chosen.source)} through layer {layer}, head {head}…",
            export.named(empty_figure("Running…"), export.filename(name, view)))
     shown = None
-    with closing(stream_plane(model, chosen, layer, head)) as updates:
+    with closing(stream_plane(model, chosen, layer, head, services.settings.corpus_max_seconds)) as updates:
         for update in updates:
             if progress is not None:
                 progress(update.done / max(update.total, 1), f"{update.done} of {update.total} texts")
