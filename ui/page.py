@@ -11,6 +11,7 @@ import gradio as gr
 
 from ui import links, spaces
 from ui.lookup import build_lookup
+from ui.services.patching import IOI_PRESET
 from ui.tabs import events
 from ui.tabs import attention, generate, heads, inside, lab, masks, patching, picker as model_picker, positions
 from ui.tabs.corpus import across
@@ -25,10 +26,11 @@ LINK_JS = """(...args) => { args[args.length - 1] = window.location.href; return
 SEARCH_JS = """(...args) => { args[0] = window.location.search; return args; }"""  # the page's own query
 COPY_JS = """(link) => { if (link && navigator.clipboard) navigator.clipboard.writeText(link).catch(() => {}); }"""
 TYPICAL = {  # tab → (its button's words, the built-in corpus, the Across texts analysis run over it)
-    "patching": (f"How typical is this? Patch every head over {across.DEFAULT_N} IOI pairs (Across texts tab)",
-                 "IOI pairs", "patch"),
-    "heads": (f"How typical is this? The induction score over {across.DEFAULT_N} induction texts (Across texts tab)",
-              "induction texts", "heads"),
+    # every head: the one patching site that takes IOI pairs of different token lengths
+    "patching": (f"How typical is this? Patch every head, in this direction, over {across.DEFAULT_N} IOI pairs "
+                 "(Across texts tab)", "IOI pairs", "patch"),
+    "heads": (f"How typical is this? The induction score over {across.DEFAULT_N} induction texts made as the probe "
+              "is (Across texts tab)", "induction texts", "heads"),
 }
 TAB_IDS = {"Generate": "generate", "Attention": "attention", "Positional encoding": "positions", "Masks": "masks",
            "Heads": "heads", "Patching": "patching", "Inside": "inside", "Across texts": "corpus", "Learn": "learn", "Lab": "lab"}
@@ -80,7 +82,7 @@ def layout(services, default_model: str) -> gr.Blocks:
             wire_switch(picker, current_tab, linked, name, tab)
         wire_send(built["generate"], built["attention"], tabs, current_tab)
         for name, button in typical.items():
-            wire_typical(button, name, across_tab, tabs, current_tab)
+            wire_typical(button, name, built[name], across_tab, tabs, current_tab)
         wire_open_head(services, picker, built["patching"], built["attention"], tabs, current_tab)
         tabs.select(remember_tab, None, current_tab, api_visibility="private", queue=False)
         controls = {name: tab for name, tab in built.items() if tab.text is not None}
@@ -119,19 +121,34 @@ def wire_send(generate_tab: Tab, attention_tab: Tab, tabs, current_tab) -> None:
                             api_visibility="private").then(**attention_tab.run_event)
 
 
-def wire_typical(button, name: str, across_tab, tabs, current_tab) -> None:
+def typical_settings(name: str, *fields) -> list:
+    """The Across texts fields a tab's "how typical is this?" run sets besides corpus and n, from the tab's own
+    `typical` fields: the induction score for the Heads tab; every head (z) in the Patching tab's direction."""
+    if name == "heads":
+        return ["induction"]
+    _, mode = fields
+    return ["z", mode if mode in ("denoise", "noise") else "denoise"]
+
+
+def wire_typical(button, name: str, tab: Tab, across_tab, tabs, current_tab) -> None:
     """The button under a tab that runs its analysis over the matching built-in corpus in the Across texts tab
-    (IOI pairs for patching, induction texts for the induction score), on the model chosen; Stop there ends it."""
+    (IOI pairs for the IOI preset's patching, induction texts for the induction score), on the model chosen;
+    Stop there ends it. The Patching tab's shows only while its preset is the IOI pair: the other presets have
+    no built-in corpus of their kind."""
     _, corpus, run = TYPICAL[name]
     settings = [across_tab.kind] if run == "heads" else [across_tab.site, across_tab.mode]
+    fields = tab.typical or []
 
-    def open_across():
-        values = ["induction"] if run == "heads" else ["z", "denoise"]
-        return gr.Tabs(selected="corpus"), "corpus", corpus, across.DEFAULT_N, *values
+    def open_across(*values):
+        return gr.Tabs(selected="corpus"), "corpus", corpus, across.DEFAULT_N, *typical_settings(name, *values)
 
-    event = button.click(open_across, None, [tabs, current_tab, across_tab.corpus, across_tab.n, *settings],
+    event = button.click(open_across, fields, [tabs, current_tab, across_tab.corpus, across_tab.n, *settings],
                          api_visibility="private", queue=False).then(**across_tab.runs[run], api_visibility="private")
     across_tab.stop.click(None, None, None, cancels=[event], api_visibility="private")
+    if name == "patching":
+        preset = fields[0]
+        preset.change(lambda chosen: gr.Button(visible=chosen == IOI_PRESET), preset, button,
+                      api_visibility="private", queue=False)
 
 
 def wire_open_head(services, picker, source: Tab, attention_tab: Tab, tabs, current_tab) -> None:

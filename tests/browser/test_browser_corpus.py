@@ -18,6 +18,7 @@ from playwright.sync_api import expect  # noqa: E402
 
 from conftest import open_page, screenshot  # noqa: E402
 from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
+from ui.services.corpus.over import INDUCTION_LENGTH  # noqa: E402
 
 RUN_TIMEOUT_MS = 60_000
 VIEWPORTS = {"wide": {"width": 1400, "height": 1000}, "phone": {"width": 390, "height": 844}}
@@ -114,6 +115,36 @@ def test_the_heads_tab_asks_how_typical_the_induction_score_is(browser, app_url)
 
 
 
+def test_the_patching_tabs_ioi_pair_asks_how_typical_it_is_in_its_direction(browser, app_url):
+    """The button shows for the IOI preset only (the other presets have no built-in corpus of their kind), and
+    sends the tab's direction with IOI pairs to the Across texts tab, whose job runs: on the tiny tokenizer, which
+    has no one-token names, it is refused in words."""
+    context, page, errors = open_page(browser, app_url, VIEWPORTS["wide"])
+    try:
+        page.get_by_role("tab", name="Patching").click()
+        button = page.locator("#patching-typical")
+        expect(button).to_be_visible(timeout=RUN_TIMEOUT_MS)
+        page.locator("#patch-preset input").click()
+        page.get_by_role("option", name="Fact: which city").click()
+        expect(button).to_be_hidden()
+        page.locator("#patch-preset input").click()
+        page.get_by_role("option", name="IOI: who gets the drink").click()
+        expect(button).to_be_visible()
+        page.locator("#patch-more").get_by_text("Answer, foil and direction").click()   # open its accordion
+        page.locator("#patch-mode").get_by_text("noise", exact=True).click()
+        button.click()
+        expect(page.get_by_role("tab", name="Across texts")).to_have_attribute("aria-selected", "true",
+                                                                            timeout=RUN_TIMEOUT_MS)
+        expect(page.locator("#corpus-source input")).to_have_value("IOI pairs")
+        page.locator("#corpus-patch-box").get_by_text("Patching (pairs)").click()   # open its accordion
+        expect(page.locator("#corpus-mode").get_by_label("noise", exact=True)).to_be_checked()
+        expect(page.locator(".toast-body").first).to_contain_text("too few single-token words for IOI prompts",
+                                                                  timeout=RUN_TIMEOUT_MS)
+    finally:
+        context.close()
+    assert not errors, f"JavaScript errors in the page: {errors}"
+
+
 def check_plane(page) -> None:
     """The plane of one head over 3 induction texts (run on the page the heads test opened, to save opening
     another): queries and keys drawn as two traces of points, the line under them saying how many texts and
@@ -127,10 +158,10 @@ def check_plane(page) -> None:
     inside(page, "#corpus-qk")
     traces = page.locator("#corpus-qk .scatterlayer .trace")
     expect(traces).to_have_count(2)
-    # 3 texts of 2 × 24 tokens and a BOS each: 147 queries and 147 keys
-    assert traces.nth(0).locator(".point").count() == 147 and traces.nth(1).locator(".point").count() == 147
+    tokens = 3 * (2 * INDUCTION_LENGTH + 1)   # 3 texts of twice the probe's length and a BOS each
+    assert traces.nth(0).locator(".point").count() == tokens and traces.nth(1).locator(".point").count() == tokens
     line = page.locator("#corpus-qk .annotation-text").first
-    expect(line).to_contain_text("3 texts: 147 of 147 tokens")
+    expect(line).to_contain_text(f"3 texts: {tokens} of {tokens} tokens")
     expect(line).to_contain_text("onto the queries' mean")
     traces.nth(1).locator(".point").first.hover(force=True)
     hover = page.locator("#corpus-qk .hoverlayer .hovertext").first   # the nearest point: a key, maybe another

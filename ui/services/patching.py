@@ -23,9 +23,10 @@ from ui.services.text import Encoded, as_batch, encode, one_token, token_pieces,
 MAX_PATCH_TOKENS = 64   # a residual sweep patches layers × tokens cells (1,920 for SmolLM2 at 64 tokens)
 MAX_FLOW_TOKENS = 64    # the flow graph holds layers × heads × tokens² importances
 DEFAULT_THRESHOLD = 0.04
+IOI_PRESET = "IOI: who gets the drink"  # the preset whose kind of pair the built-in IOI corpus varies
 PRESETS = {  # name → (clean, corrupted): the answer is the clean run's top token, the foil the corrupted run's
-    "IOI: who gets the drink": ("When Mary and John went to the store, John gave a drink to",
-                                "When Mary and John went to the store, Mary gave a drink to"),
+    IOI_PRESET: ("When Mary and John went to the store, John gave a drink to",
+                 "When Mary and John went to the store, Mary gave a drink to"),
     "Fact: which city": ("The Eiffel Tower is in the city of", "The Colosseum is in the city of"),
     "Induction: a repeated phrase": ("The keeper lit the lamp at dusk. The keeper lit the",
                                      "The farmer fed the goats at noon. The keeper lit the"),

@@ -97,7 +97,7 @@ def build(services, picker, initial) -> Tab:
     return Tab(text=clean, layer=layer, corrupted=corrupted, picked=picked, reveal=[sweep_fig],
                opening=opening(services, "patching", first_sweep, fresh=(2,)), switched=fields.followed,
                results=[*attribution["results"], *flow["results"]],
-               press={note: run, **attribution["press"], **flow["press"]})
+               press={note: run, **attribution["press"], **flow["press"]}, typical=[preset, mode])
 
 
 def attribution_section(services, picker, clean, corrupted, answer, foil) -> dict:

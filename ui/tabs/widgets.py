@@ -104,6 +104,8 @@ class Tab:
     switched: object | None = None
     results: list | None = None
     press: dict | None = None  # note → its button
+    # the fields a "how typical is this?" run reads (ui/page.py TYPICAL): the Patching tab's preset and direction
+    typical: list | None = None
 
 
 def read_example(name: str) -> str:
