@@ -16,11 +16,12 @@ that ran in a few of Gradio's worker threads, the freed activations of each stay
   happens to fragment: a corpus job of head scores on SmolLM2 peaked anywhere from 1.3 to 2.5 GB from run to
   run, whatever its size. A fixed threshold also keeps the trim threshold at its 128 KiB, so the heap's free top
   goes back as soon as a batch is freed (tests/ui/test_memory.py shows both). The app fixes it at 32 MiB,
-  glibc's own ceiling: the corpus then adds at most about 10 MB to the peak, and generation, a forward keeping
-  probabilities, a patching sweep and head scores ran 0.94x to 1.01x the time of the moving threshold
-  (bench/corpus/threshold.py). Fixed at 128 KiB the peak is about 1 GB lower still, but every big
-  tensor is mapped afresh and its pages faulted in: 1.04x to 1.44x the time; a setting for a server short of
-  memory (bench/corpus/speed.py's memory part measures the memory).
+  glibc's own ceiling: 1,000 texts then peaked 8 to 249 MB above 100 in three runs (under the moving threshold
+  +43 to +1,191 MB in six runs, over 900 MB in four), and generation, a forward keeping probabilities, a
+  patching sweep and head scores ran 0.94x to 1.06x the time of the moving threshold
+  (bench/corpus/threshold.py). Fixed at 128 KiB the peak itself is about 1 GB lower, but every big tensor is
+  mapped afresh and its pages faulted in: 1.04x to 1.44x the time; a setting for a server short of memory
+  (bench/corpus/speed.py's memory part measures the memory).
 
 configure() makes the two mallopt calls, first thing in app.py's main(). Settings (environment, read when
 called): ATTN_MALLOC_ARENAS (default 2; 0 leaves glibc's own bound), ATTN_MALLOC_TRIM (default 1; 0 never
