@@ -268,8 +268,9 @@ def assert_same_over(got, want) -> None:
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_corpus_job_in_chunks_on_the_replicas_is_the_local_run(ray_front, llama):
-    """The same chunks sent to the two replicas give the one-process run's Over; a stop keeps the finished
-    chunks; a replica's refusal comes back in its words."""
+    """The same chunks sent to the two replicas give the one-process run's Over (head scores, attribution; and
+    patching every head, against the same chunks run here); a stop keeps the finished chunks; a replica's refusal
+    comes back in its words."""
     from core.corpus import chunks, saved, summaries
 
     _, _, backend = ray_front
@@ -277,15 +278,29 @@ def test_a_corpus_job_in_chunks_on_the_replicas_is_the_local_run(ray_front, llam
     assert runner.in_flight == 4                                     # two replicas × two requests each
     model = Services.create(default_model=llama).models.get(llama)  # the replicas' model, loaded here
     texts, pairs = corpus_ids(model)
-    jobs = (("head_scores", "text", texts, summaries.head_scores_over(model, texts)),
-            ("logit_attribution", "pair", pairs, summaries.logit_attribution_over(model, pairs)))
-    for analysis, noun, items, local in jobs:
-        def submit(part, analysis=analysis, items=items):
-            return runner.submit(analysis, [items[i] for i in part], {})
+    patching = dict(site="z", mode="noise", layer=None)
+    # patching against the same chunks run here: its scores divide by a pair's clean − corrupted difference, as
+    # small as 0.004 on this random model, so a batch of other pairs' float rounding (1e-7) moves them by 1e-4
+    # (tests/core/test_corpus_chunks.py shows chunks equal to one run on a model where the division is tame)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # as on each replica (Ray gives a worker of 0.5 CPU one thread): the same sums
+    try:
+        here = chunks.merge(chunks.check("patch", model, pairs, **patching),
+                            [chunks.Chunk(tuple(part), chunks.run_chunk("patch", model, [pairs[i] for i in part],
+                                                                        **patching).result)
+                             for part in chunks.split(len(pairs), 3)], "pair", len(pairs))
+    finally:
+        torch.set_num_threads(threads)
+    jobs = (("head_scores", "text", texts, {}, summaries.head_scores_over(model, texts)),
+            ("logit_attribution", "pair", pairs, {}, summaries.logit_attribution_over(model, pairs)),
+            ("patch", "pair", pairs, patching, here))
+    for analysis, noun, items, arguments, local in jobs:
+        def submit(part, analysis=analysis, items=items, arguments=arguments):
+            return runner.submit(analysis, [items[i] for i in part], arguments)
 
         finished = list(chunks.as_finished(submit, chunks.split(len(items), 3), runner.in_flight, noun))
         assert sorted(len(chunk.items) for chunk in finished) == [1, 3, 3]
-        merged = chunks.merge(chunks.check(analysis, model, items), finished, noun, len(items))
+        merged = chunks.merge(chunks.check(analysis, model, items, **arguments), finished, noun, len(items))
         local_parts, merged_parts = saved.parts_of(local), saved.parts_of(merged)
         assert set(merged_parts) == set(local_parts)
         for name, over in local_parts.items():
