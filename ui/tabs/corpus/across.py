@@ -1,7 +1,8 @@
 """Across texts tab: how typical is what one text shows? A corpus (built in, or uploaded), an analysis (head
 scores, logit attribution, patching, each head's ablation) run over every item, and its mean map with the 95 %
-interval, plus one cell's value item by item; for one head, its top examples and its query/key plane. Each job is heavy (one per session), shows its progress, and Stop keeps the summary
-of the items finished before it. A job is saved for its page (ui/services/corpus/pages.py: on a shared server a
+interval, plus one cell's value item by item; for one head, its top examples and its query/key plane. Each job is
+heavy (one per session), shows its progress and has a time cap stated beside Stop; Stop, or the cap, keeps the
+summary of the items finished before it. A job is saved for its page (ui/services/corpus/pages.py: on a shared server a
 folder of the page's own), and a model change clears the tab's results."""
 
 from __future__ import annotations
