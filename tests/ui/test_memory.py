@@ -64,13 +64,19 @@ def test_bound_arenas_before_the_threads_start_holds_them_to_the_bound():
     assert arenas_after_eight_threads("2") <= 2
 
 
-# In a fresh process: a 1 MiB block freed, then another; how many more bytes glibc then has in blocks mapped on
-# their own.
-SECOND_BLOCK_MAPPED = """
+# In a fresh process, the allocator set as argv[1] says ("glibc": as it comes; "app": the app's own settings,
+# configure(); a number: the mmap threshold fixed at that many KiB), one probe of glibc's statistics (argv[2]):
+# - "mapped": a 1 MiB block freed, then another; how many more bytes glibc then has in blocks mapped on their own;
+# - "heap": a 16 MiB block (a batch's activations) allocated and freed twice; how many more bytes the main heap
+#   then holds.
+ALLOCATOR_PROBE = """
 import ctypes, sys
 from ui import memory
-if sys.argv[1] != "moving":
-    assert memory.fix_mmap_threshold(int(sys.argv[1]))
+settings, probe = sys.argv[1:3]
+if settings == "app":
+    memory.configure()
+elif settings != "glibc":
+    assert memory.fix_mmap_threshold(int(settings))
 libc = memory.glibc()
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
@@ -79,15 +85,21 @@ class Mallinfo2(ctypes.Structure):
                 ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
                  "keepcost")]
 libc.mallinfo2.restype = Mallinfo2
-libc.free(libc.malloc(2**20))
-before = libc.mallinfo2().hblkhd
-second = libc.malloc(2**20)
-print(libc.mallinfo2().hblkhd - before)
+if probe == "mapped":
+    libc.free(libc.malloc(2**20))
+    before = libc.mallinfo2().hblkhd
+    second = libc.malloc(2**20)
+    print(libc.mallinfo2().hblkhd - before)
+else:
+    before = libc.mallinfo2().arena
+    for _ in range(2):
+        libc.free(libc.malloc(16 * 2**20))
+    print(libc.mallinfo2().arena - before)
 """
 
 
-def mapped_bytes_after_a_second_block(threshold: str) -> int:
-    done = subprocess.run([sys.executable, "-c", SECOND_BLOCK_MAPPED, threshold], cwd=ROOT, capture_output=True,
+def allocator_probe(settings: str, probe: str) -> int:
+    done = subprocess.run([sys.executable, "-c", ALLOCATOR_PROBE, settings, probe], cwd=ROOT, capture_output=True,
                           text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
     return int(done.stdout.split()[-1])
@@ -95,37 +107,8 @@ def mapped_bytes_after_a_second_block(threshold: str) -> int:
 
 @pytest.mark.skipif(not ON_GLIBC, reason="mallopt is glibc's")
 def test_a_fixed_mmap_threshold_keeps_a_big_block_mapped_after_one_was_freed():
-    assert mapped_bytes_after_a_second_block("moving") == 0  # freeing the first raised the threshold past 1 MiB
-    assert mapped_bytes_after_a_second_block("128") >= 2**20
-
-
-# In a fresh process, with the app's default settings (configure(), no ATTN_MALLOC_* set) or glibc's own: a 16 MiB
-# block (a batch's activations) allocated and freed twice; how many more bytes the main heap then holds.
-HEAP_KEPT_AFTER_A_BATCH = """
-import ctypes, sys
-from ui import memory
-if sys.argv[1] == "app":
-    memory.configure()
-libc = memory.glibc()
-libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-class Mallinfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
-libc.mallinfo2.restype = Mallinfo2
-before = libc.mallinfo2().arena
-for _ in range(2):
-    libc.free(libc.malloc(16 * 2**20))
-print(libc.mallinfo2().arena - before)
-"""
-
-
-def heap_kept_after_a_batch(settings: str) -> int:
-    done = subprocess.run([sys.executable, "-c", HEAP_KEPT_AFTER_A_BATCH, settings], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
-    assert done.returncode == 0, done.stderr
-    return int(done.stdout.split()[-1])
+    assert allocator_probe("glibc", "mapped") == 0  # freeing the first raised the threshold past 1 MiB
+    assert allocator_probe("128", "mapped") >= 2**20
 
 
 @pytest.mark.skipif(not ON_GLIBC, reason="mallopt is glibc's")
@@ -133,9 +116,9 @@ def test_the_apps_default_threshold_hands_a_freed_batch_back_at_once():
     # glibc's own: freeing the first (mapped) block raised the threshold to 16 MiB and the trim threshold to
     # twice that, so the second block came from the heap and stays there when freed (less what the heap's free
     # top already held)
-    assert heap_kept_after_a_batch("glibc") > 8 * 2**20
+    assert allocator_probe("glibc", "heap") > 8 * 2**20
     # the app's: the threshold fixed at 32 MiB leaves the trim threshold at 128 KiB, so the heap gives it back
-    assert heap_kept_after_a_batch("app") < 2**20
+    assert allocator_probe("app", "heap") < 2**20
 
 
 def test_the_settings_turn_each_off(monkeypatch):
