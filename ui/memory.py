@@ -18,7 +18,7 @@ that ran in a few of Gradio's worker threads, the freed activations of each stay
   goes back as soon as a batch is freed (tests/ui/test_memory.py shows both). The app fixes it at 32 MiB,
   glibc's own ceiling: 1,000 texts then peaked 8 to 249 MB above 100 in three runs (under the moving threshold
   +43 to +1,191 MB in six runs, over 900 MB in four), and generation, a forward keeping probabilities, a
-  patching sweep and head scores ran 0.94x to 1.06x the time of the moving threshold
+  patching sweep and head scores ran 0.94x to 1.06x the time of the moving threshold, a Lab training run 0.89x
   (bench/corpus/threshold.py). Fixed at 128 KiB the peak itself is about 1 GB lower, but every big tensor is
   mapped afresh and its pages faulted in: 1.04x to 1.44x the time; a setting for a server short of memory
   (bench/corpus/speed.py's memory part measures the memory).

@@ -3,12 +3,14 @@ speed. The setting is process-wide, so every kind of work the app does is timed,
 - heads: head_scores_over on --texts windows of --tokens random tokens (a corpus job);
 - generate: greedy generation of --new tokens after a --tokens-token prompt, with the KV cache (the Generate tab);
 - attention: one forward of --long tokens keeping every layer's probabilities (the Attention and Heads tabs);
-- patch: patch_sweep of the head site on one IOI pair (the Patching tab).
+- patch: patch_sweep of the head site on one IOI pair (the Patching tab);
+- train: --steps steps of the Lab's default run (reverse, Marian), evaluation included (the Lab tab).
 Each is timed after a warm-up, in fresh processes, glibc's moving threshold against each --mmap-kb fixed value, the
 order rotating from run to run; medians, ranges and each fixed value's ratio to the moving threshold. The memory
 the setting saves is bench/corpus/speed.py's memory part.
 Usage: python bench/corpus/threshold.py [--model smollm2-135m-instruct] [--texts 48] [--tokens 64] [--new 64]
-                                   [--long 512] [--mmap-kb 32768 [128 …]] [--work heads generate attention patch]
+                                   [--long 512] [--steps 200] [--mmap-kb 32768 [128 …]]
+                                   [--work heads generate attention patch train]
                                    [--repeats 5] [--threads 1]
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))     # bench/, fo
 
 from common import median, spread  # noqa: E402
 
-WORK = ("heads", "generate", "attention", "patch")
+WORK = ("heads", "generate", "attention", "patch", "train")
 CHILD = """
 import json, sys, time
 import torch
@@ -32,9 +34,10 @@ from core.analysis.patching import patch_sweep
 from core.corpus import summaries, texts
 from core.generate import generate
 from core.store import ensure
+from core.train import LabConfig, train
 from ui import memory
 model_name, work = sys.argv[1], sys.argv[2].split(",")
-n_texts, tokens, new, long, kb, threads = map(int, sys.argv[3:])
+n_texts, tokens, new, long, steps, kb, threads = map(int, sys.argv[3:])
 torch.set_num_threads(threads)
 if kb:
     assert memory.fix_mmap_threshold(kb)
@@ -50,11 +53,13 @@ jobs = {
                   lambda: model(long_ids, capture_attention=True)),
     "patch": (lambda: None, lambda: patch_sweep(model, pair.clean[None], pair.corrupted[None], pair.answer,
                                                 pair.foil, "z")),
+    "train": (lambda: None, lambda: [None for _ in train(LabConfig(task="reverse", steps=steps, eval_every=steps,
+                                                                   seed=0))]),
 }
 seconds = {}
-with torch.inference_mode():
-    for name in work:
-        warm, timed = jobs[name]
+for name in work:
+    warm, timed = jobs[name]
+    with torch.inference_mode(name != "train"):   # training needs autograd
         warm()
         start = time.perf_counter()
         timed()
@@ -66,7 +71,7 @@ print("RESULT", json.dumps(seconds))
 def timed_child(args, kb: int) -> dict[str, float]:
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", CHILD, args.model, ",".join(args.work),
-                           *map(str, (args.texts, args.tokens, args.new, args.long, kb, args.threads))],
+                           *map(str, (args.texts, args.tokens, args.new, args.long, args.steps, kb, args.threads))],
                           cwd=root, capture_output=True, text=True, timeout=1800,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root), "HF_HUB_OFFLINE": "1"})
     for line in done.stdout.splitlines():
@@ -82,6 +87,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--long", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--mmap-kb", type=int, nargs="+", default=[32768])
     parser.add_argument("--work", nargs="+", choices=WORK, default=list(WORK))
     parser.add_argument("--repeats", type=int, default=5)
@@ -99,7 +105,8 @@ def main() -> None:
     described = {"heads": f"head_scores_over, {args.texts} texts × {args.tokens} tokens",
                  "generate": f"generate, {args.new} new tokens after {args.tokens}",
                  "attention": f"forward keeping probabilities, {args.long} tokens",
-                 "patch": "patch_sweep, head site, one IOI pair"}
+                 "patch": "patch_sweep, head site, one IOI pair",
+                 "train": f"the Lab's default run (reverse, Marian), {args.steps} steps"}
     for name in args.work:
         print(f"  {described[name]}")
         moving = [t[name] for t in times[0]]
