@@ -1,6 +1,8 @@
+import functools
 import gc
 import os
 import sys
+import threading
 from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -42,6 +44,29 @@ def forget_closed_pages() -> None:
         cached = getattr(models, name, None)  # private to FastAPI: where a release renames them, nothing is done
         if cached is not None:
             cached.cache_clear()
+
+
+# ---- closing a launched app. Blocks.close sets the app's stop event, an asyncio.Event, from the calling thread,
+# while the server's event loop may be adding a stream's task to that event's waiters: one full run failed a
+# teardown with "RuntimeError: deque mutated during iteration" inside Event.set. Setting it on its own loop first
+# (an asyncio.Event is bound to the loop of its first waiter) leaves close's own set() nothing to do.
+
+def close_on_its_loop(close):
+    @functools.wraps(close)
+    def closed(self, *args, **kwargs):
+        event = getattr(getattr(self, "app", None), "stop_event", None)
+        loop = getattr(event, "_loop", None)   # private to asyncio: where it is missing, close runs as it is
+        if loop is not None and loop.is_running() and not event.is_set():
+            done = threading.Event()
+            loop.call_soon_threadsafe(lambda: (event.set(), done.set()))
+            done.wait(timeout=5)
+        return close(self, *args, **kwargs)
+    return closed
+
+
+import gradio as gr  # noqa: E402
+
+gr.Blocks.close = close_on_its_loop(gr.Blocks.close)
 
 
 # ---- one app shared by neighbouring browser modules that start the same one (the tiny Llama, default settings)
