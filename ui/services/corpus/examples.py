@@ -36,6 +36,7 @@ class Place:
     link: str                # "?model=…&tab=attention&layer=…&head=…&text=…", or "" (unlinked: `why`)
     why: str = ""            # why there is no link: the text is too long, or it does not read back as its tokens
 
+
 NOT_READ_BACK = "no link: as text, these tokens read back as other tokens (random tokens do)"
 TOO_LONG = "no link: too long for a link"
 
