@@ -72,6 +72,8 @@ class ModelConfig:
     final_softcap: float | None = None  # logits → c·tanh(logits / c) (Gemma 2)
     lm_head_scale: float = 1.0       # hidden × this before the vocabulary projection (T5 with tied embeddings: d^-½)
     encoder_head_dim: int = 0        # seq2seq: the encoder's d_k when it is not d_model / its heads (T5's d_kv)
+    unread_fields: tuple[str, ...] = ()  # config.json fields in no table of the family (families/table.py):
+                                     # not read, so a number they would change is not changed here
 
     @property
     def score_scale(self) -> float:

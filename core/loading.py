@@ -38,8 +38,9 @@ def read_config(folder: Path) -> tuple[ModelConfig, ModuleType]:
         raise ConfigError(f"{path}: expected a JSON object, found {type(raw).__name__}")
     family = family_for(raw, str(path))
     try:
-        check_fields(raw, family.FIELDS)  # refuses, by name, any field whose value the core does not implement
-        return with_overrides(family.read_config(raw), raw.get("attention_explorer")), family
+        unread = check_fields(raw, family.FIELDS)  # refuses, by name, any value the core does not implement
+        cfg = with_overrides(family.read_config(raw), raw.get("attention_explorer"))
+        return dataclasses.replace(cfg, unread_fields=unread), family
     except (TypeError, ValueError, KeyError) as err:
         if isinstance(err, ConfigError):
             raise ConfigError(f"{path}: {err}") from None

@@ -196,21 +196,26 @@ COMMON: dict[str, Field] = {
 }
 
 
-def check_fields(raw: dict, fields: dict[str, Field]) -> None:
+def check_fields(raw: dict, fields: dict[str, Field]) -> tuple[str, ...]:
     """Refuse config.json's fields whose values the core does not implement, all of them in one message that names
-    each field, its value and what would work. A field in no table is logged (at info level) and not read: a
-    config.json with extra harmless keys still loads; tests/core/test_config_fields.py keeps the tables complete."""
+    each field, its value and what would work. Return the fields in no table, in config.json's order: they are not
+    read, so a config.json with extra keys still loads, but a key a newer transformers reads may change numbers the
+    core does not change; each is logged as a warning and the loader keeps the names (ModelConfig.unread_fields)
+    for the model card. tests/core/test_config_fields.py keeps the tables complete for transformers' own keys."""
     known = {**COMMON, **fields}
-    wrong = []
+    wrong, unread = [], []
     for name, value in raw.items():
         field = known.get(name)
         if field is None:
-            log.info("%s: config.json field %s=%s is in no field table of its family; it is not read",
-                     raw.get("model_type"), name, shown(value))
+            unread.append(name)
+            log.warning("%s: config.json field %s=%s is in no field table of its family; the core does not read it, "
+                        "so if it changes transformers' numbers it does not change ours",
+                        raw.get("model_type"), name, shown(value))
         elif field.status == "refused" and field.when(value, raw):
             wrong.append(f"{name}={shown(value)} ({field.why})")
     if wrong:
         raise ConfigError(f"{raw.get('model_type')}: " + "; ".join(wrong))
+    return tuple(unread)
 
 
 def shown(value, limit: int = 80) -> str:

@@ -43,7 +43,10 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny-app-models")
-    return {"llama": str(build_tiny_llama(root / "tiny-llama")), "bert": str(build_tiny_bert(root / "tiny-bert"))}
+    bert = build_tiny_bert(root / "tiny-bert")
+    config = json.loads((bert / "config.json").read_text())  # a field no family table names: read by no one here
+    (bert / "config.json").write_text(json.dumps({**config, "some_future_flag": True}))
+    return {"llama": str(build_tiny_llama(root / "tiny-llama")), "bert": str(bert)}
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +107,12 @@ def test_model_card_compares_parameter_counts_with_4d2_and_8d2(client, tiny_mode
     assert "2 layers, 4 heads, 2 key/value heads" in card
     assert "4d² = 4,096" in card and "8d² = 8,192" in card  # d = 32
     assert "rope" in card
+    assert "Not read from config.json" not in card
+
+
+def test_the_load_endpoint_names_the_config_fields_the_core_did_not_read(client, tiny_models):
+    card = client.predict(tiny_models["bert"], api_name="/load_model")
+    assert "Not read from config.json:** `some_future_flag`" in card
 
 
 def test_attention_on_a_decoder_gives_model_view_head_view_and_window(client, tiny_models):

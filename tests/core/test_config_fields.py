@@ -207,11 +207,30 @@ def test_all_refused_fields_are_named_in_one_message(tmp_path):
         assert named in str(err.value)
 
 
-def test_an_unknown_field_is_logged_not_refused(tmp_path, caplog):
-    raw = default_raw("llama", some_future_flag=True)
-    with caplog.at_level(logging.INFO, logger="core.families.table"):
+def test_an_unknown_field_is_a_warning_and_kept_on_the_config(tmp_path, caplog):
+    raw = default_raw("llama", some_future_flag=True, another_new_knob=[1, 2])
+    with caplog.at_level(logging.WARNING, logger="core.families.table"):
         cfg, _ = read_config(write(tmp_path, raw))
     assert cfg.family == "llama"
+    assert cfg.unread_fields == ("some_future_flag", "another_new_knob")
+    warned = {r.getMessage() for r in caplog.records if r.levelno == logging.WARNING}
+    assert any("some_future_flag=True is in no field table" in m for m in warned), warned
+    assert any("another_new_knob=[1, 2] is in no field table" in m for m in warned), warned
+
+
+def test_a_config_of_known_fields_has_no_unread_field(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="core.families.table"):
+        cfg, _ = read_config(write(tmp_path, default_raw("gpt2")))
+    assert cfg.unread_fields == () and caplog.records == []
+
+
+def test_a_loaded_model_keeps_its_unread_fields(tmp_path, caplog):
+    folder = Path(tiny.save(tiny.gpt2(), str(tmp_path / "model")))
+    raw = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**raw, "some_future_flag": True}))
+    with caplog.at_level(logging.WARNING, logger="core.families.table"):
+        model = load_model(folder, device="cpu", dtype=torch.float32)
+    assert model.config.unread_fields == ("some_future_flag",)
     assert "some_future_flag=True is in no field table" in caplog.text
 
 

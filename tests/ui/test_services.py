@@ -232,6 +232,23 @@ def test_an_encoder_decoder_shows_its_encoder_attention_and_says_what_it_cannot_
     assert updates[-1].done and updates[-1].n_new >= 1
 
 
+def test_the_model_card_names_the_config_fields_the_core_did_not_read(tiny_llama, tmp_path, caplog):
+    import json
+    import logging
+    import shutil
+
+    folder = tmp_path / "tiny-llama-newer"
+    shutil.copytree(tiny_llama, folder)
+    raw = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**raw, "some_future_flag": True}))
+    store = ModelStore()
+    with caplog.at_level(logging.WARNING):
+        card = model_card("newer", store.get(str(folder)))
+    assert "some_future_flag=True is in no field table" in caplog.text
+    assert "Not read from config.json:** `some_future_flag`" in card and "llama family" in card
+    assert "Not read from config.json" not in model_card("tiny", store.get(tiny_llama))
+
+
 HEADS_TEXT = "The keeper lit the lamp. The keeper lit the lamp again at dawn."
 
 

@@ -119,6 +119,17 @@ def attention_terms(cfg) -> list[str]:
     return terms
 
 
+def unread_words(cfg) -> str:
+    """The config.json fields the core did not read (in no field table of the family), in words; "" when none."""
+    names = getattr(cfg, "unread_fields", ())
+    if not names:
+        return ""
+    listed = ", ".join("`" + str(n).replace("`", "'") + "`" for n in names)
+    return (f"**Not read from config.json:** {listed}: no field table of the {cfg.family} family names "
+            f"{'it' if len(names) == 1 else 'them'}, so the core ignores {'it' if len(names) == 1 else 'them'}; "
+            "where a newer transformers reads such a field, its numbers may differ from these.  ")
+
+
 def model_card(name: str, model, source: str = "") -> str:
     """Markdown: the config that shapes every view, and where the parameters sit."""
     cfg = model.config
@@ -135,6 +146,7 @@ def model_card(name: str, model, source: str = "") -> str:
         f"d_ff = {cfg.d_ff}, vocabulary {cfg.vocab_size:,}, context {cfg.max_positions:,} tokens.  ",
         f"Positions: **{positions_words(cfg)}**; norm: {cfg.norm} ({cfg.norm_placement}-LN).  ",
         f"Attention: {'; '.join(attention_terms(cfg))}.  ",
+        *([unread] if (unread := unread_words(cfg)) else []),
         f"{FAMILY_NAMES.get(cfg.family, cfg.family.capitalize())}: {FAMILY_WORDS[cfg.family]}.  " if cfg.family in FAMILY_WORDS else "",
         source,
         "",
