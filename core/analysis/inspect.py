@@ -34,6 +34,14 @@ def parameter_counts(model) -> dict:
     return counts
 
 
+def held_bytes(model) -> int:
+    """The bytes of every parameter and buffer the model holds, each tensor once (a tied output matrix shares the
+    embedding's): numel × element_size, so float32 weights count 4 bytes each. On the meta device it is what the
+    same model would hold once filled."""
+    tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 def queries_keys(model, input_ids: Tensor, layer: int, rotate: bool = True,
                  attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The queries [B, H, T, d_k] and keys [B, H_kv, T, d_k] that self-attention of `layer` in the main stack

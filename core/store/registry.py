@@ -1,7 +1,11 @@
 """weights/registry.json: the known models, each with its family, licence and sources in order.
 
 Optional keys, shown before a download:
-  memory_mb     float32 parameter bytes / 2**20, what the loaded model holds (entry)
+  memory_mb     float32 parameter bytes / 2**20, what the loaded model holds (entry); written by
+                scripts/measure_registry.py with
+  parameters    the parameter count it came from, and
+  memory_source how: "measured: ..." (the loaded model, or its config.json on the meta device) or
+                "announced: ..." with where the count was announced, for a model not installed here
   disk_mb       MB on disk as the hub or the wheel lists the files (source)
   gated         true where the hub serves the files only after the licence is accepted (entry)
   licence_note  what to do before a gated pull (entry; required when gated)

@@ -4,6 +4,7 @@ network: huggingface_hub's calls are replaced by functions that raise the errors
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 
@@ -12,8 +13,13 @@ import pytest
 from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 from huggingface_hub.utils import hf_raise_for_status
 
+import torch
+
+from core import load_model
+from core.analysis.inspect import held_bytes
 from core.families import FAMILIES
-from core.store import WeightStore, WeightsError, WeightsUnavailable, cli, folders, load_registry, sources
+from core.store import WeightStore, WeightsError, WeightsUnavailable, cli, ensure, folders, load_registry, sources
+from core.store.registry import REGISTRY_FILE, REPO_ROOT
 
 # registry name -> (family module, hub repo); the families the core gains are named by their module
 NEW_ENTRIES = {
@@ -48,17 +54,85 @@ def test_each_new_family_has_a_hub_entry_with_its_sizes_and_licence():
         assert family in FAMILY_MODULES | PLANNED_MODULES, f"{name}: no family module {family!r}"
 
 
-def test_memory_is_the_float32_size_of_the_parameter_count_each_description_gives():
-    """memory_mb = parameters x 4 bytes / 2^20, from the count the description states (the model card's)."""
-    checked = 0
+# The registry's memory figures: measured by scripts/measure_registry.py where the weights (or a config.json) are
+# here, else announced with their source. The installed models are measured again here; the rest must say where
+# their figure comes from.
+INSTALLED = ["smollm2-135m-instruct", "minilm-l6"]
+MEASURED, ANNOUNCED = "measured: ", "announced: "
+
+
+def measure_registry():
+    """scripts/measure_registry.py as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("measure_registry", REPO_ROOT / "scripts" / "measure_registry.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.real_weights
+@pytest.mark.parametrize("name", INSTALLED)
+def test_an_installed_models_memory_figure_is_what_the_loaded_model_holds(name):
+    try:
+        folder = ensure(name)
+    except WeightsUnavailable as error:
+        pytest.skip(f"{name}: no weight source reachable, so its memory figure cannot be measured:\n{error}")
+    model = load_model(folder, device="cpu", dtype=torch.float32)
+    entry = load_registry()[name]
+    assert entry["memory_source"].startswith(MEASURED), f"{name}: installed here, so its figure is measured"
+    assert entry["parameters"] == sum(p.numel() for p in model.parameters())
+    assert entry["memory_mb"] == round(held_bytes(model) / 2**20)
+
+
+def test_every_other_memory_figure_names_its_source():
     for name, entry in load_registry().items():
-        count = re.search(r"([\d,]{6,}) parameters", entry.get("description", ""))
-        if name in NEW_ENTRIES and count:
-            assert entry["memory_mb"] == round(int(count.group(1).replace(",", "")) * 4 / 2**20), name
-            checked += 1
-    assert checked == len(NEW_ENTRIES) - 1  # all but Gemma, whose gated files give only the announced 270M
-    gemma = load_registry()["gemma-3-270m"]
-    assert gemma["memory_mb"] == round(270e6 * 4 / 2**20) and "announced 270M" in gemma["description"]
+        if "memory_mb" not in entry or name in INSTALLED:
+            continue
+        source = entry.get("memory_source", "")
+        assert source.startswith((MEASURED, ANNOUNCED)), f"{name}: memory_mb {entry['memory_mb']} has no source"
+        assert isinstance(entry["parameters"], int) and entry["parameters"] > 0, name
+        assert entry["memory_mb"] == round(entry["parameters"] * 4 / 2**20), f"{name}: not its count × 4 bytes"
+        if source.startswith(ANNOUNCED):
+            assert entry["homepage"] in source, f"{name}: an announced count names where it was announced"
+        else:
+            assert "meta device" in source, f"{name}: measured, yet not installed here nor built from a config.json"
+        stated = re.search(r"([\d,]{6,}) parameters", entry.get("description", ""))
+        if stated:   # the description's words agree with the figure
+            assert int(stated.group(1).replace(",", "")) == entry["parameters"], name
+
+
+def test_the_script_measures_a_model_from_its_config_alone(tmp_path, monkeypatch):
+    """BLOOM-560M's published config.json (not its weights) in a store folder: the script builds the core's model on
+    the meta device and finds the parameters its registry entry announces, and rewrites the figure and its source."""
+    from tests.core.test_config_fields import REAL
+
+    store = tmp_path / "store"
+    (store / "bloom-560m").mkdir(parents=True)
+    (store / "bloom-560m" / "config.json").write_text(json.dumps(REAL["bloom-560m"]))
+    monkeypatch.setenv("ATTN_WEIGHTS_DIR", str(store))
+    data = json.loads(REGISTRY_FILE.read_text())
+    announced = data["models"]["bloom-560m"]["parameters"]
+    data["models"]["bloom-560m"].update(memory_mb=1, memory_source="typed by hand")
+    registry = tmp_path / "registry.json"
+    registry.write_text(json.dumps(data))
+    script = measure_registry()
+    monkeypatch.setattr(script, "cached_config", lambda entry: None)   # this machine's Hugging Face cache aside
+    assert script.main(["--registry", str(registry), "--only", "bloom-560m"]) == 0
+    entry = load_registry(registry)["bloom-560m"]
+    assert entry["parameters"] == announced and entry["memory_mb"] == round(announced * 4 / 2**20)
+    assert entry["memory_source"].startswith(MEASURED) and "meta device" in entry["memory_source"]
+
+
+def test_the_script_refuses_a_figure_without_a_source(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTN_WEIGHTS_DIR", str(tmp_path / "empty-store"))
+    data = json.loads(REGISTRY_FILE.read_text())
+    entry = data["models"]["opt-125m"]
+    del entry["memory_source"]
+    registry = tmp_path / "registry.json"
+    registry.write_text(json.dumps(data))
+    script = measure_registry()
+    monkeypatch.setattr(script, "cached_config", lambda entry: None)
+    with pytest.raises(SystemExit, match="opt-125m: memory_mb 478 has no source"):
+        script.main(["--registry", str(registry), "--only", "opt-125m", "--dry-run"])
 
 
 @pytest.mark.parametrize(
