@@ -1,0 +1,74 @@
+"""Where the test suite's time goes, from a run's JUnit XML: one row per test folder (and the slowest modules),
+written into docs/testing.md's "suite-times" section by bench/publish.py, so the table is the run's, not typed.
+
+    python -m pytest -q -rs tests --junitxml=/tmp/suite.xml          # the README's command, plus the XML
+    python scripts/suite_times.py /tmp/suite.xml --wall 1130 --publish  # --wall: the run's own wall seconds
+
+Times are each test's setup + call + teardown as pytest measured them; with several workers (pytest-xdist) they
+add up to more than the wall time, which is why the wall time is given apart.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.publish import publish  # noqa: E402
+
+
+def read(xml_path: Path) -> list[tuple[str, str, float, str]]:
+    """(folder, module, seconds, outcome) per test case."""
+    rows = []
+    for case in ET.parse(xml_path).getroot().iter("testcase"):
+        module = case.get("classname", "").split(".")
+        folder = module[1] if len(module) > 2 and module[0] == "tests" else "tests"
+        name = ".".join(module[:3]) if len(module) > 2 else ".".join(module)
+        outcome = "skipped" if case.find("skipped") is not None else \
+            "failed" if case.find("failure") is not None or case.find("error") is not None else "passed"
+        rows.append((folder, name, float(case.get("time", 0.0)), outcome))
+    return rows
+
+
+def table(rows, wall: float | None, slowest: int = 10) -> str:
+    by_folder = defaultdict(lambda: [0, 0.0])
+    by_module = defaultdict(float)
+    outcomes = defaultdict(int)
+    for folder, module, seconds, outcome in rows:
+        by_folder[folder][0] += 1
+        by_folder[folder][1] += seconds
+        by_module[module] += seconds
+        outcomes[outcome] += 1
+    total = sum(s for _, s in by_folder.values())
+    lines = ["| Folder | Tests | Time (min) | Share |", "|---|---:|---:|---:|"]
+    for folder, (n, seconds) in sorted(by_folder.items(), key=lambda kv: -kv[1][1]):
+        lines.append(f"| `tests/{folder}/` | {n} | {seconds / 60:.1f} | {seconds / total:.0%} |")
+    lines.append(f"| all | {sum(n for n, _ in by_folder.values())} | {total / 60:.1f} | 100% |")
+    lines += ["", f"The {slowest} slowest modules:", "", "| Module | Time (s) |", "|---|---:|"]
+    for module, seconds in sorted(by_module.items(), key=lambda kv: -kv[1])[:slowest]:
+        lines.append(f"| `{module.replace('.', '/')}.py` | {seconds:.0f} |")
+    summary = ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items()))
+    wall_text = f"; the run's wall time {wall / 60:.1f} min" if wall else ""
+    return f"{summary}; the tests' own times add up to {total / 60:.1f} min{wall_text}.\n\n" + "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("xml", type=Path)
+    parser.add_argument("--wall", type=float, help="the run's wall time in seconds, as measured around it")
+    parser.add_argument("--run", default="python -m pytest -q -rs tests",
+                        help="the test command that made the XML, quoted in the section")
+    parser.add_argument("--publish", action="store_true", help="write the table into docs/testing.md")
+    args = parser.parse_args()
+    body = f"From `{args.run}` on a clean clone: " + table(read(args.xml), args.wall)
+    print(body)
+    if args.publish:
+        publish("suite-times", body, doc=ROOT / "docs" / "testing.md")
+
+
+if __name__ == "__main__":
+    main()
