@@ -40,7 +40,6 @@ from common import long_ids, median, random_weights_folder, row, spread, timed  
 from core import load_model  # noqa: E402
 from core.analysis import patching  # noqa: E402
 from core.corpus import summaries  # noqa: E402
-from core.corpus.heads import pad_id  # noqa: E402
 from core.corpus.texts import ioi_pairs  # noqa: E402
 from lens import check_agreement, lens_model, lens_scores  # noqa: E402
 from load import MemorySampler, rss_bytes  # noqa: E402
@@ -65,7 +64,7 @@ def windows(tokenizer, n: int, tokens: int) -> list[torch.Tensor]:
 
 def plain_forward(model, texts: list[torch.Tensor], batch_tokens: int = summaries.BATCH_TOKENS) -> None:
     """The same padded batches as head_scores_over, through the stack only (fused attention, no observer)."""
-    pad = pad_id(model)
+    pad = summaries.pad_id(model)
     with torch.inference_mode():
         for batch in summaries.length_batches([len(t) for t in texts], batch_tokens):
             ids, mask = summaries.padded([texts[i] for i in batch], pad)

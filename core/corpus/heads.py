@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..observe import Kind, Observer
 from ..probe import Probe
-from .summaries import BATCH_TOKENS, Job, Progress, Stop, check_texts, length_batches, padded
+from .summaries import BATCH_TOKENS, Job, Progress, Stop, check_texts, length_batches, pad_id, padded
 
 SKIPS = ("sink", "self")    # the places top_examples leaves out by default: key 0, and the query's own token
 DECILES = 10
@@ -158,11 +158,6 @@ def check_head(model, layer: int, head: int) -> tuple:
     if not 0 <= head < cfg.n_heads:
         raise ValueError(f"head {head} is out of range: layer {layer} has heads 0..{cfg.n_heads - 1}")
     return stack, kind
-
-
-def pad_id(model) -> int:
-    cfg = model.config
-    return cfg.pad_token_id if cfg.pad_token_id is not None and 0 <= cfg.pad_token_id < cfg.vocab_size else 0
 
 
 def top_examples(model, texts: Sequence[Tensor], layer: int, head: int, k: int = 10, deciles: bool = True,

@@ -254,7 +254,7 @@ def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
     return batches + ([current] if current else [])
 
 
-def pad_token(model) -> int:
+def pad_id(model) -> int:
     """The id that fills padding (what it is never matters: attention never sees it): the model's own, else 0."""
     cfg = model.config
     return cfg.pad_token_id if cfg.pad_token_id is not None and 0 <= cfg.pad_token_id < cfg.vocab_size else 0
@@ -284,7 +284,7 @@ def head_scores_over(model, texts: Sequence[Tensor], batch_tokens: int = BATCH_T
     cfg = model.config
     induction = cfg.causal and model.encoder is None and model.lm_head is not None
     job = Job(len(texts), "text", progress, stop, each).resume(done)
-    pad = pad_token(model)
+    pad = pad_id(model)
     todo = [i for i in range(len(texts)) if i not in job.values]
     for places in length_batches([len(texts[i]) for i in todo], batch_tokens):
         if job.stopping():
@@ -393,7 +393,7 @@ def patch_over(model, pairs: Sequence[Pair], site: str, mode: str = "denoise", l
             if job.stopping():
                 break
             batch = patching.pair_batch([(pairs[i].clean, pairs[i].corrupted, pairs[i].answer, pairs[i].foil)
-                                         for i in chosen], pad_token(model))
+                                         for i in chosen], pad_id(model))
             for row, sweep in patching.sweep_pairs(model, batch, site, mode, layer, PATCH_TOKENS, job.inner):
                 if sweep.clean_metric == sweep.corrupted_metric:
                     job.skip(chosen[row], "its clean and corrupted runs give the same logit difference, "
