@@ -8,6 +8,7 @@ three need not agree, which is the point of measuring them side by side.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -58,10 +59,13 @@ class ScoreObserver(Observer):
 
     ids [T] for one text, or [B, T] for a padded batch with mask [B, T] (False on padding, on either side): each
     row is scored by row_scores on its real queries and keys alone, so a text scores the same in a batch as alone.
-    induction: also the induction score of every row whose text is a repeat (see repeat_halves), else NaN."""
+    induction: also the induction score of every row whose text is a repeat (see repeat_halves), else NaN.
+    scored(n), where given, is told after each layer is scored (n: layers scored so far); raising there ends the
+    pass at that layer."""
 
-    def __init__(self, ids: Tensor, kind: Kind = "self", mask: Tensor | None = None, induction: bool = False):
-        self.ids, self.kind = (ids if ids.dim() == 2 else ids[None]), kind
+    def __init__(self, ids: Tensor, kind: Kind = "self", mask: Tensor | None = None, induction: bool = False,
+                 scored: Callable[[int], None] | None = None):
+        self.ids, self.kind, self.scored = (ids if ids.dim() == 2 else ids[None]), kind, scored
         self.real = [None if mask is None else mask[b].nonzero().squeeze(-1) for b in range(len(self.ids))]
         self.repeats = [repeat_halves(self.row_ids(b)) for b in range(len(self.ids))] if induction else None
         self.layers: dict[int, list[dict[str, Tensor]]] = {}
@@ -85,6 +89,8 @@ class ScoreObserver(Observer):
                                        else induction_score(p, *induction_places(p.shape[1], *found, p.device)))
             rows.append(scores)
         self.layers[layer] = rows
+        if self.scored is not None:
+            self.scored(len(self.layers))
 
     def tables(self) -> dict[str, Tensor]:
         """name → [B, L, H]"""
@@ -102,14 +108,17 @@ def pattern_scores(model, ids: Tensor) -> dict[str, Tensor]:
     return {name: t[0] for name, t in batch_pattern_scores(model, ids).items()}
 
 
-def batch_pattern_scores(model, ids: Tensor, mask: Tensor | None = None, induction: bool = False) -> dict[str, Tensor]:
+def batch_pattern_scores(model, ids: Tensor, mask: Tensor | None = None, induction: bool = False,
+                         progress: Callable[[int, int], None] | None = None) -> dict[str, Tensor]:
     """pattern_scores of each text of a padded batch in one pass: ids [B, T], mask [B, T] (False on padding, or
     None where nothing is) → name → [B, L, H], each row as its text alone scores. induction: add the induction
-    score of each text that is a repeat (NaN for the others; a decoder's, as the probe's)."""
+    score of each text that is a repeat (NaN for the others; a decoder's, as the probe's). progress(layers scored,
+    n_layers) after each layer: a hook that raises ends the pass there, so a job's stop() lands within one batch."""
     stack, kind = model.attention_stack()
     ids = ids.to(model.device)
     mask = None if mask is None or bool(mask.all()) else mask.to(model.device).bool()
-    observer = ScoreObserver(ids, kind, mask, induction)
+    scored = None if progress is None else (lambda done: progress(done, stack.cfg.n_layers))
+    observer = ScoreObserver(ids, kind, mask, induction, scored)
     with torch.inference_mode():
         model.run_stack(stack, ids, mask, kind=kind, causal=stack.cfg.causal, observer=observer)
     return {name: t.cpu() for name, t in observer.tables().items()}

@@ -32,6 +32,7 @@ import csv
 import functools
 import hashlib
 import inspect
+import io
 import json
 import logging
 import os
@@ -208,8 +209,8 @@ def write_json(path: Path, value: dict) -> None:
 def read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise ValueError(f"{path} is not a readable job file: {error}") from None
+    except (OSError, ValueError, RecursionError) as error:
+        raise ValueError(f"{path} is not a readable job file: {type(error).__name__}: {error}") from None
 
 
 def read_npz(path: Path) -> dict[str, np.ndarray]:
@@ -240,9 +241,18 @@ def pack(value) -> dict[str, np.ndarray]:
     return arrays
 
 
+def dtype_named(name) -> torch.dtype:
+    """The torch dtype a saved file names ("float32", "bfloat16"), or a ValueError: a damaged name ("Tensor",
+    "nonesuch", a number) makes the file unreadable, as damaged bytes do, and it is measured again."""
+    found = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(found, torch.dtype):
+        raise ValueError(f"{str(name)[:40]!r} is not a torch dtype name (e.g. float32, bfloat16)")
+    return found
+
+
 def unpack(arrays: dict[str, np.ndarray]):
     dtypes = dict(entry.split("=", 1) for entry in arrays["dtypes"].tolist())
-    parts = {key: torch.from_numpy(arrays[key]).to(getattr(torch, dtypes[key])) for key in dtypes}
+    parts = {key: torch.from_numpy(arrays[key]).to(dtype_named(dtypes[key])) for key in dtypes}
     if "tensor" in parts:
         return parts["tensor"]
     if all(key.startswith("tuple.") for key in parts):
@@ -250,9 +260,20 @@ def unpack(arrays: dict[str, np.ndarray]):
     return {key.removeprefix("dict."): part for key, part in parts.items()}
 
 
-def write_item(folder: Path, index: int, value) -> None:
-    arrays = pack(value)
-    write_atomic(folder / ITEMS / f"{index:06d}.npz", lambda file: np.savez(file, **arrays))
+def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    """An .npz file's bytes, made in memory so that its size is known before anything is written."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def write_item(folder: Path, index: int, value, fits: Callable[[int], None] | None = None) -> None:
+    """One finished item's file. fits(size), where given, is asked first with the file's size in bytes and
+    raises NoRoom to refuse it: nothing is written then."""
+    data = npz_bytes(pack(value))
+    if fits is not None:
+        fits(len(data))
+    write_atomic(folder / ITEMS / f"{index:06d}.npz", lambda file: file.write(data))
 
 
 def read_items(folder: Path, total: int) -> dict[int, object]:
@@ -266,7 +287,7 @@ def read_items(folder: Path, total: int) -> dict[int, object]:
             continue
         try:
             found[int(match[1])] = unpack(read_npz(path))
-        except (OSError, ValueError, KeyError, AttributeError, EOFError, zipfile.BadZipFile) as error:
+        except (OSError, ValueError, KeyError, AttributeError, TypeError, EOFError, zipfile.BadZipFile) as error:
             log.warning("ignoring the unreadable item file %s (it will be measured again): %s", path, error)
     return found
 
@@ -280,6 +301,7 @@ class Run:
     finished: bool          # every item measured and the result saved (False: stopped; its items are kept)
     reused: int             # items read back from disk, not measured again
     measured: int           # items measured by this call
+    full: str = ""          # why the job stopped saving (a cap on the saved bytes reached: NoRoom's words), or ""
 
 
 def parts_of(result) -> dict[str, Over]:
@@ -324,8 +346,29 @@ def check_room(root: Path, max_bytes: int | None) -> None:
                      "until they expire")
 
 
+def room_for(root: Path, max_bytes: int | None, room: Callable[[int], None] | None) -> Callable[[int], None]:
+    """fits(size): the check before each file a running job writes (an item, its result), raising NoRoom when
+    `size` more bytes would take root past max_bytes, or when room(size) refuses them. The root's usage is read
+    once, at the job's first write, and counted up as the job writes: a job's files, however many, cannot pass
+    the cap, and no write walks the folder again."""
+    used: list[int] = []
+
+    def fits(size: int) -> None:
+        if max_bytes is not None:
+            if not used:
+                used.append(disk_usage(root))
+            if used[0] + size > max_bytes:
+                raise NoRoom(f"the next {size / 1e3:.1f} kB would take the saved results under {root} to "
+                             f"{(used[0] + size) / 1e6:.2f} MB, over this server's cap of {max_bytes / 1e6:.2f} MB")
+            used[0] += size
+        if room is not None:
+            room(size)
+
+    return fits
+
+
 def run_over(analysis: str, model, items: Sequence, root, model_name: str, *, max_bytes: int | None = None,
-             room: Callable[[], None] | None = None, wrote: Callable[[Path], None] | None = None,
+             room: Callable[[int], None] | None = None, wrote: Callable[[Path], None] | None = None,
              progress: summaries.Progress | None = None, stop: summaries.Stop | None = None,
              each: summaries.Each | None = None, **arguments) -> Run:
     """Run one analysis of summaries.py ("head_scores", "logit_attribution", "patch", "ablation") over `items`
@@ -333,10 +376,12 @@ def run_over(analysis: str, model, items: Sequence, root, model_name: str, *, ma
     each item under root as it finishes. A job already finished is reopened without measuring anything; one
     stopped or killed before resumes: its items on disk are read back, only the rest are measured, and the summary
     is of all of them in input order, as one uninterrupted run gives. max_bytes: refuse to start a new job while
-    root holds that many bytes or more (a resumed job goes on); room(), where given, is asked too before a new
-    job starts and raises NoRoom to refuse it. wrote(folder), where given, is told each time the job's folder is
-    written: as a new or resumed job starts, after each item, once the result is saved (a shared server counts a
-    job's lifetime from its last write). progress, stop and each as in summaries.py."""
+    root holds that many bytes or more; room(0), where given, is asked too before a new job starts and raises
+    NoRoom to refuse it. Both are asked again before each file the job writes (room(size), room_for's fits): the
+    first item that would pass a cap is not written, the job stops as a stop() stops it, keeping the items that
+    fit, and the Run's `full` says why (a result past a cap is returned, and not saved). wrote(folder), where
+    given, is told each time the job's folder is written: as a new or resumed job starts, after each item, once
+    the result is saved (a shared server counts a job's lifetime from its last write). progress, stop and each as in summaries.py."""
     spec = analysis_named(analysis)
     arguments = arguments_of(analysis, arguments)
     if not isinstance(model_name, str) or not model_name.strip():
@@ -352,17 +397,22 @@ def run_over(analysis: str, model, items: Sequence, root, model_name: str, *, ma
     if begun.finished is not None:
         return begun.finished
     folder, done = begun.folder, begun.done
-    measured, stopped = [0], [False]
+    fits = room_for(Path(root), max_bytes, room)
+    measured, stopped, full = [0], [False], []
 
     def keep(index: int, value) -> None:
-        write_item(folder, index, value)
-        told(folder)
+        if not full:
+            try:
+                write_item(folder, index, value, fits)
+                told(folder)
+            except NoRoom as error:     # this item and the rest of its batch are shown, not kept
+                full.append(str(error))
         measured[0] += 1
         if each is not None:
             each(index, value)
 
     def stopping() -> bool:
-        stopped[0] = stopped[0] or (stop is not None and bool(stop()))
+        stopped[0] = stopped[0] or bool(full) or (stop is not None and bool(stop()))
         return stopped[0]
 
     try:
@@ -372,9 +422,12 @@ def run_over(analysis: str, model, items: Sequence, root, model_name: str, *, ma
             shutil.rmtree(folder, ignore_errors=True)
         raise
     if not stopped[0]:
-        save_result(folder, begun.ident, spec, arguments, result)
-        told(folder)
-    return Run(folder, result, not stopped[0], len(done), measured[0])
+        try:
+            save_result(folder, begun.ident, spec, arguments, result, fits)
+            told(folder)
+        except NoRoom as error:
+            full.append(str(error))
+    return Run(folder, result, not stopped[0] and not full, len(done), measured[0], full[0] if full else "")
 
 
 @dataclass
@@ -388,7 +441,7 @@ class Begun:
 
 
 def begin(analysis: str, items: Sequence, root, model_name: str, arguments: dict, *, max_bytes: int | None = None,
-          room: Callable[[], None] | None = None, wrote: Callable[[Path], None] = lambda folder: None) -> Begun:
+          room: Callable[[int], None] | None = None, wrote: Callable[[Path], None] = lambda folder: None) -> Begun:
     """The job of `analysis` over the checked `items` with `arguments` (arguments_of's) under root: a finished
     one reopened without measuring; a stopped or killed one's finished items read back; a new one's folder and
     job.json made once max_bytes and room() allow (run_over says how). Whoever measures the rest writes each item
@@ -410,22 +463,27 @@ def begin(analysis: str, items: Sequence, root, model_name: str, arguments: dict
     if new:
         check_room(Path(root), max_bytes)
         if room is not None:
-            room()
+            room(0)
         (folder / ITEMS).mkdir(parents=True, exist_ok=True)
         write_json(folder / JOB, {**ident, "created": now_iso()})
     wrote(folder)
     return Begun(folder, ident, read_items(folder, analysis_named(analysis).count(arguments, len(items))), new)
 
 
-def save_result(folder: Path, ident: dict, spec: Analysis, arguments: dict, result) -> None:
-    """result.npz (each part's mean, low, high, per_item, items), then meta.json: the job is finished."""
+def save_result(folder: Path, ident: dict, spec: Analysis, arguments: dict, result,
+                fits: Callable[[int], None] | None = None) -> None:
+    """result.npz (each part's mean, low, high, per_item, items), then meta.json: the job is finished. fits(size),
+    where given, is asked first with result.npz's size and raises NoRoom to refuse it: nothing is written then."""
     parts = parts_of(result)
     axes = spec.axes(arguments)
     arrays = {}
     for name, over in parts.items():
         arrays.update({f"{name}.{key}": stored(getattr(over, key)) for key in OVER_FIELDS})
         arrays[f"{name}.items"] = np.asarray(over.items, dtype=np.int64)
-    write_atomic(folder / RESULT, lambda file: np.savez(file, **arrays))
+    data = npz_bytes(arrays)
+    if fits is not None:
+        fits(len(data))
+    write_atomic(folder / RESULT, lambda file: file.write(data))
     form = "over" if isinstance(result, Over) else "tuple" if isinstance(result, tuple) else "dict"
     created = read_json(folder / JOB).get("created")
     write_json(folder / META, {
@@ -442,15 +500,19 @@ def open_job(folder) -> Run:
         raise ValueError(f"{folder} holds no finished job (no {META}); run it with run_over to finish it")
     meta = read_json(folder / META)
     arrays = read_npz(folder / RESULT)
-    parts = {}
-    for name, part in meta["parts"].items():
-        kind = getattr(torch, part["dtype"])
-        values = {key: torch.from_numpy(arrays[f"{name}.{key}"]).to(kind) for key in OVER_FIELDS}
-        left_out = {int(i): why for i, why in part.get("left_out", {}).items()}   # older jobs: only the note says
-        parts[name] = Over(values["mean"], values["low"], values["high"], values["per_item"], part["n"],
-                           part["note"], tuple(int(i) for i in arrays[f"{name}.items"]), left_out)
+    try:
+        parts = {}
+        for name, part in meta["parts"].items():
+            kind = dtype_named(part["dtype"])
+            values = {key: torch.from_numpy(arrays[f"{name}.{key}"]).to(kind) for key in OVER_FIELDS}
+            left_out = {int(i): why for i, why in part.get("left_out", {}).items()}  # older jobs: only the note says
+            parts[name] = Over(values["mean"], values["low"], values["high"], values["per_item"], part["n"],
+                               part["note"], tuple(int(i) for i in arrays[f"{name}.items"]), left_out)
+        result = result_of(meta["form"], parts)
+    except (TypeError, AttributeError, IndexError) as error:   # a field of the wrong kind: damaged, as bad bytes are
+        raise ValueError(f"{folder / META} is not a readable job file: {type(error).__name__}: {error}") from None
     on_disk = sum(1 for path in (folder / ITEMS).glob("*.npz") if ITEM_FILE.fullmatch(path.name))
-    return Run(folder, result_of(meta["form"], parts), True, on_disk, 0)
+    return Run(folder, result, True, on_disk, 0)
 
 
 def jobs(root) -> list[dict]:

@@ -5,9 +5,10 @@ items, where the measurement takes one) and merges; it never measures a second w
 Every *_over takes progress(done, total), called as items finish; each(index, value), called with every finished
 item's own value as it comes (what a row of per_item holds; a dict of them for head scores, a pair for
 attribution), so a caller can keep them as they stream; and stop(), asked between batches (and between the batches
-inside one item's sweep): a stopped job returns the summary of the items it finished, and its note says how many
-of how many. done: index → value of items measured before (as `each` gave them; core/corpus/saved.py reads them
-back to resume a job): they are not measured again, nor handed to `each`, and the summary holds them in order.
+inside one item's sweep, and between the layers of a head-score batch): a stopped job returns the summary of the
+items it finished, and its note says how many of how many. done: index → value of items measured before (as
+`each` gave them; core/corpus/saved.py reads them back to resume a job): they are not measured again, nor handed
+to `each`, and the summary holds them in order.
 """
 from __future__ import annotations
 
@@ -291,7 +292,11 @@ def head_scores_over(model, texts: Sequence[Tensor], batch_tokens: int = BATCH_T
             break
         batch = [todo[place] for place in places]
         ids, mask = padded([texts[i] for i in batch], pad)
-        tables = head_analysis.batch_pattern_scores(model, ids, padding_or_none(mask), induction)   # name → [B, L, H]
+        try:   # stop() is asked after each layer too: one batch may hold the whole corpus
+            tables = head_analysis.batch_pattern_scores(model, ids, padding_or_none(mask), induction,
+                                                        job.inner)   # name → [B, L, H]
+        except Stopped:    # the batch under way is dropped; the texts finished before it are summarised
+            break
         for row, i in enumerate(batch):
             job.finish(i, {name: t[row] for name, t in tables.items()})
     stack_cfg = model.attention_stack()[0].cfg

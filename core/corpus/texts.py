@@ -267,6 +267,9 @@ def jsonl_records(name: str, content: str) -> Iterator[tuple[int, dict]]:
         except json.JSONDecodeError as exc:
             raise ValueError(f"{name}, line {i}: not valid JSON ({exc.msg} at column {exc.colno}); each line "
                              "must be one JSON object, e.g. {\"text\": \"...\"}") from exc
+        except RecursionError:   # Python's parser gives up about a thousand brackets deep
+            raise ValueError(f"{name}, line {i}: JSON nested too deeply to read; each line must be one flat JSON "
+                             "object, e.g. {\"text\": \"...\"}") from None
         if not isinstance(record, dict):
             raise ValueError(f"{name}, line {i}: a JSON {type(record).__name__} where a JSON object with named "
                              "fields was expected")
@@ -303,6 +306,18 @@ def field_text(at: str, record: dict, field: str) -> str:
         raise ValueError(f"{at}: {field!r} is a {type(value).__name__}; it must be text")
     if not value.strip():
         raise ValueError(f"{at}: {field!r} is empty; every item needs text")
+    return unicode_text(at, field, value)
+
+
+def unicode_text(at: str, field: str, value: str) -> str:
+    """The value, or a ValueError naming a lone surrogate: JSON's "\\ud800" escape decodes to one, which is half of
+    a UTF-16 pair and no character, so no tokenizer can read it."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{at}: {field!r} holds a lone surrogate (\\u{ord(value[exc.start]):04x} at character "
+                         f"{exc.start + 1}), half of a UTF-16 pair and no character; write the character itself, or "
+                         "both halves of its pair") from None
     return value
 
 
@@ -313,7 +328,7 @@ def field_token(at: str, record: dict, field: str, tokenizer) -> int:
     value = record[field]
     if not isinstance(value, str) or value == "":
         raise ValueError(f"{at}: {field!r} is empty; it must be one token, e.g. ' Mary' with its leading space")
-    token = one_token_id(tokenizer, value)
+    token = one_token_id(tokenizer, unicode_text(at, field, value))
     if token is None:
         ids = tokenizer(value, add_special_tokens=False)["input_ids"]
         pieces = " + ".join(repr(tokenizer.decode([i])) for i in ids[:8]) or "no token"

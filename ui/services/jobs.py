@@ -16,6 +16,7 @@ from typing import Any
 
 from ui import memory
 from ui.services.checks import UserError
+from ui.settings import CORPUS_SECONDS_SETTING
 
 
 @dataclass
@@ -41,6 +42,45 @@ class JobCapped(Exception):
 def capped_words(max_seconds: float) -> str:
     return (f"This job passed the server's time cap of {max_seconds:g} s per job and was stopped: ask for fewer "
             "items.")
+
+
+@dataclass
+class TimeCap:
+    """A long job's stop(): the caller's stop, or the job's time cap passed (None: no cap), the one rule of the
+    corpus jobs and the extrapolation run. The job asks it between its steps (a corpus job also between a batch's
+    layers) and, once past the cap, stops there keeping what it finished. clock: seconds, time.monotonic unless a
+    test gives a fake one that ticks."""
+    max_seconds: float | None
+    stop: Callable[[], bool] | None = None
+    clock: Callable[[], float] = time.monotonic
+    started: float | None = None
+    hit: bool = False
+
+    def __post_init__(self):
+        if self.started is None:
+            self.started = self.clock()
+
+    def __call__(self) -> bool:
+        if self.stop is not None and self.stop():
+            return True
+        if self.max_seconds is not None and self.clock() - self.started > self.max_seconds:
+            self.hit = True
+        return self.hit
+
+    def words(self, finished: str = "items") -> str:
+        """What the page says once the job ends: stopped at the cap (the `finished` shown are those done by then),
+        or past it (one step ran beyond the cap before it was asked again), else nothing."""
+        if self.max_seconds is None:
+            return ""
+        if self.hit:
+            return (f"**Stopped at the time cap** of {self.max_seconds:g} s per job: the figures show the {finished} "
+                    f"finished by then. {CORPUS_SECONDS_SETTING} sets the cap.")
+        took = self.clock() - self.started
+        if took > self.max_seconds:
+            return (f"**Past the time cap** of {self.max_seconds:g} s per job: its last step ended at {took:,.0f} s, "
+                    "before the cap was asked again; the figures show all of it. "
+                    f"{CORPUS_SECONDS_SETTING} sets the cap.")
+        return ""
 
 
 def stream_job(work: Callable[[Callable[[int, int], None]], Any], total: int, name: str,

@@ -119,6 +119,8 @@ def chunk_updates(runner: ChunkRunner, model, name: str, items: list, noun: str,
         finished = [chunks.from_saved(name, model, items, done, **arguments)] if done else []
     ranges = chunks.remaining(total, done, chunks.chunk_items(name, runner.chunk_items))
     yield OverUpdate(len(done), total, partial(empty, finished, noun, total) if done else None, 0.0)
+    fits = saved.room_for(saving.root, saving.max_bytes, saving.room) if begun is not None else None
+    full = ""
 
     def submit(part) -> Future:
         return runner.submit(name, [items[i] for i in part], arguments)
@@ -127,24 +129,30 @@ def chunk_updates(runner: ChunkRunner, model, name: str, items: list, noun: str,
         for chunk in coming:   # closing: a page that stops here cancels the chunks under way at once
             if begun is not None:
                 try:
-                    keep(begun.folder, chunk, saving)
+                    keep(begun.folder, chunk, saving, fits)
                 except OSError as error:
                     begun, saving = None, not_kept(error)
+                except saved.NoRoom as error:   # past a cap: the job stops with the items that fit kept
+                    full = str(error)
             finished.append(chunk)
             count = sum(len(part.items) for part in finished)
+            if full:
+                break
             if count < total:
                 yield OverUpdate(count, total, partial(empty, finished, noun, total), time.perf_counter() - started)
-    stopped = len(finished) - bool(done) < len(ranges)
+    stopped = bool(full) or len(finished) - bool(done) < len(ranges)
     result = chunks.merge(empty, finished, noun, total, stopped, cap)
     run = None
     if begun is not None:
         measured = sum(len(chunk.values) for chunk in finished[bool(done):])
-        run = saved.Run(begun.folder, result, not stopped, len(done), measured)
+        run = saved.Run(begun.folder, result, not stopped, len(done), measured, full)
         try:
             if not stopped:
-                save_whole(begun, name, arguments, result, saving)
+                save_whole(begun, name, arguments, result, saving, fits)
         except OSError as error:    # the result is still shown: only keeping it failed
             run, saving = None, not_kept(error)
+        except saved.NoRoom as error:
+            run = saved.Run(begun.folder, result, False, len(done), measured, str(error))
     folder = run.folder if run is not None and run.finished else None
     yield OverUpdate(total, total, result, time.perf_counter() - started, True, saved_words(run, saving), folder)
 
@@ -158,18 +166,22 @@ def partial(empty, finished: list[chunks.Chunk], noun: str, total: int):
     return merged
 
 
-def keep(folder: Path, chunk: chunks.Chunk, saving: Saving) -> None:
-    """A finished chunk's items written to the job's folder, one file each (saved.write_item, as run_over)."""
-    for index, value in chunk.kept().items():
-        saved.write_item(folder, index, value)
-    if saving.wrote is not None:
-        saving.wrote(folder)
+def keep(folder: Path, chunk: chunks.Chunk, saving: Saving, fits: Callable[[int], None] | None = None) -> None:
+    """A finished chunk's items written to the job's folder, one file each (saved.write_item, as run_over); the
+    first that fits(size) refuses raises saved.NoRoom, those before it kept."""
+    try:
+        for index, value in chunk.kept().items():
+            saved.write_item(folder, index, value, fits)
+    finally:
+        if saving.wrote is not None:
+            saving.wrote(folder)
 
 
-def save_whole(begun: saved.Begun, name: str, arguments: dict, result, saving: Saving) -> None:
+def save_whole(begun: saved.Begun, name: str, arguments: dict, result, saving: Saving,
+               fits: Callable[[int], None] | None = None) -> None:
     """A finished chunked job's result saved as saved.run_over saves one (result.npz, then meta.json), so a rerun
     here or in one process reopens it and Export reads it."""
     arguments = saved.arguments_of(name, arguments)
-    saved.save_result(begun.folder, begun.ident, saved.analysis_named(name), arguments, result)
+    saved.save_result(begun.folder, begun.ident, saved.analysis_named(name), arguments, result, fits)
     if saving.wrote is not None:
         saving.wrote(begun.folder)

@@ -28,7 +28,7 @@ from ui.services.corpus.chunked import CHUNKS, chunks_on, stream_chunks  # noqa:
 from ui.services.corpus.pages import Saving, saved_words, saving_given, unsaved
 from ui.services.corpus.updates import OverUpdate, partial_note, refusals_in_words
 from ui.services.heads import INDUCTION_LENGTH as PROBE_LENGTH, next_token_reason
-from ui.services.jobs import stream_job
+from ui.services.jobs import TimeCap, stream_job
 from ui.services.patching import SITES
 
 BUILT_IN = ("induction texts", "IOI pairs")
@@ -193,34 +193,11 @@ def arguments_of(analysis: str, site: str | None, mode: str, layer: int | None, 
     return dict(ablation=ablation) if analysis == "ablation" else {}
 
 
-@dataclass
-class TimeCap:
-    """The core's stop() of a corpus job: the caller's stop, or the job's time cap passed (None: no cap)."""
-    max_seconds: float | None
-    stop: Callable[[], bool] | None = None
-    started: float | None = None
-    hit: bool = False
-
-    def __post_init__(self):
-        if self.started is None:
-            self.started = time.monotonic()
-
-    def __call__(self) -> bool:
-        if self.stop is not None and self.stop():
-            return True
-        if self.max_seconds is not None and time.monotonic() - self.started > self.max_seconds:
-            self.hit = True
-        return self.hit
-
-    def words(self) -> str:
-        return (f"**Stopped at the time cap** of {self.max_seconds:g} s per job: the figures show the items "
-                "finished by then." if self.hit else "")
-
-
 def stream_over(model, analysis: str, corpus: Corpus, site: str | None = None, mode: str = "denoise",
                 layer: int | None = None, stop: Callable[[], bool] | None = None, root: Path | None = None,
                 model_name: str = "", saving: Saving | None = None, ablation: str = "zero",
-                max_seconds: float | None = None) -> Iterator[OverUpdate]:
+                max_seconds: float | None = None, clock: Callable[[], float] = time.monotonic
+                ) -> Iterator[OverUpdate]:
     """The analysis over the corpus: an update as items finish, with the summary of those finished so far, then
     the core's result (finished), its `saved` words saying what saving did. Closing the iterator stops the work;
     stop() is the core's own (a stopped job's result is the summary of the items it finished). root: save the
@@ -229,12 +206,13 @@ def stream_over(model, analysis: str, corpus: Corpus, site: str | None = None, m
     and not saved. Run in a worker thread here, or in chunks on the runner of chunks_on where one is set.
     ablation ("zero" or "mean"): the ablation's kind; it sweeps the first summaries.ABLATION_TEXTS texts only (the
     updates count those), and the core's note says how many of how many. max_seconds: the job's time cap; past
-    it the job stops as a stop() would (its finished items summarised and kept, a saved job resumable), and the
-    finished update's `capped` says so."""
+    it the job stops as a stop() would (its finished items summarised and kept, a saved job resumable; asked
+    between batches and between a batch's layers), and the finished update's `capped` says so, or that the job
+    ended past the cap. clock: the cap's seconds (a test's fake clock that ticks)."""
     saving = saving_given(root, saving)
     runner = CHUNKS.get()
     arguments = arguments_of(analysis, site, mode, layer, ablation)
-    cap = TimeCap(max_seconds, stop)
+    cap = TimeCap(max_seconds, stop, clock)
     if runner is not None:
         updates = stream_chunks(runner, model, SAVED_NAMES[analysis], corpus.items, corpus.noun, arguments, cap,
                                 saving, model_name)

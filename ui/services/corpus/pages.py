@@ -38,7 +38,8 @@ class Saving:
     root: Path | None
     why: str = NOT_SAVED
     where: str = "in the runs folder; a rerun of the same job reopens it"
-    room: Callable[[], None] | None = None     # raises saved.NoRoom when a new job may not be saved
+    room: Callable[[int], None] | None = None  # room(0): may a new job start; room(size): may size more bytes be
+    # written (saved.room_for); raises saved.NoRoom when not
     wrote: Callable[[Path], None] | None = None  # told each time a job's folder is written
     max_bytes: int | None = None               # the root's cap (a laptop's); a page's are room's
     held: Callable[[], AbstractContextManager] = nullcontext  # around a job: its page's jobs are not deleted meanwhile
@@ -79,23 +80,30 @@ class CorpusRuns:
             return self._pages
 
     def saving(self, page: str | None) -> Saving:
-        """Where `page` (a session's key) saves its jobs now."""
+        """Where `page` (a session's key) saves its next job now: one Saving a job, whose room() counts what that
+        job writes."""
         if not self.private:
             return shared_saving(saved.default_root())
         pages, page = self.pages(), str(page)
         root = pages.folder(page, "job").parent      # ROOT/.private/TOKEN: this page's alone
         life = minutes(pages.ttl_s)
 
-        def room() -> None:
-            used = saved.disk_usage(root)
-            if used >= self.page_bytes:
-                raise saved.NoRoom(f"this page's saved jobs take {mb(used)}, at or over a page's cap of "
+        used: list[int] = []    # [this page's bytes, every page's]: read once a job, counted up as it writes
+
+        def room(size: int = 0) -> None:
+            if not used:
+                used.extend((saved.disk_usage(root), saved.disk_usage(pages.root)))
+            page, every = used[0] + size, used[1] + size
+            if page > self.page_bytes or (not size and page >= self.page_bytes):
+                taken = (f"this page's saved jobs take {mb(used[0])}" if not size else
+                         f"the next {mb(size)} would take this page's saved jobs to {mb(page)}")
+                raise saved.NoRoom(f"{taken}, {'at or ' if not size else ''}over a page's cap of "
                                    f"{mb(self.page_bytes)} ({CORPUS_PAGE_SETTING}); each is deleted {life} after "
                                    "its last write, and then this page saves again")
-            every = saved.disk_usage(pages.root)
-            if every >= self.total_bytes:
+            if every > self.total_bytes or (not size and every >= self.total_bytes):
                 raise saved.NoRoom(f"the pages' saved jobs take {mb(every)} together, at or over this server's cap "
                                    f"of {mb(self.total_bytes)}; each is deleted {life} after its last write")
+            used[:] = [page, every]
 
         def wrote(folder: Path) -> None:
             pages.add(page, folder.name, folder)    # (re)starts the job's clock: deleted ttl_s from now
@@ -126,6 +134,9 @@ def saved_words(run, saving: Saving) -> str:
     if run.finished and not run.measured:
         return f"Reopened from the saved job {where}: nothing was measured again."
     resumed = f", resumed from {run.reused} items saved before" if run.reused else ""
+    if getattr(run, "full", ""):
+        return (f"Job {where} stopped saving{resumed}: {run.full}. The items written before are kept "
+                f"({saving.where}).")
     state = "saved" if run.finished else "stopped; its finished items are kept, and the same job resumes from them"
     return f"Job {where} {state}{resumed} ({saving.where})."
 
