@@ -1,4 +1,7 @@
-"""A from-scratch Transformer in PyTorch that loads GPT-2, Llama-style, BERT and Marian weights.
+"""A from-scratch Transformer in PyTorch that loads the weights of ten families (core/families/, one file each):
+GPT-2, Llama-style decoders (Llama, Mistral, Qwen2, Qwen3), BERT, Marian, GPT-NeoX (Pythia), BLOOM, T5, Gemma
+(1, 2 and 3), Phi-3 and OPT; by config.json's model_type: gpt2, llama, mistral, qwen2, qwen3, bert, marian,
+gpt_neox, bloom, t5, gemma, gemma2, gemma3_text, phi3, opt.
 
     from core import load_model
     model = load_model("smollm2-135m-instruct")   # or a folder with config.json + *.safetensors

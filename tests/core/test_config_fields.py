@@ -81,6 +81,14 @@ def test_every_field_of_transformers_config_is_in_a_table(model_type, tmp_path, 
     assert "in no field table" not in caplog.text
 
 
+def test_the_cores_docstring_names_every_model_type_it_loads():
+    import re
+
+    import core
+    said = set(re.findall(r"[a-z0-9_]+", core.__doc__))
+    assert sorted(set(FAMILIES) - said) == [], "core/__init__.py's docstring misses these model types"
+
+
 @pytest.mark.parametrize("name", sorted(REAL))
 def test_real_checkpoint_configs_are_in_the_tables(name, tmp_path):
     assert unsorted(REAL[name]) == []
