@@ -188,8 +188,8 @@ def test_top_examples_found_in_one_call_elsewhere_are_the_ones_found_here(named_
     corpus = Corpus([torch.tensor(tokenizer.encode(text)) for text in strings], "text", "three texts")
     runner = ThreadChunks(named_llama, in_flight=1, chunk_items=2)
     with chunks_on(runner):
-        there = list(stream_examples(named_llama, "tiny", corpus, 1, 2, 4))[-1].result
-    here = list(stream_examples(named_llama, "tiny", corpus, 1, 2, 4))[-1].result
+        there = list(stream_examples(named_llama, corpus, 1, 2, 4))[-1].result
+    here = list(stream_examples(named_llama, corpus, 1, 2, 4))[-1].result
     assert [(kind, n) for kind, n, _ in runner.sent] == [("examples", 3)]
     assert there[0] == here[0] and there[1] == here[1] and len(there[0]) == 4
     assert (there[2].places, there[2].n, there[2].note) == (here[2].places, here[2].n, here[2].note)

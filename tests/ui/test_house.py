@@ -88,7 +88,7 @@ def test_no_import_cycle():
 @pytest.mark.parametrize("layer, forbidden", [
     ("core", {"ui", "app", "gradio"}),
     ("ui.plots", {"torch", "gradio", "core", "ui.services", "ui.tabs", "ui.views"}),
-    ("ui.services", {"gradio", "ui.tabs", "ui.views", "ui.page", "ui.backend"}),
+    ("ui.services", {"gradio", "ui.tabs", "ui.views", "ui.page", "ui.backend", "ui.links"}),
     ("ui.views", {"gradio", "ui.tabs", "ui.page", "ui.backend"}),
     ("ui", {"app"}),
     ("ui.memory", {"gradio", "torch", "core", "ui.services", "ui.tabs", "ui.views", "ui.page"}),  # first in main

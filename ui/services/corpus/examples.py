@@ -1,5 +1,6 @@
 """One head's top examples over a corpus (core/corpus/heads.py top_examples) as the page lists them: each place
-with the text around its query and key token, and a link that opens its text in the Attention tab at that head;
+with the text around its query and key token, and the text a link carries to open it in the Attention tab at that
+head (the view writes the link: ui.links);
 run in a worker thread (ui.services.jobs.stream_job) so the page can stop it, or, on the Ray backend, in one call
 of the model's deployment (chunked.ChunkRunner.examples) with the texts' token ids."""
 
@@ -7,11 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from core.corpus import heads as head_places
 from core.corpus.texts import ids_of
-from ui import links
 from ui.services.checks import check_head, check_range
 from ui.services.corpus.chunked import CHUNKS, ChunkRunner, waited
 from ui.services.corpus.over import Corpus, refusals_in_words
@@ -24,8 +23,8 @@ PER_DECILE = 2           # places shown from each decile of the head's weights
 
 @dataclass
 class Place:
-    """One place as the page lists it: the texts around the query and the key, the two tokens apart, and the
-    query string of a link that opens the text in the Attention tab at this head."""
+    """One place as the page lists it: the texts around the query and the key, the two tokens apart, and the text
+    a link carries to open it in the Attention tab at this head."""
     label: str               # "1", "decile 10"
     text: int
     query: int
@@ -33,12 +32,11 @@ class Place:
     weight: float
     query_parts: tuple[str, str, str]     # before, the query token, after
     key_parts: tuple[str, str, str]
-    link: str                # "?model=…&tab=attention&layer=…&head=…&text=…", or "" (unlinked: `why`)
-    why: str = ""            # why there is no link: the text is too long, or it does not read back as its tokens
+    link_text: str | None    # the text as the Attention tab reads it back into these very tokens, or None: `why`
+    why: str = ""            # why there is no link: the text does not read back as its tokens
 
 
 NOT_READ_BACK = "no link: as text, these tokens read back as other tokens (random tokens do)"
-TOO_LONG = "no link: too long for a link"
 
 
 def check_examples(model, layer, head, k) -> tuple[int, int, int]:
@@ -68,31 +66,24 @@ def linked_text(model, ids: list[int]) -> tuple[str | None, str]:
     return text, ""
 
 
-def place_of(model, model_name: str, corpus: Corpus, example, layer: int, head: int, label: str,
-             texts: dict[int, tuple[str | None, str]]) -> Place:
+def place_of(model, corpus: Corpus, example, label: str, texts: dict[int, tuple[str | None, str]]) -> Place:
     """texts: linked_text of each text index met so far (each text is checked once)."""
     if example.text not in texts:
         texts[example.text] = linked_text(model, corpus.items[example.text].tolist())
     text, why = texts[example.text]
-    query = ""
-    if text is not None:
-        link, _ = links.make("/", model_name, "attention", layer, head, text)
-        query = urlsplit(link).query if "text=" in link else ""
-        why = "" if query else TOO_LONG
     return Place(label, example.text, example.query, example.key, example.weight,
                  parts_of(model, example.query_ids, example.query_from, example.query),
-                 parts_of(model, example.key_ids, example.key_from, example.key), f"?{query}" if query else "", why)
+                 parts_of(model, example.key_ids, example.key_from, example.key), text, why)
 
 
-def run_examples(model, model_name: str, corpus: Corpus, layer: int, head: int, k: int, find: Callable,
-                 report) -> tuple[list[Place], list[Place], object]:
+def run_examples(model, corpus: Corpus, find: Callable, report) -> tuple[list[Place], list[Place], object]:
     """(top places, decile samples highest first, the core's HeadExamples) of one head over the corpus, the
     HeadExamples from find(report) (found_here's or found_on's)."""
     with refusals_in_words():
         found = find(report)
     texts: dict[int, tuple[str | None, str]] = {}
-    top = [place_of(model, model_name, corpus, e, layer, head, str(i + 1), texts) for i, e in enumerate(found.top)]
-    deciles = [place_of(model, model_name, corpus, e, layer, head, f"decile {d + 1}", texts)
+    top = [place_of(model, corpus, e, str(i + 1), texts) for i, e in enumerate(found.top)]
+    deciles = [place_of(model, corpus, e, f"decile {d + 1}", texts)
                for d in reversed(range(len(found.deciles))) for e in found.deciles[d]]
     return top, deciles, found
 
@@ -110,11 +101,10 @@ def found_on(runner: ChunkRunner, corpus: Corpus, layer: int, head: int, k: int)
                                  len(corpus.items))
 
 
-def stream_examples(model, model_name: str, corpus: Corpus, layer: int, head: int, k: int,
-                    max_seconds: float | None = None):
+def stream_examples(model, corpus: Corpus, layer: int, head: int, k: int, max_seconds: float | None = None):
     """run_examples in a worker thread, as ui.services.jobs.stream_job updates (closing it stops the job); the
     measuring on the runner of chunked.chunks_on where one is set; past max_seconds it stops with a message."""
     runner = CHUNKS.get()
     find = found_here(model, corpus, layer, head, k) if runner is None else found_on(runner, corpus, layer, head, k)
-    return stream_job(lambda report: run_examples(model, model_name, corpus, layer, head, k, find, report),
+    return stream_job(lambda report: run_examples(model, corpus, find, report),
                       len(corpus.items), "corpus-examples", max_seconds=max_seconds)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import time
 from contextlib import closing
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
+from ui import links
 from ui.plots.base import empty_figure
 from ui.plots.corpus import examples_html, interval_words, item_strip, mean_map
 from ui.plots.text import escaped
@@ -283,8 +285,7 @@ def examples_view(services: Services, model_name, corpus, n, upload, layer, head
     layer, head, k = check_examples(model, layer, head, k)
     chosen = corpus_texts(model, corpus, n, upload)
     yield f"Reading {escaped(chosen.source)} through layer {layer}, head {head}…", ""
-    with closing(stream_examples(model, name, chosen, layer, head, k,
-                                         services.settings.corpus_max_seconds)) as updates:
+    with closing(stream_examples(model, chosen, layer, head, k, services.settings.corpus_max_seconds)) as updates:
         for update in updates:
             if progress is not None:
                 progress(update.done / max(update.total, 1), f"{update.done} of {update.total} texts")
@@ -298,5 +299,19 @@ def examples_view(services: Services, model_name, corpus, n, upload, layer, head
             f"({found.n} texts, {found.places:,} query–key places).{skipped} A link opens the text in the Attention "
             "tab at this head, at the positions listed; a text whose words do not read back as its tokens (random "
             f"tokens, as in the induction texts) has none.{core_note}")
-    rows = [vars(place) for place in top] + [vars(place) for place in deciles]
+    rows = [place_row(name, layer, head, place) for place in [*top, *deciles]]
     yield note, examples_html(rows, line)
+
+
+TOO_LONG = "no link: too long for a link"
+
+
+def place_row(model_name: str, layer: int, head: int, place) -> dict:
+    """A place as examples_html's row: its link's query string ("?model=…&tab=attention&layer=…&head=…&text=…"),
+    or "" and the words for why it has none."""
+    row = {key: value for key, value in vars(place).items() if key != "link_text"}
+    row["link"] = ""
+    if place.link_text is not None:
+        link, left_out = links.make("/", model_name, "attention", layer, head, place.link_text)
+        row["link"], row["why"] = ("", TOO_LONG) if left_out else (f"?{urlsplit(link).query}", "")
+    return row
