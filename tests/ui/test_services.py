@@ -12,7 +12,7 @@ import torch
 
 from tiny_app_model import build_tiny_llama, build_tiny_marian
 from ui.services.attention import pool_attention, pool_edges
-from ui.services.checks import REPO_ROOT, UserError, check_float, check_range, check_seed, public_text
+from ui.services.checks import REPO_ROOT, UserError, check_choice, check_float, check_range, check_seed, public_text
 from ui.services.generation import stream_generation
 from ui.services.heads import (ablation, attribution, head_map, head_scores, heads_cache, parse_heads,
                                score_names, stream_sweep)
@@ -247,6 +247,30 @@ def test_the_model_card_names_the_config_fields_the_core_did_not_read(tiny_llama
     assert "some_future_flag=True is in no field table" in caplog.text
     assert "Not read from config.json:** `some_future_flag`" in card and "llama family" in card
     assert "Not read from config.json" not in model_card("tiny", store.get(tiny_llama))
+
+
+def test_a_choice_is_checked_by_one_function_that_names_every_choice():
+    assert check_choice("Kind", "t5", ("alibi", "t5")) == "t5"
+    assert check_choice("Site", "z", {"resid_pre": 0, "z": 1}) == "z"
+    with pytest.raises(UserError, match=r"^Kind must be one of alibi, t5, got 'x'\.$"):
+        check_choice("Kind", "x", ("alibi", "t5"))
+    with pytest.raises(UserError, match=r"^Site must be one of resid_pre, z, got \"\['z'\]\"\.$"):   # unhashable
+        check_choice("Site", ["z"], {"resid_pre": 0, "z": 1})
+    with pytest.raises(UserError, match=r"^Export must be one of 'head CSV', 'all maps' \(a hint\), got 'x'\.$"):
+        check_choice("Export", "x", ("head CSV", "all maps"), " (a hint)")
+
+
+def test_the_services_one_of_checks_are_the_one_helper():
+    from ui.services import attention, heads, patching, positions
+    from ui.services.corpus import over
+
+    for module in (attention, heads, patching, positions, over):
+        assert module.check_choice is check_choice
+    for check, value in ((attention.check_export, "pdf"), (over.check_corpus, "poems"), (over.check_kind, "x"),
+                         (positions.check_bias_kind, "sinusoid"), (positions.check_t5_stack, "middle"),
+                         (patching.check_site, "nowhere")):
+        with pytest.raises(UserError, match="must be one of .*, got "):
+            check(value)
 
 
 HEADS_TEXT = "The keeper lit the lamp. The keeper lit the lamp again at dawn."

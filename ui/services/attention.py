@@ -15,7 +15,7 @@ import numpy as np
 
 from core.analysis.capture import AttentionMaps, capture, stack_inputs
 from core.analysis.heads import pattern_scores
-from ui.services.checks import UserError, check_range, parse_head
+from ui.services.checks import UserError, check_choice, check_range, parse_head
 from ui.services.kept import KeptStore, new_ticket
 from ui.services.text import Encoded, as_batch, encode
 
@@ -126,9 +126,7 @@ def text_positions(tokens: Encoded, hide_special: bool, what: str = "see them") 
 
 def check_export(kind) -> str:
     """One of EXPORTS, or a UserError listing them."""
-    if kind not in EXPORTS:
-        raise UserError(f"Export must be one of {', '.join(repr(e) for e in EXPORTS)}, got {kind!r}.")
-    return kind
+    return check_choice("Export", kind, EXPORTS)
 
 
 def all_maps(model, tokens: Encoded, side: int) -> np.ndarray:

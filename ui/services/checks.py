@@ -96,6 +96,19 @@ def check_float(name: str, value, low: float, high: float, low_open: bool = Fals
     return value
 
 
+def check_choice(name: str, value, choices, hint: str = ""):
+    """`value` when it is one of `choices` (a sequence, or a mapping's keys), else a UserError that names the
+    setting, every choice (quoted where one holds a space, so each reads as one name), `hint` and what came."""
+    try:
+        if value in choices:
+            return value
+    except TypeError:  # an unhashable value (a list) asked of a mapping's keys
+        pass
+    names = [str(c) for c in choices]
+    listed = ", ".join(repr(n) for n in names) if any(" " in n for n in names) else ", ".join(names)
+    raise UserError(f"{name} must be one of {listed}{hint}, got {str(value)[:40]!r}.")
+
+
 def index_of(value) -> int | None:
     """A checked field's value as an index for file names and labels ("0.0", 3.0, np.int64(3) → 0, 3, 3), or None
     when it is not a whole number (the handler's own checks give the message)."""

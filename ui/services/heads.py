@@ -16,7 +16,7 @@ import torch
 
 from core.analysis import heads
 from core.analysis.capture import layer_map
-from ui.services.checks import UserError, check_range, index_of
+from ui.services.checks import UserError, check_choice, check_range, index_of
 from ui.services.checks import check_head, stack_shape as scored_shape  # noqa: F401 - the tab's layer and head
 from ui.services.jobs import stream_job
 from ui.services.text import Encoded, as_batch, one_token, to_numpy, token_grid, token_texts
@@ -350,8 +350,7 @@ def attribution_settings(model, cache: HeadsCache, position, layer, head, steps,
             f"the limit is {MAX_IG_TOKEN_STEPS:,}. Use at most {max(1, MAX_IG_TOKEN_STEPS // used)} steps"
             + (", or an earlier position." if cfg.causal else ", or a shorter text.")
         )
-    if baseline not in heads.BASELINES:
-        raise UserError(f"Baseline must be one of {', '.join(heads.BASELINES)}, got {str(baseline)[:40]!r}.")
+    check_choice("Baseline", baseline, heads.BASELINES)
     target = explained_token(model, "Target token", target_text, "for the model's top token")
     foil = explained_token(model, "Foil token", foil_text, "for no foil")
     return AttributionSettings(position, layer, head, steps, target, foil, baseline)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from core.analysis import patching
-from ui.services.checks import UserError, check_float, check_range
+from ui.services.checks import UserError, check_choice, check_float, check_range
 from ui.services.heads import next_token_reason
 from ui.services.jobs import JobUpdate, stream_job
 from ui.services.kept import KeptStore, new_ticket
@@ -193,9 +193,7 @@ def choose_tokens(model, clean: Encoded, corrupted: Encoded | None, answer_text,
 
 
 def check_site(name) -> tuple[str, bool]:
-    if not isinstance(name, str) or name not in SITES:
-        raise UserError(f"Site must be one of {', '.join(SITES)}, got {str(name)[:40]!r}.")
-    return SITES[name]
+    return SITES[check_choice("Site", name, SITES)]
 
 
 def check_mode(name) -> str:

@@ -17,7 +17,7 @@ import torch
 
 from core.analysis.inspect import learned_positions, queries_keys, rope_frequencies  # the view reads two here
 from core.layers import alibi_slopes, apply_rope, relative_bucket, rope_inv_freq, sinusoidal_encoding
-from ui.services.checks import UserError, check_range
+from ui.services.checks import UserError, check_choice, check_range
 from ui.services.text import as_batch, to_numpy
 
 MAX_PE_POSITIONS = 512
@@ -175,15 +175,11 @@ FORMULA_ROPE_BASE = 10000.0
 
 
 def check_bias_kind(kind) -> str:
-    if kind not in BIAS_KINDS:
-        raise UserError(f"Kind must be one of {', '.join(BIAS_KINDS)}, got {str(kind)[:40]!r}.")
-    return kind
+    return check_choice("Kind", kind, BIAS_KINDS)
 
 
 def check_t5_stack(stack) -> str:
-    if stack not in T5_STACKS:
-        raise UserError(f"Stack must be one of {', '.join(T5_STACKS)} (T5's buckets), got {str(stack)[:40]!r}.")
-    return stack
+    return check_choice("Stack", stack, T5_STACKS, " (T5's buckets)")
 
 
 def check_bias_distance(value) -> int:

@@ -23,7 +23,7 @@ from core.corpus import Pair
 from core.corpus import saved
 from core.corpus import texts as corpora
 from core.corpus.summaries import Over, summarise
-from ui.services.checks import UserError, check_range, stack_shape
+from ui.services.checks import UserError, check_choice, check_range, stack_shape
 from ui.services.corpus.chunked import CHUNKS, chunks_on, stream_chunks  # noqa: F401 - chunks_on: tests import it here
 from ui.services.corpus.pages import Saving, saved_words, saving_given, unsaved
 from ui.services.corpus.updates import OverUpdate, partial_note, refusals_in_words
@@ -50,9 +50,7 @@ class Corpus:
 
 
 def check_corpus(corpus) -> str:
-    if corpus not in CORPORA:
-        raise UserError(f"Corpus must be one of {', '.join(CORPORA)}, got {str(corpus)[:40]!r}.")
-    return corpus
+    return check_choice("Corpus", corpus, CORPORA)
 
 
 def upload_path(upload) -> Path:
@@ -131,9 +129,7 @@ def corpus_pairs(model, corpus, n, upload=None) -> Corpus:
 
 def check_site(model, site, layer) -> tuple[str, int | None]:
     """The core's site and layer for the API's site (resid_pre, attn_out, mlp_out, z, z_by_position)."""
-    if site not in SITES:
-        raise UserError(f"What to patch must be one of {', '.join(SITES)}, got {str(site)[:40]!r}.")
-    core_site, by_position = SITES[site]
+    core_site, by_position = SITES[check_choice("What to patch", site, SITES)]
     if not by_position:
         return core_site, None
     return core_site, check_range("Layer", layer, 0, model.config.n_layers - 1)
@@ -305,12 +301,8 @@ def check_cell(axes: MapAxes, row, col) -> tuple[int, int]:
 
 
 def check_mode(mode) -> str:
-    if mode not in ("denoise", "noise"):
-        raise UserError(f"Direction must be denoise or noise, got {str(mode)[:40]!r}.")
-    return mode
+    return check_choice("Direction", mode, ("denoise", "noise"))
 
 
 def check_kind(kind) -> str:
-    if kind not in KINDS:
-        raise UserError(f"Score must be one of {', '.join(KINDS)}, got {str(kind)[:40]!r}.")
-    return kind
+    return check_choice("Score", kind, KINDS)
