@@ -5,7 +5,8 @@ pass's own records (core/probe.py), never from a second implementation of the mo
 - score_decomposition: one attention score q·k·scale written as a sum over pairs of residual-stream parts (the
   embeddings, the positions, each earlier layer's attention and MLP output, the biases), query side × key side,
   with every norm on the way frozen at its value on this input (Norm.frozen), so the parts add up to the score.
-- qk_geometry: the head's queries and keys over the text in one shared 2-D projection (PCA).
+- qk_geometry: the head's queries and keys over the text in the one query/key plane (plane.py: keys shifted by
+  mean(q) − mean(k), then PCA of both, AttentionViz's translation), the plane the corpus view draws too.
 
 All three read the stack that reads the text (Transformer.attention_stack): the main stack of a decoder (GPT-2,
 Llama) or of an encoder (BERT, no causal mask; MiniLM has no LM head, so no logits), and a seq2seq model's encoder
@@ -27,6 +28,7 @@ from ..attention import causal_mask
 from ..layers import rope_angles, rotate
 from ..attention import sliding_window_mask
 from ..probe import Probe
+from .plane import joint_plane
 
 # forward_stages' arrays in the order the pass computes them
 STAGES = ("tokens", "embeddings", "positions", "token_types", "resid_pre", "norm_scale", "attn_in", "q_unrotated",
@@ -426,23 +428,24 @@ def position_terms(matrix: Tensor, position: int) -> dict[str, float]:
 
 @dataclass
 class QKGeometry:
-    """The head's queries and keys over the text in one 2-D basis: the top two principal axes of the queries
-    and keys stacked and centred together, so a query and a key that lie close also point alike relative to
-    the common mean. Scores are dot products, not distances: the plane shows their relative placement."""
+    """The head's queries and keys over the text in the one query/key plane (plane.joint_plane: keys shifted by
+    mean(q) − mean(k), then PCA of both, AttentionViz's translation), the plane the corpus view draws too. Scores
+    are dot products, not distances: the plane shows their relative placement."""
     layer: int
     head: int
     kv_head: int
     rotated: bool                   # after RoPE (what attention dots), or before it
     queries: Tensor                 # [T, 2]
     keys: Tensor                    # [T, 2]
-    explained: Tensor               # [2] the share of the stacked matrix's variance along each axis
+    explained: Tensor               # [2] the share of the union's variance along each axis
     components: Tensor              # [2, d_head] the axes (each with its largest loading positive)
-    mean: Tensor                    # [d_head] the common mean taken off before projecting
+    mean: Tensor                    # [d_head] the union's mean (= mean(q)) taken off before projecting
+    shift: Tensor                   # [d_head] mean(q) − mean(k), added to every key
 
 
 def qk_geometry(model, ids: Tensor, layer: int, head: int, rotated: bool = True) -> QKGeometry:
-    """One joint PCA of `head`'s queries and its key/value head's keys over ids [1, T] in `layer`: [2T, d_head]
-    stacked, centred by their common mean and projected on its top two right singular vectors."""
+    """`head`'s queries and its key/value head's keys over ids [1, T] in `layer`, [T, d_head] each, in
+    plane.joint_plane (AttentionViz's translation, then a joint PCA)."""
     ids = check_text(model, ids)
     layer, head = check_head(model, layer, head)
     stack, _ = model.attention_stack()
@@ -450,15 +453,7 @@ def qk_geometry(model, ids: Tensor, layer: int, head: int, rotated: bool = True)
     names = ("q", "k") if rotated else ("q_unrotated", "k_unrotated")
     rec, _ = recorded(model, ids, names, {layer})
     q, k = cpu(rec[names[0]][layer][:, head]), cpu(rec[names[1]][layer][:, kv])        # [T, d_head]
-    stacked = torch.cat([q, k])                                                         # [2T, d_head]
-    mean = stacked.mean(0)
-    centred = stacked - mean
-    _, s, vh = torch.linalg.svd(centred, full_matrices=False)
-    axes = vh[:2]                                                                       # [2, d_head]
-    sign = axes.gather(1, axes.abs().argmax(1, keepdim=True)).sign()
-    axes = axes * torch.where(sign == 0, 1.0, sign)
-    coords = centred @ axes.T                                                           # [2T, 2]
-    variance = s.pow(2)
-    explained = variance[:2] / variance.sum().clamp_min(torch.finfo(variance.dtype).tiny)
+    plane = joint_plane(q, k)
     t = q.shape[0]
-    return QKGeometry(layer, head, kv, rotated, coords[:t], coords[t:], explained, axes, mean)
+    return QKGeometry(layer, head, kv, rotated, plane.points[:t], plane.points[t:], plane.explained,
+                      plane.components, plane.mean, plane.shift)

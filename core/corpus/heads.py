@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..analysis.plane import joint_plane
 from ..observe import Kind, Observer
 from ..probe import Probe
 from .summaries import BATCH_TOKENS, Job, Progress, Stop, check_texts, length_batches, pad_id, padded
@@ -252,7 +253,8 @@ def examples(texts: list[Tensor], places: Places, context: int) -> list[Example]
 
 @dataclass
 class QKPlane:
-    """Queries and keys of one head over a corpus, projected together to 2-D as AttentionViz does.
+    """Queries and keys of one head over a corpus in the one query/key plane (core/analysis/plane.py joint_plane,
+    AttentionViz's translation then a joint PCA), the plane the single-text view (anatomy.qk_geometry) draws too.
 
     queries, keys [N, d_head]: the vectors whose dot product × scale is the head's score (after RoPE where the
     family has it; before any soft-cap or score bias), for the N tokens kept, each token one query and one key
@@ -320,33 +322,13 @@ def qk_over(model, texts: Sequence[Tensor], layer: int, head: int, max_points: i
     text = torch.cat([torch.full((len(keep[i]),), i) for i in done]) if done else torch.empty(0, dtype=torch.long)
     position = torch.cat([keep[i] for i in done]) if done else torch.empty(0, dtype=torch.long)
     token = torch.cat([texts[i][keep[i]] for i in done]) if done else torch.empty(0, dtype=torch.long)
-    points, shift, components, explained = joint_plane(queries, keys)
+    plane = joint_plane(queries, keys)
     read = sum(len(texts[i]) for i in done)
     notes = [job.note()] if job.note() else []
     if len(queries) < read:
         notes.append(f"{len(queries)} of the {read} tokens read, spread evenly through the corpus "
                      f"(max_points={max_points}: a query and a key each)")
-    return QKPlane(layer, head, queries, keys, points, torch.arange(2 * len(queries)) >= len(queries),
-                   text.repeat(2), position.repeat(2), token.repeat(2), shift, components, explained,
-                   cfg.score_scale, read, len(done), "; ".join(notes))
+    return QKPlane(layer, head, queries, keys, plane.points, torch.arange(2 * len(queries)) >= len(queries),
+                   text.repeat(2), position.repeat(2), token.repeat(2), plane.shift, plane.components,
+                   plane.explained, cfg.score_scale, read, len(done), "; ".join(notes))
 
-
-def joint_plane(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """PCA of the queries [N, d] and the keys [N, d] translated by shift = mean(q) − mean(k), together: the union
-    centred, torch.linalg.svd, the first two right singular vectors (each signed so its largest loading is
-    positive). Returns points [2N, 2], shift [d], components [2, d], explained [2] (variance shares)."""
-    d = queries.shape[1]
-    if len(queries) == 0:
-        return torch.empty(0, 2), torch.zeros(d), torch.zeros(2, d), torch.full((2,), float("nan"))
-    shift = queries.double().mean(0) - keys.double().mean(0)
-    union = torch.cat([queries.double(), keys.double() + shift])
-    centred = union - union.mean(0)
-    _, s, vh = torch.linalg.svd(centred, full_matrices=False)
-    components = torch.zeros(2, d, dtype=torch.float64)
-    components[:min(2, len(vh))] = vh[:2]
-    sign = components.gather(1, components.abs().argmax(1, keepdim=True)).sign()
-    components = components * torch.where(sign == 0, 1.0, sign)
-    variance = s.square()
-    explained = torch.zeros(2, dtype=torch.float64)
-    explained[:min(2, len(s))] = variance[:2] / variance.sum().clamp_min(1e-300)
-    return (centred @ components.T).float(), shift.float(), components.float(), explained.float()

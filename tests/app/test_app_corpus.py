@@ -10,6 +10,7 @@ import json
 import os
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -22,6 +23,7 @@ from gradio_client.exceptions import AppError  # noqa: E402
 from core.corpus import summaries, texts as corpora  # noqa: E402
 from tiny_app_model import build_tiny_llama, launch_app, plotly_array  # noqa: E402
 from ui.services.corpus.over import INDUCTION_LENGTH  # noqa: E402
+from ui.services.corpus.qk import PLANE_DEFINITION  # noqa: E402
 from ui.views.corpus import across  # noqa: E402
 
 TEXTS = ["The lighthouse keeper rowed out to the rocks at dawn.", "Every morning the baker opens the shop at six.",
@@ -342,9 +344,27 @@ def test_the_qk_plane_endpoint_draws_the_cores_points_with_its_line(served):
     assert custom[:, 0].tolist() == plane.text[n:].tolist() and custom[:, 1].tolist() == plane.position[n:].tolist()
     assert "%{text}" in keys["hovertemplate"] and "text %{customdata[0]}" in keys["hovertemplate"]
     line = shown(figure)["layout"]["annotations"][0]["text"]
-    assert line.startswith(f"4 texts: {n:,} of {plane.tokens:,} tokens") and "onto the queries' mean" in line
-    assert "PCA of the union by SVD" in line and "after RoPE" in line
+    assert line.startswith(f"4 texts: {n:,} of {plane.tokens:,} tokens") and PLANE_DEFINITION in line
+    assert "after RoPE" in line and PLANE_DEFINITION in note
     assert "the first 4 of 5 texts of texts.txt" in note
+
+
+def test_the_inside_tabs_plane_of_a_text_is_the_corpus_plane_of_that_text_alone(served):
+    """One plane, one definition: the Inside tab's qk_geometry and the Across texts tab's plane over a corpus of
+    that one text draw the same points, and both name the definition."""
+    one = served["root"] / "one.txt"
+    one.write_text(TEXTS[0] + "\n", encoding="utf-8")
+    client = served["client"]
+    corpus_note, corpus_figure = client.predict(served["llama"], "uploaded file", 1, handle_file(str(one)), 1, 3,
+                                                api_name="/corpus_qk")
+    inside_note, inside_figure = client.predict(served["llama"], TEXTS[0], 1, 3, api_name="/qk_geometry")
+    corpus_traces, inside = shown(corpus_figure)["data"], shown(inside_figure)["data"]
+    assert [t["name"] for t in inside] == [t["name"] for t in corpus_traces] == ["queries", "keys"]
+    for theirs, ours in zip(corpus_traces, inside):
+        for axis in ("x", "y"):
+            np.testing.assert_allclose(plotly_array(ours[axis]), plotly_array(theirs[axis]), atol=1e-5, rtol=0)
+    assert PLANE_DEFINITION in inside_note and PLANE_DEFINITION in corpus_note
+    assert shown(inside_figure)["layout"]["title"]["subtitle"]["text"] == PLANE_DEFINITION
 
 
 def test_the_qk_plane_refuses_a_head_out_of_range_in_words(served):

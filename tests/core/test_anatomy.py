@@ -209,20 +209,30 @@ def test_removing_the_rotation_gives_the_score_of_the_unrotated_queries_and_keys
     assert gpt2.unrotated_score is None and gpt2.pair_scores is None
 
 
-def test_queries_and_keys_share_one_pca_basis(model):
+def test_queries_and_keys_share_one_plane_with_the_keys_shifted_onto_the_queries_mean(model):
+    """AttentionViz's translation, then one PCA: the keys move by mean(q) − mean(k), so both clouds are centred
+    on the union's mean, and the axes are the union's top two, each with its largest-magnitude loading positive."""
     ids = text(10)
     for rotated in (True, False):
         g = anatomy.qk_geometry(model, ids, 1, 2, rotated=rotated)
         s = anatomy.forward_stages(model, ids, 1, 2)
         q, k = (s.q, s.k) if rotated else (s.q_unrotated, s.k_unrotated)
-        stacked = torch.cat([q, k])
-        centred = stacked - stacked.mean(0)
-        close(g.mean, stacked.mean(0), 1e-6)
+        close(g.shift, q.mean(0) - k.mean(0), 1e-5)
+        union = torch.cat([q, k + g.shift])
+        centred = union - union.mean(0)
+        close(g.mean, q.mean(0), 1e-5)                                              # the union's mean is the queries'
         close(torch.cat([g.queries, g.keys]), centred @ g.components.T, 1e-5)       # one basis for both
+        for cloud in (g.queries, g.keys):                                           # each centred on its own mean
+            assert cloud.mean(0).abs().max() <= 1e-5 * cloud.abs().max()
         close(g.components @ g.components.T, torch.eye(2), 1e-5)
-        eigenvalues = torch.linalg.eigvalsh(centred.T @ centred).flip(0)            # largest first
-        close(g.explained, eigenvalues[:2] / eigenvalues.sum(), 1e-4)
-        close(torch.cat([g.queries, g.keys]).pow(2).sum(0), eigenvalues[:2], 1e-4)  # the top-2 component scores
+        eigenvalues, vectors = torch.linalg.eigh(centred.T.double() @ centred.double())
+        eigenvalues, vectors = eigenvalues.flip(0), vectors.flip(1)                 # largest first
+        close(g.explained, (eigenvalues[:2] / eigenvalues.sum()).float(), 1e-4)
+        close(torch.cat([g.queries, g.keys]).pow(2).sum(0), eigenvalues[:2].float(), 1e-4)   # the top-2 scores
+        top = vectors[:, :2].T.float()                                              # [2, d_head], sign unfixed
+        top = top * top.gather(1, top.abs().argmax(1, keepdim=True)).sign()
+        close(g.components, top, 1e-3)                                              # the sign convention
+        assert (g.components.gather(1, g.components.abs().argmax(1, keepdim=True)) > 0).all()
         assert g.queries.shape == g.keys.shape == (10, 2) and g.kv_head == s.kv_head
 
 

@@ -1,11 +1,14 @@
 """One head over a corpus: top examples and decile samples equal a brute-force search over each text's own
 attention map (capture.layer_map, one text at a time) whatever the padded batching; the q/k plane's vectors equal
-a single-text pass's and give the head's scores; the plane is centred and of the stated shape."""
+a single-text pass's and give the head's scores; the plane is centred and of the stated shape, and a corpus of one
+text gives the Inside tab's plane (anatomy.qk_geometry) of that text."""
 import pytest
 import torch
 
 from core import load_model
+from core.analysis import anatomy
 from core.analysis.capture import layer_map
+from core.analysis.plane import joint_plane
 from core.corpus import heads
 from tests import tiny
 
@@ -133,6 +136,40 @@ def test_qk_vectors_equal_a_single_text_pass_and_give_the_scores(llama):
             gap = logp[q, :q + 1] - scores[q, :q + 1]
             torch.testing.assert_close(gap, gap[:1].expand_as(gap), atol=1e-4, rtol=0)
     assert plane.scale == pytest.approx(12 ** -0.5)
+
+
+@pytest.mark.parametrize("build", ["llama", "bert"])
+def test_a_corpus_of_one_text_gives_the_single_text_plane(build, request):
+    """One plane, one definition: qk_over on a corpus of one text and anatomy.qk_geometry (the Inside tab's) on
+    that text give the same points, axes (signs included), shift and variance shares."""
+    model = request.getfixturevalue(build)
+    ids = random_texts([11], seed=3)[0]
+    for layer, head in ((0, 0), (1, 3)):
+        plane = heads.qk_over(model, [ids], layer, head)
+        single = anatomy.qk_geometry(model, ids[None], layer, head)
+        torch.testing.assert_close(plane.points, torch.cat([single.queries, single.keys]), atol=1e-5, rtol=0)
+        torch.testing.assert_close(plane.components, single.components, atol=1e-5, rtol=0)
+        torch.testing.assert_close(plane.shift, single.shift, atol=1e-5, rtol=0)
+        torch.testing.assert_close(plane.explained, single.explained, atol=1e-6, rtol=0)
+
+
+def test_the_plane_keeps_its_signs_whatever_the_vectors_order():
+    """PCA axes are defined up to sign: joint_plane fixes each axis's largest-magnitude loading positive, so the
+    same vectors give the same points in any order, and flipping every vector flips the points, not the axes."""
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(40, 8, generator=gen) * torch.arange(1, 9), torch.randn(40, 8, generator=gen) + 3
+    plane = joint_plane(q, k)
+    order = torch.randperm(40, generator=gen)
+    again = joint_plane(q[order], k[order])
+    torch.testing.assert_close(again.components, plane.components, atol=1e-6, rtol=0)
+    torch.testing.assert_close(again.points, torch.cat([plane.points[:40][order], plane.points[40:][order]]),
+                               atol=1e-5, rtol=0)
+    flipped = joint_plane(-q, -k)
+    torch.testing.assert_close(flipped.components, plane.components, atol=1e-6, rtol=0)
+    torch.testing.assert_close(flipped.points, -plane.points, atol=1e-5, rtol=0)
+    assert (plane.components.gather(1, plane.components.abs().argmax(1, keepdim=True)) > 0).all()
+    with pytest.raises(ValueError, match=r"\[N, d\]"):
+        joint_plane(q, k[:3])
 
 
 def test_the_plane_is_centred_and_the_cap_is_spread(llama):

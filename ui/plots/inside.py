@@ -15,6 +15,7 @@ from plotly.subplots import make_subplots
 
 from ui.plots.attention import score_bound
 from ui.plots.base import ATTENTION_COLORS, CHOSEN_COLOR, MASKED_COLOR, SIGNED_COLORS, as_f32, base_layout
+from ui.plots.charts import with_subtitle
 from ui.plots.text import escaped
 
 KEPT_COLOR, CUT_COLOR = "#1f77b4", "#c7c7c7"
@@ -193,8 +194,9 @@ def content_position_figure(tokens: Sequence[str], series: dict[str, np.ndarray]
 
 
 def geometry_figure(queries: np.ndarray, keys: np.ndarray, tokens: Sequence[str], title: str,
-                    explained: Sequence[float] = ()) -> go.Figure:
-    """Queries (circles) and keys (crosses) of one head in one plane, coloured by position, tokens on hover."""
+                    explained: Sequence[float] = (), subtitle: str | None = None) -> go.Figure:
+    """Queries (circles) and keys (crosses) of one head in one plane, coloured by position, tokens on hover;
+    subtitle: the plane's definition, in a smaller line under the title."""
     labels = labels_of(tokens)
     fig = go.Figure()
     for name, points, symbol in (("queries", queries, "circle"), ("keys", keys, "x")):
@@ -208,5 +210,5 @@ def geometry_figure(queries: np.ndarray, keys: np.ndarray, tokens: Sequence[str]
     words = [f"{100 * e:.0f} %" for e in explained[:2]]
     fig.update_xaxes(title_text=f"component 1{' (' + words[0] + ' of the variance)' if words else ''}")
     fig.update_yaxes(title_text=f"component 2{' (' + words[1] + ')' if len(words) > 1 else ''}", scaleanchor="x")
-    fig.update_layout(legend={"orientation": "h", "y": 1.08, "x": 1, "xanchor": "right"})
-    return fig
+    fig.update_layout(legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1, "xanchor": "right"})
+    return with_subtitle(fig, subtitle)

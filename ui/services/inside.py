@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from core.analysis import anatomy, inspect
+from core.analysis.plane import DEFINITION as PLANE_DEFINITION
 from core.attention import online_softmax, softmax_bytes
 from core.generate import filter_top_k, filter_top_p
 from ui.services.checks import check_float, check_head, check_range
@@ -205,6 +206,7 @@ def content_and_position(model, tokens: Encoded, stages: anatomy.ForwardStages, 
 
 
 def geometry(model, tokens: Encoded, layer, head) -> anatomy.QKGeometry:
+    """The head's queries and keys in the one query/key plane (PLANE_DEFINITION), the corpus view's too."""
     layer, head = check_head(model, layer, head)
     return anatomy.qk_geometry(model, as_batch(tokens.ids, model.device), layer, head)
 

@@ -15,8 +15,8 @@ from ui.plots.inside import (content_position_figure, decomposition_figure, geom
 from ui.plots.text import escaped
 from ui.services import Services
 from ui.services.checks import public_text
-from ui.services.inside import (anatomy_of, check_token, content_and_position, encode_walk, geometry, layer_terms,
-                                measures, next_token, scale_words, stack_config, stage_arrays, walk)
+from ui.services.inside import (PLANE_DEFINITION, anatomy_of, check_token, content_and_position, encode_walk, geometry,
+                                layer_terms, measures, next_token, scale_words, stack_config, stage_arrays, walk)
 from ui.services.text import token_pieces, token_texts
 from ui.views import export
 
@@ -369,8 +369,10 @@ def geometry_view(services: Services, model_name, text_value, layer_index, head_
     tokens = token_texts(model, tokens_enc.ids)
     explained = result.explained.tolist()
     fig = geometry_figure(result.queries.numpy(), result.keys.numpy(), tokens,
-                          f"Layer {result.layer}, head {result.head}: queries and keys in one plane", explained)
-    note = (f"The head's {len(tokens)} queries and keys, centred together and projected on the same two axes (their "
-            f"top principal components: {100 * sum(explained):.0f} % of the variance), so a query near a key "
-            "scores it high. Colour is position.")
+                          f"Layer {result.layer}, head {result.head}: queries and keys in one plane", explained,
+                          subtitle=PLANE_DEFINITION)
+    note = (f"The head's {len(tokens)} queries and keys in one plane: {PLANE_DEFINITION}; its two axes hold "
+            f"{100 * sum(explained):.0f} % of the variance. It is the plane the Across texts tab draws over a corpus. "
+            "A score is q·k, a dot product, so a query near a key is a guide to a high score, not a measure of one. "
+            "Colour is position.")
     return note, export.named(fig, export.filename(name, "qk-geometry", result.layer, result.head))

@@ -1,12 +1,14 @@
 """One head's joint query/key plane over a corpus (core/corpus/heads.py qk_over, the AttentionViz picture): its
-queries and keys projected together to 2-D, each point with its token as the page shows it, run in a worker
-thread (ui.services.jobs.stream_job) so the page can stop it, or, on the Ray backend, in one call of the model's
-deployment (chunked.ChunkRunner.qk) with the texts' token ids."""
+queries and keys projected together to 2-D in the one plane the Inside tab draws too (PLANE_DEFINITION), each
+point with its token as the page shows it, run in a worker thread (ui.services.jobs.stream_job) so the page can
+stop it, or, on the Ray backend, in one call of the model's deployment (chunked.ChunkRunner.qk) with the texts'
+token ids."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.analysis.plane import DEFINITION as PLANE_DEFINITION
 from core.corpus import heads as head_places
 from core.corpus.heads import QKPlane
 from ui.services.checks import check_head

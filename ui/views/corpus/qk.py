@@ -10,7 +10,7 @@ from ui.plots.corpus import qk_plane
 from ui.plots.text import escaped
 from ui.services import Services
 from ui.services.corpus.over import corpus_texts
-from ui.services.corpus.qk import PLANE_POINTS, PlaneShown, check_plane, stream_plane
+from ui.services.corpus.qk import PLANE_DEFINITION, PLANE_POINTS, PlaneShown, check_plane, stream_plane
 from ui.views import export
 
 
@@ -23,13 +23,13 @@ def after_words(shown: PlaneShown) -> str:
 
 
 def plane_line(shown: PlaneShown) -> tuple[str, str]:
-    """The line under the figure, in two parts: n texts and the tokens kept of those read; the shift of the keys,
-    the PCA, where the vectors are read."""
+    """The line under the figure, in two parts: n texts and the tokens kept of those read; the plane's definition
+    (the Inside tab's too) and where the vectors are read."""
     plane = shown.plane
     kept = len(plane.queries)
     texts = f"{plane.n} text{'s' if plane.n != 1 else ''}"
     return (f"{texts}: {kept:,} of {plane.tokens:,} tokens, each a query and a key",
-            f"keys shifted by mean(q) − mean(k) onto the queries' mean; PCA of the union by SVD; {after_words(shown)}")
+            f"{PLANE_DEFINITION}; {after_words(shown)}")
 
 
 def qk_view(services: Services, model_name, corpus, n, upload, layer, head, progress=None):
