@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from core import train as engine
 from core.train import LabConfig
-from ui.services.checks import UserError, check_float, check_range
+from ui.services.checks import UserError, check_choice, check_float, check_range
 from ui.settings import LabSettings
 
 FAMILIES = {"marian": "encoder-decoder (MarianMT's layout)", "llama": "decoder only (Llama's layout)"}
@@ -69,10 +69,8 @@ def make_config(settings: LabSettings, task, family, n_layers, d_model, n_heads,
         raise UserError(f"Unknown task {task!r}; the tasks are {', '.join(engine.TASKS)}.")
     if not isinstance(family, str) or family not in FAMILIES:
         raise UserError(lab_family_reason(family))
-    if not isinstance(positions, str) or positions not in POSITIONS:
-        raise UserError(f"Positions must be one of {', '.join(POSITIONS)}, got {positions!r}.")
-    if not isinstance(norm, str) or norm not in NORMS:
-        raise UserError(f"Norm must be 'default', 'pre' or 'post', got {norm!r}.")
+    check_choice("Positions", positions, POSITIONS)
+    check_choice("Norm", norm, NORMS)
     ints = {name: check_range(label, value, *LIMITS[name]) for name, label, value in (
         ("n_layers", "Layers", n_layers), ("d_model", "d_model", d_model), ("n_heads", "Heads", n_heads),
         ("d_ff", "d_ff", d_ff), ("seed", "Seed", seed))}
