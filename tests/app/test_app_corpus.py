@@ -364,7 +364,7 @@ def test_the_inside_tabs_plane_of_a_text_is_the_corpus_plane_of_that_text_alone(
         for axis in ("x", "y"):
             np.testing.assert_allclose(plotly_array(ours[axis]), plotly_array(theirs[axis]), atol=1e-5, rtol=0)
     assert PLANE_DEFINITION in inside_note and PLANE_DEFINITION in corpus_note
-    assert shown(inside_figure)["layout"]["title"]["subtitle"]["text"] == PLANE_DEFINITION
+    assert shown(inside_figure)["layout"]["title"]["subtitle"]["text"].replace("<br>", " ") == PLANE_DEFINITION
 
 
 def test_the_qk_plane_refuses_a_head_out_of_range_in_words(served):

@@ -7,6 +7,7 @@ tags in text)."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 import numpy as np
@@ -15,10 +16,10 @@ from plotly.subplots import make_subplots
 
 from ui.plots.attention import score_bound
 from ui.plots.base import ATTENTION_COLORS, CHOSEN_COLOR, MASKED_COLOR, SIGNED_COLORS, as_f32, base_layout
-from ui.plots.charts import with_subtitle
 from ui.plots.text import escaped
 
 KEPT_COLOR, CUT_COLOR = "#1f77b4", "#c7c7c7"
+SUBTITLE_CHARS = 52   # a subtitle line's length: it fits a phone-wide plot at 12 px
 
 
 def labels_of(tokens: Sequence[str]) -> list[str]:
@@ -210,5 +211,11 @@ def geometry_figure(queries: np.ndarray, keys: np.ndarray, tokens: Sequence[str]
     words = [f"{100 * e:.0f} %" for e in explained[:2]]
     fig.update_xaxes(title_text=f"component 1{' (' + words[0] + ' of the variance)' if words else ''}")
     fig.update_yaxes(title_text=f"component 2{' (' + words[1] + ')' if len(words) > 1 else ''}", scaleanchor="x")
-    fig.update_layout(legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1, "xanchor": "right"})
-    return with_subtitle(fig, subtitle)
+    # the legend under the x axis' title, so a subtitle above the plot has the width to itself
+    fig.update_layout(legend={"orientation": "h", "y": -0.22, "yanchor": "top", "x": 0, "xanchor": "left"},
+                      margin={"b": 90})
+    if subtitle:  # plotly clips a subtitle, never wraps it: lines that fit a phone-wide plot at 12 px
+        lines = textwrap.wrap(subtitle, SUBTITLE_CHARS)
+        fig.update_layout(title={"subtitle": {"text": "<br>".join(lines), "font": {"size": 12}}},
+                          margin={"t": 64 + 16 * len(lines)})
+    return fig
