@@ -1,17 +1,18 @@
-"""The course's lesson on positions: the shuffle check recomputed here by hand from SmolLM2's weights (its first
-layer's W_Q, W_K, W_V, W_O, eq. 2.1 written out, RoPE from core.layers), the past-the-trained-length numbers read
-back from the saved Lab run, and the lesson measured and drawn on tiny models and on the real encoder minilm-l6."""
+"""The course's lesson on positions: its numbers are the model's own forward pass (layer 0's attn_out record,
+the positions and causal_mask switches, with and without positions, a sliding window included), the
+past-the-trained-length numbers are read back from the saved Lab run, and the lesson is measured and drawn on tiny
+models (one with a window), on the real SmolLM2 and on the real encoder minilm-l6."""
 
-import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from tiny_app_model import build_tiny_bert, build_tiny_llama, build_tiny_marian
+from tiny_app_model import build_tiny_bert, build_tiny_llama, build_tiny_marian, build_tokenizer
 
+import tiny
 from core import load_model
 from core.extrapolation import load
-from core.layers import apply_rope
 from ui.services.lab.extrapolation import SAVED
 from ui.services.learn import positions as lesson_module
 from ui.services.learn import reveal
@@ -25,53 +26,80 @@ def test_the_lesson_and_its_figure_are_named():
     assert LESSON.question.choices == (lesson_module.SAME, lesson_module.SLIGHTLY, lesson_module.DIFFERENT)
 
 
-def first_layer_by_hand(model, ids: list[int], rope: bool, causal: bool) -> torch.Tensor:
-    """SmolLM2's layer-0 attention output [T, d] from its weights: RMSNorm of the token rows, q = x·W_Q (no biases
-    in this family), softmax(q·kᵀ/√d_k)·v per head (query head h reads key head h // group), Σ_h z_h·W_O[h]."""
-    block, w = model.stack.blocks[0], model.head_weights(0)
+def forward_layer0(model, ids: list[int], positions: bool, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer 0's attn_out [T, d] and pattern [H, T, T] from the model's full forward pass with its own switches:
+    positions=False leaves out RoPE (and any position rows or score bias), causal_mask=False the causal mask."""
     with torch.inference_mode():
-        x = block.attn_norm(model.stack.embed.tokens.weight[torch.tensor(ids)]).float()       # [T, d]
-        q = torch.einsum("td,hde->hte", x, w.W_Q.float())                                      # [H, T, d_k]
-        k = torch.einsum("td,hde->hte", x, w.W_K.float())                                      # [H_kv, T, d_k]
-        v = torch.einsum("td,hde->hte", x, w.W_V.float())
-        if rope:
-            places = torch.arange(len(ids))[None]
-            q, k = apply_rope(q[None], places, model.inv_freq)[0], apply_rope(k[None], places, model.inv_freq)[0]
-        group = q.shape[0] // k.shape[0]
-        k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
-        scores = q @ k.transpose(1, 2) / math.sqrt(q.shape[-1])                                # [H, T, T]
-        if causal:
-            scores = scores.masked_fill(~torch.ones(len(ids), len(ids), dtype=torch.bool).tril(), float("-inf"))
-        z = torch.softmax(scores, -1) @ v                                                      # [H, T, d_k]
-        return torch.einsum("hte,hed->td", z, w.W_O.float())
+        out = model(torch.tensor([ids]), positions=positions, causal_mask=causal, record=["attn_out", "pattern"],
+                    return_logits=False)
+    return out.records["attn_out"][0][0].float(), out.records["pattern"][0][0].float()
 
 
-def shuffled_difference(model, ids, rope: bool, causal: bool) -> float:
-    perm = lesson_module.shuffle_order(len(ids))
-    out = first_layer_by_hand(model, ids, rope, causal)
-    shuffled = first_layer_by_hand(model, [ids[p] for p in perm], rope, causal)
-    return float((shuffled - out[torch.as_tensor(perm)]).abs().max() / out.abs().max())
-
-
-def test_shuffling_without_positions_only_reorders_smollm_and_rope_or_the_mask_do_not(smollm):
+def test_the_lessons_numbers_are_smollms_own_forward_with_and_without_positions(smollm):
     ids = smollm.tokenizer(lesson_module.SAMPLE)["input_ids"]
-    for rope in (False, True):   # the lesson's layer equals the hand-written one
-        assert torch.allclose(lesson_module.layer_output(smollm, ids, rope, False),
-                              first_layer_by_hand(smollm, ids, rope, False), atol=1e-4)
+    perm = torch.as_tensor(lesson_module.shuffle_order(len(ids)))
+    conditions = ((False, False), (True, False), (False, True))      # the lesson's three, in its order
+    forward = {c: forward_layer0(smollm, ids, *c) for c in conditions}
+    moved = {c: forward_layer0(smollm, [ids[p] for p in perm], *c) for c in conditions}
+    for c in conditions:              # the lesson's layer is the forward's own record, with and without RoPE
+        torch.testing.assert_close(lesson_module.layer_output(smollm, ids, *c), forward[c][0], atol=1e-5, rtol=1e-5)
+    # what the lesson claims, in the forward's own pattern: with no positions and no mask, shuffled tokens give
+    # the same weights shuffled (P·A·Pᵀ); with RoPE they do not
+    plain = forward[False, False][1]
+    torch.testing.assert_close(moved[False, False][1], plain[:, perm][:, :, perm], atol=1e-5, rtol=0)
+    rotated = forward[True, False][1]
+    assert (moved[True, False][1] - rotated[:, perm][:, :, perm]).abs().max() > 1e-2
+    # the lesson's measure on the forward's outputs: max |f(Px) − P·f(x)| ÷ max |f(x)|
+    relative = [float((moved[c][0] - forward[c][0][perm]).abs().max() / forward[c][0].abs().max())
+                for c in conditions]
+
     measured = LESSON.measure(smollm, None)
     v = measured.values
     assert v["conditions"] == ["no positions, no mask", "its own positions: RoPE", "no positions, the causal mask"]
-    assert v["n_tokens"] == len(ids) and v["relative"][0] < lesson_module.ROUNDING
+    assert v["n_tokens"] == len(ids) and v["window"] is None and v["relative"][0] < lesson_module.ROUNDING
     assert measured.answer == lesson_module.SAME and measured.answer in LESSON.question.choices
-    assert shuffled_difference(smollm, ids, False, False) < lesson_module.ROUNDING
-    assert v["relative"][1] == pytest.approx(shuffled_difference(smollm, ids, True, False), rel=1e-3)
-    assert v["relative"][2] == pytest.approx(shuffled_difference(smollm, ids, False, True), rel=1e-3)
+    assert relative[0] < lesson_module.ROUNDING
+    assert v["relative"][1:] == pytest.approx(relative[1:], rel=1e-3)
     assert min(v["relative"][1:]) > lesson_module.SLIGHT                     # RoPE and the mask let the order in
-    assert f"{v['relative'][1]:.1e}" in measured.answer_text and f"{v['relative'][0]:.1e}" in measured.alt
+    # the sentences read the numbers they describe
+    assert f"by at most {v['max_difference'][0]:.1e}" in measured.answer_text
+    assert f"With the model's own positions (RoPE) they differ by {v['relative'][1]:.1e}" in measured.answer_text
+    assert f"the causal mask (each token reads only those before it), by {v['relative'][2]:.1e}" in \
+        measured.answer_text
+    assert f"({v['relative'][0]:.1e} is the rounding" in measured.why
+    assert f"the difference is {v['relative'][1]:.1e}" in measured.why
+    assert f"{v['relative'][0]:.1e}" in measured.alt and "cut to" not in measured.answer_text
     assert measured.link == {"tab": "positions", "text": lesson_module.SAMPLE}
     assert FIGURES["positions"](measured).data[0].y == tuple(v["relative"])
     shown = reveal(LESSON, measured, lesson_module.DIFFERENT)
     assert f"measured: “{lesson_module.SAME}”" in shown and measured.why in shown
+
+
+@pytest.fixture(scope="module")
+def windowed(tmp_path_factory):
+    """A tiny Mistral whose every layer attends within a window of 5 keys, with a tokenizer to read the sample."""
+    folder = Path(tiny.save(tiny.mistral(vocab_size=400), str(tmp_path_factory.mktemp("windowed"))))
+    build_tokenizer(folder)
+    return load_model(str(folder), device="cpu")
+
+
+def test_the_window_is_the_models_own_and_the_lesson_reads_a_text_it_hides_nothing_of(windowed):
+    window = windowed.config.sliding_window
+    ids = torch.randint(3, 390, (13,), generator=torch.Generator().manual_seed(0)).tolist()
+    for positions in (False, True):            # the window is in the lesson's layer: it is the forward's
+        torch.testing.assert_close(lesson_module.layer_output(windowed, ids, positions, False),
+                                   forward_layer0(windowed, ids, positions, False)[0], atol=1e-5, rtol=1e-5)
+    pattern = forward_layer0(windowed, ids, False, False)[1]                              # [H, 13, 13]
+    far = torch.arange(13)[:, None] - torch.arange(13)[None, :] >= window
+    assert (pattern[:, far] == 0).all() and (pattern[:, ~far] > 0).all()     # no causal mask; the window stays
+    # on 13 tokens the window lets the order in, with no positions and no causal mask; on `window` tokens it hides
+    # nothing, so the lesson reads at most that many
+    assert lesson_module.shuffle_check(windowed, ids, False, False, "").relative > lesson_module.SLIGHT
+    assert lesson_module.lesson_tokens(windowed) == window
+    measured = LESSON.measure(windowed, None)
+    assert measured.values["n_tokens"] == window and measured.values["window"] == window
+    assert measured.answer == lesson_module.SAME
+    assert f"cut to layer 0's sliding window of {window} tokens" in measured.answer_text
 
 
 def test_the_numbers_past_the_trained_length_are_the_saved_runs():

@@ -1,10 +1,12 @@
 """The course's lesson on positions: self-attention reads a set, so a model needs positions to know the order.
 
-The measurement runs one attention layer of the loaded model (the first layer of the stack that reads the text:
-its own queries, keys and values, through core.attention's eq. 2.1 with no mask) on a text and on the same text
-shuffled, with positions off and with the model's own positions on, and compares the shuffled outputs, put back in
-order, with the original ones. What happens past the trained length is read from the Lab's saved run
-(assets/extrapolation, core.extrapolation), which trained one small decoder per kind of position.
+The measurement reads the first attention layer of the loaded model (of the stack that reads the text) as the
+model's own pass records it (attn_out, what the attention sublayer adds to the residual stream), on a text and on
+the same text shuffled, through the pass's own switches: positions off or on, the causal mask off or on. Every
+other term of that layer is the model's own: its scale, QK-norm and soft-cap, and a sliding window where the layer
+has one (no switch removes a window, so the text is cut to it: "no mask" then holds). The shuffled outputs, put
+back in order, are compared with the original ones. What happens past the trained length is read from the Lab's
+saved run (assets/extrapolation, core.extrapolation), which trained one small decoder per kind of position.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from core.attention import attention
+from core.analysis.anatomy import layer_window
 from core.probe import Probe
 from ui.services.lab.extrapolation import SAVED_COMMAND, saved
 from ui.services.learn import Lesson, Measured, ProgressFn, Question
@@ -55,25 +57,25 @@ def positions_of(model) -> str:
 
 
 def layer_output(model, ids: list[int], positions: bool, causal: bool) -> torch.Tensor:
-    """The first layer's self-attention output [T, d] (float32): the model's own q, k, v (x·W + b, rotated where
-    positions are on and the model has RoPE) recorded by a pass through that layer, eq. 2.1 through core.attention with no mask (or
-    the causal one), the score bias where positions are on and the model has one, then W_O per head."""
+    """The first layer's attention output [T, d] (float32) as the model's own pass records it (attn_out: W_O·z + b,
+    through the layer's post-norm where it has one), the pass stopped after that layer. positions and causal are
+    the pass's switches (core.model.Transformer.run_stack: positions=False leaves out the position rows, RoPE and
+    any score bias; causal=False the causal mask); a sliding window of that layer stays."""
     stack, kind = model.attention_stack()
-    cfg = stack.cfg
-    probe = Probe(model.config, {Probe.full_name(kind, n) for n in "qkv"}, layers=[LAYER])
-    with torch.inference_mode():  # the blocks up to LAYER only: its q, k, v are all the check reads
-        model.run_stack(stack, as_batch(ids, model.device), None, kind=kind, causal=cfg.causal, positions=positions,
+    name = Probe.full_name(kind, "attn_out")
+    probe = Probe(model.config, {name}, layers=[LAYER])
+    with torch.inference_mode():
+        model.run_stack(stack, as_batch(ids, model.device), None, kind=kind, causal=causal, positions=positions,
                         probe=probe, n_layers=LAYER + 1)
-        q, k, v = (probe.records[Probe.full_name(kind, n)][LAYER].transpose(1, 2).float()
-                   for n in "qkv")                                                       # [1, heads, T, d_head]
-        bias = None
-        if positions and stack.score_bias is not None:
-            place = torch.arange(len(ids), device=model.device)[None]                     # [1, T]
-            bias = stack.score_bias(place, place).float()                                # [1, H, T, T]
-        z, _ = attention(q, k, v, is_causal=causal, scale=cfg.score_scale, softcap=cfg.attn_softcap, bias=bias)
-        weights = model.head_weights(LAYER, kind)
-        out = torch.einsum("hte,hed->td", z[0], weights.W_O.float())                     # Σ_h z_h·W_O[h]
-        return out if weights.b_O is None else out + weights.b_O.float()
+    return probe.records[name][LAYER][0].float()                                        # [T, d]
+
+
+def lesson_tokens(model) -> int:
+    """The tokens the lesson reads: MAX_TOKENS, or the first layer's sliding window w where it is shorter. No switch
+    of the pass removes a window (it hides keys w or more places back, a mask by distance), so a text of at most w
+    tokens is what keeps "no mask" true."""
+    window = layer_window(model.attention_stack()[0], LAYER)
+    return MAX_TOKENS if window is None else min(MAX_TOKENS, window)
 
 
 def shuffle_check(model, ids: list[int], positions: bool, causal: bool, condition: str,
@@ -129,7 +131,8 @@ def extrapolation_words() -> tuple[str, dict]:
 
 
 def measure_positions(model, progress: ProgressFn | None = None) -> Measured:
-    ids = encode(model, SAMPLE, MAX_TOKENS).ids
+    encoded = encode(model, SAMPLE, lesson_tokens(model))
+    ids = encoded.ids
     kind = positions_of(model)
     causal = bool(model.attention_stack()[0].cfg.causal)
     own = POSITION_WORDS.get(kind, kind)
@@ -146,7 +149,10 @@ def measure_positions(model, progress: ProgressFn | None = None) -> Measured:
     plain = checks[0]
     answer = verdict(plain.relative)
     words, accuracy = extrapolation_words()
-    answer_text = (f"With no positions, the outputs of the shuffled text, put back in order, differ from the "
+    window = layer_window(model.attention_stack()[0], LAYER)
+    cut = ("" if window is None or window >= MAX_TOKENS or not encoded.note else
+           f" (cut to layer {LAYER}'s sliding window of {window} tokens, so the window hides no key)")
+    answer_text = (f"With no positions, the outputs of the shuffled text{cut}, put back in order, differ from the "
                    f"original outputs by at most {plain.max_difference:.1e} (the outputs reach {plain.scale:.2g}, so "
                    f"{plain.relative:.1e} of their size).")
     for check in checks[1:]:
@@ -159,10 +165,12 @@ def measure_positions(model, progress: ProgressFn | None = None) -> Measured:
     why = (f"Each output of eq. 2.1 is a softmax-weighted sum over the keys, and nothing in a score q·k or in that sum "
            f"says where a key sits, so shuffling the keys only reorders the sum ({plain.relative:.1e} is the "
            f"rounding of adding in another order)")
-    if len(checks) > 1:
-        with_positions = checks[1]
-        why += (f"; with {own} the scores depend on the places, and the difference grows "
-                f"to {with_positions.relative:.1e} of the outputs' size.")
+    if kind != "none":
+        why += (f"; with {own} the scores depend on the places, and the difference is {checks[1].relative:.1e} of "
+                "the outputs' size.")
+    elif causal:
+        why += (f"; this model has no positions of its own, and only the causal mask lets the order in "
+                f"({checks[1].relative:.1e} of the outputs' size).")
     else:
         why += "; this model has no positions of its own, so only a mask could make the order visible."
     alt = (f"Shuffling {len(ids)} tokens through layer {LAYER}'s attention: with no positions the outputs differ by "
@@ -170,7 +178,7 @@ def measure_positions(model, progress: ProgressFn | None = None) -> Measured:
            "; ".join(f"{c.condition}: {c.relative:.1e}" for c in checks[1:]) + ".")
     values = {"conditions": [c.condition for c in checks], "relative": [c.relative for c in checks],
               "max_difference": [c.max_difference for c in checks], "scale": [c.scale for c in checks],
-              "n_tokens": len(ids), "layer": LAYER, "extrapolation": accuracy}
+              "n_tokens": len(ids), "layer": LAYER, "window": window, "extrapolation": accuracy}
     note = ("The accuracies past the trained length come from the Lab's saved run (assets/extrapolation): small "
             "decoders the project trained once per kind of position, not the loaded model.")
     return Measured(answer=answer, answer_text=answer_text, why=why, alt=alt, values=values,
