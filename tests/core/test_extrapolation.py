@@ -1,6 +1,6 @@
 """Positions past the trained length (core/extrapolation.py): a short-budget run of every kind, the learned table
 refusing past its rows, whole copies equal to what greedy decoding writes, stopping, saving, and the result the
-repository ships (assets/extrapolation), which the README and the Lab's first screen show."""
+repository ships (assets/extrapolation), which docs/core.md and the Lab's first screen show."""
 
 from __future__ import annotations
 
@@ -112,20 +112,20 @@ def test_bad_configs_are_named(change, words):
 
 def test_the_shipped_result_is_the_default_run():
     """assets/extrapolation holds what `python -m core.extrapolation --threads 1 --out assets/extrapolation` printed:
-    the default config on one thread, all six kinds, each copying the trained length, and the README's table has
-    its numbers."""
+    the default config on one thread, all six kinds, each copying the trained length, and the table in docs/core.md
+    ("Positions past the trained length") has its numbers."""
     result = ex.load(ROOT / "assets" / "extrapolation")
     assert result.config == ex.ExtrapolationConfig() and not result.stopped and result.threads == 1
     assert [k.kind for k in result.kinds] == list(ex.KINDS)
     for k in result.kinds:
         assert k.accuracy[12] >= 0.9, (k.kind, k.accuracy)       # each learned the task it was trained on
     assert sorted(result.kind("learned").refused) == [24, 48]
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    doc = (ROOT / "docs" / "core.md").read_text(encoding="utf-8")
     for k in result.kinds:
-        row = re.search(rf"^\| {k.kind} \|(.*)$", readme, re.M)
-        assert row, f"README has no row for {k.kind}"
+        row = re.search(rf"^\| {k.kind} \|(.*)$", doc, re.M)
+        assert row, f"docs/core.md has no row for {k.kind}"
         cells = [c.strip() for c in row.group(1).split("|")]
         for n, cell in zip(result.config.test_lengths, cells):
             assert cell == (f"{100 * k.accuracy[n]:.0f} %" if n in k.accuracy else "no row"), (k.kind, n, cell)
     raw = json.loads((ROOT / "assets" / "extrapolation" / "result.json").read_text(encoding="utf-8"))
-    assert raw["date"] in readme
+    assert raw["date"] in doc
