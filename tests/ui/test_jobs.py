@@ -125,12 +125,19 @@ def test_turns_serve_waiters_in_the_order_they_asked_and_never_more_than_the_slo
             with lock:
                 running[0] -= 1
 
+    def asked() -> int:  # the threads that have asked for a turn: in a slot (named in order) or in the queue
+        with lock:
+            return len(order) + turns.waiting()
+
     threads = []
     for name in "abcdef":
         thread = threading.Thread(target=step, args=(name,))
         thread.start()
         threads.append(thread)
-        time.sleep(0.05)  # each asks after the one before
+        deadline = time.monotonic() + 10  # each asks after the one before: start the next once this one has asked
+        while asked() < len(threads):
+            assert time.monotonic() < deadline, f"{name} never asked for a turn"
+            time.sleep(0.001)
     gate.set()
     for thread in threads:
         thread.join(10)
