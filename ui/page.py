@@ -87,7 +87,7 @@ def layout(services, default_model: str) -> gr.Blocks:
         tabs.select(remember_tab, None, current_tab, api_visibility="private", queue=False)
         controls = {name: tab for name, tab in built.items() if tab.text is not None}
         deep_links(demo, services, default_model, picker, tabs, current_tab, linked, controls)
-        learn_course.api_endpoint(services)  # hidden parts only the `lesson` endpoint reads
+        learn_course.api_endpoint(services, picker)  # hidden parts only the `lesson` endpoint reads
         learn_course.wire_opening(demo, course, picker)
         learn_course.wire_switch(course, picker, current_tab)
         learn_course.wire_try(course, tabs, current_tab, controls)

@@ -1,7 +1,10 @@
 """The models of the server: loaded once per name, shared by every session (their weights are read-only).
 
-A name is a registry name (installed, or pulled when first chosen) or a model folder. Loading errors become
-UserErrors that say what is wrong and what would be right.
+Every endpoint's model goes through one check, ModelStore.key: a registry name (installed, or pulled when first
+chosen), a model installed in the weight store, a folder the server was started with, or a session's own saved
+run; on a laptop also any model folder (one model per folder, however its path is spelled) or a hub repo id. On a
+shared server (public) nothing else is tried, and the refusal reads the same whatever the name, so it tells nothing
+of the server's files. Loading errors become UserErrors that say what is wrong and what would be right.
 """
 
 from __future__ import annotations
@@ -121,15 +124,17 @@ class OncePerName(Generic[T]):
 
 class ModelStore:
     """Loaded models, one per name, shared by all sessions (weights are read-only), at most `capacity` in memory;
-    a model being pulled or loaded keeps no one else waiting (OncePerName)."""
+    a model being pulled or loaded keeps no one else waiting (OncePerName). public: a shared server, where only
+    the names the picker offers load (key)."""
 
     def __init__(
         self,
         capacity: int = 2,
         extra_names: list[str] | None = None,
         device: str | None = None,
+        public: bool = False,
     ):
-        self.capacity, self.device = capacity, device
+        self.capacity, self.device, self.public = capacity, device, public
         self.extra_names = list(extra_names or [])
         self._models: OncePerName[torch.nn.Module] = OncePerName(capacity)
         self._sources: dict[str, str] = {}  # name → where its weights came from, for the model card
@@ -137,7 +142,10 @@ class ModelStore:
         self.private: Callable[[str], Path | None] | None = None
 
     def source(self, name: str) -> str:
-        return self._sources.get(name, "")
+        try:
+            return self._sources.get(self.key(name), "")
+        except UserError:
+            return ""
 
     def names(self) -> list[str]:
         return list(dict.fromkeys(self.extra_names + known_model_names()))
@@ -174,18 +182,59 @@ class ModelStore:
         folders = [name for name in self.extra_names if Path(name).is_dir()]
         return [name for name in self.names() if name in {*loaded, *installed, *folders}]
 
-    def get(self, name: str, progress: ProgressFn | None = None):
+    def key(self, name) -> str:
+        """The one check of a model name, for every endpoint; returns the name the model is kept under. Offered
+        everywhere: a registry name, a model installed in the weight store, a name or folder the server was
+        started with (extra_names, as given), a session's saved run (private). On a laptop also a model folder,
+        kept under its resolved path (or the store's name for a folder in the store), so that "m", "./m" and
+        "m/" load one model, not three; and a hub repo id (WeightStore.ensure). On a shared server (public) any
+        other name gets one refusal whose words depend on nothing but the name as typed: nothing is looked up on
+        disk for it, and nothing is fetched."""
         if not name:
             raise UserError("Choose a model first.")
         if not isinstance(name, str):
             raise UserError(f"The model must be one name or folder, not a {type(name).__name__}: choose one from the "
                             "model picker.")
-        return self._models.get(name, lambda: self._load(name, progress))
+        if len(name) > MAX_MODEL_NAME or "\x00" in name:
+            raise UserError(f"{name[:40]!r}… is not a model name or folder: choose one from the model picker.")
+        if name in self._models.names() or name in self.extra_names or name in known_model_names():
+            return name
+        if self.private is not None and self.private(name) is not None:
+            return name
+        if self.public:
+            raise UserError(f"{name[:60]!r} is not a model this server offers: choose one from the model picker "
+                            "(its names are the only ones a shared server loads).")
+        try:
+            folder = Path(name).expanduser()
+            if not folder.is_dir():
+                return name   # a hub repo id, or a name WeightStore.ensure explains
+            folder = folder.resolve()
+        except (OSError, RuntimeError):
+            return name       # a name the file system refuses: _load says so
+        return self._folder_key(folder)
+
+    def _folder_key(self, folder: Path) -> str:
+        """A laptop's model folder (resolved) → its key: a start-up name naming the same folder, the store's name
+        for a folder in the weight store, else the resolved path."""
+        for given in self.extra_names:
+            try:
+                if Path(given).expanduser().resolve() == folder:
+                    return given
+            except (OSError, RuntimeError):
+                continue
+        try:
+            if folder.parent == weight_store.WeightStore.default().root.resolve() and \
+                    folder.name in known_model_names():
+                return folder.name
+        except OSError:
+            pass
+        return str(folder)
+
+    def get(self, name: str, progress: ProgressFn | None = None):
+        key = self.key(name)
+        return self._models.get(key, lambda: self._load(key, progress))
 
     def _load(self, name: str, progress: ProgressFn | None):
-        if not isinstance(name, str) or len(name) > MAX_MODEL_NAME or "\x00" in name:
-            shown = repr(name[:40]) + "…" if isinstance(name, str) else f"a {type(name).__name__}"
-            raise UserError(f"{shown} is not a model name or folder: choose one from the model picker.")
         private = self.private(name) if self.private is not None else None
         folder = private or Path(name)
         try:

@@ -119,11 +119,11 @@ def build(services, picker) -> SimpleNamespace:
                            shown=shown, saved=saved, link=link, try_button=try_button)
 
 
-def api_endpoint(services) -> None:
+def api_endpoint(services, picker) -> None:
     """`lesson(model_name, lesson)`: the lesson's text and question, its figure, and its answer (hidden parts of
-    the page that only the API reads)."""
+    the page that only the API reads). The model is the picker's own value, checked against its choices as every
+    endpoint's is, then by the model store (ModelStore.key)."""
     with gr.Column(visible=False, elem_id="learn-api"):
-        model_name = gr.Textbox(elem_id="learn-api-model")
         lesson = gr.Textbox(elem_id="learn-api-lesson")
         text, answer = gr.Markdown(elem_id="learn-api-text"), gr.Markdown(elem_id="learn-api-answer")
         figure = gr.Plot(elem_id="learn-api-figure")
@@ -133,7 +133,7 @@ def api_endpoint(services) -> None:
     def lesson_api(model_name: str, lesson: str, progress=gr.Progress()):
         return views.api_lesson(services, model_name, lesson, progress_callback(progress))
 
-    trigger.click(lesson_api, [model_name, lesson], [text, figure, answer], api_name="lesson", **ON_ANALYSIS)
+    trigger.click(lesson_api, [picker.model, lesson], [text, figure, answer], api_name="lesson", **ON_ANALYSIS)
 
 
 def wire_opening(demo, course, picker) -> None:

@@ -36,7 +36,7 @@ class LessonPage:
 
 def measured(services: Services, model_name: str, lesson: learn.Lesson, progress=None) -> learn.Measured:
     model = services.models.get(model_name, progress)
-    return services.lessons.get(model_name, model, lesson, progress)
+    return services.lessons.get(services.models.key(model_name), model, lesson, progress)
 
 
 def lesson_page(services: Services, model_name: str, name: str, progress=None) -> LessonPage:
