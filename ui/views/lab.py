@@ -181,7 +181,7 @@ def extrapolation_view(services, kinds, steps, seed, progress=None):
     config = extra.make_config(kinds, steps, seed, services.lab.settings.max_steps)
     started = time.perf_counter()
     shown = -1
-    for job in extra.run(config):
+    for job in extra.run(config, max_seconds=services.settings.corpus_max_seconds):
         n, total = len(job.results), len(config.kinds)
         if progress is not None and not job.done.is_set():
             progress(job.fraction, f"{job.kind or config.kinds[0]}: step {job.step:,} of {config.steps:,} "
@@ -189,9 +189,12 @@ def extrapolation_view(services, kinds, steps, seed, progress=None):
         if job.error:
             raise UserError(f"The run failed after {n} of {total} kinds: {job.error}")
         elapsed = time.perf_counter() - started
-        status = (f"Done: {total} kind{'s' if total > 1 else ''} in {elapsed:,.0f} s." if job.done.is_set() else
-                  f"Training **{job.kind or config.kinds[0]}**: step {job.step:,} of {config.steps:,}; {n} of "
-                  f"{total} kinds done, {elapsed:,.0f} s.")
+        if job.done.is_set():   # the time cap's words, where it stopped the run or the run passed it
+            status = job.cap.words(f"{n} of {total} kinds") or f"Done: {total} kind{'s' if total > 1 else ''} in " \
+                                                                  f"{elapsed:,.0f} s."
+        else:
+            status = (f"Training **{job.kind or config.kinds[0]}**: step {job.step:,} of {config.steps:,}; {n} of "
+                      f"{total} kinds done, {elapsed:,.0f} s.")
         if n == shown and not job.done.is_set():
             yield (status,) + (UNCHANGED,) * 4
             continue
@@ -199,6 +202,6 @@ def extrapolation_view(services, kinds, steps, seed, progress=None):
         if n == 0:
             yield (status,) + (UNCHANGED,) * 4
             continue
-        source = (f"**Computed here, now**: {n} of {total} kinds, {elapsed:,.0f} s"
-                  + ("." if n == total else "; the rest are training."))
+        rest = "; the time cap stopped the rest." if job.done.is_set() else "; the rest are training."
+        source = f"**Computed here, now**: {n} of {total} kinds, {elapsed:,.0f} s" + ("." if n == total else rest)
         yield (status, *extrapolation_outputs(job.result(), source))

@@ -7,13 +7,15 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from core import extrapolation as engine
 from core.extrapolation import Extrapolation, ExtrapolationConfig, KindResult
 from ui.services.checks import UserError
+from ui.services.jobs import TimeCap
 from ui.services.lab.configs import POLL_S
 
 SAVED = Path(__file__).resolve().parents[3] / "assets" / "extrapolation"
@@ -39,10 +41,15 @@ class ExtrapolationJob:
     error: str = ""
     stop_requested: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
+    cap: TimeCap | None = None  # the server's time cap per job (the corpus jobs' rule), asked before every step
 
     def run(self) -> None:
+        stop = self.stop_requested.is_set
+        if self.cap is not None:
+            self.cap.stop = stop
+            stop = self.cap
         try:
-            for result in engine.extrapolation(self.config, self.stop_requested.is_set, self.progress):
+            for result in engine.extrapolation(self.config, stop, self.progress):
                 self.results.append(result)
         except Exception as exc:  # noqa: BLE001 - the page shows the failure; the server log has the traceback
             logging.getLogger(__name__).exception("extrapolation run failed")
@@ -83,10 +90,12 @@ def make_config(kinds, steps, seed, max_steps: int) -> ExtrapolationConfig:
     return config
 
 
-def run(config: ExtrapolationConfig, interval: float = POLL_S) -> Iterator[ExtrapolationJob]:
+def run(config: ExtrapolationConfig, interval: float = POLL_S, max_seconds: float | None = None,
+        clock: Callable[[], float] = time.monotonic) -> Iterator[ExtrapolationJob]:
     """Start the job in its own thread and yield it whenever it has moved, then once done. Closing the iterator
-    (the page cancelled, or went away) stops the training before its next step."""
-    job = ExtrapolationJob(config)
+    (the page cancelled, or went away) stops the training before its next step; so does passing max_seconds (the
+    corpus jobs' cap, TimeCap: the kinds finished by then are the result, and job.cap.words() says so)."""
+    job = ExtrapolationJob(config, cap=TimeCap(max_seconds, clock=clock))
     thread = threading.Thread(target=job.run, name="extrapolation", daemon=True)
     thread.start()
     try:
