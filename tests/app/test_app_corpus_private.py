@@ -79,17 +79,36 @@ def test_a_pages_job_is_its_own_and_another_page_measures_afresh(space):
 
 
 def test_a_saved_job_is_deleted_on_time_with_no_request(space, monkeypatch):
+    import threading
+    from types import SimpleNamespace
+
+    from ui.services.lab import private
+
+    # the runs' clock, moved by hand: the expiry thread's own sleep then decides nothing, and the job is due
+    # exactly when the clock passes its last write plus its lifetime
+    now = [time.time()]
+    monkeypatch.setattr(private, "time", SimpleNamespace(time=lambda: now[0]))
     pages = space["services"].corpus_runs.pages()
     monkeypatch.setattr(pages, "ttl_s", 2.0)
+    expired = threading.Condition()               # told after each expired job's folder is deleted
+
+    def told(alias):
+        with expired:
+            expired.notify_all()
+
+    monkeypatch.setattr(pages, "on_expire", [*pages.on_expire, told])
     page = Client(space["url"], verbose=False)
     note, _, _ = heads(space, page, n=3)
     assert "deleted 2 seconds after its last write" in note, note
     (job,) = page_folder(space, page).iterdir()
-    saved_at = time.monotonic()
-    deadline = saved_at + 30
-    while job.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not job.exists() and time.monotonic() - saved_at < 10
+    last_write = now[0]
+    pages.expire(now=last_write + 1.999)
+    assert job.exists()                                                               # not before its time
+    with expired:
+        with pages._changed:                   # the clock passes the lifetime; the expiry thread looks again
+            now[0] = last_write + 2.0
+            pages._changed.notify_all()
+        assert expired.wait_for(lambda: not job.exists(), timeout=60), "the expiry thread left the job once due"
     with pytest.raises(UserError, match="saved job is gone"):                         # Export then says why
         exported(job)
     again, _, _ = heads(space, page, n=3)
