@@ -24,10 +24,12 @@ from gradio_client.exceptions import AppError  # noqa: E402
 
 import core.store as weight_store  # noqa: E402
 from core.corpus import saved  # noqa: E402
+from test_ray_corpus import ThreadChunks  # noqa: E402
 from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 from ui.services import Services  # noqa: E402
 from ui.services.checks import UserError  # noqa: E402
-from ui.services.corpus.over import Corpus, stream_over  # noqa: E402
+from ui.services.corpus.over import Corpus, chunks_on, stream_over  # noqa: E402
+from ui.services.corpus.pages import Saving  # noqa: E402
 from ui.services.lab import extrapolation as extra  # noqa: E402
 from ui.services.learn import course as syllabus  # noqa: E402
 from ui.services.models import ModelStore  # noqa: E402
@@ -142,6 +144,28 @@ def test_a_pages_first_job_stops_at_the_pages_cap_keeping_what_fit(space):
     assert str(space.root) not in note                             # no server path
     (job,) = page.iterdir()
     assert 0 < len(list((job / "items").glob("*.npz"))) < 120 and not (job / saved.META).exists()
+
+
+def test_a_job_in_chunks_stops_at_the_cap_too(space, tmp_path):
+    model = space.services.models.get(space.llama)
+    ids = [model.tokenizer(f"Text {i} is short.", return_tensors="pt")["input_ids"][0] for i in range(8)]
+    written = []
+
+    def room(size: int) -> None:        # room for three items
+        if size and len(written) == 3:
+            raise saved.NoRoom("room for three items")
+        written.extend([size] if size else [])
+
+    runner = ThreadChunks(model, in_flight=1, chunk_items=2)
+    with chunks_on(runner):
+        updates = list(stream_over(model, "heads", Corpus(ids, "text", "8 short texts"),
+                                   saving=Saving(tmp_path, room=room), model_name="tiny"))
+    final = updates[-1]
+    (job,) = tmp_path.iterdir()
+    assert len(list((job / "items").glob("*.npz"))) == 3 and not (job / saved.META).exists()
+    assert final.finished and final.folder is None and "stopped saving" in final.saved and "room for three" in \
+        final.saved, final.saved
+    assert final.result["previous_token"].n == 4 and len(runner.sent) < 4     # the rest were never sent
 
 
 def test_an_uploads_lone_surrogate_and_deep_line_are_named(space):

@@ -192,7 +192,7 @@ def arguments_of(analysis: str, site: str | None, mode: str, layer: int | None, 
 def stream_over(model, analysis: str, corpus: Corpus, site: str | None = None, mode: str = "denoise",
                 layer: int | None = None, stop: Callable[[], bool] | None = None, root: Path | None = None,
                 model_name: str = "", saving: Saving | None = None, ablation: str = "zero",
-                max_seconds: float | None = None, clock: Callable[[], float] = time.monotonic
+                max_seconds: float | None = None, clock: Callable[[], float] | None = None
                 ) -> Iterator[OverUpdate]:
     """The analysis over the corpus: an update as items finish, with the summary of those finished so far, then
     the core's result (finished), its `saved` words saying what saving did. Closing the iterator stops the work;
@@ -204,11 +204,12 @@ def stream_over(model, analysis: str, corpus: Corpus, site: str | None = None, m
     updates count those), and the core's note says how many of how many. max_seconds: the job's time cap; past
     it the job stops as a stop() would (its finished items summarised and kept, a saved job resumable; asked
     between batches and between a batch's layers), and the finished update's `capped` says so, or that the job
-    ended past the cap. clock: the cap's seconds (a test's fake clock that ticks)."""
+    ended past the cap. clock: the cap's seconds (this module's time.monotonic unless given: a test's fake clock
+    that ticks)."""
     saving = saving_given(root, saving)
     runner = CHUNKS.get()
     arguments = arguments_of(analysis, site, mode, layer, ablation)
-    cap = TimeCap(max_seconds, stop, clock)
+    cap = TimeCap(max_seconds, stop, clock or time.monotonic)
     if runner is not None:
         updates = stream_chunks(runner, model, SAVED_NAMES[analysis], corpus.items, corpus.noun, arguments, cap,
                                 saving, model_name)
