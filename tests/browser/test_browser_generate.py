@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 import time
 
 import pytest
@@ -123,14 +124,22 @@ def written(stats: str) -> int:
 def test_stop_ends_a_long_generation_and_the_strip_fills_once_after_it(page, served, monkeypatch):
     from playwright.sync_api import expect
 
-    # the tiny model writes 512 tokens in about a second, faster than a click; pace it like a real model
+    # the tiny model writes 512 tokens in about a second, faster than a click; pace it like a real model, and let
+    # it write to the end of its context whatever the page asked for, so that only Stop can end the stream before
+    # the page is answered: what ended it is then read from the stream itself, not from the time it took
     model = served[1]
     real_stream = model.stream
+    pulled, closed, budget = [0], threading.Event(), []
 
-    def paced_stream(*args, **kwargs):
-        for token in real_stream(*args, **kwargs):
-            time.sleep(0.02)
-            yield token
+    def paced_stream(input_ids, max_new_tokens, **options):
+        budget.append(model.config.max_positions - input_ids.shape[1])
+        try:
+            for token in real_stream(input_ids, budget[-1], **options):
+                time.sleep(0.02)
+                pulled[0] += 1
+                yield token
+        finally:
+            closed.set()
 
     monkeypatch.setattr(model, "stream", paced_stream)
     page.get_by_role("tab", name="Generate").click()
@@ -146,13 +155,15 @@ def test_stop_ends_a_long_generation_and_the_strip_fills_once_after_it(page, ser
                            timeout=PAGE_TIMEOUT_MS)
     assert "writing" in stats.inner_text() and strip.count() == 0, "the strip was filled while the model wrote"
     page.locator("#gen-stop").click()  # Playwright's own 30 s: a page that keeps up answers at once
-    expect(stats).to_contain_text("stopped", timeout=10_000)
+    expect(stats).to_contain_text("stopped", timeout=PAGE_TIMEOUT_MS)
+    assert closed.wait(PAGE_TIMEOUT_MS / 1000), "Stop left the model's stream open"
+    assert pulled[0] < budget[0], f"the stream ran to its end ({pulled[0]} tokens) before Stop ended it"
     # the Stop handler fills the strip with the tokens of the session's trace
     expect(strip.first).to_be_attached(timeout=PAGE_TIMEOUT_MS)
     n = strip.count()
     # at least the tokens the page shows: updates still on their way when Stop cancels the stream reach the
     # session's trace, not the page
-    assert 20 <= written(stats.inner_text()) <= n < 512
+    assert 20 <= written(stats.inner_text()) <= n <= pulled[0]
     text = page.locator("#gen-output textarea").input_value()
     # a round trip through the queue (the step view of the first token) comes back; the text has not grown
     strip.first.click()
