@@ -1,6 +1,7 @@
 """Time and peak memory of capturing every layer's and head's attention, this core against transformers'
 output_attentions=True, at 512, 1024 and 2048 tokens, side by side in one run. Each measurement runs in a
-fresh process so that peak memory (resident set size, sampled every 5 ms) belongs to that capture alone.
+fresh process so that peak memory (the kernel's high-water mark of the resident set, VmHWM, reset just before the
+capture: bench/common.py PeakMemory) belongs to that capture alone.
 
 This core's capture (core/analysis/capture.py): every layer × head pooled to ≤ 128² for the overview, full resolution
 in float16 up to 512 tokens, above that one layer recomputed on demand (its time is printed too).
@@ -13,40 +14,14 @@ torch's peak allocation on the device. Usage:
 from __future__ import annotations
 
 import argparse
-import threading
 import time
 
-import psutil
 import torch
 
 
-class PeakRSS:
-    """Samples this process's resident memory in a thread; .peak is the highest seen, in bytes."""
-
-    def __init__(self, interval: float = 0.005):
-        self.interval, self.peak, self.running = interval, 0, False
-        self.process = psutil.Process()
-
-    def __enter__(self):
-        self.running, self.peak = True, self.process.memory_info().rss
-        self.thread = threading.Thread(target=self.sample, daemon=True)
-        self.thread.start()
-        return self
-
-    def sample(self):
-        while self.running:
-            self.peak = max(self.peak, self.process.memory_info().rss)
-            time.sleep(self.interval)
-
-    def __exit__(self, *exc):
-        self.running = False
-        self.thread.join()
-        self.peak = max(self.peak, self.process.memory_info().rss)
-
-
 def measure(impl: str, model_name: str, length: int, device: str = "cpu", random_weights: bool = False) -> dict:
-    """Run in a child process: load, warm up, then capture once while sampling memory."""
-    from common import load_both, long_ids, sync
+    """Run in a child process: load, warm up, then capture once; its peak memory by PeakMemory."""
+    from common import PeakMemory, load_both, long_ids, sync
     from core.analysis.capture import capture
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     ours, theirs, _ = load_both(model_name, device, dtype, attn_implementation="eager", random_weights=random_weights)
@@ -60,19 +35,15 @@ def measure(impl: str, model_name: str, length: int, device: str = "cpu", random
         with torch.inference_mode():
             theirs(ids[:, :64], output_attentions=True)
         run = lambda: theirs(ids, output_attentions=True).attentions  # noqa: E731
-    import gc
-    gc.collect()
-    before = psutil.Process().memory_info().rss
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
-    with torch.inference_mode(), PeakRSS() as rss:
+    with torch.inference_mode(), PeakMemory(device) as memory:
         sync(device)
         start = time.perf_counter()
         result = run()
         sync(device)
         seconds = time.perf_counter() - start
-    peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else rss.peak
-    out = {"seconds": seconds, "peak": peak, "before": before}
+    if memory.peak is None:
+        raise SystemExit("peak memory needs the kernel's resettable high-water mark (Linux's /proc/self/clear_refs)")
+    out = {"seconds": seconds, "peak": memory.peak, "before": memory.before}
     if impl == "ours":
         start = time.perf_counter()
         result.head(ours.config.n_layers - 1, 0)
@@ -116,7 +87,8 @@ def main() -> None:
     if args.device.startswith("cuda"):
         print("peak = torch's highest allocation on the GPU during the capture, model weights included")
     else:
-        print("peak = the process's highest resident memory during the capture, model weights included")
+        print("peak = the process's highest resident memory during the capture (the kernel's VmHWM, reset just "
+              "before it), model weights included")
     print(f"SUMMARY attention capture vs transformers output_attentions ({where}, {dtype}): " + "; ".join(summary) +
           " (target at 2048: ≥ 3x faster, ≤ 0.33 of the memory)")
 

@@ -1,6 +1,8 @@
-"""Shared by the benchmark scripts: loading both implementations on the same weights, timing, printing."""
+"""Shared by the benchmark scripts: loading both implementations on the same weights, timing, peak memory,
+printing."""
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 import subprocess
@@ -83,16 +85,72 @@ def spread(values, digits: int = 1) -> str:
     return f"{median(values):.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
 
 
+def _status_bytes(field: str) -> int | None:
+    """A field of /proc/self/status (VmHWM, VmRSS) in bytes; None where there is no such file (not Linux)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def reset_high_water() -> bool:
+    """Reset the kernel's peak RSS (VmHWM) to the current RSS: Linux's `echo 5 > /proc/self/clear_refs`.
+    False where it cannot (another kernel, or /proc read-only)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+class PeakMemory:
+    """The peak memory of the code run inside `with PeakMemory(device) as peak:`, by one method everywhere: on the
+    CPU the kernel's high-water mark of this process's resident memory (VmHWM, exact, not sampled), reset to the
+    current RSS on entry; on a GPU torch's peak allocation on the device. After the block: .before (RSS or
+    allocated bytes on entry), .peak (the highest during the block, bytes) and .added = peak - before; all None
+    where the kernel cannot reset its high-water mark. Run it in a fresh process (measured_in_child) with the
+    work warmed up first, so that the peak is the work's own and not loading's or a first call's."""
+
+    def __init__(self, device: str = "cpu"):
+        self.cuda = device.startswith("cuda")
+        self.before = self.peak = self.added = None
+        self.how = "torch's peak allocation on the GPU" if self.cuda else "peak RSS (the kernel's VmHWM)"
+
+    def __enter__(self):
+        gc.collect()
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.before = torch.cuda.memory_allocated()
+        elif reset_high_water():
+            self.before = _status_bytes("VmRSS")
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.peak = torch.cuda.max_memory_allocated()
+        elif self.before is not None:
+            self.peak = _status_bytes("VmHWM")
+        if self.peak is not None and self.before is not None:
+            self.added = self.peak - self.before
+        return False
+
+
 def row(*cells, widths=(34, 16, 16, 10)) -> str:
     return "".join(str(c).ljust(w) for c, w in zip(cells, widths))
 
 
-def measured_in_child(module: str, *args, timeout: int = 1800) -> dict:
+def measured_in_child(module: str, *args, timeout: int = 1800, env: dict | None = None) -> dict:
     """`measure(*args)` of bench/MODULE.py run in a fresh Python process (so that its peak memory is its own), read
-    back from the line it prints; args are plain values (str, int, bool). Stops with the child's error output."""
+    back from the line it prints; args are plain values (str, int, bool); env: the child's environment (this
+    process's when None). Stops with the child's error output."""
     code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
             f"from {module} import measure; print('RESULT', json.dumps(measure(*{args!r})))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env)
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])

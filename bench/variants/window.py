@@ -4,7 +4,8 @@ Two Mistral-layout models with SmolLM2-135M's shapes (hidden 576, 30 layers, 9 h
 1536, vocabulary 49152, tied embeddings) and the same seeded random weights, saved to the temp folder with
 save_pretrained: one with sliding_window=WINDOW, one with none. Each is loaded with core.load_model and captured
 as the app does (core.analysis.capture over every layer and head) at LENGTH tokens, alternating, each capture in a
-fresh process so that its peak memory (bench/attention.py's PeakRSS; on a GPU torch's peak allocation) is its own.
+fresh process so that its peak memory (bench/common.py's PeakMemory: the kernel's high-water mark of the resident
+set, VmHWM, reset just before the capture; on a GPU torch's peak allocation) is its own.
 Prints medians (ranges) of the repeats, the ratio window/none, and the largest overview cell that lies wholly
 further back than the window (0 when the window is honoured). A core that refuses the window: exit 2. Usage:
     python bench/variants/window.py [--length 4096] [--window 512] [--layers 30] [--repeats 5] [--device cpu|cuda]
@@ -23,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/, for common
 
-from common import long_ids, measured_in_child, median, spread, sync  # noqa: E402
+from common import PeakMemory, long_ids, measured_in_child, median, spread, sync  # noqa: E402
 SMOLLM2 = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True, rms_norm_eps=1e-5,
                rope_theta=100000.0, bos_token_id=1, eos_token_id=2)
@@ -54,8 +55,7 @@ def beyond_window(overview, n: int, window: int) -> float:
 
 
 def measure(folder: str, length: int, device: str, window: int) -> dict:
-    """In a child process: load, warm up, capture once while sampling memory; or the ConfigError's words."""
-    from attention import PeakRSS
+    """In a child process: load, warm up, capture once, its peak memory by PeakMemory; or the ConfigError's words."""
     from core import ConfigError, load_model
     from core.analysis.capture import capture
     try:
@@ -64,16 +64,15 @@ def measure(folder: str, length: int, device: str, window: int) -> dict:
         return {"config_error": str(err)}
     ids = long_ids(None, length).to(device)
     capture(model, ids[:, :64])  # warm-up
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
-    with PeakRSS() as rss:
+    with PeakMemory(device) as memory:
         sync(device)
         start = time.perf_counter()
         maps = capture(model, ids)
         sync(device)
         seconds = time.perf_counter() - start
-    peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else rss.peak
-    return {"seconds": seconds, "peak": peak, "beyond": beyond_window(maps.overview, length, window)}
+    if memory.peak is None:
+        raise SystemExit("peak memory needs the kernel's resettable high-water mark (Linux's /proc/self/clear_refs)")
+    return {"seconds": seconds, "peak": memory.peak, "beyond": beyond_window(maps.overview, length, window)}
 
 
 def main() -> None:
@@ -108,7 +107,8 @@ def main() -> None:
     windowed, full = runs[f"window {args.window}"], runs["no window"]
     time_ratios = [w["seconds"] / f["seconds"] for w, f in zip(windowed, full)]
     peak_ratio = median([r["peak"] for r in windowed]) / median([r["peak"] for r in full])
-    peak_name = "torch's peak allocation on the GPU" if args.device.startswith("cuda") else "the process's peak RSS"
+    peak_name = ("torch's peak allocation on the GPU" if args.device.startswith("cuda")
+                 else "the process's peak RSS (the kernel's VmHWM, reset just before the capture)")
     print(f"peak = {peak_name} during the capture, model weights included")
     print(f"SUMMARY window {args.window} / none at {args.length} tokens, {args.layers} layers ({where}): "
           f"capture time {spread(time_ratios, 2)}x, peak memory {peak_ratio:.2f}x")
