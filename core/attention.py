@@ -251,7 +251,8 @@ def online_attention(q: Tensor, k: Tensor, v: Tensor, block: int, scale: float |
                      mask: Tensor | None = None) -> Tensor:
     """softmax(q·kᵀ·scale + M)·v for one head, the FlashAttention way (eq. 6.10): every query row keeps its
     running max m [T], sum ℓ [T] and output accumulator [T, d_head] while the keys and values pass a block at a
-    time, so only one block's scores [T, block] exist at once, never the [T, T] matrix.
+    time, so only a few blocks' scores and weights [T, block] exist at once, never the [T, T] matrix (what it
+    holds at most: softmax_bytes).
 
     q: [T, d_head], k and v: [Tk, d_head], mask: [T, Tk] bool (True where the query may read the key) or None;
     scale: 1/√d_head unless given. A row that may read no key is an error, as in online_softmax."""
@@ -282,10 +283,41 @@ def online_attention(q: Tensor, k: Tensor, v: Tensor, block: int, scale: float |
     return out / ell[:, None]
 
 
-def softmax_bytes(n_queries: int, n_keys: int, block: int, bytes_per: int = 4) -> dict[str, int]:
-    """What each method holds beyond q, k, v and the output (which both hold), for one head (eq. 6.10):
-    plain, the scores and the weights [Tq, Tk] each; online, one block's scores [Tq, block] and the running max
-    and sum [Tq] each."""
+def softmax_bytes(n_queries: int, n_keys: int, block: int, d_head: int, bytes_per: int = 4) -> dict[str, int]:
+    """The most bytes each method holds at once beyond q, k, v and the output, for one head without a mask (eq. 6.10),
+    counted from the shapes of the tensors alive together, statement by statement.
+
+    plain, softmax(q·kᵀ·scale)·v: two [Tq, Tk] matrices at once, the product and the scaled scores, then the scores
+    and the weights.
+    online, online_attention's loop: a name keeps its tensor until it is bound again, so while block i's scores are
+    made the previous block's scores and weights are still held. With b_prev and b the two blocks' widths (b_prev = 0
+    for the first block), the largest of these statements' sums:
+      scores   s = q·kᵀ·scale     previous s and p, the product, s:      (2·b_prev + 2·b)·Tq + acc + 4 [Tq]
+      max      m_new = max(...)   previous p, s:                         (b_prev + b)·Tq + acc + 6 [Tq] + int64 [Tq]
+      weights  p = e^(s − m)      previous p, s, s − m, p:               (b_prev + 3·b)·Tq + acc + 5 [Tq]
+      sum      ℓ = ℓ·r + Σp       s, p:                                  2·b·Tq + acc + 8 [Tq]
+      output   o = o·r + p·v      s, p, and o, o·r, p·v, the new o:      2·b·Tq + 4·acc + 5 [Tq]
+    where acc = Tq·d_head is the output accumulator o, and the [Tq] vectors are the running max m (and m_new), the sum
+    ℓ, the shift, the rescale r and the statement's own temporaries (in the first block's scores and max, two fewer:
+    no shift and rescale yet). A mask adds its slice and a masked copy of the scores, not counted here. The count is
+    exact for float32 (bytes_per 4): the most the tensors the loop makes hold at once; the allocator's own keeping
+    (freed blocks it does not hand back) comes on top of it."""
     block = min(block, n_keys)
-    return {"plain": 2 * n_queries * n_keys * bytes_per,
-            "online": (n_queries * block + 2 * n_queries) * bytes_per}
+    n_blocks = -(-n_keys // block)
+    last = n_keys - (n_blocks - 1) * block
+    pairs = {(0, block if n_blocks > 1 else n_keys)}                   # (previous width, this width)
+    if n_blocks > 2:
+        pairs.add((block, block))
+    if n_blocks > 1:
+        pairs.add((block, last))
+    acc, n = d_head * n_queries * bytes_per, n_queries
+    online = 0
+    for previous, width in pairs:
+        fewer = 0 if previous else 2                                   # no shift and rescale yet in the first block
+        online = max(online,
+                     (2 * previous + 2 * width) * n * bytes_per + acc + (4 - fewer) * n * bytes_per,
+                     (previous + width) * n * bytes_per + acc + (6 - fewer) * n * bytes_per + 8 * n,
+                     (previous + 3 * width) * n * bytes_per + acc + 5 * n * bytes_per,
+                     2 * width * n * bytes_per + acc + 8 * n * bytes_per,
+                     2 * width * n * bytes_per + 4 * acc + 5 * n * bytes_per)
+    return {"plain": 2 * n_queries * n_keys * bytes_per, "online": online}
