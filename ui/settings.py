@@ -10,7 +10,8 @@ result to the services and the page; tests build AppSettings() with the defaults
     ATTN_PRIVATE_RUN_MINUTES   how long a saved run is kept on a shared server (a Space, --public; default 60):
                             a Lab run after it was saved, a corpus job after its last write
     ATTN_PRIVATE_CORPUS_MB  on a shared server, the saved corpus jobs one page may keep (default 20 MB)
-    ATTN_CORPUS_MAX_SECONDS the longest one corpus job runs (default 600 s): it stops there, keeping its items
+    ATTN_CORPUS_MAX_SECONDS the longest one corpus job or extrapolation run runs (default 600 s): it stops there,
+                            keeping its finished items (or kinds)
     ATTN_WEIGHTS_DIR        where the weight store lives (read by core.store itself)
 """
 
