@@ -11,7 +11,9 @@ import plotly
 import pytest
 
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
+from playwright.sync_api import TimeoutError as PlaywrightTimeout  # noqa: E402
 
+from conftest import PAGE_TIMEOUT_MS  # noqa: E402
 from ui.plots.attention import two_column_view  # noqa: E402
 from ui.tabs.hover import hover_filter_js  # noqa: E402
 
@@ -50,7 +52,23 @@ def hover_token(page, column: int, row: int) -> None:
         [column, row],
     )
     page.mouse.move(x, y)
-    page.wait_for_timeout(150)
+
+
+LINES_SHOWN = """(expected) => {
+    const shown = new Set(document.getElementById("gd").data
+        .filter((t) => t.meta && t.meta.role === "lines" && t.opacity > 0).map((t) => `${t.meta.side} ${t.meta.index}`));
+    return shown.size === expected.length && expected.every((line) => shown.has(line)); }"""
+
+
+def lines_become(page, expected: set[tuple[str, int]]) -> set[tuple[str, int]]:
+    """The lines shown once the filter has restyled them to `expected` (plotly's hover events and the restyle
+    come after the pointer's move); what is shown then, or after PAGE_TIMEOUT_MS when it never came."""
+    try:
+        page.wait_for_function(LINES_SHOWN, arg=[f"{side} {index}" for side, index in expected],
+                               timeout=PAGE_TIMEOUT_MS)
+    except PlaywrightTimeout:
+        pass
+    return shown_lines(page)
 
 
 def shown_lines(page) -> set[tuple[str, int]]:
@@ -68,12 +86,11 @@ def test_hovering_a_token_shows_only_its_lines(columns):
     every_query = {("query", i) for i in range(n)}
     assert shown_lines(page) == every_query
     hover_token(page, 0, 5)
-    assert shown_lines(page) == {("query", 5)}
+    assert lines_become(page, {("query", 5)}) == {("query", 5)}
     hover_token(page, 1, 2)
-    assert shown_lines(page) == {("key", 2)}  # keys 2..7 attend to key 2, each with its own lines
+    assert lines_become(page, {("key", 2)}) == {("key", 2)}  # keys 2..7 attend to key 2, each with its own lines
     page.mouse.move(5, 5)  # off the figure
-    page.wait_for_timeout(150)
-    assert shown_lines(page) == every_query
+    assert lines_become(page, every_query) == every_query
 
 
 def test_tokens_with_markup_read_as_written(columns):
