@@ -1,5 +1,6 @@
 """Learn tab: a course through the theory, one lesson at a time on the loaded model. Each lesson asks its question
-first; Reveal shows the measured answer beside the reader's guess. Back and Next walk the lessons in order, a link
+first, over its figure without the numbers that answer it; Reveal shows the measured answer beside the reader's
+guess, the figure's subtitle, values and hover, and its line. Back and Next walk the lessons in order, a link
 opens one (?tab=learn&lesson=sqrt-dk), the browser remembers where the reader was and what was revealed, and "try
 it" opens the full tab in the lesson's state.
 
@@ -100,21 +101,24 @@ def build(services, picker) -> SimpleNamespace:
     def revealed(model_name, name, number, choice, saved_value, progress=gr.Progress()):
         lesson = syllabus.find(name)
         guess = choice if lesson.question.choices else number
-        words = views.answer(services, model_name, name, guess, progress_callback(progress))
+        words, whole, line = views.revealed(services, model_name, name, guess, progress_callback(progress))
         state = saved_state(saved_value)
         if lesson.name not in state["revealed"]:
             state["revealed"].append(lesson.name)
-        return words, gr.Dropdown(choices=lesson_choices(state["revealed"])), state
+        return (words, gr.Plot(value=whole, visible=True), line,
+                gr.Dropdown(choices=lesson_choices(state["revealed"])), state)
 
     inputs = [picker.model, choose, saved]
     choose.input(show, inputs, outputs, api_visibility="private", **ON_ANALYSIS)
     back.click(step(-1), inputs, outputs, api_visibility="private", **ON_ANALYSIS)
     forward.click(step(+1), inputs, outputs, api_visibility="private", **ON_ANALYSIS)
     tab.select(opened, [picker.model, choose, shown, saved], outputs, api_visibility="private", **ON_ANALYSIS)
-    reveal.click(revealed, [picker.model, choose, guess_number, guess_choice, saved], [answer, choose, saved],
+    # Reveal: the answer, and the figure's numbers that were held back until now (its whole figure, its line)
+    reveal_outputs = [answer, figure, alt, choose, saved]
+    reveal.click(revealed, [picker.model, choose, guess_number, guess_choice, saved], reveal_outputs,
                  api_visibility="private", **ON_ANALYSIS)
     guess_number.submit(revealed, [picker.model, choose, guess_number, guess_choice, saved],
-                        [answer, choose, saved], api_visibility="private", **ON_ANALYSIS)
+                        reveal_outputs, api_visibility="private", **ON_ANALYSIS)
     return SimpleNamespace(tab=tab, choose=choose, show=show, inputs=inputs, outputs=outputs, opened=opened,
                            shown=shown, saved=saved, link=link, try_button=try_button)
 

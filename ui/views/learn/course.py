@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import plotly.graph_objects as go
+
 from ui.plots.text import escaped
 from ui.services import Services
 from ui.services import learn
@@ -18,9 +20,13 @@ TAB_TITLES = {"generate": "Generate", "attention": "Attention", "positions": "Po
               "corpus": "Across texts", "lab": "Lab"}
 
 
+HELD_BACK = "*The figure's numbers (its subtitle, its values, this line) come with the answer: guess first.*"
+
+
 @dataclass
 class LessonPage:
-    """What the tab shows for one lesson on one model (the answer is not shown until revealed)."""
+    """What the tab shows for one lesson on one model before Reveal: the figure veiled (`veiled`), and in place of
+    the figure's line a sentence saying it comes with the answer. `revealed` gives what Reveal shows."""
 
     name: str
     place: str          # "Lesson 3 of 11 · Why divide by √d_k"
@@ -57,14 +63,36 @@ def lesson_page(services: Services, model_name: str, name: str, progress=None) -
         question += f" (a number{', in ' + lesson.question.unit if lesson.question.unit else ''})"
     return LessonPage(name=lesson.name, place=f"**Lesson {number} of {total} · {lesson.title}**",
                       text="\n\n".join(parts), question=question, choices=lesson.question.choices,
-                      unit=lesson.question.unit, figure=figure(lesson.name, result), alt=result.alt,
+                      unit=lesson.question.unit, figure=veiled(figure(lesson.name, result)), alt=HELD_BACK,
                       try_label=f"Try it in the {TAB_TITLES.get(tab, tab)} tab", link=dict(result.link))
+
+
+def veiled(fig):
+    """The lesson's figure as the reader sees it before Reveal: its shapes and axes, without what states a
+    measured number (the subtitle, values printed on the marks, hover, custom data, annotations with digits).
+    A figure with nothing drawn is a note (why nothing was measured) and is shown as it is."""
+    if not fig.data:
+        return fig
+    fig = go.Figure(fig)  # a copy: the revealed figure keeps everything
+    fig.update_layout(title={"subtitle": {"text": ""}}, hovermode=False,
+                      annotations=[a for a in fig.layout.annotations if not any(c.isdigit() for c in a.text or "")])
+    fig.update_traces(text=None, texttemplate=None, hovertext=None, hovertemplate=None, customdata=None,
+                      hoverinfo="skip")
+    return fig
 
 
 def answer(services: Services, model_name: str, name: str, guess=None, progress=None) -> str:
     """The revealed answer: the guess (if any) beside the measured value, and why."""
     lesson = syllabus.find(name)
     return learn.reveal(lesson, measured(services, model_name, lesson, progress), guess)
+
+
+def revealed(services: Services, model_name: str, name: str, guess=None, progress=None) -> tuple[str, object, str]:
+    """What Reveal shows: the answer with the guess beside it (`answer`), the whole figure (subtitle, values,
+    hover), and the figure's line."""
+    lesson = syllabus.find(name)
+    result = measured(services, model_name, lesson, progress)
+    return learn.reveal(lesson, result, guess), figure(lesson.name, result), result.alt
 
 
 def neighbour(name: str, step: int) -> str:
@@ -93,4 +121,5 @@ def api_lesson(services: Services, model_name: str, lesson: str, progress=None):
     page = lesson_page(services, model_name, lesson, progress)
     text = "\n\n".join([page.place, page.text, page.question]
                        + ([f"Choices: {', '.join(page.choices)}"] if page.choices else []))
-    return text, page.figure, answer(services, model_name, lesson) + f"\n\n*Figure:* {page.alt}"
+    words, whole, alt = revealed(services, model_name, lesson)
+    return text, whole, words + f"\n\n*Figure:* {alt}"
