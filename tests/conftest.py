@@ -30,7 +30,10 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_collection_finish(session):
     """What collection imported (torch, transformers, Gradio, every test module) lives to the end: freeze it, so
-    that full collections walk only what the tests make."""
+    that full collections walk only what the tests make. Notes the last test of each app kept to its last user."""
+    for item in session.items:
+        for name in KEPT_TO_LAST_USER & set(item.fixturenames):
+            LAST_USERS[name] = item.nodeid
     gc.collect()
     gc.freeze()
 
@@ -69,16 +72,20 @@ import gradio as gr  # noqa: E402
 gr.Blocks.close = close_on_its_loop(gr.Blocks.close)
 
 
-# ---- one app shared by neighbouring browser modules that start the same one (the tiny Llama, default settings)
+# ---- one app shared by the modules that start the same one (the tiny Llama, default settings) and need nothing
+# of their own (no settings, no counting of the server's caches). The browser modules' app lives for a run of
+# neighbouring modules; the API modules' app, whose users lie a few modules apart, lives to its last user.
 
 SHARED_APPS: dict[str, tuple] = {}  # fixture name → (demo, url, services, the Llama's name)
+KEPT_TO_LAST_USER = {"tiny_llama_api_app"}
+LAST_USERS: dict[str, str] = {}  # fixture name → the node id of the last test that uses it, in this run
 
 
 def shared_app(tmp_path_factory, name: str) -> tuple:
     """(url, services, the Llama's name) of the app on the tiny Llama alone with the default settings: started
-    once for a run of neighbouring modules whose tests use the fixture `name`. Each page is its own session, so a
-    module sees no other module's inputs; what the server caches (a model, a tab's first screen on the default
-    text) is what one app serving many visitors caches."""
+    once for the modules whose tests use the fixture `name`. Each page or client is its own session, so a module
+    sees no other module's inputs; what the server caches (a model, a tab's first screen on the default text) is
+    what one app serving many visitors caches."""
     from tiny_app_model import build_tiny_llama, launch_app
 
     if name not in SHARED_APPS:
@@ -94,14 +101,30 @@ def tiny_llama_app(tmp_path_factory):
     return shared_app(tmp_path_factory, "tiny_llama_app")
 
 
+@pytest.fixture(scope="module")
+def tiny_llama_api_app(tmp_path_factory):
+    """The shared app on the tiny Llama alone for the API modules (tests/app): (url, services, its name)."""
+    return shared_app(tmp_path_factory, "tiny_llama_api_app")
+
+
 @pytest.hookimpl(trylast=True)  # after the item's own teardown: its pages are closed before their app
 def pytest_runtest_teardown(item, nextitem):
-    """Close a shared app as soon as the next test does not use it (a later one starts it again): an idle app's
-    queue loop keeps about 5 % of a core busy."""
+    """Close a shared app as soon as the next test does not use it (a later one starts it again), or one kept to
+    its last user after that test: an idle app's queue loop keeps about 5 % of a core busy."""
     for name in list(SHARED_APPS):
-        if nextitem is None or name not in nextitem.fixturenames:
+        if name in LAST_USERS:
+            done = nextitem is None or item.nodeid == LAST_USERS[name]
+        else:
+            done = nextitem is None or name not in nextitem.fixturenames
+        if done:
             SHARED_APPS.pop(name)[0].close()
     forget_closed_pages()
+
+
+def pytest_sessionfinish(session):
+    """A run stopped early (-x, an interrupt) closes the shared apps its last test left open."""
+    for name in list(SHARED_APPS):
+        SHARED_APPS.pop(name)[0].close()
 
 
 # ---- the browser tests' Chromium (Debian's package) and pages, shared by tests/browser/
@@ -147,6 +170,35 @@ def open_page(browser, url: str, viewport: dict | None = None, accept_downloads:
 def drawn(page) -> None:
     """Returns once the page has drawn two frames since the call: what the last DOM change made is on screen."""
     page.evaluate("() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
+
+
+# Gradio draws a figure (Plotly.react) and then fits it to its box (Plotly.Plots.resize), which lays the figure out
+# again 100 ms later: plotly keeps gd._resolveResize from that call until the new layout is done, so a figure is
+# settled once it is drawn and holds none. The page's layout is settled once it has not moved between two frames.
+SETTLED = """() => {
+    const shown = [...document.querySelectorAll('.js-plotly-plot')].filter((gd) => gd.offsetParent !== null);
+    const busy = shown.filter((gd) => !gd._fullLayout || !gd.querySelector('.main-svg') || gd._resolveResize);
+    const shape = JSON.stringify([document.documentElement.scrollWidth, document.documentElement.scrollHeight,
+        ...shown.map((gd) => { const r = gd.getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; })]);
+    const still = window.__settledShape === shape;
+    window.__settledShape = shape;
+    return busy.length === 0 && still;
+}"""
+
+
+def settled(page, timeout_ms: int = PAGE_TIMEOUT_MS) -> None:
+    """Returns once every figure shown on the page is drawn and fitted to its box, and nothing on the page moved
+    between two frames: what a layout check measures is final. Fails naming the figures still busy."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    page.evaluate("() => { window.__settledShape = null; }")
+    try:
+        page.wait_for_function(SETTLED, polling="raf", timeout=timeout_ms)
+    except PlaywrightTimeout:
+        busy = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')]
+            .filter((gd) => gd.offsetParent !== null && (!gd.querySelector('.main-svg') || gd._resolveResize))
+            .map((gd) => gd.closest('[id]')?.id)""")
+        raise AssertionError(f"the page did not settle in {timeout_ms} ms; figures still drawing: {busy}") from None
 
 
 def open_card(page):
