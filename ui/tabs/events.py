@@ -164,12 +164,17 @@ def gated(event: dict, ok: gr.State) -> dict:
     at = next((i for i, p in enumerate(params) if stays_behind(p)), len(params))
     params.insert(at, inspect.Parameter(FIELDS_OK, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=True))
     signature = inspect.Signature(params)
+    own = inspect.signature(fn)
     kept = tuple(gr.skip() for _ in range(n_outputs)) if n_outputs != 1 else gr.skip()
 
     def split(args, kwargs) -> tuple[bool, tuple, dict]:
         bound = signature.bind(*args, **kwargs)
         fine = bound.arguments.pop(FIELDS_OK, True)
-        return fine is not False, bound.args, bound.kwargs
+        # bound again to fn's own parameters, so what came positionally goes on positionally: with FIELDS_OK taken
+        # out of `bound`, its .args would stop there and hand gr.Progress on as a keyword, which a function taking
+        # (*values, progress) through *args (a tab's first screen, `opening`) does not accept
+        again = own.bind(**bound.arguments)
+        return fine is not False, again.args, again.kwargs
 
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
