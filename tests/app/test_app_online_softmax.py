@@ -1,6 +1,6 @@
 """The online_softmax endpoint through gradio_client on the tiny app Llama: the figure holds the followed row's
-softmax read a block at a time, equal to the pass's own weights, the note says the difference, the table counts
-the bytes from the shapes, and bad settings are named."""
+softmax read a block at a time, equal to the pass's own weights, the note says the difference, the table shows the
+shipped measurement and, apart, the formula's count from the shapes, and bad settings are named."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
 from core.analysis import anatomy  # noqa: E402
+from core.attention import softmax_bytes  # noqa: E402
+from ui.services.inside import online_softmax_memory  # noqa: E402
+from ui.views.online import mib  # noqa: E402
 from tiny_app_model import build_tiny_llama, launch_app, plotly_array  # noqa: E402
 
 TEXT = "the bread is warm and the lamp"
@@ -44,7 +47,11 @@ def test_the_endpoint_reads_the_walked_row_block_by_block(served):
     difference = float(note.split("differ from the pass's softmax by at most **")[1].split("**")[0])
     assert difference <= 1e-6
     assert "eq. 6.10" in note and f"query {n - 1}" in note
-    assert "| 8,192 | 512.00 MiB | 160.0 KiB | 3,277× |" in table                 # 2·n²·4 against (3n + 2n)·4
+    plain, online = softmax_bytes(8192, 8192, 3, stages.v.shape[-1]).values()      # blocks of 3, this head's d_head
+    assert f"| 8,192 | 512.00 MiB | {mib(online)} | {plain / online:,.1f}× |" in table
+    memory = online_softmax_memory()                                           # the shipped measurement, apart
+    assert table.index("**Measured**") < table.index("**Formula, not a measurement**")
+    assert f"| {memory.rows[-1].n:,} | {memory.rows[-1].plain / 2 ** 20:,.2f} MiB |" in table
 
 
 @pytest.mark.parametrize("args, words", [((1, 2, -1, 0), "Block size"), ((1, 2, 99, 3), "Token to follow"),

@@ -43,7 +43,11 @@ def test_the_online_softmax_draws_under_the_softmax_stage(browser, app_url, name
         assert page.locator("#inside-online-figure .barlayer .point").count() > 0         # the plain softmax
         box, width = plot.bounding_box(), page.viewport_size["width"]
         assert box["width"] > 0 and box["x"] >= -1 and box["x"] + box["width"] <= width + 1, (box, width)
-        expect(page.locator("#inside-online-bytes table")).to_contain_text("8,192")
+        tables = page.locator("#inside-online-bytes table")                # measured, then apart the formula
+        expect(tables).to_have_count(2)
+        expect(tables.nth(0)).to_contain_text("8,192")
+        expect(tables.nth(1)).to_contain_text("8,192")
+        expect(page.locator("#inside-online-bytes")).to_contain_text("Formula, not a measurement")
         # the online section sits under the softmax stage and above the output stage
         below = page.locator("#inside-stage5").bounding_box()["y"] < page.locator("#inside-online").bounding_box()["y"]
         assert below and page.locator("#inside-online").bounding_box()["y"] < page.locator("#inside-note6").bounding_box()["y"]

@@ -13,9 +13,10 @@ import torch
 from tiny_app_model import build_tiny_bert, build_tiny_llama
 
 from core import load_model
-from core.attention import causal_mask, online_attention
+from core.attention import causal_mask, online_attention, softmax_bytes
 from ui.services.learn import generation as lessons
 from ui.services.learn import read_guess, reveal
+from ui.services.inside import online_softmax_memory
 from ui.views.learn import generation as views
 
 KV, COST = lessons.LESSONS
@@ -87,8 +88,18 @@ def test_the_weights_grow_as_n_squared_and_the_exponent_is_the_fit_of_the_times(
     slope = np.polyfit(np.log(lengths), np.log(v["seconds"]), 1)[0]
     assert math.isfinite(v["exponent"]) and v["exponent"] == pytest.approx(slope, abs=1e-9)
     assert f"n^{v['exponent']:.2f}" in cost.why and f"n^{v['exponent']:.2f}" in cost.alt
-    n = v["softmax_bytes"]["n"]
-    assert v["softmax_bytes"] == {"n": n, "plain": 2 * n * n * 4, "online": (n * lessons.ONLINE_BLOCK + 2 * n) * 4}
+    memory = online_softmax_memory()                      # the shipped measurement, and the formula at its settings
+    counted = v["softmax_bytes"]
+    assert (counted["n"], counted["block"], counted["d_head"]) == (memory.rows[-1].n, memory.block, memory.d_head)
+    assert {k: counted[k] for k in ("plain", "online")} == softmax_bytes(counted["n"], counted["n"], memory.block,
+                                                                          memory.d_head)
+    assert v["softmax_measured"]["rows"][-1] == {"n": memory.rows[-1].n, "plain": memory.rows[-1].plain,
+                                                 "online": memory.rows[-1].online, "fused": memory.rows[-1].fused}
+    measured_words, formula_words = cost.answer_text.split("Apart from that, the formula")
+    assert "Its memory, measured: " in measured_words and memory.date in measured_words and "VmHWM" in measured_words
+    assert f"{memory.rows[-1].plain / memory.rows[-1].online:,.1f}× less" in measured_words
+    assert "not measured" in formula_words and f"{counted['plain'] / counted['online']:,.1f}× less" in formula_words
+    assert "64×" not in cost.answer_text
     fig = views.FIGURES["cost"](cost)
     np.testing.assert_allclose(fig.data[0].y, [(m / lengths[0]) ** 2 for m in lengths])
     assert len(fig.data) == 4 and fig.layout.yaxis.type == "log"

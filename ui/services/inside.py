@@ -1,11 +1,13 @@
 """One forward pass, stage by stage, as plain values over core.analysis.anatomy: the stages of one head and its
 layer on a short text, the numbers worth noticing at each, the next-token distribution under temperature, top-k
 and top-p (core.generate's own filters), the attention terms this family's layer has in words, and why the head
-attends where it does."""
+attends where it does; the online softmax of one row, and the shipped measurement of its memory."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -226,6 +228,76 @@ def stage_arrays(stages: anatomy.ForwardStages) -> dict[str, np.ndarray]:
 ONLINE_LENGTHS = (512, 1024, 2048, 4096, 8192)   # the lengths the bytes table counts
 MAX_BLOCK = 8192
 
+# The online softmax's peak memory as bench/variants/online_softmax.py measured and shipped it: the Inside tab and
+# the cost lesson read these figures with the date, the machine, the command and the method beside them; nothing
+# is measured at request time. softmax_bytes (core/attention.py) is the formula, tested against this measurement.
+MEASURED = Path(__file__).resolve().parents[2] / "assets" / "measured" / "online_softmax.json"
+BENCH = "bench/variants/online_softmax.py"      # writes MEASURED with --publish
+MOVING = "online, moving threshold"              # its column of the online method under glibc's default allocator
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    n: int          # tokens (queries = keys)
+    plain: float    # median bytes one call added to the peak RSS: softmax(q·kᵀ·s)·v with its n × n matrices
+    online: float   # core.attention.online_attention, a block of keys at a time
+    fused: float    # torch's scaled_dot_product_attention, the core's fast path
+    online_default: float | None   # online again under glibc's default (moving) mmap threshold, which keeps blocks
+
+
+@dataclass(frozen=True)
+class SoftmaxMemory:
+    date: str
+    machine: str
+    command: str
+    method: str      # how a peak was read (the kernel's VmHWM, ...)
+    allocator: str   # the C allocator's setting the three ran under
+    block: int
+    d_head: int
+    threads: int
+    repeats: int
+    rows: tuple[MemoryRow, ...]
+
+
+def online_softmax_memory(path: Path = MEASURED) -> SoftmaxMemory | None:
+    """The shipped measurement, or None where it was never made; a damaged file is an error that names it."""
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        rows = tuple(MemoryRow(int(r["n"]), *(float(r[m]["median"]) for m in ("plain", "online", "fused")),
+                               float(r[MOVING]["median"]) if MOVING in r else None) for r in raw["rows"])
+        return SoftmaxMemory(str(raw["date"]), str(raw["machine"]), str(raw["command"]), str(raw["method"]),
+                             str(raw["allocator"]), int(raw["block"]), int(raw["d_head"]), int(raw["threads"]),
+                             int(raw["repeats"]), rows)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path} is not the measurement {BENCH} --publish writes ({type(err).__name__}: {err}); "
+                         f"run that command again to remake it") from err
+
+
+def mib(n_bytes: float) -> str:
+    return f"{n_bytes / 2 ** 20:,.1f} MiB"
+
+
+def measured_source(memory: SoftmaxMemory) -> str:
+    """Where the figures come from, in words: the method, the allocator, the sizes and settings, the date, the
+    machine and the command, as the measurement wrote them."""
+    sizes = f"{memory.rows[0].n:,}–{memory.rows[-1].n:,}" if len(memory.rows) > 1 else f"{memory.rows[0].n:,}"
+    return (f"{memory.method}, median of {memory.repeats}; {memory.allocator}; {sizes} tokens, one head (d_head "
+            f"{memory.d_head}, float32, blocks of {memory.block} keys), {memory.threads} "
+            f"thread{'s' if memory.threads != 1 else ''}; {memory.date}, {memory.machine}; `{memory.command}`")
+
+
+def measured_sentence(memory: SoftmaxMemory) -> str:
+    """The largest size's peaks and the ratio, then where they come from."""
+    top = memory.rows[-1]
+    default = (f"; {mib(top.online_default)} under glibc's default allocator, which keeps some freed blocks"
+               if top.online_default is not None else "")
+    return (f"at {top.n:,} tokens the plain softmax added {mib(top.plain)} to the peak memory, the online one "
+            f"{mib(top.online)} ({top.plain / top.online:,.1f}× less{default}) and torch's fused kernel "
+            f"{mib(top.fused)} ({measured_source(memory)}).")
+
+
 
 @dataclass
 class OnlineRow:
@@ -247,7 +319,9 @@ class OnlineRow:
     probs_difference: float     # max_j |online − plain|
     output_difference: float    # max |Σ_j p_j v_j read online − the pass's z row|
     d_head: int
-    bytes: list[tuple[int, int, int]]   # (n, plain bytes, online bytes) for n in ONLINE_LENGTHS, this block
+    bytes: list[tuple[int, int, int]]   # the formula: (n, plain bytes, online bytes) for n in ONLINE_LENGTHS, this
+                                        # block and d_head (core.attention.softmax_bytes, counted from the shapes)
+    measured: SoftmaxMemory | None      # the shipped measurement (bench/variants/online_softmax.py), or None
 
 
 def online_row(model, tokens: Encoded, layer, head, query, block) -> OnlineRow:
@@ -268,4 +342,5 @@ def online_row(model, tokens: Encoded, layer, head, query, block) -> OnlineRow:
         probs_difference=float((probs - plain).abs().max()),
         output_difference=float((out - stages.z[query].double()).abs().max()),
         d_head=stages.v.shape[-1],
-        bytes=[(n, *softmax_bytes(n, n, block).values()) for n in ONLINE_LENGTHS])
+        bytes=[(n, *softmax_bytes(n, n, block, stages.v.shape[-1]).values()) for n in ONLINE_LENGTHS],
+        measured=online_softmax_memory())

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ui.plots.online import online_softmax_figure
 from ui.plots.text import escaped
 from ui.services import Services
-from ui.services.inside import encode_walk, online_row
+from ui.services.inside import BENCH, encode_walk, measured_source, online_row
 from ui.services.text import token_texts
 from ui.views import export
 
@@ -16,13 +16,41 @@ def mib(n_bytes: int) -> str:
     return f"{n_bytes / 2 ** 20:,.2f} MiB" if n_bytes >= 2 ** 20 else f"{n_bytes / 2 ** 10:,.1f} KiB"
 
 
-def bytes_table(row) -> str:
-    """The bytes each method holds beyond q, k, v and the output, one head in float32 (softmax_bytes)."""
-    lines = [f"| tokens n | plain: scores + weights, 2·n² | online: one block n·{row.block} + m, ℓ 2·n | plain / online |",
+def measured_table(memory) -> str:
+    """The shipped measurement (ui/services/inside.py): the bytes one call added to the peak memory."""
+    default = all(r.online_default is not None for r in memory.rows)
+    lines = [f"**Measured**: {measured_source(memory)}.",
+             "",
+             "| tokens n | plain | online | torch's fused kernel (SDPA) | plain / online |"
+             + (" online, glibc's default allocator |" if default else ""),
+             "|---:|---:|---:|---:|---:|" + ("---:|" if default else "")]
+    for r in memory.rows:
+        lines.append(f"| {r.n:,} | {mib(r.plain)} | {mib(r.online)} | {mib(r.fused)} | {r.plain / r.online:,.1f}× |"
+                     + (f" {mib(r.online_default)} |" if default else ""))
+    return "\n".join(lines)
+
+
+def formula_table(row) -> str:
+    """The formula (core.attention.softmax_bytes) at this block and head size, counted from the shapes."""
+    b, d = row.block, row.d_head
+    lines = [f"**Formula, not a measurement** (`softmax_bytes`, counted from the shapes at blocks of {b} and "
+             f"d_head {d}): the most each method holds at once beyond q, k, v and the output. Plain: the scores and "
+             f"the weights, 2·n². Online: the previous block's scores and weights with the new block's product and "
+             f"scores, up to 4·n·{b}, the output accumulator and its temporaries, n·{d} to 4·n·{d}, and the running "
+             "max, sum and their temporaries, up to 8·n.",
+             "",
+             "| tokens n | plain | online | plain / online |",
              "|---:|---:|---:|---:|"]
     for n, plain, online in row.bytes:
-        lines.append(f"| {n:,} | {mib(plain)} | {mib(online)} | {plain / online:,.0f}× |")
+        lines.append(f"| {n:,} | {mib(plain)} | {mib(online)} | {plain / online:,.1f}× |")
     return "\n".join(lines)
+
+
+def bytes_table(row) -> str:
+    """The measured peaks (where shipped) and, apart, the formula's count, one head in float32."""
+    measured = (measured_table(row.measured) if row.measured is not None else
+                f"**Measured**: not shipped with this copy; `{BENCH} --publish` measures and writes it.")
+    return measured + "\n\n" + formula_table(row)
 
 
 def online_view(services: Services, model_name, text_value, layer_index, head_index, token_index, block_value,
@@ -47,8 +75,8 @@ def online_view(services: Services, model_name, text_value, layer_index, head_in
             f"After the last block m = {row.running_max[last]:.4g} and ℓ = {row.running_sum[last]:.4g}; "
             f"the weights e^(s_j − m)/ℓ differ from the pass's softmax by at most **{row.probs_difference:.1e}**, "
             f"and the output accumulated block by block from the pass's z row by **{row.output_difference:.1e}** "
-            "(float64 here, against the pass's float32). The table counts what each method holds for one head, "
-            "from the shapes; the timing at 8,192 tokens is measured in `bench/variants/online_softmax.py`.")
+            "(float64 here, against the pass's float32). Below, the memory each method took for one head, measured "
+            f"by `{BENCH}`, and apart from it the formula's count from the shapes.")
     if tokens_enc.note:
         note += f"  \n{escaped(tokens_enc.note)}"
     return note, export.named(fig, export.filename(name, "online-softmax", row.layer, row.head)), bytes_table(row)

@@ -3,7 +3,8 @@
 
 Every number is read from the loaded model: the cache's bytes from the tensors the core allocates (beside the
 formula), the attention weights' bytes from the maps one forward pass captures, the times from forward passes
-timed here, and the online softmax from one real head's row (ui/services/inside.py online_row)."""
+timed here, and the online softmax from one real head's row (ui/services/inside.py online_row); its memory is the
+shipped measurement (ui/services/inside.py), with the formula's count beside it and labelled as one."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ COST_SAMPLE = ("Attention compares every token with every other token, so a text
 COST_LENGTHS = (32, 64, 128, 256)   # doubling lengths: timed passes and one recorded pass at each
 COST_REPEATS = 3                    # timed passes per length; the fastest is kept (the least disturbed by others)
 ONLINE_BLOCK = 8                    # keys per block in the online softmax of the real head's row
+FORMULA_SETTINGS = (8192, 256)      # tokens and block of the formula's count where no measurement is shipped
 
 
 def progress_to(progress: ProgressFn | None, fraction: float, what: str) -> None:
@@ -191,15 +193,14 @@ def measure_cost(model, progress: ProgressFn | None = None) -> Measured:
     ratio = per_head[-1] / per_head[-2]
     exponent = fitted_exponent(lengths, seconds)
     fixed, per_token = line_fit(lengths, seconds)
-    plain_bytes, online_bytes = softmax_sizes(doubled)
+    memory_words, memory_values = softmax_memory(row.d_head)
     stack_cfg = inside.stack_config(model)
     answer_text = (
         f"One head's weights at {doubled} tokens take {per_head[-1]:,} bytes against {per_head[-2]:,} at {n}: "
         f"{number(ratio)}× (eq. 6.12); {n_layers} layers of {stack_cfg.n_heads} heads like layer 0 would hold "
         f"{fmt_bytes(all_maps[-1])}. The online softmax (eq. 6.10) of L{row.layer} H{row.head}'s last "
-        f"row, read {row.block} keys at a time, equals the pass's own weights to {row.probs_difference:.1e}; over "
-        f"{doubled} queries it would hold {fmt_bytes(online_bytes)} of scores where the plain softmax holds "
-        f"{fmt_bytes(plain_bytes)}.")
+        f"row, read {row.block} keys at a time, equals the pass's own weights to {row.probs_difference:.1e}. "
+        + memory_words)
     progress_to(progress, 1.0, "done")
     return Measured(
         answer=ratio, answer_text=answer_text, why=cost_words(lengths, seconds, exponent, fixed),
@@ -209,14 +210,29 @@ def measure_cost(model, progress: ProgressFn | None = None) -> Measured:
                 "exponent": exponent, "fixed_seconds": fixed, "seconds_per_token": per_token,
                 "online_layer": row.layer, "online_head": row.head, "online_block": row.block,
                 "online_max_error": row.probs_difference, "online_output_error": row.output_difference,
-                "softmax_bytes": {"n": doubled, "plain": plain_bytes, "online": online_bytes}},
+                **memory_values},
         link={"tab": "inside", "layer": row.layer, "head": row.head, "text": COST_SAMPLE})
 
 
-def softmax_sizes(n: int) -> tuple[int, int]:
-    """(plain, online) bytes of one head's softmax over n queries and keys, float32 (core.attention.softmax_bytes)."""
-    sizes = softmax_bytes(n, n, ONLINE_BLOCK)
-    return sizes["plain"], sizes["online"]
+def softmax_memory(d_head: int) -> tuple[str, dict]:
+    """The online softmax's memory in words: the shipped measurement (ui/services/inside.py), then apart from it
+    the formula (core.attention.softmax_bytes) at the measurement's largest size and settings (without one, at
+    FORMULA_SETTINGS and this head's d_head); and both as values."""
+    memory = inside.online_softmax_memory()
+    n, block, d_head = (memory.rows[-1].n, memory.block, memory.d_head) if memory else (*FORMULA_SETTINGS, d_head)
+    counted = softmax_bytes(n, n, block, d_head)
+    measured = (f"Its memory, measured: {inside.measured_sentence(memory)} " if memory else
+                f"Its memory is not measured in this copy (`{inside.BENCH} --publish` measures it). ")
+    formula = (f"Apart from that, the formula `softmax_bytes` counts from the shapes, not measured, what each holds "
+               f"at once beyond q, k, v and the output at {n:,} tokens, d_head {d_head}, blocks of {block}: the plain "
+               f"scores and weights (2·n²), {inside.mib(counted['plain'])}; the online loop's previous block of scores and "
+               f"weights beside the new block's (4·n·block), its output accumulator and running max and sum, "
+               f"{inside.mib(counted['online'])} ({counted['plain'] / counted['online']:,.1f}× less).")
+    values = {"softmax_bytes": {"n": n, "block": block, "d_head": d_head, **counted},
+              "softmax_measured": None if memory is None else {
+                  "date": memory.date, "method": memory.method,
+                  "rows": [{"n": r.n, "plain": r.plain, "online": r.online, "fused": r.fused} for r in memory.rows]}}
+    return measured + formula, values
 
 
 LESSONS: tuple[Lesson, ...] = (
