@@ -56,7 +56,8 @@ def hover_token(page, column: int, row: int) -> None:
 
 LINES_SHOWN = """(expected) => {
     const shown = new Set(document.getElementById("gd").data
-        .filter((t) => t.meta && t.meta.role === "lines" && t.opacity > 0).map((t) => `${t.meta.side} ${t.meta.index}`));
+        .filter((t) => t.meta && t.meta.role === "lines" && t.opacity > 0)
+        .map((t) => `${t.meta.side} ${t.meta.index}`));
     return shown.size === expected.length && expected.every((line) => shown.has(line)); }"""
 
 
