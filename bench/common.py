@@ -85,10 +85,11 @@ def spread(values, digits: int = 1) -> str:
     return f"{median(values):.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
 
 
-def _status_bytes(field: str) -> int | None:
-    """A field of /proc/self/status (VmHWM, VmRSS) in bytes; None where there is no such file (not Linux)."""
+def status_bytes(field: str, pid: int | str = "self") -> int | None:
+    """A field of /proc/PID/status (VmHWM, VmRSS) in bytes, of this process by default; None where there is no
+    such file (not Linux, or the process is gone)."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     except OSError:
@@ -96,11 +97,12 @@ def _status_bytes(field: str) -> int | None:
     return None
 
 
-def reset_high_water() -> bool:
-    """Reset the kernel's peak RSS (VmHWM) to the current RSS: Linux's `echo 5 > /proc/self/clear_refs`.
-    False where it cannot (another kernel, or /proc read-only)."""
+def reset_high_water(pid: int | str = "self") -> bool:
+    """Reset the kernel's peak RSS (VmHWM) of process PID (this one by default) to its current RSS: Linux's
+    `echo 5 > /proc/PID/clear_refs` (another process: the same user, or root). False where it cannot (another
+    kernel, /proc read-only, another user's process, or the process is gone)."""
     try:
-        Path("/proc/self/clear_refs").write_text("5")
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
     except OSError:
         return False
     return True
@@ -108,14 +110,21 @@ def reset_high_water() -> bool:
 
 class PeakMemory:
     """The peak memory of the code run inside `with PeakMemory(device) as peak:`, by one method everywhere: on the
-    CPU the kernel's high-water mark of this process's resident memory (VmHWM, exact, not sampled), reset to the
-    current RSS on entry; on a GPU torch's peak allocation on the device. After the block: .before (RSS or
-    allocated bytes on entry), .peak (the highest during the block, bytes) and .added = peak - before; all None
-    where the kernel cannot reset its high-water mark. Run it in a fresh process (measured_in_child) with the
-    work warmed up first, so that the peak is the work's own and not loading's or a first call's."""
+    CPU the kernel's high-water mark of a process's resident memory (VmHWM, exact, not sampled), reset to the
+    current RSS on entry; on a GPU torch's peak allocation on the device. The process is this one, or with
+    pid=N another one of the same user (a server the benchmark drives: its high-water mark over the block).
+    After the block: .before (RSS or allocated bytes on entry), .peak (the highest during the block, bytes) and
+    .added = peak - before; all None where the kernel cannot reset its high-water mark, or with required=True
+    a SystemExit on entry saying why. Run it in a fresh process (measured_in_child) with the work warmed up
+    first, so that the peak is the work's own and not loading's or a first call's."""
 
-    def __init__(self, device: str = "cpu"):
+    def __init__(self, device: str = "cpu", pid: int | None = None, required: bool = False):
+        if pid is not None and device.startswith("cuda"):
+            raise ValueError("PeakMemory(pid=...) reads another process's VmHWM: device must be 'cpu', "
+                             f"not {device!r} (torch's allocator counts this process only)")
         self.cuda = device.startswith("cuda")
+        self.pid: int | str = "self" if pid is None else pid
+        self.required = required
         self.before = self.peak = self.added = None
         self.how = "torch's peak allocation on the GPU" if self.cuda else "peak RSS (the kernel's VmHWM)"
 
@@ -125,8 +134,15 @@ class PeakMemory:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             self.before = torch.cuda.memory_allocated()
-        elif reset_high_water():
-            self.before = _status_bytes("VmRSS")
+        elif reset_high_water(self.pid) and status_bytes("VmHWM", self.pid) is not None:
+            self.before = status_bytes("VmRSS", self.pid)
+        elif self.required:
+            who = "this process" if self.pid == "self" else f"process {self.pid}"
+            raise SystemExit(f"cannot measure the peak memory of {who}: its high-water mark (VmHWM in "
+                             f"/proc/{self.pid}/status) could not be read or reset by writing 5 to "
+                             f"/proc/{self.pid}/clear_refs. This needs Linux, a writable /proc, and the same "
+                             f"user as the process (or root); peaks are not sampled instead, as sampling misses "
+                             f"short ones")
         return self
 
     def __exit__(self, *exc):
@@ -134,7 +150,7 @@ class PeakMemory:
             torch.cuda.synchronize()
             self.peak = torch.cuda.max_memory_allocated()
         elif self.before is not None:
-            self.peak = _status_bytes("VmHWM")
+            self.peak = status_bytes("VmHWM", self.pid)
         if self.peak is not None and self.before is not None:
             self.added = self.peak - self.before
         return False

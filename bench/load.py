@@ -18,7 +18,9 @@
 
 For each phase it prints the p50 and p95 latency per endpoint, the errors (every one is a failure, except "queue
 full" from clients beyond the queue's limit, counted apart), and the server's resident memory before the phase,
-at its peak (sampled every 0.2 s), right after and --settle seconds after (the memory the allocator gave back),
+at its peak (the server process's own high-water mark, VmHWM, reset as the phase starts and read as it ends:
+common.PeakMemory with its pid; Linux, the same user), right after and --settle seconds after (the memory the
+allocator gave back),
 then one SUMMARY line per phase for docs/reliability.md. The heavy phase also prints each long job's duration (from
 submission: queueing included) and each generation's time to its first token and tokens/s. The server is always
 stopped at the end; the exit status is 1 when any call failed.
@@ -54,6 +56,8 @@ import urllib.request
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from common import PeakMemory, status_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "assets" / "examples"
@@ -117,48 +121,9 @@ def tail(path: Path, lines: int = 30) -> str:
 
 
 def rss_bytes(pid: int) -> int | None:
-    """The process's resident set (VmRSS), or None once it is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        import psutil  # noqa: PLC0415 - where there is no /proc
-
-        return psutil.Process(pid).memory_info().rss
-    except Exception:  # noqa: BLE001 - no psutil, or the process is gone
-        return None
-
-
-class MemorySampler:
-    """The server's RSS every `interval` seconds in a thread; `peak` since the last reset()."""
-
-    def __init__(self, pid: int, interval: float = 0.2):
-        self.pid, self.interval = pid, interval
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            value = rss_bytes(self.pid)
-            if value is not None:
-                self.peak = max(self.peak, value)
-
-    def start(self) -> MemorySampler:
-        self._thread.start()
-        return self
-
-    def reset(self) -> int:
-        now = rss_bytes(self.pid) or 0
-        self.peak = now
-        return now
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
+    """The process's resident set now (VmRSS), or None once it is gone: a point reading, never a peak (peaks are
+    the kernel's high-water mark, PeakMemory)."""
+    return status_bytes("VmRSS", pid)
 
 
 # ---------------------------------------------------------------- calls
@@ -173,7 +138,7 @@ class Results:
         self.queue_full: list[str] = []
         self.notes: list[str] = []  # lines a phase adds to its report
         self.sessions = 0  # sessions a phase opened one after another: its RSS growth is reported per session
-        self.session_rss: list[int] = []  # the server's RSS after each of them, where the phase samples it
+        self.session_rss: list[int] = []  # the server's RSS after each of them, where the phase reads it
         self._lock = threading.Lock()
 
     def call(self, client, endpoint: str, timeout: float, watch=None, **kwargs):
@@ -461,9 +426,12 @@ def mb(n: int) -> str:
     return f"{n / 2**20:,.0f} MB"
 
 
-def report(phase: str, what: str, seconds: float, results: Results, rss: tuple[int, int, int, int | None],
-           settle: float) -> str:
+def report(phase: str, what: str, seconds: float, results: Results,
+           rss: tuple[int, int | None, int, int | None], settle: float) -> str:
+    """rss: the server's RSS before the phase, its peak during it (VmHWM; None where it could not be read back:
+    the server died), right after, and --settle seconds after (None: not read)."""
     before, peak, after, settled = rss
+    top = mb(peak) if peak is not None else "unknown (the server is gone)"
     print(f"\n== {phase}: {what}, {seconds:.1f} s")
     print(f"  {'endpoint':<22}{'calls':>6}{'p50 s':>9}{'p95 s':>9}{'max s':>9}")
     for endpoint, values in sorted(results.latency.items()):
@@ -477,7 +445,7 @@ def report(phase: str, what: str, seconds: float, results: Results, rss: tuple[i
     for line in results.notes:
         print(f"  {line}")
     later = f", {mb(settled)} {settle:.0f} s after" if settled is not None else ""
-    print(f"  server RSS: {mb(before)} before, {mb(peak)} peak, {mb(after)} after{later}")
+    print(f"  server RSS: {mb(before)} before, {top} peak (VmHWM), {mb(after)} after{later}")
     per_session = ""
     if results.sessions:
         grown = ((settled if settled is not None else after) - before) / results.sessions
@@ -496,7 +464,7 @@ def report(phase: str, what: str, seconds: float, results: Results, rss: tuple[i
     )
     later = f" → {mb(settled)} {settle:.0f} s after" if settled is not None else ""
     return (f"SUMMARY {phase}: {what}; {latencies}; errors {len(results.errors)}, queue full "
-            f"{len(results.queue_full)}; RSS {mb(before)} → {mb(peak)} peak → {mb(after)}{later}{per_session}")
+            f"{len(results.queue_full)}; RSS {mb(before)} → {top} peak (VmHWM) → {mb(after)}{later}{per_session}")
 
 
 def main() -> int:
@@ -508,7 +476,7 @@ def main() -> int:
                         help="sessions in a row, each calling the Patching tab's three endpoints (default 20)")
     parser.add_argument("--seconds", type=float, default=300.0, help="time limit of each phase (default 300)")
     parser.add_argument("--settle", type=float, default=60.0,
-                        help="seconds after each phase at which RSS is sampled again (default 60; 0: not sampled)")
+                        help="seconds after each phase at which RSS is read again (default 60; 0: not read)")
     heavy = parser.add_argument_group("the heavy phase (off unless --heavy)")
     heavy.add_argument("--heavy", action="store_true", help="run the heavy phase after the others")
     heavy.add_argument("--heavy-sweeps", type=int, default=2, help="/ablation_sweep clients (default 2)")
@@ -546,14 +514,12 @@ def main() -> int:
     started = time.perf_counter()
     backend = ["--backend", "ray", "--replicas", str(args.replicas)] if args.backend == "ray" else []
     proc = start_server(args.model, port, log_path, backend)
-    args.server_pid = proc.pid  # the phases that sample the server's RSS after each session
+    args.server_pid = proc.pid  # the phases that read the server's RSS after each session
     summaries, failed = [], False
-    sampler = None
     try:
         wait_until_up(proc, url, log_path)
         print(f"app up at {url} ({args.model}, backend {' '.join(backend[1:]) or 'local'}) in "
               f"{time.perf_counter() - started:.1f} s; server log: {log_path}")
-        sampler = MemorySampler(proc.pid).start()
         phases = [
             ("concurrent", concurrent_phase, args.sessions),
             ("short", short_phase, args.short_sessions),
@@ -570,26 +536,23 @@ def main() -> int:
                 warm_up(url, args, texts, results)
                 print(f"\nheavy phase: warmed up (one /attention, a 4-token /generate, a 1-step /attribute): RSS "
                       f"{mb(cold)} → {mb(rss_bytes(proc.pid) or 0)}, the weights' memory-mapped pages read in")
-            before = sampler.reset()
-            t0 = time.perf_counter()
-            what = run(url, args, texts, results)
-            seconds = time.perf_counter() - t0
-            time.sleep(0.5)  # let the sampler see the end of the phase
+            with PeakMemory("cpu", pid=proc.pid, required=True) as peak:  # the server's, not this client's
+                t0 = time.perf_counter()
+                what = run(url, args, texts, results)
+                seconds = time.perf_counter() - t0
             after = rss_bytes(proc.pid) or 0
-            peak = max(sampler.peak, after)
             settled = None
             if args.settle > 0 and proc.poll() is None:
                 time.sleep(args.settle)  # idle: what the allocator gives back
                 settled = rss_bytes(proc.pid)
-            summaries.append(report(phase, what, seconds, results, (before, peak, after, settled), args.settle))
+            summaries.append(report(phase, what, seconds, results, (peak.before or 0, peak.peak, after, settled),
+                                   args.settle))
             failed |= bool(results.errors)
             if proc.poll() is not None:
                 print(f"the app died during the {phase} phase (status {proc.returncode}):\n{tail(log_path)}")
                 failed = True
                 break
     finally:
-        if sampler is not None:
-            sampler.stop()
         stop_server(proc)
     print()
     for line in summaries:

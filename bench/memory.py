@@ -1,7 +1,8 @@
 """Does the server give memory back after heavy jobs? `python app.py` started once per allocator setting, each
 time running the same integrated-gradients attributions (--attributions sessions at once, --steps steps, on the
 Attention example's first 16 tokens) through gradio_client, with the server's RSS printed before, at the peak
-(sampled every 0.2 s), right after and --settle seconds after.
+(the server process's own high-water mark, VmHWM, reset before the attributions and read after them:
+common.PeakMemory with its pid; Linux, the same user), right after and --settle seconds after.
 
   glibc default       ATTN_MALLOC_ARENAS=0 ATTN_MALLOC_TRIM=0 ATTN_MALLOC_MMAP_KB=0: up to 8 arenas per core,
                       never trimmed, glibc's moving mmap threshold
@@ -24,7 +25,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from load import MemorySampler, free_port, mb, read_texts, rss_bytes, start_server, stop_server, wait_until_up
+from common import PeakMemory
+from load import free_port, mb, read_texts, rss_bytes, start_server, stop_server, wait_until_up
 
 OFF = dict(ATTN_MALLOC_ARENAS="0", ATTN_MALLOC_TRIM="0", ATTN_MALLOC_MMAP_KB="0", MALLOC_ARENA_MAX=None)
 VARIANTS = {
@@ -55,19 +57,17 @@ def measure(name: str, env: dict, args, text: str) -> str:
     proc = start_server(args.model, port, log_path, env=env)
     try:
         wait_until_up(proc, url, log_path)
-        sampler = MemorySampler(proc.pid).start()
-        before = sampler.reset()
-        with ThreadPoolExecutor(args.attributions) as pool:
+        with PeakMemory("cpu", pid=proc.pid, required=True) as peak, ThreadPoolExecutor(args.attributions) as pool:
             seconds = list(pool.map(lambda _: attribute(url, args.model, text, args.steps), range(args.attributions)))
-        time.sleep(0.5)
-        after = rss_bytes(proc.pid) or 0
-        peak = max(sampler.peak, after)
+        if peak.peak is None:
+            raise SystemExit(f"{name}: the server's VmHWM could not be read after the attributions (did it die? "
+                             f"its log: {log_path})")
+        before, after = peak.before, rss_bytes(proc.pid) or 0
         time.sleep(args.settle)
         settled = rss_bytes(proc.pid) or 0
-        sampler.stop()
     finally:
         stop_server(proc)
-    return (f"{name:<16} RSS {mb(before)} before, {mb(peak)} peak, {mb(after)} after, {mb(settled)} "
+    return (f"{name:<16} RSS {mb(before)} before, {mb(peak.peak)} peak (VmHWM), {mb(after)} after, {mb(settled)} "
             f"{args.settle:.0f} s after ({(settled - before) / 2**20:+,.0f} MB); {args.attributions} attributions "
             f"at {args.steps} steps: {', '.join(f'{s:.0f}' for s in seconds)} s")
 
@@ -76,7 +76,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--attributions", type=int, default=3, help="attributions, each from its own session")
     parser.add_argument("--steps", type=int, default=256, help="integrated gradients' steps (1–256)")
-    parser.add_argument("--settle", type=float, default=60.0, help="seconds after the last one to sample RSS again")
+    parser.add_argument("--settle", type=float, default=60.0, help="seconds after the last one to read RSS again")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--only", default="", help=f"comma-separated variants, of: {', '.join(VARIANTS)}")
     args = parser.parse_args()

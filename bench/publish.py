@@ -28,10 +28,12 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    parts = [f"{cpu}, {os.cpu_count()} cores", f"Python {platform.python_version()}"]
+    cores = os.cpu_count()
+    parts = [f"{cpu}, {cores} core{'' if cores == 1 else 's'}", f"Python {platform.python_version()}"]
     try:
         import torch
-        parts.append(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+        threads = torch.get_num_threads()
+        parts.append(f"torch {torch.__version__}, {threads} thread{'' if threads == 1 else 's'}")
         if torch.cuda.is_available():
             parts.append(torch.cuda.get_device_name(0))
     except ImportError:

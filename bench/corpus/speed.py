@@ -9,9 +9,10 @@ way, in one run: medians (and ranges) of alternating runs (each side first in ev
            scores from the patterns of its run_with_cache looped over the same texts one at a time, and run on
            all of them in one batch (they are of one length), checked against head_scores_over's per-item
            values (bench/corpus/lens.py); skipped, saying why, where it is not installed
-  memory   peak RSS, while the job runs, of a fresh process that loads the model and runs head_scores_over on
-           --memory-texts random texts of --tokens tokens, against one on a tenth as many; the difference is what
-           the corpus adds. Twice: with glibc's allocator as it comes, and with its mmap threshold fixed at
+  memory   peak RSS while the job runs (the kernel's high-water mark, reset just before it: common.PeakMemory)
+           of a fresh process that loads the model and runs head_scores_over on --memory-texts random texts of
+           --tokens tokens, against one on a tenth as many; the difference is what the corpus adds. Twice:
+           with glibc's allocator as it comes, and with its mmap threshold fixed at
            --mmap-kb KiB (ui/memory.py fix_mmap_threshold, the app's ATTN_MALLOC_MMAP_KB)
 --parts picks which of the four to run (all by default); --threads sets torch's thread count (on a shared
 machine 1 keeps the two sides' timings apart from the other jobs' load).
@@ -24,7 +25,6 @@ Usage: python bench/corpus/speed.py [--model smollm2-135m-instruct] [--texts 48]
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import subprocess
@@ -36,13 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))     # bench/, fo
 
 import torch  # noqa: E402
 
-from common import long_ids, median, random_weights_folder, row, spread, timed  # noqa: E402
+from common import PeakMemory, long_ids, median, random_weights_folder, row, spread, timed  # noqa: E402
 from core import load_model  # noqa: E402
 from core.analysis import patching  # noqa: E402
 from core.corpus import summaries  # noqa: E402
 from core.corpus.texts import ioi_pairs  # noqa: E402
 from lens import check_agreement, lens_model, lens_scores  # noqa: E402
-from load import MemorySampler, rss_bytes  # noqa: E402
 from ui import memory  # noqa: E402
 
 WIDTHS = (46, 24, 24, 9)
@@ -76,44 +75,20 @@ def looped_sweeps(model, pairs) -> None:
         patching.patch_sweep(model, pair.clean[None], pair.corrupted[None], pair.answer, pair.foil, "z")
 
 
-def high_water_mb() -> float | None:
-    """This process's peak RSS since the last reset_high_water() (the kernel's VmHWM: exact, not sampled)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
-def reset_high_water() -> bool:
-    """Reset the kernel's peak RSS to the current RSS (Linux: 5 to clear_refs); False where it cannot."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
 def peak_rss(folder: str, n: int, tokens: int, batch_tokens: int) -> dict:
     """In this (child) process: load, warm up on one batch, then head_scores_over on n seeded random texts;
-    RSS in MB before the job and its peak while the job runs: the kernel's high-water mark reset just before
-    the job (the process's lifetime peak is loading's, and the first pass's one-off allocations the warm-up's),
-    or, where the kernel cannot reset it, RSS sampled every 10 ms (which can miss a short peak)."""
+    RSS in MB before the job and its peak while the job runs, by common.PeakMemory: the kernel's high-water
+    mark reset just before the job (the process's lifetime peak is loading's, and the first pass's one-off
+    allocations the warm-up's). Where the kernel cannot read or reset it, this stops saying so: no sampling."""
     model = load_model(folder, device="cpu", dtype=torch.float32)
     gen = torch.Generator().manual_seed(0)
     texts = [torch.randint(3, model.config.vocab_size, (tokens,), generator=gen) for _ in range(n)]
     summaries.head_scores_over(model, texts[:batch_tokens // tokens], batch_tokens)
-    gc.collect()
-    exact = reset_high_water() and high_water_mb() is not None
-    sampler = MemorySampler(os.getpid(), interval=0.01).start()
-    loaded = sampler.reset()
-    summaries.head_scores_over(model, texts, batch_tokens)
-    sampler.stop()
-    sampled = max(sampler.peak, rss_bytes(os.getpid()) or 0) / 2**20
-    return {"loaded": loaded / 2**20, "peak": high_water_mb() if exact else sampled, "sampled": sampled,
-            "how": "kernel high-water mark" if exact else "sampled every 10 ms"}
+    with PeakMemory("cpu", required=True) as peak:
+        summaries.head_scores_over(model, texts, batch_tokens)
+    if peak.peak is None:
+        raise SystemExit("the job's peak RSS could not be read back from /proc/self/status (VmHWM) after the job")
+    return {"loaded": peak.before / 2**20, "peak": peak.peak / 2**20, "how": peak.how}
 
 
 def in_child(folder, n: int, tokens: int, batch_tokens: int, mmap_kb: int) -> dict:
@@ -199,7 +174,6 @@ def report_memory(folder, args) -> str:
         print(f"  {said}, by {large['how']}; before the job: {small['loaded']:.0f} MB")
         print(f"    {small_n} texts: {small['peak']:.0f} MB   {args.memory_texts} texts: {large['peak']:.0f} MB   "
               f"difference {grown:+.0f} MB (target ≤ 300)")
-        print(f"    sampled every 10 ms instead: {small['sampled']:.0f} MB and {large['sampled']:.0f} MB")
         summary.append(f"RSS {args.memory_texts} vs {small_n} texts {grown:+.0f} MB ({said})")
     return ", ".join(summary)
 
