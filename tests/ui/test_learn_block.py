@@ -156,3 +156,17 @@ def test_the_real_encoder_gets_both_lessons():
     first = records["mlp_out"][0][0].norm(dim=-1) / records["mlp_in"][0][0].norm(dim=-1)
     assert measured.answer == pytest.approx(100 * float(first.median()), rel=1e-4)
     assert "an encoder alone" in BY_NAME["encoder-decoder"].measure(model, None).note
+
+
+def test_the_block_figure_is_drawn_on_a_scale_that_shows_its_data():
+    """The 100 % line is a trace: a shape's y on a log axis is read as log10(y), which stretched the axis to 10^100
+    and flattened the data along its bottom."""
+    from ui.services.learn import Measured
+
+    values = {"layers": np.arange(3), "mlp": [5.0, 6.0, 30.0], "attn": [20.0, 10.0, 15.0], "n_tokens": 32}
+    fig = FIGURES["block"](Measured(answer=5.0, answer_text="", why="", alt="", values=values))
+    assert fig.layout.yaxis.type == "log" and not fig.layout.shapes
+    reference = next(trace for trace in fig.data if trace.name == "as large as the residual")
+    assert list(reference.y) == [100.0, 100.0] and list(reference.x) == [0, 2]
+    drawn = [y for trace in fig.data for y in trace.y]
+    assert min(drawn) == 5.0 and max(drawn) == 100.0     # the axis autoranges over these, on a log scale

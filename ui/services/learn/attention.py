@@ -357,7 +357,11 @@ def found_heads(model) -> dict:
                                     avoid=tuple(tok.all_special_ids) if tok is not None else ())
         induction, losses = None, None
     previous = heads.pattern_scores(model, ids)["previous_token"]
-    return {"previous": previous, "induction": induction, "losses": losses, "reason": reason,
+    tok = model.tokenizer
+    # the probe as text, for "try it": the Heads tab then shows the head on what it was found on (a text that
+    # repeats), not on a text with nothing to copy
+    text = tok.decode(ids[0].tolist(), skip_special_tokens=True) if tok is not None else ""
+    return {"previous": previous, "induction": induction, "losses": losses, "reason": reason, "text": text,
             "top_previous": top_heads(previous, "previous_token", 1)[0],
             "top_induction": None if induction is None else top_heads(induction, "induction", 1)[0],
             "tokens": ids.shape[1]}
@@ -404,7 +408,7 @@ def measure_heads(model, progress: ProgressFn | None = None) -> Measured:
                 "head_dim": d_k, "four_d_squared": 4 * d * d, "previous": to_numpy(found["previous"]),
                 "induction": None if found["induction"] is None else to_numpy(found["induction"]),
                 "top_previous": found["top_previous"], "top_induction": found["top_induction"]},
-        link={"tab": "heads", "layer": layer, "head": head},
+        link={"tab": "heads", "layer": layer, "head": head, **({"text": found["text"]} if found["text"] else {})},
     )
 
 

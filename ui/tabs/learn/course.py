@@ -68,11 +68,12 @@ def build(services, picker) -> SimpleNamespace:
                                  visible=False)
                 alt = gr.Markdown(elem_id="learn-alt")
                 try_button = gr.Button("Try it", elem_id="learn-try", size="sm")
+                try_note = gr.Markdown(elem_id="learn-try-note")
     saved = gr.BrowserState({"lesson": first, "revealed": []}, storage_key=SAVED_KEY)
     shown = gr.State(None)  # (model, lesson) on screen: the tab recomputes when it opens on anything else
     link = gr.State({})     # the state "try it" opens (views.try_state)
-    outputs = [choose, place, text, question, guess_number, guess_choice, answer, figure, alt, try_button, link,
-               shown, saved]
+    outputs = [choose, place, text, question, guess_number, guess_choice, answer, figure, alt, try_button, try_note,
+               link, shown, saved]
 
     @user_errors
     def show(model_name, name, saved_value, progress=gr.Progress()):
@@ -83,7 +84,8 @@ def build(services, picker) -> SimpleNamespace:
                 page.question, gr.Textbox(value="", visible=not page.choices),
                 gr.Radio(choices=list(page.choices), value=None, visible=bool(page.choices)), "",
                 gr.Plot(value=page.figure, visible=True),
-                page.alt, gr.Button(page.try_label), views.try_state(page.link), (model_name, page.name), state)
+                page.alt, gr.Button(page.try_label), page.try_note, views.try_state(page.link), (model_name, page.name),
+                state)
 
     def step(by: int):
         def moved(model_name, name, saved_value, progress=gr.Progress()):

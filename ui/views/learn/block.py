@@ -4,6 +4,7 @@ and on the encoder-decoder (the Lab model's cross-attention, output letters agai
 from __future__ import annotations
 
 import numpy as np
+import plotly.graph_objects as go
 
 from ui.plots.attention import attention_heatmap
 from ui.plots.base import empty_figure
@@ -14,11 +15,14 @@ def shares_figure(measured):
     values = measured.values
     if len(values.get("layers", ())) == 0:
         return empty_figure("Nothing was measured.")
-    fig = line_figure(np.asarray(values["layers"]),
-                      {"feed-forward output": values["mlp"], "attention output": values["attn"]},
+    layers = np.asarray(values["layers"])
+    fig = line_figure(layers, {"feed-forward output": values["mlp"], "attention output": values["attn"]},
                       "Each sublayer's output as a % of the residual it joins", "layer",
-                      "% of the residual (log scale)", reference={"as large as the residual": 100.0},
-                      subtitle=f"median over the text's {values['n_tokens']} tokens")
+                      "% of the residual (log scale)", subtitle=f"median over the text's {values['n_tokens']} tokens")
+    # the 100 % line as a trace, not a shape: a shape's y on a log axis is read as log10(y), so y = 100 would
+    # stretch the axis to 10^100 and flatten the data along its bottom
+    fig.add_trace(go.Scatter(x=[layers.min(), layers.max()], y=[100.0, 100.0], mode="lines",
+                             name="as large as the residual", line={"dash": "dash", "color": "grey"}))
     fig.update_yaxes(type="log")
     return fig
 

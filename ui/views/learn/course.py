@@ -15,6 +15,12 @@ from ui.services.learn import course as syllabus
 from ui.services.checks import index_of
 from ui.views.learn import figure
 
+# the tabs "try it" opens without computing there (a stream, a training run): the button that does it, in words
+TRY_NOTES = {"generate": "The Generate tab opens with the lesson's text as its prompt: press **Generate** to stream "
+                         "it (and **Measure the KV cache on this prompt** for the cache's size).",
+             "lab": "The Lab opens untrained; the figure here is a run the Lab saved (the **reverse** task, the "
+                    "**marian** encoder-decoder, 2 layers, d_model 32, 800 steps). Set those and press **Train** to "
+                    "train one yourself, then read its cross-attention there."}
 TAB_TITLES = {"generate": "Generate", "attention": "Attention", "positions": "Positional encoding",
               "masks": "Masks", "heads": "Heads", "patching": "Patching", "inside": "Inside",
               "corpus": "Across texts", "lab": "Lab"}
@@ -38,6 +44,7 @@ class LessonPage:
     alt: str
     try_label: str
     link: dict
+    try_note: str = ""  # what to press where the tab does not compute the lesson's result on arrival
 
 
 def measured(services: Services, model_name: str, lesson: learn.Lesson, progress=None) -> learn.Measured:
@@ -64,7 +71,8 @@ def lesson_page(services: Services, model_name: str, name: str, progress=None) -
     return LessonPage(name=lesson.name, place=f"**Lesson {number} of {total} · {lesson.title}**",
                       text="\n\n".join(parts), question=question, choices=lesson.question.choices,
                       unit=lesson.question.unit, figure=veiled(figure(lesson.name, result)), alt=HELD_BACK,
-                      try_label=f"Try it in the {TAB_TITLES.get(tab, tab)} tab", link=dict(result.link))
+                      try_label=f"Try it in the {TAB_TITLES.get(tab, tab)} tab", link=dict(result.link),
+                      try_note=TRY_NOTES.get(tab, ""))
 
 
 def veiled(fig):

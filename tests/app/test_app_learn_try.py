@@ -1,0 +1,168 @@
+"""Every lesson's "Try it" through the page's own events, as Gradio runs them: the button's click (open_tab, fed the
+lesson's link) and then each event chained after it (the target tab's run or first screen, gated on its fields),
+each called with its inputs as Gradio fills them (gr.Progress put in by gradio's own special_args). The target tab
+opens on the lesson's text and computes its figures: no error, and every figure it draws has data. Every lesson on
+the tiny Llama; on the real SmolLM2 and on MiniLM (an encoder), one lesson for each tab the lessons open."""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import gradio as gr  # noqa: E402
+from gradio.components.plot import PlotData  # noqa: E402
+from gradio.helpers import special_args  # noqa: E402
+
+from tiny_app_model import build_tiny_bert, build_tiny_llama  # noqa: E402
+from ui.services.learn import course as syllabus  # noqa: E402
+from ui.views.learn import course as views  # noqa: E402
+
+
+def built_page(names: list[str], default: str):
+    from ui.page import build_page
+    from ui.services import Services
+    from ui.services.models import ModelStore
+    from ui.settings import AppSettings
+
+    services = Services.create(AppSettings.from_env(), ModelStore(extra_names=names))
+    return build_page(services, default), services
+
+
+def try_chain(demo) -> list:
+    """The try button's click and every event chained after it, in order."""
+    button = next(block for block in demo.blocks.values() if getattr(block, "elem_id", None) == "learn-try")
+    fns = list(demo.fns.values())
+    chain = [next(fn for fn in fns if any(target[0] == button._id and target[1] == "click"
+                                          for target in fn.targets))]
+    while True:
+        after = [fn for fn in fns if fn.trigger_after == chain[-1]._id]
+        if not after:
+            return chain
+        chain.append(after[0])
+
+
+def is_skip(value) -> bool:
+    return isinstance(value, dict) and value.get("__type__") == "update" and len(value) == 1
+
+
+def plotted(value):
+    """A figure among an event's outputs as JSON (a plotly figure, the PlotData `present` sends, or a gr.Plot
+    update holding either), else None."""
+    if isinstance(value, dict) and "value" in value:
+        value = value["value"]
+    if isinstance(value, gr.Plot):
+        value = value.value
+    if isinstance(value, PlotData):
+        return json.loads(value.plot)
+    if hasattr(value, "to_plotly_json"):
+        return json.loads(value.to_json())
+    return None
+
+
+def run_try(demo, chain, link: dict) -> tuple[str, list]:
+    """Run the chain as the page does on a fresh page; returns (the tab it opened, the figures the target's event
+    drew, as JSON)."""
+    values = {block_id: getattr(block, "value", None) for block_id, block in demo.blocks.items()}
+    drawn, target = [], None
+    for index, fn in enumerate(chain):
+        inputs = [link] if index == 0 else [values[block._id] for block in fn.inputs]
+        inputs, *_ = special_args(fn.fn, list(inputs), None, None)
+        result = fn.fn(*inputs)
+        if not isinstance(result, (tuple, list)):
+            result = (result,)
+        if index == 0:
+            target = result[1]
+        ran = not all(is_skip(v) for v in result)
+        for block, value in zip(fn.outputs, result):
+            if not is_skip(value):
+                values[block._id] = value.get("value", value) if isinstance(value, dict) else value
+        if index and ran:
+            drawn += [figure for figure in map(plotted, result) if figure is not None]
+    return target, drawn
+
+
+def check_every_try(names: list[str], default: str, one_per_tab: bool = False) -> None:
+    """one_per_tab: one lesson for each tab the lessons open (the first), for the real models, whose lessons and
+    first screens take minutes each on a small CPU."""
+    demo, services = built_page(names, default)
+    chain = try_chain(demo)
+    tabs_done = set()
+    for lesson in syllabus.lessons():
+        page = views.lesson_page(services, default, lesson.name)
+        link = views.try_state(page.link)
+        if one_per_tab and link["tab"] in tabs_done:
+            continue
+        tabs_done.add(link["tab"])
+        target, drawn = run_try(demo, chain, link)
+        assert target == link["tab"], lesson.name
+        if target in ("lab", "generate"):
+            continue   # opened, nothing to compute there on arrival
+        assert drawn, (lesson.name, target, "the target tab computed nothing")
+        # a figure with data; only where the lesson itself says this model cannot run it (its note) may the
+        # target say so too (the tiny tokenizer splits the patching prompts unevenly)
+        measured = views.measured(services, default, syllabus.find(lesson.name))   # the page's own, cached
+        assert any(figure["data"] for figure in drawn) or measured.note, (lesson.name, target, "no data")
+        for figure in drawn:   # each has data, or is a note saying why this model has nothing there
+            notes = [a.get("text") for a in figure.get("layout", {}).get("annotations", []) if a.get("text")]
+            assert figure["data"] or notes, (lesson.name, target, figure.get("layout", {}).get("title"))
+
+
+def test_every_try_it_lands_computed_on_tiny_models(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("learn-try")
+    llama, bert = str(build_tiny_llama(folder / "llama")), str(build_tiny_bert(folder / "bert"))
+    check_every_try([llama, bert], llama)
+
+
+@pytest.mark.parametrize("model", ["smollm2-135m-instruct", "minilm-l6"])
+def test_try_it_lands_computed_in_every_tab_on_real_models(model, monkeypatch):
+    from core.store import WeightsUnavailable, ensure
+    from ui.services.learn import attention
+
+    monkeypatch.setattr(attention, "TIMING_RUNS", 1)        # the reading lesson's timing: not what is checked here
+    monkeypatch.setattr(attention, "MAX_READ_TOKENS", 12)
+
+    try:
+        ensure(model)
+    except WeightsUnavailable as error:
+        pytest.skip(f"{model} is not installed here: {error}")
+    check_every_try([], model, one_per_tab=True)
+
+
+def test_the_heads_link_opens_on_the_induction_probe(tmp_path):
+    """The Heads lesson's head was found on the seeded probe (random tokens, then the same again): its link opens
+    that head on the probe's text, which repeats, so an induction head has something to copy there."""
+    from core import load_model
+    from core.analysis import heads
+    from ui.services.heads import INDUCTION_LENGTH, INDUCTION_SEED
+    from ui.services.learn import attention
+
+    model = load_model(str(build_tiny_llama(tmp_path / "llama")), device="cpu")
+    link = attention.measure_heads(model).link
+    text = link["text"]
+    half = len(text) // 2
+    assert text[:half] == text[half:] and half > 0
+    special = tuple(model.tokenizer.all_special_ids)
+    probe = heads.induction_probe(model.config.vocab_size, INDUCTION_LENGTH, INDUCTION_SEED, avoid=special)
+    assert text == model.tokenizer.decode(probe[0].tolist(), skip_special_tokens=True)
+    assert {"layer", "head"} <= set(views.try_state(link))
+
+
+def test_the_tabs_that_compute_nothing_on_arrival_say_what_to_press(tmp_path):
+    from core import load_model
+
+    model = load_model(str(build_tiny_llama(tmp_path / "llama")), device="cpu")
+    services = SimpleNamespace(models=SimpleNamespace(get=lambda name, progress=None: model, key=lambda name: name),
+                               lessons=syllabus.LessonCache())
+    for lesson in syllabus.lessons():
+        page = views.lesson_page(services, "tiny", lesson.name)
+        if page.link["tab"] in views.TRY_NOTES:
+            assert page.try_note == views.TRY_NOTES[page.link["tab"]] and "**" in page.try_note, lesson.name
+        else:
+            assert page.try_note == "", lesson.name
+    assert {"generate", "lab"} <= {views.lesson_page(services, "tiny", name).link["tab"] for name in syllabus.names()}
