@@ -45,7 +45,8 @@ def test_the_shipped_result_is_the_first_screen_and_fits(browser, app_url, name)
         assert page.locator("#lab-extra-accuracy .scatterlayer .trace").count() >= 6
         assert page.locator("#lab-extra-heads .heatmaplayer, #lab-extra-heads .hm").count() >= 1
         screenshot(page, f"lab-extrapolation-saved-{name}")
-        assert page.evaluate("document.documentElement.scrollWidth") <= page.viewport_size["width"] + 1
+        if name == "wide":  # a phone's sideways scroll is checked once per tab (test_browser_first_screen.py)
+            assert page.evaluate("document.documentElement.scrollWidth") <= page.viewport_size["width"] + 1
     finally:
         context.close()
     assert not errors, f"JavaScript errors in the page: {errors}"
