@@ -17,15 +17,10 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
-from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
-
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    llama = str(build_tiny_llama(tmp_path_factory.mktemp("extrapolation-app") / "tiny-llama"))
-    demo, url, _ = launch_app([llama], llama)
-    yield Client(url, verbose=False)
-    demo.close()
+def client(tiny_llama_api_app):
+    return Client(tiny_llama_api_app[0], verbose=False)  # the API modules' shared app (tests/conftest.py)
 
 
 def training_threads() -> list[threading.Thread]:

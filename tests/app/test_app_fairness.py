@@ -15,18 +15,15 @@ from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
 from core.analysis import patching  # noqa: E402
-from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 
 CLEAN, CORRUPTED = "the bread is warm and the lamp", "the bread is warm and the shop"
 WAIT_S = 60
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    llama = str(build_tiny_llama(tmp_path_factory.mktemp("fairness") / "tiny-llama"))
-    demo, url, services = launch_app([llama], llama)
-    yield llama, url, services
-    demo.close()
+def served(tiny_llama_api_app):
+    url, services, llama = tiny_llama_api_app  # the API modules' shared app (tests/conftest.py)
+    return llama, url, services
 
 
 def test_a_short_call_runs_while_a_long_job_holds_and_a_second_long_job_is_refused(served, monkeypatch):

@@ -17,17 +17,15 @@ from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
 from core.layers import alibi_slopes, relative_bucket  # noqa: E402
-from tiny_app_model import build_tiny_llama, launch_app, plotly_array  # noqa: E402
+from tiny_app_model import plotly_array  # noqa: E402
 
 FORMULA = "the formula, not this model"
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    llama = str(build_tiny_llama(tmp_path_factory.mktemp("bias-models") / "tiny-llama"))
-    demo, url, services = launch_app([llama], llama)
-    yield dict(llama=llama, services=services, client=Client(url, verbose=False))
-    demo.close()
+def served(tiny_llama_api_app):
+    url, services, llama = tiny_llama_api_app  # the API modules' shared app (tests/conftest.py)
+    return dict(llama=llama, services=services, client=Client(url, verbose=False))
 
 
 def figure(plot: dict) -> dict:
