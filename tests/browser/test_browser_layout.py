@@ -1,10 +1,11 @@
 """The page's layout, exports and deep links in a real browser (Debian's Chromium, headless, Playwright).
 
-The model card starts folded; at 1400 and 390 px wide the page never scrolls sideways, controls sit beside the
-figures on the wide screen and above them on the narrow one; the modebar saves PNG and SVG with the view's name;
-a tab's data download holds the numbers; a link opens its tab, layer and head, a bad one falls back with a
-message; the copy-link button writes the state into a link; a model copied into the weights folder appears in the
-picker when a page opens. Screenshots land in tests/screenshots/ (git-ignored).
+The model card starts folded; at 1400 px wide the page never scrolls sideways (at 390 px: the phone walk of
+test_browser_first_screen.py), controls sit beside the figures on the wide screen and above them on the narrow one;
+the modebar saves PNG and SVG with the view's name; a tab's data download holds the numbers; a link opens its tab,
+layer and head, a bad one falls back with a message; the copy-link button writes the state into a link; a model
+copied into the weights folder appears in the picker when a page opens. Screenshots land in tests/screenshots/
+(git-ignored).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
-from conftest import WIDE, drawn, open_card, open_page, screenshot  # noqa: E402
+from conftest import WIDE, drawn, open_card, open_page, screenshot, settled  # noqa: E402
 from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 
 TIMEOUT_MS = 60_000
@@ -82,24 +83,29 @@ def test_both_widths_render_without_sideways_scroll(browser, app_url, name, view
     try:
         page.locator("#attn-run").click()
         expect(page.locator("#attn-head-view .js-plotly-plot .hm image").first).to_be_attached(timeout=TIMEOUT_MS)
-        page.wait_for_timeout(500)
-        no_sideways_scroll(page)
+        settled(page)
+        if viewport is None:  # a phone's sideways scroll is checked once per tab (test_browser_first_screen.py)
+            no_sideways_scroll(page)
         run, figure = box(page, "#attn-run"), box(page, "#attn-model-view")
         if viewport is None:  # controls beside the figures
             assert figure["x"] >= run["x"] + run["width"] - 1, (run, figure)
         else:  # controls above the figures
             assert figure["y"] >= run["y"] + run["height"] - 1, (run, figure)
         screenshot(page, f"layout-attention-{name}")
-        # a narrow screen folds the tab bar into a menu; a link opens each tab directly
-        for tab, elem_id in (("masks", "mask-run"), ("heads", "heads-run"), ("lab", "lab-train"),
-                             ("positions", "pe-run")):
-            page.goto(f"{app_url}?tab={tab}")
-            expect(page.locator(f"#{elem_id}")).to_be_visible(timeout=TIMEOUT_MS)
-            page.wait_for_timeout(300)
-            no_sideways_scroll(page)
+        if viewport is None:  # at 1400 px: a link opens each tab directly
+            for tab, elem_id in (("masks", "mask-run"), ("heads", "heads-run"), ("lab", "lab-train"),
+                                 ("positions", "pe-run")):
+                page.goto(f"{app_url}?tab={tab}")
+                expect(page.locator(f"#{elem_id}")).to_be_visible(timeout=TIMEOUT_MS)
+                page.wait_for_timeout(300)
+                no_sideways_scroll(page)
+        else:  # a narrow screen folds the tab bar into a menu; a link opens the tab
+            page.goto(f"{app_url}?tab=positions")
+            expect(page.locator("#pe-run")).to_be_visible(timeout=TIMEOUT_MS)
         page.locator("#pe-run").click()
         expect(page.locator("#pe-permutation")).to_contain_text("causal decoder", timeout=TIMEOUT_MS)
-        no_sideways_scroll(page)
+        if viewport is None:
+            no_sideways_scroll(page)
         screenshot(page, f"layout-positions-{name}")
     finally:
         context.close()
