@@ -104,7 +104,10 @@ def test_attention_weights_are_counted_from_the_state_dict_and_heads_are_found(s
     layer, head, score = measured.values["top_induction"]
     assert induction[layer, head] == induction.max() == pytest.approx(score)
     assert score > core_heads.SCORES["induction"][1]           # passes the Heads tab's naming threshold
-    assert measured.link == {"tab": "heads", "layer": layer, "head": head}
+    # the link opens that head on the probe it was found on: random tokens, then the same again
+    probe = core_heads.induction_probe(cfg.vocab_size, 100, 0, avoid=tuple(smollm.tokenizer.all_special_ids))
+    text = smollm.tokenizer.decode(probe[0].tolist(), skip_special_tokens=True)
+    assert measured.link == {"tab": "heads", "layer": layer, "head": head, "text": text}
     assert FIGURES["heads"](measured).data
 
 
