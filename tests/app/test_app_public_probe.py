@@ -25,6 +25,7 @@ from gradio_client.exceptions import AppError  # noqa: E402
 import core.store as weight_store  # noqa: E402
 from core.corpus import saved  # noqa: E402
 from test_ray_corpus import ThreadChunks  # noqa: E402
+from tiny import Ticking  # noqa: E402
 from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 from ui.services import Services  # noqa: E402
 from ui.services.checks import UserError  # noqa: E402
@@ -38,17 +39,6 @@ from ui.views.lab import extrapolation_view  # noqa: E402
 
 PAGE_BYTES = 50_000           # ATTN_PRIVATE_CORPUS_MB=0.05
 MISSING = "/nonexistent-dir"
-
-
-class Ticking:
-    """A clock that moves one second each time it is read."""
-
-    def __init__(self):
-        self.now = -1.0
-
-    def __call__(self) -> float:
-        self.now += 1.0
-        return self.now
 
 
 @pytest.fixture(scope="module")

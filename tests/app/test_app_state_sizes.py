@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import pickle
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -161,7 +162,11 @@ def run_as_the_page(demo: gr.Blocks, fn, session: str) -> None:
     """One of the page's steps, run as the queue runs it: its States read from and written to the session."""
     state = demo.state_holder[session]
     inputs = [None if block.stateful else page_value(block) for block in fn.inputs]
-    asyncio.run(demo.process_api(fn, inputs, state=state, request=None, session_hash=session))
+    # on a thread of its own: after a browser test in the same process, Playwright's sync API keeps an event loop
+    # running on this thread, where asyncio.run refuses to start another
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, demo.process_api(fn, inputs, state=state, request=None,
+                                                  session_hash=session)).result()
 
 
 def test_every_state_stays_small_after_every_endpoint(served, tmp_path):

@@ -162,7 +162,7 @@ def check_plane(page) -> None:
     assert traces.nth(0).locator(".point").count() == tokens and traces.nth(1).locator(".point").count() == tokens
     line = page.locator("#corpus-qk .annotation-text").first
     expect(line).to_contain_text(f"3 texts: {tokens} of {tokens} tokens")
-    expect(line).to_contain_text("onto the queries' mean")
+    expect(page.locator("#corpus-qk")).to_contain_text("AttentionViz")   # the plane's definition, named under it
     traces.nth(1).locator(".point").first.hover(force=True)
     hover = page.locator("#corpus-qk .hoverlayer .hovertext").first   # the nearest point: a key, maybe another
     expect(hover).to_contain_text(re.compile(r"key .*text [0-2], position \d+"), timeout=10_000)

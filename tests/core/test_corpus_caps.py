@@ -13,6 +13,7 @@ from core import load_model
 from core.corpus import saved, summaries
 from core.corpus import texts as corpora
 from tests import tiny
+from tests.tiny import Ticking
 from ui.services.jobs import TimeCap
 
 N = 6
@@ -26,17 +27,6 @@ def llama():
 def random_texts(n, length=9, seed=3):
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(3, tiny.VOCAB - 1, (length,), generator=gen) for _ in range(n)]
-
-
-class Ticking:
-    """A clock that moves one second each time it is read."""
-
-    def __init__(self):
-        self.now = -1.0
-
-    def __call__(self) -> float:
-        self.now += 1.0
-        return self.now
 
 
 def item_sizes(root) -> list[int]:
