@@ -1,7 +1,7 @@
 """Where the test suite's time goes, from a run's JUnit XML: one row per test folder (and the slowest modules),
 written into docs/testing.md's "suite-times" section by bench/publish.py, so the table is the run's, not typed.
 
-    python -m pytest -q -rs -n 2 --dist loadfile tests --junitxml=/tmp/suite.xml          # the README's command, plus the XML
+    python -m pytest -q -rs tests --junitxml=/tmp/suite.xml          # the README's command, plus the XML
     python scripts/suite_times.py /tmp/suite.xml --wall 1130 --publish  # --wall: the run's own wall seconds
 
 Times are each test's setup + call + teardown as pytest measured them; with several workers (pytest-xdist) they
@@ -46,7 +46,7 @@ def table(rows, wall: float | None, slowest: int = 10) -> str:
     total = sum(s for _, s in by_folder.values())
     lines = ["| Folder | Tests | Time (min) | Share |", "|---|---:|---:|---:|"]
     for folder, (n, seconds) in sorted(by_folder.items(), key=lambda kv: -kv[1][1]):
-        lines.append(f"| `tests/{folder}/` | {n} | {seconds / 60:.1f} | {seconds / total:.0%} |")
+        lines.append(f"| `{'tests' if folder == 'tests' else 'tests/' + folder}/` | {n} | {seconds / 60:.1f} | {seconds / total:.0%} |")
     lines.append(f"| all | {sum(n for n, _ in by_folder.values())} | {total / 60:.1f} | 100% |")
     lines += ["", f"The {slowest} slowest modules:", "", "| Module | Time (s) |", "|---|---:|"]
     for module, seconds in sorted(by_module.items(), key=lambda kv: -kv[1])[:slowest]:
@@ -60,7 +60,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("xml", type=Path)
     parser.add_argument("--wall", type=float, help="the run's wall time in seconds, as measured around it")
-    parser.add_argument("--run", default="python -m pytest -q -rs -n 2 --dist loadfile tests",
+    parser.add_argument("--run", default="python -m pytest -q -rs tests",
                         help="the test command that made the XML, quoted in the section")
     parser.add_argument("--publish", action="store_true", help="write the table into docs/testing.md")
     args = parser.parse_args()

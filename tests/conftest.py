@@ -7,11 +7,6 @@ from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    # pytest-xdist's workers share the machine's cores: each takes its share of torch's threads (set before torch
-    # loads, and inherited by what a test starts), so that n workers do not run n × cores spinning threads.
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
 TESTS = Path(__file__).resolve().parent
 sys.path[:0] = [str(TESTS.parent), str(TESTS)]  # the repository, and the shared tiny models (tiny_app_model.py)
 
