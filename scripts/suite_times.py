@@ -1,5 +1,5 @@
 """Where the test suite's time goes, from a run's JUnit XML: one row per test folder (and the slowest modules),
-written into docs/testing.md's "suite-times" section by bench/publish.py, so the table is the run's, not typed.
+written into docs/testing.md's "suite-times" section by bench/common.py's publish, so the table is the run's, not typed.
 
     python -m pytest -q -rs tests --junitxml=/tmp/suite.xml          # the README's command, plus the XML
     python scripts/suite_times.py /tmp/suite.xml --wall 1130 --publish  # --wall: the run's own wall seconds
@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.publish import publish  # noqa: E402
+from bench.common import publish  # noqa: E402
 
 
 def read(xml_path: Path) -> list[tuple[str, str, float, str]]:

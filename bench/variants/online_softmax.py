@@ -12,7 +12,7 @@ the online method runs again with glibc's moving threshold, as a process gets it
 stays in the heap up to the trim threshold (twice the largest block freed so far, at most 64 MiB), which the peak
 shows too. Beside them, core.attention.softmax_bytes: the formula, from the shapes, of what plain and online hold
 beyond q, k, v and the output; its plain / online ratio against the measured one.
-With --publish: the table goes to docs/benchmarks.md (bench/publish.py) and the numbers to
+With --publish: the table goes to docs/benchmarks.md (publish in bench/common.py) and the numbers to
 assets/measured/online_softmax.json, which the Inside tab and the cost lesson read.
 Usage: OMP_NUM_THREADS=1 python bench/variants/online_softmax.py [--lengths 512 1024 2048 4096 8192]
            [--block 256] [--d-head 64] [--repeats 5] [--threads 1] [--publish]
@@ -134,7 +134,7 @@ def table(runs: dict, block: int, d_head: int, repeats: int, threads: int) -> st
 
 def asset(runs: dict, block: int, d_head: int, repeats: int, threads: int) -> dict:
     """What the app shows without measuring: the medians and ranges in bytes, with the date, machine and command."""
-    from publish import command, machine
+    from common import command, machine
     return {"date": datetime.date.today().isoformat(), "machine": machine(), "command": command(),
             "method": "peak RSS (the kernel's VmHWM, reset after set-up and warm-up) added by one call, its output "
                       "included, each call in a fresh process",
@@ -166,7 +166,7 @@ def main() -> None:
     print(markdown)
     print(f"largest |online − plain| in the output at 512 tokens: {difference:.1e}")
     if args.publish:
-        from publish import publish
+        from common import publish
         publish("online-softmax", markdown)
         ASSET.parent.mkdir(parents=True, exist_ok=True)
         ASSET.write_text(json.dumps(asset(runs, args.block, args.d_head, args.repeats, args.threads), indent=1)
