@@ -5,7 +5,8 @@ repeated runs, each for a layer and head not asked for before, beside one plain 
   score decomposition  one score of the last layer (the most parts: 2 per earlier layer) split into
                        query part × key part (target ≤ 0.5 s)
   q/k geometry         the head's queries and keys in the one q/k plane (core/analysis/plane.py)
-Usage: python bench/anatomy.py [--model smollm2-135m-instruct] [--repeats 5] [--tokens 32]
+With --publish the table goes to docs/benchmarks.md (section anatomy).
+Usage: python bench/anatomy.py [--model smollm2-135m-instruct] [--repeats 5] [--tokens 32] [--publish]
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import argparse
 
 import torch
 
-from common import long_ids, median, row, spread, timed
+from common import add_publish, long_ids, md_table, median, publish, row, spread, timed
 from core import load_model
 from core.analysis import anatomy
 from core.store import ensure
@@ -26,6 +27,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=32)
+    add_publish(parser)
     args = parser.parse_args()
     folder = ensure(args.model)
     model = load_model(folder, device="cpu", dtype=torch.float32)
@@ -47,12 +49,19 @@ def main() -> None:
                                                                                 query, key), "cpu")[0])
         times["geometry"].append(timed(lambda: anatomy.qk_geometry(model, ids, layer, head), "cpu")[0])
     plain = median(times["plain"])
+    labels = {"plain": "one plain forward pass", "stages": "forward_stages, one layer and head",
+              "decomposition": f"score_decomposition, layer {n_layers - 1}", "geometry": "qk_geometry"}
     print(row("", "time (s)", "× one pass", widths=WIDTHS))
-    print(row("one plain forward pass", spread(times["plain"], 3), "1.0x", widths=WIDTHS))
-    for key, label in (("stages", "forward_stages, one layer and head"),
-                       ("decomposition", f"score_decomposition, layer {n_layers - 1}"),
-                       ("geometry", "qk_geometry")):
+    for key, label in labels.items():
         print(row(label, spread(times[key], 3), f"{median(times[key]) / plain:.1f}x", widths=WIDTHS))
+    if args.publish:
+        publish("anatomy", f"{args.model}, float32, {n} tokens, a new layer and head each run; seconds, median "
+                           f"(range) of {args.repeats} runs, each view beside one plain forward pass of the same "
+                           "text in the same run.\n\n" +
+                md_table(["view", "time (s)", "× one plain pass"],
+                         [[label if key == "plain" else f"`{label.split(',')[0]}`{label[len(label.split(',')[0]):]}",
+                           spread(times[key], 3), f"{median(times[key]) / plain:.2f}×"]
+                          for key, label in labels.items()], ["---", "---:", "---:"]))
     print(f"SUMMARY anatomy: forward_stages {median(times['stages']):.3f} s (target ≤ 1), score_decomposition "
           f"{median(times['decomposition']):.3f} s (≤ 0.5), qk_geometry {median(times['geometry']):.3f} s, "
           f"on {n} tokens of {args.model}")

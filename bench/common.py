@@ -183,6 +183,18 @@ def measured_in_child(module: str, *args, timeout: int = 1800, env: dict | None 
 # the machine and the exact command that produced it; a figure typed by hand has no place in that file.
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+DOCS = DOC.parent
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (runnable processes, all cores together); None where the OS has none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+LOAD_AT_START = load_average()   # when the script imported this module: the run's start, for section()'s head line
 
 
 def machine() -> str:
@@ -212,13 +224,37 @@ def command() -> str:
     """The command line that ran this script, as a user would type it from the repository's root."""
     argv = [Path(sys.argv[0]).resolve().relative_to(DOC.parent.parent).as_posix()
             if Path(sys.argv[0]).resolve().is_relative_to(DOC.parent.parent) else sys.argv[0], *sys.argv[1:]]
-    env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "ATTN_MALLOC_MMAP_KB") if k in os.environ)
+    env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "ATTN_MALLOC_MMAP_KB", "ATTN_SESSIONS",
+                                                   "ATTN_KEPT_BUDGET_MB") if k in os.environ)
     return (env + " " if env else "") + "python " + shlex.join(argv)
+
+
+def load_phrase(start: float | None, end: float | None) -> str:
+    """'load average 0.52 → 1.87': the 1-minute load average when the run started and when it published, so that a
+    reader sees whether the machine was busy; '' where the OS gives none."""
+    if start is None or end is None:
+        return ""
+    return f"load average {start:.2f} → {end:.2f}"
+
+
+def add_publish(parser) -> None:
+    """The --publish switch every benchmark script shares."""
+    parser.add_argument("--publish", action="store_true",
+                        help="write this run's section into the docs (publish in bench/common.py)")
+
+
+def md_table(header, rows, align=None) -> str:
+    """A markdown table from a header and rows of cells (anything str() can print)."""
+    align = align or ["---"] * len(header)
+    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
+    return "\n".join(lines)
 
 
 def section(name: str, body: str, today: datetime.date | None = None) -> str:
     today = today or datetime.date.today()
-    head = f"_Written by `{command()}` on {today.isoformat()}; {machine()}._"
+    load = load_phrase(LOAD_AT_START, load_average())
+    head = f"_Written by `{command()}` on {today.isoformat()}; {machine()}{'; ' + load if load else ''}._"
     return f"<!-- bench:{name} start -->\n{head}\n\n{body.strip()}\n<!-- bench:{name} end -->"
 
 
