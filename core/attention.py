@@ -40,6 +40,12 @@ def masked_softmax_(scores: Tensor, allowed: Tensor | None) -> Tensor:
     return probs.nan_to_num(0.0) if probs.requires_grad else probs.nan_to_num_(0.0)  # autograd keeps softmax's output
 
 
+def row_entropy(probs: Tensor) -> Tensor:
+    """Entropy in nats of each attention row, [..., Tq]: −Σ_j p_ij log p_ij (0·log 0 counted as 0)."""
+    p = probs.float()
+    return -(p * p.clamp_min(1e-30).log()).sum(-1)
+
+
 def scored(scores: Tensor, softcap: float | None, bias: Tensor | None) -> Tensor:
     """The terms between the scaled scores and the mask, in place where it can be: c·tanh(S / c), then + bias."""
     if softcap is not None:  # autograd keeps tanh's output, so the product is a new tensor when it records

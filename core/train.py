@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .attention import row_entropy
 from .config import ModelConfig
 from .model import Transformer
 
@@ -384,7 +385,7 @@ def attention_entropy(model: Transformer, batch: Batch, lab: LabConfig) -> list[
         out = model(**batch.inputs, causal_mask=lab.causal_mask, capture_attention=True)
     model.train(was_training)
     rows = (batch.labels != -100) if lab.family == "marian" else batch.inputs["attention_mask"].bool()
-    return [(-(p * p.clamp_min(1e-30).log()).sum(-1).mean(1)[rows].mean()).item() for p in out.attentions]
+    return [row_entropy(p).mean(1)[rows].mean().item() for p in out.attentions]
 
 
 def lab_attention(model: Transformer, family: str, source: str, target: str | None = None) -> LabAttention:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..attention import row_entropy
 from ..observe import Kind, Observer
 from ..probe import Probe
 from . import logits as blocks
@@ -43,7 +44,7 @@ def row_scores(probs: Tensor, ids: Tensor) -> dict[str, Tensor]:
         "previous_token": p[:, i[1:], i[1:] - 1].mean(-1) if n > 1 else p.new_zeros(heads),
         "first_token": p[:, :, 0].mean(-1),
         "local": (p * ((i[:, None] - i[None, :]).abs() <= LOCAL_WINDOW)).sum(-1).mean(-1),
-        "entropy": -(p * p.clamp_min(1e-30).log()).sum(-1).mean(-1),
+        "entropy": row_entropy(p).mean(-1),
     }
     same = (ids[:, None] == ids[None, :]) & (i[None, :] < i[:, None])          # [T, T]: earlier copies
     rows = same.any(-1)

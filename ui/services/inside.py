@@ -14,7 +14,7 @@ import torch
 
 from core.analysis import anatomy, inspect
 from core.analysis.plane import DEFINITION as PLANE_DEFINITION
-from core.attention import online_softmax, softmax_bytes
+from core.attention import attention_stages, masked_softmax_, online_softmax, row_entropy, softmax_bytes
 from core.generate import filter_top_k, filter_top_p
 from ui.services.checks import check_float, check_head, check_range
 from ui.services.checks import stack_shape as shape_of  # the Inside tab's fields read the same stack
@@ -118,8 +118,8 @@ class Measures:
 
 
 def entropy_of(scores: torch.Tensor, mask: torch.Tensor) -> float:
-    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-    return float(-(probs * probs.clamp_min(1e-30).log()).sum(-1).mean())
+    """Mean row entropy (nats) of softmax(S + M): the core's masked softmax on a copy of the scores."""
+    return float(row_entropy(masked_softmax_(scores.float().clone(), mask)).mean())
 
 
 def measures(stages: anatomy.ForwardStages, token: int) -> Measures:
@@ -192,7 +192,8 @@ def content_and_position(model, tokens: Encoded, stages: anatomy.ForwardStages, 
     scale = stages.scale
     score = to_numpy(stages.scores[query, :keys] * scale)
     if stages.rope_angles is not None:
-        unrotated = to_numpy((stages.q_unrotated[query] @ stages.k_unrotated[:keys].T) * scale)
+        q_alone, k_alone = stages.q_unrotated[query:query + 1], stages.k_unrotated[:keys]   # [1, d], [keys, d]
+        unrotated = to_numpy(attention_stages(q_alone, k_alone, None, scale)[0][0])
         name = "the score before the cap (after RoPE)" if stages.softcap is not None else "the score (after RoPE)"
         return {name: score, "without the rotation (content alone)": unrotated,
                 "what the rotation adds (position)": score - unrotated}

@@ -12,7 +12,7 @@ import torch
 from core.analysis.capture import LayerObserver
 from core.analysis.inspect import queries_keys
 from core.analysis.logits import by_blocks, cross_entropy
-from core.attention import attention_stages, causal_mask, sliding_window_mask
+from core.attention import attention_stages, causal_mask, row_entropy, sliding_window_mask
 from ui.services.attention import score_formula
 from ui.services.checks import UserError
 from ui.services.text import as_batch, to_numpy
@@ -71,12 +71,6 @@ def next_token_metrics(model, hidden: torch.Tensor, ids: list[int]) -> tuple[flo
     losses, top = by_blocks(model, hidden[:, :-1],
                             lambda logits, at: (cross_entropy(logits, target[:, at]), logits.argmax(-1)))
     return losses.mean().item(), (top == target).float().mean().item()
-
-
-def row_entropy(probs: torch.Tensor) -> torch.Tensor:
-    """Entropy in nats of each attention row, [..., Tq]."""
-    p = probs.float()
-    return -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
 
 
 def causal_effect(model, ids: list[int]) -> dict | None:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from core.analysis import anatomy, heads
+from core.attention import attention_stages
 from core.generate import (
     decode_step,
     device_clock,
@@ -214,7 +215,7 @@ def random_unit_scores(rows: int, d_head: int, seed: int = RANDOM_SEED) -> torch
     """q·k/√d_k [rows, rows] for q and k drawn independently from N(0, 1) in every component: eq. 2.2's setting."""
     gen = torch.Generator().manual_seed(seed)
     q, k = torch.randn(rows, d_head, generator=gen), torch.randn(rows, d_head, generator=gen)
-    return (q @ k.T) / math.sqrt(d_head)
+    return attention_stages(q, k, None, d_head ** -0.5)[0]   # the core's S = QKᵀ·scale, nothing masked
 
 
 def measure_scale(model, progress: ProgressFn | None = None) -> Measured:
