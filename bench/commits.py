@@ -10,8 +10,9 @@ each worktree's weights/ as well for revisions whose store predates that variabl
 The figures are read from the script's printed output by a parser per script (PARSERS); transformers' own
 figures, printed beside this core's by generate.py and attention.py, are a control: their ratio should be ~1.
 For each figure: the median BEFORE and AFTER, the median AFTER/BEFORE ratio of the runs paired in order, the
-range of those ratios, and n. Usage:
-    python bench/commits.py BEFORE AFTER [--repeats 5] -- SCRIPT [ARGS...]
+range of those ratios, and n. With --publish the table goes to docs/benchmarks.md, section commits-SCRIPT (the
+script's name without .py). Usage:
+    python bench/commits.py BEFORE AFTER [--repeats 5] [--publish] -- SCRIPT [ARGS...]
     python bench/commits.py 4070e26 HEAD --repeats 3 -- bench/generate.py --tokens 64 --repeats 1
     python bench/commits.py 4070e26 HEAD -- bench/attention.py --lengths 512 --repeats 1 --random-weights
 """
@@ -29,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from common import median  # noqa: E402
+from common import add_publish, md_table, median, publish  # noqa: E402
 
 NUMBER = r"([\d.]+)"
 
@@ -129,18 +130,23 @@ def ratio_cell(before: list[float], after: list[float]) -> str:
     return f"{median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f})"
 
 
-def report(labels: tuple[str, str], runs: dict[str, list[dict]]) -> None:
+def report(labels: tuple[str, str], runs: dict[str, list[dict]]) -> list[list[str]]:
+    """Prints the comparison; returns its rows (figure, unit, median BEFORE, median AFTER, ratio cell, n)."""
     before, after = runs[labels[0]], runs[labels[1]]
     names = [name for name in before[0] if all(name in r for r in before + after)]
     missing = sorted({name for r in before + after for name in r} - set(names))
     print(f"{'figure':<38}{'unit':<10}{'BEFORE ' + labels[0]:>18}{'AFTER ' + labels[1]:>18}"
           f"{'AFTER/BEFORE (range)':>26}{'n':>4}")
+    rows = []
     for name in names:
         b, a = [r[name][0] for r in before], [r[name][0] for r in after]
+        rows.append([name, before[0][name][1], f"{median(b):.4g}", f"{median(a):.4g}", ratio_cell(b, a),
+                     str(min(len(b), len(a)))])
         print(f"{name:<38}{before[0][name][1]:<10}{median(b):>18.4g}{median(a):>18.4g}{ratio_cell(b, a):>26}"
               f"{min(len(b), len(a)):>4}")
     if missing:
         print(f"printed by one revision only (not compared): {', '.join(missing)}")
+    return rows
 
 
 def main() -> None:
@@ -153,6 +159,7 @@ def main() -> None:
     parser.add_argument("before", help="the earlier revision (hash, branch, HEAD~1, ...)")
     parser.add_argument("after", help="the later revision")
     parser.add_argument("--repeats", type=int, default=5, help="runs of each revision, alternating")
+    add_publish(parser)
     args = parser.parse_args(argv[:split])
     if not argv[split + 1:]:
         raise SystemExit("no benchmark script after '--'; e.g. -- bench/generate.py --tokens 64 --repeats 1")
@@ -195,7 +202,15 @@ def main() -> None:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
                                capture_output=True)
             git("worktree", "prune")
-    report(labels, runs)
+    rows = report(labels, runs)
+    if args.publish:
+        publish(f"commits-{Path(script).stem}",
+                f"`{script} {' '.join(script_args)}` at BEFORE {args.before} ({commits[args.before][:10]}) and AFTER "
+                f"{args.after} ({commits[args.after][:10]}), {args.repeats} alternating fresh runs each; medians, and "
+                "the median (range) of the AFTER / BEFORE ratios of the runs paired in order. transformers' figures "
+                "are the control: their ratio shows the machine's drift.\n\n" +
+                md_table(["figure", "unit", f"BEFORE {args.before}", f"AFTER {args.after}", "AFTER / BEFORE (range)",
+                          "n"], rows, ["---", "---", "---:", "---:", "---:", "---:"]))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,10 @@ full" from clients beyond the queue's limit, counted apart), and the server's re
 at its peak (the server process's own high-water mark, VmHWM, reset as the phase starts and read as it ends:
 common.PeakMemory with its pid; Linux, the same user), right after and --settle seconds after (the memory the
 allocator gave back),
-then one SUMMARY line per phase for docs/reliability.md. The heavy phase also prints each long job's duration (from
+then one SUMMARY line per phase. With --publish the phases' table goes into the docs (publish in bench/common.py):
+section load-ray with --backend ray, else load (load-heavy when the heavy phase runs alone, load-bounds when
+ATTN_SESSIONS or ATTN_KEPT_BUDGET_MB is set), or the one --section names; in whichever of docs/reliability.md and
+docs/scaling.md holds that section's markers (else scaling.md for Ray, reliability.md for the local backend). The heavy phase also prints each long job's duration (from
 submission: queueing included) and each generation's time to its first token and tokens/s. The server is always
 stopped at the end; the exit status is 1 when any call failed.
 
@@ -32,7 +35,7 @@ replicas are Ray's worker processes).
 Usage: python bench/load.py [--sessions 16] [--short-sessions 200] [--switches 10] [--patching-sessions 20]
                             [--seconds 300] [--settle 60]
                             [--model smollm2-135m-instruct] [--port 0 (a free one)] [--backend local|ray]
-                            [--replicas 2]
+                            [--replicas 2] [--publish [--section NAME]]
                             [--heavy [--heavy-sweeps 2] [--heavy-attributions 1] [--heavy-steps 256]
                              [--heavy-generations 8] [--heavy-tokens 512] [--heavy-short-every 1]
                              [--heavy-short-sessions 4]
@@ -57,7 +60,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from common import PeakMemory, status_bytes
+from common import DOCS, PeakMemory, add_publish, md_table, publish, status_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "assets" / "examples"
@@ -427,9 +430,10 @@ def mb(n: int) -> str:
 
 
 def report(phase: str, what: str, seconds: float, results: Results,
-           rss: tuple[int, int | None, int, int | None], settle: float) -> str:
+           rss: tuple[int, int | None, int, int | None], settle: float, table: list | None = None) -> str:
     """rss: the server's RSS before the phase, its peak during it (VmHWM; None where it could not be read back:
-    the server died), right after, and --settle seconds after (None: not read)."""
+    the server died), right after, and --settle seconds after (None: not read). Appends the phase's markdown row
+    (and its notes) to `table` when one is given."""
     before, peak, after, settled = rss
     top = mb(peak) if peak is not None else "unknown (the server is gone)"
     print(f"\n== {phase}: {what}, {seconds:.1f} s")
@@ -463,6 +467,14 @@ def report(phase: str, what: str, seconds: float, results: Results,
         for endpoint, v in sorted(results.latency.items()) if not endpoint.startswith("(")
     )
     later = f" → {mb(settled)} {settle:.0f} s after" if settled is not None else ""
+    if table is not None:
+        calls = ", ".join(f"{e} {len(v)}" for e, v in sorted(results.latency.items()) if not e.startswith("("))
+        lat = ", ".join(f"{e} {percentile(v, 50):.2f} / {percentile(v, 95):.2f} / {max(v):.2f} s"
+                        for e, v in sorted(results.latency.items()))
+        table.append(([f"{phase}: {what} ({seconds:.0f} s)", calls, lat,
+                       f"{len(results.errors)} (queue full: {len(results.queue_full)})",
+                       f"{mb(before)} → {top} → {mb(after)}" + (f" → {mb(settled)}" if settled is not None else ""),
+                       per_session.removeprefix("; RSS per session ") or "–"], list(results.notes)))
     return (f"SUMMARY {phase}: {what}; {latencies}; errors {len(results.errors)}, queue full "
             f"{len(results.queue_full)}; RSS {mb(before)} → {top} peak (VmHWM) → {mb(after)}{later}{per_session}")
 
@@ -495,6 +507,8 @@ def main() -> int:
     parser.add_argument("--backend", choices=("local", "ray"), default="local",
                         help="the app's model work in its own process (default) or on a local Ray Serve instance")
     parser.add_argument("--replicas", type=int, default=2, help="with --backend ray: replicas of the model (default 2)")
+    add_publish(parser)
+    parser.add_argument("--section", default=None, help="with --publish: the section's name (default: see above)")
     args = parser.parse_args()
     for name in ("sessions", "short_sessions", "switches", "patching_sessions", "heavy_sweeps", "heavy_attributions",
                  "heavy_generations"):
@@ -515,9 +529,10 @@ def main() -> int:
     backend = ["--backend", "ray", "--replicas", str(args.replicas)] if args.backend == "ray" else []
     proc = start_server(args.model, port, log_path, backend)
     args.server_pid = proc.pid  # the phases that read the server's RSS after each session
-    summaries, failed = [], False
+    summaries, failed, table, start_s = [], False, [], None
     try:
         wait_until_up(proc, url, log_path)
+        start_s = time.perf_counter() - started
         print(f"app up at {url} ({args.model}, backend {' '.join(backend[1:]) or 'local'}) in "
               f"{time.perf_counter() - started:.1f} s; server log: {log_path}")
         phases = [
@@ -546,7 +561,7 @@ def main() -> int:
                 time.sleep(args.settle)  # idle: what the allocator gives back
                 settled = rss_bytes(proc.pid)
             summaries.append(report(phase, what, seconds, results, (peak.before or 0, peak.peak, after, settled),
-                                   args.settle))
+                                   args.settle, table))
             failed |= bool(results.errors)
             if proc.poll() is not None:
                 print(f"the app died during the {phase} phase (status {proc.returncode}):\n{tail(log_path)}")
@@ -557,7 +572,32 @@ def main() -> int:
     print()
     for line in summaries:
         print(line)
+    if args.publish and table:
+        publish_table(args, table, start_s, failed)
     return 1 if failed else 0
+
+
+def publish_table(args, table: list, start_s: float | None, failed: bool) -> None:
+    """The run's phases as one markdown table, its notes (the heavy phase's per-job lines) below, into the docs."""
+    bounds = any(os.environ.get(k) for k in ("ATTN_SESSIONS", "ATTN_KEPT_BUDGET_MB"))
+    heavy_alone = args.heavy and not (args.sessions or args.short_sessions or args.switches or args.patching_sessions)
+    name = args.section or ("load-ray" if args.backend == "ray" else "load-heavy" if heavy_alone
+                            else "load-bounds" if bounds else "load")
+    holding = [doc for doc in (DOCS / "reliability.md", DOCS / "scaling.md")
+               if f"<!-- bench:{name} start -->" in doc.read_text(encoding="utf-8")]
+    doc = holding[0] if holding else DOCS / ("scaling.md" if args.backend == "ray" else "reliability.md")
+    where = (f"the Ray backend ({args.replicas} replicas; the RSS is the front's alone)" if args.backend == "ray"
+             else "the local backend")
+    body = (f"`python app.py` on {args.model}, {where}, up in {start_s:.0f} s; latencies p50 / p95 / max per endpoint "
+            f"(nearest rank); server RSS before the phase → its peak (the server's VmHWM over the phase) → right "
+            f"after" + (f" → {args.settle:.0f} s after" if args.settle > 0 else "") + "."
+            + (" **Some calls failed** (see the errors column)." if failed else "") + "\n\n" +
+            md_table(["phase", "calls", "latency p50 / p95 / max", "errors", "server RSS", "RSS per session"],
+                     [row for row, _ in table], ["---", "---", "---", "---", "---", "---"]))
+    notes = [note for _, phase_notes in table for note in phase_notes]
+    if notes:
+        body += "\n\n" + "\n".join(f"- {note}" for note in notes)
+    publish(name, body, doc=doc)
 
 
 if __name__ == "__main__":

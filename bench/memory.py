@@ -12,8 +12,9 @@ common.PeakMemory with its pid; Linux, the same user), right after and --settle 
   mallopt + trim      both, glibc's moving mmap threshold (the app's default until 2026-12-03)
   app default         both, and the mmap threshold fixed at 32 MiB (ATTN_MALLOC_MMAP_KB unset: the app's default)
 
+With --publish the table goes to docs/reliability.md (section memory).
 Usage: python bench/memory.py [--attributions 3] [--steps 256] [--settle 60] [--model smollm2-135m-instruct]
-                              [--only "glibc default,app default"]
+                              [--only "glibc default,app default"] [--publish]
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from common import PeakMemory
+from common import DOCS, PeakMemory, add_publish, md_table, publish
 from load import free_port, mb, read_texts, rss_bytes, start_server, stop_server, wait_until_up
 
 OFF = dict(ATTN_MALLOC_ARENAS="0", ATTN_MALLOC_TRIM="0", ATTN_MALLOC_MMAP_KB="0", MALLOC_ARENA_MAX=None)
@@ -36,6 +37,14 @@ VARIANTS = {
     "trim": dict(OFF, ATTN_MALLOC_TRIM="1"),
     "mallopt + trim": dict(OFF, ATTN_MALLOC_ARENAS="2", ATTN_MALLOC_TRIM="1"),
     "app default": {name: None for name in OFF},  # nothing set: the app's own settings
+}
+SETTING = {
+    "glibc default": "`ATTN_MALLOC_ARENAS=0 ATTN_MALLOC_TRIM=0 ATTN_MALLOC_MMAP_KB=0`",
+    "environment": "`MALLOC_ARENA_MAX=2` in the environment, no trim",
+    "mallopt": "`mallopt(M_ARENA_MAX, 2)` in `main()`, no trim",
+    "trim": "`malloc_trim(0)` after each job, glibc's arenas",
+    "mallopt + trim": "both, glibc's moving mmap threshold",
+    "app default": "both, and the mmap threshold fixed at 32 MiB",
 }
 POSITION = 15  # 16 tokens: 256 steps × 16 tokens is the Heads tab's budget of 4,096
 
@@ -50,7 +59,8 @@ def attribute(url: str, model: str, text: str, steps: int) -> float:
     return time.perf_counter() - started
 
 
-def measure(name: str, env: dict, args, text: str) -> str:
+def measure(name: str, env: dict, args, text: str) -> dict:
+    """One setting: the server's RSS before, peak (VmHWM), right after and --settle s after, bytes; job seconds."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/"
     log_path = Path(tempfile.gettempdir()) / f"attention-explorer-memory-{port}.log"
@@ -67,9 +77,13 @@ def measure(name: str, env: dict, args, text: str) -> str:
         settled = rss_bytes(proc.pid) or 0
     finally:
         stop_server(proc)
-    return (f"{name:<16} RSS {mb(before)} before, {mb(peak.peak)} peak (VmHWM), {mb(after)} after, {mb(settled)} "
-            f"{args.settle:.0f} s after ({(settled - before) / 2**20:+,.0f} MB); {args.attributions} attributions "
-            f"at {args.steps} steps: {', '.join(f'{s:.0f}' for s in seconds)} s")
+    return {"before": before, "peak": peak.peak, "after": after, "settled": settled, "seconds": seconds}
+
+
+def line(name: str, m: dict, args) -> str:
+    return (f"{name:<16} RSS {mb(m['before'])} before, {mb(m['peak'])} peak (VmHWM), {mb(m['after'])} after, "
+            f"{mb(m['settled'])} {args.settle:.0f} s after ({(m['settled'] - m['before']) / 2**20:+,.0f} MB); "
+            f"{args.attributions} attributions at {args.steps} steps: {', '.join(f'{s:.0f}' for s in m['seconds'])} s")
 
 
 def main() -> int:
@@ -79,14 +93,28 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=60.0, help="seconds after the last one to read RSS again")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--only", default="", help=f"comma-separated variants, of: {', '.join(VARIANTS)}")
+    add_publish(parser)
     args = parser.parse_args()
     chosen = [v.strip() for v in args.only.split(",") if v.strip()] or list(VARIANTS)
     unknown = [v for v in chosen if v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(unknown)}: choose from {', '.join(VARIANTS)}")
     text = read_texts()["attention"]
+    rows = []
     for name in chosen:
-        print(measure(name, VARIANTS[name], args, text), flush=True)
+        m = measure(name, VARIANTS[name], args, text)
+        print(line(name, m, args), flush=True)
+        rows.append([f"{name}: {SETTING[name]}", mb(m["before"]), mb(m["peak"]), mb(m["after"]),
+                     f"{mb(m['settled'])} ({(m['settled'] - m['before']) / 2**20:+,.0f})",
+                     ", ".join(f"{s:.0f}" for s in m["seconds"])])
+    if args.publish:
+        publish("memory", f"`python app.py` started once per allocator setting, {args.attributions} integrated-"
+                          f"gradients attributions at {args.steps} steps from {args.attributions} sessions at once; "
+                          f"the server's RSS before, its peak over the attributions (the server's VmHWM), right after "
+                          f"and {args.settle:.0f} s after; one run per setting.\n\n" +
+                md_table(["allocator setting", "RSS before", "peak", "right after", f"{args.settle:.0f} s after",
+                          "attributions (s)"], rows, ["---", "---:", "---:", "---:", "---:", "---:"]),
+                doc=DOCS / "reliability.md")
     return 0
 
 
