@@ -16,11 +16,14 @@ way, in one run: medians (and ranges) of alternating runs (each side first in ev
            --mmap-kb KiB (ui/memory.py fix_mmap_threshold, the app's ATTN_MALLOC_MMAP_KB)
 --parts picks which of the four to run (all by default); --threads sets torch's thread count (on a shared
 machine 1 keeps the two sides' timings apart from the other jobs' load).
+With --publish each part run writes its section of docs/benchmarks.md (corpus-heads, corpus-patch, corpus-lens,
+corpus-memory; publish in bench/common.py).
 --quick shrinks every size (12 texts, 2 pairs, 100 vs 10 texts, 32 tokens, batches of 320 tokens, so that the
 smaller memory corpus still fills one batch): a check that it runs, whose ratios are rougher than the full run's.
 Usage: python bench/corpus/speed.py [--model smollm2-135m-instruct] [--texts 48] [--tokens 64] [--pairs 100]
                                     [--memory-texts 1000] [--mmap-kb 32768] [--batch-tokens 4096] [--repeats 5]
                                     [--quick] [--random-weights] [--threads N] [--parts heads,patch,lens,memory]
+                                    [--publish]
 """
 from __future__ import annotations
 
@@ -36,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))     # bench/, fo
 
 import torch  # noqa: E402
 
-from common import PeakMemory, long_ids, median, random_weights_folder, row, spread, timed  # noqa: E402
+from common import (PeakMemory, add_publish, long_ids, md_table, median, publish, random_weights_folder, row,  # noqa: E402
+                    spread, timed)
 from core import load_model  # noqa: E402
 from core.analysis import patching  # noqa: E402
 from core.corpus import summaries  # noqa: E402
@@ -117,17 +121,24 @@ def alternating(jobs: dict, order: list[str], repeats: int) -> tuple[dict, dict]
     return times, cpu
 
 
-def report_heads(times: dict, args) -> str:
+def report_heads(times: dict, args) -> tuple[str, str]:
     tokens = args.texts * args.tokens
     ratio = median(times["plain"]) / median(times["scores"])
     print(row(f"head scores, {args.texts} texts × {args.tokens} tokens", spread(times["scores"], 2),
               spread(times["plain"], 2), f"{ratio:.2f}", widths=WIDTHS))
     print(f"  token throughput: head_scores_over {tokens / median(times['scores']):.0f} tok/s, plain forward "
           f"{tokens / median(times['plain']):.0f} tok/s (ratio = scores / plain, target ≥ 0.5, aim 0.7)")
-    return f"head scores {ratio:.2f} of a plain forward's throughput on {args.texts}×{args.tokens} tokens"
+    body = (f"`head_scores_over` on {args.texts} texts × {args.tokens} tokens against a plain batched forward of the "
+            f"same padded batches (the stack only, no logits), {torch.get_num_threads()} thread(s), median (range) of "
+            f"{args.repeats} alternating runs: **{ratio:.2f}** of its token throughput.\n\n" +
+            md_table(["", "seconds", "tokens/s"],
+                     [["`head_scores_over`", spread(times["scores"], 2), f"{tokens / median(times['scores']):.0f}"],
+                      ["plain forward", spread(times["plain"], 2), f"{tokens / median(times['plain']):.0f}"]],
+                     ["---", "---:", "---:"]))
+    return f"head scores {ratio:.2f} of a plain forward's throughput on {args.texts}×{args.tokens} tokens", body
 
 
-def report_patch(times: dict, cpu: dict, pairs, cfg) -> str:
+def report_patch(times: dict, cpu: dict, pairs, cfg) -> tuple[str, str]:
     ratio = median(times["looped"]) / median(times["patch_over"])
     print(row(f"patch_over z, {len(pairs)} IOI pairs ({cfg.n_layers}×{cfg.n_heads} heads)",
               spread(times["patch_over"], 2), spread(times["looped"], 2), f"{ratio:.2f}x", widths=WIDTHS))
@@ -138,11 +149,20 @@ def report_patch(times: dict, cpu: dict, pairs, cfg) -> str:
     cpu_ratio = median(cpu["looped"]) / median(cpu["patch_over"])
     print(f"  CPU time: patch_over {spread(cpu['patch_over'], 2)} s, looped {spread(cpu['looped'], 2)} s, "
           f"ratio {cpu_ratio:.2f}x")
+    body = (f"The head site (`z`), every layer × head ({cfg.n_layers}×{cfg.n_heads}), over {len(pairs)} IOI pairs: "
+            f"`patch_over` against looping the single-pair `patch_sweep` over the same pairs, "
+            f"{torch.get_num_threads()} thread(s), median (range) of {len(times['looped'])} alternating runs: "
+            f"**{ratio:.2f}×** in wall time, {cpu_ratio:.2f}× in the process's CPU time. Run by run the ratio was "
+            + ", ".join(f"{a / b:.2f}" for a, b in zip(times["looped"], times["patch_over"])) + ".\n\n" +
+            md_table(["", "wall s", "CPU s"],
+                     [["`patch_over`", spread(times["patch_over"], 1), spread(cpu["patch_over"], 1)],
+                      ["looped `patch_sweep`", spread(times["looped"], 1), spread(cpu["looped"], 1)]],
+                     ["---", "---:", "---:"]))
     return (f"patch_over {median(times['patch_over']):.1f} s over {len(pairs)} pairs, {ratio:.2f}x the looped "
-            f"sweeps ({cpu_ratio:.2f}x in CPU time)")
+            f"sweeps ({cpu_ratio:.2f}x in CPU time)"), body
 
 
-def report_lens(times: dict, cpu: dict, args, agreement: str) -> str:
+def report_lens(times: dict, cpu: dict, args, agreement: str) -> tuple[str, str]:
     ratios = {key: median(times[key]) / median(times["scores"]) for key in ("lens loop", "lens batched")}
     cpu_ratios = {key: median(cpu[key]) / median(cpu["scores"]) for key in ratios}
     print(row(f"head scores, transformer-lens, {args.texts} texts", spread(times["scores"], 2), "", "",
@@ -157,16 +177,24 @@ def report_lens(times: dict, cpu: dict, args, agreement: str) -> str:
           f"({cpu_ratios['lens loop']:.2f}x), batched {spread(cpu['lens batched'], 2)} s "
           f"({cpu_ratios['lens batched']:.2f}x)")
     print(f"  {agreement}")
+    body = (f"The same head scores from transformer-lens's `run_with_cache` patterns on {args.texts} texts × "
+            f"{args.tokens} tokens, {torch.get_num_threads()} thread(s), median (range) of {len(times['scores'])} "
+            f"alternating runs; {agreement}. Ratio = its time / `head_scores_over`'s.\n\n" +
+            md_table(["", "wall s", "ratio", "CPU s", "CPU ratio"],
+                     [["`head_scores_over`", spread(times["scores"], 2), "1", spread(cpu["scores"], 2), "1"]] +
+                     [[f"`run_with_cache` {'looped over the texts' if key == 'lens loop' else 'on all in one batch'}",
+                       spread(times[key], 2), f"{ratios[key]:.2f}×", spread(cpu[key], 2), f"{cpu_ratios[key]:.2f}×"]
+                      for key in ratios], ["---", "---:", "---:", "---:", "---:"]))
     return (f"transformer-lens run_with_cache loop {ratios['lens loop']:.2f}x head_scores_over's time "
             f"({cpu_ratios['lens loop']:.2f}x in CPU time), batched {ratios['lens batched']:.2f}x "
-            f"({cpu_ratios['lens batched']:.2f}x)")
+            f"({cpu_ratios['lens batched']:.2f}x)"), body
 
 
-def report_memory(folder, args) -> str:
+def report_memory(folder, args) -> tuple[str, str]:
     small_n = max(1, args.memory_texts // 10)
     print(f"memory, head_scores_over on random texts of {args.tokens} tokens (peak RSS of a fresh process while "
           f"the job runs; batches of {args.batch_tokens // args.tokens} texts)")
-    summary = []
+    summary, rows = [], []
     for kb, said in ((0, "glibc as it comes"), (args.mmap_kb, f"mmap threshold fixed at {args.mmap_kb} KiB")):
         small = in_child(folder, small_n, args.tokens, args.batch_tokens, kb)
         large = in_child(folder, args.memory_texts, args.tokens, args.batch_tokens, kb)
@@ -175,7 +203,16 @@ def report_memory(folder, args) -> str:
         print(f"    {small_n} texts: {small['peak']:.0f} MB   {args.memory_texts} texts: {large['peak']:.0f} MB   "
               f"difference {grown:+.0f} MB (target ≤ 300)")
         summary.append(f"RSS {args.memory_texts} vs {small_n} texts {grown:+.0f} MB ({said})")
-    return ", ".join(summary)
+        rows.append([said, f"{small['loaded']:,.0f}", f"{small['peak']:,.0f}", f"{large['peak']:,.0f}",
+                     f"**{grown:+,.0f}**"])
+    body = (f"`head_scores_over` on {small_n:,} and on {args.memory_texts:,} seeded random texts of {args.tokens} "
+            f"tokens (batches of {args.batch_tokens // args.tokens} texts), each in a fresh process, "
+            f"{torch.get_num_threads()} thread(s): the peak RSS while the job runs (the kernel's high-water mark, "
+            "VmHWM, reset just before the job), MB. One run each; the target: the larger corpus peaks within "
+            "300 MB of the smaller.\n\n" +
+            md_table(["allocator", "RSS before the job", f"peak, {small_n:,} texts", f"peak, {args.memory_texts:,} texts",
+                      "difference"], rows, ["---", "---:", "---:", "---:", "---:"]))
+    return ", ".join(summary), body
 
 
 def arguments():
@@ -195,6 +232,7 @@ def arguments():
     parser.add_argument("--mmap-kb", type=int, default=memory.MMAP_KB,
                         help="the memory part's fixed mmap threshold, KiB (default: the app's)")
     parser.add_argument("--child-rss", nargs=5, help=argparse.SUPPRESS)
+    add_publish(parser)
     return parser.parse_args()
 
 
@@ -237,7 +275,7 @@ def main() -> None:
             "looped": lambda: looped_sweeps(model, pairs),
             "lens loop": lambda: lens_scores(lens, texts),
             "lens batched": lambda: lens_scores(lens, texts, len(texts))}
-    summary = []
+    summary, bodies = [], {}
     if lens_skipped:
         print(f"lens: skipped: {lens_skipped}")
         summary.append("transformer-lens not installed")
@@ -255,14 +293,23 @@ def main() -> None:
     if times:
         print(row("", "corpus job (s)", "plain way (s)", "ratio", widths=WIDTHS))
     if "heads" in parts:
-        summary.append(report_heads(times, args))
+        said, bodies["heads"] = report_heads(times, args)
+        summary.append(said)
     if "patch" in parts:
-        summary.append(report_patch(times, cpu, pairs, model.config))
+        said, bodies["patch"] = report_patch(times, cpu, pairs, model.config)
+        summary.append(said)
     if "lens" in parts:
-        summary.append(report_lens(times, cpu, args, agreement))
+        said, bodies["lens"] = report_lens(times, cpu, args, agreement)
+        summary.append(said)
     if "memory" in parts:
-        summary.append(report_memory(folder, args))
+        said, bodies["memory"] = report_memory(folder, args)
+        summary.append(said)
     print(f"SUMMARY corpus{' (QUICK)' if args.quick else ''}, threads {torch.get_num_threads()}: " + "; ".join(summary))
+    if args.publish:
+        if args.quick:
+            raise SystemExit("--publish with --quick: the quick sizes are a check that the script runs, not figures")
+        for part, body in bodies.items():
+            publish(f"corpus-{part}", body)
 
 
 if __name__ == "__main__":
