@@ -7,7 +7,9 @@ same numbers, in one run: medians (and ranges) of alternating runs.
   sweep        every head ablated alone, batched one head per row, against one forward pass per head
                (timed on the first layer's heads and scaled to all of them)
   integrated   integrated gradients (32 steps, batched) and gradient x input, 128 tokens
+With --publish the table goes to docs/benchmarks.md (section heads).
 Usage: python bench/heads.py [--model smollm2-135m-instruct] [--tokens 512] [--sweep-tokens 128] [--repeats 5]
+                             [--publish]
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import argparse
 
 import torch
 
-from common import load_both, long_ids, median, row, spread, timed
+from common import add_publish, load_both, long_ids, md_table, median, publish, row, spread, timed
 from core.analysis import heads
 
 
@@ -38,6 +40,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--sweep-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
+    add_publish(parser)
     args = parser.parse_args()
     ours, theirs, folder = load_both(args.model, "cpu", torch.float32, attn_implementation="eager")
     ids = long_ids(ours.tokenizer, args.tokens)
@@ -68,6 +71,20 @@ def main() -> None:
               spread(times["per head"], 1), f"{sweep_ratio:.2f}x", widths=(44, 24, 24, 8)))
     print(row(f"attribution with IG (32 steps), {args.sweep_tokens} tokens", spread(times["integrated"], 2), "", "",
               widths=(44, 24, 24, 8)))
+    if args.publish:
+        table = [[f"atlas of a {args.tokens}-token text, with the induction probe", f"{spread(times['atlas'], 2)} s",
+                  f"transformers' `output_attentions` scored by the same function, without the probe: "
+                  f"{spread(times['theirs atlas'], 2)} s", f"{atlas_ratio:.2f}× its speed"],
+                 [f"one ablation with its per-token loss change, {args.tokens} tokens (two forward passes)",
+                  f"{spread(times['ablation'], 2)} s", "", ""],
+                 [f"the sweep of all {n_heads} heads, {args.sweep_tokens} tokens", f"{spread(times['sweep'], 1)} s",
+                  f"one forward pass per head: {spread(times['per head'], 1)} s", f"{sweep_ratio:.2f}× faster"],
+                 [f"integrated gradients, 32 steps, {args.sweep_tokens} tokens", f"{spread(times['integrated'], 2)} s",
+                  "", ""]]
+        publish("heads", f"{args.model}, cpu, float32, {torch.get_num_threads()} thread(s); median (range) of "
+                         f"{args.repeats} runs alternating between the sides. The plain sweep's time is measured on "
+                         f"the first layer's {cfg.n_heads} heads and scaled to all {n_heads}.\n\n" +
+                md_table(["", "this core", "the plain way", "ratio"], table, ["---", "---:", "---:", "---:"]))
     print(f"SUMMARY heads: atlas {median(times['atlas']):.2f} s (target ≤ 5), {atlas_ratio:.2f}x transformers' "
           f"maps; ablation {median(times['ablation']):.2f} s (≤ 2); sweep {median(times['sweep']):.1f} s (≤ 90), "
           f"{sweep_ratio:.2f}x one pass per head; IG {median(times['integrated']):.2f} s (≤ 20)")

@@ -7,11 +7,12 @@ speed. The setting is process-wide, so every kind of work the app does is timed,
 - train: --steps steps of the Lab's default run (reverse, Marian), evaluation included (the Lab tab).
 Each is timed after a warm-up, in fresh processes, glibc's moving threshold against each --mmap-kb fixed value, the
 order rotating from run to run; medians, ranges and each fixed value's ratio to the moving threshold. The memory
-the setting saves is bench/corpus/speed.py's memory part.
+the setting saves is bench/corpus/speed.py's memory part. With --publish the table goes to docs/benchmarks.md
+(section corpus-threshold).
 Usage: python bench/corpus/threshold.py [--model smollm2-135m-instruct] [--texts 48] [--tokens 64] [--new 64]
                                    [--long 512] [--steps 200] [--mmap-kb 32768 [128 …]]
                                    [--work heads generate attention patch train]
-                                   [--repeats 5] [--threads 1]
+                                   [--repeats 5] [--threads 1] [--publish]
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))     # bench/, for common (which adds the root)
 
-from common import median, spread  # noqa: E402
+from common import add_publish, md_table, median, publish, spread  # noqa: E402
 
 WORK = ("heads", "generate", "attention", "patch", "train")
 CHILD = """
@@ -92,6 +93,7 @@ def main() -> None:
     parser.add_argument("--work", nargs="+", choices=WORK, default=list(WORK))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    add_publish(parser)
     args = parser.parse_args()
     if args.repeats < 5 or min(args.mmap_kb) < 1 or args.threads < 1:
         raise SystemExit("--repeats must be at least 5, each --mmap-kb and --threads at least 1")
@@ -107,13 +109,23 @@ def main() -> None:
                  "attention": f"forward keeping probabilities, {args.long} tokens",
                  "patch": "patch_sweep, head site, one IOI pair",
                  "train": f"the Lab's default run (reverse, Marian), {args.steps} steps"}
+    table = []
     for name in args.work:
         print(f"  {described[name]}")
         moving = [t[name] for t in times[0]]
         print(f"    {'glibc moving threshold:':<28}{spread(moving, 2)}")
+        cells = [described[name], spread(moving, 2)]
         for kb in settings[1:]:
             fixed = [t[name] for t in times[kb]]
             print(f"    {f'fixed at {kb} KiB:':<28}{spread(fixed, 2)}   {median(fixed) / median(moving):.2f}x")
+            cells.append(f"{spread(fixed, 2)}, {median(fixed) / median(moving):.2f}×")
+        table.append(cells)
+    if args.publish:
+        publish("corpus-threshold", f"{args.model}, cpu, float32, {args.threads} thread(s); seconds, median (range) "
+                                    f"of {args.repeats} fresh processes per setting, the order rotating; each fixed "
+                                    "threshold's ratio to glibc's moving one.\n\n" +
+                md_table(["work", "glibc's moving threshold", *(f"fixed at {kb:,} KiB" for kb in settings[1:])], table,
+                         ["---", *["---:"] * len(settings)]))
 
 
 if __name__ == "__main__":
