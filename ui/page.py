@@ -77,7 +77,7 @@ def layout(services, default_model: str) -> gr.Blocks:
             with gr.Tab("Across texts", id="corpus"):
                 across_tab = across.build(services, picker, initial)
             course = learn_course.build(services, picker)  # its own gr.Tab: the course through the theory
-            lab.build(services, picker, initial)  # its own gr.Tab: train a Transformer from scratch
+            lab_tab = lab.build(services, picker, initial)  # its own gr.Tab: train a Transformer from scratch
         for name, tab in built.items():
             wire_switch(picker, current_tab, linked, name, tab)
         wire_send(built["generate"], built["attention"], tabs, current_tab)
@@ -90,7 +90,8 @@ def layout(services, default_model: str) -> gr.Blocks:
         learn_course.api_endpoint(services, picker)  # hidden parts only the `lesson` endpoint reads
         learn_course.wire_opening(demo, course, picker)
         learn_course.wire_switch(course, picker, current_tab)
-        learn_course.wire_try(course, tabs, current_tab, controls)
+        # a lesson opens any of these; Generate and the Lab take no link's fields, only a lesson's
+        learn_course.wire_try(course, tabs, current_tab, {**controls, "generate": built["generate"], "lab": lab_tab})
         wire_share_link(share, picker, current_tab, controls, course.choose)
         demo.load(None, js=build_lookup())  # the Theory panel; glossary terms on hover, eq. N.M linked to it
     return demo

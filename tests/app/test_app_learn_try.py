@@ -1,11 +1,13 @@
 """Every lesson's "Try it" through the page's own events, as Gradio runs them: the button's click (open_tab, fed the
 lesson's link) and then each event chained after it (the target tab's run or first screen, gated on its fields),
-each called with its inputs as Gradio fills them (gr.Progress put in by gradio's own special_args). The target tab
-opens on the lesson's text and computes its figures: no error, and every figure it draws has data. Every lesson on
-the tiny Llama; on the real SmolLM2 and on MiniLM (an encoder), one lesson for each tab the lessons open."""
+each called with its inputs as Gradio fills them (gr.Progress put in by gradio's own special_args; a stream run to
+its end). The target tab opens on the lesson's text and settings and computes there: no error, every figure it
+draws has data, Generate has written a continuation and the Lab has drawn its saved run's attention. Every lesson
+on the tiny Llama; on the real SmolLM2 and on MiniLM (an encoder), one lesson for each tab the lessons open."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from types import SimpleNamespace
@@ -65,15 +67,28 @@ def plotted(value):
     return None
 
 
-def run_try(demo, chain, link: dict) -> tuple[str, list]:
+def by_id(demo, elem_id: str):
+    return next(block for block in demo.blocks.values() if getattr(block, "elem_id", None) == elem_id)
+
+
+# the fields a lesson's link sets, by (tab, the link's key): their elem_ids
+FIELD_IDS = {("attention", "text"): "attn-text", ("generate", "text"): "gen-text", ("heads", "text"): "heads-text",
+             ("inside", "text"): "inside-text", ("masks", "text"): "mask-text", ("positions", "text"): "pe-text",
+             ("heads", "score"): "heads-score", ("generate", "max_new_tokens"): "gen-max-new",
+             ("generate", "chat"): "gen-chat", ("lab", "lab_run"): "lab-pick", ("lab", "source"): "lab-source"}
+
+
+def run_try(demo, chain, link: dict) -> tuple[str, list, dict]:
     """Run the chain as the page does on a fresh page; returns (the tab it opened, the figures the target's event
-    drew, as JSON)."""
+    drew, as JSON, and every component's value afterwards, by id)."""
     values = {block_id: getattr(block, "value", None) for block_id, block in demo.blocks.items()}
     drawn, target = [], None
     for index, fn in enumerate(chain):
         inputs = [link] if index == 0 else [values[block._id] for block in fn.inputs]
         inputs, *_ = special_args(fn.fn, list(inputs), None, None)
         result = fn.fn(*inputs)
+        if inspect.isgenerator(result):   # a stream: what it shows when it ends
+            *_, result = result
         if not isinstance(result, (tuple, list)):
             result = (result,)
         if index == 0:
@@ -84,7 +99,7 @@ def run_try(demo, chain, link: dict) -> tuple[str, list]:
                 values[block._id] = value.get("value", value) if isinstance(value, dict) else value
         if index and ran:
             drawn += [figure for figure in map(plotted, result) if figure is not None]
-    return target, drawn
+    return target, drawn, values
 
 
 def check_every_try(names: list[str], default: str, one_per_tab: bool = False) -> None:
@@ -99,14 +114,30 @@ def check_every_try(names: list[str], default: str, one_per_tab: bool = False) -
         if one_per_tab and link["tab"] in tabs_done:
             continue
         tabs_done.add(link["tab"])
-        target, drawn = run_try(demo, chain, link)
+        target, drawn, values = run_try(demo, chain, link)
         assert target == link["tab"], lesson.name
-        if target in ("lab", "generate"):
-            continue   # opened, nothing to compute there on arrival
+        for key, value in link.items():   # the fields and settings the lesson names are set in its tab
+            if (target, key) in FIELD_IDS:
+                assert values[by_id(demo, FIELD_IDS[target, key])._id] == value, (lesson.name, key)
+        assert link["tab"] not in ("heads", "generate", "lab") or set(link) - {"tab", "compute"}, lesson.name
+        measured = views.measured(services, default, syllabus.find(lesson.name))   # the page's own, cached
+        if link.get("compute") is False:   # a model the tab cannot run: the lesson's note says why, nothing runs
+            assert measured.note and not drawn, lesson.name
+            continue
+        notes = [v for v in values.values() if isinstance(v, str) and v.startswith(("Error", "Something went"))]
+        assert not notes, (lesson.name, notes)
+        if target == "generate":   # written on from the lesson's text, greedily, and its tokens in the strip
+            written = values[by_id(demo, "gen-output")._id]
+            assert isinstance(written, str) and written.strip(), (lesson.name, "nothing generated")
+            strip = values[by_id(demo, "gen-strip")._id]   # the gr.Radio update the strip's event returns
+            assert strip.choices, (lesson.name, "no token strip")
+            continue
         assert drawn, (lesson.name, target, "the target tab computed nothing")
+        if target == "lab":   # the saved run's attention: its answer in the note, every map drawn with data
+            assert link["lab_run"] in values[by_id(demo, "lab-attn-note")._id], lesson.name
+            assert len(drawn) == 3 and all(figure["data"] for figure in drawn), lesson.name
         # a figure with data; only where the lesson itself says this model cannot run it (its note) may the
         # target say so too (the tiny tokenizer splits the patching prompts unevenly)
-        measured = views.measured(services, default, syllabus.find(lesson.name))   # the page's own, cached
         assert any(figure["data"] for figure in drawn) or measured.note, (lesson.name, target, "no data")
         for figure in drawn:   # each has data, or is a note saying why this model has nothing there
             notes = [a.get("text") for a in figure.get("layout", {}).get("annotations", []) if a.get("text")]
@@ -150,10 +181,14 @@ def test_the_heads_link_opens_on_the_induction_probe(tmp_path):
     special = tuple(model.tokenizer.all_special_ids)
     probe = heads.induction_probe(model.config.vocab_size, INDUCTION_LENGTH, INDUCTION_SEED, avoid=special)
     assert text == model.tokenizer.decode(probe[0].tolist(), skip_special_tokens=True)
-    assert {"layer", "head"} <= set(views.try_state(link))
+    state = views.try_state(link)
+    assert {"layer", "head"} <= set(state)
+    assert state["score"] == "induction"   # the map the tab opens on is the score the lesson chose the head by
 
 
-def test_the_tabs_that_compute_nothing_on_arrival_say_what_to_press(tmp_path):
+def test_the_try_notes_say_what_lands_there(tmp_path):
+    """Where the tab computes something beside the lesson's figure (a continuation, a saved run's attention), the
+    note under Try it says what lands and names the run and its source; elsewhere there is no note."""
     from core import load_model
 
     model = load_model(str(build_tiny_llama(tmp_path / "llama")), device="cpu")
@@ -162,7 +197,10 @@ def test_the_tabs_that_compute_nothing_on_arrival_say_what_to_press(tmp_path):
     for lesson in syllabus.lessons():
         page = views.lesson_page(services, "tiny", lesson.name)
         if page.link["tab"] in views.TRY_NOTES:
-            assert page.try_note == views.TRY_NOTES[page.link["tab"]] and "**" in page.try_note, lesson.name
+            assert "**" in page.try_note and "{" not in page.try_note, lesson.name
+            for value in page.link.get("settings", {}).values():
+                assert page.link["tab"] != "lab" or str(value) in page.try_note, (lesson.name, value)
         else:
             assert page.try_note == "", lesson.name
+    assert views.try_note({"tab": "generate", "compute": False}) == ""
     assert {"generate", "lab"} <= {views.lesson_page(services, "tiny", name).link["tab"] for name in syllabus.names()}

@@ -89,6 +89,25 @@ def test_snapshots_and_the_attention_of_a_trained_run(trained):
         lab.attention("another session", "run1", "abc")
 
 
+def test_a_shipped_run_opens_in_every_session_as_a_run_trained_there():
+    """The course's reversing encoder-decoder is in every session's Run list, first, and its attention is read as a
+    trained run's: the config from its manifest, its own greedy answer, the anti-diagonal it learned."""
+    from ui.services.lab import saved as shipped
+
+    lab = Lab(LabSettings())
+    assert lab.run_ids("anyone") == [shipped.REVERSE]
+    run = shipped.load(shipped.REVERSE)
+    assert (run.lab.task, run.lab.family, run.lab.d_model, run.lab.steps) == ("reverse", "marian", 32, 800)
+    view = lab.attention("anyone", shipped.REVERSE, "mirrortarget")
+    assert f"**{shipped.REVERSE}** (reverse) answers **tegratrorrim** (right)." in view.note
+    assert view.cross.shape[:2] == (2, 2) and view.encoder.shape == (2, 2, 13, 13)
+    n = len("mirrortarget")
+    rows = view.cross[-1].mean(0)[:n]                       # last layer, mean of heads: output i over the source
+    assert float(np.mean([rows[i, n - 1 - i] for i in range(n)])) > 0.5
+    with pytest.raises(UserError, match="no saved run"):
+        shipped.load("saved: nothing")
+
+
 def test_the_job_cap_and_one_job_per_session_refuse_with_a_message():
     lab = Lab(SETTINGS)
     long = config(steps=4000, snapshot_steps="")

@@ -13,6 +13,7 @@ from tiny_app_model import build_tiny_bert, build_tiny_llama, build_tiny_marian
 from core import load_model
 from core import train as lab
 from core.store import check_folder
+from ui.services.lab import saved as shipped
 from ui.services.learn import block as lessons
 from ui.services.learn import reveal
 from ui.views.learn.block import FIGURES
@@ -108,7 +109,9 @@ def test_the_reversing_models_cross_attention_is_read_from_a_plain_pass(smollm):
     assert np.allclose(v["weights"], weights.numpy(), atol=1e-5)
     assert measured.answer == lessons.ANTI and anti > 0.5
     assert f"{100 * anti:.0f} %" in measured.answer_text and "no cross-attention" in measured.note
-    assert measured.link == {"tab": "lab"}
+    # the Lab opens this very run (its Run list holds the shipped runs) on the lesson's source
+    assert measured.link == {"tab": "lab", "settings": {"lab_run": shipped.REVERSE, "source": lessons.SOURCE}}
+    assert shipped.SAVED_RUNS[shipped.REVERSE] == lessons.ASSET
     assert FIGURES["encoder-decoder"](measured).data
 
 

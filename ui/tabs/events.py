@@ -162,6 +162,8 @@ def gated(event: dict, ok: gr.State) -> dict:
     fn, inputs, n_outputs = event["fn"], as_list(event["inputs"]), len(as_list(event["outputs"]))
     params = list(inspect.signature(fn).parameters.values())
     at = next((i for i, p in enumerate(params) if stays_behind(p)), len(params))
+    # a gr.Request without a default (Gradio fills it) after FIELDS_OK's default takes None as its default
+    params[at:] = [p.replace(default=None) if p.default is inspect.Parameter.empty else p for p in params[at:]]
     params.insert(at, inspect.Parameter(FIELDS_OK, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=True))
     signature = inspect.Signature(params)
     own = inspect.signature(fn)

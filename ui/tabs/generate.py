@@ -108,13 +108,13 @@ def build(services, picker, initial) -> Tab:
     # a new generation starts with no step view and no strip: both described the previous run
     run.click(lambda: ("", *[gr.Plot(value=None, visible=False)] * 3, "", None, gr.Radio(choices=[], value=None)),
               None, [*step_outputs, strip], api_visibility="private", queue=False)
-    event = run.click(streamed(services), [*settings, trace], [output, stats, sent, trace], api_name="generate",
-                      **ON_GENERATE)
+    common = dict(inputs=[*settings, trace], **ON_GENERATE)
+    stream = dict(fn=streamed(services), outputs=[output, stats, sent, trace], **common)
+    trace_event = dict(fn=finished(services), outputs=[output, trace_json, trace], **common)
+    event = run.click(**stream, api_name="generate")
     # after a finished stream this reuses the session's trace; called alone it generates (without streaming)
-    done = event.success(finished(services), [*settings, trace], [output, trace_json, trace],
-                         api_name="generation_trace", **ON_GENERATE)
-    wire_stop_and_strip(services, event, done, stop, stats, trace, strip)
-
+    done = event.success(**trace_event, api_name="generation_trace")
+    fill = wire_stop_and_strip(services, event, done, stop, stats, trace, strip)
     wire_steps(services, model, step, fields, trace, show, strip, picked, step_outputs)
     export.click(handler(reading_trace(trace_file), services, "export_generation", progress=False), trace,
                  [export_file, export_note], api_name="export_generation")
@@ -130,21 +130,27 @@ def build(services, picker, initial) -> Tab:
                 gr.Button(interactive=why is None), why or "")
 
     picker.loaded.success(for_model, model, [chat, run, cannot], api_visibility="private")
+    # a lesson's "Try it" sets the prompt and the settings it names, then streams, traces and fills the strip
     return Tab(send=send, sent=sent, switched=fields.followed,
+               settings={"text": prompt, "chat": chat, "max_new_tokens": max_new, "temperature": temperature},
+               run_event={**stream, "api_visibility": "private"},
+               run_after=[{**trace_event, "api_visibility": "private"}, fill],
                results=[output, stats, sent, trace, strip, *step_outputs, trace_json, export_file, export_note, kv_note,
                         kv_table, kv_fig, kv_numbers],
                press={stats: run, step_note: show, kv_note: kv_run})
 
 
-def wire_stop_and_strip(services, stream, done, stop, stats, trace, strip) -> None:
+def wire_stop_and_strip(services, stream, done, stop, stats, trace, strip) -> dict:
     """Stop cancels the stream; the strip of generated tokens fills once, when the stream is `done` or after Stop
     (from the Stop handler: a cancelled stream's own chain never runs). Not on every token: that re-rendered the
-    strip per token and, with the page's other updates, kept a busy browser from answering a click on Stop."""
+    strip per token and, with the page's other updates, kept a busy browser from answering a click on Stop.
+    Returns the strip's fill event (a lesson's "Try it" runs it after its own stream)."""
     fill = dict(fn=strip_of(services), inputs=trace, outputs=strip, api_visibility="private", queue=False)
     done.success(**fill)
     # cancel first, then relabel: an update still in flight from the stream must not overwrite "stopped"
     stop.click(None, None, None, cancels=[stream], api_visibility="private").then(
         mark_stopped, stats, stats, api_visibility="private", queue=False).then(**fill)
+    return fill
 
 
 def wire_steps(services, model, step, fields, trace, show, strip, picked, step_outputs) -> None:

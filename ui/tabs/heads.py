@@ -76,6 +76,7 @@ def build(services, picker, initial) -> Tab:
         press.update(section["press"])
     return Tab(text=atlas["text"], layer=atlas["layer"], head=atlas["head"],
                run_event={**atlas["event"], "api_visibility": "private"}, reveal=atlas["figures"],
+               settings={"score": atlas["score"]},
                opening=opening(services, "heads", atlas["event"], fresh=(5,)), switched=atlas["followed"],
                results=[c for section in sections for c in section["results"]],
                press=press)

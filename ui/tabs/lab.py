@@ -14,6 +14,7 @@ from core import train as engine
 from ui.plots.lab import training_curves
 from ui.services.checks import UserError, public_text
 from ui.services.lab import extrapolation as extra
+from ui.services.lab import saved as shipped
 from ui.services.lab.configs import (DEFAULT_FIELDS, DEFAULT_SNAPSHOT_STEPS, EXPERIMENTS, FAMILIES, NORMS,
                                      POSITIONS, TABLE_COLUMNS, experiment_pair, make_config)
 
@@ -72,9 +73,11 @@ def build(services, picker, initial=None) -> Tab:
         extrapolation = extrapolation_section(services.lab.settings, saved)
         lab = services.lab
         shown.__dict__.update(vars(keep_section(None if lab.private is None else lab.settings.private_ttl_s / 60)))
-    wire(services.lab, picker, c, shown)
+    attention = wire(services.lab, picker, c, shown)
     wire_extrapolation(services, extrapolation)
-    return Tab()
+    # what a lesson's "Try it" sets (a shipped run and a source) and runs: that run's attention, drawn
+    return Tab(settings={"lab_run": shown.pick, "source": shown.source}, run_event=attention,
+               reveal=[shown.cross, shown.encoder, shown.decoder])
 
 
 def controls(cap) -> SimpleNamespace:
@@ -163,7 +166,9 @@ def attention_section() -> SimpleNamespace:
     gr.Markdown("### Attention of a trained run\nType any source the task could have made (its characters: "
                 f"`{''.join(engine.CHARS)}`). The model writes its own answer, and every layer and head is drawn.")
     with gr.Row():
-        pick = gr.Dropdown([], label="Run", allow_custom_value=True, elem_id="lab-pick")
+        # the runs the project ships come first, so a trained run can be read before training one
+        pick = gr.Dropdown(list(shipped.SAVED_RUNS), value=shipped.REVERSE, label="Run", allow_custom_value=True,
+                           elem_id="lab-pick")
         source = gr.Textbox(EXAMPLE_SOURCE["reverse"], label="Source", elem_id="lab-source")
         show = gr.Button("Show attention", elem_id="lab-attn-run")
     attn_note = gr.Markdown(label="attention note", elem_id="lab-attn-note")
@@ -249,7 +254,7 @@ def lab_events(lab) -> SimpleNamespace:
 
     @user_errors
     def run_choices(request: gr.Request):
-        ids = [r.id for r in lab.runs(session_key(request)) if r.finished and r.run is not None]
+        ids = lab.run_ids(session_key(request))
         return gr.Dropdown(choices=ids, value=ids[-1] if ids else None)
 
     @user_errors
@@ -300,7 +305,7 @@ def figure_reveals(lab) -> SimpleNamespace:
     def reveal_attention(run_id, request: gr.Request):
         """Cross-attention, encoder, decoder: a decoder-only run has only the last."""
         try:
-            seq2seq = lab.finished_run(session_key(request), run_id).lab.family == "marian"
+            seq2seq = lab.trained(session_key(request), run_id)[1].family == "marian"
         except UserError:
             return gr.skip(), gr.skip(), gr.skip()
         return gr.Plot(visible=seq2seq), gr.Plot(visible=seq2seq), gr.Plot(visible=True)
@@ -309,7 +314,8 @@ def figure_reveals(lab) -> SimpleNamespace:
     return SimpleNamespace(train=reveal_train, compare=reveal_compare, attention=reveal_attention)
 
 
-def wire(lab, picker, c, shown) -> None:
+def wire(lab, picker, c, shown) -> dict:
+    """The tab's events; returns the attention view's (the event a lesson's "Try it" runs)."""
     e, show = lab_events(lab), figure_reveals(lab)
     fields = [c.task, c.family, c.n_layers, c.d_model, c.n_heads, c.d_ff, c.dropout, c.positions, c.norm, c.causal,
               c.scale, c.seed, c.steps, c.lr]
@@ -330,15 +336,18 @@ def wire(lab, picker, c, shown) -> None:
     c.stop.click(e.request_stop, None, shown.status, api_name="stop_training", cancels=[train_event, compare_event]
                  ).then(e.after_stop, None, progress, api_visibility="private").then(**refresh_args).then(**choices)
     shown.refresh.click(e.list_runs, None, [shown.table, shown.findings], api_name="lab_runs").then(**choices)
+    attention = dict(fn=e.attention, inputs=[shown.pick, shown.source],
+                     outputs=[shown.attn_note, shown.encoder, shown.decoder, shown.cross],
+                     concurrency_limit=ATTENTION_LIMIT)
     shown.show.click(show.attention, shown.pick, [shown.cross, shown.encoder, shown.decoder], **reveal).then(
-        e.attention, [shown.pick, shown.source], [shown.attn_note, shown.encoder, shown.decoder, shown.cross],
-        api_name="lab_attention", concurrency_limit=ATTENTION_LIMIT)
+        **attention, api_name="lab_attention")
     shown.save.click(e.save_run, [shown.pick, shown.name], shown.saved, api_name="save_run").success(
         picker.choices, None, picker.model, api_visibility="private")
     exported = shown.export_button.click(e.export_lab, None, [shown.export_file, shown.export_note],
                                          api_name="export_lab")
     exported.success(lambda: gr.Column(visible=True), None, shown.export_box, api_visibility="private", queue=False)
     c.task.change(lambda t: EXAMPLE_SOURCE.get(t, ""), c.task, shown.source, api_visibility="private", queue=False)
+    return {**attention, "api_visibility": "private"}
 
 
 # ---- positions past the trained length: six kinds trained on one copy task, tested on longer texts ----

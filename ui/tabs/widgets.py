@@ -106,6 +106,11 @@ class Tab:
     press: dict | None = None  # note → its button
     # the fields a "how typical is this?" run reads (ui/page.py TYPICAL): the Patching tab's preset and direction
     typical: list | None = None
+    # what a lesson's "Try it" may set beyond text, layer, head and corrupted prompt (its link's key → the field:
+    # Generate's length and temperature, the Heads tab's score, the Lab's run), and the events that follow the
+    # tab's run there (Generate's trace and token strip after its stream)
+    settings: dict | None = None
+    run_after: list | None = None
 
 
 def read_example(name: str) -> str:

@@ -31,6 +31,7 @@ from ui.services.checks import UserError
 from ui.services.lab.answers import alignment_note, answer_of, expected_answer
 from ui.services.lab.configs import (EXPERIMENTS, MAX_DECODER_SOURCE, MAX_RUNS_PER_SESSION, NAME, POLL_S,
                                      SESSION_IDLE_S, Summary, _finite, _num, _pct, describe, experiment_pair, finding)
+from ui.services.lab import saved as shipped
 from ui.services.lab.private import PrivateRuns
 from ui.settings import LabSettings
 
@@ -372,24 +373,37 @@ class Lab:
             raise UserError(f"{run_id} has no trained model ({record.status}).")
         return record
 
-    def attention(self, key: str | None, run_id, text) -> AttentionView:
+    def trained(self, key: str | None, run_id) -> tuple[str, LabConfig, object]:
+        """(id, config, model) of a finished run of this session, or of a run the project ships
+        (ui/services/lab/saved.py: its id names it in every session)."""
+        if shipped.is_saved(run_id):
+            run = shipped.load(run_id.strip())
+            return run.id, run.lab, run.model
         record = self.finished_run(key, run_id)
+        return record.id, record.lab, record.run.model
+
+    def run_ids(self, key: str | None) -> list[str]:
+        """What the attention section can open: the runs the project ships, then this session's finished runs."""
+        return [*shipped.SAVED_RUNS, *(r.id for r in self.runs(key) if r.finished and r.run is not None)]
+
+    def attention(self, key: str | None, run_id, text) -> AttentionView:
+        run_name, lab, model = self.trained(key, run_id)
         source = str(text or "").strip()
-        if record.lab.family == "llama" and len(source) > MAX_DECODER_SOURCE:
+        if lab.family == "llama" and len(source) > MAX_DECODER_SOURCE:
             raise UserError(f"A decoder-only lab model reads <bos> source <sep> answer <eos> in at most "
-                            f"{record.lab.max_len} positions, so its sources have at most {MAX_DECODER_SOURCE} "
+                            f"{lab.max_len} positions, so its sources have at most {MAX_DECODER_SOURCE} "
                             f"characters; this one has {len(source)}.")
         try:
-            maps = engine.lab_attention(record.run.model, record.lab.family, source)
+            maps = engine.lab_attention(model, lab.family, source)
         except ValueError as exc:
             raise UserError(f"Source: {exc}.") from None
         as_np = lambda t: None if t is None else t.float().numpy()  # noqa: E731
         answer = "".join(maps.target_tokens[1:]) if maps.cross is not None else answer_of(maps, source)
-        notes = [f"**{record.id}** ({record.lab.task}) answers **{answer or '(nothing)'}**"]
-        expected = expected_answer(record.lab.task, source)
+        notes = [f"**{run_name}** ({lab.task}) answers **{answer or '(nothing)'}**"]
+        expected = expected_answer(lab.task, source)
         if expected is not None:
             notes[0] += " (right)." if answer == expected else f"; the task's answer is **{expected}**."
-        aligned = alignment_note(record.lab.task, source, maps)
+        aligned = alignment_note(lab.task, source, maps)
         if aligned:
             notes.append(aligned)
         return AttentionView(maps.source_tokens, maps.target_tokens, as_np(maps.decoder), as_np(maps.encoder),

@@ -69,6 +69,22 @@ class Lesson:
     text_sample: str = ""  # the ready-made text the measurement reads, shown under the figure
 
 
+# the Generate tab's settings when a lesson opens it: the lesson's text as it is (no chat template), continued
+# greedily for a few tokens, so it lands computed in seconds and the same every time
+TRY_GENERATE = {"chat": False, "max_new_tokens": 24, "temperature": 0.0}
+
+
+def generate_link(model, text: str) -> dict:
+    """The state a lesson's "Try it" opens in the Generate tab: its text and TRY_GENERATE, generated there; only
+    opened (compute: False) on a model that writes no next token, whose reason the tab shows."""
+    from ui.services.generation import generation_reason
+
+    link = {"tab": "generate", "text": text, "settings": dict(TRY_GENERATE)}
+    if generation_reason(model):
+        link["compute"] = False
+    return link
+
+
 def read_guess(question: Question, guess) -> tuple[float | str | None, str]:
     """The reader's guess as the question takes it, and a note when it cannot be read (never an error: the reveal
     works with or without a guess). Empty → (None, "")."""

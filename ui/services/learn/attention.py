@@ -32,7 +32,7 @@ from ui.services.heads import (
     top_heads,
 )
 from ui.services.inside import entropy_of, measures
-from ui.services.learn import Lesson, Measured, ProgressFn, Question
+from ui.services.learn import Lesson, Measured, ProgressFn, Question, generate_link
 from ui.services.masks import causal_effect, padding_effect, viewed_attentions
 from ui.services.text import as_batch, encode, to_numpy
 
@@ -140,7 +140,7 @@ def measure_reading(model, progress: ProgressFn | None = None) -> Measured:
              f"{1e3 * statistics.median(one_by_one):.0f} ms, {ratio:.1f}× (median of {TIMING_RUNS} runs)."),
         values={"tokens": n, "at_once": at_once, "one_by_one": one_by_one, "ratios": ratios, "ratio": ratio,
                 "max_logit_diff": same, "encoder_only": encoder_only},
-        link={"tab": "generate", "text": READ_TEXT},
+        link=generate_link(model, READ_TEXT),
         note=note,
     )
 
@@ -191,6 +191,8 @@ def measure_scores(model, progress: ProgressFn | None = None) -> Measured:
     name = pieces[key]
     best = np.where(mask, scores, -np.inf).argmax(-1)[1:]                # each later query's top key
     sink = int((best == 0).sum())
+    note = "" if (~mask).any() else (f"This model's head reads both ways (no causal mask): all {mask.size} cells "
+                                     "of the figure are filled, each query scored against the keys after it too.")
     return Measured(
         answer=kind,
         answer_text=(f"In layer {stages.layer}, head {stages.head}, the last token's query (“{pieces[last]}”) "
@@ -208,6 +210,7 @@ def measure_scores(model, progress: ProgressFn | None = None) -> Measured:
                 "head": stages.head, "kv_head": stages.kv_head, "key": key, "weight": weight,
                 "d_head": int(stages.q.shape[1])},
         link={"tab": "inside", "layer": stages.layer, "head": stages.head, "text": HEAD_TEXT},
+        note=note,
     )
 
 
@@ -404,12 +407,15 @@ def measure_heads(model, progress: ProgressFn | None = None) -> Measured:
                 "weights." if weights == 4 * d * d else
                 f"this model's weights hold {weights:,} ({percent(weights / (4 * d * d))} of it){gqa}{width}.")),
         alt=(f"Layer 0: W^Q {counts['W^Q']:,} · W^K {counts['W^K']:,} · W^V {counts['W^V']:,} · W^O "
-             f"{counts['W^O']:,} = {weights:,} weights, against 4d² = {4 * d * d:,}."),
+             f"{counts['W^O']:,} = {weights:,} weights, against 4d² = {4 * d * d:,}"
+             + (f"; with {counts['biases and norms']:,} in biases and norms, {total:,} parameters."
+                if counts["biases and norms"] else ".")),
         values={"counts": counts, "per_layer": per_layer, "d_model": d, "n_heads": h, "n_kv_heads": h_kv,
                 "head_dim": d_k, "four_d_squared": 4 * d * d, "previous": to_numpy(found["previous"]),
                 "induction": None if found["induction"] is None else to_numpy(found["induction"]),
                 "top_previous": found["top_previous"], "top_induction": found["top_induction"]},
-        link={"tab": "heads", "layer": layer, "head": head, **({"text": found["text"]} if found["text"] else {})},
+        link={"tab": "heads", "layer": layer, "head": head, **({"text": found["text"]} if found["text"] else {}),
+              "settings": {"score": "induction" if found["top_induction"] else "previous_token"}},  # its chooser
     )
 
 
@@ -438,8 +444,8 @@ LESSONS: tuple[Lesson, ...] = (
             "key k (what it offers to be found by) and a value v (what it passes on when found). The score of "
             "query i against key j is the dot product q_i·k_j; all of them at once are the matrix QKᵀ of eq. 2.1. "
             "After the scale, the mask and a softmax per row, the scores become weights that mix the values.\n\n"
-            "The figure shows the raw scores QKᵀ of one head on a short sentence (the cells above the diagonal are "
-            "blank: the causal mask, eq. 2.3, hides them)."),
+            "The figure shows the raw scores QKᵀ of one head on a short sentence; in a decoder the cells above the "
+            "diagonal are blank, hidden by the causal mask (eq. 2.3)."),
         question=Question("Which key does the last token's query score highest?", choices=KEY_KINDS),
         measure=measure_scores,
         text_sample=HEAD_TEXT,

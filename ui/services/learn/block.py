@@ -12,13 +12,13 @@ from the store have no cross-attention, or none trained on a task whose pattern 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from core import train as lab
 from ui.services.checks import UserError
+from ui.services.lab import saved as shipped
 from ui.services.learn import Lesson, Measured, ProgressFn, Question
 from ui.services.text import as_batch, encode, to_numpy
 
@@ -151,14 +151,15 @@ the sublayer reads a normalised copy, x + f(norm(x)), and the stream itself is n
 Many use **RMSNorm** (eq. 5.6), LayerNorm without subtracting the mean.
 
 Textbooks often say each sublayer "adds a small correction" to the stream. Below, the loaded model's attention and
-FFN outputs are measured against the residual they join, layer by layer. The repository's docs/core.md reports a
-related surprise: at learning rate 3e-3 the Marian layout's Pre-LN run stayed at 0 % exact match in 600 steps where
-Post-LN reached 99 %, and the same Pre-LN run learned once its embeddings were no longer scaled by √d."""
+FFN outputs are measured against the residual they join, layer by layer. The Lab's Compare (LayerNorm placement)
+shows a related surprise: trained side by side on the same task from the same seed, the Marian layout's Pre-LN run
+can fail to learn in the steps where Post-LN learns, and the same Pre-LN run learns once its embeddings are no
+longer scaled by √d. The answer measures why, on two fresh Lab models."""
 
 
 # ---------------------------------------------------------------- the encoder-decoder
 
-ASSET = Path(__file__).resolve().parents[3] / "assets" / "lessons" / "encoder-decoder"
+ASSET = shipped.SAVED_RUNS[shipped.REVERSE]   # the Lab's saved run: the Lab's Run list opens it too
 SOURCE = "mirrortarget"   # a source the Lab holds out of training (core.train.held_out)
 DIAGONAL, ANTI, ENDS, EVEN = ("the diagonal: output i reads source letter i",
                               "the anti-diagonal: output i reads source letter n − 1 − i",
@@ -229,8 +230,8 @@ def measure_encoder_decoder(model, progress: ProgressFn | None = None) -> Measur
         note += "The loaded model has cross-attention too, but no task whose pattern is known in advance."
     values = {"weights": cross[-1], "source": maps.source_tokens, "target": maps.target_tokens, "layer": last,
               "anti_by_layer": per_layer, "masses": masses}
-    return Measured(answer=answer, answer_text=answer_text, why=why, alt=alt, values=values, link={"tab": "lab"},
-                    note=note)
+    return Measured(answer=answer, answer_text=answer_text, why=why, alt=alt, values=values,
+                    link={"tab": "lab", "settings": {"lab_run": shipped.REVERSE, "source": SOURCE}}, note=note)
 
 
 ENCODER_DECODER_TEXT = """The original Transformer has two stacks. The **encoder** reads the whole source at once,

@@ -17,7 +17,7 @@ from core.attention import softmax_bytes
 from ui.services import inside
 from ui.services.generation import generation_reason
 from ui.services.generation.kv_cache import fitted_exponent, fmt_bytes, kv_bytes
-from ui.services.learn import Lesson, Measured, ProgressFn, Question, number
+from ui.services.learn import Lesson, Measured, ProgressFn, Question, generate_link, number
 from ui.services.text import as_batch
 
 KV_SAMPLE = "The keeper lit the lamp at dusk, and the ships found the harbour by its light all night long."
@@ -42,7 +42,8 @@ def no_generation(reason: str, values: dict | None = None) -> Measured:
     return Measured(answer="this model keeps no cache", answer_text=reason,
                     why="A KV cache keeps the keys and values of the tokens written so far for the next step; a "
                         "model that writes no next token has no steps and keeps none.",
-                    alt=f"Nothing to draw: {reason}", values=values or {}, link={"tab": "generate"}, note=reason)
+                    alt=f"Nothing to draw: {reason}", values=values or {}, link={"tab": "generate", "compute": False},
+                    note=reason)
 
 
 # ---- lesson 9: the KV cache, its size (eq. 6.9) and grouped-query attention (eq. 6.11) ----
@@ -109,7 +110,7 @@ def measure_kv_cache(model, progress: ProgressFn | None = None) -> Measured:
                 "dtype": dtype, "bytes_per": bytes_per, "layers": cfg.n_layers, "heads": cfg.n_heads,
                 "kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "filled_tokens": tokens,
                 "filled_source": source, "filled_bytes": filled, "filled_formula": filled_formula},
-        link={"tab": "generate", "text": KV_SAMPLE})
+        link=generate_link(model, KV_SAMPLE))
 
 
 # ---- lesson 10: the quadratic term (eq. 6.12) and the online softmax (eq. 6.10) ----
@@ -249,8 +250,8 @@ LESSONS: tuple[Lesson, ...] = (
             "is why many recent models use **grouped-query attention** (**eq. 6.11**): h query heads share h_kv < h "
             "key/value heads, and the cache shrinks by h / h_kv. Here the cache is allocated by the core for the "
             "loaded model and its bytes read back from the tensors."),
-        question=Question(prompt="How many megabytes does this model's KV cache take at 1,024 tokens, in the dtype "
-                                 "it runs in?", unit="MB"),
+        question=Question(prompt=f"How many megabytes does this model's KV cache take at {KV_QUESTION_TOKENS:,} "
+                                 "tokens, in the dtype it runs in?", unit="MB"),
         measure=measure_kv_cache,
         text_sample=KV_SAMPLE,
     ),

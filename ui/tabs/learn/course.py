@@ -182,40 +182,49 @@ def wire_switch(course, picker, current_tab) -> None:
                           course.outputs, api_visibility="private", **ON_ANALYSIS)
 
 
-def wire_try(course, tabs, current_tab, controls: dict) -> None:
-    """"Try it": the lesson's tab opens with its text, layer and head set, and its result computed there (the tab's
-    run, or its first screen computed afresh on those fields). controls: the tabs with fields a link sets
-    (ui.tabs.widgets.Tab, by tab id); any other tab just opens."""
+def wire_try(course, tabs, current_tab, targets: dict) -> None:
+    """"Try it": the lesson's tab opens with its text, layer, head and settings set, and its result computed there
+    (the tab's run and what follows it, or its first screen computed afresh on those fields). targets: the tabs a
+    lesson may open (ui.tabs.widgets.Tab, by tab id), each with the fields a link sets (`try_fields`); a link
+    with compute: False (a model that cannot run the tab, as its lesson's note says) only opens the tab."""
     fields, runs, oks = [], {}, {}
-    for name, tab in controls.items():
-        fields += [tab.text, *(f for f in (tab.layer, tab.head, tab.corrupted) if f is not None)]
+    for name, tab in targets.items():
+        fields += [field for _, field in try_fields(tab)]
         runs[name] = tab.run_event or tab.opening
         if runs[name] is not None:
             oks[name] = gr.State(False)
-    firsts = {name: tab.opening["inputs"][0] for name, tab in controls.items()
+    firsts = {name: tab.opening["inputs"][0] for name, tab in targets.items()
               if tab.run_event is None and tab.opening is not None}  # its "shown for" State: reset, it recomputes
-    hidden = [(name, figure) for name, tab in controls.items() for figure in tab.reveal or []]
+    hidden = [(name, figure) for name, tab in targets.items() for figure in tab.reveal or []]
 
     def open_tab(state):
         state = state if isinstance(state, dict) else {}
         target = state.get("tab", "attention")
+        compute = state.get("compute", True) is not False
         values = [gr.Tabs(selected=target), target]
-        for name, tab in controls.items():
+        for name, tab in targets.items():
             here = name == target
-            values.append(state["text"] if here and "text" in state else gr.skip())
-            if tab.layer is not None:
-                values.append(state["layer"] if here and "layer" in state else gr.skip())
-            if tab.head is not None:
-                head = state.get("head")
-                values.append(gr.skip() if not here or head is None else str(head) if name == "attention" else head)
-            if tab.corrupted is not None:
-                values.append(state["corrupted"] if here and "corrupted" in state else gr.skip())
-        values += [name == target for name in oks]
+            for key, _ in try_fields(tab):
+                value = state.get(key)
+                if not here or value is None:
+                    values.append(gr.skip())
+                else:   # the Attention tab's head is a dropdown of strings ("mean of heads", "0", "1", …)
+                    values.append(str(value) if key == "head" and name == "attention" else value)
+        values += [name == target and compute for name in oks]
         values += [False if name == target else gr.skip() for name in firsts]
-        return [*values, *(gr.update(visible=True) if name == target else gr.skip() for name, _ in hidden)]
+        shown = [gr.update(visible=True) if name == target and compute else gr.skip() for name, _ in hidden]
+        return [*values, *shown]
 
     event = course.try_button.click(open_tab, course.link, [tabs, current_tab, *fields, *oks.values(),
                                                             *firsts.values(), *(figure for _, figure in hidden)],
                                     api_visibility="private", queue=False)
     for name, ok in oks.items():
-        event = event.then(**events.gated(runs[name], ok))
+        for step in [runs[name], *(targets[name].run_after or [])]:
+            event = event.then(**events.gated(step, ok))
+
+
+def try_fields(tab) -> list[tuple[str, object]]:
+    """(the link's key, the component it sets) for each field of `tab` a lesson's link may set."""
+    pairs = [("text", tab.text), ("layer", tab.layer), ("head", tab.head), ("corrupted", tab.corrupted),
+             *(tab.settings or {}).items()]
+    return [(key, field) for key, field in pairs if field is not None]

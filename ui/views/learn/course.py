@@ -15,12 +15,11 @@ from ui.services.learn import course as syllabus
 from ui.services.checks import index_of
 from ui.views.learn import figure
 
-# the tabs "try it" opens without computing there (a stream, a training run): the button that does it, in words
-TRY_NOTES = {"generate": "The Generate tab opens with the lesson's text as its prompt: press **Generate** to stream "
-                         "it (and **Measure the KV cache on this prompt** for the cache's size).",
-             "lab": "The Lab opens untrained; the figure here is a run the Lab saved (the **reverse** task, the "
-                    "**marian** encoder-decoder, 2 layers, d_model 32, 800 steps). Set those and press **Train** to "
-                    "train one yourself, then read its cross-attention there."}
+# what "try it" computes where the tab's own figures are not the lesson's: what lands there, and what to press next
+TRY_NOTES = {"generate": "The Generate tab writes the lesson's text on, greedily: pick a token in its strip for that "
+                         "step's attention, or press **Measure the KV cache on this prompt** for the cache's size.",
+             "lab": "The Lab opens the run this lesson reads (**{lab_run}**, in its Run list) on “{source}” and draws "
+                    "its attention; press **Train** there to train one yourself."}
 TAB_TITLES = {"generate": "Generate", "attention": "Attention", "positions": "Positional encoding",
               "masks": "Masks", "heads": "Heads", "patching": "Patching", "inside": "Inside",
               "corpus": "Across texts", "lab": "Lab"}
@@ -44,7 +43,7 @@ class LessonPage:
     alt: str
     try_label: str
     link: dict
-    try_note: str = ""  # what to press where the tab does not compute the lesson's result on arrival
+    try_note: str = ""  # what lands where the tab computes something beside the lesson's figure
 
 
 def measured(services: Services, model_name: str, lesson: learn.Lesson, progress=None) -> learn.Measured:
@@ -72,7 +71,7 @@ def lesson_page(services: Services, model_name: str, name: str, progress=None) -
                       text="\n\n".join(parts), question=question, choices=lesson.question.choices,
                       unit=lesson.question.unit, figure=veiled(figure(lesson.name, result)), alt=HELD_BACK,
                       try_label=f"Try it in the {TAB_TITLES.get(tab, tab)} tab", link=dict(result.link),
-                      try_note=TRY_NOTES.get(tab, ""))
+                      try_note=try_note(result.link))
 
 
 def veiled(fig):
@@ -110,10 +109,22 @@ def neighbour(name: str, step: int) -> str:
     return names[max(0, min(len(names) - 1, at))]
 
 
+def try_note(link: dict) -> str:
+    """What "try it" lands on where the tab computes something else than the lesson's figure; nothing where it only
+    opens the tab (the lesson's note says why this model cannot run it there)."""
+    if link.get("compute") is False or link.get("tab") not in TRY_NOTES:
+        return ""
+    return TRY_NOTES[link["tab"]].format(**{key: escaped(str(value)) for key, value in
+                                            (link.get("settings") or {}).items()})
+
+
 def try_state(link: dict) -> dict:
     """The state "try it" opens: the tab, and its text (and corrupted prompt), layer and head where the lesson
-    names them."""
-    state = {"tab": link.get("tab", "attention")}
+    names them, the tab's settings it names (ui.tabs.widgets.Tab.settings), and compute: False where the tab only
+    opens."""
+    state = {"tab": link.get("tab", "attention"), **dict(link.get("settings") or {})}
+    if link.get("compute") is False:
+        state["compute"] = False
     for key in ("layer", "head"):
         if index_of(link.get(key)) is not None:
             state[key] = index_of(link[key])

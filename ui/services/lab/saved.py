@@ -1,0 +1,54 @@
+"""Runs the Lab trained and the project ships (assets/lessons/): each one a model folder with the store's manifest,
+whose `source.lab` is the LabConfig it was trained with. The Lab lists them beside a session's own runs, so its
+attention section opens one as it opens a run trained here (the Learn tab's "Try it" does). Never imports gradio.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from core.train import LabConfig
+from ui.services.checks import UserError
+
+LESSONS = Path(__file__).resolve().parents[3] / "assets" / "lessons"
+REVERSE = "saved: reverse"   # the encoder-decoder the course's cross-attention lesson reads
+SAVED_RUNS = {REVERSE: LESSONS / "encoder-decoder"}   # id in the Lab's Run list → its model folder
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    id: str
+    lab: LabConfig
+    model: object   # core.model.Transformer, float32 on the CPU
+
+
+def is_saved(run_id) -> bool:
+    return isinstance(run_id, str) and run_id.strip() in SAVED_RUNS
+
+
+def lab_config(folder: Path) -> LabConfig:
+    """The LabConfig a shipped run was trained with, from its manifest's source.lab (unknown keys left out)."""
+    manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    given = manifest.get("source", {}).get("lab")
+    if not isinstance(given, dict):
+        raise UserError(f"{folder.name}: its manifest.json has no source.lab, so it is not a run the Lab trained.")
+    known = {f.name for f in fields(LabConfig)}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items() if k in known}
+    return LabConfig(**values)
+
+
+@functools.lru_cache(maxsize=len(SAVED_RUNS))
+def load(run_id: str) -> SavedRun:
+    """A shipped run, loaded once per process (its weights are a few hundred kB)."""
+    from core import load_model
+
+    folder = SAVED_RUNS.get(str(run_id).strip())
+    if folder is None:
+        raise UserError(f"There is no saved run {run_id!r}; the saved runs are {', '.join(SAVED_RUNS)}.")
+    if not (folder / "model.safetensors").is_file():
+        raise UserError(f"The saved run {run_id!r} is missing ({folder.name}): it is made by the command in "
+                        "that folder's README.md.")
+    return SavedRun(str(run_id).strip(), lab_config(folder), load_model(folder, device="cpu"))
