@@ -60,6 +60,31 @@ def test_alibi_on_a_model_without_it_is_the_formula_for_its_head_count(name):
         np.testing.assert_allclose(y, -expected[h] * x, rtol=1e-6)
     assert FORMULA in said(slopes) and FORMULA in said(bias)
     assert note.startswith("**The formula, not this model**") and "adds no ALiBi" in note
+    assert_rule_stated(note, model.config.n_heads, expected)
+
+
+def assert_rule_stated(note: str, n: int, slopes: np.ndarray) -> None:
+    """The caption states the rule its slopes follow: 2^(−8h/n) for a power of two, else the power of two p below
+    n and every other slope of 2p's sequence; and the rule it states gives the slopes it lists."""
+    p = 2 ** (n.bit_length() - 1)
+    if p == n:
+        assert f"2^(−8h/n), h = 1…{n}" in note and "not a power of two" not in note
+        np.testing.assert_allclose(slopes, [2 ** (-8 * h / n) for h in range(1, n + 1)], rtol=1e-6)
+    else:
+        assert f"2^(−8h/{p}) for h = 1…{p}" in note and f"2^(−8h/{2 * p})" in note and "2^(−8h/n)" not in note
+        np.testing.assert_allclose(slopes[:p], [2 ** (-8 * h / p) for h in range(1, p + 1)], rtol=1e-6)
+        np.testing.assert_allclose(slopes[p:], [2 ** (-8 * h / (2 * p)) for h in range(1, 2 * (n - p), 2)],
+                                   rtol=1e-6)
+    assert ", ".join(f"{m:.3g}" for m in slopes) in note
+
+
+@pytest.mark.parametrize("n", [1, 4, 6, 9, 12])
+def test_the_alibi_caption_states_the_rule_its_slopes_follow_for_any_head_count(n):
+    from ui.views.positions import alibi_rule
+
+    slopes = alibi_slopes(n).numpy()
+    note = f"slopes {alibi_rule(n)} ({', '.join(f'{m:.3g}' for m in slopes)})"
+    assert_rule_stated(note, n, slopes)
 
 
 @pytest.mark.parametrize("stack", ["encoder", "decoder"])
@@ -126,6 +151,9 @@ def test_partial_and_full_rotary_use_the_models_own_frequencies(name, own):
     assert (said(angles) == said(scores) == FORMULA) == (own is None)
     assert note.startswith("**The formula, not this model**" if own is None else f"**This model's own {own}")
     assert f"falls to {lines(scores)[next(k for k in drawn_scores if k.startswith('full'))][1].min():.3g}" in note
+    # the partial curve's range past distance 0, as drawn, is the one the caption states
+    x, y = drawn_scores[next(k for k in drawn_scores if k.startswith("partial"))]
+    assert f"stays between {y[x > 0].min():.3g} and {y[x > 0].max():.3g}" in note and "swings" not in note
 
 
 @pytest.mark.parametrize("name", ["gemma3", "qwen3"])

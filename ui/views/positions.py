@@ -280,10 +280,23 @@ def alibi_view(model, max_distance: int):
                              subtitle=f"{whose}, every layer")
     source = "This model's own ALiBi" if out["own"] else "The formula, not this model"
     note = (f"**{source}** (eq. 6.3): each of the {len(heads)} heads adds −m_h·(i − j) to a score, its slopes "
-            f"2^(−8h/n) ({', '.join(f'{m:.3g}' for m in out['slopes'])}), for distances 0–{max_distance}. Steep "
-            "heads look near, shallow heads far." + ("" if out["own"] else f" {cfg.family} adds no ALiBi to its "
+            f"{alibi_rule(len(heads))} ({', '.join(f'{m:.3g}' for m in out['slopes'])}), for distances "
+            f"0–{max_distance}. Steep heads look near, shallow heads far." + ("" if out["own"] else f" {cfg.family} adds no ALiBi to its "
                                                      "scores: these are the slopes ALiBi would give its head count."))
     return slopes, bias, note
+
+
+def alibi_rule(n: int) -> str:
+    """The rule core.layers.alibi_slopes follows for n heads, in words: 2^(−8h/n) for a power of two; otherwise that
+    sequence for the power of two p below n, then every other slope of the sequence for 2p."""
+    p = 2 ** (n.bit_length() - 1)
+    if p == n:
+        return f"2^(−8h/n), h = 1…{n}"
+    odd = list(range(1, 2 * (n - p), 2))
+    which = ", ".join(map(str, odd)) if len(odd) <= 3 else f"1, 3, …, {odd[-1]}"
+    return (f"2^(−8h/{p}) for h = 1…{p} ({n} is not a power of two, so the sequence is that of the power of two "
+            f"below it, {p}), then every other slope of the sequence for {2 * p} heads, 2^(−8h/{2 * p}) for "
+            f"h = {which}")
 
 
 def t5_view(model, stack: str, max_distance: int):
@@ -324,13 +337,27 @@ def rope_partial_view(model, max_distance: int):
               f"base {out['base']:g} for its d_k = {d_k}")
     note = (f"{source}. Partial rotary (GPT-NeoX's rotary_pct; {FORMULA_ROTARY_PCT:g} of d_k where the model has "
             f"none) turns the first {r} dims and passes the other {d_k - r} "
-            f"unrotated (flat at 0): their part of a score ignores distance, so the partial curve swings about that "
-            f"unrotated share, {1 - r / d_k:.3g}, and never falls below {1 - 2 * r / d_k:.3g}; under full rotary every "
-            f"dim turns and nothing holds the score up (here it falls to {out['full_score'].min():.3g}).")
+            f"unrotated (flat at 0): their part of a score ignores distance, {1 - r / d_k:.3g} of it, so the partial "
+            f"curve never falls below {1 - 2 * r / d_k:.3g}. {partial_range(out)} Under full rotary every dim turns "
+            f"and nothing holds the score up (here it falls to {out['full_score'].min():.3g}).")
     if own and cfg.rope_local_theta and cfg.rope_local_theta != cfg.rope_theta:
         note += (f" These are the global layers' angles (base {cfg.rope_theta:g}); this model's sliding-window layers "
                  f"rotate at base {cfg.rope_local_theta:g}, as the positional-encoding view of such a layer shows.")
     return angles, scores, note
+
+
+def partial_range(out: dict) -> str:
+    """Where the partial curve stays past distance 0, read from the curve, and why it stays above the unrotated
+    share: the slow pairs' cos(θΔ) is still near 1 over these distances, so the rotated part has not averaged to 0."""
+    far = np.asarray(out["distances"]) > 0
+    low, high = float(out["partial_score"][far].min()), float(out["partial_score"][far].max())
+    share = 1 - out["partial_dims"] / out["head_dim"]
+    where = ("above" if low > share else "around")
+    return (f"Over distances 1–{int(np.asarray(out['distances']).max())} it stays between {low:.3g} and {high:.3g}, "
+            f"{where} that share: " + ("the slowest rotated pairs turn so little over these distances that their "
+                                       "cosines are still near 1." if low > share else
+                                       "its rotated pairs have turned through whole cycles, so their part averages "
+                                       "about 0."))
 
 
 def position_bias_view(services: Services, model_name, kind, stack, max_distance, progress=None):
