@@ -4,7 +4,8 @@ click on Stop takes to land. The tiny random Llama of the tests, paced to 0.02 s
 
   --old REV   build the Generate tab from REV's ui/tabs/generate.py (e.g. one that redraws the strip per token)
   --every S   send the page an update at most every S seconds after the first tokens (ui/views/generate.paced)
-Usage: python bench/stop_click.py [--old REV] [--every S] [--runs 1]
+With --publish the runs' table goes to docs/reliability.md (section stop-click).
+Usage: python bench/stop_click.py [--old REV] [--every S] [--runs 1] [--publish]
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 os.environ["HF_HUB_OFFLINE"] = "1"
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 MONITOR = """() => { window.__m = {long: 0, longCount: 0, maxLag: 0, mut: 0};
   new PerformanceObserver((l) => { for (const e of l.getEntries()) { window.__m.long += e.duration;
@@ -36,6 +37,7 @@ def main() -> None:
     parser.add_argument("--old", help="a git revision whose ui/tabs/generate.py builds the tab")
     parser.add_argument("--every", type=float, help="seconds between the page's updates after the first tokens")
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--publish", action="store_true", help="write the runs' table into docs/reliability.md")
     args = parser.parse_args()
     if args.every is not None:
         from ui.views import generate as views
@@ -59,6 +61,7 @@ def main() -> None:
             yield token
 
     model.stream = paced
+    rows = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=os.environ.get("CHROMIUM", "/usr/bin/chromium"),
                                     args=["--headless", "--no-sandbox", "--disable-gpu"])
@@ -85,9 +88,13 @@ def main() -> None:
             clicked = time.perf_counter() - started
             try:
                 expect(page.locator("#gen-stats")).to_contain_text("stopped", timeout=120_000)
-                landed = f"'stopped' after {time.perf_counter() - started:.2f} s"
+                stopped = time.perf_counter() - started
+                landed = f"'stopped' after {stopped:.2f} s"
             except AssertionError:
-                landed = "the generation ended before Stop landed"
+                stopped, landed = None, "the generation ended before Stop landed"
+            rows.append([run + 1, f"{idle['longCount']} ({idle['long']:.0f} ms)",
+                         f"{busy['longCount']} ({busy['long']:.0f} ms)", f"{busy['maxLag']:.0f} ms", busy["mut"],
+                         f"{clicked:.2f} s", f"{stopped:.2f} s" if stopped is not None else "never (it ended first)"])
             print(f"run {run}: idle 5 s: long tasks {idle['longCount']} ({idle['long']:.0f} ms); first 5 s of the "
                   f"stream: long tasks {busy['longCount']} ({busy['long']:.0f} ms), worst timer lag "
                   f"{busy['maxLag']:.0f} ms, strip mutations {busy['mut']}; Stop click {clicked:.2f} s, {landed}",
@@ -95,6 +102,17 @@ def main() -> None:
             page.close()
         browser.close()
     demo.close()
+    if args.publish:
+        from common import DOCS, md_table, publish
+        version = (f"the Generate tab of {args.old}" if args.old else "the Generate tab as it is") + (
+            f", updates every {args.every:g} s" if args.every is not None else "")
+        publish("stop-click", f"{version}; the tests' tiny Llama paced to 0.02 s a token, 512 tokens asked, headless "
+                              f"Chromium, {args.runs} run(s), a fresh page each. Long tasks: the browser's tasks over "
+                              "50 ms (count, total); timer lag: the worst delay of a 50 ms timer in the first 5 s of "
+                              "the stream; Stop: how long the click took, and until the page said 'stopped'.\n\n" +
+                md_table(["run", "long tasks, idle 5 s", "long tasks, first 5 s of the stream", "worst timer lag",
+                          "strip mutations", "Stop click", "until 'stopped'"], rows,
+                         ["---:", "---:", "---:", "---:", "---:", "---:", "---:"]), doc=DOCS / "reliability.md")
 
 
 if __name__ == "__main__":
