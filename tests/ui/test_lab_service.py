@@ -202,12 +202,14 @@ def test_the_sentences_come_from_the_measured_numbers():
     cfg = config()
     leaky = finding("causal_mask", summary(train_loss=0.66, exact_match=0.25), summary(train_loss=0.01, exact_match=0),
                     cfg)
+    caveat = f" One seed ({cfg.seed}) on one task ({cfg.task}): another seed or task can come out otherwise."
     assert leaky == ("Without the causal mask the training loss fell to 0.01 (masked: 0.66) but free-running exact "
-                     "match is 0 % (masked: 25 %): the decoder learned to read the answer it is asked to predict.")
+                     "match is 0 % (masked: 25 %): the decoder learned to read the answer it is asked to predict."
+                     + caveat)
     # numbers that do not show the leak get no conclusion
     plain = finding("causal_mask", summary(train_loss=0.5, exact_match=0.2), summary(train_loss=0.6, exact_match=0.3),
                     cfg)
-    assert plain.endswith("(masked: 20 %).") and "learned to read" not in plain
+    assert plain.endswith("(masked: 20 %)." + caveat) and "learned to read" not in plain
     scale = finding("scale", summary(initial_entropy=2.2), summary(initial_entropy=1.1, early_loss=3.5), cfg)
     assert "entropy at initialisation is 1.10 nats without 1/√d_k (with: 2.20; uniform: 2.30)" in scale
     assert "3.50 (with: 3.00)" in scale and "starts peakier" in scale
@@ -217,6 +219,23 @@ def test_the_sentences_come_from_the_measured_numbers():
     assert "Post-LN ended with training loss NaN" in norm and "clearly worse" in norm and "stopped at step 40" in norm
     positions = finding("positions", summary(exact_match=0.9), summary(exact_match=0.05), cfg)
     assert "could not do the task" in positions
+    # Pre-LN worse on the Marian layout: the reason, measured on the fresh model, where the result is shown
+    marian = config(norm="pre")
+    shares = {"with": 1.234, "without": 56.78, "d_model": 32}
+    worse = finding("norm", summary(train_loss=2.0, exact_match=0.0), summary(train_loss=0.2, exact_match=0.92),
+                    marian, shares)
+    assert "Here Pre-LN trained clearly worse. Why" in worse and "1.2 % of the residual" in worse
+    assert "56.8 % without that scale" in worse and "(d = 32)" in worse and worse.endswith("come out otherwise.")
+    assert "Why" not in finding("norm", summary(train_loss=2.0), summary(train_loss=0.2), marian)   # none measured
+
+
+def test_the_first_update_share_is_measured_on_the_fresh_model_its_config_builds():
+    from ui.services.lab.residual import first_update_shares
+
+    pre = config(norm="pre")
+    shares = first_update_shares(pre)
+    assert shares == first_update_shares(pre)                    # seeded: the same model every time
+    assert 0 < shares["with"] < shares["without"] and shares["d_model"] == 32
 
 
 def test_a_saved_run_joins_the_weight_store_and_is_never_overwritten(trained, tmp_path):
@@ -367,3 +386,21 @@ def test_a_diverged_run_reports_nan_in_words_and_null_in_json():
     record.run.history[-1].train_loss = float("nan")
     assert record.latest()["train_loss"] is None and "training loss NaN" in record.status_line()
     assert np.isnan(record.curve().train_loss[-1]) and record.row()[6] == "NaN"
+
+
+def test_the_extrapolation_finding_reads_its_numbers_and_carries_its_caveat():
+    """The Lab's positions-past-the-trained-length result, where it is shown (first screen, section): its best kind
+    and accuracy read from the result, and the caveat that each kind trained once, on one task."""
+    from ui.services.lab import extrapolation as extra
+    from ui.views.lab import extrapolation_finding
+
+    result = extra.saved()
+    if result is None:
+        pytest.skip(f"no saved extrapolation result here ({extra.SAVED_COMMAND} makes it)")
+    words = extrapolation_finding(result)
+    longest = max(result.config.test_lengths)
+    past = [k for k in result.kinds if k.accuracy.get(longest) is not None]
+    best = max(past, key=lambda k: k.accuracy[longest])
+    assert f"the most accurate is **{best.kind}** ({100 * best.accuracy[longest]:.0f} %)" in words
+    assert f"trained once (seed {result.config.seed}, {result.config.steps:,} steps) on one task" in words
+    assert words.endswith("may not hold for another seed or task.")

@@ -13,6 +13,7 @@ from tiny_app_model import build_tiny_bert, build_tiny_llama, build_tiny_marian
 from core import load_model
 from core import train as lab
 from core.store import check_folder
+from ui.services.lab import residual
 from ui.services.lab import saved as shipped
 from ui.services.learn import block as lessons
 from ui.services.learn import reveal
@@ -73,7 +74,7 @@ def test_the_ffn_share_per_layer_is_what_hooks_on_smollm_read(smollm):
 
 def test_the_sqrt_d_scale_shrinks_a_fresh_pre_ln_models_first_update():
     shares = lessons.initial_shares()
-    pairs = lab.examples("reverse", 0, lessons.INIT_EXAMPLES, True, lab.LabConfig().lengths)
+    pairs = lab.examples("reverse", 0, residual.EXAMPLES, True, lab.LabConfig().lengths)
     batch = lab.make_batch(pairs, seq2seq=True)
     real = batch.inputs["attention_mask"].bool()
     for name, scaled in (("with", True), ("without", False)):

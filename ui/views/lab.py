@@ -108,6 +108,9 @@ def extrapolation_finding(result) -> str:
     refused = [k.kind for k in kinds if k.refused]
     if refused:
         parts.append(f"{', '.join(refused)} cannot read past its table at all.")
+    if parts:   # the caveat goes wherever the result is shown
+        parts.append(f"Each kind trained once (seed {config.seed}, {config.steps:,} steps) on one task, copying: a "
+                     "gap of a few points between kinds may not hold for another seed or task.")
     return " ".join(parts)
 
 

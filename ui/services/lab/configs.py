@@ -180,9 +180,10 @@ def _num(x: float | None, digits: int = 2) -> str:
     return f"{x:.{digits}f}" if abs(x) >= 0.1 or x == 0 else f"{x:.2g}"
 
 
-def finding(experiment: str, a: Summary, b: Summary, config_a: LabConfig) -> str:
+def finding(experiment: str, a: Summary, b: Summary, config_a: LabConfig, shares: dict | None = None) -> str:
     """One or two sentences built from the two runs' measured numbers; a conclusion is added only where the
-    numbers show it."""
+    numbers show it, with its reason where one is measured (shares: ui/services/lab/residual.py's, for a Pre-LN run
+    that trained worse), and always the caveat that this is one seed on one task."""
     if experiment == "causal_mask":
         text = (f"Without the causal mask the training loss fell to {_num(b.train_loss)} "
                 f"(masked: {_num(a.train_loss)}) {'but' if _lt(b.exact_match, a.exact_match) else 'and'} free-running "
@@ -217,10 +218,17 @@ def finding(experiment: str, a: Summary, b: Summary, config_a: LabConfig) -> str
             text += " Post-LN trained clearly worse at this learning rate."
         elif not math.isfinite(a.train_loss) or (b.train_loss > 0 and a.train_loss > 2 * b.train_loss):
             text += " Here Pre-LN trained clearly worse."
+            if shares is not None and config_a.embed_scale:
+                text += (f" Why, as the course's block lesson measures it: before training, this Pre-LN model's first "
+                         f"attention output is {shares['with']:.1f} % of the residual it joins, whose token "
+                         f"embeddings are scaled by √d (d = {shares['d_model']}), against {shares['without']:.1f} % "
+                         "without that scale; Pre-LN adds every update to that residual as it is, so the first "
+                         "updates hardly move it, while Post-LN normalises after each sum.")
     for name, s in zip(EXPERIMENTS[experiment].names, (a, b)):
         if s.stopped_early:
             text += f" ({name} stopped at step {s.steps}.)"
-    return text
+    return text + (f" One seed ({config_a.seed}) on one task ({config_a.task}): another seed or task can come out "
+                   "otherwise.")
 
 
 def _finite(x: float | None) -> float | None:

@@ -33,6 +33,7 @@ from ui.services.lab.configs import (EXPERIMENTS, MAX_DECODER_SOURCE, MAX_RUNS_P
                                      SESSION_IDLE_S, Summary, _finite, _num, _pct, describe, experiment_pair, finding)
 from ui.services.lab import saved as shipped
 from ui.services.lab.private import PrivateRuns
+from ui.services.lab.residual import first_update_shares
 from ui.settings import LabSettings
 
 log = logging.getLogger(__name__)
@@ -160,7 +161,10 @@ class Job:
                 r.status = ("stopped" if self.stop_requested.is_set() else "time budget") if stopped else "done"
             if self.experiment and all(r.run is not None for r in self.records):
                 a, b = self.records
-                self.finding = finding(self.experiment, a.summary(), b.summary(), a.lab)
+                # the Marian layout's Pre-LN/Post-LN pair: why, measured on the fresh model its config builds
+                shares = (first_update_shares(a.lab) if self.experiment == "norm" and a.lab.family == "marian"
+                          else None)
+                self.finding = finding(self.experiment, a.summary(), b.summary(), a.lab, shares)
         except Exception as exc:  # noqa: BLE001 - the page shows the failure; the server log has the traceback
             log.exception("lab job %s failed", [r.id for r in self.records])
             for r in self.records:

@@ -19,6 +19,7 @@ import torch
 from core import train as lab
 from ui.services.checks import UserError
 from ui.services.lab import saved as shipped
+from ui.services.lab.residual import first_update_shares
 from ui.services.learn import Lesson, Measured, ProgressFn, Question
 from ui.services.text import as_batch, encode, to_numpy
 
@@ -28,7 +29,6 @@ BLOCK_SAMPLE = "The old lighthouse keeper climbed the stairs every night to ligh
 MAX_TOKENS = 32
 ASKED_LAYER = 0      # the question's layer: the first, where the residual is still the embedding alone
 INIT_LAB = {"task": "reverse", "family": "marian", "norm": "pre"}   # the Lab's layout whose Pre-LN run docs/core.md reports
-INIT_EXAMPLES = 16
 
 
 def residual_records(model, ids: list[int]) -> dict[str, list[torch.Tensor]]:
@@ -72,19 +72,8 @@ def sublayer_shares(model, ids: list[int]) -> dict[str, np.ndarray]:
 def initial_shares() -> dict[str, float]:
     """A fresh Lab model (Marian layout with Pre-LN, the Lab's other defaults, seed 0), with and without the √d scale
     of the token embeddings: the median over held-out tokens of the encoder's first attention output as a % of
-    the residual it joins. Seeded, so the same on every call; cached."""
-    shares = {}
-    pairs = lab.examples(INIT_LAB["task"], 0, INIT_EXAMPLES, True, lab.LabConfig().lengths)
-    batch = lab.make_batch(pairs, seq2seq=True)
-    real = batch.inputs["attention_mask"].bool()
-    for name, scaled in (("with", True), ("without", False)):
-        model = lab.build_model(lab.LabConfig(**INIT_LAB, embed_scale=scaled)).eval()
-        with torch.inference_mode():
-            records = model(**batch.inputs, record=["encoder.resid_pre", "encoder.attn_out"]).records
-        x, a = records["encoder.resid_pre"][0][real], records["encoder.attn_out"][0][real]          # [tokens, d]
-        shares[name] = median_ratio(a, x)
-    shares["d_model"] = lab.LabConfig().d_model
-    return shares
+    the residual it joins (ui/services/lab/residual.py, which the Lab's comparison reads too). Seeded; cached."""
+    return first_update_shares(lab.LabConfig(**INIT_LAB))
 
 
 def settled_from(shares: np.ndarray) -> int:
