@@ -7,7 +7,8 @@ model, beside the plain way, in one run: medians (and ranges) of alternating run
   heads        every head's output patched at all positions (the z sweep)
   attribution  direct logit attribution of every head and MLP
   flow graph   the information-flow graph of the last token of a 64-token text
-Usage: python bench/patching.py [--model smollm2-135m-instruct] [--repeats 5] [--flow-tokens 64]
+With --publish the table goes to docs/benchmarks.md (section patching).
+Usage: python bench/patching.py [--model smollm2-135m-instruct] [--repeats 5] [--flow-tokens 64] [--publish]
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")   # transformer-lens draws a bar per 
 
 import torch  # noqa: E402
 
-from common import long_ids, median, row, spread, timed  # noqa: E402
+from common import add_publish, long_ids, md_table, median, publish, row, spread, timed  # noqa: E402
 from core import load_model  # noqa: E402
 from core.analysis import patching  # noqa: E402
 from core.probe import Patch  # noqa: E402
@@ -63,11 +64,17 @@ def transformer_lens_sweep(folder, model, clean, corrupted, answer, foil):
     return lambda: tl_patching.get_act_patch_resid_pre(tl, corrupted, cache, metric).detach()
 
 
+def transformer_lens_version() -> str:
+    from importlib.metadata import version
+    return version("transformer-lens")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--flow-tokens", type=int, default=64)
+    add_publish(parser)
     args = parser.parse_args()
     folder = ensure(args.model)
     model = load_model(folder, device="cpu", dtype=torch.float32)
@@ -101,6 +108,8 @@ def main() -> None:
     print(row("", "this core (s)", "plain way (s)", "ratio", widths=WIDTHS))
     print(row(f"resid_pre sweep, {len(cells)} patches", spread(times["sweep"], 2), spread(times["per patch"], 1),
               f"{ratio:.1f}x", widths=WIDTHS))
+    table = [[f"`resid_pre` sweep, {len(cells)} patches", f"{spread(times['sweep'], 2)} s",
+              f"one forward pass per patch: {spread(times['per patch'], 1)} s", f"{ratio:.1f}×"]]
     tl_note = "transformer-lens not installed"
     if times["transformer-lens"]:
         tl_ratio = median(times["transformer-lens"]) / median(times["sweep"])
@@ -109,9 +118,24 @@ def main() -> None:
         ours = patching.patch_sweep(model, clean, corrupted, answer, foil, "resid_pre").metrics
         print(f"  the two maps of logit differences agree to {(tl_map - ours).abs().max().item():.2g} (largest gap)")
         tl_note = f"{tl_ratio:.1f}x transformer-lens"
+        gap = (tl_map - ours).abs().max().item()
+        table.append([f"the same against transformer-lens {transformer_lens_version()} `get_act_patch_resid_pre` "
+                      f"(maps agree to {gap:.2g})", "", f"{spread(times['transformer-lens'], 1)} s", f"{tl_ratio:.1f}×"])
     print(row(f"head sweep, {cfg.n_layers * cfg.n_heads} heads", spread(times["heads"], 2), "", "", widths=WIDTHS))
     print(row("direct logit attribution", spread(times["attribution"], 2), "", "", widths=WIDTHS))
     print(row(f"flow graph, {args.flow_tokens} tokens", spread(times["flow"], 2), "", "", widths=WIDTHS))
+    if args.publish:
+        table += [[f"head sweep, {cfg.n_layers * cfg.n_heads} heads at every position", f"{spread(times['heads'], 2)} s",
+                   "", ""],
+                  ["direct logit attribution", f"{spread(times['attribution'], 2)} s", "", ""],
+                  [f"flow graph, {args.flow_tokens} tokens (heads summed per token edge)",
+                   f"{spread(times['flow'], 2)} s", "", ""]]
+        publish("patching", f"{args.model}, cpu, float32, {torch.get_num_threads()} thread(s), the {n}-token IOI pair; "
+                            f"median (range) of {args.repeats} runs alternating between the sides. The plain way's "
+                            f"time is measured on every 10th patch ({len(sample)}) and scaled to {len(cells)}. "
+                            + ("" if times["transformer-lens"] else "transformer-lens was not installed in this run, "
+                               "so its row is left out. ") + "\n\n" +
+                md_table(["", "this core", "the plain way", "ratio"], table, ["---", "---:", "---:", "---:"]))
     print(f"SUMMARY patching: resid_pre sweep {median(times['sweep']):.2f} s, {ratio:.1f}x one pass per patch "
           f"(target ≥ 10x), {tl_note}; head sweep {median(times['heads']):.2f} s (≤ 5); flow graph "
           f"{median(times['flow']):.2f} s (≤ 3)")
