@@ -3,9 +3,10 @@
 Prints tokens/s for 128 greedy tokens (medians of alternating runs, with their range, and the ratio), prefill
 time at 512 and 2048 tokens, and tokens/s with and without the KV cache at 256 and 1024 tokens of context.
 --compile adds this core's decode step through torch.compile (CUDA graphs on a GPU). On a GPU it also prints
-the fraction of the memory-bandwidth limit reached. Usage:
+the fraction of the memory-bandwidth limit reached. With --publish the table goes to docs/benchmarks.md
+(section generate). Usage:
     python bench/generate.py [--model smollm2-135m-instruct] [--device cpu|cuda] [--dtype float32|bfloat16]
-                             [--repeats 5] [--compile] [--random-weights]
+                             [--tokens 128] [--repeats 5] [--compile] [--random-weights] [--publish]
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import argparse
 
 import torch
 
-from common import load_both, long_ids, median, row, spread, timed
+from common import add_publish, load_both, long_ids, md_table, median, publish, row, spread, timed
 from core.generate import chat_ids
 
 
@@ -42,6 +43,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also time the compiled decode step")
     parser.add_argument("--random-weights", action="store_true",
                         help="the model's shapes with seeded random weights (bench/configs/), for machines without it")
+    add_publish(parser)
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
     ours, theirs, folder = load_both(args.model, args.device, dtype, random_weights=args.random_weights)
@@ -75,6 +77,11 @@ def main() -> None:
     print(f"  same 32 greedy tokens as transformers: {torch.equal(ours_greedy(ours, prompt, 32), reference)}")
 
     # 2. prefill: one forward pass over a long prompt, logits of the last position
+    table = [[f"greedy decoding, {n} tokens (tokens/s)", spread(rates["this core"]), spread(rates["transformers"]),
+              f"{gen_ratio:.2f}×"]]
+    if args.compile:
+        table.append(["the same, decode step compiled (`compile=True`)", spread(rates["this core, compiled"]), "",
+                      f"{median(rates['this core, compiled']) / median(rates['transformers']):.2f}×"])
     prefill = {}
     print(row("", "this core", "transformers", "ratio"))
     for length in (512, 2048):
@@ -87,6 +94,8 @@ def main() -> None:
                 theirs_s.append(timed(lambda: theirs(ids, logits_to_keep=1), args.device)[0])
         prefill[length] = median(theirs_s) / median(ours_s)
         print(row(f"prefill {length} tokens (s)", spread(ours_s, 3), spread(theirs_s, 3), f"{prefill[length]:.2f}x"))
+        table.append([f"prefill, {length} tokens (s)", spread(ours_s, 3), spread(theirs_s, 3),
+                      f"{prefill[length]:.2f}× its speed"])
 
     # 3. the KV cache: tokens/s at a given context with and without it (this core both times)
     cache_gain = {}
@@ -103,6 +112,9 @@ def main() -> None:
         cache_gain[context] = (steps / with_cache) / (extra / without)
         print(row(f"tokens/s at {context} context", f"cache {steps / with_cache:.1f}", f"none {extra / without:.2f}",
                   f"{cache_gain[context]:.1f}x"))
+        table.append([f"new tokens after {context} tokens of context, with / without the KV cache (tokens/s, "
+                      f"{steps} / {extra} tokens, once)", f"{steps / with_cache:.1f} / {extra / without:.2f}", "",
+                      f"{cache_gain[context]:.1f}×"])
 
     bandwidth = ""
     if args.device.startswith("cuda"):
@@ -121,6 +133,13 @@ def main() -> None:
     print(f"SUMMARY generate ({name}, {dtype}): tokens/s ratio {gen_ratio:.2f}x{compiled}{bandwidth}, "
           f"prefill 512 {prefill[512]:.2f}x, prefill 2048 {prefill[2048]:.2f}x, "
           f"kv-cache gain 256 {cache_gain[256]:.1f}x, 1024 {cache_gain[1024]:.1f}x")
+    if args.publish:
+        publish("generate", f"{args.model}, {name}, {str(dtype).removeprefix('torch.')}, "
+                            f"{torch.get_num_threads()} thread(s): median (range) of {args.repeats} runs alternating "
+                            "between the sides; ratio = this core's speed / transformers' (its SDPA attention). The "
+                            "KV-cache rows time one run each, the first pass over the context included; without the "
+                            "cache every step runs the whole prefix again.\n\n" +
+                md_table(["", "this core", "transformers", "ratio"], table, ["---", "---:", "---:", "---:"]))
 
 
 if __name__ == "__main__":
