@@ -77,6 +77,22 @@ GLOSSARY: dict[str, str] = {
     "previous-token head": "A head whose every query puts most of its weight on the token just before it.",
     "logit difference": "logit(answer) − logit(foil): how strongly the model prefers the right answer to the wrong "
                         "one, the number patching and attribution explain.",
+    "logit": "The score the output layer gives one token of the vocabulary before the softmax turns the scores into "
+             "probabilities; the larger a token's logit, the more likely it is to come next.",
+    "entropy": "How spread a row of weights or probabilities p is, −Σ p·log p in nats: 0 when all the weight sits on "
+               "one item, log n when it is spread evenly over n.",
+    "one-hot": "A vector that is 1 in one place and 0 everywhere else; a softmax is near one-hot when nearly all its "
+               "weight goes to a single key.",
+    "prefill": "The first pass of generation, which reads the whole prompt at once and fills the KV cache with its "
+               "keys and values before the model writes its first new token.",
+    "dtype": "The number format a tensor is stored in (float32, bfloat16, …), which sets how many bytes each number "
+             "takes and how precise it is.",
+    "bfloat16": "A 16-bit floating-point format with float32's range but only about three significant digits, so "
+                "weights and caches take half the memory of float32.",
+    "permutation-equivariant": "Said of a function that, given its inputs in another order, returns the same outputs "
+                               "in that same order, as attention does without positions or a mask.",
+    "W^O": "The output matrix of an attention layer: it maps the heads' outputs, side by side, back to the residual "
+           "stream's width d, each head writing through its own d_head rows of it.",
 }
 
 # other spellings → the term they mean
@@ -91,10 +107,13 @@ ALIASES: dict[str, str] = {
     "previous token head": "previous-token head",
     "grouped-query attention": "GQA",
     "multi-query attention": "MQA",
+    "permutation equivariant": "permutation-equivariant",
+    "one hot": "one-hot",
+    "bf16": "bfloat16",
 }
 
 # terms matched only as written: acronyms, and words that are ordinary English in lower case
-EXACT_CASE = frozenset({"IOI", "GQA", "MQA", "RoPE", "ALiBi", "d_k", "nats"})
+EXACT_CASE = frozenset({"IOI", "GQA", "MQA", "RoPE", "ALiBi", "d_k", "nats", "W^O"})
 
 _HEADING = re.compile(r"^### eq\. (\d+\.\d+) — (.+)$", re.MULTILINE)
 _ANY_EQ_HEADING = re.compile(r"^### (eqs?\. [^—]+?) — (.+)$", re.MULTILINE)

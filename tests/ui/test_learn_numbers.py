@@ -132,3 +132,14 @@ def test_the_words_describe_the_figure_drawn_on_minilm():
     results = measured_all(load_model(folder, device="cpu"), ["queries-keys-values", "heads"])
     check_words_against_figures(results)
     assert "no causal mask" in results["queries-keys-values"].note   # the encoder's full map, said under it
+
+
+@pytest.mark.parametrize("kind", ["llama", "bert"])
+def test_no_lesson_points_to_a_file(tiny_results, kind):
+    """A student reads the page, not the repository: no README, no path, in any words a lesson shows."""
+    path = re.compile(r"README|\b(assets|docs|ui|core|bench)/|\b\w+\.(py|md|json)\b")
+    for name, result in tiny_results[kind].items():
+        lesson = syllabus.find(name)
+        shown = [lesson.text, lesson.question.prompt, result.answer_text, result.why, result.alt, result.note,
+                 views.try_note(result.link)]
+        assert not [words for words in shown if path.search(words)], name

@@ -280,23 +280,25 @@ def mib(n_bytes: float) -> str:
     return f"{n_bytes / 2 ** 20:,.1f} MiB"
 
 
-def measured_source(memory: SoftmaxMemory) -> str:
+def measured_source(memory: SoftmaxMemory, command: bool = True) -> str:
     """Where the figures come from, in words: the method, the allocator, the sizes and settings, the date, the
-    machine and the command, as the measurement wrote them."""
+    machine and (command) the command, as the measurement wrote them. A lesson leaves the command out: a student
+    reads the page, not the repository."""
     sizes = f"{memory.rows[0].n:,}–{memory.rows[-1].n:,}" if len(memory.rows) > 1 else f"{memory.rows[0].n:,}"
     return (f"{memory.method}, median of {memory.repeats}; {memory.allocator}; {sizes} tokens, one head (d_head "
             f"{memory.d_head}, float32, blocks of {memory.block} keys), {memory.threads} "
-            f"thread{'s' if memory.threads != 1 else ''}; {memory.date}, {memory.machine}; `{memory.command}`")
+            f"thread{'s' if memory.threads != 1 else ''}; {memory.date}, {memory.machine}"
+            + (f"; `{memory.command}`" if command else ""))
 
 
-def measured_sentence(memory: SoftmaxMemory) -> str:
+def measured_sentence(memory: SoftmaxMemory, command: bool = True) -> str:
     """The largest size's peaks and the ratio, then where they come from."""
     top = memory.rows[-1]
     default = (f"; {mib(top.online_default)} under glibc's default allocator, which keeps some freed blocks"
                if top.online_default is not None else "")
     return (f"at {top.n:,} tokens the plain softmax added {mib(top.plain)} to the peak memory, the online one "
             f"{mib(top.online)} ({top.plain / top.online:,.1f}× less{default}) and torch's fused kernel "
-            f"{mib(top.fused)} ({measured_source(memory)}).")
+            f"{mib(top.fused)} ({measured_source(memory, command)}).")
 
 
 

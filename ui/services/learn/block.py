@@ -211,7 +211,7 @@ def measure_encoder_decoder(model, progress: ProgressFn | None = None) -> Measur
     alt = (f"Cross-attention of the Lab's reversing model on “{SOURCE}”, layer {last}, mean of heads: "
            f"{100 * masses[ANTI]:.0f} % of the weight on the anti-diagonal.")
     note = ("This is the Lab's model, not the loaded one: a small encoder-decoder trained by the project's Lab to "
-            "reverse letters (assets/lessons/encoder-decoder). ")
+            f"reverse letters, the run the Lab lists as “{shipped.REVERSE}”. ")
     if model.encoder is None:
         note += (f"The loaded model ({model.config.family}) has no cross-attention: it is "
                  f"{'a decoder, whose prompt and answer share one sequence' if model.config.causal else 'an encoder alone'}.")

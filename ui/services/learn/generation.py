@@ -222,7 +222,7 @@ def softmax_memory(d_head: int) -> tuple[str, dict]:
     memory = inside.online_softmax_memory()
     n, block, d_head = (memory.rows[-1].n, memory.block, memory.d_head) if memory else (*FORMULA_SETTINGS, d_head)
     counted = softmax_bytes(n, n, block, d_head)
-    measured = (f"Its memory, measured: {inside.measured_sentence(memory)} " if memory else
+    measured = (f"Its memory, measured: {inside.measured_sentence(memory, command=False)} " if memory else
                 f"Its memory is not measured in this copy (`{inside.BENCH} --publish` measures it). ")
     formula = (f"Apart from that, the formula `softmax_bytes` counts from the shapes, not measured, what each holds "
                f"at once beyond q, k, v and the output at {n:,} tokens, d_head {d_head}, blocks of {block}: the plain "

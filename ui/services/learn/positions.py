@@ -179,7 +179,7 @@ def measure_positions(model, progress: ProgressFn | None = None) -> Measured:
     values = {"conditions": [c.condition for c in checks], "relative": [c.relative for c in checks],
               "max_difference": [c.max_difference for c in checks], "scale": [c.scale for c in checks],
               "n_tokens": len(ids), "layer": LAYER, "window": window, "extrapolation": accuracy}
-    note = ("The accuracies past the trained length come from the Lab's saved run (assets/extrapolation): small "
+    note = ("The accuracies past the trained length come from the Lab's saved run (its first screen shows it): small "
             "decoders the project trained once per kind of position, not the loaded model.")
     return Measured(answer=answer, answer_text=answer_text, why=why, alt=alt, values=values,
                     link={"tab": "positions", "text": SAMPLE}, note=note)
