@@ -204,3 +204,15 @@ def test_the_try_notes_say_what_lands_there(tmp_path):
             assert page.try_note == "", lesson.name
     assert views.try_note({"tab": "generate", "compute": False}) == ""
     assert {"generate", "lab"} <= {views.lesson_page(services, "tiny", name).link["tab"] for name in syllabus.names()}
+
+
+def test_every_child_of_the_pages_tabs_is_a_tab(tmp_path):
+    """A component made inside gr.Tabs but beside its tabs (a State, say) counts as one of its children: the tabs
+    after it then register at a second place when first shown, and the page shows a second button for them (it
+    did, for the Lab, with the Learn tab's States there)."""
+    demo, _ = built_page([str(build_tiny_llama(tmp_path / "llama"))], str(tmp_path / "llama"))
+    tabs = [block for block in demo.blocks.values() if isinstance(block, gr.Tabs)]
+    assert tabs
+    for block in tabs:
+        strays = [type(child).__name__ for child in block.children if not isinstance(child, gr.Tab)]
+        assert not strays, strays

@@ -40,6 +40,18 @@ def saved_state(saved) -> dict:
     return {"lesson": lesson, "revealed": revealed}
 
 
+def resumed(saved_value, request: gr.Request) -> str:
+    """The lesson a page opens on: the one its link names, else where this browser left off."""
+    params = dict(request.query_params) if request is not None else {}
+    name = saved_state(saved_value)["lesson"]
+    if params.get("lesson"):
+        try:
+            name = syllabus.find(params["lesson"]).name
+        except ValueError:
+            pass  # the link's reader (ui.links.parse) says so in words
+    return name
+
+
 def build(services, picker) -> SimpleNamespace:
     """The tab; returns what the page wires: the lesson shown, its try-it state and button, and the load event."""
     first = syllabus.names()[0]
@@ -114,7 +126,16 @@ def build(services, picker) -> SimpleNamespace:
     choose.input(show, inputs, outputs, api_visibility="private", **ON_ANALYSIS)
     back.click(step(-1), inputs, outputs, api_visibility="private", **ON_ANALYSIS)
     forward.click(step(+1), inputs, outputs, api_visibility="private", **ON_ANALYSIS)
-    tab.select(opened, [picker.model, choose, shown, saved], outputs, api_visibility="private", **ON_ANALYSIS)
+
+    def selected(model_name, name, shown_value, saved_value, request: gr.Request, progress=gr.Progress()):
+        # The browser's copy (gr.BrowserState) is read by a component whose code loads on its own, and on a slow
+        # machine that comes after the page's load event has taken the default lesson: so the tab, opened for the
+        # first time on this page, reads the copy again, which has arrived by the time anyone clicks.
+        if shown_value is None:
+            name = resumed(saved_value, request)
+        return opened(model_name, name, shown_value, saved_value, progress)
+
+    tab.select(selected, [picker.model, choose, shown, saved], outputs, api_visibility="private", **ON_ANALYSIS)
     # Reveal: the answer, and the figure's numbers that were held back until now (its whole figure, its line)
     reveal_outputs = [answer, figure, alt, choose, saved]
     reveal.click(revealed, [picker.model, choose, guess_number, guess_choice, saved], reveal_outputs,
@@ -146,17 +167,7 @@ def wire_opening(demo, course, picker) -> None:
     """When the page opens: the lesson a link names, else where this browser left off; shown at once when the
     page opens on the Learn tab."""
 
-    @user_errors
-    def restore(saved_value, request: gr.Request):
-        params = dict(request.query_params) if request is not None else {}
-        state = saved_state(saved_value)
-        name = state["lesson"]
-        if params.get("lesson"):
-            try:
-                name = syllabus.find(params["lesson"]).name
-            except ValueError:
-                pass  # the link's reader (ui.links.parse) says so in words
-        return name
+    restore = user_errors(resumed)
 
     def first_screen(model_name, name, shown_value, saved_value, request: gr.Request, progress=gr.Progress()):
         params = dict(request.query_params) if request is not None else {}
