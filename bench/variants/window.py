@@ -7,8 +7,10 @@ as the app does (core.analysis.capture over every layer and head) at LENGTH toke
 fresh process so that its peak memory (bench/common.py's PeakMemory: the kernel's high-water mark of the resident
 set, VmHWM, reset just before the capture; on a GPU torch's peak allocation) is its own.
 Prints medians (ranges) of the repeats, the ratio window/none, and the largest overview cell that lies wholly
-further back than the window (0 when the window is honoured). A core that refuses the window: exit 2. Usage:
+further back than the window (0 when the window is honoured). A core that refuses the window: exit 2. With
+--publish the table goes to docs/benchmarks.md (section window). Usage:
     python bench/variants/window.py [--length 4096] [--window 512] [--layers 30] [--repeats 5] [--device cpu|cuda]
+                                    [--publish]
     python bench/variants/window.py --layers 2 --length 1024 --repeats 1       # a quick check that it runs
 """
 from __future__ import annotations
@@ -24,7 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/, for common
 
-from common import PeakMemory, long_ids, measured_in_child, median, spread, sync  # noqa: E402
+from common import (PeakMemory, add_publish, long_ids, md_table, measured_in_child, median, publish, spread,  # noqa: E402
+                    sync)
 SMOLLM2 = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True, rms_norm_eps=1e-5,
                rope_theta=100000.0, bos_token_id=1, eos_token_id=2)
@@ -82,6 +85,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_publish(parser)
     args = parser.parse_args()
     if not 0 < args.window < args.length:
         raise SystemExit(f"--window must be between 1 and --length - 1 ({args.length - 1}), got {args.window}")
@@ -101,15 +105,29 @@ def main() -> None:
             runs[key].append(result)
     gib = 1024 ** 3
     print(f"{'':<14}{'capture s':>22}{'peak GB':>22}{'max cell beyond window':>26}")
+    table = []
     for key, results in runs.items():
         seconds, peaks = [r["seconds"] for r in results], [r["peak"] / gib for r in results]
-        print(f"{key:<14}{spread(seconds, 2):>22}{spread(peaks, 3):>22}{max(r['beyond'] for r in results):>26.3g}")
+        beyond = max(r['beyond'] for r in results)
+        print(f"{key:<14}{spread(seconds, 2):>22}{spread(peaks, 3):>22}{beyond:>26.3g}")
+        table.append([key, f"{spread(seconds, 1)} s", f"{spread(peaks, 2)} GiB", f"{beyond:.2g}"])
     windowed, full = runs[f"window {args.window}"], runs["no window"]
     time_ratios = [w["seconds"] / f["seconds"] for w, f in zip(windowed, full)]
     peak_ratio = median([r["peak"] for r in windowed]) / median([r["peak"] for r in full])
     peak_name = ("torch's peak allocation on the GPU" if args.device.startswith("cuda")
                  else "the process's peak RSS (the kernel's VmHWM, reset just before the capture)")
     print(f"peak = {peak_name} during the capture, model weights included")
+    if args.publish:
+        table.append(["ratio, window / none", f"{spread(time_ratios, 2)}× the time (per pair)",
+                      f"{peak_ratio:.2f}× (medians)", ""])
+        publish("window", f"A Mistral-layout model with SmolLM2-135M's shapes ({args.layers} layers, 9 heads, seeded "
+                          f"random weights, the same for both) with `sliding_window` {args.window} and without; "
+                          f"`capture` of every layer and head at {args.length:,} tokens, {where}, "
+                          f"{torch.get_num_threads()} thread(s), each capture in a fresh process, median (range) of "
+                          f"{args.repeats} alternating runs. Peak: {peak_name}, weights included. Last column: the "
+                          "largest pooled cell wholly outside the window (0: the window was honoured).\n\n" +
+                md_table(["", "capture", "peak memory", "largest cell outside the window"], table,
+                         ["---", "---:", "---:", "---:"]))
     print(f"SUMMARY window {args.window} / none at {args.length} tokens, {args.layers} layers ({where}): "
           f"capture time {spread(time_ratios, 2)}x, peak memory {peak_ratio:.2f}x")
 
