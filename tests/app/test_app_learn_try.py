@@ -206,13 +206,19 @@ def test_the_try_notes_say_what_lands_there(tmp_path):
     assert {"generate", "lab"} <= {views.lesson_page(services, "tiny", name).link["tab"] for name in syllabus.names()}
 
 
-def test_every_child_of_the_pages_tabs_is_a_tab(tmp_path):
+def test_the_page_holds_no_second_tab_button_and_no_empty_table(tmp_path):
     """A component made inside gr.Tabs but beside its tabs (a State, say) counts as one of its children: the tabs
     after it then register at a second place when first shown, and the page shows a second button for them (it
-    did, for the Lab, with the Learn tab's States there)."""
+    did, for the Lab, with the Learn tab's States there). And Generate's KV table, empty until Measure (where it
+    shows only its column numbers), opens with Measure."""
     demo, _ = built_page([str(build_tiny_llama(tmp_path / "llama"))], str(tmp_path / "llama"))
     tabs = [block for block in demo.blocks.values() if isinstance(block, gr.Tabs)]
     assert tabs
     for block in tabs:
         strays = [type(child).__name__ for child in block.children if not isinstance(child, gr.Tab)]
         assert not strays, strays
+    table = by_id(demo, "gen-kv-table")
+    assert table.visible is False
+    measure = by_id(demo, "gen-kv-run")
+    opens = next(fn for fn in demo.fns.values() if any(t == (measure._id, "click") for t in fn.targets))
+    assert table in opens.outputs and all(update["visible"] for update in opens.fn())

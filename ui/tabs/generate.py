@@ -99,7 +99,7 @@ def build(services, picker, initial) -> Tab:
     gr.Markdown(KV_INTRO)
     kv_run = gr.Button("Measure the KV cache on this prompt", elem_id="gen-kv-run")
     kv_note = gr.Markdown(label="KV note", elem_id="gen-kv-note")
-    kv_table = gr.Dataframe(label="KV cache size", elem_id="gen-kv-table", interactive=False, wrap=True)
+    kv_table = gr.Dataframe(label="KV cache size", elem_id="gen-kv-table", interactive=False, visible=False, wrap=True)
     kv_fig = gr.Plot(label="Time per new token", elem_id="gen-kv-fig", visible=False)
     kv_numbers = gr.JSON(label="The same in bytes and seconds", elem_id="gen-kv-numbers", visible=False)
 
@@ -118,7 +118,7 @@ def build(services, picker, initial) -> Tab:
     wire_steps(services, model, step, fields, trace, show, strip, picked, step_outputs)
     export.click(handler(reading_trace(trace_file), services, "export_generation", progress=False), trace,
                  [export_file, export_note], api_name="export_generation")
-    kv_run.click(lambda: gr.Plot(visible=True), None, kv_fig, api_visibility="private", queue=False).then(
+    kv_run.click(show_kv, None, [kv_table, kv_fig], api_visibility="private", queue=False).then(
         handler(kv_panel, services, "kv_cache"), [model, prompt], [kv_note, kv_table, kv_fig, kv_numbers],
         api_name="kv_cache", **ON_ANALYSIS)
     @user_errors
@@ -138,6 +138,11 @@ def build(services, picker, initial) -> Tab:
                results=[output, stats, sent, trace, strip, *step_outputs, trace_json, export_file, export_note, kv_note,
                         kv_table, kv_fig, kv_numbers],
                press={stats: run, step_note: show, kv_note: kv_run})
+
+
+def show_kv():
+    """The KV table and figure, opened by Measure (an empty table would show only its column numbers)."""
+    return gr.update(visible=True), gr.update(visible=True)
 
 
 def wire_stop_and_strip(services, stream, done, stop, stats, trace, strip) -> dict:

@@ -81,9 +81,11 @@ def build(services, picker) -> SimpleNamespace:
                 alt = gr.Markdown(elem_id="learn-alt")
                 try_button = gr.Button("Try it", elem_id="learn-try", size="sm")
                 try_note = gr.Markdown(elem_id="learn-try-note")
-    saved = gr.BrowserState({"lesson": first, "revealed": []}, storage_key=SAVED_KEY)
-    shown = gr.State(None)  # (model, lesson) on screen: the tab recomputes when it opens on anything else
-    link = gr.State({})     # the state "try it" opens (views.try_state)
+        # inside the tab: a component made in gr.Tabs beside the tabs counts as one of its children, and the tabs
+        # after it (the Lab) then register at a second place when first shown: a second "Lab" button
+        saved = gr.BrowserState({"lesson": first, "revealed": []}, storage_key=SAVED_KEY)
+        shown = gr.State(None)  # (model, lesson) on screen: the tab recomputes when it opens on anything else
+        link = gr.State({})     # the state "try it" opens (views.try_state)
     outputs = [choose, place, text, question, guess_number, guess_choice, answer, figure, alt, try_button, try_note,
                link, shown, saved]
 
