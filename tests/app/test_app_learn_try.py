@@ -222,3 +222,14 @@ def test_the_page_holds_no_second_tab_button_and_no_empty_table(tmp_path):
     measure = by_id(demo, "gen-kv-run")
     opens = next(fn for fn in demo.fns.values() if any(t == (measure._id, "click") for t in fn.targets))
     assert table in opens.outputs and all(update["visible"] for update in opens.fn())
+
+
+def test_generates_stop_ends_a_stream_that_try_it_started(tmp_path):
+    demo, _ = built_page([str(build_tiny_llama(tmp_path / "llama"))], str(tmp_path / "llama"))
+    chain = try_chain(demo)
+    stream = next(i for i, fn in enumerate(chain) if by_id(demo, "gen-output") in fn.outputs and
+                  by_id(demo, "gen-stats") in fn.outputs)
+    stop = by_id(demo, "gen-stop")
+    cancels = [dependency.get("cancels") or [] for dependency in demo.get_config_file()["dependencies"]
+               if any(target[0] == stop._id for target in dependency["targets"])]
+    assert any(chain[stream]._id in ids for ids in cancels)

@@ -134,7 +134,7 @@ def build(services, picker, initial) -> Tab:
     return Tab(send=send, sent=sent, switched=fields.followed,
                settings={"text": prompt, "chat": chat, "max_new_tokens": max_new, "temperature": temperature},
                run_event={**stream, "api_visibility": "private"},
-               run_after=[{**trace_event, "api_visibility": "private"}, fill],
+               run_after=[{**trace_event, "api_visibility": "private"}, fill], stop=stop,
                results=[output, stats, sent, trace, strip, *step_outputs, trace_json, export_file, export_note, kv_note,
                         kv_table, kv_fig, kv_numbers],
                press={stats: run, step_note: show, kv_note: kv_run})

@@ -111,6 +111,7 @@ class Tab:
     # tab's run there (Generate's trace and token strip after its stream)
     settings: dict | None = None
     run_after: list | None = None
+    stop: gr.Button | None = None  # cancels the tab's run when a lesson's "Try it" started it (a stream)
 
 
 def read_example(name: str) -> str:

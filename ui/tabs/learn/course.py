@@ -232,7 +232,10 @@ def wire_try(course, tabs, current_tab, targets: dict) -> None:
                                                             *firsts.values(), *(figure for _, figure in hidden)],
                                     api_visibility="private", queue=False)
     for name, ok in oks.items():
-        for step in [runs[name], *(targets[name].run_after or [])]:
+        event = event.then(**events.gated(runs[name], ok))
+        if targets[name].stop is not None:   # the tab's Stop ends this run too, as it ends the tab's own
+            targets[name].stop.click(None, None, None, cancels=[event], api_visibility="private")
+        for step in targets[name].run_after or []:
             event = event.then(**events.gated(step, ok))
 
 
