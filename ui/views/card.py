@@ -184,7 +184,8 @@ def model_card(name: str, model, source: str = "") -> str:
     if cfg.sandwich_norm:
         notes.append("Norms include the sandwich norms on each sublayer's output: four norms per layer.")
     if cfg.score_bias == "alibi":
-        notes.append("ALiBi's slopes are fixed (2^(−8h/H)), not learned: no parameters.")
+        # the rule for a head count that is not a power of two is longer: the Positional encoding tab states it
+        notes.append("ALiBi's slopes are fixed by the head count (eq. 6.3), not learned: no parameters.")
     if notes:
         lines += ["", *("- " + n for n in notes)]
     return "\n".join(lines)
