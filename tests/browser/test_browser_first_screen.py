@@ -42,7 +42,6 @@ TABS = {  # tab label → (its id in links, its primary button, a figure its fir
     "Lab": ("lab", "lab-train", None),
 }
 # the phone walk: every tab once at 390 px, the one place the suite checks that no tab scrolls sideways on a phone.
-# Links do not name Across texts, so it is opened from its button at the wide size and the window then narrowed.
 PHONE_TABS = {**TABS, "Across texts": ("corpus", "corpus-heads-run", None)}
 CHEAP = {"attention", "positions", "masks", "heads", "patching", "inside"}
 FORTY = {}  # the served model, for a text of exactly 40 tokens
@@ -183,19 +182,17 @@ def test_the_attention_tab_opens_on_its_clearest_head_and_a_tile_click_opens_ano
 
 
 def test_every_tab_on_a_phone(browser, served):
+    """One page: each tab opened from its button at the wide size (as a link opens it, its first screen comes by
+    itself), then the window narrowed to the phone's width and measured, then widened for the next tab's button (a
+    phone shows only some tabs' buttons; the layout a phone gets is the one the narrow window lays out)."""
     url, _, plots = served
-    for label, (tab, button, figure) in PHONE_TABS.items():
-        linked = label in TABS
-        context = browser.new_context(viewport=NARROW if linked else WIDE)
-        page = context.new_page()
-        errors = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto(f"{url}?tab={tab}" if linked else url)
-        try:
-            if not linked:
-                expect(page.locator("#attn-run")).to_be_visible(timeout=TIMEOUT_MS)
-                page.get_by_role("tab", name=label, exact=True).click()
-                page.set_viewport_size(NARROW)
+    context, page, errors = open_page(browser, url)
+    try:
+        for label, (tab, button, figure) in PHONE_TABS.items():
+            page.set_viewport_size(WIDE)
+            page.get_by_role("tab", name=label, exact=True).click()
+            expect(page.locator(f"#{button}")).to_be_visible(timeout=TIMEOUT_MS)
+            page.set_viewport_size(NARROW)
             expect(page.locator(f"#{button}")).to_be_visible(timeout=TIMEOUT_MS)
             if figure is not None:
                 expect(page.locator(f"#{figure} .js-plotly-plot .main-svg").first).to_be_attached(
@@ -203,12 +200,12 @@ def test_every_tab_on_a_phone(browser, served):
             settled(page)
             widths = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
             assert widths[0] <= widths[1], f"{label} scrolls sideways: {widths}"
-            if linked:  # the first-screen tabs; Across texts shows its figure boxes before a job, so only its width
+            if label in TABS:  # the first-screen tabs; Across texts shows its figure boxes before a job, so only its width
                 assert not empty_plots(page, plots), f"{label}: empty figure boxes {empty_plots(page, plots)}"
             screenshot(page, f"first-{tab}-narrow")
-        finally:
-            context.close()
-        assert not errors, errors
+    finally:
+        context.close()
+    assert not errors, errors
 
 
 def test_the_head_view_labels_every_token_of_a_40_token_text(browser, served):
