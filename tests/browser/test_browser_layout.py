@@ -92,12 +92,12 @@ def test_both_widths_render_without_sideways_scroll(browser, app_url, name, view
         else:  # controls above the figures
             assert figure["y"] >= run["y"] + run["height"] - 1, (run, figure)
         screenshot(page, f"layout-attention-{name}")
-        if viewport is None:  # at 1400 px: a link opens each tab directly
-            for tab, elem_id in (("masks", "mask-run"), ("heads", "heads-run"), ("lab", "lab-train"),
-                                 ("positions", "pe-run")):
-                page.goto(f"{app_url}?tab={tab}")
+        if viewport is None:  # at 1400 px: every tab, opened from its button, fits the width once drawn
+            for label, elem_id in (("Masks", "mask-run"), ("Heads", "heads-run"), ("Lab", "lab-train"),
+                                   ("Positional encoding", "pe-run")):
+                page.get_by_role("tab", name=label, exact=True).click()
                 expect(page.locator(f"#{elem_id}")).to_be_visible(timeout=TIMEOUT_MS)
-                page.wait_for_timeout(300)
+                settled(page)
                 no_sideways_scroll(page)
         else:  # a narrow screen folds the tab bar into a menu; a link opens the tab
             page.goto(f"{app_url}?tab=positions")
