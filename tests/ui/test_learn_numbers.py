@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from tiny import OneModel
 from tiny_app_model import build_tiny_bert, build_tiny_llama
 
 from core import load_model
@@ -25,17 +26,6 @@ from ui.views.learn import figure
 THEORY = [r"eqs?\. \d+\.\d+(–\d+\.\d+)?", r"d_k = 64, scores of size 8", r"mean 0", r"variance 1\b", r"it is 1\.",
           r"back to 1 whatever", r"exactly 0\b", r"t [−+] 1", r"0…t", r"\d*d²", r"SmolLM2", r"GPT-2", r"2 · L"]
 NUMBER = re.compile(r"\d[\d,]*(\.\d+)?")
-
-
-class OneModel:
-    def __init__(self, model):
-        self.model = model
-
-    def get(self, name, progress=None):
-        return self.model
-
-    def key(self, name):
-        return name
 
 
 @pytest.fixture(scope="module")

@@ -8,25 +8,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from tiny import OneModel
 from tiny_app_model import build_tiny_bert, build_tiny_llama
 
 from core import load_model
 from ui.services import learn
 from ui.services.learn import course as syllabus
 from ui.views.learn import course as views
-
-
-class OneModel:
-    """The model store as the Learn views read it, holding one loaded model."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def get(self, name, progress=None):
-        return self.model
-
-    def key(self, name):
-        return name
 
 
 def services_for(model):
