@@ -15,6 +15,11 @@ from core.train import LabConfig
 EXAMPLES = 16   # held-out examples the share is the median over (their real tokens)
 
 
+def median_ratio(part: torch.Tensor, whole: torch.Tensor) -> float:
+    """The median over tokens of ‖part‖ / ‖whole‖, as a percentage."""
+    return 100 * float((part.norm(dim=-1) / whole.norm(dim=-1).clamp_min(1e-12)).median())
+
+
 def first_update_share(config: LabConfig, examples: int = EXAMPLES) -> float:
     """The median over real tokens of ‖first attention output‖ / ‖residual it joins‖ (%), in the encoder of a
     Marian-layout model (the decoder's of a Llama one) as `config` builds it, seeded, untrained."""
@@ -27,7 +32,7 @@ def first_update_share(config: LabConfig, examples: int = EXAMPLES) -> float:
     with torch.inference_mode():
         records = model(**batch.inputs, record=[prefix + "resid_pre", prefix + "attn_out"]).records
     x, a = records[prefix + "resid_pre"][0][real], records[prefix + "attn_out"][0][real]   # [tokens, d]
-    return 100 * float((a.norm(dim=-1) / x.norm(dim=-1).clamp_min(1e-12)).median())
+    return median_ratio(a, x)
 
 
 def first_update_shares(config: LabConfig) -> dict[str, float]:

@@ -19,7 +19,7 @@ import torch
 from core import train as lab
 from ui.services.checks import UserError
 from ui.services.lab import saved as shipped
-from ui.services.lab.residual import first_update_shares
+from ui.services.lab.residual import first_update_shares, median_ratio
 from ui.services.learn import Lesson, Measured, ProgressFn, Question
 from ui.services.text import as_batch, encode, to_numpy
 
@@ -28,7 +28,7 @@ from ui.services.text import as_batch, encode, to_numpy
 BLOCK_SAMPLE = "The old lighthouse keeper climbed the stairs every night to light the lamp for the passing ships."
 MAX_TOKENS = 32
 ASKED_LAYER = 0      # the question's layer: the first, where the residual is still the embedding alone
-INIT_LAB = {"task": "reverse", "family": "marian", "norm": "pre"}   # the Lab's layout whose Pre-LN run docs/core.md reports
+INIT_LAB = {"task": "reverse", "family": "marian", "norm": "pre"}   # the Lab's layout whose Pre-LN run can stall
 
 
 def residual_records(model, ids: list[int]) -> dict[str, list[torch.Tensor]]:
@@ -39,11 +39,6 @@ def residual_records(model, ids: list[int]) -> dict[str, list[torch.Tensor]]:
     with torch.inference_mode():
         records = model(as_batch(ids, model.device), record=[prefix + n for n in names], return_logits=False).records
     return {n: [t[0].float() for t in records[prefix + n]] for n in names}
-
-
-def median_ratio(part: torch.Tensor, whole: torch.Tensor) -> float:
-    """The median over tokens of ‖part‖ / ‖whole‖, as a percentage."""
-    return 100 * float((part.norm(dim=-1) / whole.norm(dim=-1).clamp_min(1e-12)).median())
 
 
 def sublayer_shares(model, ids: list[int]) -> dict[str, np.ndarray]:
