@@ -1,0 +1,455 @@
+"""Cheap estimates of activation patching, each named by the exact sweep it estimates (patching.patch_sweep) and
+measured against it.
+
+approximate_sweep returns the shape and normalisation of patch_sweep (1: the clean run's metric, 0: the
+corrupted run's) for head outputs (z, layer × head) and resid_pre / attn_out / mlp_out (layer × position), by:
+
+- "atp", attribution patching (Nanda 2023): the patched run's metric ≈ the target run's + (a_source − a_target) ·
+  ∂metric/∂a, the gradient taken at the run being patched (denoise: the corrupted run; noise: the clean run).
+  One forward pass of the source run, one forward and one backward pass of the target run.
+- "atp*", AtP with the query/key fix of Kramár et al. (2024, "AtP*"), see qk_fix: where the patched activation
+  enters a later layer's queries and keys directly through the residual stream, that layer's attention is
+  recomputed through its softmax instead of linearised. GradDrop (the paper's second part) is not implemented.
+- "ig", integrated gradients in EAP-IG's form (Hanna et al. 2024): (a_clean − a_corrupted) times the gradient
+  averaged over k runs whose token embeddings lie on the straight line between the two prompts' (midpoints
+  (i + ½)/k), the gradient at the site of each.
+- "flow", the information-flow graph's importance of the same part (patching.flow_graph on the clean prompt):
+  a proximity, unsigned and not a metric, so it is compared by rank only; no causal claim. resid_pre has no part.
+
+Every gradient comes from the model's own forward pass: grad=True makes the token embeddings a leaf, the records
+are the tensors the pass itself computes with, and torch.autograd.grad reads ∂metric/∂record from them.
+shortcut_report runs the exact sweep and each method on the same pairs and compares them (Spearman's ρ, top-k
+overlap, false negatives, signed error, cost in forward-pass equivalents), per pair and over the pairs (Over).
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..corpus import Pair
+from ..corpus.summaries import Over, summarise
+from . import patching
+from .patching import PatchSweep, check_sweep, check_token, metric
+
+METHODS = ("atp", "atp*", "ig", "flow")
+SIGNED = ("atp", "atp*", "ig")     # estimates of the normalised score itself; "flow" is an unsigned importance
+IG_POINTS = 10                     # k, the points on the line between the two prompts
+IG_BATCH = 16                      # interpolated runs in one forward and backward pass
+FLOW_THRESHOLD = 0.04              # the flow graph's default pruning threshold
+STRONG = 0.1                       # a false negative's exact effect: at least this share of clean − corrupted
+STRONGEST = 10                     # the cells whose signed error is reported
+
+
+@dataclass
+class ApproximateSweep(PatchSweep):
+    """A PatchSweep estimated by `method` (computed is 0: no patched pass ran). For "flow", scores hold the
+    graph's importances in [0, 1] and metrics are NaN."""
+    method: str = "atp"
+    note: str = ""
+
+
+def check_prompts(model, clean_ids: Tensor, corrupted_ids: Tensor, what: str) -> None:
+    """Two prompts [1, T] of one length, within the model's positions."""
+    if not isinstance(clean_ids, Tensor) or not isinstance(corrupted_ids, Tensor):
+        raise ValueError(f"{what} takes the prompts as token-id tensors [1, T]")
+    if clean_ids.shape != corrupted_ids.shape or clean_ids.dim() != 2 or clean_ids.shape[0] != 1:
+        raise ValueError(f"the clean and corrupted prompts must be [1, T] with the same T; got "
+                         f"{list(clean_ids.shape)} and {list(corrupted_ids.shape)}")
+    n = clean_ids.shape[1]
+    if n == 0:
+        raise ValueError(f"{what} needs at least one token in each prompt")
+    if n > model.config.max_positions:
+        raise ValueError(f"the prompts have {n} tokens, more than the model's {model.config.max_positions} positions: "
+                         "shorten them")
+
+
+def check_method(model, site: str, method: str, points: int, layer: int | None = None) -> None:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    if method == "flow" and site == "resid_pre":
+        raise ValueError("the flow graph has no part for resid_pre (a residual state is a sum, not a part of one): "
+                         "choose z, attn_out or mlp_out for method 'flow'")
+    if method in ("atp*", "flow"):
+        patching.check_pre_norm(model, f"method {method!r}")
+    if method == "atp*" and site == "z" and layer is not None:
+        raise ValueError("atp* sweeps heads as wholes (site 'z' without layer=): its fix for one head at one "
+                         "position is not implemented")
+    if method == "ig" and (isinstance(points, bool) or not isinstance(points, int) or not 1 <= points <= 1000):
+        raise ValueError(f"ig takes k, the points between the two runs, as an integer in 1..1000; got {points!r}")
+
+
+# ---- gradients from the model's own pass ----
+
+def gradient_run(model, ids: Tensor, answer: int | Tensor, foil: int | Tensor, names: Sequence[str],
+                 wanted: Sequence[str], token_embeddings: Tensor | None = None) -> tuple[Tensor, dict, dict]:
+    """One forward pass with grad=True recording `names`, and one backward pass: the metric [B] (float32,
+    detached), the records {name: (per layer [B, ...])} detached, and ∂Σmetric/∂record for the names in
+    `wanted` (zeros where a record does not reach the metric)."""
+    with torch.inference_mode(False), torch.enable_grad():
+        out = model(ids.to(model.device), record=set(names), grad=True, return_logits=False,
+                    token_embeddings=token_embeddings)
+        value = metric(model, out.hidden_states, answer, foil)
+        inputs = [t for name in wanted for t in out.records[name]]
+        found = torch.autograd.grad(value.sum(), inputs, allow_unused=True)
+    grads, i = {}, 0
+    for name in wanted:
+        layers = out.records[name]
+        grads[name] = tuple(torch.zeros_like(t) if g is None else g.detach()
+                            for t, g in zip(layers, found[i:i + len(layers)]))
+        i += len(layers)
+    records = {name: tuple(t.detach() for t in layers) for name, layers in out.records.items()}
+    return value.detach(), records, grads
+
+
+def plain_run(model, ids: Tensor, answer: int, foil: int, names: Sequence[str]) -> tuple[float, dict]:
+    with torch.inference_mode():
+        out = model(ids.to(model.device), record=set(names), return_logits=False)
+        return metric(model, out.hidden_states, answer, foil).item(), out.records
+
+
+def cell_sums(site: str, layer: int | None, products: tuple[Tensor, ...]) -> Tensor:
+    """Per-layer products [T, d] or [T, H, d_head] (one row of the batch) → the sweep's cells: [L, T], [L, H],
+    or [H, T] for z at one layer."""
+    if site != "z":
+        return torch.stack([p.float().sum(-1) for p in products])                    # [L, T]
+    if layer is None:
+        return torch.stack([p.float().sum((0, 2)) for p in products])                # [L, H]
+    return products[layer].float().sum(-1).T                                         # [H, T]
+
+
+def as_sweep(site: str, mode: str, layer: int | None, attribution: Tensor, clean: float, corrupted: float,
+             method: str, note: str = "") -> ApproximateSweep:
+    """attribution: the estimated change of the target run's metric by each patch, clean − corrupted direction
+    for denoising (the patched metric ≈ corrupted + attribution), corrupted − clean for noising."""
+    target = corrupted if mode == "denoise" else clean
+    metrics = target + attribution
+    return ApproximateSweep(site, mode, layer, (metrics - corrupted) / (clean - corrupted), metrics, clean,
+                            corrupted, 0, method, note)
+
+
+# ---- the methods ----
+
+def atp(model, clean_ids, corrupted_ids, answer, foil, site, mode, layer, qk: bool = False) -> ApproximateSweep:
+    source_ids, target_ids = (clean_ids, corrupted_ids) if mode == "denoise" else (corrupted_ids, clean_ids)
+    source_metric, source = plain_run(model, source_ids, answer, foil, [site])
+    names = [site, "pattern", "resid_pre"] if qk else [site]
+    wanted = [site, "pattern"] if qk else [site]
+    target_metric, target, grads = gradient_run(model, target_ids, answer, foil, names, wanted)
+    delta = tuple((s - t)[0].float() for s, t in zip(source[site], target[site]))              # per layer
+    attribution = cell_sums(site, layer, tuple(d * g[0].float() for d, g in zip(delta, grads[site])))
+    note = ""
+    if qk:
+        attribution = attribution + qk_fix(model, site, delta, target, grads["pattern"])
+        note = ("AtP with the query/key fix on the direct path to later layers' queries and keys (softmax "
+                "recomputed); GradDrop is not implemented")
+    clean, corrupted = ((source_metric, target_metric.item()) if mode == "denoise"
+                        else (target_metric.item(), source_metric))
+    return as_sweep(site, mode, layer, attribution, clean, corrupted, "atp*" if qk else "atp", note)
+
+
+def integrated_gradients(model, clean_ids, corrupted_ids, answer, foil, site, mode, layer,
+                         points: int) -> ApproximateSweep:
+    clean_metric, clean = plain_run(model, clean_ids, answer, foil, [site])
+    corrupted_metric, corrupted = plain_run(model, corrupted_ids, answer, foil, [site])
+    embed = model.stack.embed.tokens
+    with torch.inference_mode():
+        start = embed(corrupted_ids.to(model.device))[0].float()                       # [T, d]
+        end = embed(clean_ids.to(model.device))[0].float()
+    total = None
+    for i in range(0, points, IG_BATCH):
+        alphas = (torch.arange(i, min(points, i + IG_BATCH), dtype=torch.float32, device=start.device) + 0.5) / points
+        rows = (start + alphas[:, None, None] * (end - start)).to(embed.weight.dtype)   # [b, T, d]
+        ids = corrupted_ids.to(model.device).expand(len(alphas), -1)
+        _, _, grads = gradient_run(model, ids, answer, foil, [site], [site], token_embeddings=rows.clone())
+        summed = tuple(g.float().sum(0) for g in grads[site])
+        total = summed if total is None else tuple(a + b for a, b in zip(total, summed))
+    delta = tuple((c - k)[0].float() for c, k in zip(clean[site], corrupted[site]))     # a_clean − a_corrupted
+    attribution = cell_sums(site, layer, tuple(d * g / points for d, g in zip(delta, total)))
+    if mode == "noise":          # the clean run with one corrupted activation: the same integral, the other way
+        attribution = -attribution
+    return as_sweep(site, mode, layer, attribution, clean_metric, corrupted_metric, "ig",
+                    f"EAP-IG: the gradient averaged over {points} runs on the line between the token embeddings")
+
+
+def flow_scores(model, clean_ids, corrupted_ids, answer, foil, site, mode, layer,
+                threshold: float = FLOW_THRESHOLD) -> ApproximateSweep:
+    """The kept graph's importance of each part: a head's parts on its layer's kept attention edges (z), a
+    layer's attention edges into each token (attn_out), the MLP's edge at each token (mlp_out)."""
+    clean_metric, _ = plain_run(model, clean_ids, answer, foil, [])
+    corrupted_metric, _ = plain_run(model, corrupted_ids, answer, foil, [])
+    graph = patching.flow_graph(model, clean_ids, threshold=threshold)
+    cfg, n = model.config, clean_ids.shape[1]
+    heads = torch.zeros(cfg.n_layers, cfg.n_heads, n)         # [L, H, target]
+    mlp = torch.zeros(cfg.n_layers, n)
+    for edge in graph.edges:
+        if edge.kind == "attention":
+            heads[edge.layer, :, edge.target] += graph.heads[edge.layer, :, edge.target, edge.source]
+        elif edge.kind == "mlp":
+            mlp[edge.layer, edge.target] = edge.importance
+    if site == "z":
+        scores = heads.sum(-1) if layer is None else heads[layer]
+    else:
+        scores = heads.sum(1) if site == "attn_out" else mlp
+    return ApproximateSweep(site, mode, layer, scores, torch.full_like(scores, math.nan), clean_metric,
+                            corrupted_metric, 0, "flow",
+                            f"information-flow importance on the clean prompt (threshold {threshold}): no causal claim")
+
+
+def approximate_sweep(model, clean_ids: Tensor, corrupted_ids: Tensor, answer: int, foil: int, site: str,
+                      mode: str = "denoise", method: str = "atp", layer: int | None = None,
+                      points: int = IG_POINTS) -> ApproximateSweep:
+    """An estimate of patching.patch_sweep (same arguments, shape and normalisation) by `method`: "atp", "atp*",
+    "ig" (k = points) or "flow" (see the module's docstring). The clean and corrupted runs must give different
+    metrics, as for the exact sweep."""
+    check_sweep(model, site, mode, layer)
+    check_method(model, site, method, points, layer)
+    answer, foil = check_token(model, answer, "answer"), check_token(model, foil, "foil")
+    check_prompts(model, clean_ids, corrupted_ids, "approximate_sweep")
+    if torch.equal(clean_ids, corrupted_ids):
+        raise ValueError("the clean and corrupted prompts are the same tokens, so they give the same logit "
+                         "difference: corrupt the clean prompt somewhere")
+    args = (model, clean_ids, corrupted_ids, answer, foil, site, mode, layer)
+    if method == "ig":
+        sweep = integrated_gradients(*args, points)
+    elif method == "flow":
+        sweep = flow_scores(*args)
+    else:
+        sweep = atp(*args, qk=method == "atp*")
+    if sweep.clean_metric == sweep.corrupted_metric:
+        raise ValueError(f"the clean and corrupted runs give the same logit difference ({sweep.clean_metric:.4g}): "
+                         "choose an answer and a foil that tell them apart")
+    return sweep
+
+
+# ---- AtP*: the query/key fix ----
+
+def layer_qk(model, layer: int, x: Tensor) -> tuple[Tensor, Tensor]:
+    """The queries [B, H, T, d_k] and keys [B, H, T, d_k] (key heads repeated for grouped-query attention) that
+    layer `layer`'s self-attention computes from the residual stream x [B, T, d] entering it: its own norm,
+    W_Q, W_K (any q/k norm) and rotation at positions 0..T−1."""
+    cfg, block = model.config, model.stack.blocks[layer]
+    positions = torch.arange(x.shape[1], device=x.device)[None].expand(x.shape[0], -1)
+    rope = model.rope(model.stack, positions, True, local=cfg.layer_type(layer) == "sliding")
+    q, k, _ = block.attn.self_qkv(block.attn_norm(x.to(model.dtype)), rope)
+    group = cfg.n_heads // cfg.n_kv_heads
+    return q.float(), k.float().repeat_interleave(group, dim=1)
+
+
+def raw_scores(model, q: Tensor, k: Tensor) -> Tensor:
+    """Scores before the mask and any bias, after the scale and the soft-cap: [..., Tq, Tk]."""
+    cfg = model.config
+    scores = (q @ k.transpose(-1, -2)) * cfg.score_scale
+    return scores if cfg.attn_softcap is None else cfg.attn_softcap * torch.tanh(scores / cfg.attn_softcap)
+
+
+def qk_fix(model, site: str, delta: tuple[Tensor, ...], target: dict,
+           pattern_grads: tuple[Tensor, ...]) -> Tensor:
+    """What AtP* changes in AtP's cells: for each patch, its change Δ of the residual stream (a head's output
+    through W_O, a sublayer's output, or the residual itself at one position) reaches each later attention layer
+    l' directly. There the queries and keys are computed again from resid_pre[l'] + Δ (exactly, through the
+    layer's norm, W_Q, W_K, RoPE), the probabilities through the softmax (A' = softmax(log A + Δscores), mask
+    and biases unchanged), and ⟨A' − A, ∂metric/∂A⟩ replaces that path's first-order term ⟨∂metric/∂x_{l'}
+    through q and k only, Δ⟩, which AtP's gradient holds and is taken out. Paths through intermediate layers stay
+    linear, as in AtP. Returns the correction, the sweep's cell shape."""
+    cfg = model.config
+    resid = [r[0].float() for r in target["resid_pre"]]                    # [T, d] per layer
+    patterns = [p[0].float() for p in target["pattern"]]                   # [H, T, T]
+    grads = [g[0].float() for g in pattern_grads]
+    qk_grads = [residual_qk_gradient(model, l, resid[l], patterns[l], grads[l]) for l in range(cfg.n_layers)]
+    rows = []
+    for l in range(cfg.n_layers):
+        changes, first = residual_changes(model, site, l, delta[l])       # [P, T, d], first layer that reads it
+        fix = torch.zeros(changes.shape[0])
+        for later in range(first, cfg.n_layers):
+            fix += softmax_term(model, later, resid[later], patterns[later], grads[later], changes)
+            fix -= (qk_grads[later][None] * changes).sum((1, 2))
+        rows.append(fix)
+    return torch.stack(rows)                    # [L, P]: P positions, or heads (z)
+
+
+def residual_changes(model, site: str, layer: int, delta: Tensor) -> tuple[Tensor, int]:
+    """The change each cell's patch makes to the residual stream a later layer reads, [P, T, d], and the first
+    layer that reads it directly. delta: the source − target activation of this layer, [T, d] or [T, H, d_head]."""
+    n = delta.shape[0]
+    if site == "z":                                  # head h: its output through W_O (and any post-norm), per head
+        block = model.stack.blocks[layer]
+        if block.attn_post_norm is not None:
+            raise ValueError("atp* on heads does not handle a norm on the attention's output (sandwich norms)")
+        w_o = model.head_weights(layer).W_O.float()                                  # [H, d_head, d]
+        return torch.einsum("thk,hkd->htd", delta, w_o), layer + 1
+    eye = torch.eye(n, device=delta.device)                                          # position p alone
+    changes = eye[:, :, None] * delta[None]                                          # [T, T, d]
+    return changes, layer if site == "resid_pre" else layer + 1
+
+
+def softmax_term(model, layer: int, x: Tensor, pattern: Tensor, grad: Tensor, changes: Tensor) -> Tensor:
+    """⟨A' − A, ∂metric/∂A⟩ of layer `layer` for each change [P, T, d] of its input x [T, d]; A [H, T, T]."""
+    q, k = layer_qk(model, layer, x[None])                                           # [1, H, T, d_k]
+    q2, k2 = layer_qk(model, layer, x[None] + changes.to(x.dtype))                  # [P, H, T, d_k]
+    moved = raw_scores(model, q2, k2) - raw_scores(model, q, k)                      # [P, H, T, T]
+    patched = torch.softmax(pattern.log()[None] + moved, -1).nan_to_num(0.0)        # masked keys stay at 0
+    return ((patched - pattern[None]) * grad[None]).sum((1, 2, 3))
+
+
+def residual_qk_gradient(model, layer: int, x: Tensor, pattern: Tensor, grad: Tensor) -> Tensor:
+    """∂metric/∂x [T, d] through layer `layer`'s queries and keys alone (its values and the residual path held):
+    the softmax's backward of ∂metric/∂A, then the scores' backward to x."""
+    with torch.inference_mode(False), torch.enable_grad():
+        leaf = x.clone()[None].requires_grad_(True)
+        q, k = layer_qk(model, layer, leaf)
+        scores = raw_scores(model, q, k)[0]                                          # [H, T, T]
+        score_grad = pattern * (grad - (pattern * grad).sum(-1, keepdim=True))      # softmax backward
+        (found,) = torch.autograd.grad(scores, leaf, score_grad)
+    return found[0].detach()
+
+
+# ---- against the truth ----
+
+def ranks(values: Tensor) -> Tensor:
+    """1-based ranks of values [N], ties given their average rank (as scipy.stats.rankdata's "average")."""
+    values = values.double()
+    order = values.argsort(stable=True)
+    ordered = values[order]
+    new = torch.ones(len(values), dtype=torch.bool)
+    new[1:] = ordered[1:] != ordered[:-1]
+    group = new.cumsum(0) - 1                                          # tie group of each sorted value
+    starts = torch.nonzero(new)[:, 0]
+    ends = torch.cat([starts[1:], torch.tensor([len(values)])])
+    average = (starts + ends + 1).double() / 2                         # mean of the 1-based ranks start+1..end
+    out = torch.empty(len(values), dtype=torch.float64)
+    out[order] = average[group]
+    return out
+
+
+def spearman(a: Tensor, b: Tensor) -> float:
+    """Spearman's ρ of two maps of one shape: Pearson's correlation of their ranks (NaN if either is constant)."""
+    x, y = ranks(a.flatten()), ranks(b.flatten())
+    x, y = x - x.mean(), y - y.mean()
+    scale = (x.square().sum() * y.square().sum()).sqrt()
+    return math.nan if scale == 0 else float((x * y).sum() / scale)
+
+
+@dataclass
+class Agreement:
+    """One method's map against the exact one on one pair. Cells are the map's (row, column) indices; ranks
+    are by size |score|, largest first."""
+    rho: float                                  # Spearman's ρ over every cell (against |exact| for "flow")
+    overlap: float                              # the share of the exact top k among the method's top k
+    false_negatives: tuple[tuple[int, int], ...]    # |exact| ≥ STRONG, ranked below k by the method
+    strongest: tuple[tuple[int, int], ...]      # the STRONGEST cells by |exact|
+    signed_errors: Tensor                       # method − exact on those cells (NaN for an unsigned method)
+    seconds: float = math.nan
+    cost: float = math.nan                      # seconds / one forward pass's, on the same pair
+
+    @property
+    def signed_error(self) -> float:
+        return float(self.signed_errors.mean())
+
+
+def compare(exact: Tensor, estimate: Tensor, signed: bool = True, k: int = 10) -> Agreement:
+    """How far `estimate` agrees with the exact normalised scores `exact` (the same shape)."""
+    if exact.shape != estimate.shape:
+        raise ValueError(f"the maps differ in shape: {list(exact.shape)} and {list(estimate.shape)}")
+    if not 1 <= k <= exact.numel():
+        raise ValueError(f"k must be in 1..{exact.numel()} (the map's cells), got {k}")
+    truth, guess = exact.flatten().double(), estimate.flatten().double()
+    width = exact.shape[-1]
+    cell = lambda i: (int(i) // width, int(i) % width)                                 # noqa: E731
+    by_truth = truth.abs().argsort(descending=True, stable=True)
+    by_guess = guess.abs().argsort(descending=True, stable=True)
+    top_guess = set(by_guess[:k].tolist())
+    overlap = len(set(by_truth[:k].tolist()) & top_guess) / k
+    misses = tuple(cell(i) for i in by_truth.tolist() if truth[i].abs() >= STRONG and i not in top_guess)
+    strong = by_truth[:min(STRONGEST, len(truth))]
+    errors = (guess[strong] - truth[strong]) if signed else torch.full((len(strong),), math.nan, dtype=torch.float64)
+    rho = spearman(truth if signed else truth.abs(), guess)
+    return Agreement(rho, overlap, misses, tuple(cell(i) for i in strong.tolist()), errors.float())
+
+
+@dataclass
+class ShortcutReport:
+    site: str
+    mode: str
+    methods: tuple[str, ...]
+    k: int
+    exact: list[PatchSweep]                     # each measured pair's exact sweep, in `items` order
+    per_pair: list[dict[str, Agreement]]        # the same pairs: method → its agreement
+    over: dict[str, dict[str, Over]]            # method → "rho", "overlap", "false_negatives", "signed_error", "cost"
+    exact_cost: Over                            # the exact sweep's forward-pass equivalents
+    items: tuple[int, ...] = ()                 # the index in the input of each measured pair
+    left_out: dict[int, str] = field(default_factory=dict)
+
+
+def timed(run):
+    start = time.perf_counter()
+    value = run()
+    return value, time.perf_counter() - start
+
+
+def forward_seconds(model, ids: Tensor, repeats: int = 3) -> float:
+    """The median time of one plain forward pass of ids [1, T] (inference mode, logits included)."""
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats):
+            times.append(timed(lambda: model(ids.to(model.device)))[1])
+    return sorted(times)[len(times) // 2]
+
+
+def shortcut_report(model, pairs: Sequence[Pair], site: str, methods: Sequence[str] = METHODS, k: int = 10,
+                    mode: str = "denoise", points: int = IG_POINTS, progress=None, stop=None) -> ShortcutReport:
+    """Exact patching (patching.patch_sweep) and each method (approximate_sweep) on the same cells of each pair,
+    compared (compare) and summarised over the pairs (summarise: mean and 95 % interval). Each method's cost is
+    its time over one plain forward pass of the same pair, measured in the same run. A pair whose clean and
+    corrupted runs give the same metric is left out and named. progress(done, total) after each pair; stop() is
+    asked between pairs."""
+    patching.check_decoder(model, "shortcut_report")
+    methods = tuple(methods)
+    if not methods or any(m not in METHODS for m in methods):
+        raise ValueError(f"methods must be some of {', '.join(METHODS)}, got {methods!r}")
+    if not pairs:
+        raise ValueError("shortcut_report needs at least one prompt pair")
+    check_sweep(model, site, mode, None)
+    for method in methods:
+        check_method(model, site, method, points)
+    exact, per_pair, exact_costs, items, left_out = [], [], [], [], {}
+    for index, pair in enumerate(pairs):
+        if stop is not None and stop():
+            left_out.update({i: "the report was stopped" for i in range(index, len(pairs))})
+            break
+        clean, corrupted = pair.clean[None], pair.corrupted[None]
+        one_pass = forward_seconds(model, clean)
+        try:
+            truth, seconds = timed(lambda: patching.patch_sweep(model, clean, corrupted, pair.answer, pair.foil,
+                                                                site, mode))
+        except ValueError as error:          # the same metric in both runs: nothing to normalise by
+            left_out[index] = str(error)
+            continue
+        found = {}
+        for method in methods:
+            sweep, spent = timed(lambda: approximate_sweep(model, clean, corrupted, pair.answer, pair.foil, site,
+                                                           mode, method, points=points))
+            agreement = compare(truth.scores, sweep.scores, method in SIGNED, k)
+            agreement.seconds, agreement.cost = spent, spent / one_pass
+            found[method] = agreement
+        exact.append(truth)
+        per_pair.append(found)
+        exact_costs.append(seconds / one_pass)
+        items.append(index)
+        if progress is not None:
+            progress(index + 1, len(pairs))
+    note = "; ".join(f"pair {i}: {why}" for i, why in sorted(left_out.items()))
+    over = {}
+    for method in methods:
+        rows = [found[method] for found in per_pair]
+        columns = {"rho": [a.rho for a in rows], "overlap": [a.overlap for a in rows],
+                   "false_negatives": [float(len(a.false_negatives)) for a in rows],
+                   "signed_error": [a.signed_error for a in rows], "cost": [a.cost for a in rows]}
+        over[method] = {name: summarise(torch.tensor(values, dtype=torch.float64).reshape(-1), note, items, left_out)
+                        for name, values in columns.items()}
+    costs = summarise(torch.tensor(exact_costs, dtype=torch.float64).reshape(-1), note, items, left_out)
+    return ShortcutReport(site, mode, methods, k, exact, per_pair, over, costs, tuple(items), left_out)
