@@ -43,6 +43,7 @@ IG_BATCH = 16                      # interpolated runs in one forward and backwa
 FLOW_THRESHOLD = 0.04              # the flow graph's default pruning threshold
 STRONG = 0.1                       # a false negative's exact effect: at least this share of clean − corrupted
 STRONGEST = 10                     # the cells whose signed error is reported
+QK_TOKENS = 4096                   # atp*: patches × positions whose queries and keys are recomputed at once
 
 
 @dataclass
@@ -134,22 +135,46 @@ def as_sweep(site: str, mode: str, layer: int | None, attribution: Tensor, clean
 
 # ---- the methods ----
 
-def atp(model, clean_ids, corrupted_ids, answer, foil, site, mode, layer, qk: bool = False) -> ApproximateSweep:
+def atp(model, clean_ids, corrupted_ids, answer, foil, sites: Sequence[str], mode, layer,
+        qk: bool = False) -> dict[str, ApproximateSweep]:
+    """AtP (or AtP*) of several sites from the same three passes: the source run's forward, the target run's
+    forward and one backward, each recording every site."""
     source_ids, target_ids = (clean_ids, corrupted_ids) if mode == "denoise" else (corrupted_ids, clean_ids)
-    source_metric, source = plain_run(model, source_ids, answer, foil, [site])
-    names = [site, "pattern", "resid_pre"] if qk else [site]
-    wanted = [site, "pattern"] if qk else [site]
+    source_metric, source = plain_run(model, source_ids, answer, foil, sites)
+    names = [*sites, "pattern", "resid_pre"] if qk else list(sites)
+    wanted = [*sites, "pattern"] if qk else list(sites)
     target_metric, target, grads = gradient_run(model, target_ids, answer, foil, names, wanted)
-    delta = tuple((s - t)[0].float() for s, t in zip(source[site], target[site]))              # per layer
-    attribution = cell_sums(site, layer, tuple(d * g[0].float() for d, g in zip(delta, grads[site])))
-    note = ""
-    if qk:
-        attribution = attribution + qk_fix(model, site, delta, target, grads["pattern"])
-        note = ("AtP with the query/key fix on the direct path to later layers' queries and keys (softmax "
-                "recomputed); GradDrop is not implemented")
     clean, corrupted = ((source_metric, target_metric.item()) if mode == "denoise"
                         else (target_metric.item(), source_metric))
-    return as_sweep(site, mode, layer, attribution, clean, corrupted, "atp*" if qk else "atp", note)
+    sweeps = {}
+    for site in sites:
+        delta = tuple((s - t)[0].float() for s, t in zip(source[site], target[site]))          # per layer
+        attribution = cell_sums(site, layer, tuple(d * g[0].float() for d, g in zip(delta, grads[site])))
+        note = ""
+        if qk:
+            attribution = attribution + qk_fix(model, site, delta, target, grads["pattern"])
+            note = ("AtP with the query/key fix on the direct path to later layers' queries and keys (softmax "
+                    "recomputed); GradDrop is not implemented")
+        sweeps[site] = as_sweep(site, mode, layer, attribution, clean, corrupted, "atp*" if qk else "atp", note)
+    return sweeps
+
+
+def atp_sweeps(model, clean_ids: Tensor, corrupted_ids: Tensor, answer: int, foil: int, sites: Sequence[str],
+               mode: str = "denoise") -> dict[str, ApproximateSweep]:
+    """approximate_sweep's "atp" of several sites at once (each site's sweep as approximate_sweep gives it, z over
+    layer × head), sharing its forward and backward passes: what a sweep of heads and the residual stream costs
+    together."""
+    sites = tuple(dict.fromkeys(sites))
+    if not sites:
+        raise ValueError(f"atp_sweeps needs at least one site of {', '.join(patching.SITES)}")
+    for site in sites:
+        check_sweep(model, site, mode, None)
+    answer, foil = check_token(model, answer, "answer"), check_token(model, foil, "foil")
+    check_prompts(model, clean_ids, corrupted_ids, "atp_sweeps")
+    check_different(clean_ids, corrupted_ids)
+    sweeps = atp(model, clean_ids, corrupted_ids, answer, foil, sites, mode, None)
+    check_metrics(next(iter(sweeps.values())))
+    return sweeps
 
 
 def integrated_gradients(model, clean_ids, corrupted_ids, answer, foil, site, mode, layer,
@@ -210,20 +235,28 @@ def approximate_sweep(model, clean_ids: Tensor, corrupted_ids: Tensor, answer: i
     check_method(model, site, method, points, layer)
     answer, foil = check_token(model, answer, "answer"), check_token(model, foil, "foil")
     check_prompts(model, clean_ids, corrupted_ids, "approximate_sweep")
-    if torch.equal(clean_ids, corrupted_ids):
-        raise ValueError("the clean and corrupted prompts are the same tokens, so they give the same logit "
-                         "difference: corrupt the clean prompt somewhere")
+    check_different(clean_ids, corrupted_ids)
     args = (model, clean_ids, corrupted_ids, answer, foil, site, mode, layer)
     if method == "ig":
         sweep = integrated_gradients(*args, points)
     elif method == "flow":
         sweep = flow_scores(*args)
     else:
-        sweep = atp(*args, qk=method == "atp*")
+        sweep = atp(model, clean_ids, corrupted_ids, answer, foil, (site,), mode, layer, qk=method == "atp*")[site]
+    check_metrics(sweep)
+    return sweep
+
+
+def check_different(clean_ids: Tensor, corrupted_ids: Tensor) -> None:
+    if torch.equal(clean_ids, corrupted_ids):
+        raise ValueError("the clean and corrupted prompts are the same tokens, so they give the same logit "
+                         "difference: corrupt the clean prompt somewhere")
+
+
+def check_metrics(sweep: PatchSweep) -> None:
     if sweep.clean_metric == sweep.corrupted_metric:
         raise ValueError(f"the clean and corrupted runs give the same logit difference ({sweep.clean_metric:.4g}): "
                          "choose an answer and a foil that tell them apart")
-    return sweep
 
 
 # ---- AtP*: the query/key fix ----
@@ -260,16 +293,21 @@ def qk_fix(model, site: str, delta: tuple[Tensor, ...], target: dict,
     resid = [r[0].float() for r in target["resid_pre"]]                    # [T, d] per layer
     patterns = [p[0].float() for p in target["pattern"]]                   # [H, T, T]
     grads = [g[0].float() for g in pattern_grads]
-    qk_grads = [residual_qk_gradient(model, l, resid[l], patterns[l], grads[l]) for l in range(cfg.n_layers)]
-    rows = []
-    for l in range(cfg.n_layers):
-        changes, first = residual_changes(model, site, l, delta[l])       # [P, T, d], first layer that reads it
-        fix = torch.zeros(changes.shape[0])
-        for later in range(first, cfg.n_layers):
-            fix += softmax_term(model, later, resid[later], patterns[later], grads[later], changes)
-            fix -= (qk_grads[later][None] * changes).sum((1, 2))
-        rows.append(fix)
-    return torch.stack(rows)                    # [L, P]: P positions, or heads (z)
+    sources = [residual_changes(model, site, l, delta[l]) for l in range(cfg.n_layers)]   # ([P, T, d], first)
+    fixes = [torch.zeros(changes.shape[0]) for changes, _ in sources]
+    for later in range(cfg.n_layers):
+        reading = [l for l, (_, first) in enumerate(sources) if first <= later]
+        if not reading:
+            continue
+        qk_grad = residual_qk_gradient(model, later, resid[later], patterns[later], grads[later])     # [T, d]
+        base = raw_scores(model, *layer_qk(model, later, resid[later][None]))                      # [1, H, T, T]
+        changes = torch.cat([sources[l][0] for l in reading])              # every earlier patch at once
+        rows = max(1, QK_TOKENS // changes.shape[1])
+        found = torch.cat([softmax_term(model, later, resid[later], base, patterns[later], grads[later], part)
+                           - (qk_grad[None] * part).sum((1, 2)) for part in changes.split(rows)])
+        for l, part in zip(reading, found.split([len(fixes[l]) for l in reading])):
+            fixes[l] += part
+    return torch.stack(fixes)                   # [L, P]: P positions, or heads (z)
 
 
 def residual_changes(model, site: str, layer: int, delta: Tensor) -> tuple[Tensor, int]:
@@ -287,11 +325,11 @@ def residual_changes(model, site: str, layer: int, delta: Tensor) -> tuple[Tenso
     return changes, layer if site == "resid_pre" else layer + 1
 
 
-def softmax_term(model, layer: int, x: Tensor, pattern: Tensor, grad: Tensor, changes: Tensor) -> Tensor:
-    """⟨A' − A, ∂metric/∂A⟩ of layer `layer` for each change [P, T, d] of its input x [T, d]; A [H, T, T]."""
-    q, k = layer_qk(model, layer, x[None])                                           # [1, H, T, d_k]
-    q2, k2 = layer_qk(model, layer, x[None] + changes.to(x.dtype))                  # [P, H, T, d_k]
-    moved = raw_scores(model, q2, k2) - raw_scores(model, q, k)                      # [P, H, T, T]
+def softmax_term(model, layer: int, x: Tensor, base: Tensor, pattern: Tensor, grad: Tensor, changes: Tensor) -> Tensor:
+    """⟨A' − A, ∂metric/∂A⟩ of layer `layer` for each change [P, T, d] of its input x [T, d]; base: the raw
+    scores at x [1, H, T, T]; A [H, T, T]."""
+    q, k = layer_qk(model, layer, x[None] + changes.to(x.dtype))                    # [P, H, T, d_k]
+    moved = raw_scores(model, q, k) - base                                           # [P, H, T, T]
     patched = torch.softmax(pattern.log()[None] + moved, -1).nan_to_num(0.0)        # masked keys stay at 0
     return ((patched - pattern[None]) * grad[None]).sum((1, 2, 3))
 
@@ -351,15 +389,18 @@ class Agreement:
         return float(self.signed_errors.mean())
 
 
-def compare(exact: Tensor, estimate: Tensor, signed: bool = True, k: int = 10) -> Agreement:
-    """How far `estimate` agrees with the exact normalised scores `exact` (the same shape)."""
+def compare(exact: Tensor, estimate: Tensor, signed: bool = True, k: int = 10, cells: Tensor | None = None) -> Agreement:
+    """How far `estimate` agrees with the exact normalised scores `exact` (the same shape), over the cells where
+    `cells` (bool, that shape) is True, or all of them."""
     if exact.shape != estimate.shape:
         raise ValueError(f"the maps differ in shape: {list(exact.shape)} and {list(estimate.shape)}")
-    if not 1 <= k <= exact.numel():
-        raise ValueError(f"k must be in 1..{exact.numel()} (the map's cells), got {k}")
-    truth, guess = exact.flatten().double(), estimate.flatten().double()
+    chosen = torch.ones(exact.shape, dtype=torch.bool) if cells is None else cells.bool()
+    index = chosen.flatten().nonzero()[:, 0]                                           # flat cell of each value
+    if not 1 <= k <= len(index):
+        raise ValueError(f"k must be in 1..{len(index)} (the cells compared), got {k}")
+    truth, guess = exact.flatten()[index].double(), estimate.flatten()[index].double()
     width = exact.shape[-1]
-    cell = lambda i: (int(i) // width, int(i) % width)                                 # noqa: E731
+    cell = lambda i: (int(index[i]) // width, int(index[i]) % width)                  # noqa: E731
     by_truth = truth.abs().argsort(descending=True, stable=True)
     by_guess = guess.abs().argsort(descending=True, stable=True)
     top_guess = set(by_guess[:k].tolist())
@@ -371,6 +412,17 @@ def compare(exact: Tensor, estimate: Tensor, signed: bool = True, k: int = 10) -
     return Agreement(rho, overlap, misses, tuple(cell(i) for i in strong.tolist()), errors.float())
 
 
+def changed_cells(model, clean_ids: Tensor, corrupted_ids: Tensor, site: str) -> Tensor:
+    """bool, the sweep's shape (z: layer × head): the cells whose activation differs between the two runs. The
+    others (under a causal mask, every position before the first changed token) are 0 in the exact sweep and in
+    every gradient method alike, and would only add ties to the comparison."""
+    with torch.inference_mode():
+        records = model(torch.cat([clean_ids, corrupted_ids]).to(model.device), record=site,
+                        return_logits=False).records[site]
+    differs = [(r[0] != r[1]).flatten(2).any(-1) if site == "z" else (r[0] != r[1]).any(-1) for r in records]
+    return torch.stack([d.any(0) if site == "z" else d for d in differs]).cpu()     # [L, H] or [L, T]
+
+
 @dataclass
 class ShortcutReport:
     site: str
@@ -379,6 +431,8 @@ class ShortcutReport:
     k: int
     exact: list[PatchSweep]                     # each measured pair's exact sweep, in `items` order
     per_pair: list[dict[str, Agreement]]        # the same pairs: method → its agreement
+    estimates: list[dict[str, ApproximateSweep]]    # the same pairs: method → its map
+    cells: list[Tensor]                         # the same pairs: the cells compared (changed_cells)
     over: dict[str, dict[str, Over]]            # method → "rho", "overlap", "false_negatives", "signed_error", "cost"
     exact_cost: Over                            # the exact sweep's forward-pass equivalents
     items: tuple[int, ...] = ()                 # the index in the input of each measured pair
@@ -403,7 +457,8 @@ def forward_seconds(model, ids: Tensor, repeats: int = 3) -> float:
 def shortcut_report(model, pairs: Sequence[Pair], site: str, methods: Sequence[str] = METHODS, k: int = 10,
                     mode: str = "denoise", points: int = IG_POINTS, progress=None, stop=None) -> ShortcutReport:
     """Exact patching (patching.patch_sweep) and each method (approximate_sweep) on the same cells of each pair,
-    compared (compare) and summarised over the pairs (summarise: mean and 95 % interval). Each method's cost is
+    compared (compare, over the cells whose activation differs between the two runs: changed_cells; k at most
+    their count) and summarised over the pairs (summarise: mean and 95 % interval). Each method's cost is
     its time over one plain forward pass of the same pair, measured in the same run. A pair whose clean and
     corrupted runs give the same metric is left out and named. progress(done, total) after each pair; stop() is
     asked between pairs."""
@@ -416,7 +471,7 @@ def shortcut_report(model, pairs: Sequence[Pair], site: str, methods: Sequence[s
     check_sweep(model, site, mode, None)
     for method in methods:
         check_method(model, site, method, points)
-    exact, per_pair, exact_costs, items, left_out = [], [], [], [], {}
+    exact, per_pair, estimates, compared, exact_costs, items, left_out = [], [], [], [], [], [], {}
     for index, pair in enumerate(pairs):
         if stop is not None and stop():
             left_out.update({i: "the report was stopped" for i in range(index, len(pairs))})
@@ -429,15 +484,17 @@ def shortcut_report(model, pairs: Sequence[Pair], site: str, methods: Sequence[s
         except ValueError as error:          # the same metric in both runs: nothing to normalise by
             left_out[index] = str(error)
             continue
-        found = {}
+        found, maps, cells = {}, {}, changed_cells(model, clean, corrupted, site)
         for method in methods:
             sweep, spent = timed(lambda: approximate_sweep(model, clean, corrupted, pair.answer, pair.foil, site,
                                                            mode, method, points=points))
-            agreement = compare(truth.scores, sweep.scores, method in SIGNED, k)
+            agreement = compare(truth.scores, sweep.scores, method in SIGNED, min(k, int(cells.sum())), cells)
             agreement.seconds, agreement.cost = spent, spent / one_pass
-            found[method] = agreement
+            found[method], maps[method] = agreement, sweep
         exact.append(truth)
         per_pair.append(found)
+        estimates.append(maps)
+        compared.append(cells)
         exact_costs.append(seconds / one_pass)
         items.append(index)
         if progress is not None:
@@ -452,4 +509,5 @@ def shortcut_report(model, pairs: Sequence[Pair], site: str, methods: Sequence[s
         over[method] = {name: summarise(torch.tensor(values, dtype=torch.float64).reshape(-1), note, items, left_out)
                         for name, values in columns.items()}
     costs = summarise(torch.tensor(exact_costs, dtype=torch.float64).reshape(-1), note, items, left_out)
-    return ShortcutReport(site, mode, methods, k, exact, per_pair, over, costs, tuple(items), left_out)
+    return ShortcutReport(site, mode, methods, k, exact, per_pair, estimates, compared, over, costs, tuple(items),
+                          left_out)

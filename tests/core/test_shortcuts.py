@@ -203,25 +203,47 @@ def test_compare_counts_overlap_false_negatives_and_signed_error():
     assert torch.isnan(unsigned.signed_errors).all()
     with pytest.raises(ValueError, match="k must be"):
         shortcuts.compare(exact, guess, k=7)
+    cells = torch.tensor([[True, True, False], [True, False, True]])
+    some = shortcuts.compare(exact, guess, k=2, cells=cells)
+    assert some.rho == pytest.approx(stats.spearmanr(exact[cells], guess[cells]).statistic)
+    assert some.false_negatives == ((0, 1), (1, 2)) and some.overlap == 0.5     # the guess's top 2: (0,0), (1,0)
+    with pytest.raises(ValueError, match="k must be in 1..4"):
+        shortcuts.compare(exact, guess, k=5, cells=cells)
 
 
 def test_report_compares_every_method_on_the_same_cells():
     model = load_model(tiny.save(tiny.llama()), device="cpu")
-    pairs = [Pair(*(t[0] for t in pair(seed=s)), ANSWER, FOIL) for s in range(3)]
+    pairs = [Pair(*(t[0] for t in pair(at=(4 + s,), seed=s)), ANSWER, FOIL) for s in range(3)]
     pairs.append(Pair(pairs[0].clean, pairs[0].clean, ANSWER, FOIL))     # the same metric twice: left out
-    report = shortcuts.shortcut_report(model, pairs, "z", ("atp", "ig"), k=3)
+    report = shortcuts.shortcut_report(model, pairs, "resid_pre", ("atp", "ig"), k=3)
     assert report.items == (0, 1, 2) and 3 in report.left_out
-    for i, found in zip(report.items, report.per_pair):
+    for i, found, cells in zip(report.items, report.per_pair, report.cells):
         p = pairs[i]
-        exact = patching.patch_sweep(model, p.clean[None], p.corrupted[None], ANSWER, FOIL, "z")
-        atp = shortcuts.approximate_sweep(model, p.clean[None], p.corrupted[None], ANSWER, FOIL, "z", method="atp")
-        assert found["atp"].rho == pytest.approx(stats.spearmanr(exact.scores.flatten(),
-                                                                 atp.scores.flatten()).statistic, abs=1e-6)
+        # positions before the changed token are the same in both runs, at every layer, and layer 0 (the
+        # embeddings) differs at that token alone: the rest is left out of the comparison
+        expected = torch.zeros(2, 9, dtype=torch.bool)
+        expected[0, 4 + i], expected[1, 4 + i:] = True, True
+        assert torch.equal(cells, expected)
+        exact = patching.patch_sweep(model, p.clean[None], p.corrupted[None], ANSWER, FOIL, "resid_pre")
+        atp = shortcuts.approximate_sweep(model, p.clean[None], p.corrupted[None], ANSWER, FOIL, "resid_pre")
+        assert found["atp"].rho == pytest.approx(stats.spearmanr(exact.scores[cells], atp.scores[cells]).statistic,
+                                                 abs=1e-6)
+        torch.testing.assert_close(report.estimates[report.items.index(i)]["atp"].scores, atp.scores)
         assert found["atp"].cost > 0 and found["ig"].cost > 0
     rho = report.over["atp"]["rho"]
     assert rho.n == 3 and rho.mean.item() == pytest.approx(sum(f["atp"].rho for f in report.per_pair) / 3)
     assert set(report.over["ig"]) == {"rho", "overlap", "false_negatives", "signed_error", "cost"}
     assert report.exact_cost.n == 3
+
+
+def test_atp_of_several_sites_shares_its_passes_and_equals_each_alone():
+    model = load_model(tiny.save(tiny.gpt2()), device="cpu")
+    clean, corrupted = pair()
+    both = shortcuts.atp_sweeps(model, clean, corrupted, ANSWER, FOIL, ("z", "resid_pre", "z"))
+    assert list(both) == ["z", "resid_pre"]
+    for site, sweep in both.items():
+        alone = shortcuts.approximate_sweep(model, clean, corrupted, ANSWER, FOIL, site)
+        torch.testing.assert_close(sweep.scores, alone.scores)
 
 
 def test_every_method_refuses_encoders_long_prompts_and_bad_arguments():
