@@ -11,6 +11,7 @@ from ui.services.inside import MAX_INSIDE_TOKENS, shape_of
 from ui.tabs.events import ON_ANALYSIS, handler, opening, user_errors
 from ui.tabs.widgets import Tab, click_bridge, layer_head, run_checked, upload
 from ui.views import inside as views
+from ui.views.learn.cost import cost_markdown
 from ui.views.online import online_view
 
 LEAD = """**Inside one forward pass**: follow one token through one real layer, stage by stage, with every number the
@@ -126,6 +127,7 @@ def online_section(services, picker, text, fields, token) -> dict:
         note = gr.Markdown(elem_id="inside-online-note")
         figure = gr.Plot(elem_id="inside-online-figure", visible=False, show_label=False)
         table = gr.Markdown(elem_id="inside-online-bytes")
+        gr.Markdown(cost_markdown(), elem_id="inside-attention-cost")
     event = dict(fn=handler(online_view, services, "online_softmax"),
                  inputs=[picker.model, text, fields.layer, fields.head, token, block], outputs=[note, figure, table],
                  **ON_ANALYSIS)

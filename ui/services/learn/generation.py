@@ -204,15 +204,41 @@ def measure_cost(model, progress: ProgressFn | None = None) -> Measured:
         + memory_words)
     progress_to(progress, 1.0, "done")
     return Measured(
-        answer=ratio, answer_text=answer_text, why=cost_words(lengths, seconds, exponent, fixed),
+        answer=ratio, answer_text=answer_text,
+        why=cost_words(lengths, seconds, exponent, fixed) + " " + layer_cost_words(),
         alt=(f"From {n} to {doubled} tokens one head's weights grew {number(ratio)}× (n²); the forward pass's time "
              f"grew as n^{exponent:.2f}."),
         values={"lengths": lengths, "per_head_bytes": per_head, "all_maps_bytes": all_maps, "seconds": seconds,
                 "exponent": exponent, "fixed_seconds": fixed, "seconds_per_token": per_token,
                 "online_layer": row.layer, "online_head": row.head, "online_block": row.block,
                 "online_max_error": row.probs_difference, "online_output_error": row.output_difference,
-                **memory_values},
+                **memory_values, "layer_cost": layer_cost_values()},
         link={"tab": "inside", "layer": row.layer, "head": row.head, "text": COST_SAMPLE})
+
+
+def layer_cost_words() -> str:
+    """One attention layer timed alone at long lengths, where its n² term shows (the shipped measurement,
+    ui/services/inside.py), in words; or why it is not here."""
+    cost = inside.attention_cost()
+    if cost is None:
+        return ("One attention layer timed alone at long lengths, where its n² term would show, is not measured in "
+                "this copy.")
+    return "To see the n² term, take the layer apart from the rest and make the text long. " + \
+        inside.cost_sentence(cost, command=False)
+
+
+def layer_cost_values() -> dict | None:
+    """The shipped layer timings and their fitted exponents, as the words above state them."""
+    cost = inside.attention_cost()
+    if cost is None:
+        return None
+    return {"fit_lengths": list(cost.fit_lengths), "threads": cost.threads,
+            "methods": {m: {"lengths": list(c.lengths), "seconds": list(c.seconds), "peak": list(c.peak),
+                            "time_exponent": c.time_exponent, "peak_exponent": c.peak_exponent}
+                        for m, c in cost.layer.items()},
+            "model": None if cost.model is None else {"lengths": list(cost.model.lengths),
+                                                      "seconds": list(cost.model.seconds),
+                                                      "exponent": cost.model.exponent}}
 
 
 def softmax_memory(d_head: int) -> tuple[str, dict]:
@@ -266,7 +292,9 @@ LESSONS: tuple[Lesson, ...] = (
             "the keys a block at a time and keeps, per query, only the running max m and sum ℓ, rescaling what it "
             "has summed whenever a block raises the max. The result is the softmax itself, not an approximation. "
             "Here the weights are counted at doubling lengths, the forward pass is timed at the same lengths, and "
-            "one real head's row is read online."),
+            "one real head's row is read online. The answer adds one attention layer timed alone on much longer "
+            "texts, three ways (every score held, the online softmax, torch's fused kernel), where the n² term is "
+            "no longer hidden by the rest of the pass."),
         question=Question(prompt="When a text doubles in length, how many times more memory do one head's attention "
                                  "weights take?", unit="×"),
         measure=measure_cost,
