@@ -21,6 +21,7 @@ from ui.services.lab.configs import (DEFAULT_FIELDS, DEFAULT_SNAPSHOT_STEPS, EXP
 from ui.tabs.events import LAB, ON_HEAVY, handler, progress_callback, user_errors
 from ui.tabs.widgets import Tab, file_box
 from ui.views.card import FAMILY_WORDS
+from ui.views.learn.recurrence import lab_recurrence
 from ui.views.lab import (extrapolation_view, job_curves, run_attention, runs_export, saved_extrapolation,
                           saved_headline, snapshot_count, snapshot_figure)
 
@@ -67,6 +68,7 @@ def build(services, picker, initial=None) -> Tab:
                 gr.Markdown(INTRO)
                 saved = saved_extrapolation()
                 gr.Markdown(saved_headline(), elem_id="lab-extra-headline")
+                recurrence_section()
                 shown = SimpleNamespace(**vars(progress_section()))
         for section in (stream_section, runs_section, attention_section):
             shown.__dict__.update(vars(section()))
@@ -78,6 +80,17 @@ def build(services, picker, initial=None) -> Tab:
     # what a lesson's "Try it" sets (a shipped run and a source) and runs: that run's attention, drawn
     return Tab(settings={"lab_run": shown.pick, "source": shown.source}, run_event=attention,
                reveal=[shown.cross, shown.encoder, shown.decoder])
+
+
+def recurrence_section() -> None:
+    """The saved GRU-beside-attention result on the first screen: its words, then its two figures."""
+    words, accuracy, gradient = lab_recurrence()
+    with gr.Accordion("Recurrence beside attention: a GRU and this Lab's decoder on the same copy task (saved "
+                      "result)", open=True, elem_id="lab-recurrence"):
+        gr.Markdown(words, elem_id="lab-recurrence-note")
+        with gr.Row(equal_height=False):
+            gr.Plot(accuracy, show_label=False, elem_id="lab-recurrence-accuracy", min_width=300)
+            gr.Plot(gradient, show_label=False, elem_id="lab-recurrence-gradient", min_width=300)
 
 
 def controls(cap) -> SimpleNamespace:

@@ -1,10 +1,11 @@
 """The course's first part: attention itself (eqs. 2.1–2.4 and 3.1), five lessons measured on the loaded model.
 
-why-attention: one pass over a text against the same text read one token at a time (core.generate's prefill and
-decode steps with a KV cache), timed. queries-keys-values: one head's scores QKᵀ on a short text.
-sqrt-dk: the variance of q·k on that head before and after the scale, beside random unit-variance vectors.
-masks: what the causal and padding masks hold back (ui.services.masks). heads: one layer's W^Q, W^K, W^V, W^O
-counted from the weights, and the previous-token and induction heads found on the seeded repeated probe.
+why-attention: one pass over a text against the same text read one token at a time (core.generate's prefill and decode
+steps with a KV cache), timed, and the Lab's saved GRU beside attention (ui.services.lab.recurrence).
+queries-keys-values: one head's scores QKᵀ on a short text. sqrt-dk: the variance of q·k on that head before and after
+the scale, beside random unit-variance vectors. masks: what the causal and padding masks hold back
+(ui.services.masks). heads: one layer's W^Q, W^K, W^V, W^O counted from the weights, and the previous-token and
+induction heads found on the seeded repeated probe.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ui.services.heads import (
     top_heads,
 )
 from ui.services.inside import entropy_of, measures
+from ui.services.lab import recurrence
 from ui.services.learn import Lesson, Measured, ProgressFn, Question, generate_link
 from ui.services.masks import causal_effect, padding_effect, viewed_attentions
 from ui.services.text import as_batch, encode, to_numpy
@@ -135,14 +137,12 @@ def measure_reading(model, progress: ProgressFn | None = None) -> Measured:
                      "from run to run with what else the machine is doing." + agree),
         why=(f"One pass multiplies a {n} × {cfg.d_model} matrix by each weight matrix once, while {n} steps each "
              f"multiply a 1 × {cfg.d_model} row, reading every weight {n} times; a recurrent network has no choice, "
-             "since step t needs the state of step t − 1."),
+             "since step t needs the state of step t − 1. " + recurrence.lesson_words()),
         alt=(f"{n} tokens: one pass {1e3 * statistics.median(at_once):.0f} ms, one at a time "
              f"{1e3 * statistics.median(one_by_one):.0f} ms, {ratio:.1f}× (median of {TIMING_RUNS} runs)."),
         values={"tokens": n, "at_once": at_once, "one_by_one": one_by_one, "ratios": ratios, "ratio": ratio,
-                "max_logit_diff": same, "encoder_only": encoder_only},
-        link=generate_link(model, READ_TEXT),
-        note=note,
-    )
+                "max_logit_diff": same, "encoder_only": encoder_only, "recurrence": recurrence.lesson_values()},
+        link=generate_link(model, READ_TEXT), note=note)
 
 
 # ---- queries-keys-values and sqrt-dk: one head on a short text ----
@@ -430,7 +430,7 @@ LESSONS: tuple[Lesson, ...] = (
             "large matrix products, which a CPU or a GPU does far better than many small ones.\n\n"
             "Here the loaded model reads the same text twice: in one pass, and one token at a time with a KV cache "
             "(each step computes only the new token's query, key and value and reads the rest from the cache, as "
-            "generation does). Both give the same numbers; only the time differs."),
+            "generation does). Both give the same numbers; only the time differs.\n\n" + recurrence.LESSON_TEXT),
         question=Question("How many times faster is reading the text in one pass than reading it one token at a "
                           "time?", unit="×"),
         measure=measure_reading,
