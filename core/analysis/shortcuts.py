@@ -128,7 +128,7 @@ def as_sweep(site: str, mode: str, layer: int | None, attribution: Tensor, clean
     """attribution: the estimated change of the target run's metric by each patch, clean − corrupted direction
     for denoising (the patched metric ≈ corrupted + attribution), corrupted − clean for noising."""
     target = corrupted if mode == "denoise" else clean
-    metrics = target + attribution
+    metrics = target + attribution.cpu()
     return ApproximateSweep(site, mode, layer, (metrics - corrupted) / (clean - corrupted), metrics, clean,
                             corrupted, 0, method, note)
 
@@ -294,7 +294,7 @@ def qk_fix(model, site: str, delta: tuple[Tensor, ...], target: dict,
     patterns = [p[0].float() for p in target["pattern"]]                   # [H, T, T]
     grads = [g[0].float() for g in pattern_grads]
     sources = [residual_changes(model, site, l, delta[l]) for l in range(cfg.n_layers)]   # ([P, T, d], first)
-    fixes = [torch.zeros(changes.shape[0]) for changes, _ in sources]
+    fixes = [changes.new_zeros(changes.shape[0]) for changes, _ in sources]
     for later in range(cfg.n_layers):
         reading = [l for l, (_, first) in enumerate(sources) if first <= later]
         if not reading:

@@ -244,6 +244,11 @@ def test_atp_of_several_sites_shares_its_passes_and_equals_each_alone():
     for site, sweep in both.items():
         alone = shortcuts.approximate_sweep(model, clean, corrupted, ANSWER, FOIL, site)
         torch.testing.assert_close(sweep.scores, alone.scores)
+    # one layer's heads × positions add up, over the positions, to that layer's row of the layer × head map
+    for layer in (0, 1):
+        by_position = shortcuts.approximate_sweep(model, clean, corrupted, ANSWER, FOIL, "z", layer=layer)
+        assert by_position.scores.shape == (4, 9) and by_position.axes == ("head", "position")
+        torch.testing.assert_close(by_position.scores.sum(1), both["z"].scores[layer], atol=1e-5, rtol=1e-5)
 
 
 def test_every_method_refuses_encoders_long_prompts_and_bad_arguments():
