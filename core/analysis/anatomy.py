@@ -291,11 +291,12 @@ def through_norm(norm, x: Tensor, parts: Tensor, bias: Tensor) -> tuple[Tensor, 
     return frozen(parts), frozen(bias) + beta
 
 
-def residual_parts(stack, rec: dict, layer: int, at: Tensor) -> tuple[list[str], Tensor, Tensor]:
+def residual_parts(stack, rec: dict, layer: int, at: Tensor, attn_parts=None) -> tuple[list[str], Tensor, Tensor]:
     """What layer `layer`'s attention reads at positions `at` [P], as labels, parts [n, P, d] and a bias [P, d]
     (float32) with attn_in[at] = parts.sum(0) + bias. Pre-LN: resid_pre = embeddings + Σ_{l<layer} (attn_out_l +
     mlp_out_l) and the attention norm frozen on top. Post-LN (eqs. 5.1, 5.2): each part passes every later norm,
-    each frozen at its own input on this text."""
+    each frozen at its own input on this text. attn_parts(l, at) → (labels, parts [k, P, d]) splits layer l's
+    attn_out[at] into parts that add up to it (one per head, say); by default it is one part, "L3 attn"."""
     labels, parts = [], []
     for name, label in (("embed", "embeddings"), ("pos_embed", "positions"), ("type_embed", "token types")):
         if 0 in rec[name]:
@@ -306,14 +307,22 @@ def residual_parts(stack, rec: dict, layer: int, at: Tensor) -> tuple[list[str],
     if stack.embed.norm is not None:  # BERT: LayerNorm of the embeddings' sum
         parts, bias = through_norm(stack.embed.norm, parts.sum(0), parts, bias)
     pick = lambda name, l: rec[name][l][at].float()                                    # noqa: E731  [P, d]
+    chunks = [parts]                # joined once at the end (Post-LN: before each norm), not once per part
     for l in range(layer):
         block = stack.blocks[l]
         for sublayer, label, norm, before in (("attn_out", "attn", block.attn_norm, "resid_pre"),
                                               ("mlp_out", "MLP", block.ffn_norm, "mlp_in")):
-            labels.append(f"L{l} {label}")
-            parts = torch.cat([parts, pick(sublayer, l)[None]])                         # [n + 1, P, d]
+            if sublayer == "attn_out" and attn_parts is not None:
+                names, split = attn_parts(l, at)                                        # [k, P, d]
+                labels += names
+                chunks.append(split.float())
+            else:
+                labels.append(f"L{l} {label}")
+                chunks.append(pick(sublayer, l)[None])                                  # [1, P, d]
             if not block.pre_norm:   # norm(x + f(x)): x is resid_pre for attention, mlp_in for the MLP
-                parts, bias = through_norm(norm, pick(before, l) + pick(sublayer, l), parts, bias)
+                parts, bias = through_norm(norm, pick(before, l) + pick(sublayer, l), torch.cat(chunks), bias)
+                chunks = [parts]
+    parts = torch.cat(chunks)                                                           # [n, P, d]
     block = stack.blocks[layer]
     if block.pre_norm:
         parts, bias = through_norm(block.attn_norm, rec["resid_pre"][layer][at].float(), parts, bias)
@@ -331,21 +340,26 @@ def pair_sum(v: Tensor, rotary_dim: int | None = None) -> Tensor:
     return torch.cat([first + second, v[..., r:].sum(-1, keepdim=True)], dim=-1)
 
 
+def projected_parts(stack, w, layer: int, index: int, rows: Tensor, side: str) -> Tensor:
+    """rows [n + 1, ..., d] (the residual parts and the bias row last, at any positions) → [n + 1, ..., d_head]
+    on one side of the score: side "query" through W_Q[index] and b_Q (into the last row), "key" through W_K[index]
+    and b_K, then with QK-norm the q or k norm frozen at what the parts add up to (Norm.frozen over d_head),
+    before RoPE."""
+    attn = stack.blocks[layer].attn
+    weight, bias, norm = (w.W_Q, w.b_Q, attn.q_norm) if side == "query" else (w.W_K, w.b_K, attn.k_norm)
+    parts = rows @ weight[index].float()
+    if bias is not None:
+        parts[-1] += bias[index].float()
+    if norm is not None:  # the parts sum to the head's q (k) before the norm: freeze the norm there
+        parts = torch.cat(through_norm(norm, parts.sum(0), parts[:-1], parts[-1:]))
+    return parts
+
+
 def head_parts(stack, w, layer: int, head: int, kv: int, rows: Tensor) -> tuple[Tensor, Tensor]:
     """The query parts [n + 1, d_head] of `head` at rows[:, 0] and the key parts of `kv` at rows[:, 1] (rows
-    [n + 1, 2, d]: the residual parts and the bias row last), through W_Q, W_K, their biases (into the last row)
-    and, with QK-norm, the q/k norm frozen at this head's query and key before it (Norm.frozen over d_head),
-    before RoPE."""
-    q_parts = rows[:, 0] @ w.W_Q[head].float()                                          # [n + 1, d_head]
-    k_parts = rows[:, 1] @ w.W_K[kv].float()
-    if w.b_Q is not None:
-        q_parts[-1] += w.b_Q[head].float()
-        k_parts[-1] += w.b_K[kv].float()
-    attn = stack.blocks[layer].attn
-    if attn.q_norm is not None:  # the parts sum to the head's q before the norm: freeze the norm there
-        q_parts = torch.cat(through_norm(attn.q_norm, q_parts.sum(0), q_parts[:-1], q_parts[-1:]))
-        k_parts = torch.cat(through_norm(attn.k_norm, k_parts.sum(0), k_parts[:-1], k_parts[-1:]))
-    return q_parts, k_parts
+    [n + 1, 2, d]: the residual parts and the bias row last), each side as projected_parts gives it."""
+    return (projected_parts(stack, w, layer, head, rows[:, 0], "query"),
+            projected_parts(stack, w, layer, kv, rows[:, 1], "key"))
 
 
 def score_decomposition(model, ids: Tensor, layer: int, head: int, query: int, key: int) -> ScoreDecomposition:
@@ -378,7 +392,7 @@ def score_decomposition(model, ids: Tensor, layer: int, head: int, query: int, k
     key = check_index(key, n, "key position", "the text has positions")
     stack, kind = model.attention_stack()
     kv, _ = kv_head_of(stack, head)
-    scale, cap = head_scale(stack), stack.cfg.attn_softcap
+    scale = head_scale(stack)
     rec, _ = recorded(model, ids, DECOMPOSITION_RECORDS, range(layer + 1))
     at = torch.tensor([query, key], device=model.device)
     with torch.inference_mode():
@@ -395,23 +409,35 @@ def score_decomposition(model, ids: Tensor, layer: int, head: int, query: int, k
         score = (q @ k).item() * scale
         allowed = bool(layer_mask(stack, layer, n)[query, key])
         result = ScoreDecomposition(layer, head, kv, query, key, score, allowed, cpu(matrix), labels, list(labels))
-        result.softcap, result.scored = cap, score
-        if cap is not None:  # a tanh: its own stage after the sum
-            result.capped = result.scored = soft_cap(torch.tensor(score, dtype=torch.float64), cap).item()
-        if stack.score_bias is not None:  # positions [1, 1] of the query and of the key: bias [1, H, 1, 1]
-            result.bias_term = stack.score_bias(at[None, :1], at[None, 1:])[0, head, 0, 0].item()
-            result.bias_label = BIAS_LABELS[stack.score_bias.kind]
-            result.scored += result.bias_term
-        if rope is not None:
-            r = rope[0].shape[-1]
-            q_u = rec["q_unrotated"][layer][query, head].float()
-            k_u = rec["k_unrotated"][layer][key, kv].float()
-            result.unrotated_score = (q_u @ k_u).item() * scale
-            result.pair_scores = cpu(pair_sum(q * k, r) * scale)                        # [r/2] (+1 if r < d_head)
-            result.unrotated_pair_scores = cpu(pair_sum(q_u * k_u, r) * scale)
+        add_stages(result, model, stack, rec, score)
     if "positions" in labels:
         result.terms = position_terms(result.matrix, labels.index("positions"))
     return result
+
+
+def add_stages(result: ScoreDecomposition, model, stack, rec: dict, score: float) -> None:
+    """The terms after the sum at result's (layer, head, query, key), set on result from the pass's records rec:
+    scored, and where the layer has them the soft-cap, the score bias and RoPE's rotated and unrotated scores.
+    score: q·k·scale at the pair, before the cap."""
+    layer, head, kv, query, key = result.layer, result.head, result.kv_head, result.query, result.key
+    cap, scale = stack.cfg.attn_softcap, head_scale(stack)
+    result.softcap, result.scored = cap, score
+    if cap is not None:  # a tanh: its own stage after the sum
+        result.capped = result.scored = soft_cap(torch.tensor(score, dtype=torch.float64), cap).item()
+    at = torch.tensor([query, key], device=model.device)
+    if stack.score_bias is not None:  # positions [1, 1] of the query and of the key: bias [1, H, 1, 1]
+        result.bias_term = stack.score_bias(at[None, :1], at[None, 1:])[0, head, 0, 0].item()
+        result.bias_label = BIAS_LABELS[stack.score_bias.kind]
+        result.scored += result.bias_term
+    rope = layer_rope(model, stack, layer, at[None])
+    if rope is not None:
+        r = rope[0].shape[-1]
+        q, k = rec["q"][layer][query, head].float(), rec["k"][layer][key, kv].float()   # [d_head]
+        q_u = rec["q_unrotated"][layer][query, head].float()
+        k_u = rec["k_unrotated"][layer][key, kv].float()
+        result.unrotated_score = (q_u @ k_u).item() * scale
+        result.pair_scores = cpu(pair_sum(q * k, r) * scale)                            # [r/2] (+1 if r < d_head)
+        result.unrotated_pair_scores = cpu(pair_sum(q_u * k_u, r) * scale)
 
 
 def position_terms(matrix: Tensor, position: int) -> dict[str, float]:

@@ -378,21 +378,23 @@ def unembedding(model) -> tuple[Tensor, Tensor | None]:
     return (model.stack.embed.tokens.weight if head.weight is None else head.weight), head.bias
 
 
-def head_outputs(model, layer: int, z: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """What each head writes into the residual stream at one position, from z [H, d_head]: the parts
-    [H, d] z_h·W_O[h], the output bias's part [d] (or None) and the post-norm's β (or None), all float32.
-    They add up to the layer's attn_out. With a sandwich post-norm (Gemma 2/3) attn_out = post_norm(u),
-    u = Σ_h z_h·W_O[h] + b_O: every part passes the post-norm frozen at u (Norm.frozen), post_norm(u) =
-    frozen(u)(u) + β, so the sum still holds exactly."""
-    w = model.head_weights(layer)
-    parts = torch.einsum("hk,hkd->hd", z.float(), w.W_O.float())                         # [H, d]
+def head_outputs(model, layer: int, z: Tensor, kind: str = "self") -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """What each head writes into the residual stream at one position, from z [..., H, d_head] (any leading
+    positions): the parts [..., H, d] z_h·W_O[h], the output bias's part [..., d] (or None) and the post-norm's β
+    (or None), all float32. They add up to the layer's attn_out. With a sandwich post-norm (Gemma 2/3) attn_out =
+    post_norm(u), u = Σ_h z_h·W_O[h] + b_O: every part passes the post-norm frozen at u (Norm.frozen),
+    post_norm(u) = frozen(u)(u) + β, so the sum still holds exactly. kind: the stack ("self", or "encoder" for a
+    seq2seq model's encoder)."""
+    w = model.head_weights(layer, kind)
+    parts = torch.einsum("...hk,hkd->...hd", z.float(), w.W_O.float())                   # [..., H, d]
     bias = None if w.b_O is None else w.b_O.float()
-    post = model.stack.blocks[layer].attn_post_norm
+    post = (model.encoder if kind == "encoder" else model.stack).blocks[layer].attn_post_norm
     if post is None:
         return parts, bias, None
-    u = parts.sum(0) + (bias if bias is not None else 0)                                 # [d], post-norm's input
-    frozen = post.frozen(u)
-    return frozen(parts), (None if bias is None else frozen(bias)), (None if post.bias is None else post.bias.float())
+    u = parts.sum(-2) + (bias if bias is not None else 0)                                # [..., d], post-norm's input
+    frozen = post.frozen(u[..., None, :])
+    return (frozen(parts), (None if bias is None else frozen(bias)[..., 0, :]),
+            (None if post.bias is None else post.bias.float()))
 
 
 def logit_attribution(model, ids: Tensor, answer: int, foil: int, position: int = -1) -> LogitAttribution:
