@@ -201,6 +201,24 @@ def settled(page, timeout_ms: int = PAGE_TIMEOUT_MS) -> None:
         raise AssertionError(f"the page did not settle in {timeout_ms} ms; figures still drawing: {busy}") from None
 
 
+PENDING = """() => [...document.querySelectorAll('[data-testid="status-tracker"]')]
+    .filter((e) => !e.classList.contains('hide') && !e.querySelector('.error'))
+    .map((e) => e.closest('[id]')?.id || e.parentElement?.className || '?')"""
+
+
+def idle(page, timeout_ms: int = PAGE_TIMEOUT_MS) -> None:
+    """Returns once the page's opening events have all run (ui/page.py marks the end of the link's chain) and no
+    event is pending: what the page shows now stays until someone acts. Fails naming what is still pending."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(f"() => window.__pageOpened === true && ({PENDING})().length === 0",
+                               timeout=timeout_ms)
+    except PlaywrightTimeout:
+        state = page.evaluate(f"() => [window.__pageOpened === true, ({PENDING})()]")
+        raise AssertionError(f"the page was not idle in {timeout_ms} ms: opened {state[0]}, pending {state[1]}") from None
+
+
 def open_card(page):
     """Unfold the model card (closed when the page opens) and wait for its table."""
     from playwright.sync_api import expect

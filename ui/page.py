@@ -23,7 +23,11 @@ log = logging.getLogger(__name__)
 
 TITLE = "The attention explorer"
 LINK_JS = """(...args) => { args[args.length - 1] = window.location.href; return args; }"""  # the page's own URL
-SEARCH_JS = """(...args) => { args[0] = window.location.search; return args; }"""  # the page's own query
+# the page's own query, to a tab's first opening only (its select as the page mounts, or as the link opens it); ""
+# after that, when only its user can have opened it
+FIRST_OPENING_JS = """(...args) => { const opened = (window.__tabsOpened ||= new Set());
+  args[0] = opened.has("TAB") ? "" : window.location.search; opened.add("TAB"); return args; }"""
+OPENED_JS = "() => { window.__pageOpened = true; }"  # the link's chain is done (the browser tests wait on it)
 COPY_JS = """(link) => { if (link && navigator.clipboard) navigator.clipboard.writeText(link).catch(() => {}); }"""
 TYPICAL = {  # tab → (its button's words, the built-in corpus, the Across texts analysis run over it)
     # every head: the one patching site that takes IOI pairs of different token lengths
@@ -167,15 +171,16 @@ def wire_open_head(services, picker, source: Tab, attention_tab: Tab, tabs, curr
 
 
 def wire_opening(trigger, name: str, tab: Tab, query) -> None:
-    """When the tab opens: its hidden figures shown, then its first screen (events.opening) filled; not on the tab
-    a link opens on (a tab is selected as the page mounts), whose values and view deep_links sets."""
+    """When the tab opens: its hidden figures shown, then its first screen (events.opening) filled; not when a
+    link opens the page: on the tab the link opens, deep_links sets the values and the view, and a tab selected only
+    as the page mounts (the first tab, before the link moves to its own) is computed when its user opens it."""
     if tab.opening is None:
         return
     first, outputs = tab.opening["fn"], tab.opening["outputs"]
 
     def unless_linked(search, was_shown, *args):
         never_shown = was_shown is False  # a model change sets "": the tab then computes the new model's
-        if never_shown and links.linked_tab(dict(parse_qsl(str(search or "").lstrip("?"))), links.TABS) == name:
+        if never_shown and links.linked_tab(dict(parse_qsl(str(search or "").lstrip("?"))), links.TABS) is not None:
             return [gr.skip()] * len(outputs)
         return first(was_shown, *args)
 
@@ -183,7 +188,8 @@ def wire_opening(trigger, name: str, tab: Tab, query) -> None:
     unless_linked.__signature__ = events.signature(["search", "was_shown"]
                                                    + [f"input_{i}" for i in range(n_inputs - 1)])
     unless_linked.__name__ = unless_linked.__qualname__ = f"open_{name}"
-    opening = {**tab.opening, "fn": unless_linked, "inputs": [query, *tab.opening["inputs"]], "js": SEARCH_JS}
+    opening = {**tab.opening, "fn": unless_linked, "inputs": [query, *tab.opening["inputs"]],
+               "js": FIRST_OPENING_JS.replace("TAB", name)}
     if tab.reveal:
         def show():
             shown = [gr.update(visible=True) for _ in tab.reveal]
@@ -336,7 +342,7 @@ def deep_links(demo, services, default_model, picker, tabs, current_tab, linked,
         show_linked, [linked, *attention_event["inputs"]], [*attention_event["outputs"], attention_shown, linked],
         api_visibility="private", **ON_ANALYSIS).then(
         user_errors(open_first), [current_tab, linked, *first_inputs], first_outputs, api_visibility="private",
-        **ON_FIRST)
+        **ON_FIRST).then(None, js=OPENED_JS)
     demo.load(picker.load_card, picker.model, picker.card, api_visibility="private")
 
 

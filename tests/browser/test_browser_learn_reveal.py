@@ -15,7 +15,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import expect  # noqa: E402
 
-from conftest import open_page  # noqa: E402
+from conftest import idle, open_page  # noqa: E402
 from ui.services import learn  # noqa: E402
 from ui.services.learn import course as syllabus  # noqa: E402
 
@@ -40,6 +40,7 @@ def test_the_page_holds_the_answer_back_until_reveal(browser, app_url, name):
     try:
         expect(page.locator("#learn-place")).to_contain_text(lesson.title, timeout=TIMEOUT_MS)
         expect(page.locator("#learn-figure .js-plotly-plot .main-svg").first).to_be_attached(timeout=TIMEOUT_MS)
+        idle(page, TIMEOUT_MS)  # every opening event has run: nothing the page writes later goes unread
         before = page.evaluate(READ)
         assert lesson.question.prompt in before
         assert shown not in before and measured.alt not in before, before
