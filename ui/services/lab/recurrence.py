@@ -81,7 +81,8 @@ def finding(result: Recurrence) -> str:
             f"which shrinks it at every step of the chain (the vanishing gradient); {after}. To read a text of "
             f"{result.longest_tokens} tokens the GRU runs {g.sequential_steps} steps one after another, the decoder "
             f"{a.sequential_steps} (one per layer, every position at once); a training step took "
-            f"{a.step_ms:.1f} ms for the decoder and {g.step_ms:.1f} ms for the GRU (medians, the two alternating)."
+            f"{a.step_ms:.1f} ms for the decoder and {g.step_ms:.1f} ms for the GRU (medians; the two alternate step by "
+            "step, so the machine's load falls on both alike and their ratio is the comparison)."
             + (step_words(result) if g.step_ms <= a.step_ms else ""))
 
 
