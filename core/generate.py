@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .attention import padding_or_none
-from .kv_cache import KVCache
+from .kv_cache import KVCache, RollingKVCache
 from .observe import RowRecorder
 
 
@@ -337,6 +337,80 @@ def greedy(model, decoder_ids: list[int], n_new: int, cached: bool, source_ids: 
             if token in eos:
                 break
     return tokens[len(decoder_ids):], seconds
+
+
+# ---- a rolling cache for windowed layers: a ring of `sinks + window` entries instead of one per token ----
+
+def rolling_cache(model, batch: int, max_len: int, window: int | None = None, sinks: int = 0) -> RollingKVCache:
+    """A RollingKVCache for a decoder: its own sliding-window layers roll (window must then be theirs, or None);
+    a model without them rolls every layer over `window` tokens, keeping the first `sinks` (StreamingLLM's
+    attention sinks) on top of the window."""
+    cfg = model.config
+    if cfg.is_encoder_decoder or not cfg.causal:
+        raise ValueError(f"a rolling cache is for decoder-only causal models; {cfg.family} is not one")
+    if model.stack.score_bias is not None:
+        raise ValueError(f"{cfg.family} adds a position bias to the scores (ALiBi or T5 buckets), which is built over "
+                         "every cached position; a rolling cache does not keep them: use the full cache")
+    if sinks < 0 or (window is not None and window < 1):
+        raise ValueError(f"window={window}, sinks={sinks}: the window needs w ≥ 1 and the sinks s ≥ 0")
+    if "sliding" in cfg.layer_types and cfg.sliding_window:
+        if window not in (None, cfg.sliding_window):
+            raise ValueError(f"{cfg.family}'s sliding layers have their own window of {cfg.sliding_window} tokens; "
+                             f"pass window=None or {cfg.sliding_window}, not {window}")
+        window, windowed = cfg.sliding_window, tuple(t == "sliding" for t in cfg.layer_types)
+    elif window is None:
+        raise ValueError(f"{cfg.family} has no sliding-window layers: give window=w to roll every layer over w tokens")
+    else:
+        windowed = (True,) * cfg.n_layers
+    return RollingKVCache(cfg.n_layers, batch, cfg.n_kv_heads, max_len, cfg.head_dim, model.dtype, model.device,
+                          windowed, window, sinks)
+
+
+def rolling_decode_step(model, tokens: Tensor, cache: RollingKVCache) -> Tensor:
+    """decode_step over a RollingKVCache: one new token per row [B, 1] at cache.slot → logits [B, vocab]. The
+    full layers read the whole cache under the static step's mask; the rolling layers read their ring under
+    cache.ring_allowed(), with their own rotation (Gemma's local RoPE base). The caller advances the cache."""
+    from .model import LayerTerms  # noqa: PLC0415 - model imports this module
+
+    stack = model.stack
+    setup, position_ids = model.static_setup(stack, cache)
+    rope = setup.sliding.rope if setup.sliding is not None else setup.rope
+    setup.layer_types = tuple("sliding" if w else "full" for w in cache.windowed)
+    setup.sliding = LayerTerms(cache.ring_allowed(), False, rope)
+    setup.cache = cache
+    x = stack.embed(tokens, position_ids, None, True)
+    return model.logits(stack(x, setup))[:, -1]
+
+
+def feed_rolling(model, ids: list[int], cache: RollingKVCache) -> Tensor:
+    """Read a prompt into a rolling cache → logits of its last token [1, vocab]: a prefill of the first `window`
+    tokens (no window hides anything yet), then one decode step per token."""
+    with torch.inference_mode():
+        logits = prefill(model, one_sequence(ids[:cache.window], model.device), None, cache)
+        for token in ids[cache.window:]:
+            logits = rolling_decode_step(model, one_sequence([token], model.device), cache)
+            cache.advance(1)
+    return logits
+
+
+def greedy_rolling(model, decoder_ids: list[int], n_new: int, window: int | None = None,
+                   sinks: int = 0) -> list[int]:
+    """Greedy continuation by up to n_new tokens with a rolling cache (see rolling_cache), stopping after an
+    end-of-sequence token; the same tokens as greedy(cached=True) when the windows are the model's own."""
+    if not decoder_ids:
+        raise ValueError("decoder_ids is empty: give at least one prompt token")
+    cache = rolling_cache(model, 1, len(decoder_ids) + n_new, window, sinks)
+    eos, new = set(model.config.eos_ids or []), []
+    logits = feed_rolling(model, decoder_ids, cache)
+    with torch.inference_mode():
+        for i in range(n_new):
+            if i:
+                logits = rolling_decode_step(model, one_sequence(new[-1:], model.device), cache)
+                cache.advance(1)
+            new.append(int(logits.argmax(-1)[0]))
+            if new[-1] in eos:
+                break
+    return new
 
 
 def filled_cache(model, decoder_ids: list[int], source_ids: list[int] | None = None) -> KVCache:
