@@ -17,16 +17,18 @@ what one call added to the resident memory of a fresh process of its own (the ke
 PeakMemory), after a warm-up, --peak-repeats times. The exponent k of time ∝ n^k is fitted by least squares on log-log
 over the top lengths (--fit-top), where the n² term dominates; the same for the peaks.
 
-The whole model (--model, the real weights): one forward pass without a cache (the fused kernel in every layer),
-5 passes per length in one process after a warm-up, the median; its exponent fitted over all its lengths, and the
-attention layers' share of the pass (the fused time × the model's layers). At short lengths the projections and
-the feed-forward network, linear in n, are most of the pass, so its exponent stays near 1.
+The whole model (--model, the real weights): one forward pass without a cache (the fused kernel in every layer,
+causal), and alternating with it one layer's attention kernel on the model's own shapes, --repeats times per length
+in one process after a warm-up; its exponent over all its lengths and between doublings, and the attention layers'
+share of the pass (the kernel's median × the layers, over the pass's). The projections and the feed-forward network
+grow as n, the attention kernels as n²: at short lengths the linear parts are most of the pass and its exponent is
+near 1, rising with the attention layers' share.
 
 With --publish the table goes to docs/benchmarks.md (section attention-cost) and the numbers to
 assets/measured/attention_cost.json, which the cost lesson and the Inside tab read.
 Usage: OMP_NUM_THREADS=1 python bench/attention_cost.py [--lengths 256 512 1024 2048 4096 8192] [--heads 9]
            [--d-head 64] [--block 256] [--repeats 5] [--peak-repeats 1] [--threads 1] [--fit-top 3]
-           [--model smollm2-135m-instruct] [--model-lengths 256 512 1024] [--publish]
+           [--model smollm2-135m-instruct] [--model-lengths 256 512 1024 2048] [--publish]
 """
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ from core.attention import attention, online_attention  # noqa: E402
 
 METHODS = ("dense", "online", "fused")
 LENGTHS = (256, 512, 1024, 2048, 4096, 8192)
-MODEL_LENGTHS = (256, 512, 1024)
+MODEL_LENGTHS = (256, 512, 1024, 2048)
 ASSET = Path(__file__).resolve().parent.parent / "assets" / "measured" / "attention_cost.json"
 WARM = 256   # tokens of the warm-up call
 
@@ -103,7 +105,9 @@ def measure_times(tokens: int, heads: int, d_head: int, block: int, threads: int
 
 
 def measure_model(name: str, tokens: int, repeats: int, threads: int) -> dict:
-    """In a fresh process: the model's forward passes over `tokens` tokens (no cache, fused attention), each timed."""
+    """In a fresh process: the model's forward pass over `tokens` tokens (no cache, the fused kernel in every layer)
+    and, alternating with it, one layer's attention kernel on the model's own shapes (causal, grouped-query, as the
+    pass calls it: core.attention.attention), each timed `repeats` times after a warm-up."""
     from common import long_ids
     from core import load_model
     from core.store import ensure
@@ -111,14 +115,22 @@ def measure_model(name: str, tokens: int, repeats: int, threads: int) -> dict:
     model = load_model(ensure(name), device="cpu", dtype=torch.float32)
     ids = long_ids(model.tokenizer, tokens)
     cfg = model.config
-    seconds = []
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, cfg.n_heads, tokens, cfg.head_dim, generator=gen)
+    k, v = (torch.randn(1, cfg.n_kv_heads, tokens, cfg.head_dim, generator=gen) for _ in range(2))
+    seconds, kernel = [], []
     with torch.inference_mode():
         model(ids[:, :WARM], return_logits=False)
+        attention(q[:, :, :WARM], k[:, :, :WARM], v[:, :, :WARM], is_causal=True)
         for _ in range(repeats):
             started = time.perf_counter()
             model(ids, return_logits=False)
             seconds.append(time.perf_counter() - started)
-    return {"seconds": seconds, "layers": cfg.n_layers, "heads": cfg.n_heads, "d_head": cfg.head_dim}
+            started = time.perf_counter()
+            attention(q, k, v, is_causal=True)
+            kernel.append(time.perf_counter() - started)
+    return {"seconds": seconds, "attention_seconds": kernel, "layers": cfg.n_layers, "heads": cfg.n_heads,
+            "kv_heads": cfg.n_kv_heads, "d_head": cfg.head_dim}
 
 
 def fitted_exponent(lengths, values) -> float:
@@ -188,7 +200,9 @@ def asset(args, runs: dict, model: dict) -> dict:
             "model": None if not model else {
                 "name": args.model, "layers": next(iter(model.values()))["layers"],
                 "heads": next(iter(model.values()))["heads"], "d_head": next(iter(model.values()))["d_head"],
-                "rows": [{"n": n, "seconds": r["seconds"]} for n, r in model.items()]}}
+                "kv_heads": next(iter(model.values()))["kv_heads"],
+                "rows": [{"n": n, "seconds": r["seconds"], "attention_seconds": r["attention_seconds"]}
+                         for n, r in model.items()]}}
 
 
 def table(data: dict) -> str:
@@ -217,17 +231,24 @@ def table(data: dict) -> str:
     model = data.get("model")
     if model:
         rows = model["rows"]
-        fused_at = {r["n"]: median(r["fused"]["seconds"]) for r in data["layer"]}
         lines += ["", f"The whole model, {model['name']} ({model['layers']} layers), one forward pass without a cache "
-                      f"(fused attention), median (range) of {data['repeats']} passes in one process; the attention "
-                      "layers' share: the fused layer's time above × the layers, over the pass.", "",
-                  "| tokens n | whole pass: ms | attention layers' share |", "|---:|---:|---:|"]
+                      f"(the fused kernel, causal), and alternating with it one layer's attention kernel on the "
+                      f"model's own shapes ({model['heads']} query and {model['kv_heads']} key/value heads, causal), "
+                      f"median (range) of {data['repeats']} in one process per length; the attention layers' share: "
+                      "the kernel's median × the layers, over the pass's.", "",
+                  "| tokens n | whole pass: ms | one layer's attention kernel: ms | attention layers' share |",
+                  "|---:|---:|---:|---:|"]
         for r in rows:
-            share = f"{fused_at[r['n']] * model['layers'] / median(r['seconds']):.0%}" if r["n"] in fused_at else "–"
-            lines.append(f"| {r['n']:,} | {spread(r['seconds'], 1e3)} | {share} |")
-        k = fitted_exponent([r["n"] for r in rows], [median(r["seconds"]) for r in rows])
-        lines += ["", f"The whole pass: time ∝ n^{k:.2f} over {rows[0]['n']:,}–{rows[-1]['n']:,} tokens: at these "
-                      "lengths the projections and the feed-forward network, linear in n, are most of the work."]
+            share = median(r["attention_seconds"]) * model["layers"] / median(r["seconds"])
+            lines.append(f"| {r['n']:,} | {spread(r['seconds'], 1e3)} | {spread(r['attention_seconds'], 1e3)} | "
+                         f"{share:.0%} |")
+        lengths, seconds = [r["n"] for r in rows], [median(r["seconds"]) for r in rows]
+        steps = "; ".join(f"{a:,}→{b:,}: n^{fitted_exponent([a, b], [x, y]):.2f}"
+                          for a, b, x, y in zip(lengths, lengths[1:], seconds, seconds[1:]))
+        lines += ["", f"The whole pass: time ∝ n^{fitted_exponent(lengths, seconds):.2f} over {lengths[0]:,}–"
+                      f"{lengths[-1]:,} tokens; between doublings {steps}. The projections and the feed-forward "
+                      "network grow as n, the attention kernels as n², so the pass's exponent rises with the length "
+                      "as the attention layers' share does."]
     return "\n".join(lines)
 
 

@@ -1,14 +1,11 @@
 """One forward pass, stage by stage, as plain values over core.analysis.anatomy: the stages of one head and its
 layer on a short text, the numbers worth noticing at each, the next-token distribution under temperature, top-k
 and top-p (core.generate's own filters), the attention terms this family's layer has in words, and why the head
-attends where it does; the online softmax of one row, and the shipped measurement of its memory; one attention layer
-timed alone at long lengths (the quadratic term), as shipped, with its fitted exponents."""
+attends where it does; the online softmax of one row, and the shipped measurement of its memory."""
 
 from __future__ import annotations
 
 import json
-import math
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +19,6 @@ from core.generate import filter_top_k, filter_top_p
 from ui.services.checks import check_float, check_head, check_range
 from ui.services.checks import stack_shape as shape_of  # the Inside tab's fields read the same stack
 from ui.services.generation import MAX_TEMPERATURE
-from ui.services.generation.kv_cache import fitted_exponent
 from ui.services.text import Encoded, as_batch, encode, to_numpy
 
 MAX_INSIDE_TOKENS = 32   # every stage is drawn as a matrix over the tokens
@@ -351,141 +347,3 @@ def online_row(model, tokens: Encoded, layer, head, query, block) -> OnlineRow:
         d_head=stages.v.shape[-1],
         bytes=[(n, *softmax_bytes(n, n, block, stages.v.shape[-1]).values()) for n in ONLINE_LENGTHS],
         measured=online_softmax_memory())
-
-
-# ---- the quadratic term, measured: one attention layer alone at long lengths, beside the whole model's pass ----
-# bench/attention_cost.py measured and shipped it (assets/measured/attention_cost.json); the exponents are fitted here
-# from its medians, so the cost lesson and the Inside tab state the same numbers with what they were measured on.
-# Nothing is timed at request time: the longest layer alone takes seconds, more than a page may spend.
-COST_MEASURED = Path(__file__).resolve().parents[2] / "assets" / "measured" / "attention_cost.json"
-COST_BENCH = "bench/attention_cost.py"        # writes COST_MEASURED with --publish
-COST_METHODS = ("dense", "online", "fused")
-COST_METHOD_WORDS = {
-    "dense": "the explicit path, every n × n score and weight held",
-    "online": "the online softmax, a block of keys at a time (eq. 6.10)",
-    "fused": "torch's fused kernel (what the core's fast path calls)",
-}
-
-
-FIT_FLOOR = 2 ** 20   # bytes: a peak under 1 MiB is the allocator's noise, not a size to fit a growth to
-
-
-def peak_exponent(lengths, peaks) -> float:
-    """k in peak ∝ n^k, or nan where a peak in the fit is under FIT_FLOOR."""
-    return fitted_exponent(lengths, peaks) if min(peaks) >= FIT_FLOOR else math.nan
-
-
-@dataclass(frozen=True)
-class LayerCost:
-    """One method's medians at every length, and its exponents fitted over the longest lengths."""
-    method: str
-    lengths: tuple[int, ...]
-    seconds: tuple[float, ...]     # median seconds of one call
-    peak: tuple[float, ...]        # median bytes one call added to the peak resident memory
-    time_exponent: float           # over fit_lengths
-    peak_exponent: float
-
-
-@dataclass(frozen=True)
-class ModelCost:
-    name: str
-    layers: int
-    lengths: tuple[int, ...]
-    seconds: tuple[float, ...]     # median seconds of one forward pass without a cache
-    exponent: float                # over all its lengths
-    attention_share: tuple[float | None, ...]   # the fused layer's time × layers / the pass, where both were timed
-
-
-@dataclass(frozen=True)
-class AttentionCost:
-    date: str
-    machine: str
-    command: str
-    threads: int
-    heads: int
-    d_head: int
-    block: int
-    repeats: int
-    fit_lengths: tuple[int, ...]   # the longest lengths, where the exponents are fitted
-    layer: dict[str, LayerCost]
-    model: ModelCost | None
-
-
-def _medians(rows, method: str, field: str) -> tuple[float, ...]:
-    return tuple(float(statistics.median(r[method][field])) for r in rows)
-
-
-def attention_cost(path: Path = COST_MEASURED) -> AttentionCost | None:
-    """The shipped measurement with its fitted exponents, or None where it was never made; a damaged file is an
-    error that names it and the command that remakes it."""
-    if not path.is_file():
-        return None
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-        rows = sorted(raw["layer"], key=lambda r: r["n"])
-        lengths = tuple(int(r["n"]) for r in rows)
-        top = lengths[-int(raw["fit_top"]):]
-        layer = {}
-        for m in COST_METHODS:
-            seconds, peak = _medians(rows, m, "seconds"), _medians(rows, m, "added")
-            layer[m] = LayerCost(m, lengths, seconds, peak, fitted_exponent(top, seconds[-len(top):]),
-                                 peak_exponent(top, peak[-len(top):]))
-        model = None
-        if raw.get("model"):
-            given = raw["model"]
-            m_rows = sorted(given["rows"], key=lambda r: r["n"])
-            m_lengths = tuple(int(r["n"]) for r in m_rows)
-            m_seconds = tuple(float(statistics.median(r["seconds"])) for r in m_rows)
-            fused = dict(zip(lengths, layer["fused"].seconds))
-            share = tuple(fused[n] * int(given["layers"]) / s if n in fused else None
-                          for n, s in zip(m_lengths, m_seconds))
-            model = ModelCost(str(given["name"]), int(given["layers"]), m_lengths, m_seconds,
-                              fitted_exponent(m_lengths, m_seconds), share)
-        return AttentionCost(str(raw["date"]), str(raw["machine"]), str(raw["command"]), int(raw["threads"]),
-                             int(raw["heads"]), int(raw["d_head"]), int(raw["block"]), int(raw["repeats"]), top,
-                             layer, model)
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
-        raise ValueError(f"{path} is not the measurement {COST_BENCH} --publish writes ({type(err).__name__}: {err}); "
-                         f"run that command again to remake it") from err
-
-
-def cost_source(cost: AttentionCost, command: bool = True) -> str:
-    """What was measured, in words: the layer's shape, the lengths, one thread or more, the repeats, when and
-    where, and (command) the command. A lesson leaves the command out: a student reads the page."""
-    threads = "one thread" if cost.threads == 1 else f"{cost.threads} threads"
-    lengths = cost.layer["dense"].lengths
-    return (f"one attention layer alone, {cost.heads} heads of {cost.d_head} dimensions, float32, every query "
-            f"reading every key, {lengths[0]:,}–{lengths[-1]:,} tokens, {threads}, median of {cost.repeats} "
-            f"alternating runs each in a fresh process; {cost.date}, {cost.machine}"
-            + (f"; `{cost.command}`" if command else ""))
-
-
-def cost_sentence(cost: AttentionCost, command: bool = True) -> str:
-    """The fitted exponents of the layer alone at long lengths, then the whole model's at short ones, in words."""
-    top = f"{cost.fit_lengths[0]:,}–{cost.fit_lengths[-1]:,} tokens"
-    dense, online, fused = (cost.layer[m] for m in COST_METHODS)
-    words = (f"Timed alone from {top}, one attention layer's time grows as n^{dense.time_exponent:.2f} on the "
-             f"dense path, n^{online.time_exponent:.2f} with the online softmax and n^{fused.time_exponent:.2f} in "
-             f"torch's fused kernel: all three compute every one of the n² scores, so the time is quadratic "
-             f"whichever way. The memory is where they part: the dense path's peak grows "
-             f"{growth(dense)} (the n × n weights), the online one's {growth(online)} and the fused kernel's "
-             f"{growth(fused)}; at {dense.lengths[-1]:,} tokens the dense "
-             f"path added {mib(dense.peak[-1])}, the online one {mib(online.peak[-1])}, the fused kernel "
-             f"{mib(fused.peak[-1])}.")
-    model = cost.model
-    if model is not None:
-        shares = [(n, s) for n, s in zip(model.lengths, model.attention_share) if s is not None]
-        share = (f" Its {model.layers} attention layers are {shares[0][1]:.0%} of the pass at {shares[0][0]:,} tokens "
-                 f"and {shares[-1][1]:.0%} at {shares[-1][0]:,}." if shares else "")
-        words += (f" The whole model ({model.name}) over {model.lengths[0]:,}–{model.lengths[-1]:,} tokens grows as "
-                  f"n^{model.exponent:.2f}: at these lengths the projections and the feed-forward network, linear in "
-                  f"n, do most of the work, and the n² term is hidden.{share}")
-    return f"{words} (Measured: {cost_source(cost, command)}.)"
-
-
-def growth(layer: LayerCost) -> str:
-    """'as n^1.02', or what stands in for a growth too small to fit."""
-    if math.isfinite(layer.peak_exponent):
-        return f"as n^{layer.peak_exponent:.2f}"
-    return f"too little to fit a growth to (a peak under {mib(FIT_FLOOR)})"
-

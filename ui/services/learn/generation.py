@@ -15,6 +15,7 @@ from core import generate as generation
 from core.analysis import anatomy
 from core.attention import softmax_bytes
 from ui.services import inside
+from ui.services.learn import cost as layer_cost
 from ui.services.generation import generation_reason
 from ui.services.generation.kv_cache import fitted_exponent, fmt_bytes, kv_bytes
 from ui.services.learn import Lesson, Measured, ProgressFn, Question, generate_link, number
@@ -218,18 +219,18 @@ def measure_cost(model, progress: ProgressFn | None = None) -> Measured:
 
 def layer_cost_words() -> str:
     """One attention layer timed alone at long lengths, where its n² term shows (the shipped measurement,
-    ui/services/inside.py), in words; or why it is not here."""
-    cost = inside.attention_cost()
+    ui/services/learn/cost.py), in words; or why it is not here."""
+    cost = layer_cost.attention_cost()
     if cost is None:
         return ("One attention layer timed alone at long lengths, where its n² term would show, is not measured in "
                 "this copy.")
     return "To see the n² term, take the layer apart from the rest and make the text long. " + \
-        inside.cost_sentence(cost, command=False)
+        layer_cost.cost_sentence(cost, command=False)
 
 
 def layer_cost_values() -> dict | None:
     """The shipped layer timings and their fitted exponents, as the words above state them."""
-    cost = inside.attention_cost()
+    cost = layer_cost.attention_cost()
     if cost is None:
         return None
     return {"fit_lengths": list(cost.fit_lengths), "threads": cost.threads,
@@ -238,7 +239,8 @@ def layer_cost_values() -> dict | None:
                         for m, c in cost.layer.items()},
             "model": None if cost.model is None else {"lengths": list(cost.model.lengths),
                                                       "seconds": list(cost.model.seconds),
-                                                      "exponent": cost.model.exponent}}
+                                                      "exponent": cost.model.exponent,
+                                                      "attention_share": list(cost.model.attention_share)}}
 
 
 def softmax_memory(d_head: int) -> tuple[str, dict]:

@@ -1,10 +1,10 @@
 """The quadratic term in the Inside tab: one attention layer timed alone from 256 to 8,192 tokens, dense, online
 and fused, with the fitted exponents and the whole model beside it, as the shipped measurement states them
-(ui/services/inside.py). Markdown only: a table and its sentence."""
+(ui/services/learn/cost.py). Markdown only: a table and its sentence."""
 
 from __future__ import annotations
 
-from ui.services.inside import COST_BENCH, COST_METHOD_WORDS, COST_METHODS, attention_cost, cost_sentence, mib
+from ui.services.learn.cost import COST_BENCH, COST_METHOD_WORDS, COST_METHODS, attention_cost, cost_sentence, mib
 
 HEAD = "**The quadratic term, measured: one attention layer alone at long lengths**"
 

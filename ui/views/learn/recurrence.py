@@ -19,7 +19,7 @@ def accuracy_figure(result, title: str = "Copying over a distance: GRU and atten
     series = {f"{m.name} ({m.parameters:,} parameters)": 100 * np.array([m.accuracy[d] for d in distances])
               for m in result.models}
     fig = line_figure(distances, series, title, "distance between a symbol and its copy (tokens)",
-                      "copied right (%)", height=HEIGHT)
+                      "copied right, teacher-forced (%)", height=HEIGHT)
     fig.update_yaxes(range=[0, 105])
     fig.update_xaxes(dtick=2)
     return fig

@@ -1,0 +1,158 @@
+"""The quadratic term, measured: one attention layer alone (scores, softmax, weighted sum) timed from 256 to 8,192
+tokens three ways, dense, online and fused, beside the whole model's pass, as bench/attention_cost.py measured and
+shipped it (assets/measured/attention_cost.json). The exponents are fitted here from the shipped medians, so the cost
+lesson and the Inside tab state the same numbers with what they were measured on. Nothing is timed at request time:
+the longest layer alone takes seconds, more than a page may spend. Never imports gradio."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from ui.services.generation.kv_cache import fitted_exponent
+from ui.services.inside import mib
+
+COST_MEASURED = Path(__file__).resolve().parents[2] / "assets" / "measured" / "attention_cost.json"
+COST_BENCH = "bench/attention_cost.py"        # writes COST_MEASURED with --publish
+COST_METHODS = ("dense", "online", "fused")
+COST_METHOD_WORDS = {
+    "dense": "the explicit path, every n × n score and weight held",
+    "online": "the online softmax, a block of keys at a time (eq. 6.10)",
+    "fused": "torch's fused kernel (what the core's fast path calls)",
+}
+
+
+FIT_FLOOR = 2 ** 20   # bytes: a peak under 1 MiB is the allocator's noise, not a size to fit a growth to
+
+
+def peak_exponent(lengths, peaks) -> float:
+    """k in peak ∝ n^k, or nan where a peak in the fit is under FIT_FLOOR."""
+    return fitted_exponent(lengths, peaks) if min(peaks) >= FIT_FLOOR else math.nan
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One method's medians at every length, and its exponents fitted over the longest lengths."""
+    method: str
+    lengths: tuple[int, ...]
+    seconds: tuple[float, ...]     # median seconds of one call
+    peak: tuple[float, ...]        # median bytes one call added to the peak resident memory
+    time_exponent: float           # over fit_lengths
+    peak_exponent: float
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    name: str
+    layers: int
+    lengths: tuple[int, ...]
+    seconds: tuple[float, ...]     # median seconds of one forward pass without a cache
+    exponent: float                # over all its lengths
+    attention_share: tuple[float, ...]   # one layer's causal kernel × layers / the pass, timed alternating with it
+
+
+@dataclass(frozen=True)
+class AttentionCost:
+    date: str
+    machine: str
+    command: str
+    threads: int
+    heads: int
+    d_head: int
+    block: int
+    repeats: int
+    fit_lengths: tuple[int, ...]   # the longest lengths, where the exponents are fitted
+    load: str                      # the machine's load average at the run's start and end
+    layer: dict[str, LayerCost]
+    model: ModelCost | None
+
+
+def _medians(rows, method: str, field: str) -> tuple[float, ...]:
+    return tuple(float(statistics.median(r[method][field])) for r in rows)
+
+
+def attention_cost(path: Path = COST_MEASURED) -> AttentionCost | None:
+    """The shipped measurement with its fitted exponents, or None where it was never made; a damaged file is an
+    error that names it and the command that remakes it."""
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        rows = sorted(raw["layer"], key=lambda r: r["n"])
+        lengths = tuple(int(r["n"]) for r in rows)
+        top = lengths[-int(raw["fit_top"]):]
+        layer = {}
+        for m in COST_METHODS:
+            seconds, peak = _medians(rows, m, "seconds"), _medians(rows, m, "added")
+            layer[m] = LayerCost(m, lengths, seconds, peak, fitted_exponent(top, seconds[-len(top):]),
+                                 peak_exponent(top, peak[-len(top):]))
+        model = None
+        if raw.get("model"):
+            given = raw["model"]
+            m_rows = sorted(given["rows"], key=lambda r: r["n"])
+            m_lengths = tuple(int(r["n"]) for r in m_rows)
+            m_seconds = tuple(float(statistics.median(r["seconds"])) for r in m_rows)
+            share = tuple(float(statistics.median(r["attention_seconds"])) * int(given["layers"]) / s
+                          for r, s in zip(m_rows, m_seconds))
+            model = ModelCost(str(given["name"]), int(given["layers"]), m_lengths, m_seconds,
+                              fitted_exponent(m_lengths, m_seconds), share)
+        return AttentionCost(str(raw["date"]), str(raw["machine"]), str(raw["command"]), int(raw["threads"]),
+                             int(raw["heads"]), int(raw["d_head"]), int(raw["block"]), int(raw["repeats"]), top,
+                             str(raw.get("load", "")), layer, model)
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
+        raise ValueError(f"{path} is not the measurement {COST_BENCH} --publish writes ({type(err).__name__}: {err}); "
+                         f"run that command again to remake it") from err
+
+
+def cost_source(cost: AttentionCost, command: bool = True) -> str:
+    """What was measured, in words: the layer's shape, the lengths, one thread or more, the repeats, when and
+    where, and (command) the command. A lesson leaves the command out: a student reads the page."""
+    threads = "one thread" if cost.threads == 1 else f"{cost.threads} threads"
+    lengths = cost.layer["dense"].lengths
+    return (f"one attention layer alone, {cost.heads} heads of {cost.d_head} dimensions, float32, every query "
+            f"reading every key, {lengths[0]:,}–{lengths[-1]:,} tokens, {threads}, median of {cost.repeats} runs "
+            f"with the three alternating; {cost.date}, {cost.machine}"
+            + (f"; {cost.load}, so the times carry the noise of a shared machine" if cost.load else "")
+            + (f"; `{cost.command}`" if command else ""))
+
+
+def cost_sentence(cost: AttentionCost, command: bool = True) -> str:
+    """The fitted exponents of the layer alone at long lengths, then the whole model's at short ones, in words."""
+    top = f"{cost.fit_lengths[0]:,}–{cost.fit_lengths[-1]:,} tokens"
+    dense, online, fused = (cost.layer[m] for m in COST_METHODS)
+    words = (f"Timed alone from {top}, one attention layer's time grows as n^{dense.time_exponent:.2f} on the "
+             f"dense path, n^{online.time_exponent:.2f} with the online softmax and n^{fused.time_exponent:.2f} in "
+             f"torch's fused kernel: all three compute every one of the n² scores, whatever they keep. The memory is "
+             f"where they part: the dense path's peak grows "
+             f"{growth(dense)} (the n × n weights), the online one's {growth(online)} and the fused kernel's "
+             f"{growth(fused)}; at {dense.lengths[-1]:,} tokens the dense "
+             f"path added {mib(dense.peak[-1])}, the online one {mib(online.peak[-1])}, the fused kernel "
+             f"{mib(fused.peak[-1])}.")
+    if cost.model is not None:
+        words += " " + model_words(cost.model)
+    return f"{words} (Measured: {cost_source(cost, command)}.)"
+
+
+def model_words(model: ModelCost) -> str:
+    """The whole pass: its growth between the first and the last doubling, with the attention layers' share at each
+    end, and why the two differ."""
+    first = fitted_exponent(model.lengths[:2], model.seconds[:2])
+    last = fitted_exponent(model.lengths[-2:], model.seconds[-2:])
+    linear = model.attention_share[0] < 0.5
+    return (f"The whole model ({model.name}, one pass without a cache) grew as n^{first:.2f} from "
+            f"{model.lengths[0]:,} to {model.lengths[1]:,} tokens, where its {model.layers} attention layers took "
+            f"{model.attention_share[0]:.0%} of the pass"
+            + (" and the projections and the feed-forward network, linear in n, the rest" if linear else "")
+            + f", and as n^{last:.2f} from {model.lengths[-2]:,} to {model.lengths[-1]:,}, where they took "
+            f"{model.attention_share[-1]:.0%}" + (": the n² term hides behind the linear parts at short lengths and "
+                                                 "grows out of them with the text." if last > first else "."))
+
+
+def growth(layer: LayerCost) -> str:
+    """'as n^1.02', or what stands in for a growth too small to fit."""
+    if math.isfinite(layer.peak_exponent):
+        return f"as n^{layer.peak_exponent:.2f}"
+    return f"too little to fit a growth to (a peak under {mib(FIT_FLOOR)})"
