@@ -87,7 +87,8 @@ def report(model, n_pairs: int, methods: list[str]) -> tuple[list[list[str]], li
                                           progress=lambda done, total: print(f"  {site}: pair {done}/{total}",
                                                                              flush=True))
         name = "heads (z, layer × head)" if site == "z" else "resid_pre (layer × position)"
-        table.append([name, "exact patching", "1", "1", "0", "0", cell(found.exact_cost)])
+        table.append([name, f"exact patching ({cell(found.strong)} cells ≥ 0.1)", "1", "1", "0", "0",
+                      cell(found.exact_cost)])
         for method in chosen:
             stats = found.over[method]
             table.append([name, method, *(cell(stats[s]) for s in STATISTICS)])
@@ -129,8 +130,9 @@ def main() -> None:
                      "(`ioi_pairs(tokenizer, n, seed=0)`): mean [95 % interval] over the pairs, over the cells whose "
                      "activation differs between the two prompts. Overlap: the share of the exact top 10 (by size) in "
                      "the method's top 10; false negatives: cells with an exact effect ≥ 0.1 of the clean − corrupted "
-                     "difference that the method ranks below 10; signed error: method − exact on the 10 strongest "
-                     "cells (normalised units; none for the unsigned flow graph, whose ρ is against |exact|); cost: "
+                     "difference that the method ranks below 10 (where more than 10 cells reach 0.1, the exact row "
+                     "gives their count, even a perfect ranking leaves the rest below 10); signed error: method − "
+                     "exact on the 10 strongest cells (normalised units; none for the unsigned flow graph, whose ρ is against |exact|); cost: "
                      "time over one forward pass of the same pair.\n\n"
                      + md_table(["site", "method", "Spearman ρ", "top-10 overlap", "false negatives",
                                  "signed error", "cost (forward passes)"], report_table,

@@ -7,9 +7,12 @@ corrupted run's) for head outputs (z, layer × head) and resid_pre / attn_out / 
 - "atp", attribution patching (Nanda 2023): the patched run's metric ≈ the target run's + (a_source − a_target) ·
   ∂metric/∂a, the gradient taken at the run being patched (denoise: the corrupted run; noise: the clean run).
   One forward pass of the source run, one forward and one backward pass of the target run.
-- "atp*", AtP with the query/key fix of Kramár et al. (2024, "AtP*"), see qk_fix: where the patched activation
-  enters a later layer's queries and keys directly through the residual stream, that layer's attention is
-  recomputed through its softmax instead of linearised. GradDrop (the paper's second part) is not implemented.
+- "atp*", AtP with the query/key fix of Kramár et al. (2024, "AtP*"), see qk_fix. Implemented: where the patched
+  activation enters a later layer's queries and keys directly through the residual stream, those queries and keys
+  are computed again (exactly, not to first order) and that layer's probabilities through its softmax instead of
+  linearised; from the probabilities to the metric it stays first order. Not implemented: the fix along paths
+  through intermediate layers (linear, as in AtP), the fix for one head at one position (z with layer=), and
+  GradDrop (the paper's second part, against cancelling gradients); so the estimate stays signed.
 - "ig", integrated gradients in EAP-IG's form (Hanna et al. 2024): (a_clean − a_corrupted) times the gradient
   averaged over k runs whose token embeddings lie on the straight line between the two prompts' (midpoints
   (i + ½)/k), the gradient at the site of each.
@@ -435,6 +438,7 @@ class ShortcutReport:
     cells: list[Tensor]                         # the same pairs: the cells compared (changed_cells)
     over: dict[str, dict[str, Over]]            # method → "rho", "overlap", "false_negatives", "signed_error", "cost"
     exact_cost: Over                            # the exact sweep's forward-pass equivalents
+    strong: Over                                # cells with |exact| ≥ STRONG per pair: more than k forces misses
     items: tuple[int, ...] = ()                 # the index in the input of each measured pair
     left_out: dict[int, str] = field(default_factory=dict)
 
@@ -509,5 +513,7 @@ def shortcut_report(model, pairs: Sequence[Pair], site: str, methods: Sequence[s
         over[method] = {name: summarise(torch.tensor(values, dtype=torch.float64).reshape(-1), note, items, left_out)
                         for name, values in columns.items()}
     costs = summarise(torch.tensor(exact_costs, dtype=torch.float64).reshape(-1), note, items, left_out)
-    return ShortcutReport(site, mode, methods, k, exact, per_pair, estimates, compared, over, costs, tuple(items),
-                          left_out)
+    strong = [float((truth.scores[cells].abs() >= STRONG).sum()) for truth, cells in zip(exact, compared)]
+    strong = summarise(torch.tensor(strong, dtype=torch.float64).reshape(-1), note, items, left_out)
+    return ShortcutReport(site, mode, methods, k, exact, per_pair, estimates, compared, over, costs, strong,
+                          tuple(items), left_out)

@@ -234,6 +234,8 @@ def test_report_compares_every_method_on_the_same_cells():
     assert rho.n == 3 and rho.mean.item() == pytest.approx(sum(f["atp"].rho for f in report.per_pair) / 3)
     assert set(report.over["ig"]) == {"rho", "overlap", "false_negatives", "signed_error", "cost"}
     assert report.exact_cost.n == 3
+    strong = [float((e.scores[c].abs() >= shortcuts.STRONG).sum()) for e, c in zip(report.exact, report.cells)]
+    assert report.strong.per_item.tolist() == strong
 
 
 def test_atp_of_several_sites_shares_its_passes_and_equals_each_alone():
