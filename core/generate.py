@@ -383,14 +383,25 @@ def rolling_decode_step(model, tokens: Tensor, cache: RollingKVCache) -> Tensor:
 
 
 def feed_rolling(model, ids: list[int], cache: RollingKVCache) -> Tensor:
-    """Read a prompt into a rolling cache → logits of its last token [1, vocab]: a prefill of the first `window`
-    tokens (no window hides anything yet), then one decode step per token."""
+    """Read a prompt into an empty rolling cache → logits of its last token [1, vocab]. Within the window, a prefill
+    straight into it; past it, a prefill into a full cache under the same masks (the model's own windows, or the
+    window and sinks given to a model without them), whose sinks and last window positions the ring takes over.
+    Sinks on a model's own sliding layers are a mask its prefill cannot draw: the prompt past the window is then
+    read one decode step at a time."""
+    own_window = "sliding" in model.config.layer_types
     with torch.inference_mode():
-        logits = prefill(model, one_sequence(ids[:cache.window], model.device), None, cache)
-        for token in ids[cache.window:]:
-            logits = rolling_decode_step(model, one_sequence([token], model.device), cache)
-            cache.advance(1)
-    return logits
+        if len(ids) <= cache.window or (own_window and cache.sinks):
+            logits = prefill(model, one_sequence(ids[:cache.window], model.device), None, cache)
+            for token in ids[cache.window:]:
+                logits = rolling_decode_step(model, one_sequence([token], model.device), cache)
+                cache.advance(1)
+            return logits
+        full = model.new_cache(1, len(ids))
+        window = None if own_window else (cache.window, cache.sinks)
+        hidden = model.run_stack(model.stack, one_sequence(ids, model.device), None, kind="self", cache=full,
+                                 window=window)
+        cache.take_prefill(full)
+        return model.logits(hidden[:, -1:])[:, -1]
 
 
 def greedy_rolling(model, decoder_ids: list[int], n_new: int, window: int | None = None,

@@ -71,7 +71,8 @@ class RollingKVCache(KVCache):
     [B, H_kv, max_len, d_k] cache. `windowed[layer]` says which layers roll.
 
     Writes: a prompt chunk only while it fits without wrapping (length + T ≤ window: a window that hides nothing
-    yet); after that one token at a time at the device-side `slot`, as KVCache's static decode step does.
+    yet); after that one token at a time at the device-side `slot`, as KVCache's static decode step does. A longer
+    prompt is prefilled into a full KVCache and taken over (take_prefill).
     """
 
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
@@ -110,6 +111,25 @@ class RollingKVCache(KVCache):
         keys[:, :, self.length:end] = k
         values[:, :, self.length:end] = v
         return keys[:, :, :end], values[:, :, :end]
+
+    def take_prefill(self, full: KVCache) -> None:
+        """Take over an empty rolling cache from a full cache filled by a prefill of n tokens: the windowed layers
+        keep the sinks and the last `window` positions in their ring entries, the others all n positions."""
+        n = full.length
+        if self.length or n > self.max_len:
+            raise ValueError(f"take_prefill needs an empty rolling cache of at least {n} positions")
+        device = self.slot.device
+        kept = torch.cat([torch.arange(min(self.sinks, n), device=device),
+                          torch.arange(max(self.sinks, n - self.window), n, device=device)])
+        entries = self.ring_index(kept)
+        for layer, windowed in enumerate(self.windowed):
+            for mine, theirs in ((self.keys[layer], full.keys[layer]), (self.values[layer], full.values[layer])):
+                if windowed:
+                    mine[:, :, entries] = theirs[:, :, kept]
+                else:
+                    mine[:, :, :n] = theirs[:, :, :n]
+        self.key_mask[:, :n] = full.key_mask[:, :n]
+        self.advance(n)
 
     def ring_allowed(self) -> Tensor:
         """bool [B, 1, 1, sinks + window]: the ring entries the query at `slot` may read (its own included, as

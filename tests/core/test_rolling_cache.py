@@ -66,12 +66,29 @@ def test_the_window_matters_so_the_check_can_fail(mistral):
     assert greedy(unwindowed, PROMPT, n_new, cached=True)[0] != greedy_rolling(mistral, PROMPT, n_new)
 
 
-def test_a_long_prompt_is_read_through_the_ring():
-    """A prompt longer than the window: prefill of the first window tokens, then the ring, token by token."""
+def test_a_long_prompt_is_prefilled_and_taken_over_by_the_ring():
+    """A prompt of 5 windows: one prefill into a full cache, whose last window the ring takes over."""
     model = load(tiny.mistral(sliding_window=8, max_position_embeddings=512))
     prompt = [(7 * i) % 90 + 3 for i in range(40)]
     tokens, deltas, *_ = lockstep(model, prompt, 30)
     assert max(deltas) <= 1e-4
+
+
+def test_sinks_on_a_long_prompt_equal_the_masked_forward_whichever_way_the_prompt_is_read():
+    """Past the window with sinks: a model without a window prefills under forward's window + sinks mask; Mistral's
+    own sliding layers cannot draw that mask, so its prompt is read token by token through the ring. Both equal
+    the reference of every step's forward(window, global_tokens) on a model without a window of its own."""
+    llama = load(tiny.mistral(sliding_window=None, max_position_embeddings=512))   # no window of its own
+    mistral_like = load(tiny.mistral(sliding_window=12, max_position_embeddings=512))
+    mistral_like.load_state_dict(llama.state_dict())
+    prompt = [(5 * i) % 90 + 3 for i in range(30)]
+    expected = list(prompt)
+    with torch.inference_mode():
+        for _ in range(20):
+            logits = llama(one_sequence(expected, "cpu"), window=12, global_tokens=3).logits[0, -1]
+            expected.append(int(logits.argmax()))
+    assert greedy_rolling(llama, prompt, 20, window=12, sinks=3) == expected[len(prompt):]
+    assert greedy_rolling(mistral_like, prompt, 20, sinks=3) == expected[len(prompt):]
 
 
 def test_gemma3_local_layers_roll_and_global_layers_keep_every_token():
@@ -128,8 +145,8 @@ def test_bad_requests_are_refused_in_words(mistral):
 @pytest.mark.real_weights
 @pytest.mark.slow
 def test_gemma3_270m_rolling_cache_equals_the_full_cache_past_its_512_window():
-    """A 690-token prompt (the ring wraps while reading it) and 24 greedy tokens, to position 714: 202 past the
-    window; the logits of every generated step compared."""
+    """A 690-token prompt (prefilled, its last 512 positions taken over by the ring) and 24 greedy tokens, to
+    position 714: 202 past the window; the logits of every generated step compared."""
     try:
         model = load_model(ensure("gemma-3-270m"), device="cpu", dtype=torch.float32)
     except WeightsUnavailable as error:
