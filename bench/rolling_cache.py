@@ -26,7 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, for common
 
-from common import PeakMemory, add_publish, md_table, measured_in_child, median, publish, spread  # noqa: E402
+from common import (PeakMemory, add_publish, load_average, md_table, measured_in_child, median, publish,  # noqa: E402
+                    spread)
 
 REPO = Path(__file__).resolve().parent.parent
 GEMMA3_270M = dict(num_hidden_layers=18, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
@@ -99,7 +100,8 @@ def main() -> None:
     folder = model_folder(shapes, args.length)
     print(f"Gemma 3 270M's attention shapes ({origin}): {shapes['num_hidden_layers']} layers, window "
           f"{shapes['sliding_window']}, {shapes['num_key_value_heads']} kv head of {shapes['head_dim']}; float32, "
-          f"{args.length:,} tokens; medians (ranges) of {args.repeats} alternating runs, each in a fresh process")
+          f"{args.length:,} tokens; medians (ranges) of {args.repeats} alternating runs, each in a fresh process; "
+          f"load average {load_average()}")
     runs = {name: [] for name in VARIANTS}
     for _ in range(args.repeats):
         for name, sinks in VARIANTS.items():
