@@ -284,17 +284,17 @@ def test_every_method_refuses_encoders_long_prompts_and_bad_arguments():
         shortcuts.shortcut_report(model, [], "z")
 
 
-def test_smollm2_ioi_atp_is_the_derivative_and_agrees_better_on_heads_than_on_the_residual(smollm):
+def test_smollm2_ioi_atp_is_the_derivative_yet_misjudges_the_residual_at_the_name(smollm):
     """The real model on the IOI pair: AtP's resid_pre cell at the name is the patched metric's derivative (central
-    differences), yet far from the exact effect there, while its head map ranks as patching's does. Slow under load
-    (two exact sweeps of the 30-layer model)."""
+    differences), and far below the exact effect of that patch (bench/shortcuts.py compares the head map, where
+    AtP does well; its exact sweep is too slow for a test)."""
     tok = smollm.tokenizer
     clean, corrupted = (torch.tensor([tok(t, add_special_tokens=False).input_ids]) for t in (
         "When Mary and John went to the store, John gave a drink to",
         "When Mary and John went to the store, Mary gave a drink to"))
     mary, john = (tok(w, add_special_tokens=False).input_ids[0] for w in (" Mary", " John"))
-    sweeps = shortcuts.atp_sweeps(smollm, clean, corrupted, mary, john, ("z", "resid_pre"))
-    exact = {site: patching.patch_sweep(smollm, clean, corrupted, mary, john, site) for site in ("z", "resid_pre")}
+    atp = shortcuts.approximate_sweep(smollm, clean, corrupted, mary, john, "resid_pre")
+    exact = patching.patch_sweep(smollm, clean, corrupted, mary, john, "resid_pre")
     name = int((clean[0] != corrupted[0]).nonzero()[0])
     with torch.inference_mode():
         source, target = (smollm(ids, record="resid_pre").records["resid_pre"][3] for ids in (clean, corrupted))
@@ -304,14 +304,9 @@ def test_smollm2_ioi_atp_is_the_derivative_and_agrees_better_on_heads_than_on_th
         for step in (0.01, -0.01):
             logits = smollm(corrupted, patches=[Patch("resid_pre", 3, target + step * (source - target), where)]).logits
             ends.append((logits[0, -1, mary] - logits[0, -1, john]).item())
-    scale = exact["resid_pre"].clean_metric - exact["resid_pre"].corrupted_metric
-    derivative = (ends[0] - ends[1]) / 0.02 / scale
-    assert sweeps["resid_pre"].scores[3, name].item() == pytest.approx(derivative, rel=1e-2)
-    assert exact["resid_pre"].scores[3, name] > 0.9 > 0.5 > sweeps["resid_pre"].scores[3, name]
-    found = {site: shortcuts.compare(exact[site].scores, sweeps[site].scores,
-                                     cells=shortcuts.changed_cells(smollm, clean, corrupted, site))
-             for site in ("z", "resid_pre")}
-    # heads: the same top cells, small errors; the residual stream: its strongest cells underestimated by far
-    # (its ρ over every changed cell can still be high on one pair: the many small cells carry it)
-    assert found["z"].rho > 0.9 and found["z"].overlap >= 0.8 and abs(found["z"].signed_error) < 0.1
-    assert found["resid_pre"].signed_error < -0.3 and found["resid_pre"].overlap < found["z"].overlap
+    derivative = (ends[0] - ends[1]) / 0.02 / (exact.clean_metric - exact.corrupted_metric)
+    assert atp.scores[3, name].item() == pytest.approx(derivative, rel=1e-2)
+    assert exact.scores[3, name] > 0.9 > 0.5 > atp.scores[3, name]
+    found = shortcuts.compare(exact.scores, atp.scores, cells=shortcuts.changed_cells(smollm, clean, corrupted,
+                                                                                      "resid_pre"))
+    assert found.signed_error < -0.3
