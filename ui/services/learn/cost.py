@@ -15,7 +15,7 @@ from pathlib import Path
 from ui.services.generation.kv_cache import fitted_exponent
 from ui.services.inside import mib
 
-COST_MEASURED = Path(__file__).resolve().parents[2] / "assets" / "measured" / "attention_cost.json"
+COST_MEASURED = Path(__file__).resolve().parents[3] / "assets" / "measured" / "attention_cost.json"
 COST_BENCH = "bench/attention_cost.py"        # writes COST_MEASURED with --publish
 COST_METHODS = ("dense", "online", "fused")
 COST_METHOD_WORDS = {
@@ -40,7 +40,8 @@ class LayerCost:
     lengths: tuple[int, ...]
     seconds: tuple[float, ...]     # median seconds of one call
     peak: tuple[float, ...]        # median bytes one call added to the peak resident memory
-    time_exponent: float           # over fit_lengths
+    time_exponent: float           # over fit_lengths, on the medians
+    fastest_exponent: float        # over fit_lengths, on the fastest run at each length (the least disturbed)
     peak_exponent: float
 
 
@@ -87,8 +88,9 @@ def attention_cost(path: Path = COST_MEASURED) -> AttentionCost | None:
         layer = {}
         for m in COST_METHODS:
             seconds, peak = _medians(rows, m, "seconds"), _medians(rows, m, "added")
+            fastest = [min(r[m]["seconds"]) for r in rows[-len(top):]]
             layer[m] = LayerCost(m, lengths, seconds, peak, fitted_exponent(top, seconds[-len(top):]),
-                                 peak_exponent(top, peak[-len(top):]))
+                                 fitted_exponent(top, fastest), peak_exponent(top, peak[-len(top):]))
         model = None
         if raw.get("model"):
             given = raw["model"]
@@ -123,9 +125,12 @@ def cost_sentence(cost: AttentionCost, command: bool = True) -> str:
     """The fitted exponents of the layer alone at long lengths, then the whole model's at short ones, in words."""
     top = f"{cost.fit_lengths[0]:,}–{cost.fit_lengths[-1]:,} tokens"
     dense, online, fused = (cost.layer[m] for m in COST_METHODS)
-    words = (f"Timed alone from {top}, one attention layer's time grows as n^{dense.time_exponent:.2f} on the "
-             f"dense path, n^{online.time_exponent:.2f} with the online softmax and n^{fused.time_exponent:.2f} in "
-             f"torch's fused kernel: all three compute every one of the n² scores, whatever they keep. The memory is "
+    words = (f"Timed alone at {top}, one attention layer's time grows as n^{dense.fastest_exponent:.2f} on the "
+             f"dense path, n^{online.fastest_exponent:.2f} with the online softmax and n^{fused.fastest_exponent:.2f} "
+             f"in torch's fused kernel, fitted on the fastest of the {cost.repeats} runs at each length, the least "
+             f"disturbed by the machine's other work (on the medians n^{dense.time_exponent:.2f}, "
+             f"n^{online.time_exponent:.2f} and n^{fused.time_exponent:.2f}): all three compute every one of the n² "
+             "scores, whatever they keep. The memory is "
              f"where they part: the dense path's peak grows "
              f"{growth(dense)} (the n × n weights), the online one's {growth(online)} and the fused kernel's "
              f"{growth(fused)}; at {dense.lengths[-1]:,} tokens the dense "
@@ -137,18 +142,15 @@ def cost_sentence(cost: AttentionCost, command: bool = True) -> str:
 
 
 def model_words(model: ModelCost) -> str:
-    """The whole pass: its growth between the first and the last doubling, with the attention layers' share at each
-    end, and why the two differ."""
-    first = fitted_exponent(model.lengths[:2], model.seconds[:2])
-    last = fitted_exponent(model.lengths[-2:], model.seconds[-2:])
-    linear = model.attention_share[0] < 0.5
-    return (f"The whole model ({model.name}, one pass without a cache) grew as n^{first:.2f} from "
-            f"{model.lengths[0]:,} to {model.lengths[1]:,} tokens, where its {model.layers} attention layers took "
-            f"{model.attention_share[0]:.0%} of the pass"
-            + (" and the projections and the feed-forward network, linear in n, the rest" if linear else "")
-            + f", and as n^{last:.2f} from {model.lengths[-2]:,} to {model.lengths[-1]:,}, where they took "
-            f"{model.attention_share[-1]:.0%}" + (": the n² term hides behind the linear parts at short lengths and "
-                                                 "grows out of them with the text." if last > first else "."))
+    """The whole pass: the attention layers' share of it at its shortest and longest length (a ratio of two times
+    taken alternately, so the machine's load falls on both), and its growth over all its lengths."""
+    first, last = model.attention_share[0], model.attention_share[-1]
+    return (f"In the whole model ({model.name}, one pass without a cache) its {model.layers} attention layers took "
+            f"{first:.0%} of the pass at {model.lengths[0]:,} tokens and {last:.0%} at {model.lengths[-1]:,}"
+            + (": at short lengths the projections and the feed-forward network, linear in n, are most of the work"
+               if first < 0.5 else "")
+            + (", and the n² part's share grows with the text" if last > first else "")
+            + f"; the pass's time grew as n^{model.exponent:.2f} over those lengths.")
 
 
 def growth(layer: LayerCost) -> str:
