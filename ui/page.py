@@ -27,6 +27,7 @@ LINK_JS = """(...args) => { args[args.length - 1] = window.location.href; return
 # after that, when only its user can have opened it
 FIRST_OPENING_JS = """(...args) => { const opened = (window.__tabsOpened ||= new Set());
   args[0] = opened.has("TAB") ? "" : window.location.search; opened.add("TAB"); return args; }"""
+OPENS_ON = "attention"  # the tab selected as the page mounts, before a link moves the page to its own
 OPENED_JS = "() => { window.__pageOpened = true; }"  # the link's chain is done (the browser tests wait on it)
 COPY_JS = """(link) => { if (link && navigator.clipboard) navigator.clipboard.writeText(link).catch(() => {}); }"""
 TYPICAL = {  # tab → (its button's words, the built-in corpus, the Across texts analysis run over it)
@@ -67,7 +68,7 @@ def layout(services, default_model: str) -> gr.Blocks:
         current_tab = gr.State("attention")
         linked = gr.State(False)  # the page opens on a link's Attention view, not yet drawn
         query = gr.Textbox(visible=False)  # the page's query string, read by the tabs' openings
-        with gr.Tabs(selected="attention") as tabs:
+        with gr.Tabs(selected=OPENS_ON) as tabs:
             built, typical = {}, {}
             for label, name, module in (("Generate", "generate", generate), ("Attention", "attention", attention),
                                         ("Positional encoding", "positions", positions), ("Masks", "masks", masks),
@@ -180,7 +181,8 @@ def wire_opening(trigger, name: str, tab: Tab, query) -> None:
 
     def unless_linked(search, was_shown, *args):
         never_shown = was_shown is False  # a model change sets "": the tab then computes the new model's
-        if never_shown and links.linked_tab(dict(parse_qsl(str(search or "").lstrip("?"))), links.TABS) is not None:
+        linked = links.linked_tab(dict(parse_qsl(str(search or "").lstrip("?"))), links.TABS) if never_shown else None
+        if linked == name or (linked is not None and name == OPENS_ON):
             return [gr.skip()] * len(outputs)
         return first(was_shown, *args)
 
@@ -300,7 +302,7 @@ def deep_links(demo, services, default_model, picker, tabs, current_tab, linked,
                               else str(link.head))
             values.append(link.corrupted if here and link.corrupted else gr.skip())
             values.append(link.token if here and link.token is not None else gr.skip())
-        return *values, link.given and chosen == "attention"
+        return *values, link.given and tab == "attention"  # a link to another tab draws nothing here
 
     @user_errors
     def show_linked(flag, model_name, *args):

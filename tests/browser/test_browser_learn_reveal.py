@@ -74,3 +74,23 @@ def test_try_it_from_a_lesson_lands_on_a_computed_inside_tab(browser, app_url):
     finally:
         context.close()
     assert not errors, f"JavaScript errors in the page: {errors}"
+
+
+def test_a_link_to_a_lesson_computes_the_other_tabs_only_when_they_are_opened(browser, app_url):
+    """The Attention tab is selected as the page mounts, before the link moves the page to Learn: its first screen
+    waits until its user opens it, and so does every other tab's, each computed then."""
+    url, _, _ = app_url
+    context, page, errors = open_page(browser, f"{url}?tab=learn&lesson=heads")
+    try:
+        expect(page.locator("#learn-place")).to_contain_text(syllabus.find("heads").title, timeout=TIMEOUT_MS)
+        idle(page, TIMEOUT_MS)
+        assert page.evaluate("() => document.querySelector('#attn-note').innerText.trim()") == ""
+        page.get_by_role("tab", name="Attention", exact=True).click()
+        expect(page.locator("#attn-note")).to_contain_text("layer", timeout=TIMEOUT_MS)
+        expect(page.locator("#attn-head-view .js-plotly-plot .main-svg").first).to_be_attached(timeout=TIMEOUT_MS)
+        page.get_by_role("tab", name="Masks", exact=True).click()
+        expect(page.locator("#mask-stage-on-scores .js-plotly-plot .main-svg").first).to_be_attached(
+            timeout=TIMEOUT_MS)
+    finally:
+        context.close()
+    assert not errors, f"JavaScript errors in the page: {errors}"
