@@ -21,6 +21,9 @@ def pytest_collection_modifyitems(config, items):
         folder = Path(str(item.fspath)).parent.name
         if folder in FOLDER_MARKERS:
             item.add_marker(FOLDER_MARKERS[folder])
+        # pytest-xdist (pytest.ini: -n 2 --dist loadgroup) hands out whole modules: a module's fixtures (its apps,
+        # its pages) are built once, on one worker
+        item.add_marker(pytest.mark.xdist_group(Path(str(item.fspath)).stem))
 
 
 # ---- the test process's heap. Hundreds of pages are built in one process; left alone, every page ever built
@@ -151,7 +154,7 @@ def browser():
 
 
 def open_page(browser, url: str, viewport: dict | None = None, accept_downloads: bool = False):
-    """A fresh context and page on url, once the page has been built and its load events have had time to run.
+    """A fresh context and page on url, once the page has been built and its opening events have all run.
     Returns (context, page, errors): JavaScript errors collected while the page lives."""
     from playwright.sync_api import expect
 
@@ -163,7 +166,7 @@ def open_page(browser, url: str, viewport: dict | None = None, accept_downloads:
     # a link that names a tab hides Attention's button once it is applied, so only the picker is sure to be shown
     built = "#model-picker" if "tab=" in url else "#attn-run"
     expect(page.locator(built)).to_be_visible(timeout=PAGE_TIMEOUT_MS)
-    page.wait_for_timeout(500)
+    idle(page)
     return context, page, errors
 
 
