@@ -21,8 +21,8 @@ def pytest_collection_modifyitems(config, items):
         folder = Path(str(item.fspath)).parent.name
         if folder in FOLDER_MARKERS:
             item.add_marker(FOLDER_MARKERS[folder])
-        # pytest-xdist (pytest.ini: -n 2 --dist loadgroup) hands out whole modules: a module's fixtures (its apps,
-        # its pages) are built once, on one worker
+        # with pytest-xdist (`-n 4 --dist loadgroup`, on a machine with more cores) whole modules go to a worker:
+        # a module's fixtures (its apps, its pages) are built once
         item.add_marker(pytest.mark.xdist_group(Path(str(item.fspath)).stem))
 
 
