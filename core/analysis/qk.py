@@ -246,7 +246,7 @@ class EdgeParts:
     """Every kept attention edge's heads over one pass, read through the transpose of the maps that make the
     parts: a side's component is x_part·g, g what the other side's whole vector pulls back through RoPE, the
     frozen QK-norm and W_Q (W_K), so no part is projected to d_head. Each layer's rows at every position are
-    built once; each (head, target) gives the key side of all its sources at once."""
+    built once; the heads read at one target give the key side of all their sources in one product."""
 
     def __init__(self, p: Pass):
         self.p, self.layer, self.rows, self.found = p, None, None, {}
@@ -255,60 +255,76 @@ class EdgeParts:
     def at_layer(self, layer: int) -> None:
         if self.layer != layer:
             self.layer, self.found = layer, {}
-            self.labels, self.rows = self.p.rows(layer, self.everywhere)                # [n + 1, T, d]
+            self.labels, rows = self.p.rows(layer, self.everywhere)                     # [n + 1, T, d]
+            self.rows = rows.transpose(0, 1).contiguous()                               # [T, n + 1, d]
+            self.totals = self.rows.sum(1)                                              # [T, d] what attention reads
             self.w = self.p.model.head_weights(layer, self.p.kind)
+            # [heads, d, d_head] and its transpose as plain float32 copies: products with the views are far slower
+            self.weights = {side: (m.float().contiguous(), m.float().transpose(1, 2).contiguous())
+                            for side, m in (("query", self.w.W_Q), ("key", self.w.W_K))}
             rope = anatomy.layer_rope(self.p.model, self.p.stack, layer, self.everywhere[None])
             self.rope = None if rope is None else (rope[0][0, 0].float(), rope[1][0, 0].float())   # [T, r]
             self.attn = self.p.stack.blocks[layer].attn
 
-    def pulled_back(self, v: Tensor, at: Tensor, index: int, side: str) -> tuple[Tensor, Tensor]:
-        """v [P, d_head] given to the final q (k) at positions at [P] → (g [P, d], the bias term [P]): the
-        parts' rows dotted with g, and the bias row plus this, give v·(the parts' q or k) at each position."""
-        weight, bias, norm = ((self.w.W_Q, self.w.b_Q, self.attn.q_norm) if side == "query"
-                              else (self.w.W_K, self.w.b_K, self.attn.k_norm))
-        weight = weight[index].float()                                                  # [d, d_head]
+    def pulled_back(self, v: Tensor, at: Tensor, index: list[int], side: str) -> tuple[Tensor, Tensor]:
+        """v [h, P, d_head] given to the final q (k) of heads (kv heads) `index` [h] at positions at [P] → (g
+        [h, P, d], the bias term [h, P]): the parts' rows dotted with g, and the bias row plus this, give
+        v·(the parts' q or k) at each position."""
+        bias, norm = (self.w.b_Q, self.attn.q_norm) if side == "query" else (self.w.b_K, self.attn.k_norm)
+        weight, weight_t = self.weights[side]                                           # [H, d, dh], [H, dh, d]
+        v = v.float().contiguous()                                                      # its own, written below
         if self.rope is not None:   # the transpose of a rotation turns back
             v = rotate(v, self.rope[0][at], -self.rope[1][at])
-        if norm is not None:        # frozen at the head's q (k) before the norm, as projected_parts freezes it
-            before = self.rows[:, at].sum(0) @ weight + (0 if bias is None else bias[index].float())
-            v = frozen_transpose(norm, before)(v)
-        extra = torch.zeros(v.shape[0]) if bias is None else v @ bias[index].float()
-        return v @ weight.T, extra
+        bias = None if bias is None else bias[index].float()[:, None]                   # [h, 1, dh]
+        g = v.new_empty(*v.shape[:2], weight_t.shape[-1])                               # [h, P, d]
+        for one in sorted(set(index)):  # each weight read in place, for the heads that share it
+            rows = [i for i, other in enumerate(index) if other == one]
+            if norm is not None:    # frozen at the head's q (k) before the norm, as projected_parts freezes it
+                before = self.totals[at] @ weight[one] + (0 if bias is None else bias[rows])   # [h', P, dh]
+                v[rows] = frozen_transpose(norm, before)(v[rows])
+            g[rows] = v[rows] @ weight_t[one]
+        extra = v.new_zeros(v.shape[:2]) if bias is None else (v * bias).sum(-1)
+        return g, extra
 
-    def key_scores(self, head: int, target: int) -> Tensor:
-        """[n + 1, K] the query at target against each key part at each position it may read (K = target + 1 in a
-        causal stack, else T): q·k_part(k)·scale."""
-        if (head, target) not in self.found:
-            kv, _ = anatomy.kv_head_of(self.p.stack, head)
-            q = self.p.rec["q"][self.layer][target, head].float()
-            # a causal query reads no later key: its c_k is 0 there
-            keys = self.everywhere[:target + 1] if self.p.stack.cfg.causal else self.everywhere
-            g, extra = self.pulled_back(q.expand(len(keys), -1), keys, kv, "key")       # [K, d], [K]
-            scores = torch.einsum("ntd,td->nt", self.rows[:, :len(keys)], g)
-            scores[-1] += extra
-            self.found[(head, target)] = scores * self.p.scale
-        return self.found[(head, target)]
+    def key_scores(self, heads: list[int], target: int) -> None:
+        """Each head's query at target against each key part at each position it may read, [n + 1, K] per head
+        (K = target + 1 in a causal stack, else T): q·k_part(k)·scale, kept in found[(head, target)]."""
+        heads = [h for h in heads if (h, target) not in self.found]
+        if not heads:
+            return
+        # a causal query reads no later key: its c_k is 0 there
+        keys = self.everywhere[:target + 1] if self.p.stack.cfg.causal else self.everywhere
+        kvs = [anatomy.kv_head_of(self.p.stack, h)[0] for h in heads]
+        q = self.p.rec["q"][self.layer][target, heads]                                  # [h, d_head]
+        g, extra = self.pulled_back(q[:, None].expand(-1, len(keys), -1), keys, kvs, "key")   # [h, K, d], [h, K]
+        scores = torch.bmm(self.rows[:len(keys)], g.permute(1, 2, 0))                   # [K, n + 1, h]
+        for i, head in enumerate(heads):
+            found = scores[:, :, i].T.clone()                                           # [n + 1, K]
+            found[-1] += extra[i]
+            self.found[(head, target)] = found * self.p.scale
 
-    def sides(self, head: int, target: int, source: int) -> tuple[Tensor, Tensor, float, float]:
-        """(query side [n + 1], key side [n + 1], the relative score, a_ij) of `head` from target to source:
-        score(i, j) − Σ_k a_ik·score(i, k) split by the query's parts against the whole relative key, and by
-        the whole query against the key's parts (each side adds up to the relative score)."""
+    def sides(self, target: int, pairs: list[tuple[int, int]]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """For each (head, source) of pairs from `target`: (query sides [m, n + 1], key sides [m, n + 1], the
+        relative scores [m], a_ij [m]). The relative score score(i, j) − Σ_k a_ik·score(i, k) split by the
+        query's parts against the whole relative key, and by the whole query against the key's parts (each side
+        adds up to the relative score)."""
         p, layer = self.p, self.layer
-        kv, _ = anatomy.kv_head_of(p.stack, head)
-        a = p.weights(layer, head, target)                                              # [T]
-        c = (self.everywhere == source).float() - a                                     # δ_jk − a_ik
-        k_mix = c @ p.rec["k"][layer][:, kv].float()                                    # Σ_k c_k·k_k [d_head]
-        g, extra = self.pulled_back(k_mix[None], self.everywhere[target:target + 1], head, "query")   # [1, d]
-        query_side = self.rows[:, target] @ g[0]
-        query_side[-1] += extra[0]
-        scores = self.key_scores(head, target)                                          # [n + 1, K]
-        raw, _ = p.scores(layer, head, target)
-        return query_side * p.scale, scores @ c[:scores.shape[1]], (c @ raw).item(), a[source].item()
-
-    def reason(self, head: int, importance: float, target: int, source: int, top: int) -> HeadReason:
-        query_side, key_side, score, weight = self.sides(head, target, source)
-        return HeadReason(head, importance, weight, score, ranked(self.labels, query_side.cpu(), top),
-                          ranked(self.labels, key_side.cpu(), top))
+        heads, sources = [h for h, _ in pairs], torch.tensor([j for _, j in pairs])
+        kvs = [anatomy.kv_head_of(p.stack, h)[0] for h in heads]
+        a = p.rec["pattern"][layer][heads, target].float()                              # [m, T]
+        c = (self.everywhere[None] == sources[:, None]).float() - a                     # δ_jk − a_ik
+        keys = p.rec["k"][layer][:, kvs].float()                                        # [T, m, d_head]
+        k_mix = torch.einsum("mt,tmd->md", c, keys)                                     # Σ_k c_k·k_k
+        g, extra = self.pulled_back(k_mix[:, None], self.everywhere[target:target + 1], heads, "query")
+        query_side = g[:, 0] @ self.rows[target].T                                      # [m, n + 1]
+        query_side[:, -1] += extra[:, 0]
+        self.key_scores(heads, target)
+        key_side = torch.stack([self.found[(h, target)] @ c[i, :self.found[(h, target)].shape[1]]
+                                for i, h in enumerate(heads)])                          # [m, n + 1]
+        q = p.rec["q"][layer][target, heads].float()                                    # [m, d_head]
+        raw = torch.einsum("md,tmd->mt", q, keys) * p.scale                             # [m, T] before the cap
+        weight = a.gather(1, sources[:, None])[:, 0]
+        return query_side * p.scale, key_side, (c * raw).sum(-1), weight
 
 
 def attention_edges(graph, layer: int | None = None, target: int | None = None, source: int | None = None):
@@ -322,10 +338,25 @@ def edges_attribution(model, ids: Tensor, graph, edges, top: int = TOP) -> list[
     parts = EdgeParts(p)
     found = []
     with torch.inference_mode():
-        for e in sorted(edges, key=lambda e: (e.layer, e.target)):
-            parts.at_layer(e.layer)
-            reasons = [parts.reason(h, part, e.target, e.source, top) for h, part in e.heads]
-            found.append(EdgeAttribution(e.layer, e.target, e.source, e.importance, reasons))
+        groups: dict[tuple[int, int], list] = {}
+        for e in edges:
+            groups.setdefault((e.layer, e.target), []).append(e)
+        for (layer, target), group in sorted(groups.items()):
+            parts.at_layer(layer)
+            pairs = [(h, e.source) for e in group for h, _ in e.heads]
+            if not pairs:
+                found += [EdgeAttribution(e.layer, e.target, e.source, e.importance) for e in group]
+                continue
+            query_side, key_side, score, weight = (t.cpu() for t in parts.sides(target, pairs))
+            i = 0
+            for e in group:
+                reasons = []
+                for h, importance in e.heads:
+                    reasons.append(HeadReason(h, importance, weight[i].item(), score[i].item(),
+                                              ranked(parts.labels, query_side[i], top),
+                                              ranked(parts.labels, key_side[i], top)))
+                    i += 1
+                found.append(EdgeAttribution(e.layer, e.target, e.source, e.importance, reasons))
     return found
 
 
@@ -475,9 +506,9 @@ def composition_over(model, texts, layer: int, head: int, side: str = "key", pai
                 continue
             total, score = torch.zeros(len(labels)), 0.0
             for query, key in chosen:
-                query_side, key_side, relative, weight = parts.sides(head, query, key)
-                total += weight * (key_side if side == "key" else query_side).cpu()
-                score += weight * relative
+                query_side, key_side, relative, weight = parts.sides(query, [(head, key)])
+                total += weight[0].item() * (key_side if side == "key" else query_side)[0].cpu()
+                score += weight[0].item() * relative[0].item()
             job.finish(i, total / score)
     how = (f"each text's {pairs} (query, key) pairs of largest attention{'' if first else ' after key 0'}, "
            f"weighted by it; a share is Σ a·part / Σ a·(relative score)")
