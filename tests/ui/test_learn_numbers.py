@@ -133,3 +133,19 @@ def test_no_lesson_points_to_a_file(tiny_results, kind):
         shown = [lesson.text, lesson.question.prompt, result.answer_text, result.why, result.alt, result.note,
                  views.try_note(result.link)]
         assert not [words for words in shown if path.search(words)], name
+
+
+def test_the_first_and_the_cost_lessons_quote_the_saved_measurements_they_name(tiny_results):
+    """Lesson 1's Reveal states the Lab's saved GRU-beside-attention result, the cost lesson's the attention layer
+    timed alone at long lengths: the same sentences their sources build from the shipped numbers, not retyped."""
+    from ui.services.lab import recurrence
+    from ui.services.learn import cost as layer_cost
+
+    saved, cost = recurrence.saved(), layer_cost.attention_cost()
+    assert saved is not None and cost is not None, "the shipped results are missing (docs/lab.md, bench/)"
+    for kind in ("llama", "bert"):
+        results = tiny_results[kind]
+        assert recurrence.finding(saved) in results["why-attention"].why
+        assert results["why-attention"].values["recurrence"]["GRU"]["sequential_steps"] == saved.longest_tokens
+        assert layer_cost.cost_sentence(cost, command=False) in results["cost"].why
+        assert typed(recurrence.LESSON_TEXT) == []      # the lesson's text names the experiment, not its numbers
