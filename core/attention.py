@@ -165,10 +165,26 @@ def positions_from_mask(key_mask: Tensor | None, start: int, n: int, batch: int,
     return (key_mask[:, :start + n].long().cumsum(-1) - 1).clamp(min=0)[:, start:]
 
 
-def sliding_window_mask(n_queries: int, n_keys: int, window: int, device=None) -> Tensor:
-    """[Tq, Tk] bool: query i (the last Tq of Tk places) sees key j only within the window, i − j < w."""
+def sliding_window_mask(n_queries: int, n_keys: int, window: int, device=None, bidirectional: bool = False) -> Tensor:
+    """[Tq, Tk] bool: query i (the last Tq of Tk places) sees key j only within the window, i − j < w (eq. 6.5;
+    later keys are left to the causal mask). bidirectional (an encoder's window): |i − j| < w, the w − 1 keys
+    either side and the query's own."""
     q_index = torch.arange(n_keys - n_queries, n_keys, device=device)
-    return q_index[:, None] - torch.arange(n_keys, device=device)[None, :] < window
+    offset = q_index[:, None] - torch.arange(n_keys, device=device)[None, :]          # i − j, [Tq, Tk]
+    return (offset.abs() if bidirectional else offset) < window
+
+
+def local_global_mask(n_queries: int, n_keys: int, window: int, global_tokens: int = 0, device=None,
+                      bidirectional: bool = False) -> Tensor:
+    """[Tq, Tk] bool, a sliding window plus g global tokens (Longformer's local + global pattern): every query
+    also sees keys 0..g−1; bidirectional, the queries at places 0..g−1 also see every key, so the global tokens
+    are global both ways. The causal mask, where there is one, is the caller's to add."""
+    band = sliding_window_mask(n_queries, n_keys, window, device, bidirectional)
+    band[:, :global_tokens] = True
+    if bidirectional:
+        q_index = torch.arange(n_keys - n_queries, n_keys, device=device)
+        band |= (q_index < global_tokens)[:, None]
+    return band
 
 
 def self_attention_mask(key_mask: Tensor | None, start: int, n: int, causal: bool,

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from . import generate as generation
 from .attention import (attention, attention_rows, causal_mask, padding_or_none, positions_from_mask,
-                        self_attention_mask, sliding_window_mask)
+                        local_global_mask, self_attention_mask)
 from .config import ModelConfig, encoder_config
 from .kv_cache import KVCache
 from .layers import Embeddings, FeedForward, LMHead, Norm, ScoreBias, rope_cos_sin, rope_inv_freq, rotate
@@ -318,13 +318,13 @@ class Transformer(nn.Module):
         """Masks, position ids and rotary angles for n new tokens after `start` cached ones.
         Positions always skip padding; the padding_mask switch only changes what attention may see.
         window (w, g): every layer's mask also hides keys w or more places back (i − j ≥ w, eq. 6.5), except the
-        first g keys, which every query still sees (a local + global mask)."""
+        first g keys, which every query still sees (a local + global mask); in a stack without the causal mask the
+        window is symmetric (|i − j| ≥ w hidden) and the first g queries also see every key (Longformer)."""
         batch, n = input_ids.shape
         device, cfg = input_ids.device, stack.cfg
         allowed, is_causal = self_attention_mask(key_mask if padding_mask else None, start, n, causal, device)
         if window is not None:
-            band = sliding_window_mask(n, start + n, window[0], device)                       # [n, start + n]
-            band[:, :window[1]] = True
+            band = local_global_mask(n, start + n, window[0], window[1], device, bidirectional=not causal)
             if allowed is None and is_causal:
                 allowed = causal_mask(n, start + n, device)[None, None]
             allowed, is_causal = band[None, None] if allowed is None else allowed & band, False
@@ -460,12 +460,14 @@ class Transformer(nn.Module):
         integrated gradients), before embed_scale, positions and token types.
         return_logits=False leaves out.logits None: a caller that reads the logits a block of positions at a time
         (model.logits on slices of out.hidden_states) never holds [B, T, vocab] at once.
-        window: every self-attention layer of the main stack of a causal model also hides keys `window` or more
-        places back (eq. 6.5), as a "sliding" layer does; global_tokens: keys 0..g−1 stay visible to every query.
+        window: every self-attention layer of the main stack also hides keys `window` or more places back
+        (eq. 6.5), as a "sliding" layer does; global_tokens: keys 0..g−1 stay visible to every query. On an
+        encoder (no causal mask) the window is symmetric, |i − j| < w, and queries 0..g−1 also see every key.
         """
         cfg = self.config
-        if window is not None and (not cfg.causal or self.encoder is not None):
-            raise ValueError(f"a window narrows a causal mask: {cfg.family} is not a decoder-only causal model")
+        if window is not None and self.encoder is not None:
+            raise ValueError(f"a window narrows one stack's self-attention: {cfg.family} is an encoder-decoder; "
+                             "use a decoder-only or an encoder-only model")
         if window is not None and (window < 1 or global_tokens < 0):
             raise ValueError(f"window={window}, global_tokens={global_tokens}: the window needs w ≥ 1 and g ≥ 0")
         local = None if window is None else (window, global_tokens)

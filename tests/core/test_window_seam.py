@@ -50,7 +50,7 @@ def test_global_tokens_stay_visible_and_the_rest_is_windowed(full_and_windowed):
 
 def test_window_refuses_what_it_cannot_be():
     _, model = tiny.family_pair("t5-relu")
-    with pytest.raises(ValueError, match="not a decoder-only causal model"):
+    with pytest.raises(ValueError, match="is an encoder-decoder"):
         model(IDS, window=3)
     with pytest.raises(ValueError, match="w ≥ 1"):
         tiny.family_pair("qwen3")[1](IDS, window=0)
