@@ -16,7 +16,7 @@ def cost_markdown() -> str:
         return f"{HEAD}: not measured in this copy; `{COST_BENCH} --publish` measures it (a few minutes)."
     lines = [f"{HEAD} (saved, not timed on this page: the longest layer alone takes seconds). "
              + "; ".join(f"*{m}*: {COST_METHOD_WORDS[m]}" for m in COST_METHODS) + ".", "",
-             "| tokens n | " + " | ".join(f"{m}: ms" for m in COST_METHODS) + " | "
+             "| tokens n | " + " | ".join(f"{m}: median ms" for m in COST_METHODS) + " | "
              + " | ".join(f"{m}: peak added" for m in COST_METHODS) + " |",
              "|---:|" + "---:|" * (2 * len(COST_METHODS))]
     for i, n in enumerate(cost.layer["dense"].lengths):
