@@ -328,11 +328,12 @@ class EdgeParts:
 
 
 def attention_edges(graph, layer: int | None = None, target: int | None = None, source: int | None = None):
+    """The graph's kept attention edges, those of one layer, target or source where given."""
     return [e for e in graph.edges if e.kind == "attention" and layer in (None, e.layer)
             and target in (None, e.target) and source in (None, e.source)]
 
 
-def edges_attribution(model, ids: Tensor, graph, edges, top: int = TOP) -> list[EdgeAttribution]:
+def edges_attribution(model, ids: Tensor, edges, top: int = TOP) -> list[EdgeAttribution]:
     """EdgeAttribution of each of `edges` (kept attention edges of graph) from one recorded pass of ids."""
     p = Pass(model, ids, range(max((e.layer for e in edges), default=0) + 1), "head")
     parts = EdgeParts(p)
@@ -373,14 +374,15 @@ def edge_attribution(model, ids: Tensor, graph, layer: int, target: int, source:
         kept = [(e.source, e.target) for e in attention_edges(graph, layer)]
         raise ValueError(f"the graph keeps no attention edge {source} → {target} through layer {layer}; its kept "
                          f"attention edges there (source, target): {kept[:20] or 'none'}")
-    return edges_attribution(model, ids, graph, edge, top)[0]
+    return edges_attribution(model, ids, edge, top)[0]
 
 
 def graph_attribution(model, ids: Tensor, graph, top: int = TOP) -> list[EdgeAttribution]:
-    """edge_attribution of every kept attention edge of graph, from one recorded pass, layer by layer."""
+    """edge_attribution of every kept attention edge of graph, from one recorded pass, in the order of their
+    (layer, target)."""
     ids = anatomy.check_text(model, ids)
     check_graph(model, ids, graph)
-    return edges_attribution(model, ids, graph, attention_edges(graph), check_top(top))
+    return edges_attribution(model, ids, attention_edges(graph), check_top(top))
 
 
 # ---- over a corpus, and what the weights allow ----
