@@ -406,14 +406,16 @@ def window_mask_figure(mask: np.ndarray, own: np.ndarray, title: str, subtitle: 
     return fig
 
 
-def window_weights_figure(full: np.ndarray, windowed: np.ndarray, title: str) -> go.Figure:
+def window_weights_figure(full: np.ndarray, windowed: np.ndarray, title: str,
+                          readable: np.ndarray | None = None) -> go.Figure:
     """One head's weights [T, T] with the full mask and with the window, side by side, and their difference
-    (windowed − full, signed). Weights of 0 where a mask hides the key are drawn grey (NaN)."""
+    (windowed − full, signed). readable [T, T] bool: the keys the layer may read at all (the lower triangle, a
+    decoder's causal mask, by default; every key for an encoder); the rest is drawn grey (NaN)."""
     full, windowed = as_f32(full), as_f32(windowed)
     if full.shape != windowed.shape or full.ndim != 2:
         raise ValueError(f"window_weights_figure: {full.shape} and {windowed.shape} must be one T × T shape")
     n = full.shape[0]
-    causal = np.tril(np.ones((n, n), bool))
+    causal = np.tril(np.ones((n, n), bool)) if readable is None else np.asarray(readable, bool)
     diff = np.where(causal, windowed - full, np.nan)
     bound = float(np.nanmax(np.abs(diff))) if np.isfinite(diff).any() and np.nanmax(np.abs(diff)) > 0 else 1.0
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.06,

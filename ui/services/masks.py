@@ -13,6 +13,7 @@ from core.analysis.capture import LayerObserver
 from core.analysis.inspect import queries_keys
 from core.analysis.logits import by_blocks, cross_entropy
 from core.attention import attention_stages, causal_mask, row_entropy, sliding_window_mask
+from core.attention import local_global_mask as band_and_globals  # the mask the model itself uses
 from ui.services.attention import score_formula
 from ui.services.checks import UserError
 from ui.services.text import as_batch, to_numpy
@@ -160,17 +161,19 @@ def scaling_entropy(model, ids: list[int], layer: int, head: int) -> dict:
 MAX_WINDOW_TOKENS = 256  # the window demo draws the chosen head's whole weights, three T × T matrices
 
 
-def local_global_mask(n: int, window: int, global_tokens: int = 0) -> torch.Tensor:
-    """[n, n] bool, eq. 6.5 with global keys: query i sees key j when j ≤ i and (i − j < w or j < g)."""
-    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
-    return (j <= i) & ((i - j < window) | (j < global_tokens))
+def local_global_mask(n: int, window: int, global_tokens: int = 0, causal: bool = True) -> torch.Tensor:
+    """[n, n] bool, the mask forward(window=w, global_tokens=g) puts on every layer (core.attention's
+    local_global_mask): causal, query i sees key j when j ≤ i and (i − j < w or j < g); an encoder's (causal=False)
+    is Longformer's, |i − j| < w, or j < g, or i < g (the global tokens see every key and every query sees them)."""
+    band = band_and_globals(n, n, window, global_tokens, bidirectional=not causal)
+    return band & causal_mask(n, n) if causal else band
 
 
 def own_masks(cfg, n: int) -> list[torch.Tensor]:
-    """Each layer's own mask [n, n] as the model is loaded: causal, narrowed to the family's window on a
-    "sliding" layer."""
-    full = local_global_mask(n, n)
-    own = full if cfg.sliding_window is None else local_global_mask(n, cfg.sliding_window)
+    """Each layer's own mask [n, n] as the model is loaded: causal (every key for an encoder), narrowed to the
+    family's window on a "sliding" layer."""
+    full = local_global_mask(n, n, causal=cfg.causal)
+    own = full if cfg.sliding_window is None else local_global_mask(n, cfg.sliding_window, causal=cfg.causal)
     return [own if cfg.layer_type(layer) == "sliding" else full for layer in range(cfg.n_layers)]
 
 
@@ -178,7 +181,7 @@ def attention_cost(cfg, n: int, window: int, global_tokens: int, itemsize: int) 
     """Scores computed by each layer's head (Σ over queries of the keys it reads) with the model's own masks and
     with the window on every layer, and the bytes its weights would hold at `itemsize` bytes a weight; totals
     over the layers and the n_heads query heads."""
-    chosen = local_global_mask(n, window, global_tokens)
+    chosen = local_global_mask(n, window, global_tokens, causal=cfg.causal)
     own = [int(m.sum()) for m in own_masks(cfg, n)]
     windowed = [int((m & chosen).sum()) for m in own_masks(cfg, n)]
     total_own, total_windowed = sum(own) * cfg.n_heads, sum(windowed) * cfg.n_heads
@@ -224,10 +227,22 @@ def own_window_check(model, ids: list[int]) -> dict | None:
     return result
 
 
+def hidden_change(full: torch.Tensor, windowed: torch.Tensor) -> tuple[np.ndarray, float]:
+    """What the window changed in an encoder's output, from the final hidden states [1, T, d] of the two runs: the
+    relative change ‖h_window − h_full‖ / ‖h_full‖ at each position [T], and the cosine between the two sentence
+    embeddings, each the mean of its run's final hidden states over the positions (mean pooling)."""
+    full, windowed = full[0].float(), windowed[0].float()                         # [T, d]
+    change = (windowed - full).norm(dim=-1) / full.norm(dim=-1).clamp_min(1e-12)
+    cosine = torch.nn.functional.cosine_similarity(full.mean(0), windowed.mean(0), dim=0)
+    return to_numpy(change), float(cosine)
+
+
 def window_effect(model, ids: list[int], layer: int, head: int, window: int, global_tokens: int) -> dict:
-    """The model run as loaded and with a window of w keys (plus keys 0..g−1) on every layer: the chosen head's
-    weights in both [T, T], the KL from the first run's next-token distribution to the second's at each position,
-    and the attention cost of both counted."""
+    """The model run as loaded and with a window of w keys (plus the g global tokens) on every layer: the chosen
+    head's weights in both [T, T], the attention cost of both counted, and what the window changed in the output:
+    with an LM head, the KL from the first run's next-token distribution to the second's at each position; on an
+    encoder, each position's relative change of its final hidden state and the cosine of the mean-pooled sentence
+    embeddings (hidden_change). A decoder's window is causal, an encoder's symmetric (local_global_mask)."""
     batch = as_batch(ids, model.device)
     full_obs, windowed_obs = LayerObserver(layer), LayerObserver(layer)
     with torch.inference_mode():
@@ -235,8 +250,11 @@ def window_effect(model, ids: list[int], layer: int, head: int, window: int, glo
         windowed = model(batch, observer=windowed_obs, window=window, global_tokens=global_tokens,
                          return_logits=False).hidden_states
         kl = None if model.lm_head is None else to_numpy(kl_per_position(model, full, windowed))
+        change, cosine = hidden_change(full, windowed)
     itemsize = torch.finfo(model.dtype).bits // 8                   # the model's own dtype: 2 for bf16, 4 for fp32
-    return {"mask": local_global_mask(len(ids), window, global_tokens).numpy(),                 # bool [T, T]
-            "own_mask": own_masks(model.config, len(ids))[layer].numpy(),
+    causal = model.config.causal
+    return {"mask": local_global_mask(len(ids), window, global_tokens, causal).numpy(),                 # bool [T, T]
+            "own_mask": own_masks(model.config, len(ids))[layer].numpy(), "causal": causal,
             "weights": (to_numpy(full_obs.probs[head]), to_numpy(windowed_obs.probs[head])), "kl": kl,
+            "change": change, "cosine": cosine,
             "cost": attention_cost(model.config, len(ids), window, global_tokens, itemsize)}

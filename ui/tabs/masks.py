@@ -40,14 +40,19 @@ def stage_rows() -> list[gr.Plot]:
     return figures
 
 
-WINDOW_INTRO = """The model run twice on your text (up to its first {n} tokens): as loaded, and with every layer's causal
-mask narrowed to a sliding window of w keys (eq. 6.5), the first g keys still seen by every query (local + global;
-g = 0 is a plain window). Shown: the mask, the chosen layer and head's weights in both runs and their difference,
-the KL divergence of the next-token distribution at each position, and the attention cost counted."""
+WINDOW_INTRO = """The model run twice on your text (up to its first {n} tokens): as loaded, and with every layer's mask
+narrowed to a window of w keys (eq. 6.5), the first g tokens kept global (local + global; g = 0 is a plain window).
+On a decoder the window is causal: each query reads its last w keys and the first g. On an encoder (MiniLM) it is
+symmetric, as in Longformer: each query reads the keys fewer than w places away on either side, and the g global
+tokens read every key and are read by every query. Shown: the mask, the chosen layer and head's weights in both
+runs and their difference, what the window changed in the output (a decoder's next-token KL at each position; an
+encoder's relative change of each position's final hidden state, and the cosine between the mean-pooled sentence
+embeddings of the two runs), and the attention cost counted. A setting the demo cannot run is said in the note
+under the button, and the figures stay empty."""
 
 
 def window_section() -> tuple[tuple, list[gr.Plot]]:
-    """The sliding-window demo: its fields, button and outputs (note, mask, weights, KL, cost, words), and the
+    """The sliding-window demo: its fields, button and outputs (note, mask, weights, output change, cost, words), the
     figures hidden until a result. elem_ids window-*."""
     gr.Markdown("### Sliding window and local + global attention")
     gr.Markdown(WINDOW_INTRO.format(n=MAX_WINDOW_TOKENS), elem_classes=["how-to-read"])
@@ -60,7 +65,8 @@ def window_section() -> tuple[tuple, list[gr.Plot]]:
     note = gr.Markdown(elem_id="window-note")
     figures = [gr.Plot(label=label, elem_id=f"window-{key}", min_width=320, visible=False)
                for key, label in (("mask", "Window mask"), ("weights", "One head's weights, full vs window"),
-                                  ("kl", "Next-token KL"), ("cost", "Attention cost"))]
+                                  ("kl", "What the window changed: next-token KL or hidden-state change"),
+                                  ("cost", "Attention cost"))]
     words = gr.Markdown(elem_id="window-words")
     return (button, size, global_tokens, [note, *figures, words]), figures
 

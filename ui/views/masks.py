@@ -18,6 +18,9 @@ from ui.views import export
 from ui.views.export import named
 
 
+NOT_DRAWN = "Not computed: the note beside this figure says why."   # a figure a refusal keeps empty
+
+
 def stage_figures(model, tokens: Encoded, layer: int, head: int, start: int, size: int,
                   data: dict | None = None) -> list[tuple[str, object]]:
     """Eq. 2.1 for the window, one figure per stage: the causal mask on (scores, + mask, softmax), then off; each
@@ -165,6 +168,13 @@ def entropy_section(model, ids: list[int], layer: int, head: int, data: dict | N
     return fig, text
 
 
+def refused(refusal: UserError) -> tuple:
+    """mask_view's outputs when the whole demo cannot run: the reason in the note and beside every figure, each
+    figure in its stated empty state."""
+    empty, words = empty_figure(NOT_DRAWN), f"⚠️ {refusal}"
+    return (words, *[empty] * 6, empty, words, empty, words, empty, words)
+
+
 def mask_view(services: Services, model_name, text_value, layer_index, head_index, window_start, window_size,
               longer_text, shorter_text, progress=None, data: dict | None = None):
     """Every figure of the tab; the body of the `mask_demo` endpoint: the note, the six stages of eq. 2.1 (causal
@@ -175,21 +185,41 @@ def mask_view(services: Services, model_name, text_value, layer_index, head_inde
     model = services.models.get(name, progress)
     cfg = model.config
     if cfg.is_encoder_decoder:
-        raise UserError(
-            f"The mask demo reads decoder-only and encoder-only models; {name} is an encoder-decoder. "
-            "Pick smollm2-135m-instruct or minilm-l6."
-        )
+        refusal = UserError(f"The mask demo reads decoder-only and encoder-only models; {name} is an "
+                            "encoder-decoder. Pick smollm2-135m-instruct or minilm-l6.")
+        if data is not None:            # an export has nothing to write: it says why
+            raise refusal
+        return refused(refusal)
+    # layer and head: the page checks them before the run (a note under them); an API call gets the error
     layer = check_range("Layer", layer_index, 0, cfg.n_layers - 1)
     head = parse_head(head_index, cfg.n_heads, allow_mean=False)
-    tokens = encode(model, text, MAX_MASK_TOKENS)
-    if len(tokens.ids) < 2:
-        raise UserError("The mask demo needs at least 2 tokens of text.")
-    stages = stage_figures(model, tokens, layer, head, window_start, window_size, data)
+    try:
+        tokens = encode(model, text, MAX_MASK_TOKENS)
+        if len(tokens.ids) < 2:
+            raise UserError("The mask demo needs at least 2 tokens of text.")
+    except UserError as refusal:
+        if data is not None:            # an export has nothing to write: it says why
+            raise
+        return refused(refusal)
+    try:
+        stages = stage_figures(model, tokens, layer, head, window_start, window_size, data)
+        stage_refusal = ""
+    except UserError as refusal:        # the stages' own window: the other sections still run
+        if data is not None:
+            raise
+        stage_refusal = f"⚠️ The stages of eq. 2.1 are not drawn: {refusal}"
+        stages = [(f"stage-{mask}-{stage}", empty_figure(NOT_DRAWN))
+                  for mask in ("on", "off") for stage in attention_plots.STAGES]
     causal_fig, causal_text = causal_section(model, tokens.ids, data)
-    padding_fig, padding_text = padding_section(model, text_a, text_b, data)
+    try:
+        padding_fig, padding_text = padding_section(model, text_a, text_b, data)
+    except UserError as refusal:        # the padding texts: a note beside their figure
+        if data is not None:
+            raise
+        padding_fig, padding_text = empty_figure(NOT_DRAWN), f"⚠️ {refusal}"
     entropy_fig, entropy_text = entropy_section(model, tokens.ids, layer, head, data)
     note = f"⚠️ {tokens.note}" if tokens.note else f"{len(tokens.ids)} tokens."
-    note = " ".join(filter(None, (note, terms_note(cfg, layer))))
+    note = " ".join(filter(None, (stage_refusal, note, terms_note(cfg, layer))))
     return (note, *(named(fig, export.filename(name, view, layer, head)) for view, fig in stages),
             named(causal_fig, export.filename(name, "causal-mask")), causal_text,
             named(padding_fig, export.filename(name, "padding-mask")), padding_text,
@@ -215,10 +245,10 @@ def export_data(services: Services, model_name, text_value, layer_index, head_in
     return str(path), f"{len(files)} matrices as CSV: {', '.join(sorted(files))}."
 
 
-def own_window_words(check: dict | None, model_name: str) -> str:
+def own_window_words(check: dict | None, model_name: str, causal: bool = True) -> str:
     """What the loaded model's own window is, and the check that the demo's window reproduces it."""
     if check is None:
-        return f"{model_name} has no window of its own: every layer reads every earlier key."
+        return f"{model_name} has no window of its own: every layer reads every {'earlier ' if causal else ''}key."
     w = check["window"]
     words = (f"{model_name} has its own window of {w} keys on {check['sliding']} of its {check['layers']} layers. "
              f"The demo's mask for w = {w} is {'equal' if check['mask_equal'] else 'NOT equal'} to the family's own "
@@ -243,47 +273,81 @@ def cost_words(cost: dict, n: int) -> str:
             f"(a dense T × T matrix per head would hold {cost['dense']:,}).")
 
 
-def window_view(services: Services, model_name, text_value, layer_index, head_index, window_size, global_size,
-                progress=None):
-    """The body of the `window_mask` endpoint: the model run as loaded and with a sliding window of w keys (plus
-    the first g keys, a local + global mask) on every layer. Returns the note, the mask, the chosen head's weights
-    (full, windowed, difference), the KL per position, the cost per layer and the words for them."""
-    model = services.models.get(model_name, progress)
+def output_change_section(result: dict, model_name: str, n: int) -> tuple[object, str]:
+    """What the window changed in the output: the next-token KL per position (a model with an LM head), else each
+    position's relative change of its final hidden state and the cosine of the mean-pooled sentence embeddings."""
+    kl = result["kl"]
+    if kl is not None:
+        fig = line_figure(np.arange(n), {"KL(full ‖ window)": kl}, "Next-token KL, full → window", "position",
+                          "KL (nats)", reference={f"mean {kl.mean():.4f}": float(kl.mean())},
+                          subtitle="0 where the window hides nothing yet")
+        return fig, (f"KL from the full run's next-token distribution to the windowed run's: mean {kl.mean():.4f} "
+                     f"nats over {n} positions, largest {kl.max():.4f} at position {int(kl.argmax())}.")
+    change, cosine = result["change"], result["cosine"]
+    fig = line_figure(np.arange(n), {"‖h_window − h‖ / ‖h‖": change}, "Output change, full → window", "position",
+                      "relative change", reference={f"mean {change.mean():.4f}": float(change.mean())},
+                      subtitle="each position's final hidden state")
+    return fig, (f"{model_name} has no language-model head (a sentence encoder), so the window's effect is measured "
+                 f"on its output: each position's final hidden state moves by ‖h_window − h‖ / ‖h‖ = "
+                 f"{change.mean():.4f} on average over {n} positions, at most {change.max():.4f} at position "
+                 f"{int(change.argmax())}. The sentence embedding (the mean of the final hidden states over the "
+                 f"positions, as a sentence encoder pools them) with and without the window: cosine {cosine:.4f} "
+                 "(1 would be the same direction).")
+
+
+def window_settings(model, model_name, text_value, window_size, global_size):
+    """The window demo's own inputs checked: (tokens, w, g); a UserError names the first wrong one."""
     cfg = model.config
-    if not cfg.causal or cfg.is_encoder_decoder:
-        raise UserError(f"A sliding window narrows a causal mask, so the window demo reads decoder-only models; "
-                        f"{model_name} is {'an encoder-decoder' if cfg.is_encoder_decoder else 'an encoder'}. "
-                        "Pick a decoder such as smollm2-135m-instruct.")
-    layer = check_range("Layer", layer_index, 0, cfg.n_layers - 1)
-    head = parse_head(head_index, cfg.n_heads, allow_mean=False)
+    if cfg.is_encoder_decoder:
+        raise UserError(f"The window demo narrows one stack's self-attention, so it reads decoder-only and "
+                        f"encoder-only models; {model_name} is an encoder-decoder. Pick smollm2-135m-instruct or "
+                        "minilm-l6.")
     tokens = encode(model, text_value, MAX_WINDOW_TOKENS)
-    n = len(tokens.ids)
-    if n < 2:
+    if len(tokens.ids) < 2:
         raise UserError("The window demo needs at least 2 tokens of text.")
     window = check_range("Window w", window_size, 1, MAX_WINDOW_TOKENS)
     global_tokens = check_range("Global tokens g", global_size, 0, MAX_WINDOW_TOKENS)
+    return tokens, window, global_tokens
+
+
+def window_view(services: Services, model_name, text_value, layer_index, head_index, window_size, global_size,
+                progress=None):
+    """The body of the `window_mask` endpoint: the model run as loaded and with a window of w keys (plus the
+    first g keys, a local + global mask) on every layer: causal on a decoder, symmetric on an encoder (Longformer's
+    pattern). Returns the note, the mask, the chosen head's weights (full, windowed, difference), what the window
+    changed in the output (next-token KL, or an encoder's hidden-state change), the cost per layer and the words.
+    A refusal (wrong settings, an encoder-decoder) is the note, with every figure in its stated empty state."""
+    model = services.models.get(model_name, progress)
+    cfg = model.config
+    # layer and head: the page checks them before the run (a note under them); an API call gets the error
+    layer = check_range("Layer", layer_index, 0, cfg.n_layers - 1)
+    head = parse_head(head_index, cfg.n_heads, allow_mean=False)
+    try:
+        tokens, window, global_tokens = window_settings(model, model_name, text_value, window_size, global_size)
+    except UserError as refusal:
+        empty = empty_figure(NOT_DRAWN)
+        return f"⚠️ The window demo did not run: {refusal}", empty, empty, empty, empty, ""
+    n = len(tokens.ids)
     result = window_effect(model, tokens.ids, layer, head, window, global_tokens)
     kind = f"window w = {window}" + (f" + {global_tokens} global tokens" if global_tokens else "")
-    mask_fig = attention_plots.window_mask_figure(result["mask"], result["own_mask"], f"Mask: {kind}",
+    shape = "" if cfg.causal else "symmetric "
+    mask_fig = attention_plots.window_mask_figure(result["mask"], result["own_mask"], f"Mask: {shape}{kind}",
                                                   f"layer {layer}; blue read, orange hidden by the window")
-    weights_fig = attention_plots.window_weights_figure(*result["weights"], f"L{layer} H{head}: full vs {kind}")
-    kl = result["kl"]
-    if kl is None:
-        kl_fig, kl_words = empty_figure(f"{model_name} has no language-model head: no next-token distribution."), ""
-    else:
-        kl_fig = line_figure(np.arange(n), {"KL(full ‖ window)": kl}, "Next-token KL, full → window", "position",
-                             "KL (nats)", reference={f"mean {kl.mean():.4f}": float(kl.mean())},
-                             subtitle="0 where the window hides nothing yet")
-        kl_words = (f"KL from the full run's next-token distribution to the windowed run's: mean {kl.mean():.4f} "
-                    f"nats over {n} positions, largest {kl.max():.4f} at position {int(kl.argmax())}.")
+    weights_fig = attention_plots.window_weights_figure(*result["weights"], f"L{layer} H{head}: full vs {kind}",
+                                                        readable=result["own_mask"])
+    change_fig, change_words = output_change_section(result, model_name, n)
     per_layer = result["cost"]["per_layer"]
     cost_fig = bar_figure([str(i) for i in range(cfg.n_layers)], per_layer, "Scores per head, per layer",
                           "scores computed (Σ keys read)", x_title="layer", text_format=",.0f",
                           subtitle="counted from the masks, not timed")
     note = f"⚠️ {tokens.note}" if tokens.note else f"{n} tokens, {kind}."
-    words = " ".join(filter(None, (kl_words, cost_words(result["cost"], n),
-                                   own_window_words(own_window_check(model, tokens.ids), model_name))))
+    if not cfg.causal:
+        note += (f" {model_name} is an encoder: its window is symmetric, each query reads the keys fewer than w places "
+                 "away on either side, and the global tokens read every key and are read by every query "
+                 "(Longformer's local + global pattern).")
+    words = " ".join(filter(None, (change_words, cost_words(result["cost"], n),
+                                   own_window_words(own_window_check(model, tokens.ids), model_name, cfg.causal))))
     return (note, named(mask_fig, export.filename(model_name, f"window-mask-L{layer}")),
             named(weights_fig, export.filename(model_name, "window-weights", layer, head)),
-            named(kl_fig, export.filename(model_name, "window-kl")),
+            named(change_fig, export.filename(model_name, "window-kl" if cfg.causal else "window-change")),
             named(cost_fig, export.filename(model_name, "window-cost")), words)
