@@ -1,10 +1,12 @@
 """The Patching tab's figures: a patching sweep as a heatmap, direct logit attribution per head with an MLP bar,
-and the information-flow graph (tokens across, layers up). Token labels are escaped: Plotly reads a few tags in
+the information-flow graph (tokens across, layers up), and exact patching against each cheap estimate of it
+(shortcut_scatter). Token labels are escaped: Plotly reads a few tags in
 text, and a token may be one. A point that names a head carries customdata "layer.head", which the page reads on
 a click to open that head (an attention edge of the flow graph: its strongest head)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -156,4 +158,58 @@ def flow_figure(tokens: Sequence[str], n_layers: int, edges: Sequence[tuple], po
                      ticktext=[f"layer {layer}" for layer in range(0, n_layers, step)] + ["output"],
                      title_text="", range=[-0.8, 2 * n_layers + 0.8])
     fig.update_layout(legend={"orientation": "h", "y": 1.02, "x": 1, "xanchor": "right"})
+    return fig
+
+
+# ---- how good are the shortcuts: one scatter panel per method ----
+
+COLUMNS = 2          # panels per row
+PANEL_HEIGHT = 300   # px per row of panels
+DIAGONAL = "#b0b0b0"
+
+
+def number(value: float, digits: int = 2) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def panel_title(method: str, rho: float, overlap: float, k: int, cost: float, signed: bool) -> str:
+    against = "" if signed else " (vs |exact|)"
+    return (f"<b>{escaped(method)}</b>: ρ {number(rho)}{against}, top-{k} overlap {number(overlap)}, "
+            f"cost {number(cost, 1)} passes")
+
+
+def shortcut_scatter(exact: np.ndarray, estimates: Sequence[np.ndarray], methods: Sequence[str],
+                     rhos: Sequence[float], overlaps: Sequence[float], costs: Sequence[float],
+                     signed: Sequence[bool], names: Sequence[str], k: int, exact_cost: float,
+                     title: str) -> go.Figure:
+    """exact [N] (the exact normalised effect of each compared cell), estimates[m] [N] (method m's value on the
+    same cells), names [N] the cells. One panel per method: x the exact effect, y the estimate; a signed
+    estimate gets the diagonal y = x (where a perfect estimate lies), an unsigned one (the flow graph) none."""
+    exact = as_f32(exact)
+    if exact.ndim != 1 or any(as_f32(e).shape != exact.shape for e in estimates) or len(names) != exact.size:
+        raise ValueError("exact, every estimate and names must have one value per compared cell")
+    if not len(estimates) == len(methods) == len(rhos) == len(overlaps) == len(costs) == len(signed):
+        raise ValueError("each method needs its estimate, ρ, overlap, cost and sign")
+    rows = max(1, math.ceil(len(methods) / COLUMNS))
+    titles = [panel_title(m, r, o, k, c, s) for m, r, o, c, s in zip(methods, rhos, overlaps, costs, signed)]
+    fig = make_subplots(rows=rows, cols=COLUMNS, subplot_titles=titles, horizontal_spacing=0.1,
+                        vertical_spacing=0.22 / rows + 0.08)
+    labels = [escaped(n) for n in names]
+    low, high = float(np.nanmin(exact)) if exact.size else 0.0, float(np.nanmax(exact)) if exact.size else 1.0
+    for i, (method, estimate, is_signed) in enumerate(zip(methods, estimates, signed)):
+        row, col = i // COLUMNS + 1, i % COLUMNS + 1
+        estimate = as_f32(estimate)
+        fig.add_trace(go.Scatter(
+            x=exact, y=estimate, mode="markers", name=escaped(method), customdata=labels, showlegend=False,
+            marker={"size": 6, "opacity": 0.7},
+            hovertemplate=f"%{{customdata}}<br>exact %{{x:.3f}}<br>{escaped(method)} %{{y:.3f}}<extra></extra>"),
+            row=row, col=col)
+        if is_signed:
+            fig.add_trace(go.Scatter(x=[low, high], y=[low, high], mode="lines", showlegend=False,
+                                     hoverinfo="skip", line={"color": DIAGONAL, "dash": "dot", "width": 1}),
+                          row=row, col=col)
+        fig.update_xaxes(title_text="exact patching", row=row, col=col)
+        fig.update_yaxes(title_text="estimate" if is_signed else "importance", row=row, col=col)
+    fig.update_annotations(font={"size": 12})
+    base_layout(fig, f"{title} (exact sweep: {number(exact_cost, 1)} passes)", PANEL_HEIGHT * rows + 60, top=90)
     return fig

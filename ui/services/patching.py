@@ -2,7 +2,9 @@
 and encoded whole (a prompt over the limit is refused, never cut: the prediction explained is always the
 prompt's own), the answer and foil tokens (typed, or the runs' top tokens), the patching sweep streamed with its
 progress, direct logit attribution, and the information-flow graph, kept server-wide in the KeptStore under a
-session's ticket so a new threshold only re-prunes it. The core's refusals of its input come back as UserError."""
+session's ticket so a new threshold only re-prunes it, and how good the shortcuts are: the exact sweep against each
+cheap estimate of it (core.analysis.shortcuts: AtP, AtP*, EAP-IG, the flow graph) on the same pair, checked by the
+same prepare_pair. The core's refusals of its input come back as UserError."""
 
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from core.analysis import patching
+from core.analysis import patching, shortcuts
+from core.corpus import Pair
 from ui.services.checks import UserError, check_choice, check_float, check_range
 from ui.services.heads import next_token_reason
 from ui.services.jobs import JobUpdate, stream_job
@@ -317,3 +321,114 @@ def kept_flow(model, model_name: str, text, threshold, kept: KeptStore, previous
     seconds = time.perf_counter() - started
     kept.put(ticket, key, graph, graph_bytes(graph))
     return FlowResult(graph, tokens, seconds, FlowCache(key, ticket))
+
+
+# ---- how good are the shortcuts ----
+
+SHORTCUT_SITES = {  # the site name → what it is, in words
+    "z": "each head's output (layer × head)",
+    "resid_pre": "the residual stream entering each layer (layer × position)",
+}
+SITE_METHODS = {"z": shortcuts.METHODS, "resid_pre": ("atp", "atp*", "ig")}  # the flow graph has no resid_pre part
+METHOD_WORDS = {
+    "atp": "AtP (attribution patching: the activation difference times the metric's gradient)",
+    "atp*": "AtP* (AtP with the query/key fix; GradDrop not implemented)",
+    "ig": f"EAP-IG (the gradient averaged over {shortcuts.IG_POINTS} points between the two prompts)",
+    "flow": "the flow graph's importance (a proximity: no causal claim)",
+}
+K = 10   # the top-k compared
+STRONG = shortcuts.STRONG   # a strong cell's exact effect: this share of clean − corrupted or more
+
+
+def check_shortcut_site(name) -> str:
+    return check_choice("Site", name, SHORTCUT_SITES)
+
+
+def check_shortcut_method(name, site: str) -> str:
+    return check_choice("Method", name, SITE_METHODS[site],
+                        hint="(the flow graph has no part for resid_pre)" if site == "resid_pre" else "")
+
+
+def cell_names(site: str, shape: tuple[int, int], tokens: list[str]) -> list[str]:
+    """Each cell's name, row-major over the sweep's [rows, cols]: "L3 H5" for a head, "L2 pos 4 'token'" for a
+    residual cell."""
+    rows, cols = shape
+    if site == "z":
+        return [f"L{r} H{c}" for r in range(rows) for c in range(cols)]
+    return [f"L{r} pos {c} {tokens[c]!r}" for r in range(rows) for c in range(cols)]
+
+
+@dataclass
+class MethodAgreement:
+    method: str
+    estimates: np.ndarray       # [N] the method's value on each compared cell
+    rho: float                  # Spearman's ρ (against |exact| for the unsigned flow graph)
+    overlap: float              # the share of the exact top k in the method's top k
+    false_negatives: list[str]  # cells with |exact| ≥ STRONG the method ranks below k
+    signed_error: float         # mean method − exact on the strongest cells (NaN: unsigned)
+    cost: float                 # forward-pass equivalents on this pair
+    signed: bool
+
+
+@dataclass
+class PairShortcuts:
+    """The exact sweep and each method on the compared cells (those whose activation differs between the two
+    prompts) of one pair."""
+    site: str
+    mode: str
+    k: int
+    names: list[str]            # [N] the compared cells' names
+    exact: np.ndarray           # [N] the exact normalised scores
+    exact_cost: float           # the exact sweep's forward-pass equivalents
+    strong: int                 # cells with |exact| ≥ STRONG
+    clean_metric: float
+    corrupted_metric: float
+    methods: list[MethodAgreement]
+    cells: int                  # every cell of the sweep (the compared ones are a part)
+
+
+def as_core_pair(pair: PatchPair) -> Pair:
+    clean, corrupted = pair.ids
+    return Pair(clean[0], corrupted[0], pair.answer, pair.foil)
+
+
+def pair_shortcuts(model, pair: PatchPair, site_name, mode, k: int = K) -> PairShortcuts:
+    """Exact patching and every method the site has (SITE_METHODS), compared on this pair by shortcut_report."""
+    site, mode = check_shortcut_site(site_name), check_mode(mode)
+    check_differ(pair)
+    methods = SITE_METHODS[site]
+    with refusals_in_words():
+        report = shortcuts.shortcut_report(model, [as_core_pair(pair)], site, methods, k, mode)
+    if report.left_out:
+        raise UserError(next(iter(report.left_out.values())).capitalize().rstrip(".") + ".")
+    truth, cells, found = report.exact[0], report.cells[0], report.per_pair[0]
+    chosen = cells.flatten().numpy()
+    names = [n for n, keep in zip(cell_names(site, tuple(truth.scores.shape), token_texts(model, pair.clean.ids)),
+                                  chosen) if keep]
+    exact = truth.scores.flatten().numpy()[chosen]
+    width = truth.scores.shape[-1]
+    rows = []
+    for method in methods:
+        agreement, estimate = found[method], report.estimates[0][method]
+        rows.append(MethodAgreement(
+            method, estimate.scores.flatten().numpy()[chosen], agreement.rho, agreement.overlap,
+            [names[index_of(chosen, r * width + c)] for r, c in agreement.false_negatives],
+            agreement.signed_error, agreement.cost, method in shortcuts.SIGNED))
+    return PairShortcuts(site, mode, min(k, int(chosen.sum())), names, exact, float(report.exact_cost.mean),
+                         int(report.strong.mean), truth.clean_metric, truth.corrupted_metric, rows,
+                         truth.scores.numel())
+
+
+def index_of(chosen: np.ndarray, flat: int) -> int:
+    """The place among the compared cells of the sweep's flat cell `flat`."""
+    return int(chosen[:flat].sum())
+
+
+def one_estimate(model, pair: PatchPair, site_name, mode, method) -> shortcuts.ApproximateSweep:
+    """One method's map of the whole sweep (approximate_sweep), the exact sweep's shape and normalisation."""
+    site, mode = check_shortcut_site(site_name), check_mode(mode)
+    method = check_shortcut_method(method, site)
+    check_differ(pair)
+    clean, corrupted = (ids.to(model.device) for ids in pair.ids)
+    with refusals_in_words():
+        return shortcuts.approximate_sweep(model, clean, corrupted, pair.answer, pair.foil, site, mode, method)

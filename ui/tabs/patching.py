@@ -75,6 +75,7 @@ def build(services, picker, initial) -> Tab:
         gr.Markdown(INTRO)
     attribution = attribution_section(services, picker, clean, corrupted, answer, foil)
     flow = flow_section(services, picker, clean)
+    shortcut = shortcuts_section(services, picker, clean, corrupted, answer, foil, mode)
     picked = click_bridge("patch-head-bridge", ["patch-map", "patch-dla", "patch-flow"], HEAD_READ)
 
     sweep = dict(fn=handler(views.patch_view, services, "patch_sweep", heavy="A patching sweep"),
@@ -96,8 +97,9 @@ def build(services, picker, initial) -> Tab:
     first_sweep = dict(sweep, fn=handler(views.patch_view, services, "first_patching"))
     return Tab(text=clean, layer=layer, corrupted=corrupted, picked=picked, reveal=[sweep_fig],
                opening=opening(services, "patching", first_sweep, fresh=(2,)), switched=fields.followed,
-               results=[*attribution["results"], *flow["results"]],
-               press={note: run, **attribution["press"], **flow["press"]}, typical=[preset, mode])
+               results=[*attribution["results"], *flow["results"], *shortcut["results"]],
+               press={note: run, **attribution["press"], **flow["press"], **shortcut["press"]},
+               typical=[preset, mode])
 
 
 def attribution_section(services, picker, clean, corrupted, answer, foil) -> dict:
@@ -133,3 +135,48 @@ def flow_section(services, picker, clean) -> dict:
                  api_visibility="private", queue=False).then(**event, api_name="flow_graph")
     threshold.release(**event, api_visibility="private")
     return dict(results=[note, figure, file, cache], press={note: button})
+
+
+SHORTCUTS_INTRO = """Exact patching runs the model once per cell; researchers often use cheaper estimates instead.
+This compares them with the exact sweep on the pair above, in the direction chosen above: **AtP** (the activation
+difference times the metric's gradient, one forward and one backward pass), **AtP\\*** (AtP with the attention
+recomputed where a patch reaches a later layer's queries and keys; GradDrop not implemented), **EAP-IG** (the
+gradient averaged along the line between the two prompts) and, for heads, the **flow graph** (a proximity, not a
+cause). Each point is a cell, exact effect across, estimate up; a perfect estimate lies on the dotted diagonal.
+""" + views.WARNING
+
+SHORTCUT_SITE_CHOICES = [("each head (layer × head)", "z"), ("residual stream (layer × position)", "resid_pre")]
+METHOD_CHOICES = [("AtP", "atp"), ("AtP*", "atp*"), ("EAP-IG", "ig"), ("flow graph (heads only)", "flow")]
+
+
+def shortcuts_section(services, picker, clean, corrupted, answer, foil, mode) -> dict:
+    """How good are the shortcuts: the scatter of exact against each method (`shortcut_report`) and one method's
+    map (`approximate_sweep`). Returns its results and its notes' buttons (Tab.results, Tab.press)."""
+    gr.Markdown("### How good are the shortcuts?")
+    gr.Markdown(SHORTCUTS_INTRO)
+    with gr.Row():
+        site = gr.Dropdown(choices=SHORTCUT_SITE_CHOICES, value="z", label="Where to compare",
+                           elem_id="patch-shortcut-site", scale=2)
+        button = gr.Button("Compare with exact patching", elem_id="patch-shortcut-run", scale=1)
+    note = gr.Markdown(elem_id="patch-shortcut-note")
+    figure = gr.Plot(label="Exact effect against each shortcut's estimate, one point per cell",
+                     elem_id="patch-shortcut", visible=False)
+    button.click(lambda: gr.Plot(visible=True), None, figure, api_visibility="private", queue=False).then(
+        handler(views.shortcuts_view, services, "shortcut_report", heavy="A shortcut comparison"),
+        [picker.model, clean, corrupted, answer, foil, site, mode], [note, figure], api_name="shortcut_report",
+        **ON_HEAVY)
+    with gr.Accordion("One shortcut's whole map", open=False, elem_id="patch-estimate-more"):
+        with gr.Row():
+            method = gr.Dropdown(choices=METHOD_CHOICES, value="atp", label="Shortcut", elem_id="patch-estimate-method",
+                                 scale=2)
+            one = gr.Button("Map it", elem_id="patch-estimate-run", scale=1)
+        one_note = gr.Markdown(elem_id="patch-estimate-note")
+        one_figure = gr.Plot(label="The shortcut's estimate of every cell", elem_id="patch-estimate", visible=False)
+        one_file = gr.File(label="The estimate (CSV)", interactive=False, elem_id="patch-estimate-file", height=80,
+                           visible=False)
+    one.click(lambda: (gr.Plot(visible=True), gr.File(visible=True)), None, [one_figure, one_file],
+              api_visibility="private", queue=False).then(
+        handler(views.estimate_view, services, "approximate_sweep"),
+        [picker.model, clean, corrupted, answer, foil, site, mode, method], [one_note, one_figure, one_file],
+        api_name="approximate_sweep", **ON_ANALYSIS)
+    return dict(results=[note, figure, one_note, one_figure, one_file], press={note: button, one_note: one})

@@ -1,21 +1,25 @@
 """The Patching tab's views: which component, at which position, carries the answer. A patching sweep between a
 clean and a corrupted prompt, direct logit attribution of every head and MLP, and the information-flow graph;
-the bodies of the tab's endpoints. A pair the tab cannot measure (different token counts, a prompt over the
+and exact patching against each cheap estimate of it (shortcut_report, approximate_sweep); the bodies of the tab's
+endpoints. A pair the tab cannot measure (different token counts, a prompt over the
 limit, equal prompts, an answer of several tokens, an encoder) is answered in the note, with the figures left
 empty. Every word about a cell follows the direction shown: denoising measures what a patch brings back,
 noising what stays."""
 
 from __future__ import annotations
 
+import math
 from contextlib import closing
 
 from ui.plots.base import empty_figure
-from ui.plots.patching import flow_figure, logit_attribution_figure, patch_heatmap
+from ui.plots.patching import flow_figure, logit_attribution_figure, patch_heatmap, shortcut_scatter
 from ui.plots.text import escaped
 from ui.services import Services
 from ui.services.checks import UserError
-from ui.services.patching import (MAX_FLOW_TOKENS, MAX_PATCH_TOKENS, FlowResult, PatchPair, TokenMismatch,
-                                  check_sweep, check_threshold, kept_flow, logit_parts, prepare_pair, stream_patching)
+from ui.services.patching import (MAX_FLOW_TOKENS, MAX_PATCH_TOKENS, METHOD_WORDS, SHORTCUT_SITES, STRONG,
+                                  FlowResult, PairShortcuts, PatchPair, TokenMismatch, check_shortcut_site,
+                                  check_sweep, check_threshold, kept_flow, logit_parts, one_estimate, pair_shortcuts,
+                                  prepare_pair, stream_patching)
 from ui.services.text import token_texts
 from ui.views import export
 
@@ -293,3 +297,97 @@ def flow_view(services: Services, model_name, clean_prompt, threshold, previous=
 LIMITS = (f"Patching and logit attribution read prompts of up to {MAX_PATCH_TOKENS} tokens, the flow graph up to "
           f"{MAX_FLOW_TOKENS}; a longer prompt is refused, not cut, so the prediction explained is always the "
           "prompt's own.")
+
+
+# ---- how good are the shortcuts ----
+
+WARNING = ("A method's map can look right and still rank the wrong heads: a high ρ over every cell is carried by "
+           "the many small ones, while the few cells that matter may be missed. Read the top-k overlap and the "
+           "cells it misses beside ρ, and trust a shortcut only where it has been checked against patching.")
+
+
+def method_line(row, k: int) -> str:
+    missed = ", ".join(escaped(n) for n in row.false_negatives[:6]) + ("…" if len(row.false_negatives) > 6 else "")
+    error = "" if math.isnan(row.signed_error) else f", signed error on the strongest cells {row.signed_error:+.2f}"
+    return (f"- **{escaped(row.method)}**, {escaped(METHOD_WORDS[row.method])}: ρ {row.rho:.2f}, top-{k} overlap "
+            f"{row.overlap:.2f}{error}, cost **{row.cost:.1f}** forward passes; "
+            + (f"misses {len(row.false_negatives)} strong cell(s) ({missed})." if row.false_negatives
+               else "misses no strong cell."))
+
+
+def report_note(result: PairShortcuts, pair, model_name: str) -> str:
+    words = MODE_WORDS[result.mode]
+    lines = "\n".join(method_line(row, result.k) for row in result.methods)
+    return (
+        f"**{WARNING}**  \n"
+        f"Computed on model {escaped(model_name)}: this pair, {words['gerund'].lower()}, "
+        f"{escaped(SHORTCUT_SITES[result.site])}; the metric {metric_words(pair)} is **{result.clean_metric:+.3f}** "
+        f"clean and **{result.corrupted_metric:+.3f}** corrupted. Exact patching took **{result.exact_cost:.1f}** "
+        f"forward passes. Compared: the {len(result.names)} of {result.cells} cells whose activation differs "
+        f"between the two prompts (the others are 0 in every method); k = {result.k}; {result.strong} cell(s) reach "
+        f"{STRONG:g} of the clean − corrupted difference"
+        + (f", more than k, so even a perfect ranking leaves {result.strong - result.k} of them below k" if
+           result.strong > result.k else "") + ".\n\n" + lines
+        + "\n\nCost is each method's time over one forward pass of this pair, measured now (noisy on a busy machine).")
+
+
+def shortcuts_view(services: Services, model_name, clean_prompt, corrupted_prompt, answer_token, foil_token, site,
+                   mode, progress=None):
+    """(note, figure): exact patching against every shortcut the site has, on the tab's pair; the body of the
+    `shortcut_report` endpoint."""
+    name = model_name
+    model = services.models.get(name, progress)
+    view = f"shortcuts-{site}-{mode}"
+    try:
+        check_shortcut_site(site)
+        pair = prepare_pair(model, clean_prompt, corrupted_prompt, answer_token, foil_token)
+        result = pair_shortcuts(model, pair, site, mode)
+    except TokenMismatch as error:
+        return mismatch_note(error), nothing("The prompts differ in token count.", name, view)
+    except UserError as error:
+        return escaped(str(error)), nothing("Nothing to compare yet.", name, view)
+    rows = result.methods
+    title = f"{MODE_WORDS[result.mode]['gerund']} {result.site}: exact patching against each shortcut"
+    fig = shortcut_scatter(result.exact, [r.estimates for r in rows], [r.method for r in rows],
+                           [r.rho for r in rows], [r.overlap for r in rows], [r.cost for r in rows],
+                           [r.signed for r in rows], result.names, result.k, result.exact_cost, title)
+    return report_note(result, pair, name), export.named(fig, export.filename(name, view))
+
+
+def estimate_view(services: Services, model_name, clean_prompt, corrupted_prompt, answer_token, foil_token, site,
+                  mode, method, progress=None):
+    """(note, figure, data file): one shortcut's map of the whole sweep, in the exact sweep's normalisation; the
+    body of the `approximate_sweep` endpoint."""
+    name = model_name
+    model = services.models.get(name, progress)
+    view = f"approximate-{site}-{mode}-{method}".replace("*", "star")
+    try:
+        pair = prepare_pair(model, clean_prompt, corrupted_prompt, answer_token, foil_token)
+        sweep = one_estimate(model, pair, site, mode, method)
+    except TokenMismatch as error:
+        return mismatch_note(error), nothing("The prompts differ in token count.", name, view), None
+    except UserError as error:
+        return escaped(str(error)), nothing("Nothing to estimate yet.", name, view), None
+    words = MODE_WORDS[sweep.mode]
+    tokens = token_texts(model, pair.clean.ids)
+    rows, cols = sweep.axes
+    signed = sweep.method != "flow"
+    title = (f"{escaped(sweep.method)}'s estimate of {words['gerund'].lower()} {sweep.site}" if signed
+             else f"The flow graph's importance of each {'head' if sweep.site == 'z' else 'cell'} (no causal claim)")
+    fig = patch_heatmap(sweep.scores.numpy(), sweep.metrics.numpy(), rows, cols, tokens, title,
+                        value_name=f"estimated {words['value']}" if signed else "importance",
+                        scale_ticks=words["ticks"] if signed else None)
+    note = (f"**{escaped(METHOD_WORDS[sweep.method])}** of {escaped(SHORTCUT_SITES[sweep.site])}, "
+            f"{words['direction']}; metric {metric_words(pair)}: {sweep.clean_metric:+.3f} clean, "
+            f"{sweep.corrupted_metric:+.3f} corrupted. " + escaped(sweep.note) + " "
+            + ("An estimate, not a measurement: compare it with the exact sweep above. " if signed else "")
+            + WARNING)
+    labels_r = [str(i) for i in range(sweep.scores.shape[0])]
+    labels_c = ([f"{i} {t}" for i, t in enumerate(tokens)] if cols == "position"
+                else [str(i) for i in range(sweep.scores.shape[1])])
+    csv = export.matrix_csv(sweep.scores.numpy(), labels_r, labels_c, f"{rows} \\ {cols}",
+                            comments=[f"model {name}", f"{sweep.method} estimate of the {sweep.mode} {sweep.site} sweep"
+                                      f" of logit({pair.pieces[0]!r}) - logit({pair.pieces[1]!r})"
+                                      + ("" if signed else " (flow-graph importance, not a fraction)")])
+    file = export.write(csv, export.filename(name, view) + ".csv")
+    return note, export.named(fig, export.filename(name, view)), str(file)
