@@ -547,6 +547,9 @@ def test_mask_tab(page, tiny, kind, text, layer, head, start, size, text_a, text
 def assert_mask_outputs(outputs) -> None:
     assert_small([outputs])
     stages = [fig for _, fig in figures(outputs[1:7])]  # causal mask on: scores, + mask, softmax; then off
+    if "⚠️" in outputs[0] and not any(fig["data"] for fig in stages):   # a refusal: a note, the figures empty
+        assert "not drawn" in outputs[0] or "needs at least 2 tokens" in outputs[0], outputs[0]
+        return
     softmax = [fig["data"][0] for fig in stages[2::3]]
     assert len(stages) == 6 and len(softmax) == 2
     for trace in softmax:
