@@ -19,8 +19,8 @@ from core.analysis import patching, shortcuts
 from tiny_app_model import build_tiny_bert, build_tiny_llama, plotly_array
 from ui.plots.patching import shortcut_scatter
 from ui.services.checks import UserError
-from ui.services.patching import (MAX_PATCH_TOKENS, SITE_METHODS, TokenMismatch, cell_names, one_estimate,
-                                  pair_shortcuts, prepare_pair)
+from ui.services.patching import (MAX_PATCH_TOKENS, SITE_METHODS, MethodAgreement, TokenMismatch, cell_names,
+                                  one_estimate, pair_shortcuts, prepare_pair)
 from ui.services.text import token_texts
 
 CLEAN, CORRUPTED = "the bread is warm and the lamp", "the bread is warm and the shop"
@@ -117,3 +117,13 @@ def test_the_scatter_draws_each_method_against_exact_with_its_numbers_in_the_tit
     assert "exact sweep: 17.4 passes" in data["layout"]["title"]["text"]
     with pytest.raises(ValueError, match="one value per compared cell"):
         shortcut_scatter(exact, [atp[:3]], ["atp"], [1.0], [1.0], [1.0], [True], names, 2, 1.0, "t")
+
+
+def test_a_methods_line_keeps_its_star_and_says_when_rho_is_undefined():
+    from ui.views.patching import method_line
+    row = MethodAgreement("atp*", np.zeros(3), 0.5, 1.0, ["L1 pos 2 '_x*'"], 0.02, 3.0, True)
+    line = method_line(row, 2)
+    assert line.startswith("- **atp\\***") and "L1 pos 2 '\\_x\\*'" in line and "ρ 0.50" in line
+    flow = MethodAgreement("flow", np.zeros(3), float("nan"), 0.0, [], float("nan"), 1.0, False)
+    line = method_line(flow, 2)
+    assert "ρ against |exact| — (one of the maps is constant)" in line and "signed error" not in line

@@ -306,11 +306,18 @@ WARNING = ("A method's map can look right and still rank the wrong heads: a high
            "cells it misses beside ρ, and trust a shortcut only where it has been checked against patching.")
 
 
+def as_text(text: str) -> str:
+    """Text escaped for Markdown too: a method's "*" and a token's "*" or "_" stay characters, not emphasis."""
+    return escaped(text).replace("*", "\\*").replace("_", "\\_")
+
+
 def method_line(row, k: int) -> str:
-    missed = ", ".join(escaped(n) for n in row.false_negatives[:6]) + ("…" if len(row.false_negatives) > 6 else "")
+    missed = ", ".join(as_text(n) for n in row.false_negatives[:6]) + ("…" if len(row.false_negatives) > 6 else "")
     error = "" if math.isnan(row.signed_error) else f", signed error on the strongest cells {row.signed_error:+.2f}"
-    return (f"- **{escaped(row.method)}**, {escaped(METHOD_WORDS[row.method])}: ρ {row.rho:.2f}, top-{k} overlap "
-            f"{row.overlap:.2f}{error}, cost **{row.cost:.1f}** forward passes; "
+    rho = "— (one of the maps is constant)" if math.isnan(row.rho) else f"{row.rho:.2f}"
+    return (f"- **{as_text(row.method)}**, {as_text(METHOD_WORDS[row.method])}: ρ "
+            f"{'against |exact| ' if not row.signed else ''}{rho}, top-{k} overlap {row.overlap:.2f}{error}, cost "
+            f"**{row.cost:.1f}** forward passes; "
             + (f"misses {len(row.false_negatives)} strong cell(s) ({missed})." if row.false_negatives
                else "misses no strong cell."))
 
