@@ -18,7 +18,7 @@ from ui.views import export
 from ui.views.export import named
 
 
-NOT_DRAWN = "Not computed: the note beside this figure says why."   # a figure a refusal keeps empty
+NOT_DRAWN = "Not computed: the note says why."   # a figure a refusal keeps empty
 
 
 def stage_figures(model, tokens: Encoded, layer: int, head: int, start: int, size: int,
@@ -343,8 +343,8 @@ def window_view(services: Services, model_name, text_value, layer_index, head_in
     note = f"⚠️ {tokens.note}" if tokens.note else f"{n} tokens, {kind}."
     if not cfg.causal:
         note += (f" {model_name} is an encoder: its window is symmetric, each query reads the keys fewer than w places "
-                 "away on either side, and the global tokens read every key and are read by every query "
-                 "(Longformer's local + global pattern).")
+                 "away on either side" + (", and the global tokens read every key and are read by every query "
+                                          "(Longformer's local + global pattern)." if global_tokens else "."))
     words = " ".join(filter(None, (change_words, cost_words(result["cost"], n),
                                    own_window_words(own_window_check(model, tokens.ids), model_name, cfg.causal))))
     return (note, named(mask_fig, export.filename(model_name, f"window-mask-L{layer}")),
