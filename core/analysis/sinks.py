@@ -88,7 +88,7 @@ def check_sinks_input(model, texts, k: int, epsilon: float) -> tuple[list[Tensor
         raise ValueError(f"epsilon={epsilon!r}: the threshold on a head's attention must lie in [0, 1)")
     texts = check_texts(model, texts)
     causal = stack.cfg.causal
-    short = [i for i, t in enumerate(texts) if len(t) <= (k if causal else max(k, 1))]
+    short = [i for i, t in enumerate(texts) if len(t) <= k]
     if short:
         raise ValueError(f"texts {short[:20]} have at most {k} tokens: a decoder's score on the first {k} needs a "
                          f"query after them (and an encoder's [SEP] a token after [CLS]); give longer texts or a "
