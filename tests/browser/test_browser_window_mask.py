@@ -1,7 +1,7 @@
 """The Masks tab's window demo in a real browser (headless Chromium, Playwright), on a tiny random model: after a
 run its four figures (mask, one head's weights full vs windowed, next-token KL, cost) are drawn, no two overlap,
-each stays within the window at 1400 px and on a 390 px phone, and every title stays inside its figure.
-Screenshots window-mask-wide and window-mask-narrow land in tests/screenshots/ (git-ignored)."""
+each stays within the window at 1400 px and on a 390 px phone, and every title stays inside its figure; a window
+it cannot run is a note with the figures in their stated empty state, no toast and no "Error" box. Screenshots window-mask-wide and window-mask-narrow land in tests/screenshots/ (git-ignored)."""
 
 from __future__ import annotations
 
@@ -73,6 +73,25 @@ def test_the_window_figures_are_drawn_apart_and_within_the_page(browser, app_url
             width = page.evaluate("() => document.documentElement.scrollWidth")
             assert width <= viewport["width"], f"the page scrolls sideways: {width} px"
         screenshot(page, shot)
+    finally:
+        context.close()
+    assert not errors, errors
+
+
+def test_a_window_setting_it_cannot_run_is_a_note_not_an_error(browser, app_url):
+    context, page, errors = open_page(browser, f"{app_url}?tab=masks", WIDE)
+    try:
+        expect(page.locator("#window-run")).to_be_attached(timeout=TIMEOUT_MS)
+        page.locator("#window-size input").fill("0")
+        page.locator("#window-run").scroll_into_view_if_needed()
+        page.locator("#window-run").click()
+        expect(page.locator("#window-note")).to_contain_text("Window w must be between 1 and 256, got 0",
+                                                             timeout=TIMEOUT_MS)
+        for elem_id in FIGURES:   # each figure in its stated empty state, no "Error" box
+            expect(page.locator(f"#{elem_id}")).to_contain_text("Not computed", timeout=TIMEOUT_MS)
+            assert "Error" not in page.locator(f"#{elem_id}").inner_text()
+        settled(page)
+        assert page.locator(".toast-body").count() == 0, "a refusal became a toast"
     finally:
         context.close()
     assert not errors, errors
