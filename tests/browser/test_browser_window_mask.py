@@ -1,7 +1,8 @@
 """The Masks tab's window demo in a real browser (headless Chromium, Playwright), on a tiny random model: after a
 run its four figures (mask, one head's weights full vs windowed, next-token KL, cost) are drawn, no two overlap,
 each stays within the window at 1400 px and on a 390 px phone, and every title stays inside its figure; a window
-it cannot run is a note with the figures in their stated empty state, no toast and no "Error" box. Screenshots window-mask-wide and window-mask-narrow land in tests/screenshots/ (git-ignored)."""
+it cannot run is a note with the figures in their stated empty state, no toast and no "Error" box.
+Screenshots window-mask-wide and window-mask-narrow land in tests/screenshots/ (git-ignored)."""
 
 from __future__ import annotations
 
