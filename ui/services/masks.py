@@ -228,9 +228,9 @@ def own_window_check(model, ids: list[int]) -> dict | None:
 
 
 def hidden_change(full: torch.Tensor, windowed: torch.Tensor) -> tuple[np.ndarray, float]:
-    """What the window changed in an encoder's output, from the final hidden states [1, T, d] of the two runs: the
-    relative change ‖h_window − h_full‖ / ‖h_full‖ at each position [T], and the cosine between the two sentence
-    embeddings, each the mean of its run's final hidden states over the positions (mean pooling)."""
+    """What the window changed in an encoder's output, from the final hidden states [1, T, d] of the two runs:
+    the relative change ‖h_window − h_full‖ / ‖h_full‖ at each position [T], and the cosine between the two
+    sentence embeddings, each the mean of its run's final hidden states over the positions (mean pooling)."""
     full, windowed = full[0].float(), windowed[0].float()                         # [T, d]
     change = (windowed - full).norm(dim=-1) / full.norm(dim=-1).clamp_min(1e-12)
     cosine = torch.nn.functional.cosine_similarity(full.mean(0), windowed.mean(0), dim=0)

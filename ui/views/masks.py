@@ -284,8 +284,8 @@ def output_change_section(result: dict, model_name: str, n: int) -> tuple[object
         return fig, (f"KL from the full run's next-token distribution to the windowed run's: mean {kl.mean():.4f} "
                      f"nats over {n} positions, largest {kl.max():.4f} at position {int(kl.argmax())}.")
     change, cosine = result["change"], result["cosine"]
-    fig = line_figure(np.arange(n), {"‖h_window − h‖ / ‖h‖": change}, "Output change, full → window", "position",
-                      "relative change", reference={f"mean {change.mean():.4f}": float(change.mean())},
+    fig = line_figure(np.arange(n), {"‖h_window − h‖ / ‖h‖": change}, "Output change, full → window",
+                      "position", "relative change", reference={f"mean {change.mean():.4f}": float(change.mean())},
                       subtitle="each position's final hidden state")
     return fig, (f"{model_name} has no language-model head (a sentence encoder), so the window's effect is measured "
                  f"on its output: each position's final hidden state moves by ‖h_window − h‖ / ‖h‖ = "
