@@ -143,6 +143,7 @@ difference times the metric's gradient, one forward and one backward pass), **At
 recomputed where a patch reaches a later layer's queries and keys; GradDrop not implemented), **EAP-IG** (the
 gradient averaged along the line between the two prompts) and, for heads, the **flow graph** (a proximity, not a
 cause). Each point is a cell, exact effect across, estimate up; a perfect estimate lies on the dotted diagonal.
+It runs the exact sweep and every method, each timed: the slowest button of this tab.
 """ + views.WARNING
 
 SHORTCUT_SITE_CHOICES = [("each head (layer × head)", "z"), ("residual stream (layer × position)", "resid_pre")]
