@@ -149,7 +149,8 @@ def wire_typical(button, name: str, tab: Tab, across_tab, tabs, current_tab) -> 
         return gr.Tabs(selected="corpus"), "corpus", corpus, across.DEFAULT_N, *typical_settings(name, *values)
 
     event = button.click(open_across, fields, [tabs, current_tab, across_tab.corpus, across_tab.n, *settings],
-                         api_visibility="private", queue=False).then(**across_tab.runs[run], api_visibility="private")
+                         api_visibility="private", queue=False).then(**across_tab.show_map).then(
+                             **across_tab.runs[run], api_visibility="private")
     across_tab.stop.click(None, None, None, cancels=[event], api_visibility="private")
     if name == "patching":
         preset = fields[0]

@@ -146,7 +146,9 @@ def test_a_model_change_clears_the_tabs_results(space):
     assert ids == ["corpus-note", "corpus-map", "corpus-cell-note", "corpus-strip", None, "corpus-export-files",
                    "corpus-examples-note", "corpus-examples", "corpus-qk-note", "corpus-qk"]
     note, mean_map, cell, strip, kept, files, examples_note, table, plane_note, plane = switch.fn("other-model")
-    assert mean_map is None and strip is None and kept is None and cell == "" and table == "" and plane is None
+    for figure in (mean_map, strip, plane):                                          # emptied and hidden again
+        assert figure == {"__type__": "update", "value": None, "visible": False}
+    assert kept is None and cell == "" and table == ""
     assert f"**{across.PLANE_BUTTON}**" in plane_note
     assert files.visible is False and files.value is None                             # hidden, emptied
     assert note.startswith("Now on other-model:") and all(f"**{b}**" in note for b in across.RUN_BUTTONS)

@@ -25,6 +25,9 @@ from ui.views.corpus.qk import qk_view
 LEAD = """**How typical is this?** One text is an anecdote. Run an analysis over many texts (or prompt pairs) and
 see each head's mean with its 95 % confidence interval, and every item's own value for one cell."""
 
+EMPTY = ("Nothing is computed on this page yet: choose a corpus and run one of the analyses on the left; its "
+         "mean map, the chosen cell's strip and the query/key plane appear here.")
+
 HOW_TO_READ = """Each cell of the map is the **mean over the corpus**; hover it for the interval [low, high] (the
 95 % confidence interval of the mean, Student's t over items: mean ± t · s/√n) and n. The strip under it shows
 the chosen cell item by item: a dot per text or pair, the mean as a line, the interval as a band. A narrow
@@ -50,14 +53,6 @@ def build(services, picker, initial) -> SimpleNamespace:
             corpus = gr.Dropdown(list(CORPORA), value=CORPORA[0], label="Corpus", elem_id="corpus-source")
             n = gr.Number(DEFAULT_N, label=f"Items (n): texts up to {MAX_TEXTS}, pairs up to {MAX_PAIRS}",
                           precision=0, elem_id="corpus-n")
-            upload = gr.File(label="Your corpus (.txt, .jsonl, .csv)", file_types=[".txt", ".jsonl", ".csv"],
-                             type="filepath", elem_id="corpus-upload")
-            gr.Markdown(UPLOAD_WORDS, elem_classes=["field-note"])
-            with gr.Row():
-                row = gr.Number(0, label="Cell: layer (head, for one layer's heads)", precision=0,
-                                elem_id="corpus-row", min_width=120)
-                col = gr.Number(0, label="Cell: head (or position)", precision=0, elem_id="corpus-col",
-                                min_width=120)
             with gr.Accordion("Head scores (texts)", open=True, elem_id="corpus-heads-box"):
                 kind = gr.Dropdown(list(KINDS), value="induction", label="Score", elem_id="corpus-kind")
                 heads_run = gr.Button(views.RUN_BUTTONS[0], variant="primary", elem_id="corpus-heads-run")
@@ -78,15 +73,27 @@ def build(services, picker, initial) -> SimpleNamespace:
                 examples_run = gr.Button(views.EXAMPLES_BUTTON, variant="primary", elem_id="corpus-examples-run")
             plane = plane_box()
             ablation, ablation_run = ablation_box()
+            # below the analyses, so that the first run's button stays in view: the cell the strip shows (a click
+            # on the map sets it), and a corpus of one's own (the built-in corpora need no file)
+            with gr.Row():
+                row = gr.Number(0, label="Cell: layer (head, for one layer's heads)", precision=0,
+                                elem_id="corpus-row", min_width=120)
+                col = gr.Number(0, label="Cell: head (or position)", precision=0, elem_id="corpus-col",
+                                min_width=120)
+            upload = gr.File(label="Your corpus (.txt, .jsonl, .csv)", file_types=[".txt", ".jsonl", ".csv"],
+                             type="filepath", elem_id="corpus-upload")
+            gr.Markdown(UPLOAD_WORDS, elem_classes=["field-note"])
             stop = gr.Button("Stop", variant="stop", elem_id="corpus-stop")
             gr.Markdown(cap_words(services.settings.corpus_max_seconds), elem_classes=["field-note"],
                         elem_id="corpus-cap")
         with gr.Column(scale=3, min_width=340):
             gr.Markdown(HOW_TO_READ, elem_classes=["how-to-read"])
-            note = gr.Markdown(elem_id="corpus-note")
-            mean_fig = gr.Plot(label="The mean over the corpus (click a cell for its items)", elem_id="corpus-map")
+            note = gr.Markdown(EMPTY, elem_id="corpus-note")
+            # hidden until a job draws them: the tab opens on its empty state in words, not on empty boxes
+            mean_fig = gr.Plot(label="The mean over the corpus (click a cell for its items)", elem_id="corpus-map",
+                               visible=False)
             cell_note = gr.Markdown(elem_id="corpus-cell-note")
-            strip_fig = gr.Plot(label="The chosen cell, item by item", elem_id="corpus-strip")
+            strip_fig = gr.Plot(label="The chosen cell, item by item", elem_id="corpus-strip", visible=False)
             with gr.Row():
                 export_button = gr.Button("Export the finished job (CSV, .npz)", size="sm", elem_id="corpus-export",
                                           scale=0, min_width=220)
@@ -95,7 +102,8 @@ def build(services, picker, initial) -> SimpleNamespace:
             examples_note = gr.Markdown(elem_id="corpus-examples-note")
             examples_table = gr.HTML(elem_id="corpus-examples")
             plane_note = gr.Markdown(elem_id="corpus-qk-note")
-            plane_fig = gr.Plot(label="One head's queries and keys over the corpus", elem_id="corpus-qk")
+            plane_fig = gr.Plot(label="One head's queries and keys over the corpus", elem_id="corpus-qk",
+                                visible=False)
     kept = gr.State(None, time_to_live=1800)   # a KeptRef: the ticket of the session's last result
     outputs = [note, mean_fig, strip_fig, kept]
     common = [picker.model, corpus, n, upload]
@@ -110,18 +118,20 @@ def build(services, picker, initial) -> SimpleNamespace:
                           [*common, site, mode, layer, row, col, kept]),
                 ablation=job(views.ablation_view, "corpus_ablation", "An ablation job over a corpus",
                              [*common, ablation, row, col, kept]))
+    show_map = shown([mean_fig, strip_fig])
     events = [
-        heads_run.click(**runs["heads"], api_name="corpus_heads"),
-        attribution_run.click(**job(views.attribution_view, "corpus_attribution", "An attribution job over a corpus",
+        heads_run.click(**show_map).then(**runs["heads"], api_name="corpus_heads"),
+        attribution_run.click(**show_map).then(**job(views.attribution_view, "corpus_attribution", "An attribution job over a corpus",
                                     [*common, row, col, kept]), api_name="corpus_attribution"),
-        patch_run.click(**runs["patch"], api_name="corpus_patch"),
+        patch_run.click(**show_map).then(**runs["patch"], api_name="corpus_patch"),
         examples_run.click(handler(views.examples_view, services, "corpus_examples", heavy="A top-examples job"),
                            [*common, ex_layer, ex_head, ex_k], [examples_note, examples_table],
                            api_name="corpus_examples", **ON_HEAVY),
-        plane.run.click(handler(qk_view, services, "corpus_qk", heavy="A query/key plane over a corpus"),
+        plane.run.click(**shown([plane_fig])).then(
+                        handler(qk_view, services, "corpus_qk", heavy="A query/key plane over a corpus"),
                         [*common, plane.layer, plane.head], [plane_note, plane_fig], api_name="corpus_qk",
                         **ON_HEAVY),
-        ablation_run.click(**runs["ablation"], api_name="corpus_ablation"),
+        ablation_run.click(**show_map).then(**runs["ablation"], api_name="corpus_ablation"),
     ]
     # cancel first, then relabel: the figures keep the last summary the job sent
     stop.click(None, None, None, cancels=events, api_visibility="private").then(
@@ -134,7 +144,7 @@ def build(services, picker, initial) -> SimpleNamespace:
     wire_switch(picker, events, [note, mean_fig, cell_note, strip_fig, kept, export_files, examples_note,
                                  examples_table, plane_note, plane_fig])
     return SimpleNamespace(corpus=corpus, n=n, kind=kind, site=site, mode=mode, row=row, col=col, runs=runs,
-                           stop=stop, note=note)
+                           stop=stop, note=note, show_map=show_map)
 
 
 def cap_words(max_seconds: float) -> str:
@@ -183,6 +193,14 @@ def wire_cells(services, row, col, kept, outputs) -> None:
         field.submit(**cell)
 
 
+def shown(figures: list) -> dict:
+    """The event that shows `figures` (hidden until a first job) before the job that draws them runs."""
+    def show():
+        return [gr.Plot(visible=True) for _ in figures] if len(figures) > 1 else gr.Plot(visible=True)
+
+    return dict(fn=show, inputs=None, outputs=figures, api_visibility="private", queue=False)
+
+
 def for_its_page(event):
     """A handler's event whose view takes `page` (the session it saves jobs for), as Gradio calls it: the same
     parameters without `page`, which comes from the request (gr.Request, which Gradio fills; the API's inputs are
@@ -213,8 +231,9 @@ def wire_switch(picker, jobs: list, outputs: list) -> None:
     saying which button computes them for the new model. outputs in that order."""
     def switch(model_name):
         note, examples_note, plane_note = views.switched(model_name)
-        return (note, None, "", None, None, gr.File(value=None, visible=False), examples_note, "", plane_note,
-                None)
+        hidden = gr.update(value=None, visible=False)
+        return (note, hidden, "", hidden, None, gr.File(value=None, visible=False), examples_note, "", plane_note,
+                hidden)
 
     switch.__name__ = switch.__qualname__ = "switch_corpus"   # as ui/page.py names each tab's
     # the cancel on the change itself: Gradio never fires the cancel of a .success (it has no event of its own)
