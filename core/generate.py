@@ -370,14 +370,8 @@ def rolling_decode_step(model, tokens: Tensor, cache: RollingKVCache) -> Tensor:
     """decode_step over a RollingKVCache: one new token per row [B, 1] at cache.slot → logits [B, vocab]. The
     full layers read the whole cache under the static step's mask; the rolling layers read their ring under
     cache.ring_allowed(), with their own rotation (Gemma's local RoPE base). The caller advances the cache."""
-    from .model import LayerTerms  # noqa: PLC0415 - model imports this module
-
     stack = model.stack
-    setup, position_ids = model.static_setup(stack, cache)
-    rope = setup.sliding.rope if setup.sliding is not None else setup.rope
-    setup.layer_types = tuple("sliding" if w else "full" for w in cache.windowed)
-    setup.sliding = LayerTerms(cache.ring_allowed(), False, rope)
-    setup.cache = cache
+    setup, position_ids = model.ring_setup(stack, cache)
     x = stack.embed(tokens, position_ids, None, True)
     return model.logits(stack(x, setup))[:, -1]
 

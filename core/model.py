@@ -369,6 +369,17 @@ class Transformer(nn.Module):
             setup.bias = stack.score_bias(query_pos, key_pos)
         return setup, position_ids
 
+    def ring_setup(self, stack: Stack, cache) -> tuple[AttentionSetup, Tensor]:
+        """static_setup over a RollingKVCache (core.kv_cache): the full layers read the whole cache under the static
+        step's mask; the windowed layers read their ring under cache.ring_allowed(), with their own rotation
+        (Gemma's local RoPE base)."""
+        setup, position_ids = self.static_setup(stack, cache)
+        rope = setup.sliding.rope if setup.sliding is not None else setup.rope
+        setup.layer_types = tuple("sliding" if w else "full" for w in cache.windowed)
+        setup.sliding = LayerTerms(cache.ring_allowed(), False, rope)
+        setup.cache = cache
+        return setup, position_ids
+
     def rope(self, stack: Stack, position_ids: Tensor, positions: bool,
              local: bool = False) -> tuple[Tensor, Tensor] | None:
         """cos, sin [B, 1, T, rotary_dim] at position_ids [B, T]; local: with the "sliding" layers' own base."""

