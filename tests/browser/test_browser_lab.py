@@ -48,7 +48,8 @@ def lab_plots(app) -> list[str]:
     """The elem_id of every plot component of the Lab tab, read from the page's own config."""
     ids = [c["props"].get("elem_id") or "" for c in app[0].config["components"] if c.get("type") == "plot"]
     # the extrapolation figures show the shipped result from the start (tests/browser/test_browser_lab_extrapolation.py)
-    lab = [i for i in ids if i.startswith("lab-") and not i.startswith("lab-extra-")]
+    # and so do the recurrence figures (the saved GRU-against-attention result, tests/ui/test_recurrence_view.py)
+    lab = [i for i in ids if i.startswith("lab-") and not i.startswith(("lab-extra-", "lab-recurrence-"))]
     assert len(lab) >= 5, ids  # curves, snapshots, cross, encoder, decoder
     return lab
 
