@@ -105,6 +105,8 @@ def calls(llama: str, upload: str) -> list[tuple[str, tuple]]:
         ("export_generation", ()),
         ("kv_cache", (llama, PROMPT)),
         ("patch_sweep", (llama, CLEAN, CORRUPTED, "", "", "resid_pre", "denoise", 0)),
+        ("shortcut_report", (llama, CLEAN, CORRUPTED, "", "", "z", "denoise")),
+        ("approximate_sweep", (llama, CLEAN, CORRUPTED, "", "", "z", "denoise", "atp")),
         ("logit_attribution", (llama, CLEAN, CORRUPTED, "", "")),
         ("flow_graph", (llama, CLEAN, 0.04)),
         ("score_anatomy", (*inside, -1, 0)),

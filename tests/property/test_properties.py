@@ -548,7 +548,8 @@ def assert_mask_outputs(outputs) -> None:
     assert_small([outputs])
     stages = [fig for _, fig in figures(outputs[1:7])]  # causal mask on: scores, + mask, softmax; then off
     if "⚠️" in outputs[0] and not any(fig["data"] for fig in stages):   # a refusal: a note, the figures empty
-        assert "not drawn" in outputs[0] or "needs at least 2 tokens" in outputs[0], outputs[0]
+        refusals = ("not drawn", "needs at least 2 tokens", "The text is empty")  # the last: only whitespace
+        assert any(words in outputs[0] for words in refusals), outputs[0]
         return
     softmax = [fig["data"][0] for fig in stages[2::3]]
     assert len(stages) == 6 and len(softmax) == 2
