@@ -37,10 +37,9 @@ PUBLISHED = ("StreamingLLM (Xiao et al., ICLR 2024), Llama-2-13B on PG19 with a 
              "5,158; 4 sinks + 1,020 window 5.40")
 
 
-def kv_bytes(model, entries: int) -> int:
-    """Keys and values of `entries` cached tokens over every layer, at the model's dtype: 2 · L · H_kv · d_k each."""
-    cfg = model.config
-    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * entries * model.dtype.itemsize
+def past_window(run: dict) -> str:
+    value = run["perplexity_past_window"]
+    return "–" if value is None else f"{value:,.2f}"
 
 
 def binned(loss: torch.Tensor) -> list[float]:
@@ -55,7 +54,6 @@ def run_one(model, ids, window: int | None, sinks: int, positions: str) -> dict:
     past = result.loss[(window or t) - 1:]       # predictions made by queries whose window hides something
     return dict(window=window, sinks=sinks, positions=positions, perplexity=round(result.perplexity, 4),
                 perplexity_past_window=round(math.exp(float(past.double().mean())), 4) if len(past) else None,
-                kv_bytes=kv_bytes(model, min(t, sinks + window) if window else t),
                 loss_per_bin=binned(result.loss), seconds=round(time.perf_counter() - started, 1),
                 method=result.method)
 
@@ -97,13 +95,12 @@ def words(result: dict) -> str:
 
 
 def markdown(results: list[dict], command: str, stamp: str, load: tuple[float, float, float], seconds: float) -> str:
-    rows = ["| model | window | sinks | positions | perplexity | past the window | KV cache (fp32) |",
-            "|---|---:|---:|---|---:|---:|---:|"]
+    rows = ["| model | window | sinks | positions | perplexity | past the window |",
+            "|---|---:|---:|---|---:|---:|"]
     for result in results:
         for r in result["runs"]:
             rows.append(f"| {result['model']} | {r['window'] or 'full'} | {r['sinks']} | {r['positions']} | "
-                        f"{r['perplexity']:,.2f} | {r['perplexity_past_window'] or '–'} | "
-                        f"{r['kv_bytes'] / 2**20:,.1f} MiB |")
+                        f"{r['perplexity']:,.2f} | {past_window(r)} |")
     findings = "\n".join(f"- {words(result)}" for result in results)
     return f"""# Attention sinks and a window of keys
 
@@ -119,8 +116,9 @@ two are the same for RoPE models: a window key's distance from the query is the 
 Command: `{command}`, {stamp}, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (a shared 2-core machine;
 {seconds / 60:.1f} min in all). Text: `assets/texts/macbeth_acts_1_2.txt` (Shakespeare, public domain), its first
 {results[0]['tokens'] if results else 0} tokens. "Past the window": the perplexity over the predictions made by queries
-whose window hides something (positions ≥ window). The KV cache column is 2 · layers · KV heads · d_k · entries · 4
-bytes, entries = sinks + window (or the whole text). Per-bin loss curves are in `assets/measured/streaming.json`.
+whose window hides something (positions ≥ window). Per-bin loss curves are in `assets/measured/streaming.json`. This
+page gives no memory figure: what a window saves in memory is a measured peak, and belongs to the rolling cache's
+benchmark, not to a count of entries.
 
 {chr(10).join(rows)}
 
@@ -131,8 +129,7 @@ to near full attention. Compare the ratios above for direction and size, not equ
 100 times smaller and the slice is short. Notes: the rows are those the command asked for (its --windows, --sinks
 and --cache-windows); cache positions are read one decode step per token (about 0.2 s a token for SmolLM2 on this
 CPU), and with no sinks they equal text positions for RoPE models (tests/core/test_sinks.py). Gemma 3's own local
-layers keep their 512-token window under any window given here, and hide the sinks past it; the KV cache column
-counts every layer at sinks + window entries, so for Gemma 3 it over-counts its local layers beyond 512.
+layers keep their 512-token window under any window given here, and hide the sinks past it.
 """
 
 
