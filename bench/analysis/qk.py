@@ -9,18 +9,22 @@ runs, and their ratio.
                 residual stream's parts), no logits
 The flow graph itself is built once, outside the timings (bench/patching.py times it).
 With --publish the table goes to docs/benchmarks.md (section qk).
-Usage: python bench/qk.py [--model smollm2-135m-instruct] [--repeats 5] [--tokens 64] [--publish]
+Usage: python bench/analysis/qk.py [--model smollm2-135m-instruct] [--repeats 5] [--tokens 64] [--publish]
 """
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 
-from common import add_publish, long_ids, md_table, median, publish, row, spread, timed
-from core import load_model
-from core.analysis import patching, qk
-from core.store import ensure
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/, for common
+
+from common import add_publish, long_ids, md_table, median, publish, row, spread, timed  # noqa: E402
+from core import load_model  # noqa: E402
+from core.analysis import patching, qk  # noqa: E402
+from core.store import ensure  # noqa: E402
 
 WIDTHS = (46, 22, 22, 9)
 

@@ -8,21 +8,25 @@
           resid_pre: each method's Spearman's ρ, top-10 overlap, false negatives, signed error on the 10 strongest
           cells and cost, as the mean [95 % interval] over the pairs.
 With --publish both tables go to docs/shortcuts.md (section shortcuts).
-Usage: python bench/shortcuts.py [--model smollm2-135m-instruct] [--repeats 5] [--pairs 6] [--threads 1]
-                                 [--methods atp atp* ig flow] [--publish]
+Usage: python bench/analysis/shortcuts.py [--model smollm2-135m-instruct] [--repeats 5] [--pairs 6] [--threads 1]
+                                          [--methods atp atp* ig flow] [--publish]
 """
 from __future__ import annotations
 
 import argparse
 import math
+import sys
+from pathlib import Path
 
 import torch
 
-from common import DOCS, add_publish, load_average, md_table, median, publish, row, spread, timed
-from core import load_model
-from core.analysis import patching, shortcuts
-from core.corpus.texts import ioi_pairs
-from core.store import ensure
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/, for common
+
+from common import DOCS, add_publish, load_average, md_table, median, publish, row, spread, timed  # noqa: E402
+from core import load_model  # noqa: E402
+from core.analysis import patching, shortcuts  # noqa: E402
+from core.corpus.texts import ioi_pairs  # noqa: E402
+from core.store import ensure  # noqa: E402
 
 IOI = ("When Mary and John went to the store, John gave a drink to",
        "When Mary and John went to the store, Mary gave a drink to")

@@ -26,7 +26,7 @@ near 1, rising with the attention layers' share.
 
 With --publish the table goes to docs/benchmarks.md (section attention-cost) and the numbers to
 assets/measured/attention_cost.json, which the cost lesson and the Inside tab read.
-Usage: OMP_NUM_THREADS=1 python bench/attention_cost.py [--lengths 256 512 1024 2048 4096 8192] [--heads 9]
+Usage: OMP_NUM_THREADS=1 python bench/variants/attention_cost.py [--lengths 256 512 1024 2048 4096 8192] [--heads 9]
            [--d-head 64] [--block 256] [--repeats 5] [--peak-repeats 1] [--threads 1] [--fit-top 3]
            [--model smollm2-135m-instruct] [--model-lengths 256 512 1024 2048] [--publish]
 """
@@ -43,14 +43,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, for common
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/, for common
+
 from common import PeakMemory, median  # noqa: E402
 from core.attention import attention, online_attention  # noqa: E402
 
 METHODS = ("dense", "online", "fused")
 LENGTHS = (256, 512, 1024, 2048, 4096, 8192)
 MODEL_LENGTHS = (256, 512, 1024, 2048)
-ASSET = Path(__file__).resolve().parent.parent / "assets" / "measured" / "attention_cost.json"
+ASSET = Path(__file__).resolve().parent.parent.parent / "assets" / "measured" / "attention_cost.json"
 WARM = 256   # tokens of the warm-up call
 
 
@@ -177,7 +178,8 @@ def model_runs(args) -> dict:
 
 
 def child(function: str, *args) -> dict:
-    """bench/attention_cost.py's FUNCTION(*args) in a fresh Python process, read back from the line it prints."""
+    """bench/variants/attention_cost.py's FUNCTION(*args) in a fresh Python process, read back from the line it
+    prints."""
     import subprocess
     code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
             f"from attention_cost import {function}; print('RESULT', json.dumps({function}(*{args!r})))")

@@ -11,8 +11,8 @@ entry) the cache is made and filled with LENGTH tokens of keys and values throug
 chunks of 256, the ring a chunk up to its window and then one token at a time, as generation writes it). Reported:
 that peak's growth over the block, and beside it the bytes of the cache's own tensors (KVCache.nbytes) as a check.
 Usage:
-    python bench/rolling_cache.py [--length 4096] [--repeats 5] [--publish]
-    python bench/rolling_cache.py --length 1024 --repeats 1        # a quick check that it runs
+    python bench/variants/rolling_cache.py [--length 4096] [--repeats 5] [--publish]
+    python bench/variants/rolling_cache.py --length 1024 --repeats 1        # a quick check that it runs
 """
 from __future__ import annotations
 
@@ -24,12 +24,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, for common
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/, for common
 
 from common import (PeakMemory, add_publish, load_average, md_table, measured_in_child, median, publish,  # noqa: E402
                     spread)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent.parent
 GEMMA3_270M = dict(num_hidden_layers=18, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
                    sliding_window=512, query_pre_attn_scalar=256)
 CHUNK = 256
@@ -105,7 +105,7 @@ def main() -> None:
     runs = {name: [] for name in VARIANTS}
     for _ in range(args.repeats):
         for name, sinks in VARIANTS.items():
-            runs[name].append(measured_in_child("rolling_cache", str(folder), args.length, sinks))
+            runs[name].append(measured_in_child("variants.rolling_cache", str(folder), args.length, sinks))
     mib = 2 ** 20
     full = median([r["added"] for r in runs["full cache"]])
     table = []

@@ -286,7 +286,7 @@ def test_every_method_refuses_encoders_long_prompts_and_bad_arguments():
 
 def test_smollm2_ioi_atp_is_the_derivative_yet_misjudges_the_residual_at_the_name(smollm):
     """The real model on the IOI pair: AtP's resid_pre cell at the name is the patched metric's derivative (central
-    differences), and far below the exact effect of that patch (bench/shortcuts.py compares the head map, where
+    differences), and far below the exact effect of that patch (bench/analysis/shortcuts.py compares the head map, where
     AtP does well; its exact sweep is too slow for a test)."""
     tok = smollm.tokenizer
     clean, corrupted = (torch.tensor([tok(t, add_special_tokens=False).input_ids]) for t in (

@@ -1,6 +1,6 @@
 """The quadratic term, measured (ui/services/learn/cost.py): the exponents fitted from a measurement's medians over
 its longest lengths, an absent or damaged file, the words the cost lesson and the Inside tab state, and the
-measurement the repository ships (bench/attention_cost.py --publish), which must show the n² term."""
+measurement the repository ships (bench/variants/attention_cost.py --publish), which must show the n² term."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ LENGTHS = (256, 512, 1024, 2048, 4096, 8192)
 
 
 def write_measurement(path, time_power=(2.0, 2.0, 2.0), peak_power=(2.0, 1.0, 1.0), model=True):
-    """A file as bench/attention_cost.py writes it, with seconds ∝ n^k exactly (the repeats around the median)."""
+    """A file as bench/variants/attention_cost.py writes it, with seconds ∝ n^k exactly (the repeats around the
+    median)."""
     def repeats(value):
         return [value * 0.9, value, value * 1.2]
     layer = []
@@ -28,7 +29,7 @@ def write_measurement(path, time_power=(2.0, 2.0, 2.0), peak_power=(2.0, 1.0, 1.
         for m, tk, pk in zip(inside.COST_METHODS, time_power, peak_power):
             row[m] = {"seconds": repeats(1e-9 * n ** tk), "added": repeats(1024.0 * n ** pk)}
         layer.append(row)
-    raw = {"date": "2026-01-01", "machine": "test", "command": "python bench/attention_cost.py --publish",
+    raw = {"date": "2026-01-01", "machine": "test", "command": "python bench/variants/attention_cost.py --publish",
            "threads": 1, "heads": 9, "d_head": 64, "block": 256, "repeats": 3, "fit_top": 3, "layer": layer,
            "model": None if not model else {"name": "m", "layers": 30, "heads": 9, "d_head": 64, "rows": [
                {"n": n, "seconds": repeats(0.5 + 1e-3 * n), "attention_seconds": repeats(1e-8 * n ** 2)}
@@ -62,7 +63,7 @@ def test_the_sentence_states_what_was_measured_and_its_exponents(tmp_path):
     cost = inside.attention_cost(write_measurement(tmp_path / "c.json", time_power=(2.0, 1.9, 1.5)))
     words = inside.cost_sentence(cost)
     for k in ("n^2.00", "n^1.90", "n^1.50", "fastest of the 3 runs", "2,048–8,192 tokens", "9 heads of 64", "one thread", "256–8,192",
-              "python bench/attention_cost.py --publish", "linear in n", "share grows with the text",
+              "python bench/variants/attention_cost.py --publish", "linear in n", "share grows with the text",
               f"{cost.model.attention_share[0]:.0%} of the pass", f"{cost.model.attention_share[-1]:.0%}"):
         assert k in words, k
     assert "bench/" not in inside.cost_sentence(cost, command=False)
@@ -71,7 +72,7 @@ def test_the_sentence_states_what_was_measured_and_its_exponents(tmp_path):
 def test_an_absent_file_is_none_and_a_damaged_one_names_the_command(tmp_path):
     assert inside.attention_cost(tmp_path / "absent.json") is None
     (tmp_path / "bad.json").write_text('{"layer": []}', encoding="utf-8")
-    with pytest.raises(ValueError, match="bench/attention_cost.py --publish"):
+    with pytest.raises(ValueError, match="bench/variants/attention_cost.py --publish"):
         inside.attention_cost(tmp_path / "bad.json")
 
 

@@ -1,8 +1,8 @@
 """The quadratic term, measured: one attention layer alone (scores, softmax, weighted sum) timed from 256 to 8,192
-tokens three ways, dense, online and fused, beside the whole model's pass, as bench/attention_cost.py measured and
-shipped it (assets/measured/attention_cost.json). The exponents are fitted here from the shipped medians, so the cost
-lesson and the Inside tab state the same numbers with what they were measured on. Nothing is timed at request time:
-the longest layer alone takes seconds, more than a page may spend. Never imports gradio."""
+tokens three ways, dense, online and fused, beside the whole model's pass, as bench/variants/attention_cost.py
+measured and shipped it (assets/measured/attention_cost.json). The exponents are fitted here from the shipped medians,
+so the cost lesson and the Inside tab state the same numbers with what they were measured on. Nothing is timed at
+request time: the longest layer alone takes seconds, more than a page may spend. Never imports gradio."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ui.services.generation.kv_cache import fitted_exponent
 from ui.services.inside import mib
 
 COST_MEASURED = Path(__file__).resolve().parents[3] / "assets" / "measured" / "attention_cost.json"
-COST_BENCH = "bench/attention_cost.py"        # writes COST_MEASURED with --publish
+COST_BENCH = "bench/variants/attention_cost.py"   # writes COST_MEASURED with --publish
 COST_METHODS = ("dense", "online", "fused")
 COST_METHOD_WORDS = {
     "dense": "the explicit path, every n × n score and weight held",
