@@ -99,6 +99,8 @@ def calls(llama: str, upload: str) -> list[tuple[str, tuple]]:
         ("attribute", (llama, TEXT, -1, 1, 2, 8, "", "", "pad")),
         ("logit_lens", (llama, TEXT)),
         ("surprisal", (llama, TEXT)),
+        ("sink_scores", (llama, TEXT)),
+        ("streaming_perplexity", (llama, TEXT, 16, 4, "cache")),
         ("generate", settings),
         ("generation_trace", settings),
         ("generation_step", (3, 1, 2)),

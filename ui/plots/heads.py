@@ -1,5 +1,6 @@
 """The Heads tab's figures: a score per layer × head, two such maps side by side, the loss change of an
-ablation, attribution against attention, and the logit lens."""
+ablation, attribution against attention, the logit lens, attention sinks and the loss per position through a
+window of keys."""
 
 from __future__ import annotations
 
@@ -233,4 +234,53 @@ def lens_figure(
                      automargin=True)
     fig.update_yaxes(title_text="layer", dtick=1 if n_layers <= 16 else None)
     fig.update_layout(legend={"orientation": "h", "y": -0.3})
+    return fig
+
+
+def sink_maps(maps: Mapping[str, np.ndarray], epsilon: float, title: str) -> go.Figure:
+    """One or more [L, H] maps of each head's mean attention on one token (token 0; an encoder's last token too),
+    side by side on one 0–1 colour scale, with a ring on every head above `epsilon` (Gu et al.'s sink heads).
+    x and y are the layer and head numbers, as in head_score_map."""
+    panels = {name: as_f32(scores) for name, scores in maps.items()}
+    shapes = {scores.shape for scores in panels.values()}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+        raise ValueError(f"sink_maps wants maps of one shape [layers, heads], got {sorted(shapes)}")
+    n_layers, n_heads = next(iter(shapes))
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=list(panels), horizontal_spacing=0.1)
+    for col, (name, scores) in enumerate(panels.items(), start=1):
+        trace = head_map_trace(scores, name, 1.0, ATTENTION_COLORS, colorbar=SLIM_COLORBAR)
+        trace.update(showscale=col == len(panels))
+        fig.add_trace(trace, row=1, col=col)
+        layers, heads = np.nonzero(scores > epsilon)
+        fig.add_trace(go.Scatter(x=layers.tolist(), y=heads.tolist(), mode="markers", hoverinfo="skip",
+                                 marker={"symbol": "circle-open", "size": 14, "color": "#e4572e", "line": {"width": 2}},
+                                 name=f"above ε = {epsilon:g}", showlegend=False), row=1, col=col)
+        _head_axes(fig, n_layers, n_heads, every_layer=32 if len(panels) == 1 else 16, row=1, col=col)
+    text, lines = wrapped_title(title, TITLE_CHARS * len(panels))
+    base_layout(fig, text, min(600, 180 + 34 * n_heads))
+    fig.update_layout(margin={"t": 72 + 18 * lines})  # the title's lines, then each map's own title
+    return fig
+
+
+def window_loss_figure(loss: Mapping[str, np.ndarray], hides_from: int | None, title: str) -> go.Figure:
+    """Next-token loss per query position for each way of reading the text (loss[i]: −log p(token i + 1) from
+    query i), with a dashed line at `hides_from`, the first query whose window hides a key (None: none does)."""
+    curves = {name: as_f32(values) for name, values in loss.items()}
+    lengths = {values.shape for values in curves.values()}
+    if len(lengths) != 1 or len(next(iter(lengths))) != 1:
+        raise ValueError(f"window_loss_figure wants 1-D losses of one length, got {sorted(lengths)}")
+    x = np.arange(next(iter(lengths))[0])
+    fig = go.Figure()
+    for name, values in curves.items():
+        fig.add_trace(go.Scatter(x=x, y=values, mode="lines", name=name,
+                                 hovertemplate=f"{name}<br>query %{{x}} predicts token %{{x}} + 1: "
+                                               f"%{{y:.3f}} nats<extra></extra>"))
+    if hides_from is not None:
+        fig.add_vline(x=hides_from, line_dash="dash", line_color="grey", annotation_text="the window starts hiding",
+                      annotation_position="top left")
+    text, lines = wrapped_title(title, 2 * TITLE_CHARS)
+    base_layout(fig, text, 400, top=30 + 18 * lines)
+    fig.update_xaxes(title_text="query position (it predicts the next token)", tickformat="d")
+    fig.update_yaxes(title_text="next-token loss (nats)")
+    fig.update_layout(legend={"orientation": "h", "y": -0.25})
     return fig

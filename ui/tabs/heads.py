@@ -1,6 +1,7 @@
 """Heads tab: what each head does (scores per layer × head, the induction probe), whether the output depends on
 it (ablation, the sweep), which inputs one prediction depends on (attribution against attention), what each
-layer would predict (the logit lens), and how surprised the model is by each token."""
+layer would predict (the logit lens), how surprised the model is by each token, and attention sinks (each head's
+attention on the first token, and the text read through a window of keys with or without them)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import gradio as gr
 from ui.services.heads import (COMPLETENESS_STEPS, HEADS_KEPT, MAX_HEADS_TOKENS, MAX_IG_STEPS, MAX_SWEEP_TOKENS,
                                SWEEP_BATCH, scored_shape)
 from ui.services.kept import keeping
+from ui.services.sinks import EPSILON, MAX_SINKS, MAX_STREAMING_TOKENS, POSITION_WORDS
 from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, opening, user_errors
 from ui.tabs.widgets import Tab, click_bridge, export_row, layer_head, read_example, run_checked, upload
 from ui.views import heads as views
+from ui.views import sinks as sink_views
 
 CACHE_TTL_S = 1800  # a session's kept results are dropped after half an hour
 
@@ -68,7 +71,8 @@ def build(services, picker, initial) -> Tab:
     # each section's results and the buttons that fill its notes, cleared on a model change
     sections = [ablation, attribution_section(services, picker, initial, atlas["text"], cache),
                 lens_section(services, picker, atlas["text"], cache),
-                surprisal_section(services, picker, atlas["text"], cache)]
+                surprisal_section(services, picker, atlas["text"], cache),
+                sinks_section(services, picker, atlas["text"])]
     # the atlas's last output is the session's HeadsCache, kept in the KeptStore (the State holds its KeptRef);
     # the views never change a passed-in one
     press = {atlas["note"]: atlas["run"]}
@@ -238,3 +242,40 @@ def surprisal_section(services, picker, text, cache) -> dict:
     button.click(handler(kept_cache(views.surprisal_view, services), services, "surprisal"),
                  [picker.model, text, cache], [stats, page, cache], api_name="surprisal", **ON_ANALYSIS)
     return dict(results=[stats, page], press={stats: button})
+
+
+SINKS_INTRO = f"""Many heads put most of their attention on the text's first token, whatever it is: an *attention
+sink*, where a head parks the attention it has no use for. The map shows each head's attention on the first token,
+averaged over the text's queries; a ring marks a head above ε = {EPSILON:g} (Gu et al.'s sink heads). Below, the
+text is read as StreamingLLM reads a long one: each query sees only the last `window` keys, plus the first `sinks`
+tokens when asked. Without sinks the loss jumps where the window starts hiding the first token; with them it stays
+near full attention. The reading takes the whole text, up to {MAX_STREAMING_TOKENS:,} tokens (upload a long one)."""
+POSITION_CHOICES = [(f"{name}: {words}", name) for name, words in POSITION_WORDS.items()]
+
+
+def sinks_section(services, picker, text) -> dict:
+    """The sink map (`sink_scores`) and the text read through a window of keys (`streaming_perplexity`, a heavy
+    job: positions="cache" reads one decode step per token). Returns its results and its notes' buttons."""
+    gr.Markdown("### Attention sinks: how much each head puts on the first token")
+    gr.Markdown(SINKS_INTRO)
+    button = gr.Button("Map the sinks", elem_id="heads-sinks-run")
+    note = gr.Markdown(label="sinks note", elem_id="heads-sinks-note")
+    figure = gr.Plot(label="Mean attention on the first token per layer × head", elem_id="heads-sinks-map",
+                     visible=False)
+    button.click(**shown([figure])).then(
+        handler(sink_views.sinks_view, services, "sink_scores"), [picker.model, text], [note, figure],
+        api_name="sink_scores", **ON_ANALYSIS)
+    with gr.Row():
+        window = gr.Number(value=16, label=f"Window: keys each query reads (1–{MAX_STREAMING_TOKENS:,})",
+                           precision=0, elem_id="heads-window-size")
+        sinks = gr.Number(value=4, label=f"Sinks: first tokens kept (0–{MAX_SINKS})", precision=0,
+                          elem_id="heads-window-sinks")
+        positions = gr.Radio(POSITION_CHOICES, value="text", label="Positions", elem_id="heads-window-positions")
+        run = gr.Button("Read through the window", elem_id="heads-window-run")
+    window_note = gr.Markdown(label="window note", elem_id="heads-window-note")
+    curve = gr.Plot(label="Next-token loss per position", elem_id="heads-window-loss", visible=False)
+    run.click(**shown([curve])).then(
+        handler(sink_views.streaming_view, services, "streaming_perplexity", heavy="A streaming perplexity"),
+        [picker.model, text, window, sinks, positions], [window_note, curve], api_name="streaming_perplexity",
+        **ON_HEAVY)
+    return dict(results=[note, figure, window_note, curve], press={note: button, window_note: run})
