@@ -248,8 +248,8 @@ SINKS_INTRO = f"""Many heads put most of their attention on the text's first tok
 sink*, where a head parks the attention it has no use for. The map shows each head's attention on the first token,
 averaged over the text's queries; a ring marks a head above ε = {EPSILON:g} (Gu et al.'s sink heads). Below, the
 text is read as StreamingLLM reads a long one: each query sees only the last `window` keys, plus the first `sinks`
-tokens when asked. Without sinks the loss jumps where the window starts hiding the first token; with them it stays
-near full attention. The reading takes the whole text, up to {MAX_STREAMING_TOKENS:,} tokens (upload a long one)."""
+tokens when asked. On the trained models StreamingLLM measured, the loss without sinks jumps where the window
+starts hiding the first token, and with them it stays near full attention. The reading takes the whole text, up to {MAX_STREAMING_TOKENS:,} tokens (upload a long one)."""
 POSITION_CHOICES = [(f"{name}: {words}", name) for name, words in POSITION_WORDS.items()]
 
 
