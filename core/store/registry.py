@@ -102,12 +102,15 @@ def size_phrase(entry: dict) -> str:
 
 
 def gated_phrase(entry: dict) -> str:
-    """For a gated entry: that its licence must be accepted on the hub and that HF_TOKEN is used; else ""."""
+    """For a gated entry: that its licence must be accepted on the hub and that HF_TOKEN is used (only the hub's
+    download, where the entry has other sources); else ""."""
     if not entry.get("gated"):
         return ""
     repos = [s["repo"] for s in entry.get("sources", []) if s.get("type") == "hub"]
     where = f" at https://huggingface.co/{repos[0]}" if repos else " on the Hugging Face Hub"
-    return f"gated: accept its licence{where} and set HF_TOKEN, which the download uses"
+    others = any(s.get("type") != "hub" for s in entry.get("sources", []))
+    return (f"the Hub's copy is gated: accept its licence{where} and set HF_TOKEN, which that download uses"
+            if others else f"gated: accept its licence{where} and set HF_TOKEN, which the download uses")
 
 
 def describe_source(source: dict) -> str:

