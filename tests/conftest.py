@@ -226,6 +226,8 @@ def open_card(page):
     """Unfold the model card (closed when the page opens) and wait for its table."""
     from playwright.sync_api import expect
 
+    if page.locator("#model-card table").is_visible():  # already open (a page walked by several tests)
+        return
     page.locator("#model-card-box > button, #model-card-box .label-wrap").first.click()
     expect(page.locator("#model-card table")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
 
@@ -237,6 +239,36 @@ def page(browser, app_url):
     yield page
     context.close()
     assert not errors, f"JavaScript errors in the page: {errors}"
+
+
+@pytest.fixture(scope="module")
+def module_page(browser, app_url):
+    """One page on the module's app for the tests that take `shared_page`: (page, its JavaScript errors)."""
+    context, page, errors = open_page(browser, app_url, accept_downloads=True)
+    yield page, errors
+    context.close()
+
+
+@pytest.fixture
+def shared_page(module_page):
+    """The module's one page, handed to its tests in the file's order. A fresh page costs seconds of the browser's
+    time (Gradio builds the whole app, then the opening events run), most of a short test, so tests that each act
+    on their own tab and read only what their own act produced walk one page: each starts where the one before
+    left the page, and a test run alone gets a page of its own. The toasts a test leaves are closed after it, and a
+    JavaScript error fails the test during which it happened."""
+    page, errors = module_page
+    seen = len(errors)
+    yield page
+    close_toasts(page)
+    assert not errors[seen:], f"JavaScript errors in the page: {errors[seen:]}"
+
+
+def close_toasts(page) -> None:
+    """Close every toast on the page and wait until none is left, so the next test reads only its own."""
+    from playwright.sync_api import expect
+
+    page.evaluate("() => document.querySelectorAll('.toast-close').forEach((button) => button.click())")
+    expect(page.locator(".toast-body")).to_have_count(0, timeout=PAGE_TIMEOUT_MS)
 
 
 def screenshot(page, name: str) -> None:

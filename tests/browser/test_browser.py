@@ -1,6 +1,6 @@
 """The app in a real browser: Debian's Chromium, headless, driven by Playwright.
 
-Opens each tab on a tiny random model, runs it, checks that the heatmaps and plots are drawn (plotly's
+Opens each tab on a tiny random model (one page, walked by the tests in order), runs it, checks that the heatmaps and plots are drawn (plotly's
 own SVG/canvas elements, not just our containers), hovers a heatmap cell, uploads a file, sends generated
 text to the Attention tab, and saves a screenshot of each tab under tests/screenshots/ (git-ignored).
 """
@@ -36,6 +36,13 @@ def served(tmp_path_factory):
 @pytest.fixture(scope="module")
 def app_url(served):
     return served[0]
+
+
+@pytest.fixture
+def page(shared_page):
+    """One page walked by the module's tests in order (tests/conftest.py): each opens its own tab; the model
+    switches come last."""
+    return shared_page
 
 
 def open_tab(page: Page, name: str) -> None:
@@ -86,28 +93,19 @@ def test_attention_tab_draws_model_view_head_view_and_window_with_hover(page):
     shot(page, "attention")
 
 
-def test_switching_to_an_encoder_updates_the_card_and_shows_attention_both_ways(page, app_url):
-    page.locator("#model-picker input").click()
-    page.get_by_role("option", name=re.compile("tiny-bert")).click()
-    open_card(page)
-    expect(page.locator("#model-card")).to_contain_text("encoder (bidirectional)", timeout=RUN_TIMEOUT_MS)
+def test_a_file_over_1_mb_is_refused_in_the_page(page, tmp_path):
     open_tab(page, "Attention")
-    expect(page.locator("#attn-layer")).to_contain_text("Layer (0–1)")
-    page.locator("#attn-run").click()
-    expect_plot(page, "attn-head-view")
-    expect(page.locator("#attn-model-view")).to_contain_text("bidirectional (encoder)")
-    expect(page.locator("#attn-head-view")).to_contain_text("[CLS]")
-
-
-def test_a_model_that_cannot_be_fetched_gives_one_clear_message(page):
-    page.locator("#model-picker input").click()
-    # the picker marks it as not installed; its value stays the plain name, which the message quotes
-    page.get_by_role("option", name="gpt2 (not installed, from the Hugging Face Hub)", exact=True).click()
-    toast = page.locator(".toast-body")
-    expect(toast.first).to_contain_text("Model 'gpt2' cannot be loaded here", timeout=RUN_TIMEOUT_MS)
-    # the message is the failed load coming back, and every tab's update chains on a load's success only
-    drawn(page)
-    assert toast.count() == 1, "one failed load should give one message, not one per tab"
+    before = page.locator("#attn-text textarea").input_value()
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"word " * 240_000)  # 1.2 MB
+    page.locator("#attn-upload input[type=file]").set_input_files(str(big))
+    expect(page.locator(".toast-body").first).to_contain_text(
+        re.compile(r"(exceed|too large|max|1 ?MB)", re.IGNORECASE), timeout=RUN_TIMEOUT_MS
+    )
+    assert page.locator("#attn-text textarea").input_value() == before  # nothing typed is lost
+    # the refused file does not stay in the box as if it were loaded: the box waits for another file
+    expect(page.locator("#attn-upload input[type=file]")).to_be_attached(timeout=RUN_TIMEOUT_MS)
+    assert page.locator("#attn-upload .file-preview").count() == 0
 
 
 def test_attention_tab_reads_an_uploaded_file(page, tmp_path):
@@ -120,18 +118,6 @@ def test_attention_tab_reads_an_uploaded_file(page, tmp_path):
     page.locator("#attn-run").click()
     expect_plot(page, "attn-head-view")
     expect(page.locator("#attn-head-view")).to_contain_text("0 U")  # the first token of the file
-
-
-def test_a_file_over_1_mb_is_refused_in_the_page(page, tmp_path):
-    open_tab(page, "Attention")
-    before = page.locator("#attn-text textarea").input_value()
-    big = tmp_path / "big.txt"
-    big.write_bytes(b"word " * 240_000)  # 1.2 MB
-    page.locator("#attn-upload input[type=file]").set_input_files(str(big))
-    expect(page.locator(".toast-body").first).to_contain_text(
-        re.compile(r"(exceed|too large|max|1 ?MB)", re.IGNORECASE), timeout=RUN_TIMEOUT_MS
-    )
-    assert page.locator("#attn-text textarea").input_value() == before  # nothing typed is lost
 
 
 def test_empty_text_shows_a_message_not_a_traceback(page):
@@ -212,3 +198,27 @@ def test_heads_tab_shades_the_text_by_surprisal(page):
     expect(page.locator("#heads-surprisal-stats")).to_contain_text("perplexity", timeout=RUN_TIMEOUT_MS)
     token = page.locator("#heads-surprisal .surprisal .tok").nth(3)
     expect(token).to_have_attribute("title", re.compile(r"nats\s+top 5 here"))
+
+
+def test_switching_to_an_encoder_updates_the_card_and_shows_attention_both_ways(page, app_url):
+    page.locator("#model-picker input").click()
+    page.get_by_role("option", name=re.compile("tiny-bert")).click()
+    open_card(page)
+    expect(page.locator("#model-card")).to_contain_text("encoder (bidirectional)", timeout=RUN_TIMEOUT_MS)
+    open_tab(page, "Attention")
+    expect(page.locator("#attn-layer")).to_contain_text("Layer (0–1)")
+    page.locator("#attn-run").click()
+    expect_plot(page, "attn-head-view")
+    expect(page.locator("#attn-model-view")).to_contain_text("bidirectional (encoder)")
+    expect(page.locator("#attn-head-view")).to_contain_text("[CLS]")
+
+
+def test_a_model_that_cannot_be_fetched_gives_one_clear_message(page):
+    page.locator("#model-picker input").click()
+    # the picker marks it as not installed; its value stays the plain name, which the message quotes
+    page.get_by_role("option", name="gpt2 (not installed, from the Hugging Face Hub)", exact=True).click()
+    toast = page.locator(".toast-body")
+    expect(toast.first).to_contain_text("Model 'gpt2' cannot be loaded here", timeout=RUN_TIMEOUT_MS)
+    # the message is the failed load coming back, and every tab's update chains on a load's success only
+    drawn(page)
+    assert toast.count() == 1, "one failed load should give one message, not one per tab"

@@ -145,6 +145,9 @@ def upload(text: gr.Textbox, prefix: str, cap: int, api_name: str | None = None)
 
     file.upload(load_upload, inputs=file, outputs=text, api_name=api_name,
                 api_visibility="public" if api_name else "private", concurrency_limit=4)
+    # the box empties as the file is read (the reading above took its path when the upload fired), taken or
+    # refused: the text box holds what was taken, and a refused file must not look loaded
+    file.upload(lambda: None, None, file, api_visibility="private", queue=False)
     return file
 
 
