@@ -24,6 +24,12 @@ def app_url(tiny_llama_app):
     return tiny_llama_app[0]  # one app for the neighbouring modules on the tiny Llama alone (tests/conftest.py)
 
 
+@pytest.fixture
+def page(shared_page):
+    """One page walked by the module's tests in order (tests/conftest.py), each on its own tab's fields."""
+    return shared_page
+
+
 def errors_shown(page: Page, figures: list[str]) -> list[str]:
     """The figures (elem_ids) whose status says "Error", and the text of any error toast."""
     marked = page.evaluate(
@@ -51,6 +57,19 @@ def title_of(page: Page, figure: str) -> str:
     return page.locator(f"#{figure} .js-plotly-plot .gtitle").first.text_content()
 
 
+def test_the_attention_head_says_its_range_and_shows_the_mean_in_full(page):
+    expect(page.locator("#attn-note")).to_contain_text("Opened on", timeout=TIMEOUT_MS)
+    expect(page.locator("#attn-head")).to_contain_text("Head (0–3, or the mean)")
+    head = page.locator("#attn-head input")
+    head.fill("mean of heads")
+    head.press("Enter")
+    # two animation frames: the page has handled the key and drawn what followed it
+    page.evaluate("() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
+    assert head.input_value() == "mean of heads"
+    cut = head.evaluate("(e) => e.scrollWidth > e.clientWidth")
+    assert not cut, "the Head dropdown cuts off 'mean of heads'"
+
+
 def test_a_wrong_layer_in_the_attention_tab_is_a_note_and_the_figures_stay(page):
     expect(page.locator("#attn-note")).to_contain_text("Opened on", timeout=TIMEOUT_MS)
     figures = ["attn-head-view", "attn-model-view", "attn-columns", "attn-window"]
@@ -76,19 +95,6 @@ def test_a_wrong_layer_in_the_attention_tab_is_a_note_and_the_figures_stay(page)
     expect(page.locator("#attn-head-view")).to_contain_text("Layer 1, head 2", timeout=TIMEOUT_MS)
     expect(note).to_have_text("")
     assert not errors_shown(page, figures)
-
-
-def test_the_attention_head_says_its_range_and_shows_the_mean_in_full(page):
-    expect(page.locator("#attn-note")).to_contain_text("Opened on", timeout=TIMEOUT_MS)
-    expect(page.locator("#attn-head")).to_contain_text("Head (0–3, or the mean)")
-    head = page.locator("#attn-head input")
-    head.fill("mean of heads")
-    head.press("Enter")
-    # two animation frames: the page has handled the key and drawn what followed it
-    page.evaluate("() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
-    assert head.input_value() == "mean of heads"
-    cut = head.evaluate("(e) => e.scrollWidth > e.clientWidth")
-    assert not cut, "the Head dropdown cuts off 'mean of heads'"
 
 
 def test_a_wrong_layer_in_the_masks_tab_keeps_its_figures(page):

@@ -36,6 +36,12 @@ def app_url(served):
     return served[0]
 
 
+@pytest.fixture
+def page(shared_page):
+    """One page walked by the module's tests in order (tests/conftest.py); the switch to the encoder comes last."""
+    return shared_page
+
+
 def generate(page):
     from playwright.sync_api import expect
 
@@ -104,18 +110,6 @@ def test_a_second_generation_clears_the_old_step(page):
     expect(page.locator("#gen-step-row .js-plotly-plot")).to_have_count(0)
 
 
-def test_generate_is_off_with_an_encoder_loaded_and_says_why(page):
-    from playwright.sync_api import expect
-
-    page.get_by_role("tab", name="Generate").click()
-    expect(page.locator("#gen-run")).to_be_enabled()
-    picker = page.locator("#model-picker input")
-    picker.click()
-    page.get_by_role("option", name="tiny-bert", exact=False).first.click()
-    expect(page.locator("#gen-run")).to_be_disabled(timeout=PAGE_TIMEOUT_MS)
-    expect(page.locator("#gen-cannot")).to_contain_text("is an encoder", timeout=PAGE_TIMEOUT_MS)
-
-
 def written(stats: str) -> int:
     """The token count of the stats line ("**37** tokens in …")."""
     return int(re.search(r"(\d+)\s+tokens in", stats).group(1))
@@ -170,3 +164,15 @@ def test_stop_ends_a_long_generation_and_the_strip_fills_once_after_it(page, ser
     expect(page.locator("#gen-step-note")).to_contain_text("Step 0", timeout=PAGE_TIMEOUT_MS)
     assert page.locator("#gen-output textarea").input_value() == text, "text kept growing after Stop"
     assert "stopped" in stats.inner_text() and "done" not in stats.inner_text() and strip.count() == n
+
+
+def test_generate_is_off_with_an_encoder_loaded_and_says_why(page):
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Generate").click()
+    expect(page.locator("#gen-run")).to_be_enabled()
+    picker = page.locator("#model-picker input")
+    picker.click()
+    page.get_by_role("option", name="tiny-bert", exact=False).first.click()
+    expect(page.locator("#gen-run")).to_be_disabled(timeout=PAGE_TIMEOUT_MS)
+    expect(page.locator("#gen-cannot")).to_contain_text("is an encoder", timeout=PAGE_TIMEOUT_MS)
