@@ -18,7 +18,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
-from conftest import drawn, open_page, screenshot, settled  # noqa: E402
+from conftest import WIDE, drawn, screenshot, settled  # noqa: E402
 
 TIMEOUT_MS = 60_000
 NARROW = {"width": 390, "height": 844}
@@ -30,6 +30,12 @@ FIGURES = [f"mask-stage-{mask}-{stage}" for mask in ("on", "off") for stage in (
 @pytest.fixture(scope="module")
 def app_url(tiny_llama_app):
     return tiny_llama_app[0]  # one app for the neighbouring modules on the tiny Llama alone (tests/conftest.py)
+
+
+@pytest.fixture
+def page(shared_page):
+    """One page walked by the module's tests in order (tests/conftest.py); the narrow window comes last."""
+    return shared_page
 
 
 def box(page: Page, selector: str) -> dict:
@@ -135,25 +141,6 @@ def test_wide_the_button_is_above_the_fold_and_no_figure_shows_before_a_result(p
     screenshot(page, "masks-wide")
 
 
-def test_narrow_the_figures_stack_in_one_column_without_overlap(browser, app_url):
-    context, page, errors = open_page(browser, f"{app_url}?tab=masks", NARROW)  # a link opens the tab
-    try:
-        expect(page.locator("#mask-run")).to_be_visible(timeout=TIMEOUT_MS)
-        first_screen(page)
-        assert_no_empty_figure(page)
-        run_masks(page)
-        boxes = figure_boxes(page)
-        assert_no_overlap(boxes)
-        stages = [boxes[name] for name in FIGURES[:6]]
-        assert all(b["x"] == pytest.approx(stages[0]["x"], abs=2) for b in stages), stages  # one column
-        assert all(b["x"] + b["width"] <= NARROW["width"] + 1 for b in boxes.values()), boxes
-        assert titles_outside_their_figure(page) == []
-        screenshot(page, "masks-narrow")
-    finally:
-        context.close()
-    assert not errors, errors
-
-
 def test_a_zero_bar_of_the_padding_mask_is_a_dot_on_the_baseline(page):
     open_masks(page)
     run_masks(page)
@@ -165,3 +152,20 @@ def test_a_zero_bar_of_the_padding_mask_is_a_dot_on_the_baseline(page):
     assert dot["width"] > 4 and dot["height"] > 4  # seen, not a zero-height bar
     assert abs(dot["y"] + dot["height"] / 2 - axis["y"]) < 30, (dot, axis)  # at the baseline, just above the axis
     expect(plot.locator(".legend")).to_contain_text("padding mask on: exactly 0")
+
+
+def test_narrow_the_figures_stack_in_one_column_without_overlap(page):
+    open_masks(page)  # the tab on screen at the wide size, then the window narrowed to a phone's width
+    page.set_viewport_size(NARROW)
+    try:
+        expect(page.locator("#mask-run")).to_be_visible(timeout=TIMEOUT_MS)
+        run_masks(page)
+        boxes = figure_boxes(page)
+        assert_no_overlap(boxes)
+        stages = [boxes[name] for name in FIGURES[:6]]
+        assert all(b["x"] == pytest.approx(stages[0]["x"], abs=2) for b in stages), stages  # one column
+        assert all(b["x"] + b["width"] <= NARROW["width"] + 1 for b in boxes.values()), boxes
+        assert titles_outside_their_figure(page) == []
+        screenshot(page, "masks-narrow")
+    finally:
+        page.set_viewport_size(WIDE)

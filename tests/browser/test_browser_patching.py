@@ -1,7 +1,8 @@
 """The Patching tab in a real browser (headless Chromium), on a tiny random model: no figure box before a result,
 the sweep (its map opens on the first preset's), logit attribution and the flow graph drawn, a click on a head opening it in the Attention tab (from
-the attribution map, and from a flow-graph attention edge, its strongest head), and the sweep's colour bar
-saying what a cell means in each direction."""
+the attribution map, and from a flow-graph attention edge, its strongest head), the sweep's colour bar
+saying what a cell means in each direction, and how good the shortcuts are: the comparison draws one scatter panel
+per method, its note says that a map can look right and rank the wrong heads, and a point's hover names its cell."""
 
 from __future__ import annotations
 
@@ -24,6 +25,13 @@ CLEAN, CORRUPTED = "the bread is warm and the lamp", "the bread is warm and the 
 @pytest.fixture(scope="module")
 def app_url(tiny_llama_app):
     return tiny_llama_app[0]  # one app for the neighbouring modules on the tiny Llama alone (tests/conftest.py)
+
+
+@pytest.fixture
+def page(shared_page):
+    """One page walked by the module's tests in order (tests/conftest.py); the colour bar's test, which turns the
+    direction to noising, comes last."""
+    return shared_page
 
 
 def drawn(page: Page, elem_id: str, layer: str = ".hm image") -> None:
@@ -68,27 +76,25 @@ def open_patching(page: Page) -> None:
     page.locator("#patch-corrupted textarea").fill(CORRUPTED)
 
 
-def test_the_sweeps_colour_bar_says_what_a_cell_means_in_each_direction(page):
-    open_patching(page)
-    title = page.locator("#patch-map .js-plotly-plot .cbtitle").first
-    scale = page.locator("#patch-map .js-plotly-plot .colorbar").first   # its title and its ticks in words
-    page.locator("#patch-run").click()
-    # the run came back when the note names the direction it ran in
-    expect(page.locator("#patch-note")).to_contain_text("clean activations written into the corrupted run",
-                                                        timeout=RUN_TIMEOUT_MS)
-    expect(title).to_have_text("restored")
-    expect(scale).to_contain_text("clean answer back")
-    expect(scale).to_contain_text("0 no change")
-    page.locator("#patch-more").get_by_text("Answer, foil and direction").click()
-    page.locator("#patch-mode input[value=noise]").check()
-    page.locator("#patch-run").click()
-    expect(page.locator("#patch-note")).to_contain_text("corrupted activations written into the clean run",
-                                                        timeout=RUN_TIMEOUT_MS)
-    expect(title).to_have_text("kept")
-    expect(scale).to_contain_text("1 no change")
-    expect(scale).to_contain_text("0 needed")
-    expect(scale).not_to_contain_text("back")
-    expect(page.locator("#patch-note")).to_contain_text("this patch changes nothing")
+def test_the_shortcut_scatter_is_drawn_and_names_its_cells(page):
+    page.get_by_role("tab", name="Patching").click()
+    expect(page.locator("#patch-run")).to_be_visible()
+    assert page.locator("#patch-shortcut").count() == 0 or not page.locator("#patch-shortcut").is_visible()
+    page.locator("#patch-clean textarea").fill(CLEAN)
+    page.locator("#patch-corrupted textarea").fill(CORRUPTED)
+    page.locator("#patch-shortcut-run").click()
+    expect(page.locator("#patch-shortcut-note")).to_contain_text("rank the wrong heads", timeout=RUN_TIMEOUT_MS)
+    panels = page.locator("#patch-shortcut .js-plotly-plot .scatterlayer .trace.scatter")
+    expect(panels.first).to_be_attached(timeout=RUN_TIMEOUT_MS)
+    assert panels.count() >= 4       # atp, atp*, ig, flow (each with its points; the signed ones a diagonal too)
+    expect(page.locator("#patch-shortcut .js-plotly-plot .gtitle")).to_contain_text("exact sweep")
+    point = page.locator("#patch-shortcut .js-plotly-plot .scatterlayer .trace.scatter .points path").first
+    point.scroll_into_view_if_needed()
+    point.hover(force=True)
+    expect(page.locator("#patch-shortcut .hoverlayer .hovertext").first).to_contain_text("exact",
+                                                                                          timeout=10_000)
+    expect(page.locator("#patch-shortcut .hoverlayer .hovertext").first).to_contain_text(" H")
+    screenshot(page, "patching-shortcuts")
 
 
 def test_a_click_on_a_flow_graph_edge_opens_its_strongest_head(page):
@@ -113,3 +119,26 @@ def test_a_click_on_a_flow_graph_edge_opens_its_strongest_head(page):
                                                                         timeout=RUN_TIMEOUT_MS)
     expect(page.locator("#attn-head-view")).to_contain_text(f"Layer {layer}, head {strongest}",
                                                             timeout=RUN_TIMEOUT_MS)
+
+
+def test_the_sweeps_colour_bar_says_what_a_cell_means_in_each_direction(page):
+    open_patching(page)
+    title = page.locator("#patch-map .js-plotly-plot .cbtitle").first
+    scale = page.locator("#patch-map .js-plotly-plot .colorbar").first   # its title and its ticks in words
+    page.locator("#patch-run").click()
+    # the run came back when the note names the direction it ran in
+    expect(page.locator("#patch-note")).to_contain_text("clean activations written into the corrupted run",
+                                                        timeout=RUN_TIMEOUT_MS)
+    expect(title).to_have_text("restored")
+    expect(scale).to_contain_text("clean answer back")
+    expect(scale).to_contain_text("0 no change")
+    page.locator("#patch-more").get_by_text("Answer, foil and direction").click()
+    page.locator("#patch-mode input[value=noise]").check()
+    page.locator("#patch-run").click()
+    expect(page.locator("#patch-note")).to_contain_text("corrupted activations written into the clean run",
+                                                        timeout=RUN_TIMEOUT_MS)
+    expect(title).to_have_text("kept")
+    expect(scale).to_contain_text("1 no change")
+    expect(scale).to_contain_text("0 needed")
+    expect(scale).not_to_contain_text("back")
+    expect(page.locator("#patch-note")).to_contain_text("this patch changes nothing")
