@@ -49,6 +49,11 @@ FORTY = {}  # the served model, for a text of exactly 40 tokens
 
 
 @pytest.fixture(scope="module")
+def app_url(served):
+    return served[0]  # the page walked by the Attention tab's two tests (shared_page)
+
+
+@pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("first-screen")
     llama, bert = str(build_tiny_llama(root / "tiny-llama")), str(build_tiny_bert(root / "tiny-bert"))
@@ -151,37 +156,32 @@ def test_the_cheap_tabs_first_screens_are_computed_once_for_every_page(browser, 
     assert sorted(set(computed)) == sorted(CHEAP) and len(computed) == len(CHEAP), computed
 
 
-def test_the_attention_tab_opens_on_its_clearest_head_and_a_tile_click_opens_another(browser, served):
-    url, _, plots = served
-    context, page, errors = open_page(browser, url)
-    try:
-        note = page.locator("#attn-note")
-        expect(note).to_contain_text("Opened on", timeout=TIMEOUT_MS)
-        layer, head = re.search(r"Opened on L(\d+) H(\d+)", note.inner_text()).groups()
-        assert page.locator("#attn-layer input").input_value() == layer
-        assert page.locator("#attn-head input").input_value() == head
-        expect(page.locator("#attn-head-view")).to_contain_text(f"Layer {layer}, head {head}", timeout=TIMEOUT_MS)
-        # the tile of layer 0, head 1 (the model view: layers across, heads down, tiles of 64 + 1 gap)
-        plot = page.locator("#attn-model-view .js-plotly-plot")
-        plot.scroll_into_view_if_needed()
-        target = page.evaluate(
-            """() => { const gd = document.querySelector('#attn-model-view .js-plotly-plot');
-                 const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, r = gd.getBoundingClientRect();
-                 const tile = gd._fullLayout.meta.tile, cell = tile + 1;
-                 return {x: r.left + xa._offset + xa.l2p(0 * cell + tile / 2),
-                         y: r.top + ya._offset + ya.l2p(1 * cell + tile / 2)}; }"""
-        )
-        page.mouse.move(target["x"], target["y"])
-        # plotly answers a click with the point under the pointer that its hover found
-        page.wait_for_function("() => (document.querySelector('#attn-model-view .js-plotly-plot')._hoverdata || [])"
-                               ".length > 0", timeout=TIMEOUT_MS)
-        page.mouse.click(target["x"], target["y"])
-        expect(page.locator("#attn-head-view")).to_contain_text("Layer 0, head 1", timeout=TIMEOUT_MS)
-        assert page.locator("#attn-layer input").input_value() == "0"
-        assert page.locator("#attn-head input").input_value() == "1"
-    finally:
-        context.close()
-    assert not errors, errors
+def test_the_attention_tab_opens_on_its_clearest_head_and_a_tile_click_opens_another(shared_page):
+    page = shared_page
+    note = page.locator("#attn-note")
+    expect(note).to_contain_text("Opened on", timeout=TIMEOUT_MS)
+    layer, head = re.search(r"Opened on L(\d+) H(\d+)", note.inner_text()).groups()
+    assert page.locator("#attn-layer input").input_value() == layer
+    assert page.locator("#attn-head input").input_value() == head
+    expect(page.locator("#attn-head-view")).to_contain_text(f"Layer {layer}, head {head}", timeout=TIMEOUT_MS)
+    # the tile of layer 0, head 1 (the model view: layers across, heads down, tiles of 64 + 1 gap)
+    plot = page.locator("#attn-model-view .js-plotly-plot")
+    plot.scroll_into_view_if_needed()
+    target = page.evaluate(
+        """() => { const gd = document.querySelector('#attn-model-view .js-plotly-plot');
+             const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, r = gd.getBoundingClientRect();
+             const tile = gd._fullLayout.meta.tile, cell = tile + 1;
+             return {x: r.left + xa._offset + xa.l2p(0 * cell + tile / 2),
+                     y: r.top + ya._offset + ya.l2p(1 * cell + tile / 2)}; }"""
+    )
+    page.mouse.move(target["x"], target["y"])
+    # plotly answers a click with the point under the pointer that its hover found
+    page.wait_for_function("() => (document.querySelector('#attn-model-view .js-plotly-plot')._hoverdata || [])"
+                           ".length > 0", timeout=TIMEOUT_MS)
+    page.mouse.click(target["x"], target["y"])
+    expect(page.locator("#attn-head-view")).to_contain_text("Layer 0, head 1", timeout=TIMEOUT_MS)
+    assert page.locator("#attn-layer input").input_value() == "0"
+    assert page.locator("#attn-head input").input_value() == "1"
 
 
 def test_every_tab_on_a_phone(browser, served):
@@ -210,27 +210,20 @@ def test_every_tab_on_a_phone(browser, served):
     assert not errors, errors
 
 
-def test_the_head_view_labels_every_token_of_a_40_token_text(browser, served):
-    url, _, _ = served
-    text = forty_tokens()
-    context, page, errors = open_page(browser, url)
-    try:
-        expect(page.locator("#attn-note")).to_contain_text("Opened on", timeout=TIMEOUT_MS)
-        page.locator("#attn-text textarea").fill(text)
-        page.locator("#attn-run").click()
-        expect(page.locator("#attn-note")).to_contain_text("40 tokens", timeout=TIMEOUT_MS)
-        # the head view redrawn for the new text: a tick label per token on both axes
-        page.wait_for_function("""() => ['xtick', 'ytick'].every((axis) =>
-            document.querySelectorAll(`#attn-head-view .${axis} text`).length === 40)""", timeout=TIMEOUT_MS)
-        ticks = page.evaluate(
-            """() => ['xtick', 'ytick'].map((axis) => [...document.querySelectorAll(
-                 `#attn-head-view .${axis} text`)].map((t) => t.textContent))"""
-        )
-        for labels in ticks:  # every token, in order: "0 …" to "39 …"
-            assert [int(label.split(" ", 1)[0]) for label in labels] == list(range(40)), labels
-    finally:
-        context.close()
-    assert not errors, errors
+def test_the_head_view_labels_every_token_of_a_40_token_text(shared_page):
+    page, text = shared_page, forty_tokens()
+    page.locator("#attn-text textarea").fill(text)
+    page.locator("#attn-run").click()
+    expect(page.locator("#attn-note")).to_contain_text("40 tokens", timeout=TIMEOUT_MS)
+    # the head view redrawn for the new text: a tick label per token on both axes
+    page.wait_for_function("""() => ['xtick', 'ytick'].every((axis) =>
+        document.querySelectorAll(`#attn-head-view .${axis} text`).length === 40)""", timeout=TIMEOUT_MS)
+    ticks = page.evaluate(
+        """() => ['xtick', 'ytick'].map((axis) => [...document.querySelectorAll(
+             `#attn-head-view .${axis} text`)].map((t) => t.textContent))"""
+    )
+    for labels in ticks:  # every token, in order: "0 …" to "39 …"
+        assert [int(label.split(" ", 1)[0]) for label in labels] == list(range(40)), labels
 
 
 def forty_tokens() -> str:
@@ -253,14 +246,16 @@ def test_with_an_encoder_patching_opens_on_why_it_cannot_and_inside_on_its_stage
     url, _, plots = served
     from urllib.parse import quote
 
-    for label, note, words in (("Patching", "#patch-note", "this model is an encoder"),
-                               ("Inside", "#inside-note", "tiny-bert")):
-        tab, _, figure = TABS[label]
-        context, page, errors = open_page(browser, f"{url}?model={quote(FORTY['bert'])}&tab={tab}")
-        try:
+    # one page: a link opens Patching on the encoder, then the Inside tab is opened from its button
+    context, page, errors = open_page(browser, f"{url}?model={quote(FORTY['bert'])}&tab={TABS['Patching'][0]}")
+    try:
+        for label, note, words in (("Patching", "#patch-note", "this model is an encoder"),
+                                   ("Inside", "#inside-note", "tiny-bert")):
+            tab, _, figure = TABS[label]
+            open_tab(page, label)
             expect(page.locator(note)).to_contain_text(words, timeout=TIMEOUT_MS)
             expect(page.locator(f"#{figure} .js-plotly-plot .main-svg").first).to_be_attached(timeout=TIMEOUT_MS)
             assert not empty_plots(page, plots), f"{tab}: empty figure boxes {empty_plots(page, plots)}"
-        finally:
-            context.close()
-        assert not errors, errors
+    finally:
+        context.close()
+    assert not errors, errors
