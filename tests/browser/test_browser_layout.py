@@ -24,7 +24,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
-from conftest import WIDE, drawn, open_card, open_page, screenshot, settled  # noqa: E402
+from conftest import WIDE, close_toasts, drawn, idle, open_card, open_page, screenshot, settled  # noqa: E402
 from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 
 TIMEOUT_MS = 60_000
@@ -52,6 +52,13 @@ def app_url(served):
     return served[0]
 
 
+@pytest.fixture
+def page(shared_page):
+    """One page walked by the module's short tests in order (tests/conftest.py): the card first, then the export of
+    the tab's opening head, the modebar, and both widths."""
+    return shared_page
+
+
 def no_sideways_scroll(page: Page) -> None:
     widths = page.evaluate(
         "() => [document.documentElement.scrollWidth, document.body.scrollWidth, window.innerWidth]"
@@ -77,39 +84,24 @@ def test_the_model_card_starts_folded_and_opens(page):
     expect(card).to_contain_text("4d²")
 
 
-@pytest.mark.parametrize("name, viewport", [("wide", None), ("narrow", NARROW)])
-def test_both_widths_render_without_sideways_scroll(browser, app_url, name, viewport):
-    context, page, errors = open_page(browser, app_url, viewport)
-    try:
-        page.locator("#attn-run").click()
-        expect(page.locator("#attn-head-view .js-plotly-plot .hm image").first).to_be_attached(timeout=TIMEOUT_MS)
-        settled(page)
-        if viewport is None:  # a phone's sideways scroll is checked once per tab (test_browser_first_screen.py)
-            no_sideways_scroll(page)
-        run, figure = box(page, "#attn-run"), box(page, "#attn-model-view")
-        if viewport is None:  # controls beside the figures
-            assert figure["x"] >= run["x"] + run["width"] - 1, (run, figure)
-        else:  # controls above the figures
-            assert figure["y"] >= run["y"] + run["height"] - 1, (run, figure)
-        screenshot(page, f"layout-attention-{name}")
-        if viewport is None:  # at 1400 px: every tab, opened from its button, fits the width once drawn
-            for label, elem_id in (("Masks", "mask-run"), ("Heads", "heads-run"), ("Lab", "lab-train"),
-                                   ("Positional encoding", "pe-run")):
-                page.get_by_role("tab", name=label, exact=True).click()
-                expect(page.locator(f"#{elem_id}")).to_be_visible(timeout=TIMEOUT_MS)
-                settled(page)
-                no_sideways_scroll(page)
-        else:  # a narrow screen folds the tab bar into a menu; a link opens the tab
-            page.goto(f"{app_url}?tab=positions")
-            expect(page.locator("#pe-run")).to_be_visible(timeout=TIMEOUT_MS)
-        page.locator("#pe-run").click()
-        expect(page.locator("#pe-permutation")).to_contain_text("causal decoder", timeout=TIMEOUT_MS)
-        if viewport is None:
-            no_sideways_scroll(page)
-        screenshot(page, f"layout-positions-{name}")
-    finally:
-        context.close()
-    assert not errors, errors
+def test_a_data_export_downloads_the_head_as_csv(page):
+    # the tab opened on its clearest head; the file is named by the layer and head shown
+    expect(page.locator("#attn-note")).to_contain_text("Opened on", timeout=TIMEOUT_MS)
+    layer = page.locator("#attn-layer input").input_value()
+    head = page.locator("#attn-head input").input_value()
+    page.locator("#attn-export-box button, #attn-export-box .label-wrap").first.click()
+    page.locator("#attn-export").click()
+    link = page.locator("#attn-export-file a").first
+    expect(link).to_be_visible(timeout=TIMEOUT_MS)
+    with page.expect_download(timeout=TIMEOUT_MS) as info:
+        link.click()
+    download = info.value
+    assert download.suggested_filename.endswith(f"_L{layer}_H{head}_head.csv"), (layer, head)
+    lines = [line for line in open(download.path(), encoding="utf-8") if not line.startswith("#")]
+    rows = list(csv.reader(lines))
+    assert rows[0][0] == "query \\ key"
+    for row in rows[1:]:
+        assert abs(sum(float(c) for c in row[1:]) - 1.0) < 1e-4  # each query's weights sum to 1
 
 
 def test_the_modebar_saves_png_and_svg_named_by_view(page):
@@ -137,24 +129,43 @@ def test_the_modebar_saves_png_and_svg_named_by_view(page):
             assert b'width="1600"' in data[:400]
 
 
-def test_a_data_export_downloads_the_head_as_csv(page):
-    # the tab opened on its clearest head; the file is named by the layer and head shown
-    expect(page.locator("#attn-note")).to_contain_text("Opened on", timeout=TIMEOUT_MS)
-    layer = page.locator("#attn-layer input").input_value()
-    head = page.locator("#attn-head input").input_value()
-    page.locator("#attn-export-box button, #attn-export-box .label-wrap").first.click()
-    page.locator("#attn-export").click()
-    link = page.locator("#attn-export-file a").first
-    expect(link).to_be_visible(timeout=TIMEOUT_MS)
-    with page.expect_download(timeout=TIMEOUT_MS) as info:
-        link.click()
-    download = info.value
-    assert download.suggested_filename.endswith(f"_L{layer}_H{head}_head.csv"), (layer, head)
-    lines = [line for line in open(download.path(), encoding="utf-8") if not line.startswith("#")]
-    rows = list(csv.reader(lines))
-    assert rows[0][0] == "query \\ key"
-    for row in rows[1:]:
-        assert abs(sum(float(c) for c in row[1:]) - 1.0) < 1e-4  # each query's weights sum to 1
+def test_both_widths_render_without_sideways_scroll(page):
+    """The walked page at 1400 px, then narrowed to a phone's 390 px on the Attention tab and on Positional
+    encoding (a phone's sideways scroll is checked once per tab in test_browser_first_screen.py)."""
+    page.get_by_role("tab", name="Attention", exact=True).click()
+    page.locator("#attn-run").click()
+    expect(page.locator("#attn-head-view .js-plotly-plot .hm image").first).to_be_attached(timeout=TIMEOUT_MS)
+    settled(page)
+    no_sideways_scroll(page)
+    run, figure = box(page, "#attn-run"), box(page, "#attn-model-view")
+    assert figure["x"] >= run["x"] + run["width"] - 1, (run, figure)  # wide: controls beside the figures
+    screenshot(page, "layout-attention-wide")
+    page.set_viewport_size(NARROW)
+    try:
+        settled(page)
+        run, figure = box(page, "#attn-run"), box(page, "#attn-model-view")
+        assert figure["y"] >= run["y"] + run["height"] - 1, (run, figure)  # narrow: controls above the figures
+        screenshot(page, "layout-attention-narrow")
+    finally:
+        page.set_viewport_size(WIDE)
+    # at 1400 px: every tab, opened from its button, fits the width once drawn
+    for label, elem_id in (("Masks", "mask-run"), ("Heads", "heads-run"), ("Lab", "lab-train"),
+                           ("Positional encoding", "pe-run")):
+        page.get_by_role("tab", name=label, exact=True).click()
+        expect(page.locator(f"#{elem_id}")).to_be_visible(timeout=TIMEOUT_MS)
+        settled(page)
+        no_sideways_scroll(page)
+    page.locator("#pe-run").click()
+    expect(page.locator("#pe-permutation")).to_contain_text("causal decoder", timeout=TIMEOUT_MS)
+    no_sideways_scroll(page)
+    screenshot(page, "layout-positions-wide")
+    page.set_viewport_size(NARROW)
+    try:
+        settled(page)
+        expect(page.locator("#pe-permutation")).to_contain_text("causal decoder")
+        screenshot(page, "layout-positions-narrow")
+    finally:
+        page.set_viewport_size(WIDE)
 
 
 def test_a_deep_link_opens_its_tab_layer_and_head(browser, app_url):
@@ -228,28 +239,35 @@ def no_markup_landed(page: Page, requests: list[str]) -> None:
 
 
 def test_markup_in_a_link_or_a_message_stays_text(browser, app_url):
-    """Every deep-link parameter, and a message that quotes the user's input, shown as the characters typed."""
-    for kind, markup in MARKUP.items():
-        params = {"model": markup, "tab": markup, "layer": markup, "head": markup}
-        context = browser.new_context(viewport=WIDE)
-        page = context.new_page()
-        requests: list[str] = []
-        errors: list[str] = []
-        page.on("request", lambda request: requests.append(request.url))  # before the page loads: every request
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto(app_url + "?" + urlencode(params))
-        try:
-            toasts = page.locator(".toast-body")
-            expect(toasts.first).to_be_visible(timeout=TIMEOUT_MS)
-            text = " ".join(toasts.all_inner_texts())
-            assert markup[:20] in text, (kind, text)  # quoted as written
-            # a message that quotes what the user typed: a head that is no head, in the Heads tab's ablation list
-            page.get_by_role("tab", name="Heads").click()
-            page.locator("#heads-ablate-list textarea, #heads-ablate-list input").first.fill(markup)
+    """Every deep-link parameter, and a message that quotes the user's input, shown as the characters typed: one
+    page whose link carries each kind of markup in some parameter, then each kind typed where a message quotes it."""
+    kinds = list(MARKUP)
+    params = {"model": MARKUP[kinds[0]], "tab": MARKUP[kinds[1]], "layer": MARKUP[kinds[2]], "head": MARKUP[kinds[0]]}
+    context = browser.new_context(viewport=WIDE)
+    page = context.new_page()
+    requests: list[str] = []
+    errors: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))  # before the page loads: every request
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(app_url + "?" + urlencode(params))
+    try:
+        toasts = page.locator(".toast-body")
+        expect(toasts.first).to_be_visible(timeout=TIMEOUT_MS)
+        idle(page)
+        text = " ".join(toasts.all_inner_texts())
+        for kind in kinds:
+            assert MARKUP[kind][:20] in text, (kind, text)  # quoted as written
+        drawn(page)
+        no_markup_landed(page, requests)
+        # a message that quotes what the user typed: a head that is no head, in the Heads tab's ablation list
+        page.get_by_role("tab", name="Heads").click()
+        for kind in kinds:
+            close_toasts(page)
+            page.locator("#heads-ablate-list textarea, #heads-ablate-list input").first.fill(MARKUP[kind])
             page.locator("#heads-ablate").click()
             expect(toasts.filter(has_text="is not a head")).to_be_visible(timeout=TIMEOUT_MS)
             drawn(page)   # the message is on screen: any element its markup made would be too
             no_markup_landed(page, requests)
-        finally:
-            context.close()
-        assert not errors, errors
+    finally:
+        context.close()
+    assert not errors, errors
