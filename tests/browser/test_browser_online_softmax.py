@@ -14,7 +14,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import expect  # noqa: E402
 
-from conftest import open_page, screenshot  # noqa: E402
+from conftest import open_page, screenshot, settled  # noqa: E402
 
 RUN_TIMEOUT_MS = 60_000
 VIEWPORTS = {"wide": {"width": 1400, "height": 1000}, "phone": {"width": 390, "height": 844}}
@@ -25,10 +25,10 @@ def app_url(tiny_llama_app):
     return tiny_llama_app[0]  # one app for the neighbouring modules on the tiny Llama alone (tests/conftest.py)
 
 
-@pytest.mark.parametrize("name", VIEWPORTS)
-def test_the_online_softmax_draws_under_the_softmax_stage(browser, app_url, name):
-    # a link opens the tab (on a phone the tab strip folds its labels into a menu)
-    context, page, errors = open_page(browser, f"{app_url}?tab=inside", VIEWPORTS[name])
+def test_the_online_softmax_draws_under_the_softmax_stage(browser, app_url):
+    """One page: the section run at 1400 px and checked, then the window narrowed to a phone's width and the
+    layout checked again."""
+    context, page, errors = open_page(browser, f"{app_url}?tab=inside", VIEWPORTS["wide"])   # a link opens the tab
     try:
         expect(page.locator("#inside-note")).to_contain_text("through layer 0, head 0", timeout=RUN_TIMEOUT_MS)
         page.locator("#inside-online").get_by_text("The same softmax, online").click()
@@ -41,17 +41,21 @@ def test_the_online_softmax_draws_under_the_softmax_stage(browser, app_url, name
         assert page.locator("#inside-online-figure .cartesianlayer .subplot").count() == 3
         assert page.locator("#inside-online-figure .scatterlayer .trace").count() >= 3    # max, m, ℓ, online
         assert page.locator("#inside-online-figure .barlayer .point").count() > 0         # the plain softmax
-        box, width = plot.bounding_box(), page.viewport_size["width"]
-        assert box["width"] > 0 and box["x"] >= -1 and box["x"] + box["width"] <= width + 1, (box, width)
         tables = page.locator("#inside-online-bytes table")                # measured, then apart the formula
         expect(tables).to_have_count(2)
         expect(tables.nth(0)).to_contain_text("8,192")
         expect(tables.nth(1)).to_contain_text("8,192")
         expect(page.locator("#inside-online-bytes")).to_contain_text("Formula, not a measurement")
-        # the online section sits under the softmax stage and above the output stage
-        below = page.locator("#inside-stage5").bounding_box()["y"] < page.locator("#inside-online").bounding_box()["y"]
-        assert below and page.locator("#inside-online").bounding_box()["y"] < page.locator("#inside-note6").bounding_box()["y"]
-        screenshot(page, f"inside-online-{name}")
+        for name, viewport in VIEWPORTS.items():
+            page.set_viewport_size(viewport)
+            settled(page)
+            box, width = plot.bounding_box(), viewport["width"]
+            assert box["width"] > 0 and box["x"] >= -1 and box["x"] + box["width"] <= width + 1, (name, box, width)
+            # the online section sits under the softmax stage and above the output stage
+            online = page.locator("#inside-online").bounding_box()["y"]
+            assert page.locator("#inside-stage5").bounding_box()["y"] < online, name
+            assert online < page.locator("#inside-note6").bounding_box()["y"], name
+            screenshot(page, f"inside-online-{name}")
     finally:
         context.close()
     assert not errors, f"JavaScript errors in the page: {errors}"

@@ -16,7 +16,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
-from conftest import open_page, screenshot, settled  # noqa: E402
+from conftest import screenshot, settled  # noqa: E402
 from test_browser_masks import overlaps  # noqa: E402
 
 TIMEOUT_MS = 60_000
@@ -57,42 +57,43 @@ def titles_outside(page: Page) -> list[str]:
            })""", FIGURES)
 
 
-@pytest.mark.parametrize(("viewport", "shot"), [(WIDE, "window-mask-wide"), (NARROW, "window-mask-narrow")])
-def test_the_window_figures_are_drawn_apart_and_within_the_page(browser, app_url, viewport, shot):
-    context, page, errors = open_page(browser, f"{app_url}?tab=masks", viewport)  # a link opens the tab
-    try:
-        boxes = run_window(page)
-        for i, a in enumerate(FIGURES):
-            assert boxes[a]["width"] > 200 and boxes[a]["height"] > 200, (a, boxes[a])
-            assert boxes[a]["x"] >= -1 and boxes[a]["x"] + boxes[a]["width"] <= viewport["width"] + 1, (a, boxes[a])
-            for b in FIGURES[i + 1:]:
-                assert not overlaps(boxes[a], boxes[b]), (a, boxes[a], b, boxes[b])
-        assert titles_outside(page) == []
-        # the weights figure: full, windowed and their difference, three heatmaps
-        assert page.locator("#window-weights .js-plotly-plot .hm image").count() == 3
-        if viewport is WIDE:  # a phone's sideways scroll is checked once per tab (test_browser_first_screen.py)
-            width = page.evaluate("() => document.documentElement.scrollWidth")
-            assert width <= viewport["width"], f"the page scrolls sideways: {width} px"
-        screenshot(page, shot)
-    finally:
-        context.close()
-    assert not errors, errors
+@pytest.fixture
+def page(shared_page):
+    """One page walked by the module's tests in order (tests/conftest.py), on the Masks tab."""
+    shared_page.get_by_role("tab", name="Masks", exact=True).click()
+    return shared_page
 
 
-def test_a_window_setting_it_cannot_run_is_a_note_not_an_error(browser, app_url):
-    context, page, errors = open_page(browser, f"{app_url}?tab=masks", WIDE)
-    try:
-        expect(page.locator("#window-run")).to_be_attached(timeout=TIMEOUT_MS)
-        page.locator("#window-size input").fill("0")
-        page.locator("#window-run").scroll_into_view_if_needed()
-        page.locator("#window-run").click()
-        expect(page.locator("#window-note")).to_contain_text("Window w must be between 1 and 256, got 0",
-                                                             timeout=TIMEOUT_MS)
-        for elem_id in FIGURES:   # each figure in its stated empty state, no "Error" box
-            expect(page.locator(f"#{elem_id}")).to_contain_text("Not computed", timeout=TIMEOUT_MS)
-            assert "Error" not in page.locator(f"#{elem_id}").inner_text()
-        settled(page)
-        assert page.locator(".toast-body").count() == 0, "a refusal became a toast"
-    finally:
-        context.close()
-    assert not errors, errors
+def test_the_window_figures_are_drawn_apart_and_within_the_page(page):
+    for viewport, shot in ((WIDE, "window-mask-wide"), (NARROW, "window-mask-narrow")):
+        page.set_viewport_size(viewport)
+        try:
+            boxes = run_window(page)
+            for i, a in enumerate(FIGURES):
+                assert boxes[a]["width"] > 200 and boxes[a]["height"] > 200, (a, boxes[a])
+                assert boxes[a]["x"] >= -1 and boxes[a]["x"] + boxes[a]["width"] <= viewport["width"] + 1, (a, boxes[a])
+                for b in FIGURES[i + 1:]:
+                    assert not overlaps(boxes[a], boxes[b]), (a, boxes[a], b, boxes[b])
+            assert titles_outside(page) == []
+            # the weights figure: full, windowed and their difference, three heatmaps
+            assert page.locator("#window-weights .js-plotly-plot .hm image").count() == 3
+            if viewport is WIDE:  # a phone's sideways scroll is checked once per tab (test_browser_first_screen.py)
+                width = page.evaluate("() => document.documentElement.scrollWidth")
+                assert width <= viewport["width"], f"the page scrolls sideways: {width} px"
+            screenshot(page, shot)
+        finally:
+            page.set_viewport_size(WIDE)
+
+
+def test_a_window_setting_it_cannot_run_is_a_note_not_an_error(page):
+    expect(page.locator("#window-run")).to_be_attached(timeout=TIMEOUT_MS)
+    page.locator("#window-size input").fill("0")
+    page.locator("#window-run").scroll_into_view_if_needed()
+    page.locator("#window-run").click()
+    expect(page.locator("#window-note")).to_contain_text("Window w must be between 1 and 256, got 0",
+                                                         timeout=TIMEOUT_MS)
+    for elem_id in FIGURES:   # each figure in its stated empty state (the last run's figures gone), no "Error" box
+        expect(page.locator(f"#{elem_id}")).to_contain_text("Not computed", timeout=TIMEOUT_MS)
+        assert "Error" not in page.locator(f"#{elem_id}").inner_text()
+    settled(page)
+    assert page.locator(".toast-body").count() == 0, "a refusal became a toast"
