@@ -14,7 +14,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import expect  # noqa: E402
 
-from conftest import open_page, screenshot  # noqa: E402
+from conftest import screenshot, settled  # noqa: E402
 
 RUN_TIMEOUT_MS = 120_000
 VIEWPORTS = {"wide": {"width": 1400, "height": 1000}, "phone": {"width": 390, "height": 844}}
@@ -33,40 +33,42 @@ def inside_width(page, selector: str) -> None:
     assert box["width"] > 0 and box["x"] >= -1 and box["x"] + box["width"] <= width + 1, (selector, box, width)
 
 
-@pytest.mark.parametrize("name", VIEWPORTS)
-def test_the_shipped_result_is_the_first_screen_and_fits(browser, app_url, name):
-    context, page, errors = open_page(browser, f"{app_url}?tab=lab", VIEWPORTS[name])
-    try:
-        expect(page.locator("#lab-extra-headline")).to_contain_text("saved result", timeout=RUN_TIMEOUT_MS)
-        expect(page.locator("#lab-extra-headline")).to_contain_text("At 48, the most accurate is")
-        expect(page.locator("#lab-extra-note")).to_contain_text("no position 28 in the table")
-        for selector in ("#lab-extra-accuracy", "#lab-extra-heads"):
-            inside_width(page, selector)
-        assert page.locator("#lab-extra-accuracy .scatterlayer .trace").count() >= 6
-        assert page.locator("#lab-extra-heads .heatmaplayer, #lab-extra-heads .hm").count() >= 1
-        screenshot(page, f"lab-extrapolation-saved-{name}")
-        if name == "wide":  # a phone's sideways scroll is checked once per tab (test_browser_first_screen.py)
-            assert page.evaluate("document.documentElement.scrollWidth") <= page.viewport_size["width"] + 1
-    finally:
-        context.close()
-    assert not errors, f"JavaScript errors in the page: {errors}"
+@pytest.fixture
+def page(shared_page):
+    """One page walked by the module's tests in order (tests/conftest.py), on the Lab tab."""
+    shared_page.get_by_role("tab", name="Lab", exact=True).click()
+    return shared_page
 
 
-def test_a_short_run_replaces_the_shipped_figures(browser, app_url):
-    context, page, errors = open_page(browser, f"{app_url}?tab=lab", VIEWPORTS["wide"])
-    try:
-        expect(page.locator("#lab-extra-note")).to_contain_text("Saved result", timeout=RUN_TIMEOUT_MS)
-        kinds = page.locator("#lab-extra-kinds")
-        for kind in ("sinusoidal", "rope", "alibi", "relative"):
-            kinds.get_by_label(kind, exact=True).uncheck()
-        page.locator("#lab-extra-steps input").fill("10")
-        page.locator("#lab-extra-run").click()
-        expect(page.locator("#lab-extra-status")).to_contain_text("Done: 2 kinds", timeout=RUN_TIMEOUT_MS)
-        expect(page.locator("#lab-extra-note")).to_contain_text("Computed here, now")
-        expect(page.locator("#lab-extra-note")).to_contain_text("no position 28 in the table")
-        inside_width(page, "#lab-extra-accuracy")
-        expect(page.locator("#lab-extra-accuracy .legend .traces")).to_have_count(2)
-        screenshot(page, "lab-extrapolation-run-wide")
-    finally:
-        context.close()
-    assert not errors, f"JavaScript errors in the page: {errors}"
+def test_the_shipped_result_is_the_first_screen_and_fits(page):
+    expect(page.locator("#lab-extra-headline")).to_contain_text("saved result", timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#lab-extra-headline")).to_contain_text("At 48, the most accurate is")
+    expect(page.locator("#lab-extra-note")).to_contain_text("no position 28 in the table")
+    assert page.locator("#lab-extra-accuracy .scatterlayer .trace").count() >= 6
+    assert page.locator("#lab-extra-heads .heatmaplayer, #lab-extra-heads .hm").count() >= 1
+    for name, viewport in VIEWPORTS.items():  # the page at 1400 px, then narrowed to a phone's width
+        page.set_viewport_size(viewport)
+        try:
+            settled(page)
+            for selector in ("#lab-extra-accuracy", "#lab-extra-heads"):
+                inside_width(page, selector)
+            screenshot(page, f"lab-extrapolation-saved-{name}")
+            if name == "wide":  # a phone's sideways scroll is checked once per tab (test_browser_first_screen.py)
+                assert page.evaluate("document.documentElement.scrollWidth") <= page.viewport_size["width"] + 1
+        finally:
+            page.set_viewport_size(VIEWPORTS["wide"])
+
+
+def test_a_short_run_replaces_the_shipped_figures(page):
+    expect(page.locator("#lab-extra-note")).to_contain_text("Saved result", timeout=RUN_TIMEOUT_MS)
+    kinds = page.locator("#lab-extra-kinds")
+    for kind in ("sinusoidal", "rope", "alibi", "relative"):
+        kinds.get_by_label(kind, exact=True).uncheck()
+    page.locator("#lab-extra-steps input").fill("10")
+    page.locator("#lab-extra-run").click()
+    expect(page.locator("#lab-extra-status")).to_contain_text("Done: 2 kinds", timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#lab-extra-note")).to_contain_text("Computed here, now")
+    expect(page.locator("#lab-extra-note")).to_contain_text("no position 28 in the table")
+    inside_width(page, "#lab-extra-accuracy")
+    expect(page.locator("#lab-extra-accuracy .legend .traces")).to_have_count(2)
+    screenshot(page, "lab-extrapolation-run-wide")

@@ -15,7 +15,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
-from conftest import open_page, screenshot  # noqa: E402
+from conftest import WIDE, screenshot, settled  # noqa: E402
 from test_browser_lab import LAB_ENV, NARROW, TIMEOUT_MS, tiny_config  # noqa: E402
 from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 
@@ -57,40 +57,42 @@ def table_fit(page: Page) -> dict:
     }""")
 
 
-def test_the_download_box_shows_only_once_it_holds_a_file(browser, app_url):
-    context, page, errors = open_page(browser, app_url)
-    try:
-        page.get_by_role("tab", name="Lab").click()
-        expect(page.locator("#lab-export")).to_be_visible(timeout=TIMEOUT_MS)
-        expect(page.locator("#lab-export-file")).to_be_hidden()
-        train_one(page)
-        expect(page.locator("#lab-export-file")).to_be_hidden()  # a run alone fills no download
-        page.locator("#lab-export").click()
-        expect(page.locator("#lab-export-note")).to_contain_text("1 run(s)", timeout=TIMEOUT_MS)
-        expect(page.locator("#lab-export-file")).to_be_visible(timeout=TIMEOUT_MS)
-        expect(page.locator("#lab-export-file")).to_contain_text("lab-runs")
-    finally:
-        context.close()
-    assert not errors, errors
+@pytest.fixture
+def page(shared_page):
+    """One page walked by the module's tests in order (tests/conftest.py): the run the first trains is the one the
+    second's table lists."""
+    shared_page.get_by_role("tab", name="Lab", exact=True).click()
+    return shared_page
 
 
-@pytest.mark.parametrize("name, viewport", [("wide", None), ("phone", NARROW)])
-def test_the_runs_table_is_never_cut_at_the_right_edge(browser, app_url, name, viewport):
-    context, page, errors = open_page(browser, f"{app_url}?tab=lab", viewport)
-    try:
-        expect(page.locator("#lab-train")).to_be_visible(timeout=TIMEOUT_MS)
+def test_the_download_box_shows_only_once_it_holds_a_file(page):
+    expect(page.locator("#lab-export")).to_be_visible(timeout=TIMEOUT_MS)
+    expect(page.locator("#lab-export-file")).to_be_hidden()
+    train_one(page)
+    expect(page.locator("#lab-export-file")).to_be_hidden()  # a run alone fills no download
+    page.locator("#lab-export").click()
+    expect(page.locator("#lab-export-note")).to_contain_text("1 run(s)", timeout=TIMEOUT_MS)
+    expect(page.locator("#lab-export-file")).to_be_visible(timeout=TIMEOUT_MS)
+    expect(page.locator("#lab-export-file")).to_contain_text("lab-runs")
+
+
+def test_the_runs_table_is_never_cut_at_the_right_edge(page):
+    if "run1" not in page.locator("#lab-runs").inner_text():  # run alone: a run of its own
         train_one(page)
-        fit = table_fit(page)
-        page.locator("#lab-runs").scroll_into_view_if_needed()
-        screenshot(page, f"lab-runs-{name}")
-    finally:
-        context.close()
-    assert not errors, errors
-    assert fit["last"].startswith("seconds"), fit  # the last column (its header also holds a menu button)
-    assert fit["table"] <= fit["window"], f"the table passes the window's edge: {fit}"
-    if name == "wide":  # every column in view as the page opens (a phone's page: test_browser_first_screen.py)
-        assert fit["page"] <= fit["window"], f"the page scrolls sideways: {fit}"
-        assert not fit["wide"] and fit["before"]["cell"] <= fit["before"]["box"] + 1, fit
-    else:  # the table scrolls inside its own box, and its last column comes into view
-        assert fit["overflow"] in ("auto", "scroll"), fit
-        assert fit["after"]["cell"] <= fit["after"]["box"] + 1, fit
+    for name, viewport in (("wide", WIDE), ("phone", NARROW)):   # the page at 1400 px, then at a phone's width
+        page.set_viewport_size(viewport)
+        try:
+            settled(page)
+            fit = table_fit(page)
+            page.locator("#lab-runs").scroll_into_view_if_needed()
+            screenshot(page, f"lab-runs-{name}")
+        finally:
+            page.set_viewport_size(WIDE)
+        assert fit["last"].startswith("seconds"), fit  # the last column (its header also holds a menu button)
+        assert fit["table"] <= fit["window"], f"the table passes the window's edge: {fit}"
+        if name == "wide":  # every column in view as the page opens (a phone's page: test_browser_first_screen.py)
+            assert fit["page"] <= fit["window"], f"the page scrolls sideways: {fit}"
+            assert not fit["wide"] and fit["before"]["cell"] <= fit["before"]["box"] + 1, fit
+        else:  # the table scrolls inside its own box, and its last column comes into view
+            assert fit["overflow"] in ("auto", "scroll"), fit
+            assert fit["after"]["cell"] <= fit["after"]["box"] + 1, fit
