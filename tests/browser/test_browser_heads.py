@@ -17,7 +17,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
-from conftest import drawn, open_page, screenshot, settled  # noqa: E402
+from conftest import WIDE, drawn, screenshot, settled  # noqa: E402
 
 TIMEOUT_MS = 60_000
 NARROW = {"width": 390, "height": 844}
@@ -32,16 +32,19 @@ BOX_JS = """(e) => { const r = e.getBoundingClientRect();
 
 @pytest.fixture(scope="module")
 def app_url(tiny_llama_app):
-    return tiny_llama_app[0]  # one app for the neighbouring modules on the tiny Llama alone (tests/conftest.py)
+    # one app for the neighbouring modules on the tiny Llama alone (tests/conftest.py); a link opens the tab
+    return f"{tiny_llama_app[0]}?tab=heads"
 
 
-def open_heads(browser, url: str, viewport: dict | None = None):
-    context, page, errors = open_page(browser, f"{url}?tab=heads", viewport)  # a link opens the tab
-    expect(page.locator("#heads-run")).to_be_visible(timeout=TIMEOUT_MS)
+@pytest.fixture
+def page(shared_page):
+    """One page walked by the module's tests in order (tests/conftest.py): the first screen, the atlas run, then
+    the window narrowed to a phone's width."""
+    expect(shared_page.locator("#heads-run")).to_be_visible(timeout=TIMEOUT_MS)
     # the tab opens on the atlas of its default text: wait for that result, drawn
-    expect(page.locator("#heads-map .js-plotly-plot .hm image").first).to_be_attached(timeout=TIMEOUT_MS)
-    drawn(page)
-    return context, page, errors
+    expect(shared_page.locator("#heads-map .js-plotly-plot .hm image").first).to_be_attached(timeout=TIMEOUT_MS)
+    drawn(shared_page)
+    return shared_page
 
 
 def box(page: Page, selector: str) -> dict:
@@ -71,48 +74,38 @@ def run_atlas(page: Page) -> None:
     settled(page)
 
 
-def test_the_first_screen_has_the_button_above_the_fold_and_no_empty_figure(browser, app_url):
-    context, page, errors = open_heads(browser, app_url)
-    try:
-        plots = page.evaluate(PLOTS_JS)
-        assert {"heads-map", "heads-head-view", "heads-ablation-loss", "heads-sweep-map", "heads-lens"} <= set(plots)
-        run = box(page, "#heads-run")
-        assert run["y"] + run["height"] <= FOLD_PX, run
-        expect_no_empty_plot(page)
-        # before any result the sections below the atlas take little room (the page was 4,236 px with six
-        # empty figure boxes)
-        assert page.evaluate("document.documentElement.scrollHeight") < 3500
-    finally:
-        context.close()
-    assert not errors, errors
+def test_the_first_screen_has_the_button_above_the_fold_and_no_empty_figure(page):
+    plots = page.evaluate(PLOTS_JS)
+    assert {"heads-map", "heads-head-view", "heads-ablation-loss", "heads-sweep-map", "heads-lens"} <= set(plots)
+    run = box(page, "#heads-run")
+    assert run["y"] + run["height"] <= FOLD_PX, run
+    expect_no_empty_plot(page)
+    # before any result the sections below the atlas take little room (the page was 4,236 px with six
+    # empty figure boxes)
+    assert page.evaluate("document.documentElement.scrollHeight") < 3500
 
 
-def test_the_score_map_is_wide_with_every_layer_and_head_labelled(browser, app_url):
-    context, page, errors = open_heads(browser, app_url)
-    try:
-        run_atlas(page)
-        score_map = box(page, "#heads-map")
-        assert score_map["width"] >= 600, score_map
-        plot = page.locator("#heads-map .js-plotly-plot")
-        assert svg_texts(plot, ".xtick text") == ["0", "1"]
-        assert sorted(svg_texts(plot, ".ytick text")) == ["0", "1", "2", "3"]
-        title = plot.locator(".gtitle").first
-        title_box, plot_box = title.evaluate(BOX_JS), plot.evaluate(BOX_JS)
-        assert title_box["x"] + title_box["width"] <= plot_box["x"] + plot_box["width"], (title_box, plot_box)
-        # a tile's hover names its head "L1 H3"
-        tiles = plot.locator(".nsewdrag").first
-        corner = {"x": tiles.bounding_box()["width"] * 0.75, "y": tiles.bounding_box()["height"] * 0.85}
-        tiles.hover(position=corner)
-        expect(page.locator("#heads-map .hoverlayer .hovertext").first).to_contain_text("L1 H3", timeout=10_000)
-        expect_no_empty_plot(page)
-        screenshot(page, "heads-wide")
-    finally:
-        context.close()
-    assert not errors, errors
+def test_the_score_map_is_wide_with_every_layer_and_head_labelled(page):
+    run_atlas(page)
+    score_map = box(page, "#heads-map")
+    assert score_map["width"] >= 600, score_map
+    plot = page.locator("#heads-map .js-plotly-plot")
+    assert svg_texts(plot, ".xtick text") == ["0", "1"]
+    assert sorted(svg_texts(plot, ".ytick text")) == ["0", "1", "2", "3"]
+    title = plot.locator(".gtitle").first
+    title_box, plot_box = title.evaluate(BOX_JS), plot.evaluate(BOX_JS)
+    assert title_box["x"] + title_box["width"] <= plot_box["x"] + plot_box["width"], (title_box, plot_box)
+    # a tile's hover names its head "L1 H3"
+    tiles = plot.locator(".nsewdrag").first
+    corner = {"x": tiles.bounding_box()["width"] * 0.75, "y": tiles.bounding_box()["height"] * 0.85}
+    tiles.hover(position=corner)
+    expect(page.locator("#heads-map .hoverlayer .hovertext").first).to_contain_text("L1 H3", timeout=10_000)
+    expect_no_empty_plot(page)
+    screenshot(page, "heads-wide")
 
 
-def test_on_a_phone_no_two_figures_overlap(browser, app_url):
-    context, page, errors = open_heads(browser, app_url, NARROW)
+def test_on_a_phone_no_two_figures_overlap(page):
+    page.set_viewport_size(NARROW)
     try:
         expect_no_empty_plot(page)
         run_atlas(page)
@@ -135,8 +128,7 @@ def test_on_a_phone_no_two_figures_overlap(browser, app_url):
         expect_no_empty_plot(page)
         screenshot(page, "heads-narrow")
     finally:
-        context.close()
-    assert not errors, errors
+        page.set_viewport_size(WIDE)
 
 
 def overlap(a: dict, b: dict) -> bool:

@@ -246,10 +246,11 @@ def surprisal_section(services, picker, text, cache) -> dict:
 
 SINKS_INTRO = f"""Many heads put most of their attention on the text's first token, whatever it is: an *attention
 sink*, where a head parks the attention it has no use for. The map shows each head's attention on the first token,
-averaged over the text's queries; a ring marks a head above ε = {EPSILON:g} (Gu et al.'s sink heads). Below, the
-text is read as StreamingLLM reads a long one: each query sees only the last `window` keys, plus the first `sinks`
-tokens when asked. On the trained models StreamingLLM measured, the loss without sinks jumps where the window
-starts hiding the first token, and with them it stays near full attention. The reading takes the whole text, up to {MAX_STREAMING_TOKENS:,} tokens (upload a long one)."""
+averaged over the text's queries; a ring marks a head above ε = {EPSILON:g} (Gu et al.'s sink heads)."""
+WINDOW_INTRO = f"""The text read as StreamingLLM reads a long one: each query sees only the last `window` keys, plus the
+first `sinks` tokens when asked. On the trained models StreamingLLM measured, the loss without sinks jumps where the
+window starts hiding the first token, and with them it stays near full attention. The reading takes the whole text,
+up to {MAX_STREAMING_TOKENS:,} tokens (upload a long one)."""
 POSITION_CHOICES = [(f"{name}: {words}", name) for name, words in POSITION_WORDS.items()]
 
 
@@ -265,15 +266,19 @@ def sinks_section(services, picker, text) -> dict:
     button.click(**shown([figure])).then(
         handler(sink_views.sinks_view, services, "sink_scores"), [picker.model, text], [note, figure],
         api_name="sink_scores", **ON_ANALYSIS)
-    with gr.Row():
-        window = gr.Number(value=16, label=f"Window: keys each query reads (1–{MAX_STREAMING_TOKENS:,})",
-                           precision=0, elem_id="heads-window-size")
-        sinks = gr.Number(value=4, label=f"Sinks: first tokens kept (0–{MAX_SINKS})", precision=0,
-                          elem_id="heads-window-sinks")
-        positions = gr.Radio(POSITION_CHOICES, value="text", label="Positions", elem_id="heads-window-positions")
-        run = gr.Button("Read through the window", elem_id="heads-window-run")
-    window_note = gr.Markdown(label="window note", elem_id="heads-window-note")
-    curve = gr.Plot(label="Next-token loss per position", elem_id="heads-window-loss", visible=False)
+    with gr.Accordion("Read the text through a window of keys, with and without sinks", open=False,
+                      elem_id="heads-window-box"):
+        gr.Markdown(WINDOW_INTRO)
+        with gr.Row():
+            window = gr.Number(value=16, label=f"Window: keys each query reads (1–{MAX_STREAMING_TOKENS:,})",
+                               precision=0, elem_id="heads-window-size")
+            sinks = gr.Number(value=4, label=f"Sinks: first tokens kept (0–{MAX_SINKS})", precision=0,
+                              elem_id="heads-window-sinks")
+            positions = gr.Radio(POSITION_CHOICES, value="text", label="Positions",
+                                 elem_id="heads-window-positions")
+            run = gr.Button("Read through the window", elem_id="heads-window-run")
+        window_note = gr.Markdown(label="window note", elem_id="heads-window-note")
+        curve = gr.Plot(label="Next-token loss per position", elem_id="heads-window-loss", visible=False)
     run.click(**shown([curve])).then(
         handler(sink_views.streaming_view, services, "streaming_perplexity", heavy="A streaming perplexity"),
         [picker.model, text, window, sinks, positions], [window_note, curve], api_name="streaming_perplexity",
