@@ -16,7 +16,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
-from conftest import open_page, screenshot, settled  # noqa: E402
+from conftest import WIDE, screenshot, settled  # noqa: E402
 
 TIMEOUT_MS = 60_000
 NARROW = {"width": 390, "height": 844}
@@ -25,7 +25,8 @@ FIGURES = ["pb-first", "pb-second"]
 
 @pytest.fixture(scope="module")
 def app_url(tiny_llama_app):
-    return tiny_llama_app[0]  # one app for the neighbouring modules on the tiny Llama alone (tests/conftest.py)
+    # one app for the neighbouring modules on the tiny Llama alone (tests/conftest.py); a link opens the tab
+    return f"{tiny_llama_app[0]}?tab=positions"
 
 
 def boxes(page: Page) -> dict[str, dict | None]:
@@ -71,40 +72,36 @@ def show(page: Page, kind: str) -> None:
     settled(page)  # the figures' relayout
 
 
-def open_tab(browser, url: str, viewport: dict | None = None):
-    """A page opened by a link on the tab (one page load); returns (context, page, errors) as open_page does."""
-    context, page, errors = open_page(browser, f"{url}?tab=positions", viewport)
-    expect(page.locator("#pb-run")).to_be_attached(timeout=TIMEOUT_MS)
-    assert all(b is None for b in boxes(page).values())  # no empty figure box before the button
-    page.locator("#pb-run").scroll_into_view_if_needed()
-    return context, page, errors
-
-
 def overlaps(a: dict, b: dict) -> bool:
     return (a["x"] + a["width"] - 1 > b["x"] and b["x"] + b["width"] - 1 > a["x"]
             and a["y"] + a["height"] - 1 > b["y"] and b["y"] + b["height"] - 1 > a["y"])
 
 
-def test_wide_the_figures_sit_side_by_side_and_say_whose_numbers(browser, app_url):
-    context, page, errors = open_tab(browser, app_url)
-    try:
-        show(page, "alibi")
-        first, second = boxes(page).values()
-        assert not overlaps(first, second) and first["y"] == pytest.approx(second["y"], abs=2)  # side by side
-        assert titles_outside_their_figure(page) == []
-        expect(page.locator("#pb-note")).to_contain_text("The formula, not this model")
-        show(page, "rope-partial")
-        expect(page.locator("#pb-note")).to_contain_text("This model's own full rotary")
-        assert page.locator("#pb-second .js-plotly-plot .scatterlayer .trace").count() == 2  # full and partial
-        assert titles_outside_their_figure(page) == []
-        screenshot(page, "position-bias-wide")
-    finally:
-        context.close()
-    assert not errors, errors
+@pytest.fixture
+def page(shared_page):
+    """One page walked by the module's tests in order (tests/conftest.py), opened by a link on the tab; the
+    narrow window comes last."""
+    expect(shared_page.locator("#pb-run")).to_be_attached(timeout=TIMEOUT_MS)
+    shared_page.locator("#pb-run").scroll_into_view_if_needed()
+    return shared_page
 
 
-def test_narrow_the_figures_stack_in_one_column_within_the_phone(browser, app_url):
-    context, page, errors = open_tab(browser, app_url, NARROW)
+def test_wide_the_figures_sit_side_by_side_and_say_whose_numbers(page):
+    assert all(b is None for b in boxes(page).values())  # no empty figure box before the button
+    show(page, "alibi")
+    first, second = boxes(page).values()
+    assert not overlaps(first, second) and first["y"] == pytest.approx(second["y"], abs=2)  # side by side
+    assert titles_outside_their_figure(page) == []
+    expect(page.locator("#pb-note")).to_contain_text("The formula, not this model")
+    show(page, "rope-partial")
+    expect(page.locator("#pb-note")).to_contain_text("This model's own full rotary")
+    assert page.locator("#pb-second .js-plotly-plot .scatterlayer .trace").count() == 2  # full and partial
+    assert titles_outside_their_figure(page) == []
+    screenshot(page, "position-bias-wide")
+
+
+def test_narrow_the_figures_stack_in_one_column_within_the_phone(page):
+    page.set_viewport_size(NARROW)
     try:
         show(page, "t5")
         first, second = boxes(page).values()
@@ -114,5 +111,4 @@ def test_narrow_the_figures_stack_in_one_column_within_the_phone(browser, app_ur
         expect(page.locator("#pb-note")).to_contain_text("no T5 bias table")
         screenshot(page, "position-bias-narrow")
     finally:
-        context.close()
-    assert not errors, errors
+        page.set_viewport_size(WIDE)
