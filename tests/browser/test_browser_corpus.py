@@ -16,7 +16,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import expect  # noqa: E402
 
-from conftest import open_page, screenshot  # noqa: E402
+from conftest import screenshot, settled  # noqa: E402
 from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 from ui.services.corpus.over import INDUCTION_LENGTH  # noqa: E402
 
@@ -52,97 +52,95 @@ def inside(page, selector: str) -> None:
     assert box["width"] > 0 and box["x"] >= -1 and box["x"] + box["width"] <= width + 1, (selector, box, width)
 
 
-@pytest.mark.parametrize("name", VIEWPORTS)
-def test_head_scores_over_a_corpus_draw_inside_the_page(browser, app_url, name):
-    context, page, errors = open_page(browser, app_url, VIEWPORTS["wide"])
+@pytest.fixture
+def page(shared_page):
+    """One page walked by the module's tests in order (tests/conftest.py), at 1400 px."""
+    return shared_page
+
+
+def test_head_scores_over_a_corpus_draw_inside_the_page(page):
+    """The job run and read at 1400 px; then the window narrowed to a phone's width, where both figures fit."""
+    open_tab(page, VIEWPORTS["wide"])
+    page.locator("#corpus-n input").fill("8")
+    page.locator("#corpus-row input").fill("1")
+    page.locator("#corpus-col input").fill("2")
+    page.locator("#corpus-heads-run").click()
+    expect(page.locator("#corpus-note")).to_contain_text("Done in", timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#corpus-note")).to_contain_text(LINE)
+    inside(page, "#corpus-map")
+    inside(page, "#corpus-strip")
+    for figure in ("#corpus-map", "#corpus-strip"):   # the line on n and the interval, drawn in each figure
+        expect(page.locator(f"{figure} .annotation-text").first).to_have_text(LINE)
+    assert page.locator("#corpus-strip .scatterlayer .point").count() >= 8   # a dot per text (and the mean)
+    # a click on another cell of the map redraws the strip for it (2 layers down, 4 heads across, layer 0 on top)
+    tiles = page.locator("#corpus-map .js-plotly-plot .nsewdrag").first
+    tiles.scroll_into_view_if_needed()
+    box = tiles.bounding_box()
+    corner = {"x": box["width"] * 3.5 / 4, "y": box["height"] * 1.5 / 2}
+    tiles.hover(position=corner)
+    expect(page.locator("#corpus-map .hoverlayer .hovertext").first).to_contain_text("layer 1, head 3",
+                                                                                       timeout=10_000)
+    hover = page.locator("#corpus-map .hoverlayer .hovertext").first.text_content()
+    assert "mean" in hover and "interval [" in hover and "n = 8" in hover, hover   # mean, interval and n
+    tiles.click(position=corner)
+    expect(page.locator("#corpus-cell-note")).to_contain_text("Layer 1, head 3", timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#corpus-strip .gtitle")).to_contain_text("layer 1, head 3")
+    assert page.locator("#corpus-col input").input_value() == "3"
+    # and so does a cell typed, then Enter
+    page.locator("#corpus-row input").fill("0")
+    page.locator("#corpus-col input").fill("0")
+    page.locator("#corpus-col input").press("Enter")
+    expect(page.locator("#corpus-cell-note")).to_contain_text("Layer 0, head 0", timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#corpus-strip .gtitle")).to_contain_text("layer 0, head 0")
+    # the finished job's files, from the saved job
+    page.locator("#corpus-export").click()
+    expect(page.locator("#corpus-export-files")).to_contain_text("_induction_items", timeout=RUN_TIMEOUT_MS)
+    check_plane(page)
+    screenshot(page, "corpus-wide")
+    page.set_viewport_size(VIEWPORTS["phone"])
     try:
-        open_tab(page, VIEWPORTS[name])
-        page.locator("#corpus-n input").fill("8")
-        page.locator("#corpus-row input").fill("1")
-        page.locator("#corpus-col input").fill("2")
-        page.locator("#corpus-heads-run").click()
-        expect(page.locator("#corpus-note")).to_contain_text("Done in", timeout=RUN_TIMEOUT_MS)
-        expect(page.locator("#corpus-note")).to_contain_text(LINE)
+        settled(page)
         inside(page, "#corpus-map")
         inside(page, "#corpus-strip")
-        for figure in ("#corpus-map", "#corpus-strip"):   # the line on n and the interval, drawn in each figure
-            expect(page.locator(f"{figure} .annotation-text").first).to_have_text(LINE)
-        assert page.locator("#corpus-strip .scatterlayer .point").count() >= 8   # a dot per text (and the mean)
-        # a click on another cell of the map redraws the strip for it (2 layers down, 4 heads across, layer 0 on top)
-        tiles = page.locator("#corpus-map .js-plotly-plot .nsewdrag").first
-        tiles.scroll_into_view_if_needed()
-        box = tiles.bounding_box()
-        corner = {"x": box["width"] * 3.5 / 4, "y": box["height"] * 1.5 / 2}
-        tiles.hover(position=corner)
-        expect(page.locator("#corpus-map .hoverlayer .hovertext").first).to_contain_text("layer 1, head 3",
-                                                                                           timeout=10_000)
-        hover = page.locator("#corpus-map .hoverlayer .hovertext").first.text_content()
-        assert "mean" in hover and "interval [" in hover and "n = 8" in hover, hover   # mean, interval and n
-        tiles.click(position=corner)
-        expect(page.locator("#corpus-cell-note")).to_contain_text("Layer 1, head 3", timeout=RUN_TIMEOUT_MS)
-        expect(page.locator("#corpus-strip .gtitle")).to_contain_text("layer 1, head 3")
-        assert page.locator("#corpus-col input").input_value() == "3"
-        # and so does a cell typed, then Enter
-        page.locator("#corpus-row input").fill("0")
-        page.locator("#corpus-col input").fill("0")
-        page.locator("#corpus-col input").press("Enter")
-        expect(page.locator("#corpus-cell-note")).to_contain_text("Layer 0, head 0", timeout=RUN_TIMEOUT_MS)
-        expect(page.locator("#corpus-strip .gtitle")).to_contain_text("layer 0, head 0")
-        if name == "wide":   # the finished job's files, from the saved job
-            page.locator("#corpus-export").click()
-            expect(page.locator("#corpus-export-files")).to_contain_text("_induction_items", timeout=RUN_TIMEOUT_MS)
-            check_plane(page)
-        screenshot(page, f"corpus-{name}")
+        screenshot(page, "corpus-phone")
     finally:
-        context.close()
-    assert not errors, f"JavaScript errors in the page: {errors}"
+        page.set_viewport_size(VIEWPORTS["wide"])
 
 
-def test_the_heads_tab_asks_how_typical_the_induction_score_is(browser, app_url):
-    context, page, errors = open_page(browser, app_url, VIEWPORTS["wide"])
-    try:
-        page.get_by_role("tab", name="Heads").click()
-        page.locator("#heads-typical").click()
-        expect(page.get_by_role("tab", name="Across texts")).to_have_attribute("aria-selected", "true",
-                                                                            timeout=RUN_TIMEOUT_MS)
-        expect(page.locator("#corpus-note")).to_contain_text("Done in", timeout=RUN_TIMEOUT_MS)
-        expect(page.locator("#corpus-note")).to_contain_text("The induction score")
-        expect(page.locator("#corpus-note")).to_contain_text("over 20 induction texts")
-        inside(page, "#corpus-map")
-    finally:
-        context.close()
-    assert not errors, f"JavaScript errors in the page: {errors}"
+def test_the_heads_tab_asks_how_typical_the_induction_score_is(page):
+    page.get_by_role("tab", name="Heads").click()
+    page.locator("#heads-typical").click()
+    expect(page.get_by_role("tab", name="Across texts")).to_have_attribute("aria-selected", "true",
+                                                                        timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#corpus-note")).to_contain_text("Done in", timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#corpus-note")).to_contain_text("The induction score")
+    expect(page.locator("#corpus-note")).to_contain_text("over 20 induction texts")
+    inside(page, "#corpus-map")
 
 
-
-def test_the_patching_tabs_ioi_pair_asks_how_typical_it_is_in_its_direction(browser, app_url):
+def test_the_patching_tabs_ioi_pair_asks_how_typical_it_is_in_its_direction(page):
     """The button shows for the IOI preset only (the other presets have no built-in corpus of their kind), and
     sends the tab's direction with IOI pairs to the Across texts tab, whose job runs: on the tiny tokenizer, which
     has no one-token names, it is refused in words."""
-    context, page, errors = open_page(browser, app_url, VIEWPORTS["wide"])
-    try:
-        page.get_by_role("tab", name="Patching").click()
-        button = page.locator("#patching-typical")
-        expect(button).to_be_visible(timeout=RUN_TIMEOUT_MS)
-        page.locator("#patch-preset input").click()
-        page.get_by_role("option", name="Fact: which city").click()
-        expect(button).to_be_hidden()
-        page.locator("#patch-preset input").click()
-        page.get_by_role("option", name="IOI: who gets the drink").click()
-        expect(button).to_be_visible()
-        page.locator("#patch-more").get_by_text("Answer, foil and direction").click()   # open its accordion
-        page.locator("#patch-mode").get_by_text("noise", exact=True).click()
-        button.click()
-        expect(page.get_by_role("tab", name="Across texts")).to_have_attribute("aria-selected", "true",
-                                                                            timeout=RUN_TIMEOUT_MS)
-        expect(page.locator("#corpus-source input")).to_have_value("IOI pairs")
-        page.locator("#corpus-patch-box").get_by_text("Patching (pairs)").click()   # open its accordion
-        expect(page.locator("#corpus-mode").get_by_label("noise", exact=True)).to_be_checked()
-        expect(page.locator(".toast-body").first).to_contain_text("too few single-token words for IOI prompts",
-                                                                  timeout=RUN_TIMEOUT_MS)
-    finally:
-        context.close()
-    assert not errors, f"JavaScript errors in the page: {errors}"
+    page.get_by_role("tab", name="Patching").click()
+    button = page.locator("#patching-typical")
+    expect(button).to_be_visible(timeout=RUN_TIMEOUT_MS)
+    page.locator("#patch-preset input").click()
+    page.get_by_role("option", name="Fact: which city").click()
+    expect(button).to_be_hidden()
+    page.locator("#patch-preset input").click()
+    page.get_by_role("option", name="IOI: who gets the drink").click()
+    expect(button).to_be_visible()
+    page.locator("#patch-more").get_by_text("Answer, foil and direction").click()   # open its accordion
+    page.locator("#patch-mode").get_by_text("noise", exact=True).click()
+    button.click()
+    expect(page.get_by_role("tab", name="Across texts")).to_have_attribute("aria-selected", "true",
+                                                                        timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#corpus-source input")).to_have_value("IOI pairs")
+    page.locator("#corpus-patch-box").get_by_text("Patching (pairs)").click()   # open its accordion
+    expect(page.locator("#corpus-mode").get_by_label("noise", exact=True)).to_be_checked()
+    expect(page.locator(".toast-body").first).to_contain_text("too few single-token words for IOI prompts",
+                                                              timeout=RUN_TIMEOUT_MS)
 
 
 def check_plane(page) -> None:
