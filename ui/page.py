@@ -95,6 +95,7 @@ def layout(services, default_model: str) -> gr.Blocks:
         learn_course.api_endpoint(services, picker)  # hidden parts only the `lesson` endpoint reads
         learn_course.wire_opening(demo, course, picker)
         learn_course.wire_switch(course, picker, current_tab)
+        picker.after.wire(picker.loaded)  # every tab's follow-up of a model change, as one event
         # a lesson opens any of these; Generate and the Lab take no link's fields, only a lesson's
         learn_course.wire_try(course, tabs, current_tab, {**controls, "generate": built["generate"], "lab": lab_tab})
         wire_share_link(share, picker, current_tab, controls, course.choose)
@@ -221,7 +222,7 @@ def wire_switch(picker, current_tab, linked, name: str, tab: Tab) -> None:
     its notes saying which button to press (a tab not on screen computes its first screen when it opens). A tab
     whose first screen is already the new model's (a link's model, shown as the page opened) is left as it is, and
     so is the Attention view a link asks for while it is being drawn."""
-    if tab.switched is None:
+    if not tab.follows:
         return
     opening, results, press = tab.opening, tab.results or [], tab.press or {}
     first_inputs = opening["inputs"] if opening else []  # [shown, model, the tab's inputs]
@@ -255,8 +256,8 @@ def wire_switch(picker, current_tab, linked, name: str, tab: Tab) -> None:
     switch.__signature__ = events.signature(["model_name", "on_screen", "linking"]
                                             + [f"input_{i}" for i in range(len(first_inputs))])
     switch.__name__ = switch.__qualname__ = f"switch_{name}"
-    tab.switched.then(user_errors(switch), [picker.model, current_tab, linked, *first_inputs],
-                      [*first_outputs, *results], api_visibility="private", **ON_FIRST)
+    picker.after.add(user_errors(switch), [picker.model, current_tab, linked, *first_inputs],
+                     [*first_outputs, *results])
 
 
 def linked_fields(tab: Tab) -> list:

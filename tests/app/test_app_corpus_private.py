@@ -135,17 +135,20 @@ def test_past_a_cap_a_job_is_shown_but_not_saved(space, monkeypatch):
 
 
 def test_a_model_change_clears_the_tabs_results(space):
-    """The event chained on the picker's successful load clears every result of the tab (its outputs, by their
-    elements), its notes naming the buttons to press; the picker's change itself stops the tab's running jobs."""
+    """The step of the event chained on the picker's successful load clears every result of the tab (its outputs,
+    by their elements), its notes naming the buttons to press; the picker's change itself stops the tab's running
+    jobs."""
     demo = space["demo"]
     fns = {fn._id: fn for fn in demo.fns.values()}
-    (switch,) = [fn for fn in fns.values() if fn.name == "switch_corpus"]
-    assert fns[switch.trigger_after].name == "load_card"
-    assert switch.trigger_only_on_success
-    ids = [getattr(block, "elem_id", None) for block in switch.outputs]
+    (follow,) = [fn for fn in fns.values() if fn.name == "follow_model"]
+    assert fns[follow.trigger_after].name == "load_card"
+    assert follow.trigger_only_on_success
+    ((fn, inputs, outputs),) = [step for step in follow.fn.steps if step[0].__name__ == "switch_corpus"]
+    assert all(block in follow.outputs for block in outputs)
+    ids = [getattr(block, "elem_id", None) for block in outputs]
     assert ids == ["corpus-note", "corpus-map", "corpus-cell-note", "corpus-strip", None, "corpus-export-files",
                    "corpus-examples-note", "corpus-examples", "corpus-qk-note", "corpus-qk"]
-    note, mean_map, cell, strip, kept, files, examples_note, table, plane_note, plane = switch.fn("other-model")
+    note, mean_map, cell, strip, kept, files, examples_note, table, plane_note, plane = fn("other-model")
     for figure in (mean_map, strip, plane):                                          # emptied and hidden again
         assert figure == {"__type__": "update", "value": None, "visible": False}
     assert kept is None and cell == "" and table == ""
@@ -153,7 +156,7 @@ def test_a_model_change_clears_the_tabs_results(space):
     assert files.visible is False and files.value is None                             # hidden, emptied
     assert note.startswith("Now on other-model:") and all(f"**{b}**" in note for b in across.RUN_BUTTONS)
     assert f"**{across.EXAMPLES_BUTTON}**" in examples_note
-    change = fns[switch.trigger_after].targets                                       # the picker's change
+    change = fns[follow.trigger_after].targets                                       # the picker's change
     stopping = [fn for fn in fns.values() if fn.is_cancel_function and fn.targets == change]
     assert [sorted(fns[i].name for i in fn.cancels) for fn in stopping] == [
         ["corpus_ablation", "corpus_attribution", "corpus_examples", "corpus_heads", "corpus_patch", "corpus_qk"]]

@@ -165,7 +165,7 @@ def test_a_link_to_a_head_of_another_model_opens_that_head(browser, served, monk
     bert = next(name for name in services.models.names() if name.endswith("tiny-bert"))
     switched = threading.Event()  # the page's model change (to the link's model) has come back
     for block_fn in demo.fns.values():
-        if getattr(block_fn.fn, "__name__", "") == "switch_attention":
+        if getattr(block_fn.fn, "__name__", "") == "follow_model":  # every tab's follow-up of the change
             def signalled(*args, _fn=block_fn.fn, **kwargs):
                 try:
                     return _fn(*args, **kwargs)

@@ -92,4 +92,4 @@ def build(services, picker, initial) -> Tab:
                  outputs=[layer, head, note, *figures, last_capture])
     return Tab(text=text, layer=layer, head=head, run_event={**event, "api_visibility": "private"},
                opening=opening(services, "attention", first, fresh=(7,)), reveal=figures,
-               switched=fields.followed, results=[export_file, export_note], press={note: button})
+               follows=True, results=[export_file, export_note], press={note: button})

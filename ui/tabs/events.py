@@ -322,3 +322,95 @@ def _refusing_in_words(block, preprocess):
             raise gr.Error(escaped(f"{label}: {text}"), print_exception=False) from None
 
     return checked
+
+
+# ---------------------------------------------------------------- a model change's follow-ups, as one event
+
+
+class FollowUps:
+    """What follows a model change (each tab's fields set to the new model's ranges, then each tab's first screen
+    or cleared results, the lesson, the corpus tab), run as ONE event: the page's frontend walks every component
+    it has updated on each status change of each event, so twenty small events cost the browser seconds where one
+    costs a fraction. Steps run in the order added; a step reads the values the steps before it wrote (a tab's
+    first screen reads the layer its fields were just set to); a step that fails says why in a warning and
+    leaves its outputs as they were, so it takes no other step down."""
+
+    def __init__(self):
+        self.steps: list[tuple[Callable, list, list]] = []
+        self.wired = False
+
+    def add(self, fn: Callable, inputs: list, outputs: list) -> None:
+        if self.wired:
+            raise RuntimeError("a follow-up added after the model change was wired would never run")
+        self.steps.append((fn, list(inputs), list(outputs)))
+
+    def wire(self, loaded) -> None:
+        """One .success on `loaded` (the picker's change) with every step's inputs and outputs."""
+        self.wired = True
+        inputs = list({id(c): c for _, ins, _ in self.steps for c in ins}.values())
+        outputs = list({id(c): c for _, _, outs in self.steps for c in outs}.values())
+        at = {id(c): i for i, c in enumerate(outputs)}
+
+        def follow(*args):
+            *values, progress = args
+            current = {id(c): v for c, v in zip(inputs, values)}
+            written = [gr.skip()] * len(outputs)
+            for fn, ins, outs in self.steps:
+                call = [current[id(c)] for c in ins]
+                if "progress" in inspect.signature(fn).parameters:
+                    call.append(progress)
+                try:
+                    result = final(fn(*call))
+                except gr.Error as exc:
+                    gr.Warning(exc.message)
+                    continue
+                for component, value in zip(outs, [result] if len(outs) == 1 else list(result)):
+                    written[at[id(component)]] = merged(written[at[id(component)]], value)
+                    if id(component) in current and has_value(value):
+                        current[id(component)] = new_value(value)
+            return written if len(outputs) > 1 else written[0]
+
+        follow.__signature__ = signature([f"input_{i}" for i in range(len(inputs))])
+        follow.__name__ = follow.__qualname__ = "follow_model"
+        follow.steps = self.steps  # (fn, inputs, outputs) each, for a test to read
+        loaded.success(follow, inputs, outputs, api_visibility="private", **ON_FIRST)
+
+
+def is_update(value) -> bool:
+    return isinstance(value, dict) and value.get("__type__") == "update"
+
+
+def has_value(value) -> bool:
+    if is_update(value):
+        return "value" in value
+    if isinstance(value, gr.components.Component):
+        return "value" in value.constructor_args
+    return True
+
+
+def new_value(value):
+    if is_update(value):
+        return value["value"]
+    if isinstance(value, gr.components.Component):
+        return value.constructor_args["value"]
+    return value
+
+
+def merged(before, after):
+    """Two steps' updates of one component: the later's where it says something, the earlier's where it skips
+    (fields limits set to a new model's ranges keep their new labels when a first screen then sets their values)."""
+    if is_update(after) and len(after) == 1:  # gr.skip()
+        return before
+    if is_update(before) and len(before) == 1:
+        return after
+    if is_update(before) or isinstance(before, gr.components.Component):
+        return {**as_update(before), **as_update(after)}
+    return after
+
+
+def as_update(value) -> dict:
+    if is_update(value):
+        return value
+    if isinstance(value, gr.components.Component):
+        return {"__type__": "update", **value.constructor_args}
+    return {"__type__": "update", "value": value}

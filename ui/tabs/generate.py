@@ -129,9 +129,9 @@ def build(services, picker, initial) -> Tab:
         return (gr.Checkbox(value=bool(getattr(loaded.tokenizer, "chat_template", None))),
                 gr.Button(interactive=why is None), why or "")
 
-    picker.loaded.success(for_model, model, [chat, run, cannot], api_visibility="private")
+    picker.after.add(for_model, [model], [chat, run, cannot])
     # a lesson's "Try it" sets the prompt and the settings it names, then streams, traces and fills the strip
-    return Tab(send=send, sent=sent, switched=fields.followed,
+    return Tab(send=send, sent=sent, follows=True,
                settings={"text": prompt, "chat": chat, "max_new_tokens": max_new, "temperature": temperature},
                run_event={**stream, "api_visibility": "private"},
                run_after=[{**trace_event, "api_visibility": "private"}, fill], stop=stop,

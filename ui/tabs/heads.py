@@ -81,7 +81,7 @@ def build(services, picker, initial) -> Tab:
     return Tab(text=atlas["text"], layer=atlas["layer"], head=atlas["head"],
                run_event={**atlas["event"], "api_visibility": "private"}, reveal=atlas["figures"],
                settings={"score": atlas["score"]},
-               opening=opening(services, "heads", atlas["event"], fresh=(5,)), switched=atlas["followed"],
+               opening=opening(services, "heads", atlas["event"], fresh=(5,)), follows=True,
                results=[c for section in sections for c in section["results"]],
                press=press)
 
@@ -139,9 +139,9 @@ def atlas_section(services, picker, initial, cache) -> dict:
         loaded = services.models.get(name)
         return gr.Dropdown(choices=views.score_choices(loaded), value="previous_token"), views.model_note(loaded)
 
-    picker.loaded.success(scores_for, model, [score, capabilities], api_visibility="private")
+    picker.after.add(scores_for, [model], [score, capabilities])
     return dict(text=text, layer=layer, head=head, score=score, add=add_button, event=atlas, figures=figures,
-                note=note, run=run, followed=fields.followed)
+                note=note, run=run)
 
 
 def ablation_section(services, picker, text, score, cache) -> gr.Textbox:

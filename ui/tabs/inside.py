@@ -81,7 +81,7 @@ def build(services, picker, initial) -> Tab:
     # each page gets its own with its first walk
     return Tab(text=text, layer=layer, head=head, token=token, reveal=figures,
                opening=opening(services, "inside", walk, fresh=(len(walk["outputs"]) - 1,)),
-               switched=fields.followed, results=why["results"], press={overview: run, **why["press"]})
+               follows=True, results=why["results"], press={overview: run, **why["press"]})
 
 
 def why_section(services, picker, text, fields) -> dict:

@@ -130,4 +130,4 @@ def build(services, picker, initial) -> Tab:
                 api_name="window_mask")
     return Tab(text=text, layer=layer, head=head, run_event={**run, "api_visibility": "private"},
                opening=opening(services, "masks", run), reveal=figures,
-               switched=fields.followed, results=[export_file, export_note], press={note: button})
+               follows=True, results=[export_file, export_note], press={note: button})

@@ -96,7 +96,7 @@ def build(services, picker, initial) -> Tab:
     # the CSV expires, so each page gets its own with its first Patch
     first_sweep = dict(sweep, fn=handler(views.patch_view, services, "first_patching"))
     return Tab(text=clean, layer=layer, corrupted=corrupted, picked=picked, reveal=[sweep_fig],
-               opening=opening(services, "patching", first_sweep, fresh=(2,)), switched=fields.followed,
+               opening=opening(services, "patching", first_sweep, fresh=(2,)), follows=True,
                results=[*attribution["results"], *flow["results"], *shortcut["results"]],
                press={note: run, **attribution["press"], **flow["press"], **shortcut["press"]},
                typical=[preset, mode])

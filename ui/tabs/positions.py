@@ -108,5 +108,5 @@ def build(services, picker, initial) -> Tab:
         [bias_first, bias_second, bias_note], api_name="position_bias", **ON_ANALYSIS)
     first = dict(fn=handler(first_view, services, "first_positions"), inputs=inputs, outputs=[*outputs, perm_text])
     return Tab(text=text, layer=layer, head=head, opening=opening(services, "positions", first), reveal=figures,
-               switched=fields.followed, results=[export_file, export_note],
+               follows=True, results=[export_file, export_note],
                press={rope_text: button, perm_text: button})

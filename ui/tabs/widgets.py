@@ -98,10 +98,10 @@ class Tab:
     send: gr.Button | None = None
     sent: gr.State | None = None
     picked: gr.HTML | None = None
-    # a model change: once `switched` (the event that sets the fields to the new model's ranges) is done, the page
-    # computes the first screen again where the tab is on screen, and clears `results` (what else shows a model's
-    # result) everywhere, each note in `press` saying which button fills it
-    switched: object | None = None
+    # a model change: once the fields follow the new model's ranges, the page computes the first screen again where
+    # the tab is on screen, and clears `results` (what else shows a model's result) everywhere, each note in `press`
+    # saying which button fills it
+    follows: bool = False
     results: list | None = None
     press: dict | None = None  # note → its button
     # the fields a "how typical is this?" run reads (ui/page.py TYPICAL): the Patching tab's preset and direction
@@ -207,7 +207,6 @@ class Fields:
     ok: gr.State
     shape: Callable  # model → (layers, heads)
     mean: bool = False  # the head may be "mean of heads"
-    followed: object | None = None  # the event that sets them to a new model's ranges, to chain on
 
     def problem(self, model, layer, head=None) -> str:
         """'' when the layer and the head are the model's, else what is wrong, in one or two sentences."""
@@ -272,8 +271,7 @@ def layer_head(models, picker, initial, prefix: str, shape: Callable = None, not
         return new_layer, gr.Number(value=head_value, label=head_label(note, heads, mean)), ""
 
     boxes = [layer] if head_box is None else [layer, head_box]
-    fields.followed = picker.loaded.success(limits, [picker.model, *boxes], [*boxes, field_note],
-                                            api_visibility="private")
+    picker.after.add(limits, [picker.model, *boxes], [*boxes, field_note])
     return fields
 
 

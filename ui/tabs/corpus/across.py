@@ -238,4 +238,4 @@ def wire_switch(picker, jobs: list, outputs: list) -> None:
     switch.__name__ = switch.__qualname__ = "switch_corpus"   # as ui/page.py names each tab's
     # the cancel on the change itself: Gradio never fires the cancel of a .success (it has no event of its own)
     picker.model.change(None, None, None, cancels=jobs, api_visibility="private", queue=False)
-    picker.loaded.success(switch, picker.model, outputs, api_visibility="private", queue=False)
+    picker.after.add(switch, [picker.model], outputs)

@@ -191,8 +191,8 @@ def wire_switch(course, picker, current_tab) -> None:
             return [gr.skip()] * (len(course.outputs) - 2) + [None, gr.skip()]
         return course.opened(model_name, name, shown_value, saved_value, progress)
 
-    picker.loaded.success(switched, [picker.model, current_tab, course.choose, course.shown, course.saved],
-                          course.outputs, api_visibility="private", **ON_ANALYSIS)
+    picker.after.add(switched, [picker.model, current_tab, course.choose, course.shown, course.saved],
+                     course.outputs)
 
 
 def wire_try(course, tabs, current_tab, targets: dict) -> None:
