@@ -7,6 +7,7 @@ config and the tokenizer are checked against an independent reading of the same 
 past the local layers' 512-token window, so the window is part of what is compared.
 """
 import json
+import os
 
 import pytest
 import torch
@@ -52,7 +53,27 @@ def gguf(gemma_dir):
 
 
 @pytest.fixture(scope="module")
-def pair(gemma_dir, gguf):
+def parsed_once():
+    """transformers parses the GGUF file anew for its config, its weights and its tokenizer, and each parse walks
+    the 262,144-token vocabulary field by field (about 20 s here): the gguf library's reader of this file is made
+    once and handed to every reading (it only maps the file, read-only), so the three readings are the same."""
+    gguf_library = pytest.importorskip("gguf")
+    readers, make = {}, gguf_library.GGUFReader
+
+    def reader(path, *args, **kwargs):
+        key = (os.path.realpath(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = make(path, *args, **kwargs)
+        return readers[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf_library, "GGUFReader", reader)
+        yield
+    readers.clear()
+
+
+@pytest.fixture(scope="module")
+def pair(gemma_dir, gguf, parsed_once):
     """(our core model on the converted folder, transformers' Gemma3ForCausalLM on the GGUF), fp32, eager."""
     ours = load_model(gemma_dir, device="cpu", dtype=torch.float32)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
@@ -86,7 +107,7 @@ def test_every_tensor_equals_transformers_gguf_reader(gemma_dir, pair):
         assert torch.equal(converted[name], tensor), f"{name} differs from transformers' GGUF reader"
 
 
-def test_tokenizer_equals_transformers_gguf_tokenizer(gemma_dir, gguf, tmp_path):
+def test_tokenizer_equals_transformers_gguf_tokenizer(gemma_dir, gguf, tmp_path, parsed_once):
     (tmp_path / gguf).symlink_to(gemma_dir / gguf)  # alone, so that nothing but the GGUF is read
     reference = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=gguf)
     ours = transformers.AutoTokenizer.from_pretrained(gemma_dir)
@@ -119,3 +140,14 @@ def test_logits_and_attention_equal_transformers_past_the_window(pair):
         if len(ids) > 512:   # a local layer reads nothing 512 or more places back; a global one does
             assert out.attentions[0][0, :, -1, :len(ids) - 512].abs().max() == 0
             assert out.attentions[5][0, :, -1, :len(ids) - 512].sum() > 0
+
+
+def test_greedy_tokens_equal_transformers_generate(pair):
+    """16 greedy tokens through the core's cache equal transformers' `generate` on the same weights."""
+    ours, theirs = pair
+    ids = torch.tensor([ours.tokenizer("The quick brown fox jumps over the lazy dog because it was late for")
+                        ["input_ids"]])
+    theirs.set_attn_implementation("eager")
+    with torch.inference_mode():
+        reference = theirs.generate(ids, max_new_tokens=16, do_sample=False)
+    assert torch.equal(ours.generate(ids, 16), reference[:, :ids.shape[1] + 16])
