@@ -16,7 +16,7 @@ from ui.tabs import events
 from ui.tabs import attention, generate, heads, inside, lab, masks, patching, picker as model_picker, positions
 from ui.tabs.corpus import across
 from ui.tabs.learn import course as learn_course
-from ui.tabs.events import MODEL_GROUPS, ON_ANALYSIS, ON_FIRST, checked_inputs, message, user_errors
+from ui.tabs.events import MODEL_GROUPS, ON_FIRST, Steps, checked_inputs, message, user_errors
 from ui.tabs.widgets import SVG_BUTTON_JS, Tab, checked_pick
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def layout(services, default_model: str) -> gr.Blocks:
         learn_course.api_endpoint(services, picker)  # hidden parts only the `lesson` endpoint reads
         learn_course.wire_opening(demo, course, picker)
         learn_course.wire_switch(course, picker, current_tab)
-        picker.after.wire(picker.loaded)  # every tab's follow-up of a model change, as one event
+        picker.after.wire(picker.loaded.success, **ON_FIRST)  # every tab's follow-up of a model change, one event
         # a lesson opens any of these; Generate and the Lab take no link's fields, only a lesson's
         learn_course.wire_try(course, tabs, current_tab, {**controls, "generate": built["generate"], "lab": lab_tab})
         wire_share_link(share, picker, current_tab, controls, course.choose)
@@ -327,12 +327,13 @@ def deep_links(demo, services, default_model, picker, tabs, current_tab, linked,
 
     def open_first(tab_name, flag, *rest):
         """The first screen of the tab the page opens on (not when the link asked for the Attention view: that
-        ran above)."""
+        ran above; nor when the tab's own opening, as the page mounted it, has already shown it for this model)."""
         *values, progress = rest
         out, at = [], 0
         for name, tab in opening.items():
             width, outs = len(tab.opening["inputs"]), len(tab.opening["outputs"])
-            if name == tab_name and not (flag and name == "attention"):
+            shown, model_name = values[at:at + 2]  # every opening's inputs start [shown, model]
+            if name == tab_name and not (flag and name == "attention") and not (shown and shown == model_name):
                 out += list(tab.opening["fn"](*values[at:at + width], progress))
             else:
                 out += [gr.skip()] * outs
@@ -341,12 +342,16 @@ def deep_links(demo, services, default_model, picker, tabs, current_tab, linked,
 
     open_first.__signature__ = events.signature(["tab_name", "flag"] + [f"input_{i}" for i in range(len(first_inputs))])
     demo.load(None, js=SVG_BUTTON_JS)
-    demo.load(open_link, None, [*link_outputs, linked], api_visibility="private").then(
-        reveal, current_tab, revealed, api_visibility="private", queue=False).then(
-        show_linked, [linked, *attention_event["inputs"]], [*attention_event["outputs"], attention_shown, linked],
-        api_visibility="private", **ON_ANALYSIS).then(
-        user_errors(open_first), [current_tab, linked, *first_inputs], first_outputs, api_visibility="private",
-        **ON_FIRST).then(None, js=OPENED_JS)
+    # the link read here (its request cannot travel to a backend's replica), then one event (ui.tabs.events.Steps):
+    # the figures of the tab it opens shown, the Attention view it asks for drawn, or else the first screen of the
+    # tab the page opens on
+    opened = Steps("open_page")
+    opened.add(reveal, [current_tab], revealed)
+    opened.add(show_linked, [linked, *attention_event["inputs"]],
+               [*attention_event["outputs"], attention_shown, linked])
+    opened.add(user_errors(open_first), [current_tab, linked, *first_inputs], first_outputs)
+    link_read = demo.load(open_link, None, [*link_outputs, linked], api_visibility="private")
+    opened.wire(link_read.then, **ON_FIRST).then(None, js=OPENED_JS)
     demo.load(picker.load_card, picker.model, picker.card, api_visibility="private")
 
 

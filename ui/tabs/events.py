@@ -324,43 +324,46 @@ def _refusing_in_words(block, preprocess):
     return checked
 
 
-# ---------------------------------------------------------------- a model change's follow-ups, as one event
+# ---------------------------------------------------------------- several steps, as one event
 
 
-class FollowUps:
-    """What follows a model change (each tab's fields set to the new model's ranges, then each tab's first screen
-    or cleared results, the lesson, the corpus tab), run as ONE event: the page's frontend walks every component
-    it has updated on each status change of each event, so twenty small events cost the browser seconds where one
-    costs a fraction. Steps run in the order added; a step reads the values the steps before it wrote (a tab's
-    first screen reads the layer its fields were just set to); a step that fails says why in a warning and
-    leaves its outputs as they were, so it takes no other step down."""
+class Steps:
+    """Several event functions run as ONE event (what follows a model change: each tab's fields set to the new
+    model's ranges, then each tab's first screen or cleared results; what a page does as it opens). The page's
+    frontend walks every component it has updated on each status change of each event, so twenty small events
+    cost the browser seconds where one costs a fraction. Steps run in the order added; a step reads the values
+    the steps before it wrote (a tab's first screen reads the layer its fields were just set to); a step that
+    fails says why in a warning and leaves its outputs as they were, so it takes no other step down. A step gets
+    the request and the progress bar where its signature names them (`request`, `progress`), after its inputs."""
 
-    def __init__(self):
+    def __init__(self, name: str):
+        self.name = name
         self.steps: list[tuple[Callable, list, list]] = []
         self.wired = False
 
     def add(self, fn: Callable, inputs: list, outputs: list) -> None:
         if self.wired:
-            raise RuntimeError("a follow-up added after the model change was wired would never run")
+            raise RuntimeError(f"a step added to {self.name} after it was wired would never run")
         self.steps.append((fn, list(inputs), list(outputs)))
 
-    def wire(self, loaded) -> None:
-        """One .success on `loaded` (the picker's change) with every step's inputs and outputs."""
+    def wire(self, trigger: Callable, **options):
+        """trigger(fn, inputs, outputs, **options): an event listener (a change's .success, demo.load); the
+        steps' inputs and outputs are the unions of theirs. Returns the dependency, to chain on."""
         self.wired = True
         inputs = list({id(c): c for _, ins, _ in self.steps for c in ins}.values())
         outputs = list({id(c): c for _, _, outs in self.steps for c in outs}.values())
         at = {id(c): i for i, c in enumerate(outputs)}
+        extras = [[name for name in inspect.signature(fn).parameters if name in ("request", "progress")]
+                  for fn, _, _ in self.steps]
 
-        def follow(*args):
-            *values, progress = args
+        def run(*args):
+            *values, request, progress = args
+            given = {"request": request, "progress": progress}
             current = {id(c): v for c, v in zip(inputs, values)}
             written = [gr.skip()] * len(outputs)
-            for fn, ins, outs in self.steps:
-                call = [current[id(c)] for c in ins]
-                if "progress" in inspect.signature(fn).parameters:
-                    call.append(progress)
+            for (fn, ins, outs), names in zip(self.steps, extras):
                 try:
-                    result = final(fn(*call))
+                    result = final(fn(*[current[id(c)] for c in ins], *[given[name] for name in names]))
                 except gr.Error as exc:
                     gr.Warning(exc.message)
                     continue
@@ -368,12 +371,20 @@ class FollowUps:
                     written[at[id(component)]] = merged(written[at[id(component)]], value)
                     if id(component) in current and has_value(value):
                         current[id(component)] = new_value(value)
+            # a component returned as an update becomes the same update as a dict: it may travel to a backend
+            written = [as_update(value) if isinstance(value, gr.components.Component) else value
+                       for value in written]
             return written if len(outputs) > 1 else written[0]
 
-        follow.__signature__ = signature([f"input_{i}" for i in range(len(inputs))])
-        follow.__name__ = follow.__qualname__ = "follow_model"
-        follow.steps = self.steps  # (fn, inputs, outputs) each, for a test to read
-        loaded.success(follow, inputs, outputs, api_visibility="private", **ON_FIRST)
+        names = [f"input_{i}" for i in range(len(inputs))]
+        run.__signature__ = inspect.Signature(
+            [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in names]
+            + [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request),
+               inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=gr.Progress())])
+        run.__annotations__ = {"request": gr.Request}
+        run.__name__ = run.__qualname__ = self.name
+        run.steps = self.steps  # (fn, inputs, outputs) each, for a test to read
+        return trigger(run, inputs, outputs, api_visibility="private", **options)
 
 
 def is_update(value) -> bool:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from ui.tabs.events import ON_ANALYSIS, FollowUps, progress_callback, user_errors
+from ui.tabs.events import ON_ANALYSIS, Steps, progress_callback, user_errors
 from ui.views.card import model_card
 
 
@@ -20,7 +20,7 @@ class Picker:
     loaded: object  # the event of a successful model change
     choices: Callable  # (request) → the dropdown with the store's current names (models saved or copied in since
     # start, each marked when not installed) and, on a shared server, the session's own saved runs
-    after: FollowUps  # what the tabs do once a model change has loaded it (add a step; the page wires them as one)
+    after: Steps  # what the tabs do once a model change has loaded it (add a step; the page wires them as one)
 
 
 def build(models, default_model: str, beside: Callable[[], None] | None = None,
@@ -53,4 +53,4 @@ def build(models, default_model: str, beside: Callable[[], None] | None = None,
         return gr.Dropdown(choices=[*models.choices(), *((alias, alias) for alias in own)])
 
     loaded = model.change(load_card, model, card, api_name="load_model", **ON_ANALYSIS)
-    return Picker(model, card, load_card, loaded, choices, FollowUps())
+    return Picker(model, card, load_card, loaded, choices, Steps("follow_model"))

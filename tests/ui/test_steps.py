@@ -1,10 +1,10 @@
-"""The model change's follow-ups as one event (ui.tabs.events.FollowUps): steps in order, each reading what the
+"""The model change's follow-ups as one event (ui.tabs.events.Steps): steps in order, each reading what the
 steps before it wrote, a failing step leaving only its own outputs as they were."""
 
 import gradio as gr
 import pytest
 
-from ui.tabs.events import FollowUps
+from ui.tabs.events import Steps
 
 
 class Loaded:
@@ -15,12 +15,12 @@ class Loaded:
 
 
 def wired(steps):
-    follow_ups, loaded = FollowUps(), Loaded()
+    follow_ups, loaded = Steps("follow_model"), Loaded()
     with gr.Blocks():
         components = {name: gr.Number(label=name) for name in "model layer note first other".split()}
         for fn, ins, outs in steps(components):
             follow_ups.add(fn, ins, outs)
-    follow_ups.wire(loaded)
+    follow_ups.wire(loaded.success)
     return loaded, components
 
 
@@ -35,7 +35,8 @@ def test_a_later_step_reads_what_an_earlier_one_wrote_and_outputs_are_the_union(
             assert progress == "bar"  # the event's progress, handed to a step that takes one
             return f"first screen of model {model} at layer {layer}"
 
-        def broken(model):
+        def broken(model, request):
+            assert request == "the page's request"  # handed to a step whose signature names it
             raise gr.Error("cannot on this model")
 
         def other(model):
@@ -55,7 +56,7 @@ def test_a_later_step_reads_what_an_earlier_one_wrote_and_outputs_are_the_union(
     assert loaded.inputs == [c["model"], c["layer"]]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(gr, "Warning", warnings.append)
-        layer, note, other, first = loaded.fn(4, 9, "bar")
+        layer, note, other, first = loaded.fn(4, 9, "the page's request", "bar")
     assert layer == {"__type__": "update", "value": 1, "label": "Layer (0–3)"}
     assert note == ""                                      # a later skip keeps the earlier step's value
     assert other == {"__type__": "update"}                 # the failed step's output is left as it was
@@ -64,7 +65,7 @@ def test_a_later_step_reads_what_an_earlier_one_wrote_and_outputs_are_the_union(
 
 
 def test_a_step_added_after_wiring_is_refused():
-    follow_ups = FollowUps()
-    follow_ups.wire(Loaded())
+    follow_ups = Steps("follow_model")
+    follow_ups.wire(Loaded().success)
     with pytest.raises(RuntimeError, match="never run"):
         follow_ups.add(lambda model: model, [], [])
