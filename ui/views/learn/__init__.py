@@ -6,8 +6,9 @@ from __future__ import annotations
 
 def figures() -> dict:
     """Every lesson's drawing function, by lesson name."""
-    from ui.views.learn import attention, block, evidence, generation, positions
-    return {**attention.FIGURES, **positions.FIGURES, **block.FIGURES, **generation.FIGURES, **evidence.FIGURES}
+    from ui.views.learn import attention, block, evidence, generation, positions, sinks
+    return {**attention.FIGURES, **positions.FIGURES, **block.FIGURES, **generation.FIGURES, **sinks.FIGURES,
+            **evidence.FIGURES}
 
 
 def figure(name: str, measured):
