@@ -192,7 +192,7 @@ def masked_losses(model, ids: Tensor, window: int, sinks: int) -> Tensor:
         return next_token_losses(model, out.hidden_states, ids)
 
 
-def cache_losses(model, ids: Tensor, window: int, sinks: int) -> Tensor:
+def cache_losses(model, ids: Tensor, window: int, sinks: int, progress=None) -> Tensor:
     """positions="cache": token by token through a RollingKVCache of sinks + window entries per layer. The ring
     holds keys rotated at their text positions, so a window key sits at its text distance i − j from query i,
     which is also its distance inside StreamingLLM's renumbered cache; only the sinks differ: once the cache is
@@ -215,18 +215,24 @@ def cache_losses(model, ids: Tensor, window: int, sinks: int) -> Tensor:
             step = torch.tensor([[token]], device=model.device)
             logits.append(rolling_decode_step(model, step, cache)[0].float().cpu())
             cache.advance(1)
+            if progress is not None:
+                progress(i + 1, len(ids) - 1)
     return F.cross_entropy(torch.stack(logits), ids[1:], reduction="none")
 
 
-def streaming_perplexity(model, ids: Tensor, window: int, sinks: int = 0, positions: str = "cache") -> StreamingPerplexity:
+def streaming_perplexity(model, ids: Tensor, window: int, sinks: int = 0, positions: str = "cache",
+                         progress=None) -> StreamingPerplexity:
     """The perplexity of ids [T] when query i reads only keys j ≤ i with j < sinks or j > i − window
     (StreamingLLM: window-only attention, and the same with the first `sinks` tokens kept as attention sinks).
     positions="text": every token keeps its place in the text (the mask-only view, one pass); "cache": positions
-    are renumbered inside the cache as StreamingLLM does (RoPE models; read token by token, see cache_losses)."""
+    are renumbered inside the cache as StreamingLLM does (RoPE models; read token by token, see cache_losses).
+    progress(done, total): after each token read through the cache (total T − 1), or once after the pass."""
     ids = check_streaming(model, ids, window, sinks, positions)
     if positions == "text":
         loss, method = masked_losses(model, ids, window, sinks), "one pass under the local + global mask"
+        if progress is not None:
+            progress(1, 1)
     else:
-        loss, method = cache_losses(model, ids, window, sinks), ("token by token through a rolling KV cache of "
-                                                                  f"{sinks} + {window} entries, sinks re-rotated")
+        loss, method = cache_losses(model, ids, window, sinks, progress), (
+            f"token by token through a rolling KV cache of {sinks} + {window} entries, sinks re-rotated")
     return StreamingPerplexity(math.exp(float(loss.double().mean())), loss, window, sinks, positions, method)

@@ -100,6 +100,7 @@ def calls(llama: str, upload: str) -> list[tuple[str, tuple]]:
         ("logit_lens", (llama, TEXT)),
         ("surprisal", (llama, TEXT)),
         ("sink_scores", (llama, TEXT)),
+        ("sink_comparison", (llama, TEXT)),
         ("streaming_perplexity", (llama, TEXT, 16, 4, "cache")),
         ("generate", settings),
         ("generation_trace", settings),

@@ -36,6 +36,14 @@ def core_first(model, text: str):
     return sink_scores(model, [torch.tensor(ids)]), ids
 
 
+def last(updates):
+    """A streaming view's finished result: its last (note, figure)."""
+    result = None
+    for result in updates:
+        pass
+    return result
+
+
 def heatmaps(fig) -> list:
     return [trace for trace in fig.data if trace.type == "heatmap"]
 
@@ -93,7 +101,7 @@ def test_an_encoder_decoders_map_is_refused_in_words(setup):
 def test_the_window_curves_are_the_cores_losses_beside_full_attention(setup, window, sinks, positions):
     services, folders = setup
     model = services.models.get(folders["llama"])
-    note, fig = streaming_view(services, folders["llama"], LONG, window, sinks, positions)
+    note, fig = last(streaming_view(services, folders["llama"], LONG, window, sinks, positions))
     ids = torch.tensor(encode(model, LONG).ids)
     run = streaming_perplexity(model, ids, window, sinks, positions)
     full = streaming_perplexity(model, ids, len(ids), 0, "text")
@@ -108,7 +116,7 @@ def test_the_window_curves_are_the_cores_losses_beside_full_attention(setup, win
 
 def test_a_window_that_covers_the_text_hides_nothing(setup):
     services, folders = setup
-    note, fig = streaming_view(services, folders["llama"], SHORT, 64, 0, "text")
+    note, fig = last(streaming_view(services, folders["llama"], SHORT, 64, 0, "text"))
     windowed, whole = fig.data
     np.testing.assert_allclose(np.asarray(windowed.y), np.asarray(whole.y), atol=1e-6)
     assert not fig.layout.shapes and "hides nothing" in note
@@ -125,7 +133,7 @@ def test_a_window_that_covers_the_text_hides_nothing(setup):
 ])
 def test_what_the_window_cannot_read_is_said_in_the_note(setup, model, text, window, sinks, positions, words):
     services, folders = setup
-    note, fig = streaming_view(services, folders[model], text, window, sinks, positions)
+    note, fig = last(streaming_view(services, folders[model], text, window, sinks, positions))
     assert words in note and not fig.data
 
 
@@ -137,3 +145,81 @@ def test_the_plots_take_arrays_and_check_their_shapes():
         sink_maps({"a": first, "b": first[:1]}, 0.3, "title")
     with pytest.raises(ValueError, match="one length"):
         window_loss_figure({"a": np.zeros(4), "b": np.zeros(5)}, None, "title")
+
+
+def test_the_comparison_is_each_models_own_map_layer_by_layer(setup, monkeypatch):
+    """Each model's row is its own sink map on the text (its share, its layers' means over heads); a model that
+    cannot be measured (the encoder-decoder) says why in the note, and the models left out are named."""
+    import ui.views.sinks as views
+
+    services, folders = setup
+    names = [folders["llama"], folders["bert"], folders["marian"]]
+    monkeypatch.setattr(views, "installed", lambda models, first: (names, ["not-compared-model"]))
+    note, fig = views.comparison_view(services, folders["llama"], LONG)
+    drawn = {trace.name: np.asarray(trace.y, float) for trace in fig.data}
+    assert len(drawn) == 2                                           # the decoder and the encoder
+    for kind in ("llama", "bert"):
+        model = services.models.get(folders[kind])
+        expected, ids = core_first(model, LONG)
+        first = expected.first.mean.numpy()                          # [L, H]
+        share = float(expected.share.mean)
+        (line,) = [y for name, y in drawn.items() if name.startswith(folders[kind])]
+        np.testing.assert_allclose(line, first.mean(axis=1), atol=1e-6)
+        assert f"{share:.0%} of {first.size} heads, over {len(ids):,} tokens" in note
+    assert "not measured" in note and "not-compared-model" in note
+
+
+def test_installed_lists_the_pickers_ready_models_with_the_page_model_first():
+    from ui.services.sinks import MAX_COMPARED, installed
+
+    class Store:
+        def names(self):
+            return [f"m{i}" for i in range(MAX_COMPARED + 3)]
+
+        def names_ready(self):   # the store's own rule: ready names are among the picker's, never a private run
+            return [name for name in self.names() if name != "m1"]
+
+    compared, left_out = installed(Store(), "m4")
+    assert compared[0] == "m4" and "m1" not in compared + left_out
+    assert len(compared) == MAX_COMPARED and set(compared) | set(left_out) == set(Store().names_ready())
+
+
+
+def test_the_reading_reports_each_token_and_stops_when_closed(setup, monkeypatch):
+    """Through the cache the reading reports after every token, then the full pass (WindowSettings.steps); its
+    result is window_read's; closing the updates (the page's Stop) ends the worker at its next token."""
+    import threading
+    import time
+
+    from ui.services.sinks import stream_window, window_read, window_settings
+
+    services, folders = setup
+    model = services.models.get(folders["llama"])
+    settings = window_settings(model, LONG, 6, 2, "cache")
+    assert settings.steps == len(settings.tokens.ids)                           # T − 1 tokens, then the full pass
+    updates = list(stream_window(model, settings))
+    assert [u.done for u in updates[1:-1]] == list(range(1, settings.steps + 1))  # every step, in order
+    assert {u.total for u in updates} == {settings.steps} and updates[-1].finished
+    expected = window_read(model, LONG, 6, 2, "cache")
+    assert updates[-1].result.windowed.perplexity == pytest.approx(expected.windowed.perplexity, rel=1e-6)
+
+    import core.analysis.sinks as core_sinks
+
+    steps, gate, decode = [], threading.Event(), core_sinks.rolling_decode_step
+
+    def held(*args, **kwargs):  # the second token waits until the page has stopped the reading
+        steps.append(1)
+        if len(steps) == 2:
+            gate.wait(30)
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(core_sinks, "rolling_decode_step", held)
+    stream = stream_window(model, settings)
+    next(stream), next(stream)                                                   # started, one token read
+    stream.close()
+    gate.set()
+    deadline = time.monotonic() + 30
+    while any(t.name == "streaming-perplexity" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)                                                         # polled: the worker's own end
+    assert not any(t.name == "streaming-perplexity" for t in threading.enumerate()), "the reading went on"
+    assert len(steps) == 2                                                       # no token after the Stop

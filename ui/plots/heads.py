@@ -284,3 +284,24 @@ def window_loss_figure(loss: Mapping[str, np.ndarray], hides_from: int | None, t
     fig.update_yaxes(title_text="next-token loss (nats)")
     fig.update_layout(legend={"orientation": "h", "y": -0.25})
     return fig
+
+
+def sink_depth_figure(per_layer: Mapping[str, np.ndarray], title: str) -> go.Figure:
+    """One line per model: each layer's mean attention on the first token (over its heads), against the layer's
+    depth as a fraction of the stack (0 the first layer, 1 the last), so models of different depths share an axis.
+    The names are the legend's, as given (the caller puts each model's share of sink heads in them)."""
+    fig = go.Figure()
+    for name, values in per_layer.items():
+        values = as_f32(values)
+        if values.ndim != 1 or not len(values):
+            raise ValueError(f"sink_depth_figure wants one value per layer, got shape {values.shape} for {name}")
+        depth = np.linspace(0.0, 1.0, len(values)) if len(values) > 1 else np.zeros(1)
+        fig.add_trace(go.Scatter(x=depth, y=values, mode="lines+markers", name=name,
+                                 customdata=np.arange(len(values)),
+                                 hovertemplate=f"{name}<br>layer %{{customdata}}: %{{y:.3f}}<extra></extra>"))
+    text, lines = wrapped_title(title, 2 * TITLE_CHARS)
+    base_layout(fig, text, 420, top=30 + 18 * lines)
+    fig.update_xaxes(title_text="depth (layer ÷ last layer)", range=[-0.02, 1.02])
+    fig.update_yaxes(title_text="mean attention on the first token", range=[0, 1])
+    fig.update_layout(legend={"orientation": "h", "y": -0.25})
+    return fig

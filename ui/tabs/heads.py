@@ -266,6 +266,14 @@ def sinks_section(services, picker, text) -> dict:
     button.click(**shown([figure])).then(
         handler(sink_views.sinks_view, services, "sink_scores"), [picker.model, text], [note, figure],
         api_name="sink_scores", **ON_ANALYSIS)
+    with gr.Accordion("Compare the installed models on this text", open=False, elem_id="heads-sink-compare-box"):
+        compare = gr.Button("Compare the installed models", elem_id="heads-sink-compare-run")
+        compare_note = gr.Markdown(label="comparison note", elem_id="heads-sink-compare-note")
+        depth = gr.Plot(label="Mean attention on the first token by depth, per model",
+                        elem_id="heads-sink-compare", visible=False)
+    compare.click(**shown([depth])).then(
+        handler(sink_views.comparison_view, services, "sink_comparison", heavy="A sink comparison"),
+        [picker.model, text], [compare_note, depth], api_name="sink_comparison", **ON_HEAVY)
     with gr.Accordion("Read the text through a window of keys, with and without sinks", open=False,
                       elem_id="heads-window-box"):
         gr.Markdown(WINDOW_INTRO)
@@ -277,10 +285,14 @@ def sinks_section(services, picker, text) -> dict:
             positions = gr.Radio(POSITION_CHOICES, value="text", label="Positions",
                                  elem_id="heads-window-positions")
             run = gr.Button("Read through the window", elem_id="heads-window-run")
+            stop = gr.Button("Stop", elem_id="heads-window-stop", variant="stop", size="sm", min_width=80)
         window_note = gr.Markdown(label="window note", elem_id="heads-window-note")
         curve = gr.Plot(label="Next-token loss per position", elem_id="heads-window-loss", visible=False)
-    run.click(**shown([curve])).then(
+    reading = run.click(**shown([curve])).then(
         handler(sink_views.streaming_view, services, "streaming_perplexity", heavy="A streaming perplexity"),
         [picker.model, text, window, sinks, positions], [window_note, curve], api_name="streaming_perplexity",
         **ON_HEAVY)
-    return dict(results=[note, figure, window_note, curve], press={note: button, window_note: run})
+    # Stop closes the view's generator: the reading stops at its next token (ui.services.jobs.stream_job)
+    stop.click(None, None, None, cancels=[reading], api_visibility="private")
+    return dict(results=[note, figure, compare_note, depth, window_note, curve],
+                press={note: button, compare_note: compare, window_note: run})

@@ -6,6 +6,7 @@ read with full attention."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,12 +14,14 @@ import torch
 
 from core.analysis import sinks
 from ui.services.checks import UserError, check_choice, check_range
+from ui.services.jobs import JobUpdate, stream_job
 from ui.services.heads import MAX_HEADS_TOKENS, next_token_reason
 from ui.services.text import Encoded, encode, to_numpy, valid_unicode
 
 EPSILON = sinks.EPSILON  # Gu et al.'s threshold on a head's mean attention on token 0
 MAX_STREAMING_TOKENS = 1024  # positions="cache" reads the text one decode step per token
 MAX_SINKS = 64
+MAX_COMPARED = 6  # installed models compared at most, one loaded at a time
 POSITION_WORDS = {
     "text": "each token keeps its place in the text (the mask-only view, one pass)",
     "cache": "positions renumbered inside the cache, as StreamingLLM does (one decode step per token)",
@@ -97,21 +100,91 @@ def streaming_tokens(model, text) -> Encoded:
     return tokens
 
 
-def window_read(model, text, window, sink_count, positions) -> WindowRead:
-    """core.analysis.sinks.streaming_perplexity on the whole text with these settings, and with full attention
-    (one masked pass whose window covers the text), every setting checked first and each refusal in words."""
+@dataclass
+class WindowSettings:
+    tokens: Encoded
+    window: int
+    sinks: int
+    positions: str
+
+    @property
+    def steps(self) -> int:
+        """The reading's progress steps: each token through the cache (or the one masked pass), then the full
+        attention pass."""
+        return (len(self.tokens.ids) - 1 if self.positions == "cache" else 1) + 1
+
+
+def window_settings(model, text, window, sink_count, positions) -> WindowSettings:
+    """Every setting of the window reading checked, each refusal in words, before anything runs."""
     reason = next_token_reason(model, "Streaming perplexity")
     if reason:
         raise UserError(reason)
     window = check_range("Window", window, 1, MAX_STREAMING_TOKENS)
     sink_count = check_range("Sinks", sink_count, 0, MAX_SINKS)
     positions = check_choice("Positions", positions, POSITION_WORDS)
-    tokens = streaming_tokens(model, text)
-    ids = torch.tensor(tokens.ids)
+    return WindowSettings(streaming_tokens(model, text), window, sink_count, positions)
+
+
+def read_window(model, settings: WindowSettings, report=None) -> WindowRead:
+    """core.analysis.sinks.streaming_perplexity on the whole text with these settings, and with full attention
+    (one masked pass whose window covers the text); report(done, total) after each step (WindowSettings.steps)."""
+    ids, total = torch.tensor(settings.tokens.ids), settings.steps
     started = time.perf_counter()
     try:
-        windowed = sinks.streaming_perplexity(model, ids, window, sink_count, positions)
+        windowed = sinks.streaming_perplexity(model, ids, settings.window, settings.sinks, settings.positions,
+                                              None if report is None else lambda done, _: report(done, total))
         full = sinks.streaming_perplexity(model, ids, len(ids), 0, "text")
     except ValueError as exc:
         raise UserError(f"Streaming perplexity cannot read this: {exc}.") from exc
-    return WindowRead(tokens, windowed, full, time.perf_counter() - started)
+    if report is not None:
+        report(total, total)
+    return WindowRead(settings.tokens, windowed, full, time.perf_counter() - started)
+
+
+def window_read(model, text, window, sink_count, positions) -> WindowRead:
+    """The window reading at once, settings checked first (what the API's callers and the tests call)."""
+    return read_window(model, window_settings(model, text, window, sink_count, positions))
+
+
+def stream_window(model, settings: WindowSettings) -> Iterator[JobUpdate]:
+    """The reading in a worker thread, an update after each step, then the WindowRead as the result; closing the
+    iterator (the page's Stop) stops it at its next step; a refusal comes out of the iterator as a UserError."""
+    return stream_job(lambda report: read_window(model, settings, report), settings.steps, "streaming-perplexity")
+
+
+@dataclass
+class Compared:
+    """One installed model's sinks on the text: the share of heads above ε, and per layer the mean over its
+    heads of their attention on the first token ([CLS] for an encoder); or why it was not measured."""
+    name: str
+    share: float | None
+    per_layer: np.ndarray | None  # [L]
+    heads: int
+    tokens: int
+    causal: bool
+    why: str = ""
+
+
+def installed(models, first: str) -> tuple[list[str], list[str]]:
+    """(the names compared, the installed names left out past MAX_COMPARED): the picker's models that load without
+    fetching (never a session's private run), `first` (the model on the page) leading."""
+    ready = set(models.names_ready())
+    names = [name for name in dict.fromkeys([first, *models.names()]) if name in ready]
+    return names[:MAX_COMPARED], names[MAX_COMPARED:]
+
+
+def compare(models, names: list[str], text, progress=None) -> list[Compared]:
+    """sink_map on the same text for each model in `names`, one loaded at a time (each with its own tokenizer, so
+    the token counts differ); a model that cannot be measured says why in its row."""
+    rows = []
+    for i, name in enumerate(names):
+        if progress is not None:
+            progress(i / len(names), f"{name}: loading and one pass")
+        try:
+            result = sink_map(models.get(name), text)
+        except UserError as error:
+            rows.append(Compared(name, None, None, 0, 0, False, str(error)))
+            continue
+        rows.append(Compared(name, result.share, result.first.mean(axis=1), result.first.size,
+                             len(result.tokens.ids), result.causal))
+    return rows

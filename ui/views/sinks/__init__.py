@@ -1,17 +1,21 @@
 """The Heads tab's sink section: each head's mean attention on the first token as a map with the share of sink
-heads in words (the `sink_scores` endpoint), and the loss per position of the text read through a window of keys
+heads in words (the `sink_scores` endpoint), the same on every installed model side by side (`sink_comparison`), and the loss per position of the text read through a window of keys
 against full attention (the `streaming_perplexity` endpoint). A refusal is the note, beside an empty figure."""
 
 from __future__ import annotations
 
+from contextlib import closing
+
 from ui.plots.base import empty_figure
-from ui.plots.heads import sink_maps, window_loss_figure
+from ui.plots.heads import sink_depth_figure, sink_maps, window_loss_figure
 from ui.plots.text import escaped
 from ui.services import Services
 from ui.services.checks import UserError
-from ui.services.sinks import POSITION_WORDS, SinkMap, WindowRead, sink_map, window_read
+from ui.services.sinks import (EPSILON, POSITION_WORDS, SinkMap, WindowRead, compare, installed, sink_map,
+                               stream_window, window_settings)
 from ui.views import export
 
+SHOWN_EVERY_S = 0.5  # the window reading's progress reaches the page at most this often
 SHOWN_HEADS = 8  # sink heads listed by name before "and N more"
 GU_ET_AL = ("Gu et al. (ICLR 2025) call a head a sink head when this mean exceeds ε = 0.3 and report the share "
             "of such heads (Sink^ε): 92 % for Llama-2-7B, 97 % for Mistral-7B.")
@@ -99,18 +103,57 @@ def window_note(read: WindowRead) -> str:
 
 
 def streaming_view(services: Services, model_name, text_value, window_size, sink_count, positions, progress=None):
-    """(note, figure): the loss per position through the window and with full attention; the body of the
-    `streaming_perplexity` endpoint."""
+    """Yields (note, figure) as the reading goes (about twice a second), then the loss per position through the
+    window and with full attention; the body of the `streaming_perplexity` endpoint. Closing it (the page's Stop)
+    stops the reading at its next token."""
     name = model_name
     model = services.models.get(name, progress)
     try:
-        read = window_read(model, text_value, window_size, sink_count, positions)
+        settings = window_settings(model, text_value, window_size, sink_count, positions)
+        shown = 0.0
+        with closing(stream_window(model, settings)) as updates:
+            for update in updates:
+                if update.finished:
+                    read = update.result
+                elif update.seconds - shown >= SHOWN_EVERY_S:
+                    shown = update.seconds
+                    message = f"step {update.done:,} of {update.total:,}"
+                    if progress is not None:
+                        progress(update.done / max(update.total, 1), message)
+                    yield (f"Reading through the window: {message} ({update.seconds:.0f} s)…",
+                           export.named(empty_figure(f"Reading: {message}."), export.filename(name, "streaming")))
     except UserError as error:
-        return refused(error, name, "streaming")
+        yield refused(error, name, "streaming")
+        return
     run = read.windowed
     view = f"streaming-w{run.window}-s{run.sinks}-{run.positions}"
     label = f"window {run.window}" + (f" + {run.sinks} sinks" if run.sinks else " alone")
     fig = window_loss_figure({label: run.loss.numpy(), "full attention": read.full.loss.numpy()}, read.hides_from,
                              f"Next-token loss per position: {label} ({run.positions} positions) against full "
                              f"attention")
-    return window_note(read), export.named(fig, export.filename(name, view))
+    yield window_note(read), export.named(fig, export.filename(name, view))
+
+
+def comparison_note(rows, left_out: list[str], epsilon: float) -> str:
+    measured = [row for row in rows if row.share is not None]
+    lines = [f"Each installed model on this text, loaded one at a time, each through its own tokenizer (so the token "
+             f"counts differ): the share of its heads above ε = {epsilon:g} (Gu et al.'s Sink^ε on this one text), "
+             "and per layer the mean over its heads of their attention on the first token ([CLS] for an encoder; a "
+             "decoder's over the queries after it)."]
+    lines += [f"- **{escaped(row.name)}**: {row.share:.0%} of {row.heads} heads, over {row.tokens:,} tokens "
+              f"({'decoder' if row.causal else 'encoder'})" for row in measured]
+    lines += [f"- **{escaped(row.name)}**: not measured. {escaped(row.why)}" for row in rows if row.share is None]
+    if left_out:
+        lines.append(f"Not compared (at most {len(rows)} models at a time): {escaped(', '.join(left_out))}.")
+    return "  \n".join(lines)
+
+
+def comparison_view(services: Services, model_name, text_value, progress=None):
+    """(note, figure): every installed model's sinks on the text; the body of the `sink_comparison` endpoint."""
+    services.models.get(model_name, progress)  # the page's model: checked (and loaded) as every endpoint's is
+    names, left_out = installed(services.models, model_name)
+    rows = compare(services.models, names, text_value, progress)
+    drawn = {f"{row.name} ({row.share:.0%} sink heads)": row.per_layer for row in rows if row.share is not None}
+    title = "Each layer's mean attention on the first token, model by model (depth 0 the first layer, 1 the last)"
+    fig = sink_depth_figure(drawn, title) if drawn else empty_figure("No installed model could be measured here.")
+    return comparison_note(rows, left_out, EPSILON), export.named(fig, export.filename(model_name, "sink-comparison"))
