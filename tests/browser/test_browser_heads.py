@@ -135,3 +135,63 @@ def overlap(a: dict, b: dict) -> bool:
     """Two boxes share more than a pixel's edge."""
     return (a["x"] + 1 < b["x"] + b["width"] and b["x"] + 1 < a["x"] + a["width"]
             and a["y"] + 1 < b["y"] + b["height"] and b["y"] + 1 < a["y"] + a["height"])
+
+
+def test_the_window_reading_shows_its_progress_and_stop_ends_it(page, monkeypatch, tiny_llama_app):
+    """A text read through the cache token by token: the note counts the steps as they go; Stop closes the
+    reading when its next step comes back (Gradio closes a cancelled generator then) and the worker ends long
+    before the text's last token, no result coming after it; the reading then runs again to its perplexity. The
+    second token waits for the click on Stop, and each later one for the close at most 50 ms, so the rest of the
+    text would take seconds: a reading that went on would reach its end."""
+    import threading
+    import time
+
+    import core.analysis.sinks as core_sinks
+    import ui.views.sinks as sink_views
+
+    steps, stopped, closed = [], threading.Event(), threading.Event()
+    decode, stream = core_sinks.rolling_decode_step, sink_views.stream_window
+
+    def held(*args, **kwargs):
+        steps.append(1)
+        if len(steps) == 2:
+            stopped.wait(60)   # the second token waits for the click on Stop
+        elif len(steps) > 2:
+            closed.wait(0.05)  # each later one for the reading's close, at most 50 ms
+        return decode(*args, **kwargs)
+
+    def watched(*args, **kwargs):
+        try:
+            yield from stream(*args, **kwargs)
+        finally:
+            closed.set()
+
+    def reading() -> bool:
+        return any(t.name == "streaming-perplexity" for t in threading.enumerate())
+
+    monkeypatch.setattr(core_sinks, "rolling_decode_step", held)
+    monkeypatch.setattr(sink_views, "stream_window", watched)
+    monkeypatch.setattr(sink_views, "SHOWN_EVERY_S", 0.0)   # every step reaches the page
+    page.locator("#heads-window-box > button, #heads-window-box .label-wrap").first.click()
+    text = "the lamp was lit at dusk and the boats came home " * 30
+    _, services, name = tiny_llama_app
+    tokens = len(services.models.get(name).tokenizer(text)["input_ids"])
+    page.locator("#heads-text textarea").fill(text)
+    page.locator("#heads-window-size input").fill("8")
+    page.locator("#heads-window-positions").get_by_text("cache:", exact=False).click()
+    page.locator("#heads-window-run").click()
+    note = page.locator("#heads-window-note")
+    expect(note).to_contain_text("Reading through the window: step 1 of", timeout=TIMEOUT_MS)
+    page.locator("#heads-window-stop").click()
+    stopped.set()
+    assert closed.wait(60), "Stop did not close the reading"
+    deadline = time.monotonic() + 60
+    while reading() and time.monotonic() < deadline:   # polled: the server's own worker ending
+        time.sleep(0.05)
+    assert not reading() and len(steps) < tokens // 2, f"the reading went on after Stop: {len(steps)} of {tokens}"
+    settled(page)
+    assert "Perplexity" not in note.inner_text()
+    monkeypatch.setattr(core_sinks, "rolling_decode_step", decode)
+    page.locator("#heads-text textarea").fill("the lamp was lit at dusk and the boats came home")
+    page.locator("#heads-window-run").click()
+    expect(note).to_contain_text("Perplexity", timeout=TIMEOUT_MS)
