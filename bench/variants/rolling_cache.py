@@ -101,7 +101,7 @@ def main() -> None:
     print(f"Gemma 3 270M's attention shapes ({origin}): {shapes['num_hidden_layers']} layers, window "
           f"{shapes['sliding_window']}, {shapes['num_key_value_heads']} kv head of {shapes['head_dim']}; float32, "
           f"{args.length:,} tokens; medians (ranges) of {args.repeats} alternating runs, each in a fresh process; "
-          f"load average {load_average()}")
+          f"load average {load_average() or 0:.2f}")
     runs = {name: [] for name in VARIANTS}
     for _ in range(args.repeats):
         for name, sinks in VARIANTS.items():
@@ -117,9 +117,9 @@ def main() -> None:
               f"{ratio:.3f}x the full cache")
         table.append([name, f"{spread(added, 1)} MiB", f"{nbytes:.1f} MiB", f"{ratio:.3f}×"])
     if args.publish:
-        publish("rolling_cache", f"The KV cache at {args.length:,} tokens for a model with Gemma 3 270M's attention "
-                                 f"shapes ({shapes['num_hidden_layers']} layers, 15 local with a "
-                                 f"{shapes['sliding_window']}-token window and 3 global, 1 kv head of "
+        publish("rolling-cache", f"The KV cache at {args.length:,} tokens for a model with Gemma 3 270M's attention "
+                                 f"shapes ({shapes['num_hidden_layers']} layers, the local ones with a "
+                                 f"{shapes['sliding_window']}-token window, 1 kv head of "
                                  f"{shapes['head_dim']}), float32, filled through the cache's own write(); each run "
                                  f"in a fresh process, median (range) of {args.repeats} alternating runs. Measured: "
                                  "the growth of the process's peak RSS (VmHWM, reset just before) while the cache "
