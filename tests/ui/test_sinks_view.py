@@ -167,6 +167,9 @@ def test_the_comparison_is_each_models_own_map_layer_by_layer(setup, monkeypatch
         np.testing.assert_allclose(line, first.mean(axis=1), atol=1e-6)
         assert f"{share:.0%} of {first.size} heads, over {len(ids):,} tokens" in note
     assert "not measured" in note and "not-compared-model" in note
+    long_text = LONG * 40                                              # past the map's 512 tokens: said per model
+    note, _ = views.comparison_view(services, folders["llama"], long_text)
+    assert note.count("were dropped") == 2, note
 
 
 def test_installed_lists_the_pickers_ready_models_with_the_page_model_first():

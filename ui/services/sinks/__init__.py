@@ -163,6 +163,7 @@ class Compared:
     tokens: int
     causal: bool
     why: str = ""
+    cut: str = ""  # encode's note where the text was cut to the map's limit (or the model's context)
 
 
 def installed(models, first: str) -> tuple[list[str], list[str]]:
@@ -186,5 +187,5 @@ def compare(models, names: list[str], text, progress=None) -> list[Compared]:
             rows.append(Compared(name, None, None, 0, 0, False, str(error)))
             continue
         rows.append(Compared(name, result.share, result.first.mean(axis=1), result.first.size,
-                             len(result.tokens.ids), result.causal))
+                             len(result.tokens.ids), result.causal, cut=result.tokens.note))
     return rows

@@ -141,7 +141,8 @@ def comparison_note(rows, left_out: list[str], epsilon: float) -> str:
              "and per layer the mean over its heads of their attention on the first token ([CLS] for an encoder; a "
              "decoder's over the queries after it)."]
     lines += [f"- **{escaped(row.name)}**: {row.share:.0%} of {row.heads} heads, over {row.tokens:,} tokens "
-              f"({'decoder' if row.causal else 'encoder'})" for row in measured]
+              f"({'decoder' if row.causal else 'encoder'})" + (f". ⚠️ {escaped(row.cut)}" if row.cut else "")
+              for row in measured]
     lines += [f"- **{escaped(row.name)}**: not measured. {escaped(row.why)}" for row in rows if row.share is None]
     if left_out:
         lines.append(f"Not compared (at most {len(rows)} models at a time): {escaped(', '.join(left_out))}.")
