@@ -194,15 +194,27 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress = no_progres
     return config
 
 
+def _gguf_tokenizer(gguf_path: Path, config: dict):
+    """transformers' tokenizer for the GGUF file, built by the tokenizer class of config.json's model type.
+    AutoTokenizer would find that class by parsing the whole file once more (for Gemma 3, whose vocabulary is
+    262,144 tokens, about 20 s here), to learn the model type config.json already names."""
+    from transformers import AutoTokenizer  # noqa: PLC0415 - slow to import, needed only here
+    from transformers.models.auto.tokenization_auto import (  # noqa: PLC0415
+        TOKENIZER_MAPPING_NAMES, tokenizer_class_from_name)
+
+    named = TOKENIZER_MAPPING_NAMES.get(config.get("model_type", ""))
+    names = [named] if isinstance(named, str) else [n for n in (named or ()) if n]
+    tokenizer_class = next((c for c in map(tokenizer_class_from_name, names) if c is not None), AutoTokenizer)
+    return tokenizer_class.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+
+
 def write_gguf_tokenizer(gguf_path: Path, out_dir: Path, config: dict) -> None:
     """tokenizer.json and tokenizer_config.json (special tokens, chat template) from the GGUF vocabulary.
 
     transformers' GGUF tokenizer reader builds the fast tokenizer; we save it and rewrite its config
     so that the folder loads the same tokenizer without the GGUF file.
     """
-    from transformers import AutoTokenizer  # noqa: PLC0415 - slow to import, needed only here
-
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    tokenizer = _gguf_tokenizer(gguf_path, config)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".tokenizer-") as scratch:
         tokenizer.save_pretrained(scratch)
         shutil.copyfile(Path(scratch) / "tokenizer.json", out_dir / "tokenizer.json")
