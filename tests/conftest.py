@@ -276,6 +276,26 @@ def screenshot(page, name: str) -> None:
     page.screenshot(path=SHOTS / f"{name}.png", full_page=True)
 
 
+@pytest.fixture(scope="module")
+def parsed_once():
+    """transformers parses a GGUF file anew for its config, its weights and its tokenizer, and each parse walks the
+    vocabulary field by field (Gemma 3's 262,144 tokens: about 20 s here): within a module, the gguf library's reader
+    of a file is made once and handed to every reading (it only maps the file, read-only), so the readings agree."""
+    gguf_library = pytest.importorskip("gguf")
+    readers, make = {}, gguf_library.GGUFReader
+
+    def reader(path, *args, **kwargs):
+        key = (os.path.realpath(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = make(path, *args, **kwargs)
+        return readers[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf_library, "GGUFReader", reader)
+        yield
+    readers.clear()
+
+
 SMOLLM = "smollm2-135m-instruct"
 
 

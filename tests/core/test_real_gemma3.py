@@ -7,7 +7,6 @@ config and the tokenizer are checked against an independent reading of the same 
 past the local layers' 512-token window, so the window is part of what is compared.
 """
 import json
-import os
 
 import pytest
 import torch
@@ -50,26 +49,6 @@ def gguf(gemma_dir):
     if source.get("kind") not in ("gguf", "gguf-chunks"):
         pytest.skip(f"{NAME} was installed from {source.get('type')} safetensors, not converted from a GGUF file")
     return source["path"].rsplit("/", 1)[-1]
-
-
-@pytest.fixture(scope="module")
-def parsed_once():
-    """transformers parses the GGUF file anew for its config, its weights and its tokenizer, and each parse walks
-    the 262,144-token vocabulary field by field (about 20 s here): the gguf library's reader of this file is made
-    once and handed to every reading (it only maps the file, read-only), so the three readings are the same."""
-    gguf_library = pytest.importorskip("gguf")
-    readers, make = {}, gguf_library.GGUFReader
-
-    def reader(path, *args, **kwargs):
-        key = (os.path.realpath(path), args, tuple(sorted(kwargs.items())))
-        if key not in readers:
-            readers[key] = make(path, *args, **kwargs)
-        return readers[key]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gguf_library, "GGUFReader", reader)
-        yield
-    readers.clear()
 
 
 @pytest.fixture(scope="module")

@@ -83,7 +83,7 @@ def test_installed_model_is_intact_and_a_second_ensure_reads_no_file(name, monke
 
 
 @pytest.mark.slow
-def test_smollm2_every_tensor_equals_transformers_gguf_reader(smollm_dir):
+def test_smollm2_every_tensor_equals_transformers_gguf_reader(smollm_dir, parsed_once):
     from safetensors.torch import load_file
 
     gguf = gguf_file(smollm_dir)
@@ -99,7 +99,7 @@ def test_smollm2_every_tensor_equals_transformers_gguf_reader(smollm_dir):
         assert torch.equal(converted[name], tensor), f"{name} differs from transformers' GGUF reader"
 
 
-def test_smollm2_config_equals_transformers_gguf_config(smollm_dir):
+def test_smollm2_config_equals_transformers_gguf_config(smollm_dir, parsed_once):
     gguf = gguf_file(smollm_dir)
     reference = transformers.AutoConfig.from_pretrained(smollm_dir, gguf_file=gguf)
     ours = json.loads((smollm_dir / "config.json").read_text())
@@ -113,7 +113,7 @@ def test_smollm2_config_equals_transformers_gguf_config(smollm_dir):
     assert ours["rope_parameters"] == {"rope_type": "default", "rope_theta": 100000.0}
 
 
-def test_smollm2_tokenizer_equals_transformers_gguf_tokenizer(smollm_dir, tmp_path):
+def test_smollm2_tokenizer_equals_transformers_gguf_tokenizer(smollm_dir, tmp_path, parsed_once):
     gguf = gguf_file(smollm_dir)
     (tmp_path / gguf).symlink_to(smollm_dir / gguf)  # alone, so that nothing but the GGUF is read
     reference = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=gguf)
