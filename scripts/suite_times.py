@@ -1,7 +1,7 @@
 """Where the test suite's time goes, from a run's JUnit XML: one row per test folder (and the slowest modules),
 written into docs/testing.md's "suite-times" section by bench/common.py's publish, so the table is the run's, not typed.
 
-    python -m pytest -q -rs tests --junitxml=/tmp/suite.xml          # the README's command, plus the XML
+    python -m pytest -q -rs -n 2 tests --junitxml=/tmp/suite.xml     # the README's command, plus the XML
     python scripts/suite_times.py /tmp/suite.xml --wall 1130 --publish  # --wall: the run's own wall seconds
 
 Times are each test's setup + call + teardown as pytest measured them; with several workers (pytest-xdist) they
@@ -60,7 +60,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("xml", type=Path)
     parser.add_argument("--wall", type=float, help="the run's wall time in seconds, as measured around it")
-    parser.add_argument("--run", default="python -m pytest -q -rs tests",
+    parser.add_argument("--run", default="python -m pytest -q -rs -n 2 tests",
                         help="the test command that made the XML, quoted in the section")
     parser.add_argument("--publish", action="store_true", help="write the table into docs/testing.md")
     args = parser.parse_args()
