@@ -33,7 +33,10 @@ def pytest_xdist_make_scheduler(config, log):
     """With pytest-xdist (`-n 2`, the README's command) whole modules go to a worker, so a module's fixtures (its
     apps, its pages) are built once, and the browser modules all go to one worker, one after another: two of them
     at once (two Chromiums and two servers on 2 cores) took 1.8 times as long each, measured. (xdist's own
-    `--dist loadgroup` reads its marks through an attribute pytest 9 no longer has, so it groups nothing.)"""
+    `--dist loadgroup` reads its marks through an attribute pytest 9 no longer has, so it groups nothing.) Another
+    `--dist` asked for by name keeps xdist's own scheduler."""
+    if config.getoption("dist") not in ("load", "loadgroup"):   # "load": what `-n` alone gives
+        return None
     from xdist.scheduler import LoadScopeScheduling
 
     class ModulesBrowserTogether(LoadScopeScheduling):
