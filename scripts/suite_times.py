@@ -4,12 +4,16 @@ written into docs/testing.md's "suite-times" section by bench/common.py's publis
     python -m pytest -q -rs -n 2 tests --junitxml=/tmp/suite.xml     # the README's command, plus the XML
     python scripts/suite_times.py /tmp/suite.xml --wall 1130 --publish  # --wall: the run's own wall seconds
 
+--publish also writes tests/module_seconds.json, each module's measured seconds, which tests/conftest.py's
+scheduler reads to hand the two workers the longest modules first (so neither ends the run alone on one).
+
 Times are each test's setup + call + teardown as pytest measured them; with several workers (pytest-xdist) they
 add up to more than the wall time, which is why the wall time is given apart.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -56,6 +60,14 @@ def table(rows, wall: float | None, slowest: int = 10) -> str:
     return f"{summary}; the tests' own times add up to {total / 60:.1f} min{wall_text}.\n\n" + "\n".join(lines)
 
 
+def module_seconds(rows) -> dict[str, float]:
+    """Each module's seconds by its path (tests/core/test_x.py), as the scheduler names modules."""
+    seconds = defaultdict(float)
+    for _, module, s, _ in rows:
+        seconds[module.replace(".", "/") + ".py"] += s
+    return {module: round(s, 1) for module, s in sorted(seconds.items())}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("xml", type=Path)
@@ -64,10 +76,12 @@ def main() -> None:
                         help="the test command that made the XML, quoted in the section")
     parser.add_argument("--publish", action="store_true", help="write the table into docs/testing.md")
     args = parser.parse_args()
-    body = f"From `{args.run}` on a clean clone: " + table(read(args.xml), args.wall)
+    rows = read(args.xml)
+    body = f"From `{args.run}` on a clean clone: " + table(rows, args.wall)
     print(body)
     if args.publish:
         publish("suite-times", body, doc=ROOT / "docs" / "testing.md")
+        (ROOT / "tests" / "module_seconds.json").write_text(json.dumps(module_seconds(rows), indent=0) + "\n")
 
 
 if __name__ == "__main__":

