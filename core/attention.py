@@ -9,6 +9,8 @@ The variants are named terms of the same function, in this order:
   S = c·tanh(S / c)                 softcap c (Gemma 2): the scores stay within ±c
   S = S + bias                      a bias on the scores: ALiBi's −m_h·(i − j), T5's relative buckets
   P = softmax(S + M)                M from the mask, which also holds a sliding window (i − j < w)
+  P = softmax([S + M, s_h])[:Tk]    a learned sink logit per head (gpt-oss): one more entry in each row's
+                                    denominator, with no value, so a row's weights may sum to less than 1
 """
 from __future__ import annotations
 
@@ -31,13 +33,27 @@ def padding_or_none(mask: Tensor | None) -> Tensor | None:
     return None if mask is None or bool(mask.all()) else mask
 
 
-def masked_softmax_(scores: Tensor, allowed: Tensor | None) -> Tensor:
+def masked_softmax_(scores: Tensor, allowed: Tensor | None, sink: Tensor | None = None) -> Tensor:
     """softmax(S + M) over the last dimension, writing into `scores` (one n × n buffer, not two).
-    M is -∞ where `allowed` is False; a row with no allowed key gets probabilities 0 (never NaN)."""
+    M is -∞ where `allowed` is False; a row with no allowed key gets probabilities 0 (never NaN).
+    sink: logits [H], one per head (scores [B, H, Tq, Tk]): each row's denominator gains exp(s_h), which
+    takes the weight the keys do not; a row with no allowed key gives it all to the sink."""
+    if sink is not None:
+        return sink_softmax(scores if allowed is None else scores.masked_fill(~allowed, float("-inf")), sink)
     if allowed is None:
         return torch.softmax(scores, dim=-1)
     probs = torch.softmax(scores.masked_fill_(~allowed, float("-inf")), dim=-1)
     return probs.nan_to_num(0.0) if probs.requires_grad else probs.nan_to_num_(0.0)  # autograd keeps softmax's output
+
+
+def sink_softmax(scores: Tensor, sink: Tensor) -> Tensor:
+    """exp(S) / (Σ_j exp(S_j) + exp(s_h)): softmax over the keys and one sink entry per head, the sink's
+    column dropped. scores [B, H, Tq, Tk] (masked: -∞), sink [H]; the max is taken with the sink, so a row
+    of -∞ gives 0s, not NaN."""
+    sink = sink.to(scores.dtype).view(1, -1, 1, 1)
+    top = torch.maximum(scores.amax(-1, keepdim=True), sink)
+    weights = (scores - top).exp()
+    return weights / (weights.sum(-1, keepdim=True) + (sink - top).exp())
 
 
 def row_entropy(probs: Tensor) -> Tensor:
@@ -68,7 +84,7 @@ def attention_stages(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float,
 
 def attention_rows(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_causal: bool, scale: float,
                    rows: int, softcap: float | None = None, bias: Tensor | None = None,
-                   window: int | None = None) -> Iterator[tuple[int, Tensor, Tensor, int]]:
+                   window: int | None = None, sink: Tensor | None = None) -> Iterator[tuple[int, Tensor, Tensor, int]]:
     """Eq. 2.1 a block of query rows at a time: yields (first row, probs [B, H, rows, width] float32,
     output [B, H, rows, d_k] = probs·V, first key: the key probs' first column is). A block of a long text stays in the CPU's cache through every stage
     instead of streaming an n × n matrix through memory once per stage. Under a causal mask the keys after a
@@ -111,7 +127,7 @@ def attention_rows(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_c
                 corner = min(seen, n_rows + edge)
                 before = torch.arange(corner, device=q.device) < torch.arange(n_rows, device=q.device)[:, None] + edge
                 scores[..., :corner].masked_fill_(before, float("-inf"))
-        probs = masked_softmax_(scores, mask)
+        probs = masked_softmax_(scores, mask, sink)
         grouped = probs.view(batch, n_kv, group * (stop - start), seen).to(v.dtype)
         out = (grouped @ v[:, :, first:width]).view(batch, n_heads, stop - start, v.shape[-1])
         yield start, probs, out, first
@@ -119,7 +135,8 @@ def attention_rows(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_c
 
 def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, is_causal: bool = False,
               scale: float | None = None, return_probs: bool = False, softcap: float | None = None,
-              bias: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor | None]:
+              bias: Tensor | None = None, window: int | None = None,
+              sink: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """q [B, H, Tq, d_k]; k, v [B, H_kv, Tk, d_k] with H a multiple of H_kv (grouped-query attention).
 
     allowed: bool mask broadcastable to [B, H, Tq, Tk], or None; is_causal adds the causal mask.
@@ -127,6 +144,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, is
     softcap: c, the scores become c·tanh(S / c) (no fused kernel has it: the explicit path runs).
     bias: float, broadcastable to [B, H, Tq, Tk], added to the scores (ALiBi, T5's relative buckets).
     window: w, a sliding window: a query (the last Tq of Tk places) sees no key w or more places back.
+    sink: logits [H], one per query head, in every row's denominator (the explicit path runs).
     Returns the output [B, H, Tq, d_k] and, when return_probs, the probabilities [B, H, Tq, Tk] float32.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -135,7 +153,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, is
         if is_causal:
             band, is_causal = band & causal_mask(q.shape[-2], k.shape[-2], q.device), False
         allowed = band if allowed is None else allowed & band
-    if not return_probs and softcap is None:
+    if not return_probs and softcap is None and sink is None:
         if is_causal and (allowed is not None or bias is not None):
             causal = causal_mask(q.shape[-2], k.shape[-2], q.device)
             allowed, is_causal = causal if allowed is None else allowed & causal, False
@@ -151,7 +169,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, is
         causal = causal_mask(q.shape[-2], k.shape[-2], q.device)
         allowed = causal if allowed is None else allowed & causal
     scores = scored((q.float() @ k.float().transpose(-1, -2)).mul_(scale), softcap, bias)  # [B, H, Tq, Tk] float32
-    probs = masked_softmax_(scores, allowed)
+    probs = masked_softmax_(scores, allowed, sink)
     return probs.to(v.dtype) @ v, probs
 
 

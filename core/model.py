@@ -108,6 +108,8 @@ class Attention(nn.Module):
         qk_norm = cfg.qk_norm and not cross
         self.q_norm = Norm(cfg, cfg.head_dim, kind="rmsnorm") if qk_norm else None
         self.k_norm = Norm(cfg, cfg.head_dim, kind="rmsnorm") if qk_norm else None
+        # a sink logit per head, in each row's denominator (gpt-oss's `sinks`); 0 at the start: one more e^0
+        self.sinks = nn.Parameter(torch.zeros(cfg.n_heads)) if cfg.attention_sinks and not cross else None
 
     def heads(self, x: Tensor, n: int) -> Tensor:
         """[B, T, n·d_k] → [B, n, T, d_k]"""
@@ -173,12 +175,12 @@ class Attention(nn.Module):
             out = q.new_empty(q.shape[0], self.n_heads, q.shape[2], self.head_dim)
             scale = self.head_dim ** -0.5 if setup.scale is None else setup.scale
             for start, block, out_block, first in attention_rows(q, k, v, allowed, is_causal, scale, rows, softcap,
-                                                                 bias, window):
+                                                                 bias, window, self.sinks):
                 out[:, :, start:start + block.shape[2]] = out_block
                 setup.observer(kind, layer, block, start, k.shape[-2], first)
             return out
         out, probs = attention(q, k, v, allowed, is_causal, setup.scale, return_probs=observe or keep,
-                               softcap=softcap, bias=bias, window=window)
+                               softcap=softcap, bias=bias, window=window, sink=self.sinks)
         if keep:
             setup.probe.keep(kind, "pattern", layer, probs)
         if observe:
