@@ -50,10 +50,22 @@ def generate(page):
     slider = page.locator("#gen-max-new input[type=number]")
     slider.fill(str(NEW_TOKENS))
     slider.press("Enter")
-    page.locator("#gen-run").click()
-    expect(page.locator("#gen-stats")).to_contain_text("done", timeout=PAGE_TIMEOUT_MS)
+    return run_to_the_end(page)
+
+
+def run_to_the_end(page):
+    """Generate, and wait for this run's own end: the page still shows the previous test's run ("done" and a full
+    strip), so first the old strip's labels go (a run clears the strip as it starts), then the new strip fills
+    (once, as the run's last update), then "done"."""
+    from playwright.sync_api import expect
+
     strip = page.locator("#gen-strip label")
+    old = strip.first.element_handle() if strip.count() else None
+    page.locator("#gen-run").click()
+    if old is not None:
+        page.wait_for_function("(label) => !label.isConnected", arg=old, timeout=PAGE_TIMEOUT_MS)
     expect(strip).to_have_count(NEW_TOKENS, timeout=PAGE_TIMEOUT_MS)
+    expect(page.locator("#gen-stats")).to_contain_text("done", timeout=PAGE_TIMEOUT_MS)
     return strip
 
 
@@ -104,9 +116,8 @@ def test_a_second_generation_clears_the_old_step(page):
     strip.nth(3).click()
     note = page.locator("#gen-step-note")
     expect(note).to_contain_text("Step 3", timeout=PAGE_TIMEOUT_MS)
-    page.locator("#gen-run").click()
-    expect(note).not_to_contain_text("Step 3", timeout=PAGE_TIMEOUT_MS)
-    expect(page.locator("#gen-stats")).to_contain_text("done", timeout=PAGE_TIMEOUT_MS)
+    run_to_the_end(page)
+    expect(note).not_to_contain_text("Step 3")
     expect(page.locator("#gen-step-row .js-plotly-plot")).to_have_count(0)
 
 

@@ -122,19 +122,15 @@ def test_a_click_on_a_flow_graph_edge_opens_its_strongest_head(page):
 
 
 def test_the_sweeps_colour_bar_says_what_a_cell_means_in_each_direction(page):
+    """Noise first, then denoise: the page still shows the first test's denoising sweep of the same pair, so each
+    run's note is new on the page only in this order."""
     open_patching(page)
     title = page.locator("#patch-map .js-plotly-plot .cbtitle").first
     scale = page.locator("#patch-map .js-plotly-plot .colorbar").first   # its title and its ticks in words
-    page.locator("#patch-run").click()
-    # the run came back when the note names the direction it ran in
-    expect(page.locator("#patch-note")).to_contain_text("clean activations written into the corrupted run",
-                                                        timeout=RUN_TIMEOUT_MS)
-    expect(title).to_have_text("restored")
-    expect(scale).to_contain_text("clean answer back")
-    expect(scale).to_contain_text("0 no change")
     page.locator("#patch-more").get_by_text("Answer, foil and direction").click()
     page.locator("#patch-mode input[value=noise]").check()
     page.locator("#patch-run").click()
+    # the run came back when the note names the direction it ran in
     expect(page.locator("#patch-note")).to_contain_text("corrupted activations written into the clean run",
                                                         timeout=RUN_TIMEOUT_MS)
     expect(title).to_have_text("kept")
@@ -142,3 +138,10 @@ def test_the_sweeps_colour_bar_says_what_a_cell_means_in_each_direction(page):
     expect(scale).to_contain_text("0 needed")
     expect(scale).not_to_contain_text("back")
     expect(page.locator("#patch-note")).to_contain_text("this patch changes nothing")
+    page.locator("#patch-mode input[value=denoise]").check()
+    page.locator("#patch-run").click()
+    expect(page.locator("#patch-note")).to_contain_text("clean activations written into the corrupted run",
+                                                        timeout=RUN_TIMEOUT_MS)
+    expect(title).to_have_text("restored")
+    expect(scale).to_contain_text("clean answer back")
+    expect(scale).to_contain_text("0 no change")
