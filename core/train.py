@@ -130,6 +130,7 @@ class LabConfig:
     snapshot_steps: tuple[int, ...] = ()  # after these steps, keep the attention on the first held-out example
     max_len: int = 64               # positions the model has: the learned table's rows; longest sequence any task
                                     # makes here, with its special tokens, by default
+    sinks: bool = False             # a learned sink logit per head in each softmax's denominator (core.sinks_lab)
 
     def check(self) -> None:
         if self.task not in TASKS:
@@ -143,6 +144,8 @@ class LabConfig:
                 raise ValueError(f"{name} must be between {lo} and {hi}, got {value}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})")
+        if self.sinks and self.family != "llama":
+            raise ValueError("learned sinks are a decoder's term here: family 'llama' only")
         if self.positions not in (None, *POSITION_KINDS):
             raise ValueError(f"positions must be one of {', '.join(POSITION_KINDS)}, got {self.positions!r}")
         if self.positions in SCORE_BIASES and self.family != "llama":
@@ -191,7 +194,7 @@ def model_config(lab: LabConfig) -> ModelConfig:
     return replace(cfg, positional=positional, score_bias=SCORE_BIASES.get(lab.positions, "none"),
                    norm_placement=lab.norm or cfg.norm_placement,
                    final_norm=(lab.norm or cfg.norm_placement) == "pre", scale_attention=lab.scale,
-                   dropout=lab.dropout)
+                   dropout=lab.dropout, attention_sinks=lab.sinks)
 
 
 def build_model(lab: LabConfig) -> Transformer:
@@ -436,6 +439,9 @@ def standard(lab: LabConfig) -> bool:
 
 
 def hf_config(lab: LabConfig) -> dict:
+    if lab.sinks:   # gpt-oss has the term, but no family table here reads it
+        raise ValueError("a run with learned sinks is measured where it trains (core.sinks_lab), not saved as a "
+                         "checkpoint: no family here loads its sink logits")
     cfg = model_config(lab)
     common = dict(vocab_size=cfg.vocab_size, max_position_embeddings=cfg.max_positions, pad_token_id=PAD,
                   bos_token_id=BOS, eos_token_id=EOS, tie_word_embeddings=True)

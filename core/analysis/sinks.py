@@ -36,7 +36,9 @@ class SinkScores:
     1..T−1 and `first_k` the attention on tokens 0..k−1 over queries k..T−1, since a query among the first k
     can attend nowhere else (query 0 puts all its attention on itself) and would only add a constant 1. Encoders
     see every key from every query, so every query counts: `first` is [CLS] (token 0), `sep` the text's last
-    token ([SEP]). `share` (a scalar per text) is Sink^ε: the fraction of the L·H heads whose `first` exceeds ε."""
+    token ([SEP]). `share` (a scalar per text) is Sink^ε: the fraction of the L·H heads whose `first` exceeds ε.
+    `learned`, for a model with a learned sink logit per head (config.attention_sinks): the weight the sink
+    takes, 1 − Σ_j p_ij, averaged over the same queries as `first`."""
     first: Over
     first_k: Over
     share: Over
@@ -44,14 +46,15 @@ class SinkScores:
     k: int
     epsilon: float
     queries: str            # which queries were averaged, in words
+    learned: Over | None = None
 
 
 class SinkObserver(Observer):
     """Reduces each layer's probabilities [B, H, T, T] at once to its rows' sink scores; keeps nothing n × n.
     lengths[b]: row b's real tokens (right padding after them)."""
 
-    def __init__(self, kind: Kind, lengths: list[int], k: int, causal: bool):
-        self.kind, self.lengths, self.k, self.causal = kind, lengths, k, causal
+    def __init__(self, kind: Kind, lengths: list[int], k: int, causal: bool, learned: bool = False):
+        self.kind, self.lengths, self.k, self.causal, self.learned = kind, lengths, k, causal, learned
         self.layers: dict[int, list[dict[str, Tensor]]] = {}
 
     def wants(self, kind: Kind, layer: int) -> bool:
@@ -67,6 +70,8 @@ class SinkObserver(Observer):
                    "first_k": p[:, skip_k:, :self.k].sum(-1).mean(-1)}
             if not self.causal:
                 row["sep"] = p[:, :, t - 1].mean(-1)
+            if self.learned:   # what the rows' keys do not take, the sink does
+                row["learned"] = (1 - p[:, skip_first:].sum(-1)).mean(-1)
             rows.append({name: value.cpu() for name, value in row.items()})
         self.layers[layer] = rows
 
@@ -111,7 +116,7 @@ def sink_scores(model, texts: Sequence[Tensor], k: int = 1, epsilon: float = EPS
             break
         batch = [todo[place] for place in places]
         ids, mask = padded([texts[i] for i in batch], pad_id(model))
-        observer = SinkObserver(kind, [len(texts[i]) for i in batch], k, causal)
+        observer = SinkObserver(kind, [len(texts[i]) for i in batch], k, causal, stack.cfg.attention_sinks)
         with torch.inference_mode():
             model.run_stack(stack, ids.to(model.device), padding_or_none(mask.to(model.device)), kind=kind,
                             causal=causal, observer=observer)
@@ -124,7 +129,8 @@ def sink_scores(model, texts: Sequence[Tensor], k: int = 1, epsilon: float = EPS
     return SinkScores(first=job.over(shape, lambda v: v["first"]), first_k=job.over(shape, lambda v: v["first_k"]),
                       share=job.over((), lambda v: v["share"]),
                       sep=None if causal else job.over(shape, lambda v: v["sep"]), k=k, epsilon=float(epsilon),
-                      queries=queries)
+                      queries=queries,
+                      learned=job.over(shape, lambda v: v["learned"]) if stack.cfg.attention_sinks else None)
 
 
 # ---- streaming perplexity: a window of keys, with or without sinks ----
