@@ -233,6 +233,19 @@ SETTLED = """() => {
 }"""
 
 
+def runs_done(page, note: str) -> int:
+    """How many runs checked by the fields whose note is `note` (e.g. "mask-field-note") have come back
+    (ui/tabs/widgets.py's run_checked counts them in the page, on <body data-runs-NOTE>)."""
+    return int(page.evaluate("(a) => Number(document.body.getAttribute(a) || 0)", f"data-runs-{note}"))
+
+
+def wait_for_run(page, note: str, before: int, timeout_ms: int = PAGE_TIMEOUT_MS) -> None:
+    """Until a run begun after `before` runs came back: what is read next is what that run left, even where it
+    draws the same figures the page already showed."""
+    page.wait_for_function("([a, n]) => Number(document.body.getAttribute(a) || 0) > n",
+                           arg=[f"data-runs-{note}", before], timeout=timeout_ms)
+
+
 def settled(page, timeout_ms: int = PAGE_TIMEOUT_MS) -> None:
     """Returns once every figure shown on the page is drawn and fitted to its box, and nothing on the page moved
     between two frames: what a layout check measures is final. Fails naming the figures still busy."""

@@ -20,7 +20,7 @@ RUN_TIMEOUT_MS = 60_000
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
-from conftest import drawn, open_card, screenshot  # noqa: E402
+from conftest import drawn, open_card, runs_done, screenshot, wait_for_run  # noqa: E402
 from tiny_app_model import build_tiny_bert, build_tiny_llama, launch_app  # noqa: E402
 
 
@@ -159,7 +159,9 @@ def test_positional_tab_draws_sinusoids_similarity_and_rope(page):
 
 def test_masks_tab_draws_stages_and_the_three_measurements(page):
     open_tab(page, "Masks")
+    before = runs_done(page, "mask-field-note")
     page.locator("#mask-run").click()
+    wait_for_run(page, "mask-field-note", before)   # this run's figures, not the tab's opening ones
     expect_plot(page, "mask-stages")
     expect_plot(page, "mask-causal", "bar")
     expect_plot(page, "mask-padding", "bar")
@@ -170,7 +172,9 @@ def test_masks_tab_draws_stages_and_the_three_measurements(page):
 
 def test_heads_tab_maps_every_head_and_a_click_on_a_tile_opens_that_head(page):
     open_tab(page, "Heads")
+    before = runs_done(page, "heads-field-note")
     page.locator("#heads-run").click()
+    wait_for_run(page, "heads-field-note", before)
     expect_plot(page, "heads-map")
     expect_plot(page, "heads-head-view")
     expect(page.locator("#heads-note")).to_contain_text("Induction probe")

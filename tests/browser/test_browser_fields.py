@@ -15,6 +15,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
+from conftest import runs_done, wait_for_run  # noqa: E402
 
 TIMEOUT_MS = 60_000
 
@@ -39,18 +40,6 @@ def errors_shown(page: Page, figures: list[str]) -> list[str]:
         figures,
     )
     return marked + page.locator(".toast-body").all_inner_texts()
-
-
-def runs_done(page: Page, note: str) -> int:
-    """How many runs checked by the fields whose note is `note` have come back (run_checked counts them in the
-    page, on <body data-runs-NOTE>)."""
-    return int(page.evaluate("(a) => Number(document.body.getAttribute(a) || 0)", f"data-runs-{note}"))
-
-
-def wait_for_run(page: Page, note: str, before: int) -> None:
-    """Until a run begun after `before` runs came back: what is checked next is what that run left."""
-    page.wait_for_function("([a, n]) => Number(document.body.getAttribute(a) || 0) > n", arg=[f"data-runs-{note}", before],
-                           timeout=TIMEOUT_MS)
 
 
 def title_of(page: Page, figure: str) -> str:

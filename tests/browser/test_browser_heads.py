@@ -17,7 +17,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
-from conftest import WIDE, drawn, screenshot, settled  # noqa: E402
+from conftest import WIDE, drawn, runs_done, screenshot, settled, wait_for_run  # noqa: E402
 
 TIMEOUT_MS = 60_000
 NARROW = {"width": 390, "height": 844}
@@ -68,7 +68,10 @@ def svg_texts(plot, selector: str) -> list[str]:
 
 
 def run_atlas(page: Page) -> None:
+    """Run, and wait for this run's return (it redraws the maps the tab's opening drew), then the maps."""
+    before = runs_done(page, "heads-field-note")
     page.locator("#heads-run").click()
+    wait_for_run(page, "heads-field-note", before)
     expect(page.locator("#heads-map .js-plotly-plot .hm image").first).to_be_attached(timeout=TIMEOUT_MS)
     expect(page.locator("#heads-head-view .js-plotly-plot .hm image").first).to_be_attached(timeout=TIMEOUT_MS)
     settled(page)

@@ -24,7 +24,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
-from conftest import WIDE, close_toasts, drawn, idle, open_card, open_page, screenshot, settled  # noqa: E402
+from conftest import (WIDE, close_toasts, drawn, idle, open_card, open_page, runs_done, screenshot,  # noqa: E402
+                      settled, wait_for_run)
 from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 
 TIMEOUT_MS = 60_000
@@ -133,7 +134,9 @@ def test_both_widths_render_without_sideways_scroll(page):
     """The walked page at 1400 px, then narrowed to a phone's 390 px on the Attention tab and on Positional
     encoding (a phone's sideways scroll is checked once per tab in test_browser_first_screen.py)."""
     page.get_by_role("tab", name="Attention", exact=True).click()
+    before = runs_done(page, "attn-field-note")
     page.locator("#attn-run").click()
+    wait_for_run(page, "attn-field-note", before)   # it redraws what the page opened on
     expect(page.locator("#attn-head-view .js-plotly-plot .hm image").first).to_be_attached(timeout=TIMEOUT_MS)
     settled(page)
     no_sideways_scroll(page)

@@ -18,7 +18,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
-from conftest import WIDE, drawn, screenshot, settled  # noqa: E402
+from conftest import WIDE, drawn, runs_done, screenshot, settled, wait_for_run  # noqa: E402
 
 TIMEOUT_MS = 60_000
 NARROW = {"width": 390, "height": 844}
@@ -60,7 +60,11 @@ def first_screen(page: Page) -> None:
 
 
 def run_masks(page: Page) -> None:
+    """Run, and wait for this run's return (it draws the figures the tab's opening drew, so their presence says
+    nothing), then for every figure and the last ones' relayout."""
+    before = runs_done(page, "mask-field-note")
     page.locator("#mask-run").click()
+    wait_for_run(page, "mask-field-note", before)
     for elem_id in FIGURES:
         expect(page.locator(f"#{elem_id} .js-plotly-plot .main-svg").first).to_be_attached(timeout=TIMEOUT_MS)
     expect(page.locator("#mask-padding .js-plotly-plot .scatterlayer .point").first).to_be_attached(

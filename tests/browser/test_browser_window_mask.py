@@ -16,7 +16,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
-from conftest import screenshot, settled  # noqa: E402
+from conftest import runs_done, screenshot, settled, wait_for_run  # noqa: E402
 from test_browser_masks import overlaps  # noqa: E402
 
 TIMEOUT_MS = 60_000
@@ -33,7 +33,9 @@ def run_window(page: Page) -> dict[str, dict]:
     """Press the window demo's button, wait for its four figures, and return their boxes (page coordinates)."""
     expect(page.locator("#window-run")).to_be_attached(timeout=TIMEOUT_MS)
     page.locator("#window-run").scroll_into_view_if_needed()
+    before = runs_done(page, "mask-field-note")   # the window demo shares the Masks tab's fields, and their count
     page.locator("#window-run").click()
+    wait_for_run(page, "mask-field-note", before)   # a second pass redraws the figures the first drew
     for elem_id in FIGURES:
         expect(page.locator(f"#{elem_id} .js-plotly-plot .main-svg").first).to_be_attached(timeout=TIMEOUT_MS)
     expect(page.locator("#window-words")).to_contain_text("scores with the model's own masks", timeout=TIMEOUT_MS)
