@@ -9,8 +9,9 @@ The variants are named terms of the same function, in this order:
   S = c·tanh(S / c)                 softcap c (Gemma 2): the scores stay within ±c
   S = S + bias                      a bias on the scores: ALiBi's −m_h·(i − j), T5's relative buckets
   P = softmax(S + M)                M from the mask, which also holds a sliding window (i − j < w)
-  P = softmax([S + M, s_h])[:Tk]    a learned sink logit per head (gpt-oss): one more entry in each row's
-                                    denominator, with no value, so a row's weights may sum to less than 1
+  P = softmax([S + M, s])[:Tk]      a sink: one more entry in each row's denominator, with no value, so a row's
+                                    weights may sum to less than 1; s a learned logit per head (gpt-oss) or a
+                                    learned key's score q·k_s·scale (a key-only sink token)
 """
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ def padding_or_none(mask: Tensor | None) -> Tensor | None:
 def masked_softmax_(scores: Tensor, allowed: Tensor | None, sink: Tensor | None = None) -> Tensor:
     """softmax(S + M) over the last dimension, writing into `scores` (one n × n buffer, not two).
     M is -∞ where `allowed` is False; a row with no allowed key gets probabilities 0 (never NaN).
-    sink: logits [H], one per head (scores [B, H, Tq, Tk]): each row's denominator gains exp(s_h), which
-    takes the weight the keys do not; a row with no allowed key gives it all to the sink."""
+    sink: logits [H], one per head, or [B, H, Tq, 1], one per row (scores [B, H, Tq, Tk]): each row's
+    denominator gains exp(s), which takes the weight the keys do not; a row with no allowed key gives it all
+    to the sink."""
     if sink is not None:
         return sink_softmax(scores if allowed is None else scores.masked_fill(~allowed, float("-inf")), sink)
     if allowed is None:
@@ -47,10 +49,11 @@ def masked_softmax_(scores: Tensor, allowed: Tensor | None, sink: Tensor | None 
 
 
 def sink_softmax(scores: Tensor, sink: Tensor) -> Tensor:
-    """exp(S) / (Σ_j exp(S_j) + exp(s_h)): softmax over the keys and one sink entry per head, the sink's
-    column dropped. scores [B, H, Tq, Tk] (masked: -∞), sink [H]; the max is taken with the sink, so a row
-    of -∞ gives 0s, not NaN."""
-    sink = sink.to(scores.dtype).view(1, -1, 1, 1)
+    """exp(S) / (Σ_j exp(S_j) + exp(s)): softmax over the keys and one sink entry, the sink's column dropped.
+    scores [B, H, Tq, Tk] (masked: -∞); sink [H] (a logit per head) or [B, H, Tq, 1] (one per row: a sink key
+    scored by each query); the max is taken with the sink, so a row of -∞ gives 0s, not NaN."""
+    sink = sink.to(scores.dtype)
+    sink = sink.view(1, -1, 1, 1) if sink.dim() == 1 else sink
     top = torch.maximum(scores.amax(-1, keepdim=True), sink)
     weights = (scores - top).exp()
     return weights / (weights.sum(-1, keepdim=True) + (sink - top).exp())
@@ -127,7 +130,8 @@ def attention_rows(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_c
                 corner = min(seen, n_rows + edge)
                 before = torch.arange(corner, device=q.device) < torch.arange(n_rows, device=q.device)[:, None] + edge
                 scores[..., :corner].masked_fill_(before, float("-inf"))
-        probs = masked_softmax_(scores, mask, sink)
+        rows_sink = sink[:, :, start:stop] if sink is not None and sink.dim() == 4 else sink
+        probs = masked_softmax_(scores, mask, rows_sink)
         grouped = probs.view(batch, n_kv, group * (stop - start), seen).to(v.dtype)
         out = (grouped @ v[:, :, first:width]).view(batch, n_heads, stop - start, v.shape[-1])
         yield start, probs, out, first
@@ -144,7 +148,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, is
     softcap: c, the scores become c·tanh(S / c) (no fused kernel has it: the explicit path runs).
     bias: float, broadcastable to [B, H, Tq, Tk], added to the scores (ALiBi, T5's relative buckets).
     window: w, a sliding window: a query (the last Tq of Tk places) sees no key w or more places back.
-    sink: logits [H], one per query head, in every row's denominator (the explicit path runs).
+    sink: logits [H], one per query head, or [B, H, Tq, 1], one per row, in every row's denominator (the
+    explicit path runs).
     Returns the output [B, H, Tq, d_k] and, when return_probs, the probabilities [B, H, Tq, Tk] float32.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale

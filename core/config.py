@@ -55,7 +55,9 @@ class ModelConfig:
     # The named terms of the one attention function and block; each family's reader says which it uses.
     attn_scale: float | None = None  # the factor on QKᵀ when it is not 1/√d_k: 1 (T5), query_pre_attn_scalar^-½ (Gemma)
     attn_softcap: float | None = None   # scores → c·tanh(scores / c) after scaling, before the mask (Gemma 2)
-    attention_sinks: bool = False    # a learned sink logit per head in each softmax's denominator (gpt-oss)
+    attention_sinks: str = ""        # one more entry in each softmax's denominator, with no value: "logit", a
+                                     # learned logit per head (gpt-oss); "key", a learned key per head, scored by
+                                     # each query as a key is (a key-only sink token); "": none
     score_bias: str = "none"         # a term added to the scores: "alibi" (−m_h·(i − j), BLOOM) or "relative"
                                      # (T5's learned bias per head and bucket of j − i, shared by a stack's layers)
     relative_buckets: int = 32       # T5: buckets of relative distance

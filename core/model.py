@@ -108,8 +108,13 @@ class Attention(nn.Module):
         qk_norm = cfg.qk_norm and not cross
         self.q_norm = Norm(cfg, cfg.head_dim, kind="rmsnorm") if qk_norm else None
         self.k_norm = Norm(cfg, cfg.head_dim, kind="rmsnorm") if qk_norm else None
-        # a sink logit per head, in each row's denominator (gpt-oss's `sinks`); 0 at the start: one more e^0
-        self.sinks = nn.Parameter(torch.zeros(cfg.n_heads)) if cfg.attention_sinks and not cross else None
+        # a sink in each row's denominator: a logit per head (gpt-oss's `sinks`) or a key per head; zero at the
+        # start either way (one more e^0)
+        shapes = {"logit": (cfg.n_heads,), "key": (cfg.n_heads, cfg.head_dim)}
+        if cfg.attention_sinks and cfg.attention_sinks not in shapes:
+            raise ValueError(f"attention_sinks must be one of {', '.join(shapes)} or empty, got {cfg.attention_sinks!r}")
+        self.sinks = nn.Parameter(torch.zeros(shapes[cfg.attention_sinks])) if cfg.attention_sinks and not cross \
+            else None
 
     def heads(self, x: Tensor, n: int) -> Tensor:
         """[B, T, n·d_k] → [B, n, T, d_k]"""
@@ -164,23 +169,32 @@ class Attention(nn.Module):
         z = z.reshape(x.shape[0], x.shape[1], self.n_heads * self.head_dim)
         return self.out(z)
 
+    def sink_logits(self, q: Tensor, scale: float | None) -> Tensor | None:
+        """The sink's entry in each row's denominator: [H] logits as they are, or a key per head scored by each
+        query (q [B, H, T, d_k] → [B, H, T, 1], with the scores' scale); None without a sink."""
+        if self.sinks is None or self.sinks.dim() == 1:
+            return self.sinks
+        scale = self.head_dim ** -0.5 if scale is None else scale
+        return (q.float() * self.sinks.float()[None, :, None, :]).sum(-1, keepdim=True) * scale
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_causal: bool,
                setup: AttentionSetup, kind: Kind, layer: int, bias: Tensor | None = None,
                window: int | None = None) -> Tensor:
         """Eq. 2.1 on the fast path, or on the explicit one when the probabilities are wanted."""
         softcap = setup.softcap if kind != "cross" else None
+        sink = self.sink_logits(q, setup.scale)
         observe, keep = setup.observes(kind, layer), setup.records_pattern(kind, layer)
         rows = setup.observer.rows_per_block if observe and not keep else None
         if rows:  # an observer that takes the probabilities a block of query rows at a time
             out = q.new_empty(q.shape[0], self.n_heads, q.shape[2], self.head_dim)
             scale = self.head_dim ** -0.5 if setup.scale is None else setup.scale
             for start, block, out_block, first in attention_rows(q, k, v, allowed, is_causal, scale, rows, softcap,
-                                                                 bias, window, self.sinks):
+                                                                 bias, window, sink):
                 out[:, :, start:start + block.shape[2]] = out_block
                 setup.observer(kind, layer, block, start, k.shape[-2], first)
             return out
         out, probs = attention(q, k, v, allowed, is_causal, setup.scale, return_probs=observe or keep,
-                               softcap=softcap, bias=bias, window=window, sink=self.sinks)
+                               softcap=softcap, bias=bias, window=window, sink=sink)
         if keep:
             setup.probe.keep(kind, "pattern", layer, probs)
         if observe:

@@ -130,7 +130,7 @@ class LabConfig:
     snapshot_steps: tuple[int, ...] = ()  # after these steps, keep the attention on the first held-out example
     max_len: int = 64               # positions the model has: the learned table's rows; longest sequence any task
                                     # makes here, with its special tokens, by default
-    sinks: bool = False             # a learned sink logit per head in each softmax's denominator (core.sinks_lab)
+    sinks: str = ""                 # "logit" | "key": a learned sink in each softmax's denominator (core.sinks_lab)
 
     def check(self) -> None:
         if self.task not in TASKS:
@@ -144,6 +144,8 @@ class LabConfig:
                 raise ValueError(f"{name} must be between {lo} and {hi}, got {value}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})")
+        if self.sinks not in ("", "logit", "key"):
+            raise ValueError(f"sinks must be 'logit', 'key' or empty, got {self.sinks!r}")
         if self.sinks and self.family != "llama":
             raise ValueError("learned sinks are a decoder's term here: family 'llama' only")
         if self.positions not in (None, *POSITION_KINDS):

@@ -124,6 +124,7 @@ def calls(llama: str, upload: str) -> list[tuple[str, tuple]]:
         ("save_run", ("run1", "sizes-run")),
         ("export_lab", ()),
         ("extrapolation", (["none"], 10, 0)),
+        ("lab_sinks", (50, 0, 8)),
         ("corpus_heads", (llama, "induction texts", 4, None, "induction", 0, 0)),
         ("corpus_attribution", (llama, "uploaded file", 3, handle_file(corpus_pairs(upload)), 0, 0)),
         ("corpus_patch", (llama, "uploaded file", 3, handle_file(corpus_pairs(upload)), "z", "denoise", 0, 0, 0)),

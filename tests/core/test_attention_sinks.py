@@ -69,16 +69,38 @@ def test_a_very_low_sink_is_plain_softmax_and_a_row_with_no_key_gives_zeros():
     assert torch.equal(empty, torch.zeros_like(empty))
 
 
-def test_a_model_with_sinks_has_one_logit_per_head_and_learns_it():
+def test_a_key_only_sink_is_a_key_with_a_zero_value_appended_to_every_row():
+    """The sink scored per row (a learned key k_s per head, s = q·k_s·scale) against plain softmax over the keys
+    with k_s appended and a zero value: the same output, and the same weights on the real keys."""
+    q, k, v, _ = tensors(seed=3, kv_heads=4)
+    gen = torch.Generator().manual_seed(4)
+    sink_key = torch.randn(q.shape[1], q.shape[-1], generator=gen)
+    scale = q.shape[-1] ** -0.5
+    logits = (q * sink_key[None, :, None, :]).sum(-1, keepdim=True) * scale                    # [B, H, T, 1]
+    out, probs = attention(q, k, v, is_causal=True, sink=logits, return_probs=True)
+    n = q.shape[2]
+    appended_k = torch.cat([k, sink_key[None, :, None, :].expand(2, -1, 1, -1)], dim=2)
+    appended_v = torch.cat([v, torch.zeros(2, v.shape[1], 1, v.shape[-1])], dim=2)
+    allowed = torch.cat([causal_mask(n, n), torch.ones(n, 1, dtype=torch.bool)], dim=1)
+    want_out, want_probs = attention(q, appended_k, appended_v, allowed, return_probs=True)
+    torch.testing.assert_close(out, want_out, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(probs, want_probs[..., :n], atol=1e-6, rtol=1e-5)
+    for start, block, out_block, first in attention_rows(q, k, v, None, True, scale, 3, sink=logits):
+        torch.testing.assert_close(block, probs[:, :, start:start + block.shape[2], first:first + block.shape[-1]],
+                                   atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("sinks, shape", [("logit", (4,)), ("key", (4, 4))])
+def test_a_model_with_sinks_has_one_per_head_and_learns_it(sinks, shape):
     cfg = ModelConfig(family="llama", n_layers=2, n_heads=4, n_kv_heads=4, d_model=16, head_dim=4, d_ff=32,
                       vocab_size=20, max_positions=64, positional="rope", norm="rmsnorm", norm_placement="pre",
-                      causal=True, is_encoder_decoder=False, attention_sinks=True)
+                      causal=True, is_encoder_decoder=False, attention_sinks=sinks)
     torch.manual_seed(0)
     model = Transformer(cfg)
     for p in model.parameters():   # a built model's tensors are uninitialised until weights are loaded
         torch.nn.init.normal_(p, std=0.2)
     sinks = [block.attn.sinks for block in model.stack.blocks]
-    assert all(s.shape == (4,) for s in sinks)
+    assert all(s.shape == shape for s in sinks)
     ids = torch.randint(0, 20, (2, 9), generator=torch.Generator().manual_seed(0))
     logits = model(ids).logits
     torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 20), ids[:, 1:].reshape(-1)).backward()

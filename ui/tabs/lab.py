@@ -10,11 +10,13 @@ from types import SimpleNamespace
 
 import gradio as gr
 
+from core import sinks_lab as engine_sinks
 from core import train as engine
 from ui.plots.lab import training_curves
 from ui.services.checks import UserError, public_text
 from ui.services.lab import extrapolation as extra
 from ui.services.lab import saved as shipped
+from ui.services.lab import sinks
 from ui.services.lab.configs import (DEFAULT_FIELDS, DEFAULT_SNAPSHOT_STEPS, EXPERIMENTS, FAMILIES, NORMS,
                                      POSITIONS, TABLE_COLUMNS, experiment_pair, make_config)
 
@@ -23,7 +25,7 @@ from ui.tabs.widgets import Tab, file_box
 from ui.views.card import FAMILY_WORDS
 from ui.views.learn.recurrence import lab_recurrence
 from ui.views.lab import (extrapolation_view, job_curves, run_attention, runs_export, saved_extrapolation,
-                          saved_headline, snapshot_count, snapshot_figure)
+                          saved_headline, saved_sinks, sinks_headline, sinks_view, snapshot_count, snapshot_figure)
 
 ATTENTION_LIMIT = 2
 RUN_COLUMN_WIDTHS = {"run": "56px", "label": "130px", "task": "84px", "model": "210px", "steps": "64px",
@@ -68,15 +70,18 @@ def build(services, picker, initial=None) -> Tab:
                 gr.Markdown(INTRO)
                 saved = saved_extrapolation()
                 gr.Markdown(saved_headline(), elem_id="lab-extra-headline")
+                gr.Markdown(sinks_headline(), elem_id="lab-sinks-headline")
                 recurrence_section()
                 shown = SimpleNamespace(**vars(progress_section()))
         for section in (stream_section, runs_section, attention_section):
             shown.__dict__.update(vars(section()))
         extrapolation = extrapolation_section(services.lab.settings, saved)
+        sinks_run = sinks_section(services.lab.settings)
         lab = services.lab
         shown.__dict__.update(vars(keep_section(None if lab.private is None else lab.settings.private_ttl_s / 60)))
     attention = wire(services.lab, picker, c, shown)
     wire_extrapolation(services, extrapolation)
+    wire_sinks(services, sinks_run)
     # what a lesson's "Try it" sets (a shipped run and a source) and runs: that run's attention, drawn
     return Tab(settings={"lab_run": shown.pick, "source": shown.source}, run_event=attention,
                reveal=[shown.cross, shown.encoder, shown.decoder])
@@ -402,4 +407,44 @@ def wire_extrapolation(services, x) -> None:
     event = x.run.click(run, [x.kinds, x.steps, x.seed], [x.status, x.note, x.accuracy, x.heads, x.data],
                         api_name="extrapolation", **ON_HEAVY)
     x.stop.click(lambda: "Stopped: the kinds finished before the stop are shown.", None, x.status,
+                 cancels=[event], api_visibility="private", queue=False)
+
+
+# ---- attention sinks: the same small decoder with softmax and with a learned sink ----
+
+SINKS_LEAD = """### Attention sinks: softmax against a learned sink
+Softmax makes every head's weights sum to 1, so a head with nothing to fetch must still put its weight somewhere;
+trained models put it on the first token, an **attention sink**, and then need that token kept: read through a
+window of recent keys alone, they lose it (the Heads tab measures this on the loaded model). One button trains
+this Lab's small decoder twice on the same task, with softmax and with a **learned sink** (one more entry per
+head in each softmax's denominator, with no value), then measures where each head's weight goes and the
+perplexity with full attention, with a window of keys, and with the window and the first token."""
+
+
+def sinks_section(cap) -> SimpleNamespace:
+    note, figure, numbers = saved_sinks()
+    gr.Markdown(SINKS_LEAD, elem_id="lab-sinks-lead")
+    with gr.Row(equal_height=False):
+        steps = gr.Number(engine_sinks.SinksLabConfig.steps, label=f"Steps per kind ({sinks.MIN_STEPS}–"
+                          f"{cap.max_steps})", precision=0, elem_id="lab-sinks-steps", min_width=120)
+        seed = gr.Number(0, label="Seed", precision=0, elem_id="lab-sinks-seed", min_width=100)
+        window = gr.Number(engine_sinks.SinksLabConfig.window, label="Window (keys each query reads)", precision=0,
+                           elem_id="lab-sinks-window", min_width=120)
+    with gr.Row():
+        run = gr.Button("Train both", variant="primary", elem_id="lab-sinks-run")
+        stop = gr.Button("Stop", variant="stop", elem_id="lab-sinks-stop")
+    status = gr.Markdown(elem_id="lab-sinks-status")
+    plot = gr.Plot(figure, label="Where each head's weight goes", elem_id="lab-sinks-maps")
+    shown_note = gr.Markdown(note, elem_id="lab-sinks-note")
+    with gr.Accordion("Raw numbers", open=False):
+        data = gr.JSON(numbers, label="numbers", elem_id="lab-sinks-data")
+    return SimpleNamespace(steps=steps, seed=seed, window=window, run=run, stop=stop, status=status, plot=plot,
+                           note=shown_note, data=data)
+
+
+def wire_sinks(services, x) -> None:
+    run = handler(sinks_view, services, "lab_sinks", heavy="The sinks run")
+    event = x.run.click(run, [x.steps, x.seed, x.window], [x.status, x.note, x.plot, x.data], api_name="lab_sinks",
+                        **ON_HEAVY)
+    x.stop.click(lambda: "Stopped: nothing is kept (one kind alone compares nothing).", None, x.status,
                  cancels=[event], api_visibility="private", queue=False)

@@ -4,14 +4,23 @@ and the session's runs as JSON; the bodies of the Lab's endpoints that draw."""
 from __future__ import annotations
 
 import time
+from contextlib import closing
 from dataclasses import asdict
 
+import numpy as np
+
 from ui.plots.base import empty_figure
+from ui.plots.heads import sink_maps
 from ui.plots.lab import HeadPanel, KindLine, attention_panels, extrapolation_accuracy, heatmap_grid, training_curves
 from ui.services.checks import UserError
 from ui.services.lab import extrapolation as extra
+from ui.services.lab import sinks
 from ui.services.lab.runs import Lab
 from ui.views import UNCHANGED, export
+
+SHOWN_EVERY_S = 0.5  # a live run's status reaches the page at most this often
+
+
 def snapshot_count(job) -> int:
     run = job.records[0].run
     return len(run.snapshots) if run is not None else 0
@@ -208,3 +217,80 @@ def extrapolation_view(services, kinds, steps, seed, progress=None):
         rest = "; the time cap stopped the rest." if job.done.is_set() else "; the rest are training."
         source = f"**Computed here, now**: {n} of {total} kinds, {elapsed:,.0f} s" + ("." if n == total else rest)
         yield (status, *extrapolation_outputs(job.result(), source))
+
+
+# ---- attention sinks: softmax against a learned sink ----
+
+def sinks_table(result) -> str:
+    """Per kind: the perplexity of the held-out sequences read each way, over all predictions and past the window."""
+    window = result.config.window
+    lines = ["| softmax of | " + " | ".join(sinks.READS) + " | " +
+             " | ".join(f"{read}, queries ≥ {window - 1}" for read in sinks.READS) + " |",
+             "|---|" + "---:|" * (2 * len(sinks.READS))]
+    for row in sinks.perplexity_rows(result):
+        lines.append(f"| **{row[0]}** | " + " | ".join(row[1:]) + " |")
+    return "\n".join(lines)
+
+
+def sinks_outputs(result, source: str):
+    """(note, figure, numbers) of a result, saved or computed here."""
+    soft, sink = result.kind("softmax"), result.kind("sink")
+    if soft is None or sink is None:
+        return (f"{source} {sinks.finding(result)}", empty_figure("Both kinds are needed: press Train both."), {})
+    maps = {"softmax: weight on <bos>": soft.first, "learned sink: weight on <bos>": sink.first,
+            "learned sink: the sink's own weight": sink.learned}
+    figure = sink_maps({name: np.asarray(values, dtype=np.float32) for name, values in maps.items()}, sinks.EPSILON,
+                       f"Each head's mean weight on <bos> (queries 1–{result.config.context - 1}, {result.config.test_texts}"
+                       f" held-out sequences), ringed above ε = {sinks.EPSILON:g}; right: what the learned sink takes")
+    note = "\n\n".join([
+        f"{source} {sinks.finding(result)}",
+        "Perplexity of the held-out sequences, read with full attention, with each query's last "
+        f"{result.config.window} keys only, and with those and <bos>:", sinks_table(result),
+        sinks.caveat(result),
+        "The learned sink is one more entry in each row's denominator, with no value: a key k_s per head that "
+        "each query scores as it scores a key, P = exp(S) / (Σ exp(S) + exp(q·k_s/√d_k)) (a key-only sink token, "
+        "as Gu et al., ICLR 2025, train one). A head's weights then sum to 1 minus what its sink takes."])
+    numbers = {"config": asdict(result.config), "kinds": [asdict(k) for k in result.kinds], "date": result.date,
+               "threads": result.threads}
+    return note, export.named(figure, "sinks-lab"), numbers
+
+
+def saved_sinks():
+    """The Lab's first screen: the shipped result, or a line saying how to make it."""
+    result = sinks.saved()
+    if result is None:
+        return (f"No saved result in this copy: `{sinks.SAVED_COMMAND}` makes it; or press *Train both*.",
+                empty_figure("No saved result: press Train both."), {})
+    source = (f"**Saved result**, computed on {result.date} by `{sinks.SAVED_COMMAND}`; press *Train both* to "
+              "compute it again here.")
+    return sinks_outputs(result, source)
+
+
+def sinks_headline() -> str:
+    """The saved result's finding, for the Lab's first screen (the full result is at the end of the tab)."""
+    result = sinks.saved()
+    if result is None:
+        return "**Attention sinks, softmax against a learned sink**: see the section at the end of this tab."
+    return f"**Attention sinks, softmax against a learned sink** (saved result, at the end of this tab): {sinks.finding(result)}"
+
+
+def sinks_view(services, steps, seed, window, progress=None):
+    """The body of the `lab_sinks` endpoint: train both kinds and measure them, yielding (status, note, figure,
+    numbers) as the run moves and once it is done."""
+    config = sinks.make_config(steps, seed, window, services.lab.settings.max_steps)
+    shown = 0.0
+    with closing(sinks.run(config, max_seconds=services.settings.corpus_max_seconds)) as updates:
+        for update in updates:
+            if update.finished:
+                source = f"**Computed here, now**, in {update.seconds:,.0f} s."
+                yield (f"Done: both kinds in {update.seconds:,.0f} s.", *sinks_outputs(update.result, source))
+                return
+            kind = sinks.engine.KINDS[min(1, update.done // max(1, config.steps))]
+            words = f"{kind}: step {update.done % config.steps or (config.steps if update.done else 0):,} of " \
+                    f"{config.steps:,}"
+            if progress is not None:
+                progress(update.done / max(1, update.total), words)
+            if update.seconds - shown >= SHOWN_EVERY_S or update.done == 0:
+                shown = update.seconds
+                yield (f"Training **{words}** (softmax first, then the learned sink), {update.seconds:,.0f} s.",
+                       UNCHANGED, UNCHANGED, UNCHANGED)

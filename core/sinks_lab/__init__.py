@@ -1,18 +1,21 @@
-"""Attention sinks trained away: the Lab's small decoder trained twice on the same task, once with plain softmax
-and once with a learned sink logit per head in every softmax's denominator, then measured the same way.
+"""Attention sinks, softmax against a learned sink: the Lab's small decoder trained twice on the same task, once with plain softmax
+and once with a learned sink in every softmax's denominator, then measured the same way.
 
-    python -m core.sinks_lab [--steps 800] [--seed 0] [--window 16] [--threads 1] [--out assets/sinks_lab]
+    python -m core.sinks_lab [--steps 3000] [--seed 0] [--window 8] [--threads 1] [--out assets/sinks_lab]
 
-The sink is gpt-oss's form of the learnable sink that Gu et al. (ICLR 2025) train: P = exp(S) / (Σ exp(S) + exp(s_h)),
-one logit s_h per head and no value, so a head can put its weight nowhere instead of on a token (core/attention.py).
-Both runs get the same model (core.train's decoder-only Llama layout: Pre-LN, RMSNorm, SwiGLU, RoPE), the same
-seed, the same batches and the same number of steps.
+The sink is one more entry in each row's denominator with no value, P = exp(S) / (Σ exp(S) + exp(s)), so a head can
+put its weight nowhere instead of on a token (core/attention.py). By default s = q·k_s/√d_k, a learned key per head
+that each query scores as it scores a key (a key-only sink token, as Gu et al., ICLR 2025, train one); sink="logit"
+makes s one learned number per head (gpt-oss's form, which this task showed losing the race to <bos>: one number
+cannot tell the rows that need the sink from those that need a key). Both runs get the same model (core.train's
+decoder-only Llama layout: Pre-LN, RMSNorm, SwiGLU, RoPE), the same seed, the same batches and the same number of
+steps.
 
-The task is a bigram-backcopy task in the manner of Guo et al. (2024, "Active-Dormant Attention Heads"), built so
-that a head has work only sometimes: after <bos>, letters follow a fixed random bigram table (each letter has 4
-possible successors), except after the trigger letters q, x and z, where the next letter copies the letter before
-the trigger. A head that fetches the letter before a trigger has nothing to fetch after any other letter; with
-softmax its weights must still sum to 1, and the first token is where such heads put them (a sink).
+The task gives a head work only sometimes (after Guo et al. 2024, "Active-Dormant Attention Heads", whose
+bigram-backcopy task it simplifies): after <bos>, letters are drawn uniformly at random, except after the trigger
+letters q, x and z, where the next letter copies the letter before the trigger. A head that fetches that letter has
+nothing to fetch after any other letter, where nothing in the text predicts the next one; with softmax its weights
+must still sum to 1, and a weight spread over the letters would bias the prediction towards them.
 
 Measured on held-out sequences (another random stream): each head's mean attention on the first token (<bos>) over
 queries 1..T−1 and the share of heads above ε = 0.3 (core.analysis.sinks.sink_scores, Gu et al.'s Sink^ε); the
@@ -39,9 +42,9 @@ from typing import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from . import train as lab_engine
-from .analysis.sinks import EPSILON, sink_scores, streaming_perplexity
-from .train import BOS, INDEX, LabConfig
+from .. import train as lab_engine
+from ..analysis.sinks import EPSILON, sink_scores, streaming_perplexity
+from ..train import BOS, INDEX, LabConfig
 
 KINDS = ("softmax", "sink")
 READS = ("full", "window", "window + <bos>")   # how the held-out text is read
@@ -49,11 +52,11 @@ READS = ("full", "window", "window + <bos>")   # how the held-out text is read
 
 @dataclass(frozen=True)
 class SinksLabConfig:
-    steps: int = 800
+    steps: int = 3000
     seed: int = 0
-    window: int = 16          # the keys each query reads in the window-only tests
-    context: int = 64         # tokens per sequence: <bos> and 63 letters
-    batch: int = 16
+    window: int = 8           # the keys each query reads in the window-only tests
+    context: int = 32         # tokens per sequence: <bos> and 31 letters
+    batch: int = 64
     n_layers: int = 2
     d_model: int = 64
     n_heads: int = 4
@@ -61,8 +64,12 @@ class SinksLabConfig:
     lr: float = 3e-3
     warmup: int = 50
     test_texts: int = 24      # held-out sequences measured
+    sink: str = "key"         # the sink kind's sink: "key", a learned key per head with no value (scored by each
+                              # query, as a key-only token is), or "logit", one learned logit per head (gpt-oss)
 
     def check(self) -> None:
+        if self.sink not in ("key", "logit"):
+            raise ValueError(f"sink must be 'key' or 'logit', got {self.sink!r}")
         for name, value, low, high in (("steps", self.steps, 1, 20_000), ("context", self.context, 8, 512),
                                        ("window", self.window, 1, self.context - 2),
                                        ("test_texts", self.test_texts, 2, 200), ("seed", self.seed, 0, 2**31 - 1)):
@@ -73,7 +80,7 @@ class SinksLabConfig:
         """The Lab's decoder for one kind; the task field is unused (the batches are text)."""
         return LabConfig(family="llama", n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads,
                          d_ff=self.d_ff, steps=self.steps, batch=self.batch, lr=self.lr, warmup=self.warmup,
-                         seed=self.seed, max_len=self.context, sinks=kind == "sink")
+                         seed=self.seed, max_len=self.context, sinks=self.sink if kind == "sink" else "")
 
 
 @dataclass
@@ -93,7 +100,7 @@ class KindResult:
     learned: list[list[float]] | None
     perplexity: dict[str, float] = field(default_factory=dict)
     past_window: dict[str, float] = field(default_factory=dict)
-    sink_logits: list[list[float]] | None = None   # the trained s_h per layer and head
+    sink_logits: list[list[float]] | None = None   # "logit" sinks: the trained s_h per layer and head
 
 
 @dataclass
@@ -111,32 +118,16 @@ class SinksLab:
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 TRIGGERS = "qxz"
-SUCCESSORS = 4
-
-
-def bigram_table() -> dict[int, tuple[list[int], list[float]]]:
-    """Each letter's successors and their weights: one fixed table (the task), whatever the run's seed."""
-    rng, table = random.Random("bigram-backcopy"), {}
-    for letter in LETTERS:
-        table[INDEX[letter]] = ([INDEX[c] for c in rng.sample(LETTERS, SUCCESSORS)],
-                                [rng.uniform(1.0, 4.0) for _ in range(SUCCESSORS)])
-    return table
-
-
-TABLE = bigram_table()
 TRIGGER_IDS = {INDEX[c] for c in TRIGGERS}
+LETTER_IDS = [INDEX[c] for c in LETTERS]
 
 
 def sequence(rng: random.Random, length: int) -> list[int]:
-    """<bos>, a letter that is no trigger, then letters by the table, or after a trigger the letter before it."""
+    """<bos>, a letter that is no trigger, then letters drawn uniformly at random, except that after a trigger the
+    next letter is the one before the trigger."""
     ids = [BOS, INDEX[rng.choice([c for c in LETTERS if c not in TRIGGERS])]]
     while len(ids) < length:
-        current = ids[-1]
-        if current in TRIGGER_IDS:
-            ids.append(ids[-2])
-        else:
-            successors, weights = TABLE[current]
-            ids.append(rng.choices(successors, weights)[0])
+        ids.append(ids[-2] if ids[-1] in TRIGGER_IDS else rng.choice(LETTER_IDS))
     return ids
 
 
@@ -153,8 +144,8 @@ def train_kind(config: SinksLabConfig, kind: str, stop: Callable[[], bool] | Non
     lab.check()
     model = lab_engine.build_model(lab)
     rng = random.Random(f"sinks-{config.seed}")   # the same batches for both kinds
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
-    rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n and not n.endswith(".sinks")]
+    rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n and not n.endswith(".sinks"))]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
                                   lr=lab.lr, betas=(0.9, 0.98), eps=1e-9)
     losses, step = [], 0
@@ -189,7 +180,7 @@ def measure(model, config: SinksLabConfig, kind: str, held: list[torch.Tensor]) 
         perplexity[read] = math.exp(float(losses.double().mean()))
         past[read] = math.exp(float(losses[:, config.window - 1:].double().mean()))   # loss[t−1]: query t−1 ≥ window−1
     rounded = lambda t: [[round(float(x), 4) for x in row] for row in t]   # noqa: E731
-    sinks = [block.attn.sinks for block in model.stack.blocks] if kind == "sink" else None
+    sinks = [block.attn.sinks for block in model.stack.blocks] if kind == "sink" and config.sink == "logit" else None
     return dict(first=rounded(scores.first.mean), first_low=rounded(scores.first.low),
                 first_high=rounded(scores.first.high), share=round(float(scores.share.mean), 4),
                 learned=None if scores.learned is None else rounded(scores.learned.mean),
@@ -279,7 +270,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         print(f"saved to {save(result, args.out)}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
