@@ -250,15 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--kinds", default=",".join(defaults.kinds), help=f"comma-separated among {', '.join(KINDS)}")
     parser.add_argument("--test-examples", type=int, default=defaults.test_examples)
-    parser.add_argument("--threads", type=int, help="torch's threads (default: its own choice); the same count "
-                                                     "repeats a run exactly")
+    lab_engine.threads_argument(parser)
     parser.add_argument("--out", help="save the result (result.json, attention.npz) to this folder")
     args = parser.parse_args(argv)
-    if args.threads is not None:
-        if args.threads < 1:
-            print(f"error: --threads must be at least 1, got {args.threads}", file=sys.stderr)
-            return 2
-        torch.set_num_threads(args.threads)
+    error = lab_engine.set_threads(args.threads)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     config = ExtrapolationConfig(kinds=tuple(args.kinds.split(",")), steps=args.steps, seed=args.seed,
                                  test_examples=args.test_examples)
     try:

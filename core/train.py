@@ -527,6 +527,22 @@ def save(run: Run, folder: str | Path) -> Path:
     return folder
 
 
+def threads_argument(parser: argparse.ArgumentParser) -> None:
+    """--threads for the Lab's experiments' command lines (see set_threads)."""
+    parser.add_argument("--threads", type=int, help="torch's threads (default: its own choice); the same count "
+                                                     "repeats a run exactly")
+
+
+def set_threads(threads: int | None) -> str | None:
+    """torch's thread count, as --threads asked (None: left as it is); the error in words, or None."""
+    if threads is None:
+        return None
+    if threads < 1:
+        return f"--threads must be at least 1, got {threads}"
+    torch.set_num_threads(threads)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m core.train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="reverse", choices=list(TASKS))

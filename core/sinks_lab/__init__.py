@@ -247,15 +247,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=defaults.steps)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--window", type=int, default=defaults.window)
-    parser.add_argument("--threads", type=int, help="torch's threads (default: its own choice); the same count "
-                                                     "repeats a run exactly")
+    lab_engine.threads_argument(parser)
     parser.add_argument("--out", help="save the result (result.json) to this folder")
     args = parser.parse_args(argv)
-    if args.threads is not None:
-        if args.threads < 1:
-            print(f"error: --threads must be at least 1, got {args.threads}", file=sys.stderr)
-            return 2
-        torch.set_num_threads(args.threads)
+    error = lab_engine.set_threads(args.threads)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     config = SinksLabConfig(steps=args.steps, seed=args.seed, window=args.window)
     try:
         config.check()
