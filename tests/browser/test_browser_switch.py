@@ -2,9 +2,21 @@
 Chromium) on two tiny random models of different shapes: a causal Llama (2 layers × 4 heads) and a BERT encoder
 (3 layers × 8 heads).
 
-After a model change the tab on screen shows its first screen computed for the new model, every other result is
-cleared with a line that says which button to press, and a tab opened later computes its first screen for the new
-model: no title, note or range of the old model remains in any tab.
+One page walks the seven tabs and switches the model at each, Llama → BERT and back in turn (a switch is one
+event, cheaper than a fresh page). On each tab: it opens on the model loaded now with nothing of the other (its
+fields' ranges followed every switch while it was hidden) and shows its results for that model (its first screen,
+Generate's continuation, one section beyond the first screen); the model is switched with the tab on screen, and
+the tab then shows its first screen computed for the new model, its other results cleared with a line that says
+which button to press, and nothing of the old model (its name, its shape, its ranges, what its results said).
+Then the tab walked before it, which showed the old model's first screen and was hidden during that switch, opens
+on the new model's first screen with nothing of the old one. So each tab is checked on screen at a switch, and
+each but Generate (walked last; it has no first screen to compute again) hidden at the next switch, in the other
+direction: on screen, Llama → BERT on Attention, Heads, Patching and Generate (the BERT's results there are an
+encoder's refusal on Patching and Generate, so a switch from them would remove little) and BERT → Llama on
+Positional encoding, Masks and Inside; hidden, the other way round.
+
+The share link made after the page's opening came back late names the tab its user chose in the meantime; a link
+to a head of the model not loaded opens that model with that head drawn, and the page's link then names it.
 """
 
 from __future__ import annotations
@@ -23,22 +35,37 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
-from conftest import open_page  # noqa: E402
+from conftest import open_page, settled  # noqa: E402
 from tiny_app_model import build_tiny_bert, build_tiny_llama, launch_app  # noqa: E402
 
 TIMEOUT_MS = 60_000
-# what the Llama's results say of it (its name, its shape, its ranges); none may remain after the switch
-OLD = ["tiny-llama", "causal (decoder)", "× 4 heads", "model's 8 heads", "0–1)", "0–3)", "0–3,"]
-# tab → (what shows that its Llama result is on screen, what shows the BERT's once the switch came back)
-TABS = {
-    "Generate": (("#gen-stats", "done"), ("#gen-stats", "press Generate")),
-    "Attention": (("#attn-note", "model's 8 heads"), ("#attn-note", "model's 24 heads")),
-    "Positional encoding": (("#pe-learned", "no learned position table"), ("#pe-rope-angles", "not RoPE")),
-    "Masks": (("#mask-stage-on-scores", "tokens"), ("#mask-stage-on-scores", "[CLS]")),
-    "Heads": (("#heads-note", "Induction probe"), ("#heads-note", "This model is an encoder")),
-    "Patching": (("#patch-note", "same number of tokens"), ("#patch-note", "this model is an encoder")),
-    "Inside": (("#inside-note", "tiny-llama"), ("#inside-note", "tiny-bert")),
+LLAMA, BERT = "tiny-llama", "tiny-bert"  # the ends of the two models' names
+# what each model's results say of it (its name, its shape, its ranges, what only it says); none may remain in a
+# tab after a switch to the other model
+OLD = {
+    LLAMA: [LLAMA, "causal (decoder)", "× 4 heads", "model's 8 heads", "0–1)", "0–3)", "0–3,"],
+    BERT: [BERT, "bidirectional (encoder)", "× 8 heads", "model's 24 heads", "0–2)", "0–7)", "0–7,", "is an encoder",
+           "not RoPE", "learned position embeddings", "no language-model head"],
 }
+# tab → model → what shows that the tab's result for that model is on screen (its first screen; on Generate the
+# Llama's continuation, and the line after a switch to the BERT, which cannot generate). Each says what only that
+# model's result says, so it is also what of the old model must be gone after a switch.
+TABS = {
+    "Attention": {LLAMA: ("#attn-note", "model's 8 heads"), BERT: ("#attn-note", "model's 24 heads")},
+    "Positional encoding": {LLAMA: ("#pe-learned", "no learned position table"),
+                            BERT: ("#pe-rope-angles", "not RoPE")},
+    "Heads": {LLAMA: ("#heads-note", "Induction probe"), BERT: ("#heads-note", "This model is an encoder")},
+    # the stage figure's first token label: the Llama's is the text's first word, the BERT's is [CLS]
+    "Masks": {LLAMA: ("#mask-stage-on-scores", "0 Every"), BERT: ("#mask-stage-on-scores", "[CLS]")},
+    "Patching": {LLAMA: ("#patch-note", "same number of tokens"), BERT: ("#patch-note", "this model is an encoder")},
+    # the walk's own line (a line from a switch also names the model: "Now on …/tiny-bert: press Walk through")
+    "Inside": {LLAMA: ("#inside-note", f"{LLAMA}, following"), BERT: ("#inside-note", f"{BERT}, following")},
+    "Generate": {LLAMA: ("#gen-stats", "done"), BERT: ("#gen-stats", f"{BERT}: press Generate")},
+}
+# the walk: the page opens on Attention with the Llama; the model switches at every tab, Llama → BERT at the first.
+# Patching and Generate switch from the Llama (the BERT's results there are an encoder's refusal); Generate is last,
+# as the last tab is never hidden at a later switch and Generate has no first screen to compute again
+WALK = ["Attention", "Positional encoding", "Heads", "Masks", "Patching", "Inside", "Generate"]
 # results beyond a tab's first screen: (button, its note) run before the switch, whose note then says what to press
 EXTRA = {"Heads": ("#heads-lens-run", "#heads-lens-note"), "Patching": ("#patch-dla-run", "#patch-dla-note"),
          "Inside": ("#inside-why-run", "#inside-why-note")}
@@ -51,13 +78,18 @@ PANEL_TEXT = """() => {
   }
   return parts.join('\\n');
 }"""
+# a note's text once it is not empty and differs from `was` (what it said before its button was pressed)
+NOTE_CHANGED = """([selector, was]) => {
+  const text = (document.querySelector(selector)?.innerText || '').trim();
+  return text !== '' && text !== was;
+}"""
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("switch-models")
-    llama = str(build_tiny_llama(root / "tiny-llama"))
-    bert = str(build_tiny_bert(root / "tiny-bert", layers=3, heads=8))
+    llama = str(build_tiny_llama(root / LLAMA))
+    bert = str(build_tiny_bert(root / BERT, layers=3, heads=8))
     demo, url, services = launch_app([llama, bert], llama)
     yield url, services, demo
     demo.close()
@@ -67,67 +99,69 @@ def open_tab(page: Page, label: str) -> None:
     page.get_by_role("tab", name=label, exact=True).click()
 
 
-def choose_bert(page: Page) -> None:
+def choose(page: Page, model: str) -> None:
     page.locator("#model-picker input").click()
-    page.get_by_role("option", name=re.compile("tiny-bert")).click()
+    page.get_by_role("option", name=re.compile(model)).click()
 
 
-def show_llama_results(page: Page, label: str) -> None:
-    """The tab's Llama results on screen: its first screen, Generate's continuation, one more section."""
-    open_tab(page, label)
-    (where, text), _ = TABS[label]
-    if label == "Generate":
-        page.locator("#gen-run").click()
+def shows(page: Page, label: str, model: str) -> None:
+    """Until the tab on screen shows its result for `model`."""
+    where, text = TABS[label][model]
     expect(page.locator(where)).to_contain_text(text, timeout=TIMEOUT_MS)
+
+
+def show_results(page: Page, label: str, model: str) -> None:
+    """The tab's results for the model loaded now on screen: its first screen, Generate's continuation, one more
+    section (whose note may already hold a line from a switch: the run's own text is waited for)."""
+    open_tab(page, label)
+    if label == "Generate":  # a short continuation: each streamed token redraws the tab, 64 cost seconds
+        tokens = page.locator("#gen-max-new input[type=number]")
+        tokens.fill("8")
+        tokens.press("Enter")
+        expect(page.locator("#gen-max-new input[type=range]")).to_have_value("8")
+        page.locator("#gen-run").click()
+    shows(page, label, model)
     if label in EXTRA:
         button, note = EXTRA[label]
+        was = page.locator(note).inner_text().strip()
         page.locator(button).click()
-        expect(page.locator(note)).not_to_be_empty(timeout=TIMEOUT_MS)
+        page.wait_for_function(NOTE_CHANGED, arg=[note, was], timeout=TIMEOUT_MS)
 
 
-def old_left(page: Page, label: str) -> list[str]:
-    """What the tab on screen still says of the Llama: OLD, and what its own Llama result says (but "tokens")."""
+def left(page: Page, label: str, model: str) -> list[str]:
+    """What the tab on screen says of `model`: its OLD markers, and what the tab's own result for it says."""
     text = page.evaluate(PANEL_TEXT)
-    own = TABS[label][0][1]
-    return [marker for marker in [*OLD, *([own] if label != "Masks" else [])] if marker in text]
+    return [marker for marker in [*OLD[model], TABS[label][model][1]] if marker in text]
 
 
-# Attention is the tab on screen at the switch in the test below (which then opens every other tab), so it is
-# not opened again here
-@pytest.mark.parametrize("label", [label for label in TABS if label != "Attention"])
-def test_a_model_switch_leaves_nothing_of_the_old_model_in_the_tab_on_screen(browser, served, label):
+def test_a_model_switch_leaves_nothing_of_the_old_model_in_any_tab(browser, served):
     url, *_ = served
     context, page, errors = open_page(browser, url)
     try:
-        show_llama_results(page, label)
-        assert old_left(page, label), "the check reads the Llama's results before the switch"
-        choose_bert(page)
-        where, text = TABS[label][1]
-        expect(page.locator(where)).to_contain_text(text, timeout=TIMEOUT_MS)  # the switch came back
-        if label in EXTRA:
-            expect(page.locator(EXTRA[label][1])).to_contain_text("press", timeout=TIMEOUT_MS)
-        assert not old_left(page, label), f"{label}: the old model's {old_left(page, label)} after the switch"
-        if label == "Generate":
-            assert page.locator("#gen-output textarea").input_value() == ""
-    finally:
-        context.close()
-    assert not errors, errors
-
-
-def test_after_a_switch_every_other_tab_opens_on_the_new_model(browser, served):
-    url, *_ = served
-    context, page, errors = open_page(browser, url)
-    try:
-        for label in TABS:
-            show_llama_results(page, label)
-        open_tab(page, "Attention")
-        choose_bert(page)   # with Attention on screen
-        expect(page.locator("#attn-note")).to_contain_text("model's 24 heads", timeout=TIMEOUT_MS)
-        assert not old_left(page, "Attention"), f"the old model's {old_left(page, 'Attention')} after the switch"
-        for label, (_, (where, text)) in TABS.items():
-            open_tab(page, label)
-            expect(page.locator(where)).to_contain_text(text, timeout=TIMEOUT_MS)
-            assert not old_left(page, label), f"{label}: the old model's {old_left(page, label)} after the switch"
+        walked = None  # the tab walked before this one: it shows the old model's first screen, hidden at the switch
+        for step, label in enumerate(WALK):
+            old, new = (LLAMA, BERT) if step % 2 == 0 else (BERT, LLAMA)
+            show_results(page, label, old)
+            assert not left(page, label, new), f"{label} opened on {old} with {new}'s {left(page, label, new)}"
+            assert left(page, label, old), f"{label}: the check reads the {old}'s results before the switch"
+            if label == "Generate":
+                assert page.locator("#gen-output textarea").input_value(), "a continuation to clear"
+            choose(page, new)  # with this tab on screen
+            shows(page, label, new)  # the switch came back
+            if label in EXTRA:
+                expect(page.locator(EXTRA[label][1])).to_contain_text("press", timeout=TIMEOUT_MS)
+            settled(page)  # every figure redrawn: what is read below is the new model's
+            assert not left(page, label, old), f"{label}: the {old}'s {left(page, label, old)} after the switch"
+            assert left(page, label, new), f"{label}: the next check reads the {new}'s first screen here"
+            if label == "Generate":
+                assert page.locator("#gen-output textarea").input_value() == ""
+            if walked is not None:  # hidden during the switch: it opens on the new model, nothing of the old
+                open_tab(page, walked)
+                shows(page, walked, new)
+                settled(page)
+                assert not left(page, walked, old), f"{walked}: the {old}'s {left(page, walked, old)} after a " \
+                                                    f"switch with {label} on screen"
+            walked = label
     finally:
         context.close()
     assert not errors, errors
