@@ -69,3 +69,32 @@ def test_a_step_added_after_wiring_is_refused():
     follow_ups.wire(Loaded().success)
     with pytest.raises(RuntimeError, match="never run"):
         follow_ups.add(lambda model: model, [], [])
+
+
+def test_a_streaming_step_reaches_the_page_as_it_comes_and_the_event_ends_on_everything_written():
+    """Try it's landing: a generator step (Generate's continuation) makes the event a stream; each of its updates
+    goes out alone (what earlier steps wrote is not sent again with every token), and the last update holds every
+    step's outputs. A step before it that writes a field is read by the stream, and one after it reads the stream's
+    final value."""
+
+    def steps(c):
+        def limits(model):
+            return 2
+
+        def stream(model, layer):
+            for step in range(3):
+                yield f"token {step} at layer {layer}"
+
+        def after(note):
+            return f"traced: {note}"
+
+        return [(limits, [c["model"]], [c["layer"]]), (stream, [c["model"], c["layer"]], [c["note"]]),
+                (after, [c["note"]], [c["first"]])]
+
+    loaded, c = wired(steps)
+    updates = list(loaded.fn(4, 9, "", None, None))   # model, layer, note; request, progress
+    assert loaded.outputs == [c["layer"], c["note"], c["first"]]
+    skip = gr.skip()
+    assert updates[:3] == [[skip, f"token {i} at layer 2", skip] for i in range(3)]
+    assert updates[-1] == [2, "token 2 at layer 2", "traced: token 2 at layer 2"]
+    assert len(updates) == 4

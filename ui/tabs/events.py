@@ -356,14 +356,24 @@ class Steps:
         extras = [[name for name in inspect.signature(fn).parameters if name in ("request", "progress")]
                   for fn, _, _ in self.steps]
 
-        def run(*args):
+        def steps(*args):
+            """Each step in order; yields (the outputs so far, True) when done, and while a streaming step (a
+            generator: Generate's continuation) runs, (its outputs alone, False) at each of its updates."""
             *values, request, progress = args
             given = {"request": request, "progress": progress}
             current = {id(c): v for c, v in zip(inputs, values)}
             written = [gr.skip()] * len(outputs)
             for (fn, ins, outs), names in zip(self.steps, extras):
                 try:
-                    result = final(fn(*[current[id(c)] for c in ins], *[given[name] for name in names]))
+                    result = fn(*[current[id(c)] for c in ins], *[given[name] for name in names])
+                    if inspect.isgenerator(result):
+                        last = None
+                        for last in result:
+                            partial = [gr.skip()] * len(outputs)
+                            for component, value in zip(outs, [last] if len(outs) == 1 else list(last)):
+                                partial[at[id(component)]] = value
+                            yield partial, False
+                        result = last
                 except gr.Error as exc:
                     gr.Warning(exc.message)
                     continue
@@ -371,10 +381,21 @@ class Steps:
                     written[at[id(component)]] = merged(written[at[id(component)]], value)
                     if id(component) in current and has_value(value):
                         current[id(component)] = new_value(value)
+            yield written, True
+
+        def sent(written):
             # a component returned as an update becomes the same update as a dict: it may travel to a backend
             written = [as_update(value) if isinstance(value, gr.components.Component) else value
                        for value in written]
             return written if len(outputs) > 1 else written[0]
+
+        if any(inspect.isgeneratorfunction(fn) for fn, _, _ in self.steps):
+            def run(*args):   # a streaming step's updates reach the page as they come
+                for written, _ in steps(*args):
+                    yield sent(written)
+        else:
+            def run(*args):
+                return sent(next(written for written, done in steps(*args) if done))
 
         names = [f"input_{i}" for i in range(len(inputs))]
         run.__signature__ = inspect.Signature(
