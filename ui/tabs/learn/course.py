@@ -16,6 +16,7 @@ from ui import links
 from ui.services.learn import course as syllabus
 from ui.tabs import events
 from ui.tabs.events import ON_ANALYSIS, progress_callback, user_errors
+from ui.tabs.widgets import RUNS_DONE
 from ui.views.learn import course as views
 
 LEAD = """**A course through the theory.** {n} short lessons, in order, each computed live on the model chosen
@@ -75,9 +76,10 @@ def build(services, picker) -> SimpleNamespace:
                 reveal = gr.Button("Reveal the answer", variant="primary", elem_id="learn-reveal")
                 answer = gr.Markdown(elem_id="learn-answer")
             with gr.Column(scale=3, min_width=300):
-                # hidden until the lesson is computed: no figure box is shown empty
-                figure = gr.Plot(label="The lesson's figure, computed on the model", elem_id="learn-figure",
-                                 visible=False)
+                # hidden until the lesson is computed: no figure box is shown empty; its title names it (the label's
+                # badge floats over the plot, and on a phone it wraps and covers the title)
+                figure = gr.Plot(label="The lesson's figure, computed on the model", show_label=False,
+                                 elem_id="learn-figure", visible=False)
                 alt = gr.Markdown(elem_id="learn-alt")
                 try_button = gr.Button("Try it", elem_id="learn-try", size="sm")
                 try_note = gr.Markdown(elem_id="learn-try-note")
@@ -231,12 +233,20 @@ def wire_try(course, tabs, current_tab, targets: dict) -> None:
     event = course.try_button.click(open_tab, course.link, [tabs, current_tab, *fields, *oks.values(),
                                                             *firsts.values(), *(figure for _, figure in hidden)],
                                     api_visibility="private", queue=False)
+    # the target's run and what follows it, as ONE event: only the target's steps pass their gate, and a chain of
+    # a dozen events (most of them skipped) cost the browser seconds each on a page that has used a few tabs
+    landing = events.Steps("try_landing")
     for name, ok in oks.items():
-        event = event.then(**events.gated(runs[name], ok))
+        for step in [runs[name], *(targets[name].run_after or [])]:
+            step = events.gated(step, ok)
+            landing.add(step["fn"], events.as_list(step["inputs"]), events.as_list(step["outputs"]))
+    event = landing.wire(event.then, **ON_ANALYSIS)
+    for name in oks:
         if targets[name].stop is not None:   # the tab's Stop ends this run too, as it ends the tab's own
             targets[name].stop.click(None, None, None, cancels=[event], api_visibility="private")
-        for step in targets[name].run_after or []:
-            event = event.then(**events.gated(step, ok))
+    # the page counts the landings that came back (data-runs-learn-try on <body>), as run_checked counts a tab's
+    # runs: a test reads the target tab once its landing has run, not what an earlier landing left there
+    event.then(None, None, None, js=RUNS_DONE.replace("NOTE", "learn-try"), api_visibility="private")
 
 
 def try_fields(tab) -> list[tuple[str, object]]:
