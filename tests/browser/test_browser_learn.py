@@ -1,14 +1,18 @@
-"""The Learn tab in headless Chromium on the real SmolLM2: at 1400 × 1000 every lesson, in order with Next, shows
-its figure and the figure's line; Reveal adds the answer to the lesson's panel, and the number it shows is the one
-the lesson's measurement gave for the same model (the server's, as the page asked for it). On a 390 px
-phone every lesson's panel and figure fit the width (the layout only: the answers are the same numbers). A link
-opens a lesson by name; the browser remembers the lesson and what was revealed; the keyboard reaches and presses the
-buttons; "try it" lands on the lesson's tab with its state."""
+"""The Learn tab in headless Chromium on the real SmolLM2 and MiniLM (an encoder). At 1400 × 1000, every lesson in
+order with Next, on each model: before Reveal the tab's whole text and every string of the figure as the page holds
+it (title, subtitle, annotations, names, hover, text on the marks) state neither the measured answer (as the page
+formats it) nor the figure's line, and a drawn figure has no hover; Reveal shows the answer beside the guess, as
+the server's measurement for this page gave it, and the line; "Try it" opens the lesson's tab on its text and
+computes there (every figure with data or a note saying why, nothing reading Error). On a 390 px phone every
+lesson's panel and revealed figure fit the width, and the figure's title, subtitle, plot, legend and axis labels
+keep apart. A link opens a lesson by name; the browser remembers the lesson and what was revealed; the keyboard
+reaches and presses the buttons."""
 
 from __future__ import annotations
 
 import os
 import re
+from urllib.parse import quote
 
 import pytest
 
@@ -18,11 +22,12 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import expect  # noqa: E402
 
-from conftest import SMOLLM, open_page, screenshot, settled  # noqa: E402
+from conftest import SMOLLM, idle, open_page, runs_done, screenshot, settled, wait_for_run  # noqa: E402
 from tiny_app_model import launch_app  # noqa: E402
 from ui.services import learn  # noqa: E402
 from ui.services.learn import course as syllabus  # noqa: E402
 from ui.tabs.learn.course import SAVED_KEY  # noqa: E402
+from ui.views.learn import course as views  # noqa: E402
 
 TIMEOUT_MS = 60_000
 PHONE = {"width": 390, "height": 844}
@@ -46,12 +51,11 @@ def encoder_installed():
         pytest.skip(f"minilm-l6: no weight source reachable, so the model change cannot be tried:\n{error}")
 
 
-def shown_answer(services, lesson) -> str:
-    """The lesson's answer as the page shows it, from the measurement the server made for this page (its lesson
-    cache, filled by the walk: the services' own numbers are checked against their definitions in
-    tests/ui/test_learn_*.py; this checks that the page shows that measurement's answer, formatted as it is)."""
-    model = services.models.get(SMOLLM)
-    return learn.number(services.lessons.get(SMOLLM, model, lesson).answer)
+def measured(services, model_name: str, lesson):
+    """The lesson as the server measured it for this page (its lesson cache, filled as the page asked for it; the
+    services' own numbers are checked against their definitions in tests/ui/test_learn_*.py): this checks that the
+    page shows that measurement, formatted as it is."""
+    return services.lessons.get(services.models.key(model_name), services.models.get(model_name), lesson)
 
 
 def guess(page, lesson: learn.Lesson) -> None:
@@ -61,31 +65,136 @@ def guess(page, lesson: learn.Lesson) -> None:
         page.locator("#learn-guess-number input, #learn-guess-number textarea").first.fill("1")
 
 
-def test_every_lesson_shows_its_figure_and_its_measured_answer(browser, served):
+# before Reveal: the Learn tab's whole text, every string of its figure as the page holds it (titles, subtitle,
+# annotations, names, hover templates, text on the marks) and every text the figure draws; and its hover mode
+HELD_BACK = """() => {
+  const panel = document.querySelector('#learn-lesson').closest('[role=tabpanel]');
+  const gd = document.querySelector('#learn-figure .js-plotly-plot');
+  const strings = (v, out, depth) => {
+    if (typeof v === 'string') out.push(v);
+    else if (v && typeof v === 'object' && depth < 12) Object.values(v).forEach((x) => strings(x, out, depth + 1));
+    return out; };
+  const held = gd ? strings([gd.data, gd.layout], [], 0) : [];
+  const drawn = gd ? [...gd.querySelectorAll('svg text')].map((t) => t.textContent) : [];
+  const data = Boolean(gd && gd.data && gd.data.length);
+  return [[panel.innerText, ...held, ...drawn].join('\\n'), data ? gd._fullLayout.hovermode : false, data]; }"""
+
+# the target tab after a landing: its figures shown (each with data, or a note in words), and what reads "Error"
+LANDED = """() => {
+  const panel = [...document.querySelectorAll('[role=tabpanel]')].find((p) => p.offsetParent !== null
+      && !p.querySelector('#learn-lesson'));
+  const shown = [...panel.querySelectorAll('.js-plotly-plot')].filter((gd) => gd.offsetParent !== null);
+  const figures = shown.map((gd) => [gd.closest('[id]')?.id, (gd.data || []).length,
+      ((gd.layout || {}).annotations || []).filter((a) => a.text).length]);
+  const errors = [...document.querySelectorAll('.error, [class*=error], .toast-body')]
+      .filter((e) => e.offsetParent !== null && /Error/.test(e.innerText)).map((e) => e.innerText.slice(0, 200));
+  return {figures, errors, text: panel.innerText}; }"""
+
+
+def plain(markdown: str) -> str:
+    """A line of the lesson's Markdown as the page shows its words (emphasis and code marks dropped)."""
+    return re.sub(r"\\(?=[_*`])|[*`]", "", markdown)
+
+
+def held_back(page, lesson: learn.Lesson, result) -> None:
+    """The page states neither the measured answer (as the page formats it) nor the figure's line."""
+    page_text, hover, drawn = page.evaluate(HELD_BACK)
+    assert lesson.question.prompt in page_text
+    if drawn:   # a figure with values (one with nothing drawn is a note saying why, and its line says the same)
+        assert hover is False, (lesson.name, hover)
+        assert plain(result.alt)[:60] not in page_text, lesson.name
+    if lesson.question.numeric and not isinstance(result.answer, str):
+        shown = learn.number(result.answer)
+        if len(shown) == 1 and lesson.question.unit:   # one digit is in every tick label: the page states it with
+            # its unit (0 % sink heads, say)
+            assert f"{shown} {lesson.question.unit}" not in page_text, (lesson.name, shown)
+            assert f"{shown}{lesson.question.unit}" not in page_text, (lesson.name, shown)
+        else:
+            assert shown not in page_text, (lesson.name, shown)
+
+
+def revealed(page, lesson: learn.Lesson, result) -> None:
+    guess(page, lesson)
+    page.locator("#learn-reveal").click()
+    answer = page.locator("#learn-lesson #learn-answer")
+    expect(answer).to_contain_text("Why:", timeout=TIMEOUT_MS)
+    if lesson.question.numeric and not isinstance(result.answer, str):
+        expect(answer).to_contain_text(f"measured: {learn.number(result.answer)}")
+        expect(answer).to_contain_text("Your guess: 1")
+    elif lesson.question.choices and result.answer in lesson.question.choices:
+        expect(answer).to_contain_text(f"measured: “{result.answer}”")
+        expect(answer).to_contain_text("Your guess")
+    else:   # nothing to measure on this model: the answer says what, and why
+        expect(answer).to_contain_text(str(result.answer))
+    if page.evaluate(HELD_BACK)[2]:   # a figure with values: its line comes with the answer
+        expect(page.locator("#learn-alt")).to_contain_text(plain(result.alt)[:60], timeout=TIMEOUT_MS)
+
+
+def landed(page, lesson: learn.Lesson, result) -> None:
+    """Try it: the lesson's tab opens with the lesson's text and settings, and its landing computes there."""
+    state = views.try_state(result.link)
+    title = views.TAB_TITLES[state["tab"]]
+    before = runs_done(page, "learn-try")
+    page.locator("#learn-try").click()
+    expect(page.get_by_role("tab", name=title, exact=True)).to_have_attribute("aria-selected", "true",
+                                                                            timeout=TIMEOUT_MS)
+    wait_for_run(page, "learn-try", before)
+    idle(page)
+    for key, elem_id in FIELD_IDS.items():
+        if key[0] == state["tab"] and key[1] in state and key[1] in ("text", "corrupted"):
+            expect(page.locator(f"#{elem_id} textarea")).to_have_value(state[key[1]])
+    shown = page.evaluate(LANDED)
+    assert not shown["errors"], (lesson.name, title, shown["errors"])
+    if state.get("compute") is False:   # a model the tab cannot run: it opens, and the lesson's note says why
+        assert result.note, lesson.name
+        return
+    if state["tab"] == "generate":   # written on from the lesson's text, its tokens in the strip
+        assert page.locator("#gen-output textarea").input_value().strip(), lesson.name
+        expect(page.locator("#gen-strip label").first).to_be_attached()
+        return
+    # a figure with data; only where the lesson itself says this model cannot run it (its note) may the tab say so
+    # too, in a note in place of its figure (an encoder's Patching tab)
+    assert any(data for _, data, _ in shown["figures"]) or result.note, (lesson.name, title, shown["figures"])
+    for elem_id, data, notes in shown["figures"]:   # each figure has data, or is a note saying why not
+        assert data or notes, (lesson.name, title, elem_id)
+    if state["tab"] == "lab":
+        expect(page.locator("#lab-attn-note")).to_contain_text(state["lab_run"])
+    if "layer" in state and state["tab"] in ("inside", "heads"):
+        assert f"layer {state['layer']}" in shown["text"].lower(), (lesson.name, title)
+
+
+# the fields a lesson's link sets, by (tab, the link's key): their elem_ids
+FIELD_IDS = {("attention", "text"): "attn-text", ("generate", "text"): "gen-text", ("heads", "text"): "heads-text",
+             ("inside", "text"): "inside-text", ("masks", "text"): "mask-text", ("positions", "text"): "pe-text",
+             ("patching", "text"): "patch-clean", ("patching", "corrupted"): "patch-corrupted"}
+
+
+@pytest.mark.parametrize("model_name", [SMOLLM, "minilm-l6"])
+def test_every_lesson_holds_its_answer_until_reveal_and_its_try_it_lands_computed(browser, served, model_name,
+                                                                                 encoder_installed):
+    """Each lesson in order with Next, on a decoder and an encoder: before Reveal the page does not state the
+    measured answer nor the figure's line; Reveal shows them beside the guess; Try it opens the lesson's tab on its
+    text and computes there (figures with data, nothing reading Error); the Learn tab again, and on."""
     url, services = served
     lessons = syllabus.lessons()
-    context, page, errors = open_page(browser, f"{url}?tab=learn&lesson={lessons[0].name}")
+    context, page, errors = open_page(browser, f"{url}?model={quote(model_name)}&tab=learn&lesson={lessons[0].name}")
     try:
         for number, lesson in enumerate(lessons, start=1):
             expect(page.locator("#learn-place")).to_contain_text(f"Lesson {number} of {len(lessons)}",
                                                                  timeout=TIMEOUT_MS)
             expect(page.locator("#learn-place")).to_contain_text(lesson.title)
-            expect(page.locator("#learn-figure .js-plotly-plot")).to_be_attached(timeout=TIMEOUT_MS)
-            expect(page.locator("#learn-alt")).not_to_be_empty()
-            assert page.locator("#learn-figure .js-plotly-plot .main-svg").count() > 0
+            expect(page.locator("#learn-text")).to_contain_text(f"Measured on {model_name}", timeout=TIMEOUT_MS)
+            expect(page.locator("#learn-figure .js-plotly-plot .main-svg").first).to_be_attached(timeout=TIMEOUT_MS)
+            idle(page)   # every event the lesson's opening set off has run: what the page shows now stays
             expect(page.locator("#learn-answer")).to_be_empty()
-            guess(page, lesson)
-            page.locator("#learn-reveal").click()
-            answer = page.locator("#learn-lesson #learn-answer")
-            expect(answer).to_contain_text("Why:", timeout=TIMEOUT_MS)
-            expect(answer).to_contain_text("Your guess")
-            # the measured number (or choice), as the lesson's measurement gave it
-            number_shown = shown_answer(services, lesson)
-            shown = f"“{number_shown}”" if lesson.question.choices else number_shown
-            expect(answer).to_contain_text(f"measured: {shown}")
+            result = measured(services, model_name, lesson)
+            held_back(page, lesson, result)
+            revealed(page, lesson, result)
+            landed(page, lesson, result)
+            page.get_by_role("tab", name="Learn", exact=True).click()
             if number < len(lessons):
                 page.locator("#learn-next").click()
-        screenshot(page, "learn-wide")
+        screenshot(page, f"learn-wide-{model_name}")
     finally:
         context.close()
     assert not errors, f"JavaScript errors in the page: {errors}"
@@ -96,8 +205,47 @@ def inside_the_phone(page, selector: str) -> None:
     assert box["width"] > 0 and box["x"] >= -1 and box["x"] + box["width"] <= width + 1, (selector, box, width)
 
 
-def test_on_a_phone_every_lessons_panel_and_figure_fit_the_width(browser, served):
-    url, _ = served
+# the revealed figure's parts as drawn: [name, [left, top, right, bottom]] for each one shown, and the figure's box
+# (the title and subtitle are annotations above the plot, ui.plots.base.fit_narrow; plotly's own where a figure
+# keeps them)
+PARTS = """() => {
+  const gd = document.querySelector('#learn-figure .js-plotly-plot');
+  const box = (el) => { if (!el) return null; const r = el.getBoundingClientRect();
+    return r.width > 0 && r.height > 0 ? [r.left, r.top, r.right, r.bottom] : null; };
+  const named = (name) => { const i = (gd.layout.annotations || []).findIndex((a) => a.name === name);
+    return i < 0 ? null : gd.querySelector(`.annotation[data-index="${i}"]`); };
+  const parts = {title: named('title') || gd.querySelector('.gtitle:not(.gtitle-subtitle)'),
+    subtitle: named('subtitle') || gd.querySelector('.gtitle-subtitle'), plot: gd.querySelector('.nsewdrag'),
+    legend: gd.querySelector('.legend'), 'x title': gd.querySelector('.g-xtitle'), 'y title': gd.querySelector('.g-ytitle'),
+    'x labels': gd.querySelector('.xaxislayer-above'),
+    badge: document.querySelector('#learn-figure [data-testid="block-label"]')};
+  return [Object.entries(parts).map(([name, el]) => [name, box(el)]).filter(([, b]) => b), box(gd)]; }"""
+# pairs that must not overlap on a phone: the title, its subtitle, the plot and the label's badge; the legend and
+# the title, subtitle and axis labels
+APART = [("title", "subtitle"), ("title", "badge"), ("subtitle", "badge"), ("title", "plot"), ("subtitle", "plot"),
+         ("legend", "title"), ("legend", "subtitle"), ("legend", "x title"), ("legend", "y title"),
+         ("legend", "x labels")]
+
+
+def overlap(a, b) -> bool:
+    return min(a[2], b[2]) - max(a[0], b[0]) > 1 and min(a[3], b[3]) - max(a[1], b[1]) > 1
+
+
+def parts_apart(page, lesson) -> None:
+    shown, figure = page.evaluate(PARTS)
+    parts = dict(shown)
+    for first, second in APART:
+        if first in parts and second in parts:
+            assert not overlap(parts[first], parts[second]), (lesson.name, first, parts[first], second, parts[second])
+    for name in ("title", "subtitle", "legend"):   # within the figure's box: not cut at its edges
+        if name in parts:
+            left, top, right, bottom = parts[name]
+            assert left >= figure[0] - 1 and right <= figure[2] + 1, (lesson.name, name, parts[name], figure)
+            assert top >= figure[1] - 1 and bottom <= figure[3] + 1, (lesson.name, name, parts[name], figure)
+
+
+def test_on_a_phone_every_lessons_panel_and_revealed_figure_fit_and_keep_apart(browser, served):
+    url, services = served
     lessons = syllabus.lessons()
     context, page, errors = open_page(browser, f"{url}?tab=learn&lesson={lessons[0].name}", PHONE)
     try:
@@ -106,12 +254,14 @@ def test_on_a_phone_every_lessons_panel_and_figure_fit_the_width(browser, served
                                                                  timeout=TIMEOUT_MS)
             expect(page.locator("#learn-place")).to_contain_text(lesson.title)
             expect(page.locator("#learn-figure .js-plotly-plot .main-svg").first).to_be_attached(timeout=TIMEOUT_MS)
+            revealed(page, lesson, measured(services, SMOLLM, lesson))   # the whole figure: subtitle and legend
             settled(page)
             for selector in ("#learn-lesson", "#learn-reveal", "#learn-figure .js-plotly-plot"):
                 inside_the_phone(page, selector)
             # one column: the figure comes under the lesson's panel, not beside it
             figure, panel = page.locator("#learn-figure").bounding_box(), page.locator("#learn-lesson").bounding_box()
             assert figure["y"] >= panel["y"] + panel["height"] - 1, (figure, panel)
+            parts_apart(page, lesson)
             if number < len(lessons):
                 page.locator("#learn-next").click()
         screenshot(page, "learn-phone")
@@ -163,28 +313,6 @@ def test_a_link_opens_a_lesson_the_browser_remembers_it_and_the_keyboard_walks_o
         expect(page.locator("#learn-text")).to_contain_text("Measured on minilm-l6", timeout=TIMEOUT_MS)
         expect(page.locator("#learn-place")).to_contain_text(fourth.title)
         expect(page.locator("#learn-answer")).to_be_empty()
-    finally:
-        context.close()
-    assert not errors, f"JavaScript errors in the page: {errors}"
-
-
-def test_try_it_opens_the_lessons_tab_in_its_state(browser, served):
-    url, services = served
-    model = services.models.get(SMOLLM)
-    lesson = syllabus.find("sqrt-dk")
-    link = services.lessons.get(SMOLLM, model, lesson).link
-    assert link["tab"] == "inside" and {"layer", "head", "text"} <= set(link)
-    context, page, errors = open_page(browser, f"{url}?tab=learn&lesson={lesson.name}")
-    try:
-        expect(page.locator("#learn-place")).to_contain_text(lesson.title, timeout=TIMEOUT_MS)
-        expect(page.locator("#learn-try")).to_contain_text("Inside")
-        page.locator("#learn-try").click()
-        expect(page.get_by_role("tab", name="Inside")).to_have_attribute("aria-selected", "true",
-                                                                        timeout=TIMEOUT_MS)
-        expect(page.locator("#inside-layer input")).to_have_value(str(link["layer"]), timeout=TIMEOUT_MS)
-        expect(page.locator("#inside-text textarea")).to_have_value(link["text"])
-        # the walk is computed for that layer and head on that text
-        expect(page.locator("#inside-note")).to_contain_text(f"layer {link['layer']}", timeout=TIMEOUT_MS)
     finally:
         context.close()
     assert not errors, f"JavaScript errors in the page: {errors}"

@@ -10,6 +10,8 @@ measures what a figure will cost.
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import plotly.graph_objects as go
 
@@ -48,4 +50,33 @@ def empty_figure(message: str, height: int = 200) -> go.Figure:
     base_layout(fig, "", height)
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
+    return fig
+
+
+NARROW_TITLE_CHARS, NARROW_SUBTITLE_CHARS = 42, 52   # a line's characters at 14 / 12 px on a phone-wide plot
+
+
+def fit_narrow(fig: go.Figure) -> go.Figure:
+    """The figure laid out to read on a phone-wide plot as on a wide one (plotly clips a long title or subtitle,
+    and anchors a title of several lines over the plot): its title and subtitle wrapped into lines and set above
+    the plot as two left-aligned annotations (named "title" and "subtitle"), with the top margin they need; a
+    legend of several entries under the figure, where the plot's margin makes room for it instead of the axis
+    labels sitting under it. Returns a copy."""
+    fig = go.Figure(fig)
+    title = fig.layout.title
+    lines = [line for part in (title.text or "").split("<br>") for line in textwrap.wrap(part, NARROW_TITLE_CHARS)]
+    subtitle = title.subtitle.text if title.subtitle and title.subtitle.text else ""
+    sublines = [line for part in subtitle.split("<br>") for line in textwrap.wrap(part, NARROW_SUBTITLE_CHARS)]
+    if lines or sublines:
+        left = fig.layout.margin.l if fig.layout.margin.l is not None else 60
+        fig.update_layout(title={"text": "", "subtitle": {"text": ""}},
+                          margin={"t": 14 + 19 * len(lines) + 16 * len(sublines) + 8})
+        for name, words, size, above in (("title", lines, 14, 8 + 16 * len(sublines)), ("subtitle", sublines, 12, 6)):
+            if words:
+                fig.add_annotation(text="<br>".join(words), name=name, xref="paper", yref="paper", x=0, y=1,
+                                   xanchor="left", yanchor="bottom", xshift=4 - left, yshift=above, align="left",
+                                   showarrow=False, font={"size": size})
+    if fig.layout.showlegend is not False and sum(trace.showlegend is not False for trace in fig.data) > 1:
+        fig.update_layout(legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom", "x": 0,
+                                  "xanchor": "left"})
     return fig

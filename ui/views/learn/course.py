@@ -8,12 +8,13 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
+from ui.plots.base import fit_narrow
 from ui.plots.text import escaped
 from ui.services import Services
 from ui.services import learn
 from ui.services.learn import course as syllabus
 from ui.services.checks import index_of
-from ui.views.learn import figure
+from ui.views.learn import figure as lesson_figure
 
 # what "try it" computes where the tab's own figures are not the lesson's: what lands there, and what to press next
 TRY_NOTES = {"generate": "The Generate tab writes the lesson's text on, greedily: pick a token in its strip for that "
@@ -69,7 +70,8 @@ def lesson_page(services: Services, model_name: str, name: str, progress=None) -
         question += f" (a number{', in ' + lesson.question.unit if lesson.question.unit else ''})"
     return LessonPage(name=lesson.name, place=f"**Lesson {number} of {total} · {lesson.title}**",
                       text="\n\n".join(parts), question=question, choices=lesson.question.choices,
-                      unit=lesson.question.unit, figure=veiled(figure(lesson.name, result)), alt=HELD_BACK,
+                      unit=lesson.question.unit, figure=fit_narrow(veiled(lesson_figure(lesson.name, result))),
+                      alt=HELD_BACK,
                       try_label=f"Try it in the {TAB_TITLES.get(tab, tab)} tab", link=dict(result.link),
                       try_note=try_note(result.link))
 
@@ -100,6 +102,11 @@ def revealed(services: Services, model_name: str, name: str, guess=None, progres
     lesson = syllabus.find(name)
     result = measured(services, model_name, lesson, progress)
     return learn.reveal(lesson, result, guess), figure(lesson.name, result), result.alt
+
+
+def figure(name: str, result: learn.Measured):
+    """The lesson's whole figure as the page shows it, laid out to read on a phone too (ui.plots.base.fit_narrow)."""
+    return fit_narrow(lesson_figure(name, result))
 
 
 def neighbour(name: str, step: int) -> str:
