@@ -132,3 +132,29 @@ def test_hover_filter_js_names_its_plots():
     js = hover_filter_js(["attn-columns", "gen-columns"])
     assert '["attn-columns", "gen-columns"]' in js and "PLOTS" not in js
     assert "plotly_hover" in js and "plotly_unhover" in js and "innerHTML" not in js
+
+
+def test_fit_narrow_sets_a_long_title_and_subtitle_in_lines_above_the_plot_and_the_legend_under_it():
+    import plotly.graph_objects as go
+
+    from ui.plots.base import NARROW_SUBTITLE_CHARS, NARROW_TITLE_CHARS, base_layout, fit_narrow
+
+    fig = go.Figure([go.Bar(x=["a", "b"], y=[1, 2], name="one"), go.Bar(x=["a", "b"], y=[2, 1], name="two")])
+    title = "What the scale does: a real head against the random vectors of the equation"
+    subtitle = "d_k = 64; before the scale Var(q·k) = 811; component variance of q 3.5, of k 3.6"
+    base_layout(fig, title)
+    fig.update_layout(title={"subtitle": {"text": subtitle}})
+    fitted = fit_narrow(fig)
+    notes = {a.name: a for a in fitted.layout.annotations}
+    lines, sublines = notes["title"].text.split("<br>"), notes["subtitle"].text.split("<br>")
+    assert " ".join(lines) == title and " ".join(sublines) == subtitle       # every word, in order
+    assert len(lines) > 1 and max(map(len, lines)) <= NARROW_TITLE_CHARS
+    assert len(sublines) > 1 and max(map(len, sublines)) <= NARROW_SUBTITLE_CHARS
+    assert all(a.yref == "paper" and a.y == 1 and a.yanchor == "bottom" for a in notes.values())  # above the plot
+    assert notes["title"].yshift > notes["subtitle"].yshift                  # the title over its subtitle
+    assert fitted.layout.margin.t >= 19 * len(lines) + 16 * len(sublines)   # room for both
+    assert not fitted.layout.title.text and not fitted.layout.title.subtitle.text
+    assert fitted.layout.legend.yref == "container" and fitted.layout.legend.orientation == "h"
+    assert fig.layout.title.text == title and not fig.layout.annotations     # the figure given is left as it was
+    one = fit_narrow(go.Figure(go.Bar(x=["a"], y=[1], name="one")))            # one entry, no title: nothing moves
+    assert not one.layout.annotations and one.layout.legend.yref is None
