@@ -1,5 +1,6 @@
 """Words a reader can look up, on the whole page: a glossary term in the app's own prose gets its definition on
-hover (and on focus, for the keyboard and touch), and every "eq. N.M" becomes a link that opens that equation of
+hover (and on focus, for the keyboard and touch: shown until focus moves or Escape, and never in the way of a tap
+on what it covers), and every "eq. N.M" becomes a link that opens that equation of
 docs/theory.md in the "Theory" panel at the bottom of the page.
 
 The script walks text nodes only, of the app's prose (Markdown and HTML outputs, labels), after every update of the
@@ -44,6 +45,7 @@ LOOKUP_JS = """
     abbr.gloss { text-decoration: underline dotted; text-underline-offset: 2px; cursor: help; position: relative; }
     abbr.gloss:focus { outline: 2px solid var(--color-accent, #f97316); outline-offset: 1px; }
     abbr.gloss:focus::after { content: attr(title); position: absolute; left: 0; top: 1.4em; z-index: 50;
+      pointer-events: none;  /* a tap on what it covers (a link, say) reaches that, and the blur closes it */
       width: max-content; max-width: min(320px, 80vw); white-space: normal; padding: 6px 8px; border-radius: 4px;
       background: var(--background-fill-primary, #fff); color: var(--body-text-color, #111);
       border: 1px solid var(--border-color-primary, #ccc); font-size: 0.9em; font-weight: normal; }
@@ -170,6 +172,12 @@ LOOKUP_JS = """
   observer.observe(document.body, {childList: true, subtree: true, characterData: true});
   pending.add(document.body);
   flush();
+
+  // Escape closes a definition shown by focus (a tap, the keyboard), as moving away does
+  document.addEventListener("keydown", (event) => {
+    const active = document.activeElement;
+    if (event.key === "Escape" && active instanceof Element && active.matches("abbr.gloss")) active.blur();
+  });
 
   // a click on an equation link opens the panel, waits for the equation to be drawn, and brings it into view
   const reveal = (id, tries) => {

@@ -20,6 +20,7 @@ from ui.lookup import build_lookup  # noqa: E402
 TIMEOUT_MS = 10_000
 PROSE = "Scores go through the softmax of eq. 2.1, and &lt;b&gt;x&lt;/b&gt; is shown as typed."
 FIELD = "softmax, typed by a reader"
+COVERED = "The KV cache\n\nSee eq. 2.1 for the scores."   # a definition shown under the term covers the link
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +29,7 @@ def lookup_url():
         prose = gr.Markdown(PROSE, elem_id="lk-prose")
         gr.Textbox(FIELD, label="Your text", elem_id="lk-field")
         number = gr.Number(1.0, label="Temperature of the softmax", elem_id="lk-number")
+        gr.Markdown(COVERED, elem_id="lk-covered")
         change = gr.Button("change", elem_id="lk-change")
         js = build_lookup()
         change.click(lambda: ("Now the KV cache of eq. 6.9.", gr.Number(label="Strength of the causal mask")),
@@ -93,3 +95,24 @@ def test_text_gradio_rewrites_is_annotated_afresh(page):
     expect(label.locator("abbr.gloss")).to_have_text("causal mask", timeout=TIMEOUT_MS)
     # the old label's words are gone, not left beside the new ones
     expect(label).to_have_text("Strength of the causal mask")
+
+
+def test_a_shown_definition_closes_on_escape_and_a_tap_on_the_link_it_covers_reaches_the_link(page):
+    term = page.locator("#lk-covered abbr.gloss")
+    expect(term).to_have_text("KV cache", timeout=TIMEOUT_MS)
+    link = page.locator("#lk-covered a.eq-link")
+    shown = "() => getComputedStyle(document.querySelector('#lk-covered abbr.gloss'), '::after').content"
+    term.focus()                                  # a tap or the keyboard shows the definition
+    assert GLOSSARY["KV cache"] in page.evaluate(shown)
+    page.keyboard.press("Escape")                 # and Escape closes it
+    assert page.evaluate(shown) == "none"
+    term.focus()
+    box = link.bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    covered = page.evaluate("""([x, y]) => { const t = document.querySelector('#lk-covered abbr.gloss');
+        const r = t.getBoundingClientRect(); return y > r.bottom && y < r.bottom + 4 * r.height; }""", [x, y])
+    assert covered, "the check needs the definition's box over the link"
+    assert page.evaluate("([x, y]) => document.elementFromPoint(x, y).closest('a')?.className", [x, y]) == "eq-link"
+    page.mouse.click(x, y)                        # the tap reaches the link under the definition
+    expect(page.locator("#theory-panel #eq-2-1")).to_be_in_viewport(timeout=TIMEOUT_MS)
+    assert page.evaluate(shown) == "none"         # and the definition closed as focus moved
