@@ -240,6 +240,7 @@ def wire_switch(picker, current_tab, linked, name: str, tab: Tab) -> None:
 
     def switch(model_name, on_screen, linking, *rest):
         *values, progress = rest
+        why_not = tab.cannot(model_name) if tab.cannot else ""   # no "press Generate" for an encoder
         if opening and (values[0] == model_name or (linking and name == "attention")):
             return [gr.skip()] * (len(first_outputs) + len(results))
         if opening and on_screen == name:
@@ -249,9 +250,10 @@ def wire_switch(picker, current_tab, linked, name: str, tab: Tab) -> None:
                 return ["", *clear(first_outputs[1:], model_name, exc.message), *clear(results, model_name)]
             first = [gr.update(value=value, visible=True) if isinstance(component, gr.Plot) and value is not None
                      else value for component, value in zip(first_outputs[1:], first)]
-            return [shown, *first, *clear(results, model_name)]
+            return [shown, *first, *clear(results, model_name, why_not)]
         # "" (not False): shown for no model since the change, so the tab computes its first screen when it opens
-        return ["", *clear(first_outputs[1:], model_name), *clear(results, model_name)][0 if opening else 1:]
+        return ["", *clear(first_outputs[1:], model_name, why_not),
+                *clear(results, model_name, why_not)][0 if opening else 1:]
 
     switch.__signature__ = events.signature(["model_name", "on_screen", "linking"]
                                             + [f"input_{i}" for i in range(len(first_inputs))])

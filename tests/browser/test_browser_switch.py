@@ -60,7 +60,8 @@ TABS = {
     "Patching": {LLAMA: ("#patch-note", "same number of tokens"), BERT: ("#patch-note", "this model is an encoder")},
     # the walk's own line (a line from a switch also names the model: "Now on …/tiny-bert: press Walk through")
     "Inside": {LLAMA: ("#inside-note", f"{LLAMA}, following"), BERT: ("#inside-note", f"{BERT}, following")},
-    "Generate": {LLAMA: ("#gen-stats", "done"), BERT: ("#gen-stats", f"{BERT}: press Generate")},
+    # after a switch to the BERT the line says why it cannot generate (not "press Generate", which it cannot)
+    "Generate": {LLAMA: ("#gen-stats", "done"), BERT: ("#gen-stats", "encodes text but does not generate")},
 }
 # the walk: the page opens on Attention with the Llama; the model switches at every tab, Llama → BERT at the first.
 # Patching and Generate switch from the Llama (the BERT's results there are an encoder's refusal); Generate is last,

@@ -137,7 +137,8 @@ def build(services, picker, initial) -> Tab:
                run_after=[{**trace_event, "api_visibility": "private"}, fill], stop=stop,
                results=[output, stats, sent, trace, strip, *step_outputs, trace_json, export_file, export_note, kv_note,
                         kv_table, kv_fig, kv_numbers],
-               press={stats: run, step_note: show, kv_note: kv_run})
+               press={stats: run, step_note: show, kv_note: kv_run},
+               cannot=lambda name: generation_reason(services.models.get(name)) or "")
 
 
 def show_kv():

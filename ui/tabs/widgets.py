@@ -104,6 +104,8 @@ class Tab:
     follows: bool = False
     results: list | None = None
     press: dict | None = None  # note → its button
+    # why the tab's buttons cannot run on a model (its name), or "": the cleared notes say that, not "press …"
+    cannot: Callable[[str], str] | None = None
     # the fields a "how typical is this?" run reads (ui/page.py TYPICAL): the Patching tab's preset and direction
     typical: list | None = None
     # what a lesson's "Try it" may set beyond text, layer, head and corrupted prompt (its link's key → the field:
