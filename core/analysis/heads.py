@@ -23,7 +23,8 @@ LOCAL_WINDOW = 3  # |i - j| ≤ 3 counts as local
 IG_TOKENS_PER_PASS = 1024  # integrated gradients: path points × tokens in one backward pass
 SCORES = {  # name → (what it measures, threshold for naming a head, the name)
     "previous_token": ("mean weight on the key just before the query (i − 1)", 0.5, "previous-token head"),
-    "first_token": ("mean weight on the first position (the sink)", 0.75, "sink head"),
+    "first_token": ("mean weight on the first position (the sink; a decoder's first query, which sees only it, "
+                    "left out)", 0.75, "sink head"),
     "local": (f"mean weight within |i − j| ≤ {LOCAL_WINDOW}", 0.85, "local head"),
     "entropy": ("mean entropy of a row, in nats (low: focused)", None, None),
     "duplicate_token": ("mean weight on earlier copies of the query's own token", 0.5, "duplicate-token head"),
@@ -32,17 +33,19 @@ SCORES = {  # name → (what it measures, threshold for naming a head, the name)
 CAUSAL_ONLY = ("induction",)  # needs a model that predicts the next token from the left
 
 
-def row_scores(probs: Tensor, ids: Tensor) -> dict[str, Tensor]:
+def row_scores(probs: Tensor, ids: Tensor, causal: bool = True) -> dict[str, Tensor]:
     """The attention-pattern scores of one layer: probs [H, T, T] (rows sum to 1), ids [T] → name → [H].
 
-    Rows that cannot have the pattern are left out: the first query for previous-token (it has no key before
-    it), queries whose token occurs for the first time for duplicate-token."""
+    Rows that cannot have the pattern are left out, or must have it: the first query for previous-token (it has no
+    key before it), and for first-token where the rows are causal (its one key is the first: weight 1 by
+    construction, as core.analysis.sinks leaves it out); queries whose token occurs for the first time for
+    duplicate-token."""
     heads, n, _ = probs.shape
     p = probs.float()
     i = torch.arange(n, device=p.device)
     out = {
         "previous_token": p[:, i[1:], i[1:] - 1].mean(-1) if n > 1 else p.new_zeros(heads),
-        "first_token": p[:, :, 0].mean(-1),
+        "first_token": p[:, int(causal and n > 1):, 0].mean(-1),
         "local": (p * ((i[:, None] - i[None, :]).abs() <= LOCAL_WINDOW)).sum(-1).mean(-1),
         "entropy": row_entropy(p).mean(-1),
     }
@@ -65,8 +68,8 @@ class ScoreObserver(Observer):
     pass at that layer."""
 
     def __init__(self, ids: Tensor, kind: Kind = "self", mask: Tensor | None = None, induction: bool = False,
-                 scored: Callable[[int], None] | None = None):
-        self.ids, self.kind, self.scored = (ids if ids.dim() == 2 else ids[None]), kind, scored
+                 scored: Callable[[int], None] | None = None, causal: bool = True):
+        self.ids, self.kind, self.scored, self.causal = (ids if ids.dim() == 2 else ids[None]), kind, scored, causal
         self.real = [None if mask is None else mask[b].nonzero().squeeze(-1) for b in range(len(self.ids))]
         self.repeats = [repeat_halves(self.row_ids(b)) for b in range(len(self.ids))] if induction else None
         self.layers: dict[int, list[dict[str, Tensor]]] = {}
@@ -83,7 +86,7 @@ class ScoreObserver(Observer):
         rows = []
         for b, real in enumerate(self.real):
             p = probs[b] if real is None else probs[b][:, real][:, :, real]            # [H, T_b, T_b]
-            scores = row_scores(p, self.row_ids(b))
+            scores = row_scores(p, self.row_ids(b), self.causal)
             if self.repeats is not None:
                 found = self.repeats[b]
                 scores["induction"] = (p.new_full((p.shape[0],), math.nan) if found is None
@@ -119,7 +122,7 @@ def batch_pattern_scores(model, ids: Tensor, mask: Tensor | None = None, inducti
     ids = ids.to(model.device)
     mask = None if mask is None or bool(mask.all()) else mask.to(model.device).bool()
     scored = None if progress is None else (lambda done: progress(done, stack.cfg.n_layers))
-    observer = ScoreObserver(ids, kind, mask, induction, scored)
+    observer = ScoreObserver(ids, kind, mask, induction, scored, causal=stack.cfg.causal)
     with torch.inference_mode():
         model.run_stack(stack, ids, mask, kind=kind, causal=stack.cfg.causal, observer=observer)
     return {name: t.cpu() for name, t in observer.tables().items()}

@@ -42,7 +42,10 @@ def test_scores_of_constructed_patterns():
     assert scores["local"][0] == 1 and scores["entropy"][0] == 0
     uniform_previous = sum(1 / (i + 1) for i in range(1, n)) / (n - 1)     # row i spreads 1 over i + 1 keys
     assert scores["previous_token"][3].item() == pytest.approx(uniform_previous)
-    assert scores["first_token"][3].item() == pytest.approx(sum(1 / (i + 1) for i in range(n)) / n)
+    # causal rows: query 0 sees only the first key, so it is left out (core.analysis.sinks's definition)
+    assert scores["first_token"][3].item() == pytest.approx(sum(1 / (i + 1) for i in range(1, n)) / (n - 1))
+    both_ways = heads.row_scores(torch.full((1, n, n), 1 / n), ids, causal=False)   # an encoder's every query
+    assert both_ways["first_token"].item() == pytest.approx(1 / n)
     assert scores["entropy"][3].item() == pytest.approx(sum(math.log(i + 1) for i in range(n)) / n)
     # rows 3, 4 and 6 have earlier copies; uniform rows put (copies)/(i + 1) on them
     assert scores["duplicate_token"][3].item() == pytest.approx((1 / 4 + 1 / 5 + 2 / 7) / 3)
