@@ -329,8 +329,8 @@ class Transformer(nn.Module):
         return split_by_head(block.cross if kind == "cross" else block.attn)
 
     def setup(self, stack: Stack, input_ids: Tensor, key_mask: Tensor | None, start: int, *, causal: bool,
-              padding_mask: bool, scale: bool, positions: bool,
-              window: tuple[int, int] | None = None) -> tuple[AttentionSetup, Tensor]:
+              padding_mask: bool, scale: bool, positions: bool, window: tuple[int, int] | None = None,
+              local_windows: bool = True) -> tuple[AttentionSetup, Tensor]:
         """Masks, position ids and rotary angles for n new tokens after `start` cached ones.
         Positions always skip padding; the padding_mask switch only changes what attention may see.
         window (w, g): every layer's mask also hides keys w or more places back (i − j ≥ w, eq. 6.5), except the
@@ -350,8 +350,8 @@ class Transformer(nn.Module):
                                layer_types=cfg.layer_types)
         if "sliding" in cfg.layer_types:
             setup.sliding = LayerTerms(allowed, is_causal, self.rope(stack, position_ids, positions, local=True))
-            if cfg.sliding_window is not None and start + n > cfg.sliding_window:  # else the window hides nothing
-                setup.sliding.window = cfg.sliding_window     # attention puts it in the mask
+            if local_windows and cfg.sliding_window is not None and start + n > cfg.sliding_window:
+                setup.sliding.window = cfg.sliding_window     # attention puts it in the mask (else it hides nothing)
         if stack.score_bias is not None and positions:
             if stack.score_bias.by_index:   # places in the sequence, padding counted
                 query_pos = torch.arange(start, start + n, device=device)[None]
@@ -410,7 +410,8 @@ class Transformer(nn.Module):
                   cache: KVCache | None = None, static: bool = False, memory: Tensor | None = None,
                   memory_mask: Tensor | None = None, n_layers: int | None = None,
                   token_embeddings: Tensor | None = None, start_layer: int = 0,
-                  resid: Tensor | None = None, window: tuple[int, int] | None = None) -> Tensor:
+                  resid: Tensor | None = None, window: tuple[int, int] | None = None,
+                  local_windows: bool = True) -> Tensor:
         """Embed input_ids [B, T] and run them through `stack`; returns hidden states [B, T, d].
 
         attention_mask: [B, T] for the new tokens, or [B, cached + T] (1 = real token, 0 = padding).
@@ -433,7 +434,7 @@ class Transformer(nn.Module):
                 key_mask = attention_mask.bool()
             setup, position_ids = self.setup(stack, input_ids, key_mask, start, causal=causal,
                                              padding_mask=padding_mask, scale=scale, positions=positions,
-                                             window=window)
+                                             window=window, local_windows=local_windows)
         setup.kind, setup.observer, setup.probe, setup.cache, setup.memory = kind, observer, probe, cache, memory
         if memory is not None and memory_mask is not None and padding_mask:
             setup.memory_allowed = memory_mask.bool()[:, None, None, :]
@@ -472,7 +473,8 @@ class Transformer(nn.Module):
                 record: Iterable[str] = (), ablate_heads: Iterable[tuple[int, int]] | Tensor = (), ablation: str = "zero",
                 logit_lens: bool = False, logit_lens_top_k: int | None = 10, grad: bool = False,
                 token_embeddings: Tensor | None = None, patches: Iterable[Patch] = (),
-                return_logits: bool = True, window: int | None = None, global_tokens: int = 0) -> ModelOutput:
+                return_logits: bool = True, window: int | None = None, global_tokens: int = 0,
+                local_windows: bool = True) -> ModelOutput:
         """One full forward pass. Runs in whatever autograd mode the caller chose (parameters of a loaded model
         do not require gradients, so no graph is kept unless something asks for one).
 
@@ -490,6 +492,8 @@ class Transformer(nn.Module):
         window: every self-attention layer of the main stack also hides keys `window` or more places back
         (eq. 6.5), as a "sliding" layer does; global_tokens: keys 0..g−1 stay visible to every query. On an
         encoder (no causal mask) the window is symmetric, |i − j| < w, and queries 0..g−1 also see every key.
+        local_windows=False: a family's own sliding-window layers read every key, their own rotation kept (Gemma
+        3's local layers widened); a full pass only, not a cached decode step.
         """
         cfg = self.config
         if window is not None and self.encoder is not None:
@@ -507,7 +511,8 @@ class Transformer(nn.Module):
         attention_mask, decoder_attention_mask = padding_or_none(attention_mask), padding_or_none(decoder_attention_mask)
         recorder = AttentionRecorder() if capture_attention and observer is None else None
         observer = observer or recorder
-        switches = dict(padding_mask=padding_mask, scale=scale, positions=positions, observer=observer, probe=probe)
+        switches = dict(padding_mask=padding_mask, scale=scale, positions=positions, observer=observer, probe=probe,
+                        local_windows=local_windows)
         mode = torch.inference_mode(False) if grad else contextlib.nullcontext()
         with mode, (torch.enable_grad() if grad else contextlib.nullcontext()):
             if grad:  # a leaf of our own, outside any inference mode the inputs were made in

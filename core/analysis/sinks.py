@@ -189,12 +189,12 @@ def next_token_losses(model, hidden: Tensor, ids: Tensor) -> Tensor:
     return torch.cat(losses).cpu()
 
 
-def masked_losses(model, ids: Tensor, window: int, sinks: int) -> Tensor:
+def masked_losses(model, ids: Tensor, window: int, sinks: int, local_windows: bool = True) -> Tensor:
     """positions="text": one pass under the local + global mask (forward's window, global_tokens); a window that
-    covers the text is full attention."""
+    covers the text is full attention (the family's own sliding layers keep theirs unless local_windows=False)."""
     local = {} if window >= len(ids) else dict(window=window, global_tokens=sinks)
     with torch.inference_mode():
-        out = model(ids[None].to(model.device), return_logits=False, **local)
+        out = model(ids[None].to(model.device), return_logits=False, local_windows=local_windows, **local)
         return next_token_losses(model, out.hidden_states, ids)
 
 
@@ -227,15 +227,24 @@ def cache_losses(model, ids: Tensor, window: int, sinks: int, progress=None) -> 
 
 
 def streaming_perplexity(model, ids: Tensor, window: int, sinks: int = 0, positions: str = "cache",
-                         progress=None) -> StreamingPerplexity:
+                         progress=None, local_windows: bool = True) -> StreamingPerplexity:
     """The perplexity of ids [T] when query i reads only keys j ≤ i with j < sinks or j > i − window
     (StreamingLLM: window-only attention, and the same with the first `sinks` tokens kept as attention sinks).
     positions="text": every token keeps its place in the text (the mask-only view, one pass); "cache": positions
     are renumbered inside the cache as StreamingLLM does (RoPE models; read token by token, see cache_losses).
-    progress(done, total): after each token read through the cache (total T − 1), or once after the pass."""
+    progress(done, total): after each token read through the cache (total T − 1), or once after the pass.
+    local_windows=False (positions="text"): a family's own sliding-window layers read every key, their rotation
+    kept (Gemma 3's local layers widened), under the window given here as every other layer is."""
     ids = check_streaming(model, ids, window, sinks, positions)
+    if not local_windows and "sliding" not in model.config.layer_types:
+        raise ValueError(f"local_windows=False widens a family's own sliding-window layers; {model.config.family} "
+                         "has none")
+    if not local_windows and positions != "text":
+        raise ValueError("local_windows=False reads the text in one masked pass: use positions='text'")
     if positions == "text":
-        loss, method = masked_losses(model, ids, window, sinks), "one pass under the local + global mask"
+        loss, method = masked_losses(model, ids, window, sinks, local_windows), "one pass under the local + global mask"
+        if not local_windows:
+            method += ", the sliding layers' own window removed"
         if progress is not None:
             progress(1, 1)
     else:

@@ -177,3 +177,29 @@ def test_learned_positions_refused_past_their_table_and_for_the_cache():
     with pytest.raises(ValueError, match=f"learned positions for {table} tokens"):
         streaming_perplexity(gpt2, texts([table + 1])[0], 8, 1, positions="text")
     assert streaming_perplexity(gpt2, texts([30])[0], 8, 1, positions="text").perplexity > 1
+
+
+def test_widened_local_layers_equal_transformers_gemma3_with_no_window():
+    """local_windows=False: Gemma 3's sliding layers read every key, with their own (local) rotation kept: equal to
+    transformers' Gemma 3 on the same weights with a window wider than the text; as trained, the window changes it."""
+    import copy
+
+    from transformers import Gemma3ForCausalLM
+
+    hf = tiny.gemma(3)
+    ours = load_model(tiny.save(hf), device="cpu", dtype=torch.float32)
+    ids = texts([24], seed=5)[0]                                    # 24 tokens past the tiny window of 4
+    config = copy.deepcopy(hf.config)
+    config.sliding_window = 1000
+    wide = Gemma3ForCausalLM(config).eval()
+    wide.load_state_dict(hf.state_dict())
+    with torch.no_grad():
+        expected = F.cross_entropy(wide(ids[None]).logits[0, :-1].float(), ids[1:], reduction="none")
+    widened = streaming_perplexity(ours, ids, window=len(ids), positions="text", local_windows=False)
+    torch.testing.assert_close(widened.loss, expected, atol=1e-4, rtol=0)
+    trained = streaming_perplexity(ours, ids, window=len(ids), positions="text")
+    torch.testing.assert_close(trained.loss, full_losses(ours, ids), atol=1e-5, rtol=0)
+    assert (trained.loss - widened.loss).abs().max() > 1e-3        # the local window matters on this text
+    with pytest.raises(ValueError, match="has none"):
+        streaming_perplexity(load_model(tiny.save(tiny.llama()), device="cpu"), ids, 8, positions="text",
+                             local_windows=False)
