@@ -290,8 +290,12 @@ def test_a_finished_job_exports_its_cells_and_items(served):
     import csv
 
     services, model = served["services"], served["model"]
-    *_, (_, _, _, shown) = across.heads_view(services, served["llama"], "induction texts", 3, None, "first_token",
-                                             1, 0)
+    *_, (note, _, _, shown) = across.heads_view(services, served["llama"], "induction texts", 3, None, "first_token",
+                                                1, 0)
+    # the first-token map says its share of sink heads (Sink^ε), counted from the mean it draws and its interval
+    mean, low = shown.over.mean, shown.over.low
+    above, sure = int((mean > 0.3).sum()), int((low > 0.3).sum())
+    assert f"{above} of {mean.numel()} heads" in note and f"{sure} pass it with their whole 95 % interval" in note
     files, kept = across.export_view(services, shown)
     assert kept is shown
     by_name = {os.path.basename(path): path for path in files}
@@ -459,3 +463,17 @@ def test_an_encoder_decoder_or_a_model_without_an_lm_head_is_refused_both_in_wor
     headless = SimpleNamespace(config=SimpleNamespace(is_encoder_decoder=False, causal=False), lm_head=None)
     with pytest.raises(UserError, match="Ablation reads each position's token prediction through the LM head"):
         check_ablation_model(headless)
+
+
+def test_the_sink_share_counts_the_heads_above_epsilon_on_the_mean_and_on_the_interval():
+    import torch
+
+    from core.corpus.summaries import summarise
+
+    # 3 texts × [1 layer, 4 heads]: head 0 always far above ε, head 1 above on average only, heads 2-3 below
+    per_item = torch.tensor([[[0.9, 0.9, 0.1, 0.2]], [[0.8, 0.05, 0.1, 0.2]], [[0.85, 0.4, 0.1, 0.2]]])
+    over = summarise(per_item)
+    words = across.sink_share_words(over, "text")
+    assert "2 of 4 heads (50.0 %)" in words and "1 pass it with their whole 95 % interval" in words
+    assert "over these 3 texts" in words and "ε = 0.3" in words
+    assert "interval" not in across.sink_share_words(summarise(per_item[:1]), "text")   # one text: no interval

@@ -21,6 +21,7 @@ from ui.services.corpus.over import (Corpus, MapAxes, check_cell, check_kind, ch
                                      corpus_pairs, corpus_texts, exported, map_axes, stream_over)
 from ui.services.corpus.pages import saving_of
 from ui.services.heads import check_ablation
+from ui.services.sinks import EPSILON as SINK_EPSILON
 from ui.views import export
 
 PARTIAL_S = 1.0    # the least time between two partial summaries sent to the page
@@ -117,6 +118,18 @@ def running(message: str, name: str, view: str):
     return message, nothing("Running…", name, view), nothing("Running…", name, view), None
 
 
+def sink_share_words(over, noun: str) -> str:
+    """Gu et al.'s Sink^ε over the corpus: the share of heads whose mean first-token weight passes ε, counted on the
+    mean and on the interval's lower end (the heads sure to pass at 95 %), read from the Over the map draws."""
+    total = over.mean.numel()
+    above = int((over.mean > SINK_EPSILON).sum())
+    sure = "" if over.n < 2 else (f"; {int((over.low > SINK_EPSILON).sum())} pass it with their whole 95 % "
+                                  "interval")
+    return (f"  \n**Sink heads** (Gu et al.'s Sink^ε, ε = {SINK_EPSILON:g}): {above} of {total} heads "
+            f"({100 * above / max(total, 1):.1f} %) put more than ε of their attention on the first token, mean over "
+            f"these {over.n} {noun}s{sure}.")
+
+
 def heads_view(services: Services, model_name, corpus, n, upload, kind, cell_layer, cell_head, previous=None,
                page=None, progress=None):
     """(note, mean map, strip, kept result): one attention-pattern score of every head over the corpus; the body
@@ -134,7 +147,10 @@ def heads_view(services: Services, model_name, corpus, n, upload, kind, cell_lay
 
     def render(over, update):
         shown = Shown(over, axes, "text", f"{words} score, mean over the corpus", "score", False, name, view, update.folder)
-        return note_of(over, chosen, "heads", cell, axes, update, f"The {words} score"), *figures(shown, cell), shown
+        note = note_of(over, chosen, "heads", cell, axes, update, f"The {words} score")
+        if kind == "first_token":
+            note += sink_share_words(over, chosen.noun)
+        return note, *figures(shown, cell), shown
 
     updates = stream_over(model, "heads", chosen, model_name=name, saving=saving_of(services, page),
                           max_seconds=services.settings.corpus_max_seconds)
