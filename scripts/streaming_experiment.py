@@ -47,10 +47,10 @@ def binned(loss: torch.Tensor) -> list[float]:
     return [round(float(loss[i:i + BIN].mean()), 4) for i in range(0, len(loss), BIN)]
 
 
-def run_one(model, ids, window: int | None, sinks: int, positions: str) -> dict:
+def run_one(model, ids, window: int | None, sinks: int, positions: str, local_windows: bool = True) -> dict:
     started = time.perf_counter()
     t = len(ids)
-    result = streaming_perplexity(model, ids, window or t, sinks, positions)
+    result = streaming_perplexity(model, ids, window or t, sinks, positions, local_windows=local_windows)
     past = result.loss[(window or t) - 1:]       # predictions made by queries whose window hides something
     return dict(window=window, sinks=sinks, positions=positions, perplexity=round(result.perplexity, 4),
                 perplexity_past_window=round(math.exp(float(past.double().mean())), 4) if len(past) else None,
@@ -58,13 +58,34 @@ def run_one(model, ids, window: int | None, sinks: int, positions: str) -> dict:
                 method=result.method)
 
 
-def run_model(name: str, args) -> dict | None:
+def own_mix(model, ids) -> dict | None:
+    """A family that mixes sliding-window layers with full ones (Gemma 3): its local layers widened to every key
+    (their own rotation kept), beside the run as trained; the runs with a window of the local layers' own width are
+    the mix the other way (every layer windowed, the global ones too)."""
+    cfg = model.config
+    if "sliding" not in cfg.layer_types:
+        return None
+    widened = run_one(model, ids, None, 0, "text", local_windows=False)
+    print(f"{cfg.family}: local layers widened to every key: perplexity {widened['perplexity']}", flush=True)
+    return dict(local_window=cfg.sliding_window, local_layers=list(cfg.layer_types).count("sliding"),
+                layers=cfg.n_layers, widened=widened)
+
+
+def loaded(name: str):
+    """(model, folder) from the store, or None with a line saying why not."""
     try:
         folder = ensure(name)
     except WeightsError as error:
         print(f"{name}: not in the store, skipped ({error})")
         return None
-    model = load_model(folder, device="cpu", dtype=torch.float32)
+    return load_model(folder, device="cpu", dtype=torch.float32), folder
+
+
+def run_model(name: str, args) -> dict | None:
+    found = loaded(name)
+    if found is None:
+        return None
+    model, folder = found
     ids = torch.tensor(load_tokenizer(folder)(TEXT.read_text()).input_ids[:args.tokens])
     runs = [run_one(model, ids, None, 0, "text")]
     print(f"{name}: full attention over {len(ids)} tokens: perplexity {runs[0]['perplexity']}", flush=True)
@@ -75,7 +96,8 @@ def run_model(name: str, args) -> dict | None:
                 r = runs[-1]
                 print(f"{name}: window {window} + {sinks} sinks ({positions} positions): perplexity {r['perplexity']}"
                       f", past the window {r['perplexity_past_window']} ({r['seconds']} s)", flush=True)
-    return dict(model=name, tokens=len(ids), first_token=int(ids[0]), runs=runs)
+    mix = own_mix(model, ids)
+    return dict(model=name, tokens=len(ids), first_token=int(ids[0]), runs=runs, **({"mix": mix} if mix else {}))
 
 
 def words(result: dict) -> str:
@@ -94,7 +116,41 @@ def words(result: dict) -> str:
     return (f"{result['model']}, {result['tokens']} tokens, full attention {full:,.2f}. " + ". ".join(lines) + ".")
 
 
-def markdown(results: list[dict], command: str, stamp: str, load: tuple[float, float, float], seconds: float) -> str:
+def mix_words(result: dict) -> str:
+    """Gemma 3's own mix in words, read from its runs: as trained, its local layers widened, and every layer
+    windowed to the local layers' width (the global ones too), with the sinks kept where the runs have them."""
+    mix, runs = result["mix"], result["runs"]
+    full, width = runs[0]["perplexity"], mix["local_window"]
+    widened = mix["widened"]["perplexity"]
+    text = (f"{result['model']}: {mix['local_layers']} of its {mix['layers']} layers are local (each query reads the "
+            f"last {width} keys), the others global (every key). On the same {result['tokens']:,} tokens: as trained "
+            f"{full:,.2f}; its local layers widened to every key, their own rotation kept, {widened:,.2f} "
+            f"({widened / full:.2f}× as trained)")
+    same = {r["sinks"]: r["perplexity"] for r in runs if r["window"] == width and r["positions"] == "text"}
+    if 0 in same:
+        text += (f"; every layer windowed to {width} keys, the global ones too, {same[0]:,.2f} "
+                 f"({same[0] / full:.2f}× as trained)")
+        kept = [f"{same[k]:,.2f} with {k} sink{'s' * (k > 1)}" for k in sorted(same) if k]
+        if kept:
+            text += f", and {' or '.join(kept)} kept"
+    return text + "."
+
+
+OWN_HEADINGS = ("## Measured", "## A mix of local and global layers")
+
+
+def kept_tail() -> str:
+    """What docs/sinks.md holds after the sections this script writes (the Lab's section, written by hand), kept."""
+    if not DOC.exists():
+        return ""
+    lines = DOC.read_text().splitlines(keepends=True)
+    at = next((i for i, line in enumerate(lines) if line.startswith("## ") and not line.startswith(OWN_HEADINGS)),
+              None)
+    return "" if at is None else "\n" + "".join(lines[at:])
+
+
+def markdown(results: list[dict], command: str, stamp: str, load: tuple[float, float, float], seconds: float,
+             mix_command: str = "") -> str:
     rows = ["| model | window | sinks | positions | perplexity | past the window |",
             "|---|---:|---:|---|---:|---:|"]
     for result in results:
@@ -102,6 +158,16 @@ def markdown(results: list[dict], command: str, stamp: str, load: tuple[float, f
             rows.append(f"| {result['model']} | {r['window'] or 'full'} | {r['sinks']} | {r['positions']} | "
                         f"{r['perplexity']:,.2f} | {past_window(r)} |")
     findings = "\n".join(f"- {words(result)}" for result in results)
+    mixes = [result for result in results if result.get("mix")]
+    mix = "" if not mixes else f"""
+## A mix of local and global layers
+
+Command: `{mix_command or command}`. The local layers widened: forward's `local_windows=False` (their own window
+removed, their rotation kept; tests/core/test_sinks.py holds it equal to transformers' Gemma 3 with a window wider
+than the text).
+
+{chr(10).join(f"- {mix_words(result)}" for result in mixes)}
+"""
     return f"""# Attention sinks and a window of keys
 
 `core/analysis/sinks.py`: `sink_scores` (each head's attention on the first token, Gu et al.'s Sink^ε) and
@@ -130,7 +196,7 @@ to near full attention. Compare the ratios above for direction and size, not equ
 and --cache-windows); cache positions are read one decode step per token (about 0.2 s a token for SmolLM2 on this
 CPU), and with no sinks they equal text positions for RoPE models (tests/core/test_sinks.py). Gemma 3's own local
 layers keep their 512-token window under any window given here, and hide the sinks past it.
-"""
+{mix}{kept_tail()}"""
 
 
 def main() -> None:
@@ -145,11 +211,30 @@ def main() -> None:
                         help="torch threads (one is faster than two on a machine other jobs load)")
     parser.add_argument("--render", action="store_true",
                         help="only write docs/sinks.md again from the saved assets/measured/streaming.json")
+    parser.add_argument("--only-mix", action="store_true",
+                        help="only add the local-and-global mix of the saved models that have one to the saved "
+                             "assets/measured/streaming.json (on the same tokens), then write docs/sinks.md")
     args = parser.parse_args()
-    if args.render:
+    if args.render or args.only_mix:
         saved = json.loads(OUT.read_text())
+        if args.only_mix:
+            torch.set_num_threads(args.threads)
+            for result in saved["results"]:
+                found = loaded(result["model"]) if result["model"] in args.models else None
+                if found is not None:
+                    model, folder = found
+                    ids = torch.tensor(load_tokenizer(folder)(TEXT.read_text()).input_ids[:result["tokens"]])
+                    assert int(ids[0]) == result["first_token"], "not the saved run's tokens"
+                    mix = own_mix(model, ids)
+                    if mix:
+                        result["mix"] = mix
+            stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+            load = os.getloadavg()
+            saved["mix_command"] = ("python scripts/streaming_experiment.py " + shlex.join(sys.argv[1:]) +
+                                    f" ({stamp}, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f})")
+            OUT.write_text(json.dumps(saved, indent=1) + "\n")
         DOC.write_text(markdown(saved["results"], saved["command"], saved["date"], saved["load_average"],
-                                saved["seconds"]))
+                                saved["seconds"], saved.get("mix_command", "")))
         return
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
