@@ -21,11 +21,11 @@ from common import add_publish, load_both, long_ids, md_table, median, publish, 
 from core.analysis import heads
 
 
-def theirs_atlas(theirs, ids):
+def theirs_atlas(theirs, ids, causal: bool):
     """The same scores from transformers' attention maps (every layer's n × n held at once)."""
     with torch.inference_mode():
         maps = theirs(ids, output_attentions=True).attentions
-    return {i: heads.row_scores(a[0], ids[0]) for i, a in enumerate(maps)}
+    return {i: heads.row_scores(a[0], ids[0], causal) for i, a in enumerate(maps)}
 
 
 def one_head_at_a_time(model, ids, layer_heads):
@@ -54,7 +54,7 @@ def main() -> None:
     first_layer = [(0, h) for h in range(cfg.n_heads)]
     for _ in range(args.repeats):
         times["atlas"].append(timed(lambda: (heads.pattern_scores(ours, ids), heads.induction(ours)), "cpu")[0])
-        times["theirs atlas"].append(timed(lambda: theirs_atlas(theirs, ids), "cpu")[0])
+        times["theirs atlas"].append(timed(lambda: theirs_atlas(theirs, ids, ours.config.causal), "cpu")[0])
         times["ablation"].append(timed(lambda: heads.ablate(ours, ids, [(5, 3)]), "cpu")[0])
         times["sweep"].append(timed(lambda: heads.ablation_sweep(ours, short), "cpu")[0])
         per_head = timed(lambda: one_head_at_a_time(ours, short, first_layer), "cpu")[0] / len(first_layer)

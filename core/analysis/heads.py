@@ -33,7 +33,7 @@ SCORES = {  # name → (what it measures, threshold for naming a head, the name)
 CAUSAL_ONLY = ("induction",)  # needs a model that predicts the next token from the left
 
 
-def row_scores(probs: Tensor, ids: Tensor, causal: bool = True) -> dict[str, Tensor]:
+def row_scores(probs: Tensor, ids: Tensor, causal: bool) -> dict[str, Tensor]:
     """The attention-pattern scores of one layer: probs [H, T, T] (rows sum to 1), ids [T] → name → [H].
 
     Rows that cannot have the pattern are left out, or must have it: the first query for previous-token (it has no
@@ -68,7 +68,7 @@ class ScoreObserver(Observer):
     pass at that layer."""
 
     def __init__(self, ids: Tensor, kind: Kind = "self", mask: Tensor | None = None, induction: bool = False,
-                 scored: Callable[[int], None] | None = None, causal: bool = True):
+                 scored: Callable[[int], None] | None = None, *, causal: bool):
         self.ids, self.kind, self.scored, self.causal = (ids if ids.dim() == 2 else ids[None]), kind, scored, causal
         self.real = [None if mask is None else mask[b].nonzero().squeeze(-1) for b in range(len(self.ids))]
         self.repeats = [repeat_halves(self.row_ids(b)) for b in range(len(self.ids))] if induction else None

@@ -37,7 +37,7 @@ def test_scores_of_constructed_patterns():
     for i, j in ((3, 0), (4, 1), (6, 3)):                                   # the latest earlier copy
         duplicate[i] = 0
         duplicate[i, j] = 1
-    scores = heads.row_scores(torch.stack([previous, sink, duplicate, causal_uniform(1, n)[0]]), ids)
+    scores = heads.row_scores(torch.stack([previous, sink, duplicate, causal_uniform(1, n)[0]]), ids, causal=True)
     assert scores["previous_token"][0] == 1 and scores["first_token"][1] == 1 and scores["duplicate_token"][2] == 1
     assert scores["local"][0] == 1 and scores["entropy"][0] == 0
     uniform_previous = sum(1 / (i + 1) for i in range(1, n)) / (n - 1)     # row i spreads 1 over i + 1 keys
