@@ -72,6 +72,14 @@ def test_a_scores_parts_add_up_and_the_geometry_is_drawn(served):
     names = [t["name"] for t in traces(lines)]
     assert names == ["the score (after RoPE)", "without the rotation (content alone)",
                      "what the rotation adds (position)"]
+    # split by heads, against the query's mean key: the two sides' bars each add up to the relative score
+    note, bars, _ = client.predict(served["llama"], TEXT, 1, 0, -1, 2, "heads", True, api_name="/score_anatomy")
+    relative = float(re.search(r"is \*\*([+-][\d.]+)\*\*", note).group(1))
+    sides = traces(bars)
+    assert len(sides) == 2 and "mean over its keys" in note
+    for side in sides:
+        assert sum(plotly_array(side["x"])) == pytest.approx(relative, abs=2e-3)
+    assert any(label.startswith("L0 H") for side in sides for label in side["y"])
     note, scatter = client.predict(served["llama"], TEXT, 1, 0, api_name="/qk_geometry")
     assert [t["name"] for t in traces(scatter)] == ["queries", "keys"] and "variance" in note
     # an encoder without an LM head: the walk ends at the stack's output, and says so

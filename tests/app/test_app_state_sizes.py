@@ -112,7 +112,7 @@ def calls(llama: str, upload: str) -> list[tuple[str, tuple]]:
         ("approximate_sweep", (llama, CLEAN, CORRUPTED, "", "", "z", "denoise", "atp")),
         ("logit_attribution", (llama, CLEAN, CORRUPTED, "", "")),
         ("flow_graph", (llama, CLEAN, 0.04)),
-        ("score_anatomy", (*inside, -1, 0)),
+        ("score_anatomy", (*inside, -1, 0, "heads", True)),
         ("qk_geometry", inside),
         ("forward_walk", (*inside, -1, 1.0, 0, 1.0)),
         ("online_softmax", (*inside, -1, 4)),

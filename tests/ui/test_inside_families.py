@@ -131,3 +131,33 @@ def test_the_anatomy_splits_the_score_before_the_cap_and_shows_the_bias_as_its_o
     assert (nxt is None) == (stages.logits is None)
     geometry = service.geometry(model, enc, layer, 1)
     assert geometry.queries.shape == (N, 2)
+
+
+def test_the_split_by_heads_and_against_the_mean_key_adds_up_by_side_or_is_refused_in_words(family):
+    """Split by heads, each side's bars (the largest parts and the rest) add up to the score; against the query's
+    mean key, the parts add up to score(i, j) − Σ_k a_ik·score(i, k), and the note gives the plain score beside it.
+    A family the split is not exact for says why in words."""
+    from ui.services.checks import UserError
+
+    name, model, enc = family
+    layer = service.stack_config(model).n_layers - 1
+    try:
+        result, note, fig, _ = views.anatomy_parts(model, enc, layer, 1, 12, 3, "heads", True)
+    except UserError as error:
+        assert str(error) and "Traceback" not in str(error), name
+        return
+    plain = views.anatomy_parts(model, enc, layer, 1, 12, 3)[0]
+    weights = result.weights
+    assert result.pair_score == pytest.approx(plain.score, abs=1e-4)
+    assert result.matrix.sum().item() == pytest.approx(result.score, abs=1e-4)
+    assert f"**{result.score:+.3f}**" in note and f"{result.pair_score:+.3f}" in note
+    assert "mean over its keys" in note and abs(float(weights.sum()) - 1) < 1e-5
+    bars = traces(fig, "bar")
+    assert len(bars) == 2
+    for bar in bars:   # each side: at most 8 parts named, then the rest; they add up to the relative score
+        labels = list(bar.y)
+        assert len(labels) <= service.SIDE_TOP + 1 and (len(labels) <= service.SIDE_TOP or labels[-1] == "rest")
+        assert sum(bar.x) == pytest.approx(result.score, abs=1e-4)
+    assert any(label.startswith(f"L{layer - 1} H") for bar in bars for label in bar.y) or layer == 0
+    with pytest.raises(UserError, match="Split the score by"):
+        views.anatomy_parts(model, enc, layer, 1, 12, 3, "tokens")

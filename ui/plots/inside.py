@@ -174,6 +174,25 @@ def decomposition_figure(matrix: np.ndarray, query_labels: Sequence[str], key_la
     return fig
 
 
+def side_bars(query_parts: Sequence[tuple[str, float]], key_parts: Sequence[tuple[str, float]],
+              title: str) -> go.Figure:
+    """A score split by side: each query-side part against the whole key (above) and the whole query against
+    each key-side part (below), each (label, value) largest first, a "rest" bar for the parts not named; each
+    side's bars add up to the score."""
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.16,
+                        subplot_titles=("query side: each part · the whole key", "key side: the whole query · each part"))
+    for row, parts in ((1, query_parts), (2, key_parts)):
+        labels, values = [escaped(label) for label, _ in parts], [value for _, value in parts]
+        fig.add_trace(go.Bar(x=values, y=labels, orientation="h", showlegend=False,
+                             marker_color=["#2a9d8f" if v >= 0 else "#e76f51" for v in values],
+                             hovertemplate="%{y}: %{x:+.4f}<extra></extra>"), row=row, col=1)
+        fig.update_yaxes(type="category", autorange="reversed", tickfont={"size": 10}, row=row, col=1)
+        fig.update_xaxes(zeroline=True, zerolinecolor="#888", row=row, col=1)
+    base_layout(fig, title, 120 + 26 * (len(query_parts) + len(key_parts)), top=70)
+    fig.update_layout(margin={"l": 110})
+    return fig
+
+
 def content_position_figure(tokens: Sequence[str], series: dict[str, np.ndarray], query: int,
                             title: str) -> go.Figure:
     """For one query, each key's score under several readings (e.g. with and without the rotation), keys across."""

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from core.analysis import anatomy, inspect
+from core.analysis import anatomy, inspect, qk
 from core.analysis.plane import DEFINITION as PLANE_DEFINITION
 from core.attention import attention_stages, masked_softmax_, online_softmax, row_entropy, softmax_bytes
 from core.generate import filter_top_k, filter_top_p
-from ui.services.checks import check_float, check_head, check_range
+from ui.services.checks import UserError, check_choice, check_float, check_head, check_range
 from ui.services.checks import stack_shape as shape_of  # the Inside tab's fields read the same stack
 from ui.services.generation import MAX_TEMPERATURE
 from ui.services.text import Encoded, as_batch, encode, to_numpy
@@ -177,10 +177,36 @@ def next_token(model, stages: anatomy.ForwardStages, token: int, temperature, to
                      int(kept.sum()), temperature)
 
 
-def anatomy_of(model, tokens: Encoded, layer, head, query, key) -> anatomy.ScoreDecomposition:
+SPLITS = {"layers": "layer", "heads": "head"}   # the page's words → core.analysis.qk's `by`
+
+
+def anatomy_of(model, tokens: Encoded, layer, head, query, key, split: str = "layers",
+               relative: bool = False) -> anatomy.ScoreDecomposition:
+    """The score from `query` to `key` split into its parts: each earlier layer's attention as one part ("layers",
+    anatomy.score_decomposition) or its heads one by one ("heads", qk.qk_attribution); relative: the score against
+    the query's attention-weighted mean score, what says why this key wins (qk_attribution's relative form)."""
     layer, head = check_head(model, layer, head)
     query, key = check_token(tokens, query, "Query"), check_token(tokens, key, "Key")
-    return anatomy.score_decomposition(model, as_batch(tokens.ids, model.device), layer, head, query, key)
+    split = check_choice("Split the score by", split, tuple(SPLITS))
+    if not isinstance(relative, bool):
+        raise UserError(f"Against the query's mean key: {relative!r} is not a yes or no")
+    ids = as_batch(tokens.ids, model.device)
+    if split == "layers" and not relative:
+        return anatomy.score_decomposition(model, ids, layer, head, query, key)
+    try:
+        return qk.qk_attribution(model, ids, layer, head, query, key, by=SPLITS[split], relative=relative)
+    except ValueError as error:   # a family the split is not exact for says so in words
+        raise UserError(str(error)) from None
+
+
+SIDE_TOP = 8   # parts named on each side of a split by heads; the others are summed into "rest"
+
+
+def sides_of(result) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """(query-side parts, key-side parts) of a split: each side's sums of the matrix, largest |value| first,
+    SIDE_TOP named and the rest summed (qk.ranked); each side adds up to the score."""
+    return (qk.ranked(result.query_labels, result.matrix.sum(1), SIDE_TOP),
+            qk.ranked(result.key_labels, result.matrix.sum(0), SIDE_TOP))
 
 
 def content_and_position(model, tokens: Encoded, stages: anatomy.ForwardStages, query: int) -> dict[str, np.ndarray]:

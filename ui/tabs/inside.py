@@ -86,14 +86,20 @@ def build(services, picker, initial) -> Tab:
 
 def why_section(services, picker, text, fields) -> dict:
     gr.Markdown("### Why this head attends here\nA score q·k/√d_k split into what each side's residual stream is made "
-                "of (the embeddings, the positions, every earlier layer's attention and MLP output), content against "
-                "position for every key, and the head's queries and keys in one plane. Click a cell of stage 5's "
-                "weights to ask about it.")
+                "of (the embeddings, the positions, every earlier layer's attention, or each of its heads, and MLP "
+                "output), content against position for every key, and the head's queries and keys in one plane. "
+                "Against the query's mean key, the split says why this key wins: softmax reads only differences. "
+                "Click a cell of stage 5's weights to ask about it.")
     with gr.Row():
         query = gr.Number(value=-1, label="Query (position; −1 = the last)", precision=0, elem_id="inside-query")
         key = gr.Number(value=0, label="Key (position)", precision=0, elem_id="inside-key")
         button = gr.Button("Why this weight?", elem_id="inside-why-run")
         geometry_button = gr.Button("Queries and keys in one plane", elem_id="inside-geometry-run")
+    with gr.Row():
+        split = gr.Radio(["layers", "heads"], value="layers", label="Split the score by (heads: each earlier layer's "
+                         "heads one by one)", elem_id="inside-why-split")
+        relative = gr.Checkbox(value=False, label="Against the query's mean key (what makes this key win)",
+                               elem_id="inside-why-relative")
     note = gr.Markdown(elem_id="inside-why-note")
     with gr.Row():
         decomposition = gr.Plot(elem_id="inside-decomposition", visible=False, show_label=False)
@@ -103,7 +109,8 @@ def why_section(services, picker, text, fields) -> dict:
     picked = click_bridge("inside-cell-bridge", ["inside-stage5"], CELL_READ)
     layer, head, models = fields.layer, fields.head, services.models
     event = dict(fn=handler(views.anatomy_view, services, "score_anatomy"),
-                 inputs=[picker.model, text, layer, head, query, key], outputs=[note, decomposition, lines],
+                 inputs=[picker.model, text, layer, head, query, key, split, relative],
+                 outputs=[note, decomposition, lines],
                  **ON_ANALYSIS)
     run_checked(button.click, models, picker.model, fields, event, reveal=[decomposition, lines],
                 api_name="score_anatomy")

@@ -11,12 +11,13 @@ import numpy as np
 from ui.plots.attention import stages_figure
 from ui.plots.base import empty_figure
 from ui.plots.inside import (content_position_figure, decomposition_figure, geometry_figure, next_token_figure,
-                             rotation_figure, score_terms_figure, stage_panels, token_bars)
+                             rotation_figure, score_terms_figure, side_bars, stage_panels, token_bars)
 from ui.plots.text import escaped
 from ui.services import Services
 from ui.services.checks import public_text
-from ui.services.inside import (PLANE_DEFINITION, anatomy_of, check_token, content_and_position, encode_walk, geometry,
-                                layer_terms, measures, next_token, scale_words, stack_config, stage_arrays, walk)
+from ui.services.inside import (PLANE_DEFINITION, SIDE_TOP, anatomy_of, check_token, content_and_position, encode_walk,
+                                geometry, layer_terms, measures, next_token, scale_words, sides_of, stack_config,
+                                stage_arrays, walk)
 from ui.services.text import token_pieces, token_texts
 from ui.views import export
 
@@ -313,9 +314,12 @@ def later_stages(result) -> list[tuple[str, float, str]]:
     return stages + [("what softmax reads", result.scored, "total")]
 
 
-def anatomy_parts(model, tokens_enc, layer_index, head_index, query_index, key_index):
-    """(decomposition, note, decomposition figure, content-against-position figure) for one encoded text."""
-    result = anatomy_of(model, tokens_enc, layer_index, head_index, query_index, key_index)
+def anatomy_parts(model, tokens_enc, layer_index, head_index, query_index, key_index, split="layers",
+                  relative=False):
+    """(decomposition, note, decomposition figure, content-against-position figure) for one encoded text. split:
+    each earlier layer's attention as one part ("layers", a heatmap of query part × key part) or its heads one by
+    one ("heads", each side's largest parts as bars); relative: the score against the query's mean key."""
+    result = anatomy_of(model, tokens_enc, layer_index, head_index, query_index, key_index, split, relative)
     stages = walk(model, tokens_enc, result.layer, result.head)
     tokens = token_texts(model, tokens_enc.ids)
     cfg = stack_config(model)
@@ -325,37 +329,56 @@ def anatomy_parts(model, tokens_enc, layer_index, head_index, query_index, key_i
     largest = "; ".join(f"query side: {escaped(result.query_labels[i // matrix.shape[1]])}, key side: "
                         f"{escaped(result.key_labels[i % matrix.shape[1]])} ({matrix.flat[i]:+.2f})" for i in order)
     before = " before the cap" if result.capped is not None else ""
-    fig = decomposition_figure(matrix, result.query_labels, result.key_labels,
-                               f"Why {quoted(tokens[q])} → {quoted(tokens[k])}: the score{before} "
-                               f"{result.score:+.3f} as a sum of {matrix.size} parts", after=later_stages(result))
+    what = (f"{quoted(tokens[k])} against the query's mean key: the score{before} {result.score:+.3f}" if relative
+            else f"the score{before} {result.score:+.3f}")
+    title = f"Why {quoted(tokens[q])} → {what}"
+    if split == "heads":
+        query_parts, key_parts = sides_of(result)
+        fig = side_bars(query_parts, key_parts, f"{title}, by side (every earlier head its own part)")
+    else:
+        fig = decomposition_figure(matrix, result.query_labels, result.key_labels,
+                                   f"{title} as a sum of {matrix.size} parts",
+                                   after=[] if relative else later_stages(result))
     series = content_and_position(model, tokens_enc, stages, q)
     line = content_position_figure(tokens, series, q, f"Every key of {quoted(tokens[q])}, layer {result.layer}, "
                                                       f"head {result.head}")
     masked = "" if result.allowed else " The mask hides this key from this query, so its weight is 0 whatever the score."
     extra = ""
-    if result.unrotated_score is not None:
+    if relative:
+        extra = (f" The plain score q·k·scale{before} of this pair is {result.pair_score:+.3f}; with the later terms, "
+                 f"softmax compares **{result.relative_scored:+.3f}** (the log of this key's weight against the "
+                 "query's weighted mean log-weight).")
+    elif result.unrotated_score is not None:
         extra = (f" Without the rotation the same q and k give {result.unrotated_score:+.3f}: RoPE (position) adds "
                  f"{result.score - result.unrotated_score:+.3f}.")
     elif result.terms:
         extra = " " + ", ".join(f"{escaped(t)} {v:+.3f}" for t, v in result.terms.items()) + "."
     frozen = "every norm, the QK-norm included," if cfg.qk_norm else "every norm"
-    scaled = (f"The scaled score q·k·scale{before} (scale {scale_words(cfg, stages.scale)})" if stages.scale != 1
-              else f"The score q·k{before} (this family applies no scale)")
-    note = (f"{scaled} from {quoted(tokens[q])} "
-            f"(query {q}) to {quoted(tokens[k])} (key {k}) is **{result.score:+.3f}**. Written as a sum over what each "
-            f"side's residual stream is made of ({frozen} frozen at its value on this text), the {matrix.size} parts "
-            f"add up to **{matrix.sum():+.3f}**. Largest: {largest}.{extra}{score_words(result)}{masked}")
+    scaled = (f"scaled score q·k·scale{before} (scale {scale_words(cfg, stages.scale)})" if stages.scale != 1
+              else f"score q·k{before} (this family applies no scale)")
+    scaled = (f"Softmax reads only differences between a query's scores, so this splits score(i, j) − Σ_k a_ik·"
+              f"score(i, k): the {scaled} of this key against the query's attention-weighted mean over its keys"
+              if relative else f"The {scaled}")
+    parts = ("each earlier layer's heads one by one (z·W_O of each) beside its MLP, the embeddings and the biases"
+             if split == "heads" else "what each side's residual stream is made of")
+    sides = (" The figure sums the pairs by side: each query-side part against the whole key, and the whole query "
+             f"against each key-side part, the {SIDE_TOP} largest of each named." if split == "heads" else "")
+    note = (f"{scaled} from {quoted(tokens[q])} (query {q}) to {quoted(tokens[k])} (key {k}) is "
+            f"**{result.score:+.3f}**. Written as a sum over {parts} ({frozen} frozen at its value on this text), the "
+            f"{matrix.size} parts add up to **{matrix.sum():+.3f}**. Largest: {largest}.{sides}{extra}"
+            f"{'' if relative else score_words(result)}{masked}")
     return result, note, fig, line
 
 
 def anatomy_view(services: Services, model_name, text_value, layer_index, head_index, query_index, key_index,
-                 progress=None):
-    """(note, decomposition heatmap, content against position): why the head weighs `key` from `query`; the
-    body of score_anatomy."""
+                 split="layers", relative=False, progress=None):
+    """(note, decomposition figure, content against position): why the head weighs `key` from `query`, split by
+    layers or by heads, plainly or against the query's mean key; the body of score_anatomy."""
     name = model_name
     model = services.models.get(name, progress)
     tokens_enc = encode_walk(model, text_value)
-    result, note, fig, line = anatomy_parts(model, tokens_enc, layer_index, head_index, query_index, key_index)
+    result, note, fig, line = anatomy_parts(model, tokens_enc, layer_index, head_index, query_index, key_index,
+                                            split, relative)
     return note, export.named(fig, export.filename(name, "score-anatomy", result.layer, result.head)), \
         export.named(line, export.filename(name, "content-position", result.layer, result.head))
 
