@@ -162,7 +162,7 @@ def markdown(results: list[dict], command: str, stamp: str, load: tuple[float, f
     mix = "" if not mixes else f"""
 ## A mix of local and global layers
 
-Command: `{mix_command or command}`. The local layers widened: forward's `local_windows=False` (their own window
+Command: {mix_command or f"`{command}`"}. The local layers widened: forward's `local_windows=False` (their own window
 removed, their rotation kept; tests/core/test_sinks.py holds it equal to transformers' Gemma 3 with a window wider
 than the text).
 
@@ -230,8 +230,8 @@ def main() -> None:
                         result["mix"] = mix
             stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
             load = os.getloadavg()
-            saved["mix_command"] = ("python scripts/streaming_experiment.py " + shlex.join(sys.argv[1:]) +
-                                    f" ({stamp}, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f})")
+            saved["mix_command"] = (f"`python scripts/streaming_experiment.py {shlex.join(sys.argv[1:])}`, {stamp}, "
+                                    f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
             OUT.write_text(json.dumps(saved, indent=1) + "\n")
         DOC.write_text(markdown(saved["results"], saved["command"], saved["date"], saved["load_average"],
                                 saved["seconds"], saved.get("mix_command", "")))
