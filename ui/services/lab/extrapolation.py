@@ -17,6 +17,7 @@ from core.extrapolation import Extrapolation, ExtrapolationConfig, KindResult
 from ui.services.checks import UserError
 from ui.services.jobs import TimeCap
 from ui.services.lab.configs import POLL_S
+from ui.services.lab.saved import read_result
 
 SAVED = Path(__file__).resolve().parents[3] / "assets" / "extrapolation"
 SAVED_COMMAND = "python -m core.extrapolation --threads 1 --out assets/extrapolation"
@@ -114,8 +115,4 @@ def run(config: ExtrapolationConfig, interval: float = POLL_S, max_seconds: floa
 @functools.lru_cache(maxsize=1)
 def saved(folder: Path = SAVED) -> Extrapolation | None:
     """The result the repository ships, made by SAVED_COMMAND; None when it is absent or unreadable."""
-    try:
-        return engine.load(folder)
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        logging.getLogger(__name__).warning("no saved extrapolation result in %s: %s", folder, err)
-        return None
+    return read_result(engine.load, folder, "extrapolation")

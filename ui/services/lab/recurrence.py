@@ -6,12 +6,12 @@ the same. Never imports gradio."""
 from __future__ import annotations
 
 import functools
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from core import recurrent as engine
 from core.recurrent import ModelResult, Recurrence
+from ui.services.lab.saved import read_result
 
 SAVED = Path(__file__).resolve().parents[3] / "assets" / "recurrence"
 SAVED_COMMAND = "python -m core.recurrent --threads 1 --out assets/recurrence"
@@ -24,11 +24,7 @@ LESSON_TEXT = ("The chain has a second price: what the end needs from an early t
 @functools.lru_cache(maxsize=1)
 def saved(folder: Path = SAVED) -> Recurrence | None:
     """The result the repository ships, made by SAVED_COMMAND; None when it is absent or unreadable."""
-    try:
-        return engine.load(folder)
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        logging.getLogger(__name__).warning("no saved recurrence result in %s: %s", folder, err)
-        return None
+    return read_result(engine.load, folder, "recurrence")
 
 
 @dataclass(frozen=True)

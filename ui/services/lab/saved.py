@@ -1,12 +1,15 @@
 """Runs the Lab trained and the project ships (assets/lessons/): each one a model folder with the store's manifest,
 whose `source.lab` is the LabConfig it was trained with. The Lab lists them beside a session's own runs, so its
-attention section opens one as it opens a run trained here (the Learn tab's "Try it" does). Never imports gradio.
+attention section opens one as it opens a run trained here (the Learn tab's "Try it" does). And the one reading of
+the experiments' shipped results (read_result: recurrence, extrapolation, sinks). Never imports gradio.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -16,6 +19,16 @@ from ui.services.checks import UserError
 LESSONS = Path(__file__).resolve().parents[3] / "assets" / "lessons"
 REVERSE = "saved: reverse"   # the encoder-decoder the course's cross-attention lesson reads
 SAVED_RUNS = {REVERSE: LESSONS / "encoder-decoder"}   # id in the Lab's Run list → its model folder
+
+
+def read_result(load: Callable[[Path], object], folder: Path, what: str):
+    """An experiment's result the repository ships, read from `folder` by `load`; None, with a warning naming `what`,
+    where it is absent or unreadable (the page then says so in words)."""
+    try:
+        return load(folder)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        logging.getLogger(__name__).warning("no saved %s result in %s: %s", what, folder, err)
+        return None
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ the finding in words (every number read from the result), and a live run in a wo
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from core.analysis.sinks import EPSILON
 from core.sinks_lab import READS, SinksLab, SinksLabConfig
 from ui.services.checks import UserError
 from ui.services.jobs import JobUpdate, stream_job
+from ui.services.lab.saved import read_result
 
 SAVED = Path(__file__).resolve().parents[3] / "assets" / "sinks_lab"
 SAVED_COMMAND = "python -m core.sinks_lab --threads 2 --out assets/sinks_lab"
@@ -26,11 +26,7 @@ TASK_WORDS = (f"after <bos>, letters drawn uniformly at random, except after the
 @functools.lru_cache(maxsize=1)
 def saved(folder: Path = SAVED) -> SinksLab | None:
     """The result the repository ships, made by SAVED_COMMAND; None when it is absent or unreadable."""
-    try:
-        return engine.load(folder)
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        logging.getLogger(__name__).warning("no saved sinks result in %s: %s", folder, err)
-        return None
+    return read_result(engine.load, folder, "sinks")
 
 
 def make_config(steps, seed, window, max_steps: int) -> SinksLabConfig:
