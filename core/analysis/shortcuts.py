@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from ..corpus import Pair
-from ..corpus.summaries import Over, summarise
+from ..corpus.summaries import Job, Over, check_pairs, summarise
 from . import patching
 from .patching import PatchSweep, check_sweep, check_token, metric
 
@@ -47,6 +47,8 @@ FLOW_THRESHOLD = 0.04              # the flow graph's default pruning threshold
 STRONG = 0.1                       # a false negative's exact effect: at least this share of clean − corrupted
 STRONGEST = 10                     # the cells whose signed error is reported
 QK_TOKENS = 4096                   # atp*: patches × positions whose queries and keys are recomputed at once
+MEASURES = ("rho", "overlap", "false_negatives", "signed_error", "cost")   # an Agreement's, as reported
+SITES_COMPARED = ("z", "resid_pre")    # shortcuts_over: heads, and the residual stream
 
 
 @dataclass
@@ -391,6 +393,11 @@ class Agreement:
     def signed_error(self) -> float:
         return float(self.signed_errors.mean())
 
+    def measure(self, name: str) -> float:
+        """One of MEASURES as a number (false_negatives: how many)."""
+        value = getattr(self, name)
+        return float(len(value)) if name == "false_negatives" else float(value)
+
 
 def compare(exact: Tensor, estimate: Tensor, signed: bool = True, k: int = 10, cells: Tensor | None = None) -> Agreement:
     """How far `estimate` agrees with the exact normalised scores `exact` (the same shape), over the cells where
@@ -458,62 +465,127 @@ def forward_seconds(model, ids: Tensor, repeats: int = 3) -> float:
     return sorted(times)[len(times) // 2]
 
 
+@dataclass
+class PairMeasured:
+    """One pair's exact sweep and each method against it (measure_pair)."""
+    truth: PatchSweep
+    found: dict[str, Agreement]                 # method → its agreement with the truth
+    maps: dict[str, ApproximateSweep]           # method → its map
+    cells: Tensor                               # the cells compared (changed_cells)
+    exact_cost: float                           # the exact sweep's seconds / one forward pass's
+
+
+def measure_pair(model, pair: Pair, site: str, mode: str, methods: Sequence[str], k: int, points: int) -> PairMeasured:
+    """Exact patching and each method on one pair, compared over the cells whose activation differs (k at most
+    their count); each cost is seconds over one plain forward pass of the same pair, timed in this call. A pair
+    whose clean and corrupted runs give the same metric raises patch_sweep's ValueError."""
+    clean, corrupted = pair.clean[None], pair.corrupted[None]
+    one_pass = forward_seconds(model, clean)
+    truth, seconds = timed(lambda: patching.patch_sweep(model, clean, corrupted, pair.answer, pair.foil, site, mode))
+    found, maps, cells = {}, {}, changed_cells(model, clean, corrupted, site)
+    for method in methods:
+        sweep, spent = timed(lambda: approximate_sweep(model, clean, corrupted, pair.answer, pair.foil, site, mode,
+                                                       method, points=points))
+        agreement = compare(truth.scores, sweep.scores, method in SIGNED, min(k, int(cells.sum())), cells)
+        agreement.seconds, agreement.cost = spent, spent / one_pass
+        found[method], maps[method] = agreement, sweep
+    return PairMeasured(truth, found, maps, cells, seconds / one_pass)
+
+
+def check_report(model, site: str, mode: str, methods: Sequence[str], points: int, what: str) -> tuple[str, ...]:
+    patching.check_decoder(model, what)
+    methods = tuple(methods)
+    if not methods or any(m not in METHODS for m in methods):
+        raise ValueError(f"methods must be some of {', '.join(METHODS)}, got {methods!r}")
+    check_sweep(model, site, mode, None)
+    for method in methods:
+        check_method(model, site, method, points)
+    return methods
+
+
 def shortcut_report(model, pairs: Sequence[Pair], site: str, methods: Sequence[str] = METHODS, k: int = 10,
                     mode: str = "denoise", points: int = IG_POINTS, progress=None, stop=None) -> ShortcutReport:
     """Exact patching (patching.patch_sweep) and each method (approximate_sweep) on the same cells of each pair,
-    compared (compare, over the cells whose activation differs between the two runs: changed_cells; k at most
+    compared (measure_pair: compare, over the cells whose activation differs between the two runs; k at most
     their count) and summarised over the pairs (summarise: mean and 95 % interval). Each method's cost is
     its time over one plain forward pass of the same pair, measured in the same run. A pair whose clean and
     corrupted runs give the same metric is left out and named. progress(done, total) after each pair; stop() is
     asked between pairs."""
-    patching.check_decoder(model, "shortcut_report")
-    methods = tuple(methods)
-    if not methods or any(m not in METHODS for m in methods):
-        raise ValueError(f"methods must be some of {', '.join(METHODS)}, got {methods!r}")
+    methods = check_report(model, site, mode, methods, points, "shortcut_report")
     if not pairs:
         raise ValueError("shortcut_report needs at least one prompt pair")
-    check_sweep(model, site, mode, None)
-    for method in methods:
-        check_method(model, site, method, points)
-    exact, per_pair, estimates, compared, exact_costs, items, left_out = [], [], [], [], [], [], {}
+    measured, items, left_out = [], [], {}
     for index, pair in enumerate(pairs):
         if stop is not None and stop():
             left_out.update({i: "the report was stopped" for i in range(index, len(pairs))})
             break
-        clean, corrupted = pair.clean[None], pair.corrupted[None]
-        one_pass = forward_seconds(model, clean)
         try:
-            truth, seconds = timed(lambda: patching.patch_sweep(model, clean, corrupted, pair.answer, pair.foil,
-                                                                site, mode))
+            measured.append(measure_pair(model, pair, site, mode, methods, k, points))
         except ValueError as error:          # the same metric in both runs: nothing to normalise by
             left_out[index] = str(error)
             continue
-        found, maps, cells = {}, {}, changed_cells(model, clean, corrupted, site)
-        for method in methods:
-            sweep, spent = timed(lambda: approximate_sweep(model, clean, corrupted, pair.answer, pair.foil, site,
-                                                           mode, method, points=points))
-            agreement = compare(truth.scores, sweep.scores, method in SIGNED, min(k, int(cells.sum())), cells)
-            agreement.seconds, agreement.cost = spent, spent / one_pass
-            found[method], maps[method] = agreement, sweep
-        exact.append(truth)
-        per_pair.append(found)
-        estimates.append(maps)
-        compared.append(cells)
-        exact_costs.append(seconds / one_pass)
         items.append(index)
         if progress is not None:
             progress(index + 1, len(pairs))
     note = "; ".join(f"pair {i}: {why}" for i, why in sorted(left_out.items()))
-    over = {}
-    for method in methods:
-        rows = [found[method] for found in per_pair]
-        columns = {"rho": [a.rho for a in rows], "overlap": [a.overlap for a in rows],
-                   "false_negatives": [float(len(a.false_negatives)) for a in rows],
-                   "signed_error": [a.signed_error for a in rows], "cost": [a.cost for a in rows]}
-        over[method] = {name: summarise(torch.tensor(values, dtype=torch.float64).reshape(-1), note, items, left_out)
-                        for name, values in columns.items()}
-    costs = summarise(torch.tensor(exact_costs, dtype=torch.float64).reshape(-1), note, items, left_out)
-    strong = [float((truth.scores[cells].abs() >= STRONG).sum()) for truth, cells in zip(exact, compared)]
-    strong = summarise(torch.tensor(strong, dtype=torch.float64).reshape(-1), note, items, left_out)
-    return ShortcutReport(site, mode, methods, k, exact, per_pair, estimates, compared, over, costs, strong,
-                          tuple(items), left_out)
+
+    def over(values: list[float]) -> Over:
+        return summarise(torch.tensor(values, dtype=torch.float64).reshape(-1), note, items, left_out)
+
+    summary = {method: {name: over([m.found[method].measure(name) for m in measured]) for name in MEASURES}
+               for method in methods}
+    strong = over([float((m.truth.scores[m.cells].abs() >= STRONG).sum()) for m in measured])
+    return ShortcutReport(site, mode, methods, k, [m.truth for m in measured], [m.found for m in measured],
+                          [m.maps for m in measured], [m.cells for m in measured], summary,
+                          over([m.exact_cost for m in measured]), strong, tuple(items), left_out)
+
+
+# ---- over a corpus: the report as a job of core/corpus (saved, resumable, in chunks) ----
+
+def methods_at(site: str) -> tuple[str, ...]:
+    """The methods a site has: the flow graph has no part for resid_pre."""
+    return METHODS if site == "z" else tuple(m for m in METHODS if m != "flow")
+
+
+def pair_value(model, pair: Pair, mode: str, k: int, points: int) -> dict[str, Tensor]:
+    """One pair's item of shortcuts_over: measure → [METHODS, SITES_COMPARED] (NaN where a site has no such
+    method), and "exact" → [2, SITES_COMPARED]: the exact sweep's cost in forward passes, and its cells with
+    |effect| ≥ STRONG."""
+    value = {name: torch.full((len(METHODS), len(SITES_COMPARED)), math.nan) for name in MEASURES}
+    value["exact"] = torch.full((2, len(SITES_COMPARED)), math.nan)
+    for column, site in enumerate(SITES_COMPARED):
+        measured = measure_pair(model, pair, site, mode, methods_at(site), k, points)
+        for method, agreement in measured.found.items():
+            for name in MEASURES:
+                value[name][METHODS.index(method), column] = agreement.measure(name)
+        strong = float((measured.truth.scores[measured.cells].abs() >= STRONG).sum())
+        value["exact"][:, column] = torch.tensor([measured.exact_cost, strong])
+    return value
+
+
+def shortcuts_over(model, pairs: Sequence[Pair], mode: str = "denoise", k: int = 10, points: int = IG_POINTS,
+                   progress=None, stop=None, each=None, done=None) -> dict[str, Over]:
+    """shortcut_report of every method on heads (z) and on the residual stream (resid_pre) of each pair, as a
+    corpus job of core/corpus (progress, stop, each and done as summaries.py's *_over: saved item by item,
+    resumable, run in chunks): measure → Over [METHODS, SITES_COMPARED] of the per-pair values (NaN where a site
+    has no such method: flow on resid_pre), and "exact" → Over [2, SITES_COMPARED] (rows: the exact sweep's cost
+    in forward passes, its cells with |effect| ≥ STRONG). A pair whose two runs give the same metric is left out
+    and named; stop() is asked between pairs."""
+    for site in SITES_COMPARED:
+        check_report(model, site, mode, methods_at(site), points, "shortcuts_over")
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k is the top-k overlap's k, a whole number ≥ 1, got {k!r}")
+    pairs = check_pairs(model, pairs)
+    job = Job(len(pairs), "pair", progress, stop, each).resume(done)
+    for index, pair in enumerate(pairs):
+        if index in job.values:
+            continue
+        if job.stopping():
+            break
+        try:
+            job.finish(index, pair_value(model, pair, mode, k, points))
+        except ValueError as error:          # the same metric in both runs: nothing to normalise by
+            job.skip(index, str(error))
+    shapes = {name: (len(METHODS), len(SITES_COMPARED)) for name in MEASURES}
+    shapes["exact"] = (2, len(SITES_COMPARED))
+    return {name: job.over(shape, lambda value, name=name: value[name]) for name, shape in shapes.items()}

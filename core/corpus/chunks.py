@@ -29,11 +29,12 @@ from .summaries import Over
 
 log = logging.getLogger(__name__)
 
-ANALYSES = ("head_scores", "logit_attribution", "patch", "ablation")   # saved.ANALYSES's names
+ANALYSES = ("head_scores", "logit_attribution", "patch", "ablation", "shortcuts")   # saved.ANALYSES's names
 CHUNK_ITEMS = 8            # items one chunk measures: a patching chunk of 8 pairs is 8 sweeps
 STOP_POLL_S = 0.25         # how often a wait for chunks asks stop()
-ITEMS_AT_MOST = {"ablation": 1}   # an ablation text runs the model once per head: each its own call, so 8 texts
-                                  # keep 8 replicas busy
+ITEMS_AT_MOST = {"ablation": 1, "shortcuts": 1}   # an ablation text runs the model once per head, a shortcuts
+                                  # pair two exact sweeps and seven estimates: each its own call, so 8 items keep 8
+                                  # replicas busy
 
 
 @dataclass(frozen=True)

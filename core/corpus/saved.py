@@ -51,6 +51,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..analysis import shortcuts
 from . import Pair, summaries
 from .summaries import Over
 
@@ -93,6 +94,8 @@ ANALYSES = {
                                   lambda _: {"heads": ("layer", "head"), "mlps": ("layer",)}),
     "patch": Analysis(summaries.patch_over, "pairs", patch_axes),
     "ablation": Analysis(summaries.ablation_over, "texts", lambda _: {"over": ("layer", "head")}),
+    "shortcuts": Analysis(shortcuts.shortcuts_over, "pairs",
+                          lambda _: {"exact": ("measure", "site"), "*": ("method", "site")}),
 }
 
 

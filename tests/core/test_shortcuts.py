@@ -238,6 +238,44 @@ def test_report_compares_every_method_on_the_same_cells():
     assert report.strong.per_item.tolist() == strong
 
 
+def test_the_corpus_job_is_the_report_on_both_sites_and_resumes_from_its_saved_pairs(tmp_path):
+    """shortcuts_over holds, per pair, what shortcut_report measures on heads and on the residual stream (the
+    flow graph has no resid_pre part: NaN); a pair with one metric is left out and named; run as a saved job,
+    stopped after a pair and run again, it measures only the rest and gives the same summary."""
+    from core.corpus import saved
+
+    model = load_model(tiny.save(tiny.llama()), device="cpu")
+    pairs = [Pair(*(t[0] for t in pair(at=(4 + s,), seed=s)), ANSWER, FOIL) for s in range(2)]
+    pairs.insert(1, Pair(pairs[0].clean, pairs[0].clean, ANSWER, FOIL))     # the same metric twice: left out
+    result = shortcuts.shortcuts_over(model, pairs, k=3, points=4)
+    assert set(result) == {*shortcuts.MEASURES, "exact"}
+    for column, site in enumerate(shortcuts.SITES_COMPARED):
+        report = shortcuts.shortcut_report(model, pairs, site, shortcuts.methods_at(site), k=3, points=4)
+        assert result["rho"].items == report.items == (0, 2) and 1 in result["rho"].left_out
+        for row, method in enumerate(shortcuts.METHODS):
+            for name in ("rho", "overlap", "false_negatives", "signed_error"):
+                got = result[name].per_item[:, row, column]
+                if method not in report.methods:
+                    assert got.isnan().all(), (site, method, name)
+                    continue
+                want = torch.tensor([found[method].measure(name) for found in report.per_pair])
+                torch.testing.assert_close(got, want, equal_nan=True, check_dtype=False, msg=(site, method, name))
+            if method in report.methods:
+                assert (result["cost"].per_item[:, row, column] > 0).all()
+        torch.testing.assert_close(result["exact"].per_item[:, 1, column], report.strong.per_item,
+                                   check_dtype=False)
+    calls = []
+    stopped = saved.run_over("shortcuts", model, pairs, tmp_path, "tiny", k=3, points=4,
+                             stop=lambda: bool(calls), each=lambda i, v: calls.append(i))
+    assert not stopped.finished and calls == [0]
+    again = saved.run_over("shortcuts", model, pairs, tmp_path, "tiny", k=3, points=4)
+    assert again.finished and again.reused == 1 and again.measured == 1
+    for name in ("rho", "overlap", "false_negatives", "signed_error"):
+        torch.testing.assert_close(again.result[name].per_item, result[name].per_item, equal_nan=True)
+    with pytest.raises(ValueError, match="k is"):
+        shortcuts.shortcuts_over(model, pairs, k=0)
+
+
 def test_atp_of_several_sites_shares_its_passes_and_equals_each_alone():
     model = load_model(tiny.save(tiny.gpt2()), device="cpu")
     clean, corrupted = pair()
