@@ -88,6 +88,8 @@ def layout(services, default_model: str) -> gr.Blocks:
         wire_send(built["generate"], built["attention"], tabs, current_tab)
         for name, button in typical.items():
             wire_typical(button, name, built[name], across_tab, tabs, current_tab)
+        for run, button in (built["patching"].over_corpus or {}).items():
+            wire_over_corpus(button, run, built["patching"], across_tab, tabs, current_tab)
         wire_open_head(services, picker, built["patching"], built["attention"], tabs, current_tab)
         tabs.select(remember_tab, None, current_tab, api_visibility="private", queue=False)
         controls = {name: tab for name, tab in built.items() if tab.text is not None}
@@ -126,6 +128,21 @@ def wire_send(generate_tab: Tab, attention_tab: Tab, tabs, current_tab) -> None:
 
     generate_tab.send.click(send_to_attention, generate_tab.sent, [attention_tab.text, tabs, current_tab],
                             api_visibility="private").then(**attention_tab.run_event)
+
+
+def wire_over_corpus(button, run: str, tab: Tab, across_tab, tabs, current_tab) -> None:
+    """A button inside a tab that runs an Across texts analysis over the built-in IOI pairs in the tab's direction
+    (the Patching tab's shortcuts), there, on the model chosen; Stop there ends it."""
+    _, mode = tab.typical
+
+    def open_across(direction):
+        return (gr.Tabs(selected="corpus"), "corpus", "IOI pairs", across.DEFAULT_N,
+                direction if direction in ("denoise", "noise") else "denoise")
+
+    event = button.click(open_across, mode, [tabs, current_tab, across_tab.corpus, across_tab.n,
+                                             across_tab.shortcut_mode], api_visibility="private", queue=False).then(
+        **across_tab.show_map).then(**across_tab.runs[run], api_visibility="private")
+    across_tab.stop.click(None, None, None, cancels=[event], api_visibility="private")
 
 
 def typical_settings(name: str, *fields) -> list:

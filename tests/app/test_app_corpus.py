@@ -21,6 +21,7 @@ from gradio_client import Client, handle_file  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
 from core.corpus import summaries, texts as corpora  # noqa: E402
+from core.analysis import shortcuts  # noqa: E402
 from tiny_app_model import build_tiny_llama, launch_app, plotly_array  # noqa: E402
 from ui.services.corpus.over import INDUCTION_LENGTH  # noqa: E402
 from ui.services.corpus.qk import PLANE_DEFINITION  # noqa: E402
@@ -165,6 +166,37 @@ def test_a_file_over_the_upload_cap_is_refused_in_words(served, tmp_path):
     path.write_bytes(b"a line\n" * 400_000)   # 2.8 MB: over the app's upload cap, twice the 1 MB text cap
     with pytest.raises((AppError, ValueError), match="exceeds the maximum file size"):
         call(served, "heads", "uploaded file", handle_file(str(path)))
+
+
+def test_the_shortcuts_job_maps_each_methods_rho_and_tables_every_measure(served):
+    """corpus_shortcuts over uploaded pairs: the map is the core's ρ per method (rows) and site (columns), named
+    in its ticks and hover; the strip a cell's pairs; the note every measure with its interval, the exact row,
+    the warning. A cell of another map's shape shows the first."""
+    model, client = served["model"], served["client"]
+    pairs = corpora.read_pairs(served["pairs"], model.tokenizer)[:3]
+    note, mean_figure, strip_figure = client.predict(served["llama"], "uploaded file", 3,
+                                                     handle_file(served["pairs"]), "denoise", 2, 9,
+                                                     api_name="/corpus_shortcuts")
+    result = shortcuts.shortcuts_over(model, pairs)
+    heatmap = shown(mean_figure)["data"][0]
+    z = torch.tensor(plotly_array(heatmap["z"]).astype(float), dtype=torch.float32)
+    torch.testing.assert_close(z, result["rho"].mean.float(), equal_nan=True)
+    assert z[3, 1].isnan() and not z[:3].isnan().any()            # the flow graph has no residual-stream part
+    layout = shown(mean_figure)["layout"]
+    assert layout["yaxis"]["ticktext"] == ["AtP", "AtP*", "EAP-IG", "flow graph"]
+    assert layout["xaxis"]["ticktext"] == ["each head", "residual stream"]
+    assert heatmap["text"][1][0] == "AtP*, each head" and "%{text}" in heatmap["hovertemplate"]
+    dots = shown(strip_figure)["data"][0]       # cell (2, 9) is no cell of a 4 × 2 map: the first is shown
+    torch.testing.assert_close(torch.tensor(plotly_array(dots["y"]).astype(float), dtype=torch.float32),
+                               result["rho"].per_item[:, 0, 0].float())
+    assert "AtP, each head: each pair's ρ" in shown(strip_figure)["layout"]["title"]["text"]
+    for words in ("| each head | exact patching (", "| residual stream | EAP-IG |", "strong cells missed",
+                  "cost (forward passes)", "rank the wrong heads", f"n = **{result['rho'].n}**"):
+        assert words in note, words
+    assert "| residual stream | flow graph |" not in note
+    low, high = float(result["overlap"].low[0, 0]), float(result["overlap"].high[0, 0])
+    assert f"| each head | AtP | {float(result['rho'].mean[0, 0]):.2f} [" in note
+    assert f"{float(result['overlap'].mean[0, 0]):.2f} [{low:.2f}, {high:.2f}]" in note
 
 
 @pytest.mark.parametrize("analysis, corpus, words", [

@@ -41,9 +41,10 @@ CLEAN, CORRUPTED = "the bread is warm and the lamp", "the bread is warm and the 
 PROMPT = "The keeper lit the lamp"
 LONG = 512  # new tokens: the most Generate writes, so its trace is as long as a trace gets
 # the page's steps that need what only a page sends: a tab's select event, a clicked head, a shown generation
-# (and the Patching tab's "how typical is this?" run, whose first step sets the corpus to IOI pairs: the tiny
-# tokenizer has no one-token names for them, and the field's first value, induction texts, holds no pairs)
-NEEDS_THE_PAGE = {"remember_tab", "open_head", "send_to_attention", "corpus_patch_1"}
+# (and the Patching tab's "how typical is this?" and shortcuts-over-the-IOI-pairs runs, whose first step sets the
+# corpus to IOI pairs: the tiny tokenizer has no one-token names for them, and the field's first value, induction
+# texts, holds no pairs)
+NEEDS_THE_PAGE = {"remember_tab", "open_head", "send_to_attention", "corpus_patch_1", "corpus_shortcuts_1"}
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +129,7 @@ def calls(llama: str, upload: str) -> list[tuple[str, tuple]]:
         ("corpus_heads", (llama, "induction texts", 4, None, "induction", 0, 0)),
         ("corpus_attribution", (llama, "uploaded file", 3, handle_file(corpus_pairs(upload)), 0, 0)),
         ("corpus_patch", (llama, "uploaded file", 3, handle_file(corpus_pairs(upload)), "z", "denoise", 0, 0, 0)),
+        ("corpus_shortcuts", (llama, "uploaded file", 2, handle_file(corpus_pairs(upload)), "denoise", 0, 0)),
         ("corpus_examples", (llama, "induction texts", 4, None, 1, 2, 5)),
         ("corpus_qk", (llama, "induction texts", 3, None, 1, 2)),
         ("corpus_ablation", (llama, "induction texts", 2, None, "zero", 0, 0)),

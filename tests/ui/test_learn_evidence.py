@@ -72,6 +72,25 @@ def test_the_patching_score_is_one_patched_pass_and_the_attribution_the_cores(sm
     assert sorted(fig.data[0].y) == pytest.approx(sorted(v["patching"].flatten()), abs=1e-6)
 
 
+def test_the_shortcut_is_atp_of_every_head_against_the_same_sweep(smollm, measured):
+    """AtP's agreement in the answer is the Patching tab's comparison of the same two maps: ρ is scipy's over the
+    heads whose output differs, and the overlap counts the exact sweep's strongest heads in AtP's top k."""
+    from core.analysis import shortcuts
+
+    v = measured.values
+    clean, corrupted = ids_of(smollm, lessons.IOI_CLEAN), ids_of(smollm, lessons.IOI_CORRUPTED)
+    atp = shortcuts.approximate_sweep(smollm, clean, corrupted, v["answer_id"], v["foil_id"], "z").scores
+    cells = shortcuts.changed_cells(smollm, clean, corrupted, "z")
+    exact = torch.from_numpy(v["patching"])
+    assert v["atp"]["rho"] == pytest.approx(spearmanr(exact[cells], atp[cells]).statistic, abs=1e-6)
+    k = v["atp"]["k"]
+    top_exact = set(exact[cells].abs().argsort(descending=True)[:k].tolist())
+    top_atp = set(atp[cells].abs().argsort(descending=True)[:k].tolist())
+    assert v["atp"]["overlap"] == pytest.approx(len(top_exact & top_atp) / k)
+    assert f"ρ = {v['atp']['rho']:.2f} against it" in measured.answer_text
+    assert f"finds {round(v['atp']['overlap'] * k)} of its {k} strongest heads" in measured.answer_text
+
+
 def test_an_encoder_is_told_why_in_words(tmp_path):
     bert = load_model(str(build_tiny_bert(tmp_path / "bert")), device="cpu")
     measured = LESSON.measure(bert, None)

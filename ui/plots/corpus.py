@@ -35,18 +35,24 @@ def caption(fig: go.Figure, line: str) -> go.Figure:
 
 def mean_map(mean: np.ndarray, low: np.ndarray, high: np.ndarray, n: int, rows: str, cols: str,
              col_labels: Sequence[str] | None, title: str, line: str, signed: bool = False,
-             picked: tuple[int, int] | None = None) -> go.Figure:
+             picked: tuple[int, int] | None = None, row_labels: Sequence[str] | None = None) -> go.Figure:
     """mean, low, high [R, C]: a heatmap of the mean whose hover gives the mean, the interval [low, high] and n;
-    picked (row, col) is outlined (the cell the strip shows). signed: a diverging scale centred on 0."""
+    picked (row, col) is outlined (the cell the strip shows). signed: a diverging scale centred on 0. row_labels,
+    col_labels: a name for each row or column (ticks and hover), where its index is not one."""
     mean, low, high = as_f32(mean), as_f32(low), as_f32(high)
     n_rows, n_cols = mean.shape
     x = list(range(n_cols))
     custom = np.stack([low, high], axis=-1)
     colour = dict(colorscale=SIGNED_COLORS, zmid=0, reversescale=True) if signed else dict(colorscale=ATTENTION_COLORS)
-    hover = (f"{rows} %{{y}}, {cols} %{{x}}<br>mean %{{z:.4f}}<br>interval [%{{customdata[0]:.4f}}, "
+    named = {}
+    where = f"{rows} %{{y}}, {cols} %{{x}}"
+    if row_labels is not None:
+        cells = [[f"{r}, {c}" for c in (col_labels or [f"{cols} {i}" for i in x])] for r in row_labels]
+        named, where = dict(text=cells), "%{text}"
+    hover = (f"{where}<br>mean %{{z:.4f}}<br>interval [%{{customdata[0]:.4f}}, "
              f"%{{customdata[1]:.4f}}]<br>n = {n}<extra></extra>")
     fig = go.Figure(go.Heatmap(z=mean, x=x, y=list(range(n_rows)), customdata=custom, hovertemplate=hover,
-                               colorbar={"thickness": 12}, **colour))
+                               colorbar={"thickness": 12}, **named, **colour))
     if picked is not None:
         r, c = picked
         fig.add_shape(type="rect", x0=c - 0.5, x1=c + 0.5, y0=r - 0.5, y1=r + 0.5,
@@ -54,7 +60,10 @@ def mean_map(mean: np.ndarray, low: np.ndarray, high: np.ndarray, n: int, rows: 
     base_layout(fig, title, height=max(260, 24 * n_rows + 170))
     ticks = {} if col_labels is None else dict(tickmode="array", tickvals=x, ticktext=list(col_labels))
     fig.update_xaxes(title_text=cols, dtick=1 if col_labels is None and n_cols <= 40 else None, **ticks)
-    fig.update_yaxes(title_text=rows, autorange="reversed", dtick=1 if n_rows <= 32 else None)
+    rows_named = {} if row_labels is None else dict(tickmode="array", tickvals=list(range(n_rows)),
+                                                    ticktext=list(row_labels))
+    fig.update_yaxes(title_text=rows, autorange="reversed", dtick=1 if row_labels is None and n_rows <= 32 else None,
+                     **rows_named)
     return caption(fig, line)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gradio as gr
 
+from ui.services.corpus.over import DEFAULT_N
 from ui.services.patching import DEFAULT_THRESHOLD, PRESETS
 from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, opening, user_errors
 from ui.tabs.widgets import Tab, click_bridge, layer_head
@@ -99,7 +100,7 @@ def build(services, picker, initial) -> Tab:
                opening=opening(services, "patching", first_sweep, fresh=(2,)), follows=True,
                results=[*attribution["results"], *flow["results"], *shortcut["results"]],
                press={note: run, **attribution["press"], **flow["press"], **shortcut["press"]},
-               typical=[preset, mode])
+               typical=[preset, mode], over_corpus=shortcut["over_corpus"])
 
 
 def attribution_section(services, picker, clean, corrupted, answer, foil) -> dict:
@@ -146,6 +147,8 @@ cause). Each point is a cell, exact effect across, estimate up; a perfect estima
 It runs the exact sweep and every method, each timed: the slowest button of this tab.
 """ + views.WARNING
 
+OVER_PAIRS_WORDS = (f"Over {DEFAULT_N} IOI pairs: every shortcut on every head and on the residual stream, in this "
+                    "direction, with intervals (Across texts tab)")
 SHORTCUT_SITE_CHOICES = [("each head (layer × head)", "z"), ("residual stream (layer × position)", "resid_pre")]
 METHOD_CHOICES = [("AtP", "atp"), ("AtP*", "atp*"), ("EAP-IG", "ig"), ("flow graph (heads only)", "flow")]
 
@@ -159,6 +162,8 @@ def shortcuts_section(services, picker, clean, corrupted, answer, foil, mode) ->
         site = gr.Dropdown(choices=SHORTCUT_SITE_CHOICES, value="z", label="Where to compare",
                            elem_id="patch-shortcut-site", scale=2)
         button = gr.Button("Compare with exact patching", elem_id="patch-shortcut-run", scale=1)
+    # the same comparison over the built-in IOI pairs, in the Across texts tab (ui/page.py wires it)
+    over_pairs = gr.Button(OVER_PAIRS_WORDS, size="sm", elem_id="patch-shortcut-typical")
     note = gr.Markdown(elem_id="patch-shortcut-note")
     figure = gr.Plot(label="Exact effect against each shortcut's estimate, one point per cell",
                      elem_id="patch-shortcut", visible=False)
@@ -180,4 +185,5 @@ def shortcuts_section(services, picker, clean, corrupted, answer, foil, mode) ->
         handler(views.estimate_view, services, "approximate_sweep"),
         [picker.model, clean, corrupted, answer, foil, site, mode, method], [one_note, one_figure, one_file],
         api_name="approximate_sweep", **ON_ANALYSIS)
-    return dict(results=[note, figure, one_note, one_figure, one_file], press={note: button, one_note: one})
+    return dict(results=[note, figure, one_note, one_figure, one_file], press={note: button, one_note: one},
+                over_corpus={"shortcuts": over_pairs})

@@ -108,6 +108,9 @@ class Tab:
     cannot: Callable[[str], str] | None = None
     # the fields a "how typical is this?" run reads (ui/page.py TYPICAL): the Patching tab's preset and direction
     typical: list | None = None
+    # buttons inside the tab that run an Across texts analysis over a built-in corpus (ui/page.py OVER_CORPUS):
+    # analysis → its button (the Patching tab's shortcuts over the IOI pairs)
+    over_corpus: dict | None = None
     # what a lesson's "Try it" may set beyond text, layer, head and corrupted prompt (its link's key → the field:
     # Generate's length and temperature, the Heads tab's score, the Lab's run), and the events that follow the
     # tab's run there (Generate's trace and token strip after its stream)

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from core.analysis import heads as head_analysis
+from core.analysis.shortcuts import METHODS, SITES_COMPARED
 from core.corpus import Pair
 from core.corpus import saved
 from core.corpus import texts as corpora
@@ -39,7 +40,9 @@ MAX_PAIRS = 100          # pairs one attribution or patching job reads: each pai
 DEFAULT_N = 20
 INDUCTION_LENGTH = PROBE_LENGTH  # tokens of each induction text before it repeats: the Heads tab's probe's
 KINDS = tuple(head_analysis.SCORES)
-NOUNS = {"heads": "text", "attribution": "pair", "patch": "pair", "ablation": "text"}
+METHOD_NAMES = {"atp": "AtP", "atp*": "AtP*", "ig": "EAP-IG", "flow": "flow graph"}
+COMPARED_NAMES = {"z": "each head", "resid_pre": "residual stream"}
+NOUNS = {"heads": "text", "attribution": "pair", "patch": "pair", "ablation": "text", "shortcuts": "pair"}
 
 
 @dataclass
@@ -68,7 +71,8 @@ def check_model(model, analysis: str) -> None:
         raise UserError("The Across texts tab reads decoder-only and encoder models: this is an encoder-decoder, "
                         "whose decoder needs a target text of its own.")
     if analysis != "heads":
-        reason = next_token_reason(model, "Logit attribution" if analysis == "attribution" else "Patching",
+        what = {"attribution": "Logit attribution", "shortcuts": "The shortcuts' check against patching"}
+        reason = next_token_reason(model, what.get(analysis, "Patching"),
                                    advice="Choose a decoder model (e.g. smollm2-135m-instruct).")
         if reason:
             raise UserError(reason)
@@ -142,6 +146,15 @@ def stacked(values: dict[int, object], pick: Callable, keep: Callable = lambda v
     return (torch.stack([pick(values[i]) for i in kept]) if kept else torch.empty(0)), kept
 
 
+def partial_parts(values: dict, total: int, noun: str = "pair") -> dict[str, Over]:
+    """The partial summary of an analysis whose item's value is a dict of tensors, one Over per key."""
+    note = partial_note(len(values), total, noun)
+    if not values:
+        return {}
+    return {name: summarise(*stacked(values, lambda value, name=name: value[name])[:1], note, sorted(values))
+            for name in next(iter(values.values()))}
+
+
 def partial_heads(values: dict, total: int) -> dict[str, Over]:
     note = partial_note(len(values), total, "text")
     if not values:
@@ -176,16 +189,19 @@ def partial_one(noun: str) -> Callable[[dict, int], Over | None]:
 
 
 PARTIAL = {"heads": partial_heads, "attribution": partial_attribution, "patch": partial_one("pair"),
-           "ablation": partial_one("text")}
+           "ablation": partial_one("text"), "shortcuts": partial_parts}
 
 
-SAVED_NAMES = {"heads": "head_scores", "attribution": "logit_attribution", "patch": "patch", "ablation": "ablation"}
+SAVED_NAMES = {"heads": "head_scores", "attribution": "logit_attribution", "patch": "patch", "ablation": "ablation",
+               "shortcuts": "shortcuts"}
 
 
 def arguments_of(analysis: str, site: str | None, mode: str, layer: int | None, ablation: str) -> dict:
     """The analysis's own arguments of the core's *_over, as stream_over is given them."""
     if analysis == "patch":
         return dict(site=site, mode=mode, layer=layer)
+    if analysis == "shortcuts":
+        return dict(mode=mode)
     return dict(ablation=ablation) if analysis == "ablation" else {}
 
 
@@ -281,12 +297,24 @@ class MapAxes:
     cols: int
     row_name: str        # "layer", "head"
     col_name: str        # "head", "position"
+    row_labels: tuple[str, ...] | None = None    # a name for each row where an index is not one (the shortcuts')
+    col_labels: tuple[str, ...] | None = None
+
+    def cell_name(self, cell: tuple[int, int]) -> str:
+        """"layer 3, head 5", or the cell's labels ("AtP, each head")."""
+        r, c = cell
+        row = self.row_labels[r] if self.row_labels else f"{self.row_name} {r}"
+        col = self.col_labels[c] if self.col_labels else f"{self.col_name} {c}"
+        return f"{row}, {col}"
 
 
 def map_axes(model, analysis: str, corpus: Corpus, site: str | None = None) -> MapAxes:
     """The mean map's shape: [L, H] for head scores, attribution and the heads sweep; [L, T] for a position
     site; [H, T] for one layer's heads (T: the first pair's length; the core refuses pairs of other lengths)."""
     n_layers, n_heads = stack_shape(model)
+    if analysis == "shortcuts":
+        return MapAxes(len(METHODS), len(SITES_COMPARED), "method", "site", tuple(METHOD_NAMES[m] for m in METHODS),
+                       tuple(COMPARED_NAMES[s] for s in SITES_COMPARED))
     if analysis != "patch" or site == "z":
         return MapAxes(n_layers, n_heads, "layer", "head")
     length = len(corpus.items[0].clean)

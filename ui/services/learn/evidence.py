@@ -1,13 +1,14 @@
 """The course's lesson on what attention does not tell you: on one IOI prompt, which heads put the most weight on
 the answer's earlier mention, beside which heads carry the answer when patched (core.analysis.patching
 patch_sweep, each head's output at every position) and which write it directly (logit_attribution), with the rank
-correlation between them over every head."""
+correlation between them over every head; and how far the cheapest estimate of that patching (AtP,
+core.analysis.shortcuts) ranks the same heads."""
 
 from __future__ import annotations
 
 import torch
 
-from core.analysis import patching
+from core.analysis import patching, shortcuts
 from core.analysis.heads import rank_correlation
 from ui.services import patching as patch_service
 from ui.services.checks import UserError
@@ -17,6 +18,7 @@ IOI_CLEAN, IOI_CORRUPTED = patch_service.PRESETS["IOI: who gets the drink"]
 ANSWER, FOIL = " Mary", " John"   # the indirect object the clean prompt asks for; the subject the corrupted one does
 SAME, DIFFERENT = "Yes: the same head", "No: a different head"
 TOP_HEADS = 5
+SHORTCUT_K = 10      # the top-k overlap's k, the shortcut report's default
 
 
 def head_name(index: int, n_heads: int) -> str:
@@ -76,13 +78,27 @@ def measure_not_explanations(model, progress: ProgressFn | None = None) -> Measu
     attribution = None
     if patch_service.attribution_reason(model) is None:
         attribution = patch_service.logit_parts(model, pair).heads.float()   # [L, H]
+    shortcut = atp_against(model, clean, corrupted, pair, sweep)
     if progress is not None:
         progress(1.0, "done")
-    return read_out(pair, position, attention, scores, attribution, sweep)
+    return read_out(pair, position, attention, scores, attribution, sweep, shortcut)
 
 
-def read_out(pair, position: int, attention: torch.Tensor, scores: torch.Tensor, attribution, sweep) -> Measured:
+def atp_against(model, clean: torch.Tensor, corrupted: torch.Tensor, pair, sweep) -> tuple[shortcuts.Agreement, int]:
+    """(agreement, k): AtP of every head (one forward and one backward pass) against the exact sweep, over the
+    heads whose output differs between the two prompts, with the top-k overlap's k, as the Patching tab's
+    comparison measures it."""
+    estimate = shortcuts.approximate_sweep(model, clean.to(model.device), corrupted.to(model.device), pair.answer,
+                                           pair.foil, "z", "denoise", "atp")
+    cells = shortcuts.changed_cells(model, clean, corrupted, "z")
+    k = min(SHORTCUT_K, int(cells.sum()))
+    return shortcuts.compare(sweep.scores.cpu(), estimate.scores.cpu(), True, k, cells), k
+
+
+def read_out(pair, position: int, attention: torch.Tensor, scores: torch.Tensor, attribution, sweep,
+             shortcut: tuple[shortcuts.Agreement, int]) -> Measured:
     n_heads = attention.shape[1]
+    atp, k = shortcut
     rho = rank_correlation(attention, scores)
     rho_attribution = None if attribution is None else rank_correlation(attention, attribution)
     looked, carried = int(attention.flatten().argmax()), int(scores.flatten().argmax())
@@ -100,7 +116,10 @@ def read_out(pair, position: int, attention: torch.Tensor, scores: torch.Tensor,
         + f" Over all {attention.numel()} heads, Spearman's ρ between the attention on {word} and the patching "
           f"score is {rho:.2f}"
         + ("." if rho_attribution is None else f", and {rho_attribution:.2f} with each head's direct logit "
-                                               "attribution."))
+                                               "attribution.")
+        + f" AtP, the cheap estimate of the same patching from one backward pass, ranks the heads with ρ = "
+          f"{atp.rho:.2f} against it and finds {round(atp.overlap * k)} of its {k} strongest heads in its own top "
+          f"{k}.")
     if attribution is None:
         why = (f"A weight says where a head reads, not what reaches the answer: the patching sweep restores "
                f"{flat_scores[carried]:.2f} through {name_carried}, whose weight on {word} is only "
@@ -119,6 +138,7 @@ def read_out(pair, position: int, attention: torch.Tensor, scores: torch.Tensor,
                 "attribution": None if attribution is None else ranked(attribution)},
         "clean_metric": sweep.clean_metric, "corrupted_metric": sweep.corrupted_metric,
         "answer_id": pair.answer, "foil_id": pair.foil,
+        "atp": {"rho": atp.rho, "overlap": atp.overlap, "k": k, "missed": len(atp.false_negatives)},
     }
     return Measured(
         answer=answer, answer_text=answer_text, why=why,

@@ -1,5 +1,5 @@
 """Across texts tab: how typical is what one text shows? A corpus (built in, or uploaded), an analysis (head
-scores, logit attribution, patching, each head's ablation) run over every item, and its mean map with the 95 %
+scores, logit attribution, patching, the shortcuts against patching, each head's ablation) run over every item, and its mean map with the 95 %
 interval, plus one cell's value item by item; for one head, its top examples and its query/key plane. Each job is
 heavy (one per session), shows its progress and has a time cap stated beside Stop; Stop, or the cap, keeps the
 summary of the items finished before it. A job is saved for its page (ui/services/corpus/pages.py: on a shared server a
@@ -37,6 +37,11 @@ UPLOAD_WORDS = """**Upload**: texts as `.txt` (one a line, or blank-line separat
 `.csv` (a `text` column); pairs (attribution, patching) as `.jsonl` or `.csv` with `clean`, `corrupted`, `answer`,
 `foil`, the answer and foil one token each (e.g. `" Mary"`, its space kept), both prompts of one token count."""
 
+SHORTCUTS_WORDS = """Exact patching of every head and of the residual stream on each pair, beside each cheap
+estimate of it (AtP, AtP\\*, EAP-IG, the flow graph): the map is each method's Spearman ρ with the exact sweep,
+the note every measure with its interval and each method's cost. A pair is two exact sweeps and seven estimates:
+the slowest job of this tab."""
+
 CORPUS_KEPT = ("corpus",)   # the key of a session's last corpus result in the server-wide KeptStore
 # a click on a cell of the mean map reads "row.column"
 CELL_READ = "return point.x === undefined || point.y === undefined ? null : `${point.y}.${point.x}`;"
@@ -64,6 +69,11 @@ def build(services, picker, initial) -> SimpleNamespace:
                 mode = gr.Radio(["denoise", "noise"], value="denoise", label="Direction", elem_id="corpus-mode")
                 layer = gr.Number(0, label="Layer (for one layer's heads)", precision=0, elem_id="corpus-layer")
                 patch_run = gr.Button(views.RUN_BUTTONS[2], variant="primary", elem_id="corpus-patch-run")
+            with gr.Accordion("Shortcuts against exact patching (pairs)", open=False, elem_id="corpus-shortcuts-box"):
+                gr.Markdown(SHORTCUTS_WORDS, elem_classes=["field-note"])
+                shortcut_mode = gr.Radio(["denoise", "noise"], value="denoise", label="Direction",
+                                         elem_id="corpus-shortcut-mode")
+                shortcuts_run = gr.Button(views.RUN_BUTTONS[3], variant="primary", elem_id="corpus-shortcuts-run")
             with gr.Accordion("Top examples of one head (texts)", open=False, elem_id="corpus-examples-box"):
                 with gr.Row():
                     ex_layer = gr.Number(0, label="Layer", precision=0, elem_id="corpus-ex-layer", min_width=90)
@@ -116,6 +126,8 @@ def build(services, picker, initial) -> SimpleNamespace:
                           [*common, kind, row, col, kept]),
                 patch=job(views.patch_view, "corpus_patch", "A patching job over a corpus",
                           [*common, site, mode, layer, row, col, kept]),
+                shortcuts=job(views.shortcuts_view, "corpus_shortcuts", "A shortcuts job over a corpus",
+                              [*common, shortcut_mode, row, col, kept]),
                 ablation=job(views.ablation_view, "corpus_ablation", "An ablation job over a corpus",
                              [*common, ablation, row, col, kept]))
     show_map = shown([mean_fig, strip_fig])
@@ -124,6 +136,7 @@ def build(services, picker, initial) -> SimpleNamespace:
         attribution_run.click(**show_map).then(**job(views.attribution_view, "corpus_attribution", "An attribution job over a corpus",
                                     [*common, row, col, kept]), api_name="corpus_attribution"),
         patch_run.click(**show_map).then(**runs["patch"], api_name="corpus_patch"),
+        shortcuts_run.click(**show_map).then(**runs["shortcuts"], api_name="corpus_shortcuts"),
         examples_run.click(handler(views.examples_view, services, "corpus_examples", heavy="A top-examples job"),
                            [*common, ex_layer, ex_head, ex_k], [examples_note, examples_table],
                            api_name="corpus_examples", **ON_HEAVY),
@@ -143,7 +156,8 @@ def build(services, picker, initial) -> SimpleNamespace:
                         queue=False).then(exporting, kept, [export_files, kept], api_visibility="private")
     wire_switch(picker, events, [note, mean_fig, cell_note, strip_fig, kept, export_files, examples_note,
                                  examples_table, plane_note, plane_fig])
-    return SimpleNamespace(corpus=corpus, n=n, kind=kind, site=site, mode=mode, row=row, col=col, runs=runs,
+    return SimpleNamespace(corpus=corpus, n=n, kind=kind, site=site, mode=mode, shortcut_mode=shortcut_mode, row=row,
+                           col=col, runs=runs,
                            stop=stop, note=note, show_map=show_map)
 
 
@@ -172,7 +186,7 @@ def ablation_box():
                     f"text, so only the **first {ABLATION_TEXTS} texts** are swept (the note says how many of how "
                     "many).", elem_classes=["field-note"])
         kind = gr.Radio(["zero", "mean"], value="zero", label="Ablation", elem_id="corpus-ablation-kind")
-        run = gr.Button(views.RUN_BUTTONS[3], variant="primary", elem_id="corpus-ablation-run")
+        run = gr.Button(views.RUN_BUTTONS[4], variant="primary", elem_id="corpus-ablation-run")
     return kind, run
 
 

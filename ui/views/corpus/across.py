@@ -59,11 +59,10 @@ def figures(shown: Shown, cell: tuple[int, int]):
     over, axes, noun = shown.over, shown.axes, shown.noun
     line = interval_words(over.n, noun)
     fig = mean_map(over.mean.numpy(), over.low.numpy(), over.high.numpy(), over.n, axes.row_name, axes.col_name,
-                   None, shown.title, line, signed=shown.signed, picked=cell)
+                   axes.col_labels, shown.title, line, signed=shown.signed, picked=cell, row_labels=axes.row_labels)
     r, c = cell
     strip = item_strip(over.per_item[:, r, c].numpy(), over.items, float(over.mean[r, c]), float(over.low[r, c]),
-                       float(over.high[r, c]),
-                       f"{axes.row_name} {r}, {axes.col_name} {c}: each {noun}'s {shown.value_name}", line,
+                       float(over.high[r, c]), f"{axes.cell_name(cell)}: each {noun}'s {shown.value_name}", line,
                        shown.value_name)
     return (export.named(fig, export.filename(shown.name, shown.view)),
             export.named(strip, export.filename(shown.name, f"{shown.view}-{axes.row_name}{r}-{axes.col_name}{c}")))
@@ -73,8 +72,8 @@ def cell_words(over, cell: tuple[int, int], axes: MapAxes) -> str:
     r, c = cell
     low, high = float(over.low[r, c]), float(over.high[r, c])
     interval = f"interval [{low:+.4f}, {high:+.4f}]" if over.n >= 2 else "no interval (n < 2)"
-    return (f"{axes.row_name.capitalize()} {r}, {axes.col_name} {c}: mean **{float(over.mean[r, c]):+.4f}**, "
-            f"{interval}.")
+    name = axes.cell_name(cell)
+    return f"{name[:1].upper() + name[1:]}: mean **{float(over.mean[r, c]):+.4f}**, {interval}."
 
 
 def note_of(over, corpus: Corpus, analysis: str, cell: tuple[int, int], axes: MapAxes, update, what: str) -> str:
@@ -243,6 +242,93 @@ def ablation_view(services: Services, model_name, corpus, n, upload, ablation, c
                         render, progress, "text")
 
 
+# what each measure of the shortcuts job is, in the note's table: (column heading, digits)
+SHORTCUT_MEASURES = {"rho": ("Spearman ρ", 2), "overlap": ("top-10 overlap", 2),
+                     "false_negatives": ("strong cells missed", 1), "signed_error": ("signed error", 2),
+                     "cost": ("cost (forward passes)", 1)}
+
+
+def mean_interval(over, index: tuple[int, int], digits: int) -> str:
+    """"0.97 [0.95, 0.99]" for one cell of an Over, "—" where it has no value (the flow graph on the residual
+    stream), the mean alone where n < 2."""
+    mean, low, high = (float(t[index]) for t in (over.mean, over.low, over.high))
+    if mean != mean:
+        return "—"
+    if low != low or high != high:
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def shortcuts_table(result: dict, axes: MapAxes) -> str:
+    """Every method on each site: ρ, overlap, false negatives, signed error and cost, each mean [95 % interval]
+    over the pairs; the exact sweep's own row gives its cost and its strong cells."""
+    heading = "| where | method | " + " | ".join(name for name, _ in SHORTCUT_MEASURES.values()) + " |"
+    lines = [heading, "|---|---|" + "---:|" * len(SHORTCUT_MEASURES)]
+    exact = result["exact"]
+    for c, site in enumerate(axes.col_labels):
+        lines.append(f"| {site} | exact patching ({mean_interval(exact, (1, c), 1)} cells ≥ 0.1) | 1 | 1 | 0 | 0 | "
+                     f"{mean_interval(exact, (0, c), 1)} |")
+        for r, method in enumerate(axes.row_labels):
+            if float(result["rho"].mean[r, c]) != float(result["rho"].mean[r, c]):
+                continue          # no such method at this site
+            cells = [mean_interval(result[key], (r, c), digits) for key, (_, digits) in SHORTCUT_MEASURES.items()]
+            lines.append(f"| {site} | {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def shortcuts_view(services: Services, model_name, corpus, n, upload, mode, cell_row, cell_col, previous=None,
+                   page=None, progress=None):
+    """(note, ρ map, strip, kept result): exact patching against every shortcut (AtP, AtP*, EAP-IG, the flow
+    graph) on each head and on the residual stream of every pair (core shortcuts_over), the map Spearman's ρ
+    per method and site, the note every measure with its interval and each method's cost; the body of the
+    `corpus_shortcuts` endpoint. page: as heads_view's. A cell outside the 4 × 2 map shows the first."""
+    name = model_name
+    model = services.models.get(name, progress)
+    check_model(model, "shortcuts")
+    mode = check_mode(mode)
+    chosen = corpus_pairs(model, corpus, n, upload)
+    axes = map_axes(model, "shortcuts", chosen)
+    try:
+        cell = check_cell(axes, cell_row, cell_col)
+    except UserError:          # the cell of another map (a layer, a head): this map's first
+        cell = (0, 0)
+    view = f"corpus-shortcuts-{mode}"
+    yield running(f"Comparing every shortcut with exact patching over {escaped(chosen.source)}…", name, view)
+
+    def render(result, update):
+        over = result["rho"]
+        shown = Shown(over, axes, "pair", f"{mode.capitalize()}: each shortcut's Spearman ρ with exact patching, "
+                      "mean over the pairs", "ρ", True, name, view, update.folder)
+        state = ("" if update.finished else
+                 f"**Running: {update.done} of {update.total} pairs done ({update.seconds:.0f} s).** ")
+        core_note = f"  \nNote: {escaped(over.note)}." if over.note else ""
+        note = (f"{state}**Every shortcut against exact patching** ({mode}) over {escaped(chosen.source)}: on each "
+                f"pair, each method's map of every head (z) and of the residual stream (resid_pre) against the exact "
+                f"sweep, over the cells whose activation differs between the two prompts. The map shows Spearman's "
+                f"ρ, mean over n = **{over.n}**; {interval_words(over.n, 'pair')}. {cell_words(over, cell, axes)}"
+                f"\n\n{shortcuts_table(result, axes)}\n\n"
+                f"{SHORTCUTS_KEY} **{SHORTCUTS_WARNING}**{finished_words(update)}{core_note}")
+        return note, *figures(shown, cell), shown
+
+    yield from streamed(stream_over(model, "shortcuts", chosen, mode=mode, model_name=name,
+                                    saving=saving_of(services, page),
+                                    max_seconds=services.settings.corpus_max_seconds),
+                        lambda result: result if result and result.get("rho") is not None else None, render,
+                        progress, "pair")
+
+
+SHORTCUTS_KEY = ("Mean [95 % interval] over the pairs. Top-10 overlap: the share of the exact sweep's 10 strongest "
+                 "cells (by size) among the method's 10; strong cells missed: cells whose exact effect is at least "
+                 "0.1 of the clean − corrupted difference that the method ranks below 10 (where more than 10 reach "
+                 "0.1, as the exact row counts, even a perfect ranking misses the rest); signed error: method − "
+                 "exact on the 10 strongest cells, in the sweep's units (1: the clean answer back); cost: the "
+                 "method's time over one forward pass of the same pair, timed in this run. The flow graph is a "
+                 "proximity, not an effect: its ρ is against the exact effect's size, it has no signed error, and "
+                 "no part for the residual stream.")
+SHORTCUTS_WARNING = ("A method's map can look right and still rank the wrong heads: read the overlap and the cells "
+                     "it misses beside ρ.")
+
+
 def cell_view(services: Services, cell_row, cell_col, previous=None):
     """(cell note, mean map, strip, kept result): another cell of the result the session was last shown, drawn
     from the kept summary without measuring again."""
@@ -271,7 +357,7 @@ def export_view(services: Services, previous=None):
 
 
 RUN_BUTTONS = ("Score the heads", "Attribute over the pairs", "Patch every pair",
-               "Ablate each head")  # the tab's, in its order
+               "Check every shortcut", "Ablate each head")  # the tab's, in its order
 EXAMPLES_BUTTON = "Find its top examples"
 PLANE_BUTTON = "Draw its query/key plane"
 
