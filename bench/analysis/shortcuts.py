@@ -4,18 +4,20 @@
           set of passes (shortcuts.atp_sweeps), beside the two exact sweeps (patching.patch_sweep) and one plain
           forward pass, alternating, medians (ranges) of --repeats runs: AtP's cost in forward-pass equivalents
           and the exact sweeps' time over AtP's.
-  report  shortcut_report over --pairs built-in IOI pairs (core.corpus.texts.ioi_pairs) for heads and for
-          resid_pre: each method's Spearman's ρ, top-10 overlap, false negatives, signed error on the 10 strongest
-          cells and cost, as the mean [95 % interval] over the pairs.
+  report  shortcuts_over (the Across texts tab's job) over --pairs built-in IOI pairs (core.corpus.texts.ioi_pairs),
+          heads and resid_pre: each method's Spearman's ρ, top-10 overlap, false negatives, signed error on the 10
+          strongest cells and cost, as the mean [95 % interval] over the pairs; and the job's seconds per pair,
+          so how many pairs one job fits within the tab's time cap.
 With --publish both tables go to docs/shortcuts.md (section shortcuts).
 Usage: python bench/analysis/shortcuts.py [--model smollm2-135m-instruct] [--repeats 5] [--pairs 6] [--threads 1]
-                                          [--methods atp atp* ig flow] [--publish]
+                                          [--publish]
 """
 from __future__ import annotations
 
 import argparse
 import math
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -27,11 +29,12 @@ from core import load_model  # noqa: E402
 from core.analysis import patching, shortcuts  # noqa: E402
 from core.corpus.texts import ioi_pairs  # noqa: E402
 from core.store import ensure  # noqa: E402
+from ui.settings import AppSettings  # noqa: E402
 
 IOI = ("When Mary and John went to the store, John gave a drink to",
        "When Mary and John went to the store, Mary gave a drink to")
 WIDTHS = (44, 22, 16, 12)
-STATISTICS = ("rho", "overlap", "false_negatives", "signed_error", "cost")
+CAP_S = AppSettings().corpus_max_seconds     # one corpus job's time cap on a server with the defaults
 
 
 def speed(model, repeats: int) -> tuple[list[list[str]], str]:
@@ -73,34 +76,40 @@ def speed(model, repeats: int) -> tuple[list[list[str]], str]:
     return table, summary
 
 
-def cell(over) -> str:
-    """'0.83 [0.71, 0.95]', or the mean alone where there is no interval."""
-    mean, low, high = (float(t) for t in (over.mean, over.low, over.high))
+def cell(over, at: tuple[int, int]) -> str:
+    """'0.83 [0.71, 0.95]' at one cell of an Over, or the mean alone where there is no interval."""
+    mean, low, high = (float(t[at]) for t in (over.mean, over.low, over.high))
     if math.isnan(mean):
         return "—"
     return f"{mean:.2f}" if math.isnan(low) else f"{mean:.2f} [{low:.2f}, {high:.2f}]"
 
 
-def report(model, n_pairs: int, methods: list[str]) -> tuple[list[list[str]], list[str]]:
-    """The report table's rows (one per site and method) and one line per site."""
+def report(model, n_pairs: int) -> tuple[list[list[str]], list[str]]:
+    """The report table's rows (one per site and method) and its lines: shortcuts_over, the Across texts tab's
+    job, over the pairs, and its seconds per pair."""
     pairs = ioi_pairs(model.tokenizer, n_pairs)
+    start = time.perf_counter()
+    found = shortcuts.shortcuts_over(model, pairs, progress=lambda done, total: print(f"  pair {done}/{total}",
+                                                                                      flush=True))
+    per_pair = (time.perf_counter() - start) / n_pairs
     table, lines = [], []
-    for site in ("z", "resid_pre"):
-        chosen = [m for m in methods if not (m == "flow" and site == "resid_pre")]
-        found = shortcuts.shortcut_report(model, pairs, site, chosen,
-                                          progress=lambda done, total: print(f"  {site}: pair {done}/{total}",
-                                                                             flush=True))
+    for column, site in enumerate(shortcuts.SITES_COMPARED):
         name = "heads (z, layer × head)" if site == "z" else "resid_pre (layer × position)"
-        table.append([name, f"exact patching ({cell(found.strong)} cells ≥ 0.1)", "1", "1", "0", "0",
-                      cell(found.exact_cost)])
+        exact = found["exact"]
+        table.append([name, f"exact patching ({cell(exact, (1, column))} cells ≥ 0.1)", "1", "1", "0", "0",
+                      cell(exact, (0, column))])
+        chosen = shortcuts.methods_at(site)
         for method in chosen:
-            stats = found.over[method]
-            table.append([name, method, *(cell(stats[s]) for s in STATISTICS)])
-            print(row(f"{site} {method}", *(cell(stats[s]) for s in STATISTICS), widths=(16, 22, 22, 22, 22, 20)))
-        rhos = ", ".join(f"{m} {float(found.over[m]['rho'].mean):.2f}" for m in chosen)
-        lines.append(f"{site}: mean rho {rhos} over {len(found.items)} pairs")
-        if found.left_out:
-            lines.append(f"{site}: left out {found.left_out}")
+            at = (shortcuts.METHODS.index(method), column)
+            cells = [cell(found[s], at) for s in shortcuts.MEASURES]
+            table.append([name, method, *cells])
+            print(row(f"{site} {method}", *cells, widths=(16, 22, 22, 22, 22, 20)))
+        rhos = ", ".join(f"{m} {float(found['rho'].mean[shortcuts.METHODS.index(m), column]):.2f}" for m in chosen)
+        lines.append(f"{site}: mean rho {rhos} over {found['rho'].n} pairs")
+    if found["rho"].left_out:
+        lines.append(f"left out {found['rho'].left_out}")
+    lines.append(f"{per_pair:.1f} s a pair (both sites, every method, {torch.get_num_threads()} thread(s)): "
+                 f"{int(CAP_S // per_pair)} pairs within the Across texts tab's {CAP_S:g} s cap on one job")
     return table, lines
 
 
@@ -110,7 +119,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--pairs", type=int, default=6)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--methods", nargs="+", default=list(shortcuts.METHODS))
     parser.add_argument("--skip-report", action="store_true", help="the speed table alone")
     add_publish(parser)
     args = parser.parse_args()
@@ -123,7 +131,7 @@ def main() -> None:
     speed_table, summary = speed(model, args.repeats)
     lines = []
     if not args.skip_report:
-        report_table, lines = report(model, args.pairs, args.methods)
+        report_table, lines = report(model, args.pairs)
     if args.publish:
         body = (f"{args.model}, cpu, float32, {torch.get_num_threads()} thread(s). Speed: the {IOI[0]!r} pair, "
                 f"median (range) of {args.repeats} runs alternating between the rows; forward-pass equivalents are "
@@ -140,7 +148,9 @@ def main() -> None:
                      "time over one forward pass of the same pair.\n\n"
                      + md_table(["site", "method", "Spearman ρ", "top-10 overlap", "false negatives",
                                  "signed error", "cost (forward passes)"], report_table,
-                                ["---", "---", "---:", "---:", "---:", "---:", "---:"]))
+                                ["---", "---", "---:", "---:", "---:", "---:", "---:"])
+                     + f"\n\nThe job (`shortcuts_over`, the Across texts tab's): {lines[-1]}; a job stopped by the "
+                       "cap keeps its pairs and the next run goes on from them.")
         publish("shortcuts", body, doc=DOCS / "shortcuts.md")
     print(f"SUMMARY shortcuts: {summary}" + ("; " + "; ".join(lines) if lines else ""))
 
