@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ui.plots.base import ATTENTION_COLORS, SIGNED_COLORS, as_f32, base_layout
+from ui.plots.text import escaped
 
 TITLE_CHARS = 46  # a title line's length: it fits a phone-wide plot at the title's 14 px
 TICK_FONT = {"size": 11}
@@ -304,4 +305,39 @@ def sink_depth_figure(per_layer: Mapping[str, np.ndarray], title: str) -> go.Fig
     fig.update_xaxes(title_text="depth (layer ÷ last layer)", range=[-0.02, 1.02])
     fig.update_yaxes(title_text="mean attention on the first token", range=[0, 1])
     fig.update_layout(legend={"orientation": "h", "y": -0.25})
+    return fig
+
+
+def composition_figure(labels: Sequence[str], mean: np.ndarray, low: np.ndarray, high: np.ndarray,
+                       weights: np.ndarray, side: str, title: str) -> go.Figure:
+    """What feeds a head's keys or queries: above, each component's mean share of the relative score over the
+    texts (bars, largest first, "rest" last) with its 95 % interval (none where NaN); below, the weights-only
+    composition with every earlier head (weights [layer, H], a map; none for layer 0)."""
+    mean, low, high = as_f32(mean), as_f32(low), as_f32(high)
+    has_map = weights.size > 0
+    fig = make_subplots(rows=2 if has_map else 1, cols=1, vertical_spacing=0.2,
+                        row_heights=[0.55, 0.45] if has_map else None,
+                        subplot_titles=(f"the data: each part's share of the relative score on its {side}s",
+                                        "the weights: composition with each earlier head")[:2 if has_map else 1])
+    spread = np.where(np.isfinite(low) & np.isfinite(high), np.stack([mean - low, high - mean]), np.nan)
+    fig.add_trace(go.Bar(x=mean, y=[escaped(label) for label in labels], orientation="h", showlegend=False,
+                         marker_color=["#2a9d8f" if v >= 0 else "#e76f51" for v in mean],
+                         error_x=dict(type="data", symmetric=False, array=spread[1], arrayminus=spread[0],
+                                      color="#444", thickness=1),
+                         customdata=np.stack([low, high], -1),
+                         hovertemplate="%{y}: share %{x:+.3f}<br>interval [%{customdata[0]:.3f}, "
+                                       "%{customdata[1]:.3f}]<extra></extra>"), row=1, col=1)
+    fig.update_yaxes(type="category", autorange="reversed", tickfont={"size": 10}, row=1, col=1)
+    fig.update_xaxes(zeroline=True, zerolinecolor="#888", title_text="share (the parts of a text add up to 1)",
+                     row=1, col=1)
+    if has_map:
+        n_layers, n_heads = weights.shape
+        fig.add_trace(go.Heatmap(z=as_f32(weights), x=list(range(n_heads)), y=list(range(n_layers)),
+                                 colorscale=ATTENTION_COLORS, zmin=0, colorbar={"thickness": 10, "len": 0.4, "y": 0.2},
+                                 hovertemplate=f"L%{{y}} H%{{x}}: {side[0].upper()}-composition %{{z:.3f}}"
+                                               "<extra></extra>"), row=2, col=1)
+        fig.update_yaxes(title_text="layer", autorange="reversed", dtick=tick_step(n_layers, 16), row=2, col=1)
+        fig.update_xaxes(title_text="head", dtick=tick_step(n_heads, 16), row=2, col=1)
+    base_layout(fig, title, 260 + 26 * len(labels) + (30 * weights.shape[0] + 120 if has_map else 0), top=80)
+    fig.update_layout(margin={"l": 110})
     return fig
