@@ -16,9 +16,10 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import Page, expect  # noqa: E402
 
-from conftest import screenshot  # noqa: E402
+from conftest import WIDE, screenshot, settled  # noqa: E402
 
 RUN_TIMEOUT_MS = 60_000
+PHONE = {"width": 390, "height": 844}
 CLEAN, CORRUPTED = "the bread is warm and the lamp", "the bread is warm and the shop"
 
 
@@ -87,7 +88,7 @@ def test_the_shortcut_scatter_is_drawn_and_names_its_cells(page):
     panels = page.locator("#patch-shortcut .js-plotly-plot .scatterlayer .trace.scatter")
     expect(panels.first).to_be_attached(timeout=RUN_TIMEOUT_MS)
     assert panels.count() >= 4       # atp, atp*, ig, flow (each with its points; the signed ones a diagonal too)
-    expect(page.locator("#patch-shortcut .js-plotly-plot .gtitle")).to_contain_text("exact sweep")
+    expect(page.locator("#patch-shortcut .js-plotly-plot .annotation").last).to_contain_text("exact sweep")
     point = page.locator("#patch-shortcut .js-plotly-plot .scatterlayer .trace.scatter .points path").first
     point.scroll_into_view_if_needed()
     point.hover(force=True)
@@ -95,6 +96,35 @@ def test_the_shortcut_scatter_is_drawn_and_names_its_cells(page):
                                                                                           timeout=10_000)
     expect(page.locator("#patch-shortcut .hoverlayer .hovertext").first).to_contain_text(" H")
     screenshot(page, "patching-shortcuts")
+    # on a 390 px phone, the same page narrowed: the scatter fits the width and its panels' titles keep apart
+    page.set_viewport_size(PHONE)
+    try:
+        shortcuts_on_a_phone(page)
+    finally:
+        page.set_viewport_size(WIDE)
+
+
+def shortcuts_on_a_phone(page: Page) -> None:
+    settled(page)
+    figure = page.locator("#patch-shortcut .js-plotly-plot").first
+    figure.scroll_into_view_if_needed()
+    box = figure.bounding_box()
+    assert box["x"] >= -1 and box["x"] + box["width"] <= PHONE["width"] + 1, box
+    titles = page.evaluate("""() => [...document.querySelectorAll('#patch-shortcut .js-plotly-plot .annotation')]
+        .map((a) => a.getBoundingClientRect()).filter((r) => r.width > 0)
+        .map((r) => [r.left, r.top, r.right, r.bottom])""")
+    assert titles, "the panels' titles are drawn"
+    badge = page.locator('#patch-shortcut [data-testid="block-label"]')
+    if badge.count() and badge.first.is_visible():    # a label's badge over the figure's title hides it
+        b = badge.first.bounding_box()
+        titles.append([b["x"], b["y"], b["x"] + b["width"], b["y"] + b["height"]])
+    for left, top, right, bottom in titles:
+        assert left >= box["x"] - 1 and right <= box["x"] + box["width"] + 1, (left, right, box)
+    for i, a in enumerate(titles):
+        for b in titles[i + 1:]:
+            apart = min(a[2], b[2]) - max(a[0], b[0]) <= 1 or min(a[3], b[3]) - max(a[1], b[1]) <= 1
+            assert apart, (a, b)
+    screenshot(page, "patching-shortcuts-phone")
 
 
 def test_a_click_on_a_flow_graph_edge_opens_its_strongest_head(page):

@@ -13,7 +13,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ui.plots.base import SIGNED_COLORS, as_f32, base_layout
+from ui.plots.base import SIGNED_COLORS, as_f32, base_layout, fit_narrow
 from ui.plots.text import escaped
 
 EDGE_COLORS = {"attention": "#1f77b4", "mlp": "#ff7f0e", "residual": "#b0b0b0"}
@@ -165,6 +165,7 @@ def flow_figure(tokens: Sequence[str], n_layers: int, edges: Sequence[tuple], po
 
 COLUMNS = 2          # panels per row
 PANEL_HEIGHT = 300   # px per row of panels
+PANEL_TITLE_LINES = 4    # panel_title's lines
 DIAGONAL = "#b0b0b0"
 
 
@@ -173,8 +174,9 @@ def number(value: float, digits: int = 2) -> str:
 
 
 def panel_title(method: str, rho: float, overlap: float, k: int, cost: float, signed: bool) -> str:
-    against = "" if signed else " (vs |exact|)"
-    return (f"<b>{escaped(method)}</b>: ρ {number(rho)}{against}, top-{k} overlap {number(overlap)}, "
+    """Short lines, so a panel half a phone wide holds them."""
+    against = "" if signed else " vs |exact|"
+    return (f"<b>{escaped(method)}</b><br>ρ {number(rho)}{against}<br>top-{k} overlap {number(overlap)}<br>"
             f"cost {number(cost, 1)} passes")
 
 
@@ -192,8 +194,8 @@ def shortcut_scatter(exact: np.ndarray, estimates: Sequence[np.ndarray], methods
         raise ValueError("each method needs its estimate, ρ, overlap, cost and sign")
     rows = max(1, math.ceil(len(methods) / COLUMNS))
     titles = [panel_title(m, r, o, k, c, s) for m, r, o, c, s in zip(methods, rhos, overlaps, costs, signed)]
-    fig = make_subplots(rows=rows, cols=COLUMNS, subplot_titles=titles, horizontal_spacing=0.1,
-                        vertical_spacing=0.22 / rows + 0.08)
+    fig = make_subplots(rows=rows, cols=COLUMNS, subplot_titles=titles, horizontal_spacing=0.14,
+                        vertical_spacing=0.3 / rows + 0.1)
     labels = [escaped(n) for n in names]
     low, high = float(np.nanmin(exact)) if exact.size else 0.0, float(np.nanmax(exact)) if exact.size else 1.0
     for i, (method, estimate, is_signed) in enumerate(zip(methods, estimates, signed)):
@@ -210,6 +212,12 @@ def shortcut_scatter(exact: np.ndarray, estimates: Sequence[np.ndarray], methods
                           row=row, col=col)
         fig.update_xaxes(title_text="exact patching", row=row, col=col)
         fig.update_yaxes(title_text="estimate" if is_signed else "importance", row=row, col=col)
-    fig.update_annotations(font={"size": 12})
-    base_layout(fig, f"{title} (exact sweep: {number(exact_cost, 1)} passes)", PANEL_HEIGHT * rows + 60, top=90)
+    fig.update_annotations(font={"size": 11})
+    base_layout(fig, f"{title} (exact sweep: {number(exact_cost, 1)} passes)", PANEL_HEIGHT * rows + 120, top=90)
+    fig = fit_narrow(fig)
+    # the first row's panel titles stand above the plot, where fit_narrow put the figure's title: lift the title
+    # over them
+    lift = PANEL_TITLE_LINES * 14
+    fig.update_layout(margin={"t": fig.layout.margin.t + lift})
+    fig.for_each_annotation(lambda a: a.update(yshift=a.yshift + lift), selector=lambda a: a.name in ("title", "subtitle"))
     return fig

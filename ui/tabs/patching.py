@@ -165,7 +165,8 @@ def shortcuts_section(services, picker, clean, corrupted, answer, foil, mode) ->
     # the same comparison over the built-in IOI pairs, in the Across texts tab (ui/page.py wires it)
     over_pairs = gr.Button(OVER_PAIRS_WORDS, size="sm", elem_id="patch-shortcut-typical")
     note = gr.Markdown(elem_id="patch-shortcut-note")
-    figure = gr.Plot(label="Exact effect against each shortcut's estimate, one point per cell",
+    # no label badge: it would sit over the figure's own title, which says the same and more
+    figure = gr.Plot(label="Exact effect against each shortcut's estimate, one point per cell", show_label=False,
                      elem_id="patch-shortcut", visible=False)
     button.click(lambda: gr.Plot(visible=True), None, figure, api_visibility="private", queue=False).then(
         handler(views.shortcuts_view, services, "shortcut_report", heavy="A shortcut comparison"),
