@@ -14,7 +14,7 @@ from core.analysis import qk
 from core.corpus import summaries, texts as corpora
 from ui.plots.heads import composition_figure
 from ui.services.checks import UserError
-from ui.services.composition import TOP, composition, top_and_rest
+from ui.services.corpus.composition import TOP, composition, top_and_rest
 from ui.services.corpus.over import induction_length
 
 
@@ -25,8 +25,10 @@ def llama(tmp_path_factory):
 
 def test_the_bars_are_the_cores_shares_with_the_rest_summed_per_text(llama):
     found = composition(llama, 1, 2, "key", 3)
-    labels, over = top_and_rest(summaries.summarise(torch.arange(24.).reshape(2, 12) - 5), [str(i) for i in range(12)], 3)
-    assert labels == ["11", "10", "9", "rest"] and over.per_item[:, 3].tolist() == [-9.0, 99.0]   # columns 0..8 of each row
+    grid = summaries.summarise(torch.arange(24.).reshape(2, 12) - 5)          # 2 texts, 12 parts
+    labels, over = top_and_rest(grid, [str(i) for i in range(12)], 3)
+    assert labels == ["11", "10", "9", "rest"]
+    assert over.per_item[:, 3].tolist() == [-9.0, 99.0]                      # parts 0..8 of each text, summed
     texts = corpora.induction_texts(llama.tokenizer, 3, induction_length(llama), bos=llama.config.bos_token_id)
     core = qk.composition_over(llama, texts, 1, 2, "key")
     per_text = core.shares.per_item                                    # [n, parts], each text's shares add to 1

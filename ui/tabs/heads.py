@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ui.services.composition import DEFAULT_TEXTS, MAX_TEXTS as MAX_COMPOSITION_TEXTS
+from ui.services.corpus.composition import DEFAULT_TEXTS, MAX_TEXTS as MAX_COMPOSITION_TEXTS
 from ui.services.heads import (COMPLETENESS_STEPS, HEADS_KEPT, MAX_HEADS_TOKENS, MAX_IG_STEPS, MAX_SWEEP_TOKENS,
                                SWEEP_BATCH, scored_shape)
 from ui.services.kept import keeping
@@ -16,7 +16,7 @@ from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, opening, user_errors
 from ui.tabs.widgets import Tab, click_bridge, export_row, layer_head, read_example, run_checked, upload
 from ui.views import heads as views
 from ui.views import sinks as sink_views
-from ui.views.composition import composition_view
+from ui.views.corpus.composition import composition_view
 
 CACHE_TTL_S = 1800  # a session's kept results are dropped after half an hour
 
@@ -301,11 +301,11 @@ def sinks_section(services, picker, text) -> dict:
                 press={note: button, compare_note: compare, window_note: run})
 
 
-COMPOSITION_INTRO = """Why does the head chosen above attend where it does? Its score of a query and a key splits exactly
-into the earlier components that wrote them: embeddings, each earlier head, each MLP. This runs the split over the
-induction texts on the head's most attended pairs and shows each component's share, with its interval, beside
-what the weights alone allow (Elhage et al.'s composition scores). An induction head's keys should come from a
-previous-token head: see whether they do."""
+COMPOSITION_INTRO = """Why does the head chosen above attend where it does? Its score of a query and a key splits
+exactly into the earlier components that wrote them: embeddings, each earlier head, each MLP. This runs the split
+over the induction texts on the head's most attended pairs and shows each component's share, with its interval,
+beside what the weights alone allow (Elhage et al.'s composition scores). An induction head's keys should come
+from a previous-token head: see whether they do."""
 
 
 def composition_section(services, picker, layer, head) -> dict:
@@ -320,8 +320,8 @@ def composition_section(services, picker, layer, head) -> dict:
                       elem_id="heads-composition-n")
         button = gr.Button("What feeds it?", elem_id="heads-composition-run")
     note = gr.Markdown(elem_id="heads-composition-note")
-    figure = gr.Plot(label="Each component's share, and what the weights allow", elem_id="heads-composition",
-                     visible=False)
+    figure = gr.Plot(label="Each component's share, and what the weights allow", show_label=False,
+                     elem_id="heads-composition", visible=False)
     button.click(**shown([figure])).then(
         handler(composition_view, services, "composition_over", heavy="A composition over the induction texts"),
         [picker.model, layer, head, side, n], [note, figure], api_name="composition_over", **ON_HEAVY)

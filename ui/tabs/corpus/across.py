@@ -69,18 +69,8 @@ def build(services, picker, initial) -> SimpleNamespace:
                 mode = gr.Radio(["denoise", "noise"], value="denoise", label="Direction", elem_id="corpus-mode")
                 layer = gr.Number(0, label="Layer (for one layer's heads)", precision=0, elem_id="corpus-layer")
                 patch_run = gr.Button(views.RUN_BUTTONS[2], variant="primary", elem_id="corpus-patch-run")
-            with gr.Accordion("Shortcuts against exact patching (pairs)", open=False, elem_id="corpus-shortcuts-box"):
-                gr.Markdown(SHORTCUTS_WORDS, elem_classes=["field-note"])
-                shortcut_mode = gr.Radio(["denoise", "noise"], value="denoise", label="Direction",
-                                         elem_id="corpus-shortcut-mode")
-                shortcuts_run = gr.Button(views.RUN_BUTTONS[3], variant="primary", elem_id="corpus-shortcuts-run")
-            with gr.Accordion("Top examples of one head (texts)", open=False, elem_id="corpus-examples-box"):
-                with gr.Row():
-                    ex_layer = gr.Number(0, label="Layer", precision=0, elem_id="corpus-ex-layer", min_width=90)
-                    ex_head = gr.Number(0, label="Head", precision=0, elem_id="corpus-ex-head", min_width=90)
-                    ex_k = gr.Number(10, label=f"Examples (k, up to {MAX_EXAMPLES})", precision=0,
-                                     elem_id="corpus-ex-k", min_width=90)
-                examples_run = gr.Button(views.EXAMPLES_BUTTON, variant="primary", elem_id="corpus-examples-run")
+            shortcut_mode, shortcuts_run = shortcuts_box()
+            examples = examples_box()
             plane = plane_box()
             ablation, ablation_run = ablation_box()
             # below the analyses, so that the first run's button stays in view: the cell the strip shows (a click
@@ -137,8 +127,8 @@ def build(services, picker, initial) -> SimpleNamespace:
                                     [*common, row, col, kept]), api_name="corpus_attribution"),
         patch_run.click(**show_map).then(**runs["patch"], api_name="corpus_patch"),
         shortcuts_run.click(**show_map).then(**runs["shortcuts"], api_name="corpus_shortcuts"),
-        examples_run.click(handler(views.examples_view, services, "corpus_examples", heavy="A top-examples job"),
-                           [*common, ex_layer, ex_head, ex_k], [examples_note, examples_table],
+        examples.run.click(handler(views.examples_view, services, "corpus_examples", heavy="A top-examples job"),
+                           [*common, examples.layer, examples.head, examples.k], [examples_note, examples_table],
                            api_name="corpus_examples", **ON_HEAVY),
         plane.run.click(**shown([plane_fig])).then(
                         handler(qk_view, services, "corpus_qk", heavy="A query/key plane over a corpus"),
@@ -166,6 +156,18 @@ def cap_words(max_seconds: float) -> str:
             "keeps the summary of the items finished by then, and a saved job run again goes on from them.")
 
 
+def examples_box() -> SimpleNamespace:
+    """The top examples' box: one head (layer, head), how many examples, and its button; the corpus is the tab's."""
+    with gr.Accordion("Top examples of one head (texts)", open=False, elem_id="corpus-examples-box"):
+        with gr.Row():
+            layer = gr.Number(0, label="Layer", precision=0, elem_id="corpus-ex-layer", min_width=90)
+            head = gr.Number(0, label="Head", precision=0, elem_id="corpus-ex-head", min_width=90)
+            k = gr.Number(10, label=f"Examples (k, up to {MAX_EXAMPLES})", precision=0, elem_id="corpus-ex-k",
+                          min_width=90)
+        run = gr.Button(views.EXAMPLES_BUTTON, variant="primary", elem_id="corpus-examples-run")
+    return SimpleNamespace(layer=layer, head=head, k=k, run=run)
+
+
 def plane_box() -> SimpleNamespace:
     """The query/key plane's box: one head (layer, head) and its button; the corpus is the tab's."""
     with gr.Accordion("Query/key plane of one head (texts)", open=False, elem_id="corpus-qk-box"):
@@ -177,6 +179,15 @@ def plane_box() -> SimpleNamespace:
             head = gr.Number(0, label="Head", precision=0, elem_id="corpus-qk-head", min_width=90)
         run = gr.Button(views.PLANE_BUTTON, variant="primary", elem_id="corpus-qk-run")
     return SimpleNamespace(layer=layer, head=head, run=run)
+
+
+def shortcuts_box():
+    """The shortcuts' box: the direction, and its button; the map and strip are the tab's."""
+    with gr.Accordion("Shortcuts against exact patching (pairs)", open=False, elem_id="corpus-shortcuts-box"):
+        gr.Markdown(SHORTCUTS_WORDS, elem_classes=["field-note"])
+        mode = gr.Radio(["denoise", "noise"], value="denoise", label="Direction", elem_id="corpus-shortcut-mode")
+        run = gr.Button(views.RUN_BUTTONS[3], variant="primary", elem_id="corpus-shortcuts-run")
+    return mode, run
 
 
 def ablation_box():

@@ -1,6 +1,6 @@
 """The Heads tab's "what feeds this head" section: one head's keys or queries traced over the induction texts to
-the earlier components that wrote them (ui.services.composition), beside what its weights allow; the body of the
-`composition_over` endpoint."""
+the earlier components that wrote them (ui.services.corpus.composition), beside what its weights allow; the body
+of the `composition_over` endpoint."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ui.plots.corpus import interval_words
 from ui.plots.heads import composition_figure
 from ui.plots.text import escaped
 from ui.services import Services
-from ui.services.composition import composition
+from ui.services.corpus.composition import composition
 from ui.views import export
 
 DEFINITION = ("The score of a query i and key j splits exactly into pairs (a part that wrote the query, a part that "
