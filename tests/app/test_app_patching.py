@@ -164,7 +164,40 @@ def test_flow_graph_attention_edges_are_the_cores_token_edges_with_their_heads_s
         assert custom[0] == f"{e.layer}.{e.heads[0][0]}"
         listed = [f"L{e.layer} H{h} {part:.2f}" for h, part in e.heads[:8]]
         assert custom[4].startswith(", ".join(listed))
+        assert custom[6] == f"edge {e.layer}.{e.target}.{e.source}"     # what a click on it asks why of
     assert "heads: %{customdata[4]}" in trace["hovertemplate"]
+
+
+def test_why_an_edge_is_kept_is_the_cores_edge_attribution_with_a_link_to_each_head(served):
+    """edge_attribution: each of the edge's strongest heads' query-side and key-side parts as bars, the core's
+    (qk.edge_attribution on the same graph), each side adding up to the head's relative score; the note names the
+    edge and links each head to the Inside tab at that query; an edge the graph does not keep is named in words."""
+    from core.analysis import qk
+
+    model, client = served["model"], served["client"]
+    graph = patching.flow_graph(model, ids_of(model, CLEAN), -1, 0.02)
+    edge = max((e for e in graph.edges if e.kind == "attention"), key=lambda e: e.importance)
+    note, figure = client.predict(served["llama"], CLEAN, 0.02, edge.layer, edge.target, edge.source,
+                                  api_name="/edge_attribution")
+    expected = qk.edge_attribution(model, ids_of(model, CLEAN), graph, edge.layer, edge.target, edge.source)
+    bars = [t for t in json.loads(figure["plot"])["data"] if t["type"] == "bar"]
+    shown = expected.heads[:3]
+    assert len(bars) == 2 * len(shown)
+    for i, reason in enumerate(shown):
+        for bar, parts in zip(bars[2 * i: 2 * i + 2], (reason.query_parts, reason.key_parts)):
+            assert list(bar["y"]) == [label for label, _ in parts]
+            values = plotly_array(bar["x"])
+            assert values == pytest.approx([v for _, v in parts], abs=1e-6)
+            assert values.sum() == pytest.approx(reason.score, abs=1e-4)       # each side adds up to the score
+        assert f"**L{edge.layer} H{reason.head}**" in note
+        assert f"tab=inside&layer={edge.layer}&head={reason.head}&token={edge.target}" in note
+    assert f"(position {edge.target})" in note and "relative score" in note
+    kept = {(e.layer, e.target, e.source) for e in graph.edges if e.kind == "attention"}
+    missing = next((0, t, s) for t in range(1, 9) for s in range(t) if (0, t, s) not in kept)
+    with pytest.raises(AppError, match="keeps no attention edge"):
+        client.predict(served["llama"], CLEAN, 0.02, *missing, api_name="/edge_attribution")
+    with pytest.raises(AppError, match="Edge source"):
+        client.predict(served["llama"], CLEAN, 0.02, 0, 2, 5, api_name="/edge_attribution")
 
 
 def flow_states(served) -> list:

@@ -43,8 +43,9 @@ LONG = 512  # new tokens: the most Generate writes, so its trace is as long as a
 # the page's steps that need what only a page sends: a tab's select event, a clicked head, a shown generation
 # (and the Patching tab's "how typical is this?" and shortcuts-over-the-IOI-pairs runs, whose first step sets the
 # corpus to IOI pairs: the tiny tokenizer has no one-token names for them, and the field's first value, induction
-# texts, holds no pairs)
-NEEDS_THE_PAGE = {"remember_tab", "open_head", "send_to_attention", "corpus_patch_1", "corpus_shortcuts_1"}
+# texts, holds no pairs), and why-this-edge after a click on the graph, which sets an edge the graph keeps
+NEEDS_THE_PAGE = {"remember_tab", "open_head", "send_to_attention", "corpus_patch_1", "corpus_shortcuts_1",
+                  "edge_attribution_1"}
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +135,8 @@ def calls(llama: str, upload: str) -> list[tuple[str, tuple]]:
         ("corpus_qk", (llama, "induction texts", 3, None, 1, 2)),
         ("corpus_ablation", (llama, "induction texts", 2, None, "zero", 0, 0)),
         ("lesson", (llama, "sqrt-dk")),
+        ("composition_over", (llama, 1, 0, "key", 2)),
+        ("edge_attribution", (llama, CLEAN, 0.0, 1, 8, 0)),     # the last token (of 9) reading the first
     ]
 
 

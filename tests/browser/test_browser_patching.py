@@ -1,12 +1,14 @@
 """The Patching tab in a real browser (headless Chromium), on a tiny random model: no figure box before a result,
-the sweep (its map opens on the first preset's), logit attribution and the flow graph drawn, a click on a head opening it in the Attention tab (from
-the attribution map, and from a flow-graph attention edge, its strongest head), the sweep's colour bar
-saying what a cell means in each direction, and how good the shortcuts are: the comparison draws one scatter panel
-per method, its note says that a map can look right and rank the wrong heads, and a point's hover names its cell."""
+the sweep (its map opens on the first preset's), logit attribution and the flow graph drawn, a click on a head of
+the attribution map opening it in the Attention tab, a click on a flow-graph edge saying why its heads attend there
+(at 1400 px and on a phone), the sweep's colour bar saying what a cell means in each direction, and how good the
+shortcuts are: the comparison draws one scatter panel per method (at 1400 px and on a phone), its note says that a
+map can look right and rank the wrong heads, and a point's hover names its cell."""
 
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -127,7 +129,9 @@ def shortcuts_on_a_phone(page: Page) -> None:
     screenshot(page, "patching-shortcuts-phone")
 
 
-def test_a_click_on_a_flow_graph_edge_opens_its_strongest_head(page):
+def test_a_click_on_a_flow_graph_edge_says_why_its_heads_attend_there(page):
+    """A click on an attention edge's midpoint opens *Why this edge?* on that edge: its strongest head's query
+    and key parts as bars and a link to the Inside tab at that head; on a phone the panel fits the width."""
     open_patching(page)
     page.locator("#patch-flow-threshold input[type=number]").fill("0.02")
     page.locator("#patch-flow-threshold input[type=number]").press("Enter")
@@ -136,7 +140,8 @@ def test_a_click_on_a_flow_graph_edge_opens_its_strongest_head(page):
     plot = page.locator("#patch-flow .js-plotly-plot")
     index = plot.evaluate("(el) => el._fullData.findIndex((t) => t.name === 'attention edge')")
     assert index >= 0, "no attention edge drawn"
-    head = plot.evaluate(f"(el) => el._fullData[{index}].customdata[0][0]")
+    head, edge = plot.evaluate(f"(el) => [el._fullData[{index}].customdata[0][0], "
+                               f"el._fullData[{index}].customdata[0][6]]")
     point = page.locator("#patch-flow .scatterlayer .trace").nth(index).locator(".point").first
     point.scroll_into_view_if_needed()
     box = point.bounding_box()
@@ -145,10 +150,27 @@ def test_a_click_on_a_flow_graph_edge_opens_its_strongest_head(page):
     hover = page.locator("#patch-flow .hoverlayer .hovertext").first
     expect(hover).to_contain_text(f"heads: L{layer} H{strongest}", timeout=10_000)
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-    expect(page.get_by_role("tab", name="Attention")).to_have_attribute("aria-selected", "true",
-                                                                        timeout=RUN_TIMEOUT_MS)
-    expect(page.locator("#attn-head-view")).to_contain_text(f"Layer {layer}, head {strongest}",
-                                                            timeout=RUN_TIMEOUT_MS)
+    _, target, source = (int(n) for n in edge.removeprefix("edge ").split("."))
+    note = page.locator("#patch-edge-note")
+    expect(note).to_contain_text(f"layer {layer}'s attention from", timeout=RUN_TIMEOUT_MS)
+    expect(note).to_contain_text(f"(position {target})")
+    expect(note).to_contain_text(f"(position {source})")
+    expect(note.locator("a").first).to_have_attribute("href", re.compile(
+        f"tab=inside&layer={layer}&head={strongest}&token={target}"))
+    expect(page.locator("#patch-edge .js-plotly-plot .barlayer .trace").first).to_be_attached(timeout=RUN_TIMEOUT_MS)
+    page.set_viewport_size(PHONE)
+    try:
+        settled(page)
+        figure = page.locator("#patch-edge .js-plotly-plot").first
+        figure.scroll_into_view_if_needed()
+        frame = figure.bounding_box()
+        assert frame["x"] >= -1 and frame["x"] + frame["width"] <= PHONE["width"] + 1, frame
+        for title in page.locator("#patch-edge .js-plotly-plot .annotation").all():
+            b = title.bounding_box()
+            assert b["x"] >= frame["x"] - 1 and b["x"] + b["width"] <= frame["x"] + frame["width"] + 1, b
+        screenshot(page, "patching-edge-phone")
+    finally:
+        page.set_viewport_size(WIDE)
 
 
 def test_the_sweeps_colour_bar_says_what_a_cell_means_in_each_direction(page):

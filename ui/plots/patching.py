@@ -114,8 +114,8 @@ def flow_figure(tokens: Sequence[str], n_layers: int, edges: Sequence[tuple], po
     """The flow graph: tokens across, levels up (2l: entering layer l, 2l + 1: after its attention, 2L: the
     output). edges: (kind, layer, head, source, target, level, importance, heads), the source at level − 1;
     an attention edge's head is its strongest and heads its (head, part) pairs, strongest first. Line width
-    ∝ importance; an attention edge's midpoint carries its hover (its heads) and its strongest head's
-    "layer.head" for a click, an MLP edge is a square on its token between the two levels."""
+    ∝ importance; an attention edge's midpoint carries its hover (its heads), its strongest head's "layer.head"
+    and "edge layer.target.source" for a click, an MLP edge is a square on its token between the two levels."""
     fig = go.Figure()
     labels = [escaped(t) for t in tokens]
     widths = (0.08, 0.2, 0.4, 1.01)
@@ -137,10 +137,10 @@ def flow_figure(tokens: Sequence[str], n_layers: int, edges: Sequence[tuple], po
             x=[(e[3] + e[4]) / 2 for e in attention], y=[e[5] - 0.5 for e in attention], mode="markers",
             marker={"size": 7, "color": EDGE_COLORS["attention"], "opacity": 0.35}, name="attention edge",
             customdata=[[f"{e[1]}.{e[2]}", labels[e[3]], labels[e[4]], e[6],
-                         head_list(e[7], e[1]), e[1]] for e in attention],
+                         head_list(e[7], e[1]), e[1], f"edge {e[1]}.{e[4]}.{e[3]}"] for e in attention],
             hovertemplate=("layer %{customdata[5]} attention: %{customdata[1]} → %{customdata[2]}, importance "
-                           "%{customdata[3]:.2f} (its heads summed)<br>heads: %{customdata[4]}<br>click: open the "
-                           "strongest head<extra></extra>")))
+                           "%{customdata[3]:.2f} (its heads summed)<br>heads: %{customdata[4]}<br>click: why this "
+                           "edge (its heads' query and key, traced)<extra></extra>")))
     mlps = [e for e in edges if e[0] == "mlp"]
     if mlps:
         fig.add_trace(go.Scatter(
@@ -219,5 +219,31 @@ def shortcut_scatter(exact: np.ndarray, estimates: Sequence[np.ndarray], methods
     # over them
     lift = PANEL_TITLE_LINES * 14
     fig.update_layout(margin={"t": fig.layout.margin.t + lift})
-    fig.for_each_annotation(lambda a: a.update(yshift=a.yshift + lift), selector=lambda a: a.name in ("title", "subtitle"))
+    fig.for_each_annotation(lambda a: a.update(yshift=a.yshift + lift),
+                            selector=lambda a: a.name in ("title", "subtitle"))
     return fig
+
+
+def edge_bars(heads: Sequence[tuple[str, Sequence[tuple[str, float]], Sequence[tuple[str, float]]]],
+              title: str) -> go.Figure:
+    """Why an attention edge is there: for each of its heads (name, query parts, key parts), a row of two bar
+    panels: each query-side component against the whole relative key, and the whole query against each key-side
+    component, each (label, value) largest first with "rest" last; each panel adds up to the head's relative
+    score."""
+    titles = [f"{escaped(name)}: {side}" for name, _, _ in heads for side in ("its query", "its key")]
+    fig = make_subplots(rows=max(1, len(heads)), cols=2, subplot_titles=titles, horizontal_spacing=0.3,
+                        vertical_spacing=0.12 / max(1, len(heads)) + 0.06)
+    longest = 1
+    for row, (_, *sides) in enumerate(heads, start=1):
+        for col, parts in enumerate(sides, start=1):
+            labels, values = [escaped(label) for label, _ in parts], [value for _, value in parts]
+            longest = max(longest, len(labels))
+            fig.add_trace(go.Bar(x=values, y=labels, orientation="h", showlegend=False,
+                                 marker_color=["#2a9d8f" if v >= 0 else "#e76f51" for v in values],
+                                 hovertemplate="%{y}: %{x:+.3f}<extra></extra>"), row=row, col=col)
+            fig.update_yaxes(type="category", autorange="reversed", tickfont={"size": 9}, row=row, col=col)
+            fig.update_xaxes(zeroline=True, zerolinecolor="#888", tickfont={"size": 9}, nticks=4, row=row, col=col)
+    fig.update_annotations(font={"size": 11})
+    base_layout(fig, title, 120 + len(heads) * (40 + 15 * longest), top=70)
+    fig.update_layout(margin={"l": 70, "r": 10})
+    return fit_narrow(fig)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from core.analysis import patching, shortcuts
+from core.analysis import patching, qk, shortcuts
 from core.corpus import Pair
 from ui.services.checks import UserError, check_choice, check_float, check_range
 from ui.services.heads import next_token_reason
@@ -321,6 +321,26 @@ def kept_flow(model, model_name: str, text, threshold, kept: KeptStore, previous
     seconds = time.perf_counter() - started
     kept.put(ticket, key, graph, graph_bytes(graph))
     return FlowResult(graph, tokens, seconds, FlowCache(key, ticket))
+
+
+EDGE_HEADS = 3   # an edge's heads whose reasons are shown, strongest first (the flow graph's parts)
+
+
+def edge_reasons(model, model_name: str, text, threshold, layer, target, source, kept: KeptStore,
+                 previous=None) -> tuple[FlowResult, qk.EdgeAttribution]:
+    """Why a kept attention edge source → target through `layer` of the prompt's flow graph at `threshold` is
+    there (core qk.edge_attribution: each of its heads' relative score split into the components that wrote its
+    query and its key), on the graph kept for the session or computed (kept_flow). An edge the graph does not
+    keep is refused, naming the ones it keeps there."""
+    result = kept_flow(model, model_name, text, threshold, kept, previous)
+    n = len(result.tokens.ids)
+    layer = check_range("Edge layer", layer, 0, result.graph.n_layers - 1)
+    target = check_range("Edge target (the later token)", target, 0, n - 1)
+    source = check_range("Edge source (the token read)", source, 0, target)
+    with refusals_in_words():
+        found = qk.edge_attribution(model, as_batch(result.tokens.ids, model.device), result.graph, layer, target,
+                                    source)
+    return result, found
 
 
 # ---- how good are the shortcuts ----

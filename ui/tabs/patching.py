@@ -77,7 +77,7 @@ def build(services, picker, initial) -> Tab:
     attribution = attribution_section(services, picker, clean, corrupted, answer, foil)
     flow = flow_section(services, picker, clean)
     shortcut = shortcuts_section(services, picker, clean, corrupted, answer, foil, mode)
-    picked = click_bridge("patch-head-bridge", ["patch-map", "patch-dla", "patch-flow"], HEAD_READ)
+    picked = click_bridge("patch-head-bridge", ["patch-map", "patch-dla"], HEAD_READ)
 
     sweep = dict(fn=handler(views.patch_view, services, "patch_sweep", heavy="A patching sweep"),
                  inputs=[picker.model, clean, corrupted, answer, foil, site, mode, layer],
@@ -135,7 +135,47 @@ def flow_section(services, picker, clean) -> dict:
     button.click(lambda: (gr.Plot(visible=True), gr.File(visible=True)), None, [figure, file],
                  api_visibility="private", queue=False).then(**event, api_name="flow_graph")
     threshold.release(**event, api_visibility="private")
-    return dict(results=[note, figure, file, cache], press={note: button})
+    edge = edge_box(services, picker, clean, threshold, cache)
+    return dict(results=[note, figure, file, cache, *edge["results"]], press={note: button, **edge["press"]})
+
+
+EDGE_READ = ("return point.customdata === undefined ? null : "
+             "[].concat(point.customdata).map(String).find((v) => /^edge \\d+\\.\\d+\\.\\d+$/.test(v)) || null;")
+
+
+def edge_box(services, picker, clean, threshold, cache) -> dict:
+    """Why an attention edge of the flow graph is there (`edge_attribution`): a click on an edge's midpoint (or
+    its layer, target and source typed) traces each of its heads' query and key to earlier components."""
+    with gr.Accordion("Why this edge? Its heads' query and key, traced to earlier components", open=False,
+                      elem_id="patch-edge-box") as box:
+        gr.Markdown("Click an attention edge's midpoint in the graph (or type its layer and tokens) to split each of "
+                    "its heads' scores into the earlier components that wrote the query and the key.",
+                    elem_classes=["field-note"])
+        with gr.Row():
+            layer = gr.Number(0, label="Layer", precision=0, elem_id="patch-edge-layer", min_width=80)
+            target = gr.Number(0, label="Target (later token)", precision=0, elem_id="patch-edge-target",
+                               min_width=80)
+            source = gr.Number(0, label="Source (token read)", precision=0, elem_id="patch-edge-source",
+                               min_width=80)
+            run = gr.Button("Why this edge?", elem_id="patch-edge-run", min_width=120)
+        note = gr.Markdown(elem_id="patch-edge-note")
+        figure = gr.Plot(label="Each head's relative score, by the components of its query and its key",
+                         show_label=False, elem_id="patch-edge", visible=False)
+    event = dict(fn=handler(views.edge_view, services, "edge_attribution"),
+                 inputs=[picker.model, clean, threshold, layer, target, source, cache],
+                 outputs=[note, figure, cache], **ON_ANALYSIS)
+    run.click(lambda: gr.Plot(visible=True), None, figure, api_visibility="private", queue=False).then(
+        **event, api_name="edge_attribution")
+    clicked = click_bridge("patch-edge-bridge", ["patch-flow"], EDGE_READ)
+
+    @user_errors
+    def chosen(value: str):
+        numbers = str(value).removeprefix("edge ").split(".")
+        return (*(int(n) for n in numbers), gr.Accordion(open=True), gr.Plot(visible=True))
+
+    clicked.click(chosen, clicked, [layer, target, source, box, figure], api_visibility="private",
+                  queue=False).then(**event, api_visibility="private")
+    return dict(results=[note, figure], press={note: run})
 
 
 SHORTCUTS_INTRO = """Exact patching runs the model once per cell; researchers often use cheaper estimates instead.

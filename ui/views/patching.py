@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import math
 from contextlib import closing
+from urllib.parse import urlsplit
 
+from ui import links
 from ui.plots.base import empty_figure
-from ui.plots.patching import flow_figure, logit_attribution_figure, patch_heatmap, shortcut_scatter
+from ui.plots.patching import edge_bars, flow_figure, logit_attribution_figure, patch_heatmap, shortcut_scatter
 from ui.plots.text import escaped
 from ui.services import Services
 from ui.services.checks import UserError
-from ui.services.patching import (MAX_FLOW_TOKENS, MAX_PATCH_TOKENS, METHOD_WORDS, SHORTCUT_SITES, STRONG,
-                                  FlowResult, PairShortcuts, PatchPair, TokenMismatch, check_shortcut_site,
-                                  check_sweep, check_threshold, kept_flow, logit_parts, one_estimate, pair_shortcuts,
-                                  prepare_pair, stream_patching)
+from ui.services.patching import (EDGE_HEADS, MAX_FLOW_TOKENS, MAX_PATCH_TOKENS, METHOD_WORDS, SHORTCUT_SITES,
+                                  STRONG, FlowResult, PairShortcuts, PatchPair, TokenMismatch, check_shortcut_site,
+                                  check_sweep, check_threshold, edge_reasons, kept_flow, logit_parts, one_estimate,
+                                  pair_shortcuts, prepare_pair, stream_patching)
 from ui.services.text import token_texts
 from ui.views import export
 
@@ -253,7 +255,7 @@ def flow_note(result: FlowResult, tokens: list[str], model=None) -> str:
         f"{FLOW_DEFINITION}{variants} Kept: **{len(graph.edges)} edges** of importance ≥ "
         f"{graph.threshold:g}.{timing}  \n"
         f"Strongest attention edges (their strongest heads): {named}. Hover an attention edge's dot for all its "
-        "heads; a click opens the strongest in the Attention tab."
+        "heads; a click says why its heads attend there (*Why this edge?* below the graph)."
     )
 
 
@@ -292,6 +294,53 @@ def flow_view(services: Services, model_name, clean_prompt, threshold, previous=
     texts = token_texts(model, result.tokens.ids)
     return (flow_note(result, texts, model), flow_figure_of(result.graph, texts, name),
             flow_file(result.graph, texts, name), result.cache)
+
+
+EDGE_DEFINITION = ("Each head's **relative score**, score(i, j) − Σ_k a_ik·score(i, k) (the score of this key "
+                   "against the query's attention-weighted mean, what softmax compares), is split exactly into the "
+                   "components that wrote its query and its key: the embeddings, every earlier head one by one, every "
+                   "earlier MLP and the biases, every norm frozen at its value on this prompt. The left panel gives "
+                   "each query-side component against the whole key side, the right one the whole query against each "
+                   "key-side component; each adds up to the relative score. Positive parts make the key win.")
+
+
+def edge_link(model_name: str, text: str, layer: int, head: int, query: int) -> str:
+    """The Inside tab at this head and query, on this prompt, as a link's query string (or "" where the prompt is
+    too long for a link)."""
+    link, left_out = links.make("/", model_name, "inside", layer, head, text, token=query)
+    return "" if left_out else f"?{urlsplit(link).query}"
+
+
+def edge_view(services: Services, model_name, clean_prompt, threshold, layer_index, target_index, source_index,
+              previous=None, progress=None):
+    """(note, figure, cache): why the flow graph keeps the attention edge source → target through a layer: each of
+    its heads (the EDGE_HEADS strongest) with its relative score traced to the components that wrote its query and
+    its key; the body of the `edge_attribution` endpoint. The graph is the session's kept one where it is of
+    this prompt."""
+    name = model_name
+    model = services.models.get(name, progress)
+    check_threshold(threshold)
+    result, found = edge_reasons(model, name, clean_prompt, threshold, layer_index, target_index, source_index,
+                                 services.kept, previous)
+    texts = token_texts(model, result.tokens.ids)
+    shown = found.heads[:EDGE_HEADS]
+    edge = (f"layer {found.layer}'s attention from {quoted(texts[found.target])} (position {found.target}) to "
+            f"{quoted(texts[found.source])} (position {found.source})")
+    lines = [f"**Why the graph keeps {edge}** (importance {found.importance:.2f}, threshold {result.graph.threshold:g}): "
+             f"its {len(found.heads)} head(s) with a part in it, the {len(shown)} strongest shown. {EDGE_DEFINITION}"]
+    for reason in shown:
+        link = edge_link(name, clean_prompt, found.layer, reason.head, found.target)
+        query_top, key_top = reason.query_parts[0], reason.key_parts[0]
+        opened = (f" [Open L{found.layer} H{reason.head} in the Inside tab at this query]({link})" if link else
+                  " (the prompt is too long for a link to the Inside tab)")
+        lines.append(f"- **L{found.layer} H{reason.head}**: its part of the edge {reason.importance:.2f}, weight "
+                     f"{reason.weight:.3f}, relative score {reason.score:+.3f}; largest on the query side "
+                     f"{escaped(query_top[0])} ({query_top[1]:+.3f}), on the key side {escaped(key_top[0])} "
+                     f"({key_top[1]:+.3f}).{opened}")
+    heads = [(f"L{found.layer} H{r.head}", r.query_parts, r.key_parts) for r in shown]
+    figure = edge_bars(heads, f"Why layer {found.layer} reads {texts[found.source]!r} from {texts[found.target]!r}")
+    return ("\n".join(lines), export.named(figure, export.filename(name, f"edge-L{found.layer}-{found.target}-"
+                                                                        f"{found.source}")), result.cache)
 
 
 LIMITS = (f"Patching and logit attribution read prompts of up to {MAX_PATCH_TOKENS} tokens, the flow graph up to "
