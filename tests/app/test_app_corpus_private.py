@@ -159,7 +159,8 @@ def test_a_model_change_clears_the_tabs_results(space):
     change = fns[follow.trigger_after].targets                                       # the picker's change
     stopping = [fn for fn in fns.values() if fn.is_cancel_function and fn.targets == change]
     assert [sorted(fns[i].name for i in fn.cancels) for fn in stopping] == [
-        ["corpus_ablation", "corpus_attribution", "corpus_examples", "corpus_heads", "corpus_patch", "corpus_qk"]]
+        ["corpus_ablation", "corpus_attribution", "corpus_examples", "corpus_heads", "corpus_patch", "corpus_qk",
+         "corpus_shortcuts"]]
 
 
 def test_a_job_in_chunks_is_saved_for_its_page_and_its_clock_started(space, tmp_path, monkeypatch):

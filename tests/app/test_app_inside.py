@@ -29,7 +29,8 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("inside-models")
     llama, bert = str(build_tiny_llama(root / "tiny-llama")), str(build_tiny_bert(root / "tiny-bert"))
     demo, url, services = launch_app([llama, bert], llama)
-    yield dict(llama=llama, bert=bert, services=services, client=Client(url, verbose=False))
+    yield dict(llama=llama, bert=bert, services=services, client=Client(url, verbose=False),
+               model=services.models.get(llama))
     demo.close()
 
 
@@ -85,6 +86,29 @@ def test_a_scores_parts_add_up_and_the_geometry_is_drawn(served):
     # an encoder without an LM head: the walk ends at the stack's output, and says so
     result = client.predict(served["bert"], TEXT, 0, 0, 2, 1.0, 0, 1.0, api_name="/forward_walk")
     assert "no LM head" in result[1 + 2 * 7]
+
+
+def test_qk_attribution_gives_the_cores_split_as_numbers(served):
+    """The API-only `qk_attribution`: the core's qk_attribution matrix and labels for the same pair, which add up
+    to the score (or to the relative score, beside the plain one); bad input answered in words."""
+    from core.analysis import qk
+
+    client, model = served["client"], served["model"]
+    ids = torch.tensor([model.tokenizer(TEXT).input_ids])
+    last = ids.shape[1] - 1
+    for relative in (False, True):
+        found = client.predict(served["llama"], TEXT, 1, 0, -1, 2, "heads", relative, api_name="/qk_attribution")
+        core = qk.qk_attribution(model, ids, 1, 0, last, 2, by="head", relative=relative)
+        assert found["query"] == last and found["key"] == 2 and found["relative"] is relative
+        assert found["query_labels"] == core.query_labels and found["key_labels"] == core.key_labels
+        np.testing.assert_allclose(found["matrix"], core.matrix.numpy(), atol=1e-6)
+        assert np.sum(found["matrix"]) == pytest.approx(found["score"], abs=1e-4)
+        assert ("pair_score" in found) is relative
+    by_layer = client.predict(served["llama"], TEXT, 1, 0, -1, 2, "layers", False, api_name="/qk_attribution")
+    assert "L0 attn" in by_layer["query_labels"] and np.sum(by_layer["matrix"]) == pytest.approx(found["pair_score"],
+                                                                                                   abs=1e-4)
+    with pytest.raises(AppError, match="Split the score by must be one of"):
+        client.predict(served["llama"], TEXT, 1, 0, -1, 2, "tokens", False, api_name="/qk_attribution")
 
 
 @pytest.mark.parametrize("args,words", [

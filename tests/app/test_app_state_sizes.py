@@ -136,6 +136,7 @@ def calls(llama: str, upload: str) -> list[tuple[str, tuple]]:
         ("corpus_ablation", (llama, "induction texts", 2, None, "zero", 0, 0)),
         ("lesson", (llama, "sqrt-dk")),
         ("composition_over", (llama, 1, 0, "key", 2)),
+        ("qk_attribution", (llama, CLEAN, 1, 0, -1, 2, "heads", True)),
         ("edge_attribution", (llama, CLEAN, 0.0, 1, 8, 0)),     # the last token (of 9) reading the first
     ]
 

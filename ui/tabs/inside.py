@@ -114,6 +114,7 @@ def why_section(services, picker, text, fields) -> dict:
                  **ON_ANALYSIS)
     run_checked(button.click, models, picker.model, fields, event, reveal=[decomposition, lines],
                 api_name="score_anatomy")
+    qk_attribution_endpoint(services)
     geometry = dict(fn=handler(views.geometry_view, services, "qk_geometry"), inputs=[picker.model, text, layer, head],
                     outputs=[geometry_note, scatter], **ON_ANALYSIS)
     run_checked(geometry_button.click, models, picker.model, fields, geometry, reveal=[scatter],
@@ -141,3 +142,15 @@ def online_section(services, picker, text, fields, token) -> dict:
     run_checked(button.click, services.models, picker.model, fields, event, reveal=[figure],
                 api_name="online_softmax")
     return dict(results=[note, figure, table], press={note: button})
+
+
+def qk_attribution_endpoint(services) -> None:
+    """`qk_attribution`, an API-only endpoint: the score split by heads (or layers) as numbers, no figure."""
+    data = handler(views.qk_attribution_data, services, "qk_attribution", progress=False)
+
+    def qk_attribution(model_name: str, text_value: str, layer_index: int, head_index: int, query_index: int,
+                       key_index: int, split: str = "heads", relative: bool = False) -> dict:
+        return data(model_name, text_value, layer_index, head_index, query_index, key_index, split, relative)
+
+    gr.api(qk_attribution, api_name="qk_attribution", concurrency_id=ON_ANALYSIS["concurrency_id"],
+           concurrency_limit=ON_ANALYSIS["concurrency_limit"])

@@ -383,6 +383,24 @@ def anatomy_view(services: Services, model_name, text_value, layer_index, head_i
         export.named(line, export.filename(name, "content-position", result.layer, result.head))
 
 
+def qk_attribution_data(services: Services, model_name, text_value, layer_index, head_index, query_index,
+                        key_index, split="heads", relative=False) -> dict:
+    """The score from `query` to `key` split into pairs (query part, key part), as numbers: the body of the
+    `qk_attribution` endpoint (API only). split "heads": every earlier head one part ("L3 H5"), "layers": each
+    earlier layer's attention one part; relative: score(i, j) − Σ_k a_ik·score(i, k), the score against the
+    query's attention-weighted mean key. matrix[a][b] is query part a with key part b; it adds up to score."""
+    model = services.models.get(model_name)
+    tokens = encode_walk(model, text_value)
+    result = anatomy_of(model, tokens, layer_index, head_index, query_index, key_index, split, relative)
+    found = {"tokens": token_texts(model, tokens.ids), "layer": result.layer, "head": result.head,
+             "query": result.query, "key": result.key, "split": split, "relative": bool(relative),
+             "score": float(result.score), "query_labels": list(result.query_labels),
+             "key_labels": list(result.key_labels), "matrix": result.matrix.tolist()}
+    if relative:
+        found["pair_score"] = float(result.pair_score)
+    return found
+
+
 def geometry_view(services: Services, model_name, text_value, layer_index, head_index, progress=None):
     """(note, scatter) of the head's queries and keys in one plane; the body of qk_geometry."""
     name = model_name
