@@ -76,9 +76,15 @@ def cell_words(over, cell: tuple[int, int], axes: MapAxes) -> str:
     return f"{name[:1].upper() + name[1:]}: mean **{float(over.mean[r, c]):+.4f}**, {interval}."
 
 
+def running_words(update, noun: str) -> str:
+    """"**Running: 3 of 20 pairs done (41 s).** " while a job runs, "" once it finished."""
+    if update.finished:
+        return ""
+    return f"**Running: {update.done} of {update.total} {noun}s done ({update.seconds:.0f} s).** "
+
+
 def note_of(over, corpus: Corpus, analysis: str, cell: tuple[int, int], axes: MapAxes, update, what: str) -> str:
-    state = ("" if update.finished else
-             f"**Running: {update.done} of {update.total} {corpus.noun}s done ({update.seconds:.0f} s).** ")
+    state = running_words(update, corpus.noun)
     core_note = f"  \nNote: {escaped(over.note)}." if over.note else ""
     return (f"{state}**{escaped(what)}** over {escaped(corpus.source)}: {HEAD_WORDS[analysis]}. The map shows the "
             f"mean over n = **{over.n}**; {interval_words(over.n, corpus.noun)} (hover a cell for "
@@ -299,8 +305,7 @@ def shortcuts_view(services: Services, model_name, corpus, n, upload, mode, cell
         over = result["rho"]
         shown = Shown(over, axes, "pair", f"{mode.capitalize()}: each shortcut's Spearman ρ with exact patching, "
                       "mean over the pairs", "ρ", True, name, view, update.folder)
-        state = ("" if update.finished else
-                 f"**Running: {update.done} of {update.total} pairs done ({update.seconds:.0f} s).** ")
+        state = running_words(update, "pair")
         core_note = f"  \nNote: {escaped(over.note)}." if over.note else ""
         note = (f"{state}**Every shortcut against exact patching** ({mode}) over {escaped(chosen.source)}: on each "
                 f"pair, each method's map of every head (z) and of the residual stream (resid_pre) against the exact "
