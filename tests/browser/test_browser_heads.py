@@ -83,9 +83,9 @@ def test_the_first_screen_has_the_button_above_the_fold_and_no_empty_figure(page
     run = box(page, "#heads-run")
     assert run["y"] + run["height"] <= FOLD_PX, run
     expect_no_empty_plot(page)
-    # before any result the sections below the atlas take little room (the page was 4,236 px with six
-    # empty figure boxes)
-    assert page.evaluate("document.documentElement.scrollHeight") < 3500
+    # before any result the sections below the atlas take little room: the page was 4,236 px with six empty
+    # figure boxes (each ~400 px), and is ~3,510 with none and the folded *What feeds a head* (~50 px)
+    assert page.evaluate("document.documentElement.scrollHeight") < 3600
 
 
 def test_the_score_map_is_wide_with_every_layer_and_head_labelled(page):

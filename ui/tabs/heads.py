@@ -311,17 +311,19 @@ from a previous-token head: see whether they do."""
 def composition_section(services, picker, layer, head) -> dict:
     """What feeds the chosen head's keys or queries over the induction texts (`composition_over`). Returns its
     results and its note's button."""
-    gr.Markdown("### What feeds a head: its keys and queries, traced to earlier heads")
-    gr.Markdown(COMPOSITION_INTRO)
-    with gr.Row():
-        side = gr.Radio([("its keys", "key"), ("its queries", "query")], value="key", label="Trace",
-                        elem_id="heads-composition-side")
-        n = gr.Number(DEFAULT_TEXTS, label=f"Induction texts (1–{MAX_COMPOSITION_TEXTS})", precision=0,
-                      elem_id="heads-composition-n")
-        button = gr.Button("What feeds it?", elem_id="heads-composition-run")
-    note = gr.Markdown(elem_id="heads-composition-note")
-    figure = gr.Plot(label="Each component's share, and what the weights allow", show_label=False,
-                     elem_id="heads-composition", visible=False)
+    # folded, as the tab's other long sections: the atlas's first screen stays short
+    with gr.Accordion("What feeds a head: its keys and queries, traced to earlier heads", open=False,
+                      elem_id="heads-composition-box"):
+        gr.Markdown(COMPOSITION_INTRO)
+        with gr.Row():
+            side = gr.Radio([("its keys", "key"), ("its queries", "query")], value="key", label="Trace",
+                            elem_id="heads-composition-side")
+            n = gr.Number(DEFAULT_TEXTS, label=f"Induction texts (1–{MAX_COMPOSITION_TEXTS})", precision=0,
+                          elem_id="heads-composition-n")
+            button = gr.Button("What feeds it?", elem_id="heads-composition-run")
+        note = gr.Markdown(elem_id="heads-composition-note")
+        figure = gr.Plot(label="Each component's share, and what the weights allow", show_label=False,
+                         elem_id="heads-composition", visible=False)
     button.click(**shown([figure])).then(
         handler(composition_view, services, "composition_over", heavy="A composition over the induction texts"),
         [picker.model, layer, head, side, n], [note, figure], api_name="composition_over", **ON_HEAVY)
