@@ -249,6 +249,8 @@ def wire_switch(picker, current_tab, linked, name: str, tab: Tab) -> None:
         button = press.get(component)
         if button is None:
             return ""
+        own = (tab.cannot_press or {}).get(component)
+        why = why or (own(model_name) if own is not None else "")   # this button cannot run on the new model
         return why or f"Now on {message(model_name)}: press **{button.value}** to compute this for it."
 
     def clear(components, model_name, why: str = "") -> list:

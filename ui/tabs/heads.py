@@ -9,7 +9,7 @@ import gradio as gr
 
 from ui.services.corpus.composition import DEFAULT_TEXTS, MAX_TEXTS as MAX_COMPOSITION_TEXTS
 from ui.services.heads import (COMPLETENESS_STEPS, HEADS_KEPT, MAX_HEADS_TOKENS, MAX_IG_STEPS, MAX_SWEEP_TOKENS,
-                               SWEEP_BATCH, scored_shape)
+                               SWEEP_BATCH, lm_head_reason, next_token_reason, scored_shape)
 from ui.services.kept import keeping
 from ui.services.sinks import EPSILON, MAX_SINKS, MAX_STREAMING_TOKENS, POSITION_WORDS
 from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, opening, user_errors
@@ -78,15 +78,21 @@ def build(services, picker, initial) -> Tab:
                 composition_section(services, picker, atlas["layer"], atlas["head"])]
     # the atlas's last output is the session's HeadsCache, kept in the KeptStore (the State holds its KeptRef);
     # the views never change a passed-in one
-    press = {atlas["note"]: atlas["run"]}
+    press, cannot = {atlas["note"]: atlas["run"]}, {}
     for section in sections:
         press.update(section["press"])
+        cannot.update(section.get("cannot", {}))
     return Tab(text=atlas["text"], layer=atlas["layer"], head=atlas["head"],
                run_event={**atlas["event"], "api_visibility": "private"}, reveal=atlas["figures"],
                settings={"score": atlas["score"]},
                opening=opening(services, "heads", atlas["event"], fresh=(5,)), follows=True,
                results=[c for section in sections for c in section["results"]],
-               press=press)
+               press=press, cannot_press=cannot)
+
+
+def unless(services, reason, what: str):
+    """A model's name → why `what` cannot run on it (reason(model, what)), or "": a cleared note's line."""
+    return lambda name: reason(services.models.get(name), what) or ""
 
 
 def atlas_section(services, picker, initial, cache) -> dict:
@@ -187,7 +193,9 @@ def ablation_section(services, picker, text, score, cache) -> gr.Textbox:
         handler(kept_cache(views.sweep_view, services), services, "ablation_sweep", heavy="An ablation sweep"),
         [model, text, kind, score, cache], [sweep_note, sweep_fig, cache], api_name="ablation_sweep", **ON_HEAVY)
     return heads_box, dict(results=[ablation_note, loss_fig, changed, sweep_note, sweep_fig],
-                           press={ablation_note: ablate_button, sweep_note: sweep_button})
+                           press={ablation_note: ablate_button, sweep_note: sweep_button},
+                           cannot={ablation_note: unless(services, lm_head_reason, "Ablation"),
+                                   sweep_note: unless(services, lm_head_reason, "The sweep")})
 
 
 def attribution_section(services, picker, initial, text, cache) -> dict:
@@ -223,7 +231,8 @@ def attribution_section(services, picker, initial, text, cache) -> dict:
                  outputs=[note, figure, correlations, cache], **ON_HEAVY)
     run_checked(button.click, services.models, picker.model, fields, event, reveal=[figure, correlations],
                 api_name="attribute")
-    return dict(results=[note, figure, correlations], press={note: button})
+    return dict(results=[note, figure, correlations], press={note: button},
+                cannot={note: unless(services, lm_head_reason, "Attribution")})
 
 
 def lens_section(services, picker, text, cache) -> dict:
@@ -234,7 +243,8 @@ def lens_section(services, picker, text, cache) -> dict:
     button.click(**shown([figure])).then(
         handler(kept_cache(views.lens_view, services), services, "logit_lens"), [picker.model, text, cache],
         [note, figure, cache], api_name="logit_lens", **ON_ANALYSIS)
-    return dict(results=[note, figure], press={note: button})
+    return dict(results=[note, figure], press={note: button},
+                cannot={note: unless(services, lm_head_reason, "The logit lens")})
 
 
 def surprisal_section(services, picker, text, cache) -> dict:
@@ -244,7 +254,8 @@ def surprisal_section(services, picker, text, cache) -> dict:
     page = gr.HTML(label="shaded text", elem_id="heads-surprisal", css_template=SURPRISAL_CSS)
     button.click(handler(kept_cache(views.surprisal_view, services), services, "surprisal"),
                  [picker.model, text, cache], [stats, page, cache], api_name="surprisal", **ON_ANALYSIS)
-    return dict(results=[stats, page], press={stats: button})
+    return dict(results=[stats, page], press={stats: button},
+                cannot={stats: unless(services, next_token_reason, "Surprisal")})
 
 
 SINKS_INTRO = f"""Many heads put most of their attention on the text's first token, whatever it is: an *attention

@@ -106,6 +106,9 @@ class Tab:
     press: dict | None = None  # note → its button
     # why the tab's buttons cannot run on a model (its name), or "": the cleared notes say that, not "press …"
     cannot: Callable[[str], str] | None = None
+    # the same for one note's button where the tab's others can run (the Heads tab's ablation on an encoder
+    # without an LM head): note → why its button cannot run on a model (its name), or ""
+    cannot_press: dict | None = None
     # the fields a "how typical is this?" run reads (ui/page.py TYPICAL): the Patching tab's preset and direction
     typical: list | None = None
     # buttons inside the tab that run an Across texts analysis over a built-in corpus (ui/page.py OVER_CORPUS):
