@@ -7,7 +7,8 @@ event, cheaper than a fresh page). On each tab: it opens on the model loaded now
 fields' ranges followed every switch while it was hidden) and shows its results for that model (its first screen,
 Generate's continuation, one section beyond the first screen); the model is switched with the tab on screen, and
 the tab then shows its first screen computed for the new model, its other results cleared with a line that says
-which button to press (or, where that button cannot run on the new model, why), and nothing of the old model (its name, its shape, its ranges, what its results said).
+which button to press (or, where that button cannot run on the new model, why), and nothing of the old model (its
+name, its shape, its ranges, what its results said).
 Then the tab walked before it, which showed the old model's first screen and was hidden during that switch, opens
 on the new model's first screen with nothing of the old one. So each tab is checked on screen at a switch, and
 each but Generate (walked last; it has no first screen to compute again) hidden at the next switch, in the other
