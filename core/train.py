@@ -1,7 +1,8 @@
 """Train a small Transformer from scratch on a toy task: the training lab's engine, and its command line.
 
     python -m core.train --task reverse --family marian --steps 600 --seed 0 [--no-causal-mask]
-                         [--no-positions] [--no-scale] [--norm post|pre] [--no-embed-scale] [--out weights/NAME]
+                         [--no-positions] [--no-scale] [--norm post|pre] [--no-embed-scale] [--attention-only]
+                         [--lengths 8 12] [--out weights/NAME]
 
 Tasks are generated on the fly from a seed, character by character, with a held-out split (a fixed tenth of
 all sources, by hash). Each is a sequence-to-sequence task (the Marian layout: the original Transformer's
@@ -131,6 +132,8 @@ class LabConfig:
     max_len: int = 64               # positions the model has: the learned table's rows; longest sequence any task
                                     # makes here, with its special tokens, by default
     sinks: str = ""                 # "logit" | "key": a learned sink in each softmax's denominator (core.sinks_lab)
+    attention_only: bool = False    # decoder only: every block adds its attention and nothing else (its MLP's output
+                                    # weights are zero and never trained), as Olsson et al. (2022) train
 
     def check(self) -> None:
         if self.task not in TASKS:
@@ -146,6 +149,8 @@ class LabConfig:
             raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})")
         if self.sinks not in ("", "logit", "key"):
             raise ValueError(f"sinks must be 'logit', 'key' or empty, got {self.sinks!r}")
+        if self.attention_only and self.family != "llama":
+            raise ValueError("an attention-only model is a decoder here: family 'llama' only")
         if self.sinks and self.family != "llama":
             raise ValueError("learned sinks are a decoder's term here: family 'llama' only")
         if self.positions not in (None, *POSITION_KINDS):
@@ -188,7 +193,8 @@ def model_config(lab: LabConfig) -> ModelConfig:
     else:
         cfg = ModelConfig(
             family="llama", model_type="llama", n_layers=lab.n_layers, n_heads=lab.n_heads, n_kv_heads=lab.n_heads,
-            d_model=lab.d_model, head_dim=head_dim, d_ff=lab.d_ff, vocab_size=len(VOCAB), max_positions=lab.max_len,
+            d_model=lab.d_model, head_dim=head_dim, d_ff=1 if lab.attention_only else lab.d_ff,
+            vocab_size=len(VOCAB), max_positions=lab.max_len,
             positional="rope", norm="rmsnorm", norm_placement="pre", causal=True, is_encoder_decoder=False,
             activation="silu", gated_ffn=True, qkv_bias=False, out_bias=False, ffn_bias=False, norm_bias=False,
             tie_word_embeddings=True, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS)
@@ -200,7 +206,9 @@ def model_config(lab: LabConfig) -> ModelConfig:
 
 
 def build_model(lab: LabConfig) -> Transformer:
-    """A freshly initialised model: N(0, 0.02) weights (embeddings N(0, d^-½)), zero biases, unit norm gains."""
+    """A freshly initialised model: N(0, 0.02) weights (embeddings N(0, d^-½)), zero biases, unit norm gains.
+    attention_only: each MLP keeps its place (the checkpoint stays a standard Llama one, d_ff 1) but its output
+    weights are zero and frozen, so it adds exactly 0 to the residual stream."""
     torch.manual_seed(lab.seed)
     model = Transformer(model_config(lab))
     for name, p in model.named_parameters():
@@ -212,6 +220,10 @@ def build_model(lab: LabConfig) -> Transformer:
             torch.nn.init.ones_(p)
         else:
             torch.nn.init.zeros_(p)
+    if lab.attention_only:
+        for block in model.stack.blocks:
+            torch.nn.init.zeros_(block.ffn.down.weight)
+            block.ffn.requires_grad_(False)
     model.tokenizer = None
     return model
 
@@ -327,8 +339,9 @@ def train(lab: LabConfig, stop: Callable[[], bool] | None = None) -> Iterator[tu
     held = examples(lab.task, lab.seed, lab.eval_examples, True, lab.lengths)
     held_batch = make_batch(held, seq2seq)
     rng = random.Random(f"{lab.task}-{lab.seed}-train")
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
-    rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay = [p for n, p in trained if p.ndim >= 2 and "embed" not in n]
+    rest = [p for n, p in trained if not (p.ndim >= 2 and "embed" not in n)]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
                                   lr=lab.lr, betas=(0.9, 0.98), eps=1e-9)
     run.initial_entropy = attention_entropy(model, held_batch, lab)
@@ -561,6 +574,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--norm", choices=["pre", "post"])
     parser.add_argument("--no-embed-scale", action="store_true",
                         help="Marian layout: token embeddings enter unscaled, not times sqrt(d_model)")
+    parser.add_argument("--attention-only", action="store_true",
+                        help="decoder only: blocks without MLPs (their output weights zero and frozen)")
+    parser.add_argument("--lengths", type=int, nargs=2, default=(8, 12), metavar=("SHORTEST", "LONGEST"),
+                        help="source lengths in characters (1–20)")
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--out", help="save the trained model to this folder")
     args = parser.parse_args(argv)
@@ -568,7 +585,8 @@ def main(argv: list[str] | None = None) -> int:
                     d_model=args.d_model, n_heads=args.heads, d_ff=args.d_ff, lr=args.lr,
                     positions="none" if args.no_positions else args.positions, norm=args.norm,
                     causal_mask=not args.no_causal_mask, scale=not args.no_scale,
-                    embed_scale=not args.no_embed_scale, eval_every=args.eval_every)
+                    embed_scale=not args.no_embed_scale, eval_every=args.eval_every,
+                    attention_only=args.attention_only, lengths=tuple(args.lengths))
     try:
         lab.check()
     except ValueError as err:

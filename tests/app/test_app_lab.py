@@ -175,3 +175,23 @@ def test_cancelling_the_stream_ends_the_training_thread(server):
             break
         time.sleep(0.2)
     assert status == "stopped"
+
+
+def test_lab_induction_traces_the_saved_run_and_one_trained_here(server):
+    """The saved attention-only run's circuit (core.analysis.induction, tested against its own numbers in
+    tests/core/test_induction.py) as the page draws it; a short run of the same config trained in this session and
+    traced; a run of another shape refused in words."""
+    session = Client(server[1], verbose=False)
+    note, heads, feeds = session.predict("saved: induction", api_name="/lab_induction")
+    assert "**L0 H3** is layer 0's previous-token head" in note and "**L1 H1** layer 1's induction head" in note
+    assert "fed most by **L0 H3**" in note and "the previous-token head comes first" in note
+    assert json.loads(heads["plot"])["layout"]["meta"]["panels"] == ["L0 H3: previous-token head",
+                                                                     "L1 H1: induction head"]
+    assert json.loads(feeds["plot"])["data"][0]["y"][0] == "L0 H3"
+    with pytest.raises(AppError, match="traced on a two-layer decoder"):
+        session.predict("saved: reverse", api_name="/lab_induction")
+    with pytest.raises(AppError, match="Steps must be"):
+        session.predict(0, 5, api_name="/lab_induction_train")
+    note, heads, feeds, pick = session.predict(1, 100, api_name="/lab_induction_train")
+    assert note.startswith("**run1**: on 16 fresh texts") and pick == "run1"
+    assert json.loads(heads["plot"])["layout"]["meta"]["panels"][0].startswith("L0 H")

@@ -127,6 +127,8 @@ def calls(llama: str, upload: str) -> list[tuple[str, tuple]]:
         ("export_lab", ()),
         ("extrapolation", (["none"], 10, 0)),
         ("lab_sinks", (50, 0, 8)),
+        ("lab_induction", ("saved: induction",)),
+        ("lab_induction_train", (0, 100)),
         ("corpus_heads", (llama, "induction texts", 4, None, "induction", 0, 0)),
         ("corpus_attribution", (llama, "uploaded file", 3, handle_file(corpus_pairs(upload)), 0, 0)),
         ("corpus_patch", (llama, "uploaded file", 3, handle_file(corpus_pairs(upload)), "z", "denoise", 0, 0, 0)),

@@ -74,7 +74,7 @@ def test_a_saved_model_round_trips(tmp_path, family, switch):
     (dict(d_model=64, n_heads=5), "multiple of n_heads"), (dict(d_ff=0), "d_ff must be"),
     (dict(task="poetry"), "unknown task 'poetry'"), (dict(family="gpt"), "family must be"),
     (dict(positions="spiral"), "positions must be"), (dict(positions="alibi"), "family 'llama' only"),
-    (dict(lr=float("nan")), "lr must be")])
+    (dict(lr=float("nan")), "lr must be"), (dict(attention_only=True), "attention-only model is a decoder")])
 def test_bad_configs_are_named(bad, message):
     with pytest.raises(ValueError, match=message):
         next(lab.train(lab.LabConfig(**bad)))
@@ -121,3 +121,22 @@ def test_a_run_stopped_at_once_still_comes_back_and_step_zero_is_a_snapshot():
             lab.LabConfig(steps=5, **bad).check()
     with pytest.raises(ValueError, match="1 to 20 characters"):
         lab.lab_attention(run(2, family="llama").model, "llama", "a" * 21)
+
+
+def test_an_attention_only_run_adds_nothing_but_attention_and_saves_as_a_standard_llama(tmp_path):
+    """The MLPs keep their place (d_ff 1) with output weights zero and frozen: after training they still write
+    exactly 0, and transformers' Llama reads the folder and gives the same logits."""
+    result = run(20, family="llama", task="copy-62", attention_only=True, d_model=32)
+    for block in result.model.stack.blocks:
+        assert block.ffn.down.weight.shape == (32, 1) and not block.ffn.down.weight.any()
+        assert not any(p.requires_grad for p in block.ffn.parameters())
+    ids = torch.tensor([[lab.BOS, *lab.encode("a7Qz"), lab.SEP, *lab.encode("a7Qz")]])
+    out = result.model(ids, record={"mlp_out"})
+    assert len(out.records["mlp_out"]) == 2 and all(not v.any() for v in out.records["mlp_out"])
+    folder = lab.save(result, tmp_path / "m")
+    assert lab.main(["--task", "copy-62", "--family", "llama", "--attention-only", "--lengths", "8", "20", "--steps",
+                     "2", "--eval-every", "2", "--d-model", "32", "--heads", "4"]) == 0
+    transformers = pytest.importorskip("transformers")
+    with torch.no_grad():
+        theirs = transformers.LlamaForCausalLM.from_pretrained(folder).eval()(ids).logits
+    assert (theirs - result.model(ids).logits).abs().max() <= 1e-5

@@ -95,7 +95,7 @@ def test_a_shipped_run_opens_in_every_session_as_a_run_trained_there():
     from ui.services.lab import saved as shipped
 
     lab = Lab(LabSettings())
-    assert lab.run_ids("anyone") == [shipped.REVERSE]
+    assert lab.run_ids("anyone") == [shipped.REVERSE, shipped.INDUCTION]
     run = shipped.load(shipped.REVERSE)
     assert (run.lab.task, run.lab.family, run.lab.d_model, run.lab.steps) == ("reverse", "marian", 32, 800)
     view = lab.attention("anyone", shipped.REVERSE, "mirrortarget")

@@ -15,6 +15,7 @@ from core import train as engine
 from ui.plots.lab import training_curves
 from ui.services.checks import UserError, public_text
 from ui.services.lab import extrapolation as extra
+from ui.services.lab import induction
 from ui.services.lab import saved as shipped
 from ui.services.lab import sinks
 from ui.services.lab.configs import (DEFAULT_FIELDS, DEFAULT_SNAPSHOT_STEPS, EXPERIMENTS, FAMILIES, NORMS,
@@ -24,8 +25,9 @@ from ui.tabs.events import LAB, ON_HEAVY, handler, progress_callback, user_error
 from ui.tabs.widgets import Tab, file_box
 from ui.views.card import FAMILY_WORDS
 from ui.views.learn.recurrence import lab_recurrence
-from ui.views.lab import (extrapolation_view, job_curves, run_attention, runs_export, saved_extrapolation,
-                          saved_headline, saved_sinks, sinks_headline, sinks_view, snapshot_count, snapshot_figure)
+from ui.views.lab import (INDUCTION_LEAD, SINKS_LEAD, extrapolation_view, induction_view, job_curves, run_attention,
+                          runs_export, saved_extrapolation, saved_headline, saved_induction, saved_sinks,
+                          sinks_headline, sinks_view, snapshot_count, snapshot_figure)
 
 ATTENTION_LIMIT = 2
 RUN_COLUMN_WIDTHS = {"run": "56px", "label": "130px", "task": "84px", "model": "210px", "steps": "64px",
@@ -75,6 +77,7 @@ def build(services, picker, initial=None) -> Tab:
                 shown = SimpleNamespace(**vars(progress_section()))
         for section in (stream_section, runs_section, attention_section):
             shown.__dict__.update(vars(section()))
+        circuit = induction_section(services.lab.settings)
         extrapolation = extrapolation_section(services.lab.settings, saved)
         sinks_run = sinks_section(services.lab.settings)
         lab = services.lab
@@ -82,6 +85,7 @@ def build(services, picker, initial=None) -> Tab:
     attention = wire(services.lab, picker, c, shown)
     wire_extrapolation(services, extrapolation)
     wire_sinks(services, sinks_run)
+    wire_induction(services.lab, circuit, shown.pick)
     # what a lesson's "Try it" sets (a shipped run and a source) and runs: that run's attention, drawn
     return Tab(settings={"lab_run": shown.pick, "source": shown.source}, run_event=attention,
                reveal=[shown.cross, shown.encoder, shown.decoder])
@@ -412,15 +416,6 @@ def wire_extrapolation(services, x) -> None:
 
 # ---- attention sinks: the same small decoder with softmax and with a learned sink ----
 
-SINKS_LEAD = """### Attention sinks: softmax against a learned sink
-Softmax makes every head's weights sum to 1, so a head with nothing to fetch must still put its weight somewhere;
-trained models put it on the first token, an **attention sink**, and then need that token kept: read through a
-window of recent keys alone, they lose it (the Heads tab measures this on the loaded model). One button trains
-this Lab's small decoder twice on the same task, with softmax and with a **learned sink** (one more entry per
-head in each softmax's denominator, with no value), then measures where each head's weight goes and the
-perplexity with full attention, with a window of keys, and with the window and the first token."""
-
-
 def sinks_section(cap) -> SimpleNamespace:
     note, figure, numbers = saved_sinks()
     gr.Markdown(SINKS_LEAD, elem_id="lab-sinks-lead")
@@ -448,3 +443,53 @@ def wire_sinks(services, x) -> None:
                         **ON_HEAVY)
     x.stop.click(lambda: "Stopped: nothing is kept (one kind alone compares nothing).", None, x.status,
                  cancels=[event], api_visibility="private", queue=False)
+
+
+# ---- the induction circuit, traced on a run trained to need it ----
+
+def induction_section(cap) -> SimpleNamespace:
+    note, heads, feeds = saved_induction()
+    with gr.Accordion("The induction circuit: a previous-token head feeding an induction head", open=False,
+                      elem_id="lab-induction"):
+        gr.Markdown(INDUCTION_LEAD)
+        with gr.Row(equal_height=False):
+            pick = gr.Dropdown(list(shipped.SAVED_RUNS), value=induction.RUN, label="Run", allow_custom_value=True,
+                               elem_id="lab-induction-pick", min_width=160)
+            trace = gr.Button("Trace", elem_id="lab-induction-trace", min_width=90)
+            seed = gr.Number(0, label="Seed", precision=0, elem_id="lab-induction-seed", min_width=90)
+            steps = gr.Number(2000, label=f"Steps ({induction.MIN_STEPS}–{cap.max_steps})", precision=0,
+                              elem_id="lab-induction-steps", min_width=110)
+            train = gr.Button("Train one like it", elem_id="lab-induction-train", min_width=140)
+        shown = gr.Markdown(note, elem_id="lab-induction-note")
+        with gr.Row(equal_height=False):
+            heads = gr.Plot(heads, show_label=False, elem_id="lab-induction-heads", min_width=300)
+            feeds = gr.Plot(feeds, show_label=False, elem_id="lab-induction-feeds", min_width=300)
+    return SimpleNamespace(pick=pick, trace=trace, seed=seed, steps=steps, train=train, note=shown, heads=heads,
+                           feeds=feeds)
+
+
+def wire_induction(lab, x, attention_pick) -> None:
+    @user_errors
+    def trace_run(run_id, request: gr.Request):
+        return induction_view(lab, session_key(request), run_id)
+
+    @user_errors
+    def train_run(seed, steps, request: gr.Request):
+        key = session_key(request)
+        job = lab.train(key, induction.preset(seed, steps, lab.settings.max_steps))
+        try:
+            for current in lab.follow(job):
+                yield lab.status(current), gr.skip(), gr.skip(), gr.skip()
+        finally:
+            job.stop()
+        yield (*induction_view(lab, key, job.run_ids()), job.run_ids())
+
+    def run_choices(run_id, request: gr.Request):
+        return gr.Dropdown(choices=lab.run_ids(session_key(request)), value=run_id), gr.Dropdown(
+            choices=lab.run_ids(session_key(request)))
+
+    outputs = [x.note, x.heads, x.feeds]
+    x.trace.click(trace_run, x.pick, outputs, api_name="lab_induction", concurrency_limit=ATTENTION_LIMIT)
+    x.train.click(train_run, [x.seed, x.steps], outputs + [x.pick], api_name="lab_induction_train",
+                  concurrency_id=LAB, concurrency_limit=lab.settings.max_jobs + 2).success(
+        run_choices, x.pick, [x.pick, attention_pick], api_visibility="private")

@@ -10,10 +10,11 @@ from dataclasses import asdict
 import numpy as np
 
 from ui.plots.base import empty_figure
-from ui.plots.heads import sink_maps
+from ui.plots.heads import composition_figure, sink_maps
 from ui.plots.lab import HeadPanel, KindLine, attention_panels, extrapolation_accuracy, heatmap_grid, training_curves
 from ui.services.checks import UserError
 from ui.services.lab import extrapolation as extra
+from ui.services.lab import induction
 from ui.services.lab import sinks
 from ui.services.lab.runs import Lab
 from ui.views import UNCHANGED, export
@@ -221,6 +222,15 @@ def extrapolation_view(services, kinds, steps, seed, progress=None):
 
 # ---- attention sinks: softmax against a learned sink ----
 
+SINKS_LEAD = """### Attention sinks: softmax against a learned sink
+Softmax makes every head's weights sum to 1, so a head with nothing to fetch must still put its weight somewhere;
+trained models put it on the first token, an **attention sink**, and then need that token kept: read through a
+window of recent keys alone, they lose it (the Heads tab measures this on the loaded model). One button trains
+this Lab's small decoder twice on the same task, with softmax and with a **learned sink** (one more entry per
+head in each softmax's denominator, with no value), then measures where each head's weight goes and the
+perplexity with full attention, with a window of keys, and with the window and the first token."""
+
+
 def sinks_table(result) -> str:
     """Per kind: the perplexity of the held-out sequences read each way, over all predictions and past the window."""
     window = result.config.window
@@ -294,3 +304,54 @@ def sinks_view(services, steps, seed, window, progress=None):
                 shown = update.seconds
                 yield (f"Training **{words}** (softmax first, then the learned sink), {update.seconds:,.0f} s.",
                        UNCHANGED, UNCHANGED, UNCHANGED)
+
+
+# ---- the induction circuit: a previous-token head feeding an induction head ----
+
+INDUCTION_LEAD = """Copy-62's second copy can only be predicted by looking back: at a character, find it in the first
+copy and read the one after. A two-layer **attention-only** decoder (no MLPs, as Olsson et al. 2022 train) learns
+it with two heads: a layer-0 **previous-token head** writes each position's previous character into it, and a
+layer-1 **induction head**'s keys read that. *Trace* measures both heads and asks, with the Heads tab's *What feeds a
+head*, which earlier component writes the induction head's keys. The saved run took 75 s on one thread
+(`assets/lessons/induction/README.md` has its command); *Train one like it* trains the same config here."""
+
+
+def induction_outputs(found) -> tuple[str, object, object]:
+    """(note, the two heads' maps, what feeds the induction head's keys) of an induction.Traced."""
+    p, i = f"L0 H{found.previous_head}", f"L1 H{found.induction_head}"
+    source = found.labels.index(found.first_source)
+    interval = (f" [{found.low[source]:.2f}, {found.high[source]:.2f}]" if np.isfinite(found.low[source]) else "")
+    verdict = ("the previous-token head comes first, as Olsson et al. (2022) describe the circuit" if found.found else
+               f"here the first is not the previous-token head ({p}): this run's circuit is not the textbook one, or "
+               "not yet formed (a run that has not learned the task has none)")
+    allowed = int(np.argmax(found.weights[0]))
+    length = (len(found.tokens) - 2) // 2
+    note = (f"**{found.run_id}**: on {found.n} fresh texts ({length} random letters and digits, repeated after "
+            f"<sep>), "
+            f"**{p}** is layer 0's previous-token head (mean weight {found.previous[found.previous_head]:.2f} on the "
+            f"key just before the query) and **{i}** layer 1's induction head (mean weight "
+            f"{found.induction[found.induction_head]:.2f} from each character of the second copy to the character "
+            f"after its first copy). Among the earlier heads, {i}'s keys are fed most by **{found.first_source}** "
+            f"(share {found.mean[source]:+.2f}{interval} of the relative score): {verdict}. The weights alone "
+            f"(K-composition, no text) rank L0 H{allowed} first ({found.weights[0, allowed]:.2f}). "
+            f"Pairs: {found.pairs}.")
+    heads = attention_panels([HeadPanel(f"{p}: previous-token head", found.previous_map, found.tokens),
+                              HeadPanel(f"{i}: induction head", found.induction_map, found.tokens)],
+                             f"{found.run_id}: the two heads on <bos> s <sep> s", columns=2)
+    feeds = composition_figure(found.labels, found.mean, found.low, found.high, found.weights, "key",
+                               f"What feeds {i}'s keys, over {found.n} texts")
+    return note, heads, feeds
+
+
+def saved_induction() -> tuple[str, object, object]:
+    found = induction.trace_saved()
+    if found is None:
+        missing = ("The saved induction run is missing from this copy (assets/lessons/induction; its README.md "
+                   "gives the command that makes it).")
+        return missing, empty_figure(missing), empty_figure(missing)
+    return induction_outputs(found)
+
+
+def induction_view(lab: Lab, key: str | None, run_id):
+    run_id, config, model = lab.trained(key, run_id)
+    return induction_outputs(induction.trace(model, run_id, config))

@@ -18,7 +18,8 @@ from ui.services.checks import UserError
 
 LESSONS = Path(__file__).resolve().parents[3] / "assets" / "lessons"
 REVERSE = "saved: reverse"   # the encoder-decoder the course's cross-attention lesson reads
-SAVED_RUNS = {REVERSE: LESSONS / "encoder-decoder"}   # id in the Lab's Run list → its model folder
+INDUCTION = "saved: induction"   # the attention-only decoder whose induction circuit the Lab traces
+SAVED_RUNS = {REVERSE: LESSONS / "encoder-decoder", INDUCTION: LESSONS / "induction"}   # Run list id → model folder
 
 
 def read_result(load: Callable[[Path], object], folder: Path, what: str):
