@@ -209,11 +209,16 @@ class EdgeAttribution:
 
 def ranked(labels: list[str], values: Tensor, top: int) -> list[tuple[str, float]]:
     """(label, value) largest |value| first, `top` of them and ("rest", the others' sum) where there are more."""
-    order = values.abs().argsort(descending=True, stable=True).tolist()
-    kept = [(labels[i], float(values[i])) for i in order[:top]]
-    if len(order) > top:
-        kept.append(("rest", float(values[order[top:]].sum())))
-    return kept
+    return ranked_rows(labels, values[None], top)[0]
+
+
+def ranked_rows(labels: list[str], values: Tensor, top: int) -> list[list[tuple[str, float]]]:
+    """ranked of each row of values [m, n], sorted in one call."""
+    order = values.abs().argsort(dim=-1, descending=True, stable=True)[:, :top]       # [m, top]
+    kept, picked = values.gather(1, order).tolist(), order.tolist()
+    rest = values.scatter(1, order, 0.0).sum(1).tolist() if values.shape[1] > top else None
+    return [[(labels[i], v) for i, v in zip(index, row)] + ([("rest", rest[r])] if rest is not None else [])
+            for r, (index, row) in enumerate(zip(picked, kept))]
 
 
 def check_graph(model, ids: Tensor, graph) -> None:
@@ -246,18 +251,35 @@ class EdgeParts:
     """Every kept attention edge's heads over one pass, read through the transpose of the maps that make the
     parts: a side's component is x_part·g, g what the other side's whole vector pulls back through RoPE, the
     frozen QK-norm and W_Q (W_K), so no part is projected to d_head. Each layer's rows at every position are
-    built once; the heads read at one target give the key side of all their sources in one product."""
+    built once; the heads read at one target give the key side of all their sources in one product.
+
+    In a Pre-LN stack (no norm on the embeddings) the rows are the raw parts, each earlier layer's appended once
+    whatever layer reads them, and g also passes back through the attention norm frozen at resid_pre
+    (frozen_transpose): part·frozen(g) = frozen(part)·g, and the norm's β is the bias row. Otherwise (Post-LN, an
+    embedding norm) every part passes every later norm, so each layer's rows are built from anatomy.residual_parts."""
 
     def __init__(self, p: Pass):
         self.p, self.layer, self.rows, self.found = p, None, None, {}
         self.everywhere = torch.arange(p.n, device=p.model.device)
+        blocks = p.stack.blocks
+        self.raw = p.stack.embed.norm is None and all(b.pre_norm for b in blocks)
+        self.raw_labels, self.raw_layers = [], 0
 
     def at_layer(self, layer: int) -> None:
         if self.layer != layer:
             self.layer, self.found = layer, {}
-            self.labels, rows = self.p.rows(layer, self.everywhere)                     # [n + 1, T, d]
-            self.rows = rows.transpose(0, 1).contiguous()                               # [T, n + 1, d]
-            self.totals = self.rows.sum(1)                                              # [T, d] what attention reads
+            if self.raw:
+                self.append_raw(layer)
+                norm, x = self.p.stack.blocks[layer].attn_norm, self.p.rec["resid_pre"][layer].float()
+                beta = torch.zeros_like(x[0]) if norm.bias is None else norm.bias.float()
+                self.labels = self.raw_labels[:self.raw_n[layer]] + ["bias"]
+                self.rows = self.raw_rows[:, :self.raw_n[layer]]                           # [T, n, d] a view
+                self.norm, self.x, self.beta = norm, x, beta
+                self.totals = norm.frozen(x)(x) + beta                                      # [T, d] attn_in
+            else:
+                self.labels, rows = self.p.rows(layer, self.everywhere)                 # [n + 1, T, d]
+                self.rows = rows.transpose(0, 1).contiguous()                           # [T, n + 1, d]
+                self.totals = self.rows.sum(1)                                          # [T, d] what attention reads
             self.w = self.p.model.head_weights(layer, self.p.kind)
             # [heads, d, d_head] and its transpose as plain float32 copies: products with the views are far slower
             self.weights = {side: (m.float().contiguous(), m.float().transpose(1, 2).contiguous())
@@ -266,10 +288,58 @@ class EdgeParts:
             self.rope = None if rope is None else (rope[0][0, 0].float(), rope[1][0, 0].float())   # [T, r]
             self.attn = self.p.stack.blocks[layer].attn
 
+    def append_raw(self, layer: int) -> None:
+        """The raw parts of every layer before `layer` in raw_rows [T, N, d], in residual_parts' order: the
+        embeddings, then each layer's heads (and its attn bias) and its MLP; raw_n[l]: how many layer l reads."""
+        p = self.p
+        if not self.raw_labels:
+            first = [(label, p.rec[name][0].float()) for name, label in
+                     (("embed", "embeddings"), ("pos_embed", "positions"), ("type_embed", "token types"))
+                     if 0 in p.rec[name]]
+            per_layer = p.model.config.n_heads + 2                                        # heads, attn bias, MLP
+            size = len(first) + per_layer * max(p.rec["resid_pre"])
+            self.raw_rows = first[0][1].new_empty(p.n, size, first[0][1].shape[-1])          # [T, N, d]
+            for i, (label, value) in enumerate(first):
+                self.raw_rows[:, i] = value
+            self.raw_labels = [label for label, _ in first]
+            self.raw_n = {0: len(first)}
+        while self.raw_layers < layer:
+            l, n = self.raw_layers, len(self.raw_labels)
+            labels, heads = p.heads_of(l, self.everywhere)                                 # [k, T, d]
+            self.raw_rows[:, n:n + len(labels)] = heads.transpose(0, 1)
+            self.raw_rows[:, n + len(labels)] = p.rec["mlp_out"][l].float()
+            self.raw_labels += labels + [f"L{l} MLP"]
+            self.raw_layers += 1
+            self.raw_n[self.raw_layers] = len(self.raw_labels)
+
+    def dots_at(self, at: Tensor, g: Tensor) -> Tensor:
+        """Each position at[i]'s rows dotted with its own g[i] (g [m, d]): [m, n + 1], the bias row last. The rows
+        of one position are read in place, once for all the g that ask there."""
+        if self.raw:
+            g_in = frozen_transpose(self.norm, self.x[at])(g)                              # [m, d]
+        else:
+            g_in = g.float()
+        found = g.new_empty(len(at), self.rows.shape[1])                                   # [m, n]
+        for position in at.unique().tolist():
+            here = (at == position).nonzero()[:, 0]
+            found[here] = g_in[here] @ self.rows[position].T
+        if not self.raw:
+            return found
+        return torch.cat([found, (g * self.beta).sum(-1, keepdim=True)], 1)
+
+    def dots(self, start: int, stop: int, g: Tensor) -> Tensor:
+        """Every row at positions start..stop−1 dotted with g [h, P, d] (what multiplies attention's input there):
+        [P, n + 1, h], the bias row last."""
+        if not self.raw:
+            return torch.bmm(self.rows[start:stop], g.permute(1, 2, 0))
+        back = frozen_transpose(self.norm, self.x[start:stop])(g)                          # [h, P, d]
+        found = torch.bmm(self.rows[start:stop], back.permute(1, 2, 0))                   # [P, n, h]
+        return torch.cat([found, (g @ self.beta).T[:, None]], 1)
+
     def pulled_back(self, v: Tensor, at: Tensor, index: list[int], side: str) -> tuple[Tensor, Tensor]:
-        """v [h, P, d_head] given to the final q (k) of heads (kv heads) `index` [h] at positions at [P] → (g
-        [h, P, d], the bias term [h, P]): the parts' rows dotted with g, and the bias row plus this, give
-        v·(the parts' q or k) at each position."""
+        """v [h, P, d_head] given to the final q (k) of heads (kv heads) `index` [h] at positions at [P] (or
+        [h, P], each row its own) → (g [h, P, d], the bias term [h, P]): the parts' rows dotted with g, and the
+        bias row plus this, give v·(the parts' q or k) at each position."""
         bias, norm = (self.w.b_Q, self.attn.q_norm) if side == "query" else (self.w.b_K, self.attn.k_norm)
         weight, weight_t = self.weights[side]                                           # [H, d, dh], [H, dh, d]
         v = v.float().contiguous()                                                      # its own, written below
@@ -280,50 +350,56 @@ class EdgeParts:
         for one in sorted(set(index)):  # each weight read in place, for the heads that share it
             rows = [i for i, other in enumerate(index) if other == one]
             if norm is not None:    # frozen at the head's q (k) before the norm, as projected_parts freezes it
-                before = self.totals[at] @ weight[one] + (0 if bias is None else bias[rows])   # [h', P, dh]
+                read = self.totals[at[rows] if at.dim() == 2 else at]                     # [(h',) P, d]
+                before = read @ weight[one] + (0 if bias is None else bias[rows])         # [h', P, dh]
                 v[rows] = frozen_transpose(norm, before)(v[rows])
             g[rows] = v[rows] @ weight_t[one]
         extra = v.new_zeros(v.shape[:2]) if bias is None else (v * bias).sum(-1)
         return g, extra
 
-    def key_scores(self, heads: list[int], target: int) -> None:
-        """Each head's query at target against each key part at each position it may read, [n + 1, K] per head
-        (K = target + 1 in a causal stack, else T): q·k_part(k)·scale, kept in found[(head, target)]."""
-        heads = [h for h in heads if (h, target) not in self.found]
-        if not heads:
-            return
-        # a causal query reads no later key: its c_k is 0 there
-        keys = self.everywhere[:target + 1] if self.p.stack.cfg.causal else self.everywhere
-        kvs = [anatomy.kv_head_of(self.p.stack, h)[0] for h in heads]
-        q = self.p.rec["q"][self.layer][target, heads]                                  # [h, d_head]
-        g, extra = self.pulled_back(q[:, None].expand(-1, len(keys), -1), keys, kvs, "key")   # [h, K, d], [h, K]
-        scores = torch.bmm(self.rows[:len(keys)], g.permute(1, 2, 0))                   # [K, n + 1, h]
-        for i, head in enumerate(heads):
-            found = scores[:, :, i].T.clone()                                           # [n + 1, K]
-            found[-1] += extra[i]
-            self.found[(head, target)] = found * self.p.scale
+    def key_scores(self, wanted: list[tuple[int, int]]) -> None:
+        """For each (head, target) wanted, the head's query at target against each key part at each position it
+        may read, [n + 1, K] (K = target + 1 in a causal stack, else T): q·k_part(k)·scale, kept in found. All
+        of a layer's at once: the rows are read in one product however many heads and targets ask."""
+        wanted = sorted({w for w in wanted if w not in self.found}, key=lambda w: -w[1])
+        causal = self.p.stack.cfg.causal
+        while wanted:   # causal: targets within a factor 2 share one product as wide as the first one's keys
+            width = wanted[0][1] + 1 if causal else self.p.n
+            chunk = [w for w in wanted if not causal or 2 * (w[1] + 1) > width]
+            wanted = wanted[len(chunk):]
+            heads, targets = [h for h, _ in chunk], [t for _, t in chunk]
+            kvs = [anatomy.kv_head_of(self.p.stack, h)[0] for h in heads]
+            q = self.p.rec["q"][self.layer][targets, heads]                              # [w, d_head]
+            g, extra = self.pulled_back(q[:, None].expand(-1, width, -1), self.everywhere[:width], kvs, "key")
+            scores = self.dots(0, width, g)                                              # [K, n + 1, w]
+            for i, (head, target) in enumerate(chunk):
+                keys = target + 1 if causal else width   # a causal query reads no later key: its c_k is 0 there
+                found = scores[:keys, :, i].T.clone()                                    # [n + 1, K]
+                found[-1] += extra[i, :keys]
+                self.found[(head, target)] = found * self.p.scale
 
-    def sides(self, target: int, pairs: list[tuple[int, int]]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """For each (head, source) of pairs from `target`: (query sides [m, n + 1], key sides [m, n + 1], the
+    def sides(self, triples: list[tuple[int, int, int]]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """For each (head, source, target) of this layer: (query sides [m, n + 1], key sides [m, n + 1], the
         relative scores [m], a_ij [m]). The relative score score(i, j) − Σ_k a_ik·score(i, k) split by the
         query's parts against the whole relative key, and by the whole query against the key's parts (each side
         adds up to the relative score)."""
         p, layer = self.p, self.layer
-        heads, sources = [h for h, _ in pairs], torch.tensor([j for _, j in pairs])
+        heads, sources, targets = (list(t) for t in zip(*triples))
         kvs = [anatomy.kv_head_of(p.stack, h)[0] for h in heads]
-        a = p.rec["pattern"][layer][heads, target].float()                              # [m, T]
-        c = (self.everywhere[None] == sources[:, None]).float() - a                     # δ_jk − a_ik
+        at = torch.tensor(targets, device=self.everywhere.device)
+        a = p.rec["pattern"][layer][heads, targets].float()                             # [m, T]
+        c = (self.everywhere[None] == torch.tensor(sources)[:, None].to(at)).float() - a   # δ_jk − a_ik
         keys = p.rec["k"][layer][:, kvs].float()                                        # [T, m, d_head]
         k_mix = torch.einsum("mt,tmd->md", c, keys)                                     # Σ_k c_k·k_k
-        g, extra = self.pulled_back(k_mix[:, None], self.everywhere[target:target + 1], heads, "query")
-        query_side = g[:, 0] @ self.rows[target].T                                      # [m, n + 1]
+        g, extra = self.pulled_back(k_mix[:, None], at[:, None], heads, "query")        # [m, 1, d], [m, 1]
+        query_side = self.dots_at(at, g[:, 0])                                          # [m, n + 1]
         query_side[:, -1] += extra[:, 0]
-        self.key_scores(heads, target)
-        key_side = torch.stack([self.found[(h, target)] @ c[i, :self.found[(h, target)].shape[1]]
-                                for i, h in enumerate(heads)])                          # [m, n + 1]
-        q = p.rec["q"][layer][target, heads].float()                                    # [m, d_head]
+        self.key_scores(list(zip(heads, targets)))
+        key_side = torch.stack([self.found[(h, t)] @ c[i, :self.found[(h, t)].shape[1]]
+                                for i, (h, t) in enumerate(zip(heads, targets))])       # [m, n + 1]
+        q = p.rec["q"][layer][targets, heads].float()                                   # [m, d_head]
         raw = torch.einsum("md,tmd->mt", q, keys) * p.scale                             # [m, T] before the cap
-        weight = a.gather(1, sources[:, None])[:, 0]
+        weight = a.gather(1, torch.tensor(sources)[:, None].to(at))[:, 0]
         return query_side * p.scale, key_side, (c * raw).sum(-1), weight
 
 
@@ -339,23 +415,21 @@ def edges_attribution(model, ids: Tensor, edges, top: int = TOP) -> list[EdgeAtt
     parts = EdgeParts(p)
     found = []
     with torch.inference_mode():
-        groups: dict[tuple[int, int], list] = {}
-        for e in edges:
-            groups.setdefault((e.layer, e.target), []).append(e)
-        for (layer, target), group in sorted(groups.items()):
+        layers: dict[int, list] = {}
+        for e in sorted(edges, key=lambda e: (e.layer, e.target)):
+            layers.setdefault(e.layer, []).append(e)
+        for layer, there in sorted(layers.items()):
             parts.at_layer(layer)
-            pairs = [(h, e.source) for e in group for h, _ in e.heads]
-            if not pairs:
-                found += [EdgeAttribution(e.layer, e.target, e.source, e.importance) for e in group]
-                continue
-            query_side, key_side, score, weight = (t.cpu() for t in parts.sides(target, pairs))
+            triples = [(h, e.source, e.target) for e in there for h, _ in e.heads]
+            if triples:     # every key side this layer's edges read comes from one product (key_scores)
+                query_side, key_side, score, weight = (t.cpu() for t in parts.sides(triples))
+                query_parts, key_parts = (ranked_rows(parts.labels, side, top) for side in (query_side, key_side))
+                score, weight = score.tolist(), weight.tolist()
             i = 0
-            for e in group:
+            for e in there:
                 reasons = []
                 for h, importance in e.heads:
-                    reasons.append(HeadReason(h, importance, weight[i].item(), score[i].item(),
-                                              ranked(parts.labels, query_side[i], top),
-                                              ranked(parts.labels, key_side[i], top)))
+                    reasons.append(HeadReason(h, importance, weight[i], score[i], query_parts[i], key_parts[i]))
                     i += 1
                 found.append(EdgeAttribution(e.layer, e.target, e.source, e.importance, reasons))
     return found
@@ -506,12 +580,9 @@ def composition_over(model, texts, layer: int, head: int, side: str = "key", pai
             if not chosen:
                 job.skip(i, "no query reads more than one key there")
                 continue
-            total, score = torch.zeros(len(labels)), 0.0
-            for query, key in chosen:
-                query_side, key_side, relative, weight = parts.sides(query, [(head, key)])
-                total += weight[0].item() * (key_side if side == "key" else query_side)[0].cpu()
-                score += weight[0].item() * relative[0].item()
-            job.finish(i, total / score)
+            query_side, key_side, relative, weight = parts.sides([(head, key, query) for query, key in chosen])
+            total = weight @ (key_side if side == "key" else query_side)                 # Σ_p a_p·part_p
+            job.finish(i, (total / (weight @ relative)).cpu())
     how = (f"each text's {pairs} (query, key) pairs of largest attention{'' if first else ' after key 0'}, "
            f"weighted by it; a share is Σ a·part / Σ a·(relative score)")
     labels = labels or Pass(model, texts[0][None], range(layer + 1), "head").rows(layer, torch.tensor([0]))[0]

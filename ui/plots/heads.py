@@ -319,17 +319,7 @@ def composition_figure(labels: Sequence[str], mean: np.ndarray, low: np.ndarray,
                         row_heights=[0.55, 0.45] if has_map else None,
                         subplot_titles=(f"the data: each part's share of the relative score on its {side}s",
                                         "the weights: composition with each earlier head")[:2 if has_map else 1])
-    spread = np.where(np.isfinite(low) & np.isfinite(high), np.stack([mean - low, high - mean]), np.nan)
-    fig.add_trace(go.Bar(x=mean, y=[escaped(label) for label in labels], orientation="h", showlegend=False,
-                         marker_color=["#2a9d8f" if v >= 0 else "#e76f51" for v in mean],
-                         error_x=dict(type="data", symmetric=False, array=spread[1], arrayminus=spread[0],
-                                      color="#444", thickness=1),
-                         customdata=np.stack([low, high], -1),
-                         hovertemplate="%{y}: share %{x:+.3f}<br>interval [%{customdata[0]:.3f}, "
-                                       "%{customdata[1]:.3f}]<extra></extra>"), row=1, col=1)
-    fig.update_yaxes(type="category", autorange="reversed", tickfont={"size": 10}, row=1, col=1)
-    fig.update_xaxes(zeroline=True, zerolinecolor="#888", title_text="share (the parts of a text add up to 1)",
-                     row=1, col=1)
+    add_share_bars(fig, labels, mean, low, high, 1, 1)
     if has_map:
         n_layers, n_heads = weights.shape
         fig.add_trace(go.Heatmap(z=as_f32(weights), x=list(range(n_heads)), y=list(range(n_layers)),
@@ -339,5 +329,34 @@ def composition_figure(labels: Sequence[str], mean: np.ndarray, low: np.ndarray,
         fig.update_yaxes(title_text="layer", autorange="reversed", dtick=tick_step(n_layers, 16), row=2, col=1)
         fig.update_xaxes(title_text="head", dtick=tick_step(n_heads, 16), row=2, col=1)
     base_layout(fig, title, 260 + 26 * len(labels) + (30 * weights.shape[0] + 120 if has_map else 0), top=80)
+    fig.update_layout(margin={"l": 110})
+    return fig
+
+
+def add_share_bars(fig: go.Figure, labels: Sequence[str], mean: np.ndarray, low: np.ndarray, high: np.ndarray,
+                   row: int, col: int) -> None:
+    """Each component's mean share as a horizontal bar (largest first, as given) with its 95 % interval (none
+    where NaN), in subplot (row, col)."""
+    mean, low, high = as_f32(mean), as_f32(low), as_f32(high)
+    spread = np.where(np.isfinite(low) & np.isfinite(high), np.stack([mean - low, high - mean]), np.nan)
+    fig.add_trace(go.Bar(x=mean, y=[escaped(label) for label in labels], orientation="h", showlegend=False,
+                         marker_color=["#2a9d8f" if v >= 0 else "#e76f51" for v in mean],
+                         error_x=dict(type="data", symmetric=False, array=spread[1], arrayminus=spread[0],
+                                      color="#444", thickness=1),
+                         customdata=np.stack([low, high], -1),
+                         hovertemplate="%{y}: share %{x:+.3f}<br>interval [%{customdata[0]:.3f}, "
+                                       "%{customdata[1]:.3f}]<extra></extra>"), row=row, col=col)
+    fig.update_yaxes(type="category", autorange="reversed", tickfont={"size": 10}, row=row, col=col)
+    fig.update_xaxes(zeroline=True, zerolinecolor="#888", title_text="share (the parts of a text add up to 1)",
+                     row=row, col=col)
+
+
+def share_panels(panels: Sequence[tuple[str, Sequence[str], np.ndarray, np.ndarray, np.ndarray]],
+                 title: str) -> go.Figure:
+    """What feeds each of several heads' keys, one panel above the other: (title, labels, mean, low, high)."""
+    fig = make_subplots(rows=len(panels), cols=1, vertical_spacing=0.18, subplot_titles=[p[0] for p in panels])
+    for i, (_, labels, mean, low, high) in enumerate(panels):
+        add_share_bars(fig, labels, mean, low, high, i + 1, 1)
+    base_layout(fig, title, 160 + sum(90 + 24 * len(p[1]) for p in panels), top=80)
     fig.update_layout(margin={"l": 110})
     return fig

@@ -87,6 +87,8 @@ def veiled(fig):
                       annotations=[a for a in fig.layout.annotations if not any(c.isdigit() for c in a.text or "")])
     fig.update_traces(text=None, texttemplate=None, hovertext=None, hovertemplate=None, customdata=None,
                       hoverinfo="skip")
+    if (fig.layout.meta or {}).get("veil_names"):   # the bars' names are the answer: lengths only
+        fig.update_yaxes(showticklabels=False)
     return fig
 
 

@@ -1,0 +1,63 @@
+"""The course's lesson on composition (ui/services/learn/composition.py): on the Lab's saved induction run the answer
+is the component core.analysis.induction finds first (its previous-token head), with the same numbers; on SmolLM2 the
+strongest induction head is the probe's and its keys are traced as the Heads tab traces them; an encoder is told
+why its half is not measured; before Reveal the bars have no names."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tiny_app_model import build_tiny_bert
+
+from core import load_model
+from core.analysis import heads as head_scores
+from ui.services.lab import induction
+from ui.services.learn import course, reveal
+from ui.services.learn import composition as lessons
+from ui.views.learn import figure
+from ui.views.learn.course import veiled
+
+(LESSON,) = lessons.LESSONS
+
+
+@pytest.fixture(scope="module")
+def measured(smollm):
+    return LESSON.measure(smollm, None)
+
+
+def test_the_lab_half_is_the_circuit_the_core_finds(measured):
+    found = induction.trace_saved()
+    assert found.found and found.labels[0] == f"L0 H{found.previous_head}"
+    assert measured.answer == lessons.PREVIOUS and measured.answer in LESSON.question.choices
+    assert (f"{found.labels[0]}** (share {found.mean[0]:+.2f} of the relative score, 95 % interval "
+            f"[{found.low[0]:.2f}, {found.high[0]:.2f}] over {found.n} texts)") in measured.answer_text
+    lab = measured.values["panels"][0]
+    assert lab.labels == found.labels and np.array_equal(lab.mean, found.mean)
+    assert measured.link == {"tab": "lab", "settings": {"lab_run": induction.RUN, "source": lessons.TRY_SOURCE}}
+    assert course.names()[-1] == "composition" and measured.answer in reveal(LESSON, measured, lessons.OTHER)
+
+
+def test_the_loaded_models_half_traces_its_strongest_induction_head(smollm, measured):
+    probe = head_scores.induction(smollm, 100)
+    scores = probe.scores[1:]
+    flat = int(scores.flatten().argmax())
+    layer, head = 1 + flat // smollm.config.n_heads, flat % smollm.config.n_heads
+    real = measured.values["panels"][1]
+    assert real.title == f"L{layer} H{head} of the loaded model" and (layer, head) == (18, 6)
+    assert f"the strongest induction head is **L{layer} H{head}**" in measured.why
+    assert f"fed most by **{real.labels[0]}** (share {real.mean[0]:+.2f})" in measured.why
+    assert real.labels[0] == "L16 H0" and "one of the model's strongest previous-token heads" in measured.why
+
+
+def test_an_encoder_gets_the_lab_half_and_a_reason(tmp_path):
+    result = LESSON.measure(load_model(build_tiny_bert(tmp_path / "bert"), device="cpu"), None)
+    assert result.answer == lessons.PREVIOUS and len(result.values["panels"]) == 1
+    assert "the second half is not measured: the induction probe needs a decoder-only model" in result.why
+
+
+def test_before_reveal_the_bars_keep_their_lengths_and_lose_their_names(measured):
+    whole = figure("composition", measured)
+    held = veiled(whole)
+    assert whole.layout.yaxis.showticklabels is not False and held.layout.yaxis.showticklabels is False
+    assert held.layout.yaxis2.showticklabels is False and held.data[0].hovertemplate is None
+    assert list(held.data[0].x) == list(whole.data[0].x)

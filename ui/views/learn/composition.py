@@ -1,0 +1,21 @@
+"""The figure of the lesson on composition (ui/services/learn/composition.py): what feeds the induction head's keys on
+the Lab's model and on the loaded one, bars with intervals. Before Reveal the bars keep their lengths but lose
+their names (layout meta veil_names: ui.views.learn.course.veiled), since the names are the answer."""
+
+from __future__ import annotations
+
+from ui.plots.base import empty_figure
+from ui.plots.heads import share_panels
+
+
+def composition_figure(measured):
+    panels = measured.values.get("panels")
+    if not panels:
+        return empty_figure(measured.alt)
+    fig = share_panels([(p.title, p.labels, p.mean, p.low, p.high) for p in panels],
+                       "What feeds an induction head's keys")
+    fig.update_layout(meta={"veil_names": True})
+    return fig
+
+
+FIGURES = {"composition": composition_figure}
