@@ -194,6 +194,8 @@ class HeadReason:
     score: float                # score(i, j) − Σ_k a_ik·score(i, k), before any cap
     query_parts: list[tuple[str, float]]
     key_parts: list[tuple[str, float]]
+    unrotated: float | None = None  # RoPE: the same relative score with the rotation taken off q and every k, as
+                                    # if no distance separated them (score − unrotated: what the distance adds)
 
 
 @dataclass
@@ -378,9 +380,10 @@ class EdgeParts:
                 found[-1] += extra[i, :keys]
                 self.found[(head, target)] = found * self.p.scale
 
-    def sides(self, triples: list[tuple[int, int, int]]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def sides(self, triples: list[tuple[int, int, int]]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
         """For each (head, source, target) of this layer: (query sides [m, n + 1], key sides [m, n + 1], the
-        relative scores [m], a_ij [m]). The relative score score(i, j) − Σ_k a_ik·score(i, k) split by the
+        relative scores [m], a_ij [m], and under RoPE the relative scores with the rotation taken off [m], else
+        None). The relative score score(i, j) − Σ_k a_ik·score(i, k) split by the
         query's parts against the whole relative key, and by the whole query against the key's parts (each side
         adds up to the relative score)."""
         p, layer = self.p, self.layer
@@ -400,7 +403,12 @@ class EdgeParts:
         q = p.rec["q"][layer][targets, heads].float()                                   # [m, d_head]
         raw = torch.einsum("md,tmd->mt", q, keys) * p.scale                             # [m, T] before the cap
         weight = a.gather(1, torch.tensor(sources)[:, None].to(at))[:, 0]
-        return query_side * p.scale, key_side, (c * raw).sum(-1), weight
+        unrotated = None
+        if self.rope is not None and layer in p.rec["q_unrotated"]:
+            q_u = p.rec["q_unrotated"][layer][targets, heads].float()                   # [m, d_head]
+            k_u = p.rec["k_unrotated"][layer][:, kvs].float()                           # [T, m, d_head]
+            unrotated = (c * torch.einsum("md,tmd->mt", q_u, k_u)).sum(-1) * p.scale
+        return query_side * p.scale, key_side, (c * raw).sum(-1), weight, unrotated
 
 
 def attention_edges(graph, layer: int | None = None, target: int | None = None, source: int | None = None):
@@ -422,14 +430,16 @@ def edges_attribution(model, ids: Tensor, edges, top: int = TOP) -> list[EdgeAtt
             parts.at_layer(layer)
             triples = [(h, e.source, e.target) for e in there for h, _ in e.heads]
             if triples:     # every key side this layer's edges read comes from one product (key_scores)
-                query_side, key_side, score, weight = (t.cpu() for t in parts.sides(triples))
-                query_parts, key_parts = (ranked_rows(parts.labels, side, top) for side in (query_side, key_side))
+                query_side, key_side, score, weight, unrotated = parts.sides(triples)
+                query_parts, key_parts = (ranked_rows(parts.labels, side.cpu(), top) for side in (query_side, key_side))
                 score, weight = score.tolist(), weight.tolist()
+                unrotated = [None] * len(score) if unrotated is None else unrotated.tolist()
             i = 0
             for e in there:
                 reasons = []
                 for h, importance in e.heads:
-                    reasons.append(HeadReason(h, importance, weight[i], score[i], query_parts[i], key_parts[i]))
+                    reasons.append(HeadReason(h, importance, weight[i], score[i], query_parts[i], key_parts[i],
+                                              unrotated[i]))
                     i += 1
                 found.append(EdgeAttribution(e.layer, e.target, e.source, e.importance, reasons))
     return found
@@ -580,7 +590,7 @@ def composition_over(model, texts, layer: int, head: int, side: str = "key", pai
             if not chosen:
                 job.skip(i, "no query reads more than one key there")
                 continue
-            query_side, key_side, relative, weight = parts.sides([(head, key, query) for query, key in chosen])
+            query_side, key_side, relative, weight, _ = parts.sides([(head, key, query) for query, key in chosen])
             total = weight @ (key_side if side == "key" else query_side)                 # Σ_p a_p·part_p
             job.finish(i, (total / (weight @ relative)).cpu())
     how = (f"each text's {pairs} (query, key) pairs of largest attention{'' if first else ' after key 0'}, "

@@ -191,6 +191,8 @@ def test_why_an_edge_is_kept_is_the_cores_edge_attribution_with_a_link_to_each_h
             assert values.sum() == pytest.approx(reason.score, abs=1e-4)       # each side adds up to the score
         assert f"**L{edge.layer} H{reason.head}**" in note
         assert f"tab=inside&layer={edge.layer}&head={reason.head}&token={edge.target}" in note
+        assert (f"the relative score is {reason.unrotated:+.3f}, so the distance adds "   # the tiny Llama: RoPE
+                f"{reason.score - reason.unrotated:+.3f}") in note
     assert f"(position {edge.target})" in note and "relative score" in note
     kept = {(e.layer, e.target, e.source) for e in graph.edges if e.kind == "attention"}
     missing = next((0, t, s) for t in range(1, 9) for s in range(t) if (0, t, s) not in kept)

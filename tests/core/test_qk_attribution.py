@@ -153,6 +153,16 @@ def test_each_kept_edge_gives_its_heads_sides_as_the_explicit_split_does(name):
                 assert len(ours) == len(labels)
                 worst = max(abs(ours[label] - side[i].item()) for i, label in enumerate(labels))
                 assert worst <= 1e-5 * size
+            assert (reason.unrotated is None) == (r.unrotated_score is None)   # RoPE only
+            if reason.unrotated is not None:   # Σ_k (δ_jk − a_ik)·q_u·k_u·scale from the model's own records
+                rec = model(ids, record={"q_unrotated", "k_unrotated"}, capture_attention=True)
+                kv = reason.head // (model.config.n_heads // model.config.n_kv_heads)
+                q_u = rec.records["q_unrotated"][e.layer][0, e.target, reason.head].float()
+                k_u = rec.records["k_unrotated"][e.layer][0, :, kv].float()
+                c = -rec.attentions[e.layer][0, reason.head, e.target].float()
+                c[e.source] += 1
+                by_hand = (c * (k_u @ q_u)).sum().item() * model.config.score_scale
+                assert reason.unrotated == pytest.approx(by_hand, rel=1e-4, abs=1e-6 * size)
         short = qk.edge_attribution(model, ids, graph, e.layer, e.target, e.source, top=3).heads[0]
         for parts in (short.query_parts, short.key_parts):
             assert len(parts) == 4 and parts[-1][0] == "rest"

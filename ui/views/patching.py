@@ -311,6 +311,20 @@ def edge_link(model_name: str, text: str, layer: int, head: int, query: int) -> 
     return "" if left_out else f"?{urlsplit(link).query}"
 
 
+def content_and_position(reason) -> str:
+    """Content against position for one head of an edge, in words: under RoPE the relative score with the rotation
+    taken off (the same vectors at no distance) and what the distance adds; with added positions, the positions
+    part on each side."""
+    if reason.unrotated is not None:
+        return (f"Content against position: with RoPE's rotation taken off q and every k (as if no distance "
+                f"separated them) the relative score is {reason.unrotated:+.3f}, so the distance adds "
+                f"{reason.score - reason.unrotated:+.3f}.")
+    sides = [(side, dict(parts).get("positions")) for side, parts in (("query", reason.query_parts),
+                                                                      ("key", reason.key_parts))]
+    named = [f"{value:+.3f} on the {side} side" for side, value in sides if value is not None]
+    return f"Content against position: the positions part gives {' and '.join(named)}." if named else ""
+
+
 def edge_view(services: Services, model_name, clean_prompt, threshold, layer_index, target_index, source_index,
               previous=None, progress=None):
     """(note, figure, cache): why the flow graph keeps the attention edge source → target through a layer: each of
@@ -336,7 +350,7 @@ def edge_view(services: Services, model_name, clean_prompt, threshold, layer_ind
         lines.append(f"- **L{found.layer} H{reason.head}**: its part of the edge {reason.importance:.2f}, weight "
                      f"{reason.weight:.3f}, relative score {reason.score:+.3f}; largest on the query side "
                      f"{escaped(query_top[0])} ({query_top[1]:+.3f}), on the key side {escaped(key_top[0])} "
-                     f"({key_top[1]:+.3f}).{opened}")
+                     f"({key_top[1]:+.3f}). {content_and_position(reason)}{opened}")
     heads = [(f"L{found.layer} H{r.head}", r.query_parts, r.key_parts) for r in shown]
     figure = edge_bars(heads, f"Why layer {found.layer} reads {texts[found.source]!r} from {texts[found.target]!r}")
     return ("\n".join(lines), export.named(figure, export.filename(name, f"edge-L{found.layer}-{found.target}-"
