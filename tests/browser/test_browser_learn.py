@@ -181,8 +181,11 @@ FIELD_IDS = {("attention", "text"): "attn-text", ("generate", "text"): "gen-text
 def test_every_lesson_holds_its_answer_until_reveal_and_its_try_it_lands_computed(browser, served, model_name,
                                                                                  encoder_installed):
     """Each lesson in order with Next, on a decoder and an encoder: before Reveal the page does not state the
-    measured answer nor the figure's line; Reveal shows them beside the guess; Try it opens the lesson's tab on its
-    text and computes there (figures with data, nothing reading Error); the Learn tab again, and on."""
+    measured answer nor the figure's line; Reveal shows them beside the guess; on the decoder, Try it opens the
+    lesson's tab on its text and computes there (figures with data, nothing reading Error), then the Learn tab
+    again, and on. The encoder's landings (tabs that open on why they cannot run, or compute what an encoder has)
+    run through the app's own event chain on a tiny BERT in tests/app/test_app_learn_try.py; here the encoder pass
+    is what a student reads of each lesson on it."""
     url, services = served
     lessons = syllabus.lessons()
     context, page, errors = open_page(browser, f"{url}?model={quote(model_name)}&tab=learn&lesson={lessons[0].name}")
@@ -200,8 +203,8 @@ def test_every_lesson_holds_its_answer_until_reveal_and_its_try_it_lands_compute
             revealed(page, lesson, result)
             if model_name == SMOLLM:   # the revealed figure on a phone: the same page, narrowed, then wide again
                 on_a_phone(page, lesson)
-            landed(page, lesson, result)
-            page.get_by_role("tab", name="Learn", exact=True).click()
+                landed(page, lesson, result)
+                page.get_by_role("tab", name="Learn", exact=True).click()
             if number < len(lessons):
                 page.locator("#learn-next").click()
         screenshot(page, f"learn-wide-{model_name}")
