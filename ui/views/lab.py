@@ -313,7 +313,9 @@ copy and read the one after. A two-layer **attention-only** decoder (no MLPs, as
 it with two heads: a layer-0 **previous-token head** writes each position's previous character into it, and a
 layer-1 **induction head**'s keys read that. *Trace* measures both heads and asks, with the Heads tab's *What feeds a
 head*, which earlier component writes the induction head's keys. The saved run took 75 s on one thread
-(`assets/lessons/induction/README.md` has its command); *Train one like it* trains the same config here."""
+(`assets/lessons/induction/README.md` has its command); *Train one like it* trains the same config here. Another
+seed may learn the task another way, or not in its steps: the trace says what that run learned (docs/core.md has
+the seeds tried)."""
 
 
 def induction_outputs(found) -> tuple[str, object, object]:

@@ -79,7 +79,7 @@ def measure_composition(model, progress: ProgressFn | None = None) -> Measured:
         progress(0.1, "the Lab's induction run")
     found = induction.trace_saved()
     if found is None:
-        reason = "The Lab's saved induction run is missing from this copy (assets/lessons/induction)."
+        reason = "The Lab's saved induction run is missing from this copy of the app."
         return Measured(answer="not measured here", answer_text=reason, why=reason, alt=reason,
                         link={"tab": "lab"}, note=reason)
     lab = Traced(f"L1 H{found.induction_head} of the Lab's model", found.labels, found.mean, found.low, found.high)
@@ -99,7 +99,9 @@ def measure_composition(model, progress: ProgressFn | None = None) -> Measured:
            "(K-composition, Elhage et al. 2021). Splitting the score q·k over what wrote q and what wrote k, with "
            "every norm frozen, shows this head by head; the weights alone (Elhage et al.'s composition scores) say "
            "only what the heads *could* compose with: on the Lab's model they rank "
-           f"L0 H{int(np.argmax(found.weights[0]))} first. " + words)
+           f"L0 H{int(np.argmax(found.weights[0]))} first. The Lab's run is one seed: other seeds of the same "
+           "config may learn the task without a clean previous-token head, which the same split shows (the Lab's "
+           "*Train one like it* trains another seed and traces it). " + words)
     if progress is not None:
         progress(1.0, "done")
     return Measured(
@@ -123,8 +125,8 @@ LESSONS: tuple[Lesson, ...] = (
             "query's attention-weighted mean score.\n\n"
             "The cleanest case is the **induction head** (Olsson et al.): on a repeated text it attends "
             "from a token to the token *after* that token's earlier copy. The Lab trained a two-layer decoder with "
-            "attention alone to copy random letters and digits, which it can only do this way; its second "
-            "layer's induction head's keys are traced here, then the loaded model's strongest induction head's. Before "
+            "attention alone to copy random letters and digits, which it can only do by looking back; its "
+            "second layer's induction head's keys are traced here, then the loaded model's strongest induction head's. Before "
             "Reveal the bars have no names."),
         question=Question(prompt="On the Lab's two-layer model, which component writes most of what the second "
                                  "layer's induction head's keys are matched on?", choices=(PREVIOUS, OTHER, EMBEDDINGS)),
