@@ -50,7 +50,9 @@ def lab_plots(app) -> list[str]:
     # the extrapolation figures show the shipped result from the start (tests/browser/test_browser_lab_extrapolation.py)
     # and so do the recurrence figures (the saved GRU-against-attention result, tests/ui/test_recurrence_view.py)
     # and the sinks figure (the saved softmax-against-learned-sink result, tests/app/test_app_lab_sinks.py)
-    lab = [i for i in ids if i.startswith("lab-") and not i.startswith(("lab-extra-", "lab-recurrence-", "lab-sinks-"))]
+    # and the induction circuit's (the saved run traced, in its folded section: the test below)
+    lab = [i for i in ids if i.startswith("lab-") and not i.startswith(("lab-extra-", "lab-recurrence-", "lab-sinks-",
+                                                                        "lab-induction-"))]
     assert len(lab) >= 5, ids  # curves, snapshots, cross, encoder, decoder
     return lab
 
@@ -106,6 +108,22 @@ def test_the_first_screen_holds_the_train_button_and_no_empty_figure(page, lab_p
     page.locator("#lab-train").click()
     expect(page.locator(".toast-body").first).to_contain_text("multiple of n_heads", timeout=TIMEOUT_MS)
     expect_no_plot_shown(page, lab_plots)  # a bad config opens no figure box
+
+
+def test_the_induction_section_draws_the_saved_runs_circuit_inside_the_page(page):
+    """Unfolded, the section shows the saved run traced (core.analysis.induction, tests/core/test_induction.py): its
+    words, the two heads' maps and the bars of what feeds the induction head's keys, each within the page."""
+    section = page.locator("#lab-induction > button, #lab-induction .label-wrap").first
+    section.click()
+    expect(page.locator("#lab-induction-note")).to_contain_text("the previous-token head comes first",
+                                                                timeout=TIMEOUT_MS)
+    expect_drawn(page, "lab-induction-heads", "heatmap")
+    expect(page.locator("#lab-induction-feeds .js-plotly-plot .barlayer .point").first).to_be_attached()
+    width = page.evaluate("document.documentElement.clientWidth")
+    for elem_id in ("lab-induction-heads", "lab-induction-feeds"):
+        figure = box(page, f"#{elem_id} .js-plotly-plot")
+        assert figure["width"] > 200 and figure["x"] >= 0 and figure["x"] + figure["width"] <= width + 1, figure
+    section.click()   # folded again: the shared page goes on as it came
 
 
 def test_the_narrow_screen_opens_on_the_controls_and_no_empty_figure(browser, app_url, lab_plots):

@@ -12,6 +12,7 @@ import numpy as np
 from ui.plots.base import empty_figure
 from ui.plots.heads import composition_figure, sink_maps
 from ui.plots.lab import HeadPanel, KindLine, attention_panels, extrapolation_accuracy, heatmap_grid, training_curves
+from ui.plots.text import escaped
 from ui.services.checks import UserError
 from ui.services.lab import extrapolation as extra
 from ui.services.lab import induction
@@ -73,7 +74,7 @@ def run_attention(lab: Lab, key: str | None, run_id, source_text):
                            "Encoder self-attention (bidirectional)")
     dec = heatmap_grid(v.decoder, layers(v.decoder), heads(v.decoder), v.target_tokens, v.target_tokens,
                        "Decoder self-attention (causal)" if v.cross is not None else
-                       "Decoder self-attention over <bos> source <sep> answer (causal)")
+                       escaped("Decoder self-attention over <bos> source <sep> answer (causal)"))
     return v.note, enc, dec, crs
 
 
@@ -252,14 +253,14 @@ def sinks_outputs(result, source: str):
     figure = sink_maps({name: np.asarray(values, dtype=np.float32) for name, values in maps.items()}, sinks.EPSILON,
                        f"Each head's mean weight on <bos> (queries 1–{result.config.context - 1}, {result.config.test_texts}"
                        f" held-out sequences), ringed above ε = {sinks.EPSILON:g}; right: what the learned sink takes")
-    note = "\n\n".join([
+    note = escaped("\n\n".join([   # escaped: the words name <bos>, which Markdown would take for a tag
         f"{source} {sinks.finding(result)}",
         "Perplexity of the held-out sequences, read with full attention, with each query's last "
         f"{result.config.window} keys only, and with those and <bos>:", sinks_table(result),
         sinks.caveat(result),
         "The learned sink is one more entry in each row's denominator, with no value: a key k_s per head that "
         "each query scores as it scores a key, P = exp(S) / (Σ exp(S) + exp(q·k_s/√d_k)) (a key-only sink token, "
-        "as Gu et al., ICLR 2025, train one). A head's weights then sum to 1 minus what its sink takes."])
+        "as Gu et al., ICLR 2025, train one). A head's weights then sum to 1 minus what its sink takes."]))
     numbers = {"config": asdict(result.config), "kinds": [asdict(k) for k in result.kinds], "date": result.date,
                "threads": result.threads}
     return note, export.named(figure, "sinks-lab"), numbers
@@ -281,7 +282,9 @@ def sinks_headline() -> str:
     result = sinks.saved()
     if result is None:
         return "**Attention sinks, softmax against a learned sink**: see the section at the end of this tab."
-    return f"**Attention sinks, softmax against a learned sink** (saved result, at the end of this tab): {sinks.finding(result)}"
+    # escaped: the words name <bos>, which Markdown would otherwise take for a tag and drop with what follows
+    return ("**Attention sinks, softmax against a learned sink** (saved result, at the end of this tab): "
+            + escaped(sinks.finding(result)))
 
 
 def sinks_view(services, steps, seed, window, progress=None):
@@ -328,8 +331,9 @@ def induction_outputs(found) -> tuple[str, object, object]:
                "not yet formed (a run that has not learned the task has none)")
     allowed = int(np.argmax(found.weights[0]))
     length = (len(found.tokens) - 2) // 2
-    note = (f"**{found.run_id}**: on {found.n} fresh texts ({length} random letters and digits, repeated after "
-            f"<sep>), "
+    run = escaped(found.run_id)
+    note = (f"**{run}**: on {found.n} fresh texts ({length} random letters and digits, repeated after "
+            f"`<sep>`), "
             f"**{p}** is layer 0's previous-token head (mean weight {found.previous[found.previous_head]:.2f} on the "
             f"key just before the query) and **{i}** layer 1's induction head (mean weight "
             f"{found.induction[found.induction_head]:.2f} from each character of the second copy to the character "
@@ -339,7 +343,7 @@ def induction_outputs(found) -> tuple[str, object, object]:
             f"Pairs: {found.pairs}.")
     heads = attention_panels([HeadPanel(f"{p}: previous-token head", found.previous_map, found.tokens),
                               HeadPanel(f"{i}: induction head", found.induction_map, found.tokens)],
-                             f"{found.run_id}: the two heads on <bos> s <sep> s", columns=2)
+                             escaped(f"{found.run_id}: the two heads on <bos> s <sep> s"), columns=2)
     feeds = composition_figure(found.labels, found.mean, found.low, found.high, found.weights, "key",
                                f"What feeds {i}'s keys, over {found.n} texts")
     return note, heads, feeds
