@@ -1,5 +1,6 @@
 """bench/common.py's publish: a section is replaced between its markers, headed by the command, the machine and the
 run's load average, and the rest of the document is left as it was."""
+import subprocess
 import sys
 from pathlib import Path
 
@@ -37,3 +38,46 @@ def test_a_new_section_is_appended_and_no_load_phrase_without_a_load_average(tmp
 
 def test_md_table_aligns_its_columns():
     assert common.md_table(["a", "b"], [[1, "x"]], ["---", "---:"]) == "| a | b |\n|---|---:|\n| 1 | x |"
+
+
+def suite_times():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "suite_times.py"
+    spec = importlib.util.spec_from_file_location("suite_times", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_suite_times_reads_the_wall_time_from_the_xml_and_earlier_runs_from_git(tmp_path):
+    """The wall time is pytest's own (the XML's session duration), and the history lists each published run of the
+    same command once, newest first, from the document's git history."""
+    times = suite_times()
+    xml = tmp_path / "suite.xml"
+    xml.write_text('<testsuites><testsuite name="pytest" time="636.8" tests="2"><testcase classname="tests.core.test_a"'
+                   ' name="t" time="1.5"/><testcase classname="tests.core.test_a" name="u" time="2.0"><skipped/>'
+                   '</testcase></testsuite></testsuites>')
+    assert times.wall_seconds(xml) == pytest.approx(636.8)
+    assert times.read(xml) == [("core", "tests.core.test_a", 1.5, "passed"), ("core", "tests.core.test_a", 2.0,
+                                                                              "skipped")]
+
+    def published(date, machine, command, wall):
+        return (f"# T\n\n<!-- bench:suite-times start -->\n_Written by `python scripts/suite_times.py x --publish` on "
+                f"{date}; {machine}; Python 3.11.7._\n\nFrom `{command}` on a clean clone: 5 passed; the tests' own "
+                f"times add up to 2.0 min; the run's wall time {wall} min.\n<!-- bench:suite-times end -->\n")
+
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    subprocess.run(git[:5] + ["init", "-q", str(tmp_path)], check=True)
+    doc = tmp_path / "docs" / "testing.md"
+    doc.parent.mkdir()
+    for edit, (date, machine, command, wall) in enumerate([("2026-01-01", "AMD EPYC, 2 cores", "pytest tests", "19.0"),
+                                         ("2026-01-01", "AMD EPYC, 2 cores", "pytest tests", "19.0"),  # re-committed
+                                         ("2026-01-02", "AMD EPYC, 2 cores", "pytest -n 1 tests", "30.0"),
+                                         ("2026-01-03", "Intel Xeon, 2 cores", "pytest tests", "10.5")]):
+        doc.write_text(published(date, machine, command, wall) + f"\nprose, edit {edit}\n")
+        subprocess.run(git + ["add", "-A"], check=True)
+        subprocess.run(git + ["commit", "-q", "-m", date], check=True)
+    assert times.published_runs(doc, "pytest tests", root=tmp_path) == [
+        ("2026-01-03", "Intel Xeon, 2 cores", "5 passed", "2.0", "10.5"),
+        ("2026-01-01", "AMD EPYC, 2 cores", "5 passed", "2.0", "19.0")]
