@@ -28,7 +28,7 @@ that produced it, for every layer and head, over everything before it (prompt in
 its cross-attention over the source). Pick a token in the strip. The rows are kept in float16, at most
 {MAX_TRACE_BYTES // 2**20} MB per session; tokens past that keep their probabilities only."""
 
-KV_INTRO = """### The KV cache, measured
+KV_INTRO = """### The KV cache: its bytes counted, its steps timed
 Each layer keeps the keys and values of every token it has read, so a new token computes one query, key and value
 and reads the rest: size = 2 · layers · tokens · kv_heads · d_head · bytes. *Measure* sizes it for this prompt
 (the formula beside the bytes the core allocates) and for the full context, in float32 and bfloat16, against the
