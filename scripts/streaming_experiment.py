@@ -23,6 +23,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import machine  # noqa: E402
 from core import load_model  # noqa: E402
 from core.analysis.sinks import streaming_perplexity  # noqa: E402
 from core.loading import load_tokenizer  # noqa: E402
@@ -150,7 +151,7 @@ def kept_tail() -> str:
 
 
 def markdown(results: list[dict], command: str, stamp: str, load: tuple[float, float, float], seconds: float,
-             mix_command: str = "") -> str:
+             mix_command: str = "", host: str = "") -> str:
     rows = ["| model | window | sinks | positions | perplexity | past the window |",
             "|---|---:|---:|---|---:|---:|"]
     for result in results:
@@ -179,7 +180,7 @@ two are the same for RoPE models: a window key's distance from the query is the 
 
 ## Measured
 
-Command: `{command}`, {stamp}, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (a shared 2-core machine;
+Command: `{command}`, {stamp}, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} ({host or "the machine was not recorded"};
 {seconds / 60:.1f} min in all). Text: `assets/texts/macbeth_acts_1_2.txt` (Shakespeare, public domain), its first
 {results[0]['tokens'] if results else 0} tokens. "Past the window": the perplexity over the predictions made by queries
 whose window hides something (positions ≥ window). Per-bin loss curves are in `assets/measured/streaming.json`. This
@@ -191,10 +192,9 @@ benchmark, not to a count of entries.
 {findings}
 
 Published ({PUBLISHED}): a window without sinks collapses once the text passes it, and four sinks bring it back
-to near full attention. Compare the ratios above for direction and size, not equal numbers: these models are 50 to
-100 times smaller and the slice is short. Notes: the rows are those the command asked for (its --windows, --sinks
-and --cache-windows); cache positions are read one decode step per token (about 0.2 s a token for SmolLM2 on this
-CPU), and with no sinks they equal text positions for RoPE models (tests/core/test_sinks.py). Gemma 3's own local
+to near full attention. Compare the ratios above for direction and size, not equal numbers: these models are far
+smaller and the slice is short. Notes: the rows are those the command asked for (its --windows, --sinks
+and --cache-windows); cache positions are read one decode step per token (slow on a CPU), and with no sinks they equal text positions for RoPE models (tests/core/test_sinks.py). Gemma 3's own local
 layers keep their 512-token window under any window given here, and hide the sinks past it.
 {mix}{kept_tail()}"""
 
@@ -234,7 +234,7 @@ def main() -> None:
                                     f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
             OUT.write_text(json.dumps(saved, indent=1) + "\n")
         DOC.write_text(markdown(saved["results"], saved["command"], saved["date"], saved["load_average"],
-                                saved["seconds"], saved.get("mix_command", "")))
+                                saved["seconds"], saved.get("mix_command", ""), saved.get("machine", "")))
         return
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
@@ -244,9 +244,10 @@ def main() -> None:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     load = os.getloadavg()
     OUT.parent.mkdir(parents=True, exist_ok=True)
+    host = machine()
     OUT.write_text(json.dumps(dict(command=command, date=stamp, load_average=load, seconds=round(seconds, 1),
-                                   text=TEXT.name, published=PUBLISHED, results=results), indent=1) + "\n")
-    DOC.write_text(markdown(results, command, stamp, load, seconds))
+                                   machine=host, text=TEXT.name, published=PUBLISHED, results=results), indent=1) + "\n")
+    DOC.write_text(markdown(results, command, stamp, load, seconds, host=host))
     print(f"wrote {OUT.relative_to(ROOT)} and {DOC.relative_to(ROOT)}")
 
 
