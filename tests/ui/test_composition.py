@@ -47,6 +47,9 @@ def test_the_bars_are_the_cores_shares_with_the_rest_summed_per_text(llama):
     assert composition(llama, 1, 2, "query", 3).weights.tolist() == core.weights.q.tolist()
     figure = composition_figure(found.labels, found.mean, found.low, found.high, found.weights, "key", "t")
     assert list(figure.data[0].y) == found.labels and figure.data[1].z.shape == found.weights.shape
+    for side, words in (("key", "on its keys"), ("query", "on its queries")):   # the plural, in the subplot title
+        titles = composition_figure(found.labels, found.mean, found.low, found.high, found.weights, side, "t")
+        assert any(words in a.text for a in titles.layout.annotations), side
 
 
 def test_layer_0_has_only_the_embeddings_and_no_map(llama):

@@ -308,6 +308,11 @@ def sink_depth_figure(per_layer: Mapping[str, np.ndarray], title: str) -> go.Fig
     return fig
 
 
+def plural(side: str) -> str:
+    """'keys' or 'queries': the side a composition reads, in the plural."""
+    return "queries" if side == "query" else f"{side}s"
+
+
 def composition_figure(labels: Sequence[str], mean: np.ndarray, low: np.ndarray, high: np.ndarray,
                        weights: np.ndarray, side: str, title: str) -> go.Figure:
     """What feeds a head's keys or queries: above, each component's mean share of the relative score over the
@@ -317,7 +322,7 @@ def composition_figure(labels: Sequence[str], mean: np.ndarray, low: np.ndarray,
     has_map = weights.size > 0
     fig = make_subplots(rows=2 if has_map else 1, cols=1, vertical_spacing=0.2,
                         row_heights=[0.55, 0.45] if has_map else None,
-                        subplot_titles=(f"the data: each part's share of the relative score on its {side}s",
+                        subplot_titles=(f"the data: each part's share of the relative score on its {plural(side)}",
                                         "the weights: composition with each earlier head")[:2 if has_map else 1])
     add_share_bars(fig, labels, mean, low, high, 1, 1)
     if has_map:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ui.plots.corpus import interval_words
-from ui.plots.heads import composition_figure
+from ui.plots.heads import composition_figure, plural
 from ui.plots.text import escaped
 from ui.services import Services
 from ui.services.corpus.composition import composition
@@ -35,7 +35,7 @@ def composition_view(services: Services, model_name, layer_index, head_index, si
     heads = [label for label in named if " H" in label]
     strongest = heads[0] if heads else None
     top = found.labels[0]
-    lines = [f"**What feeds {name}'s {found.side}s** over {escaped(found.source)}: {escaped(found.pairs)}. "
+    lines = [f"**What feeds {name}'s {plural(found.side)}** over {escaped(found.source)}: {escaped(found.pairs)}. "
              f"The bars show each part's mean share, {interval_words(found.n, 'text')}; the largest is "
              f"**{escaped(top)}** ({found.mean[0]:+.2f})"
              + (f", the largest single earlier head **{escaped(strongest)}** "
@@ -51,5 +51,5 @@ def composition_view(services: Services, model_name, layer_index, head_index, si
     if found.note:
         lines.append(f"Note: {escaped(found.note)}.")
     figure = composition_figure(found.labels, found.mean, found.low, found.high, found.weights, found.side,
-                                f"What feeds {name}'s {found.side}s, over {found.n} induction texts")
+                                f"What feeds {name}'s {plural(found.side)}, over {found.n} induction texts")
     return "\n\n".join(lines), export.named(figure, export.filename(model_name, f"composition-{name}-{found.side}"))
