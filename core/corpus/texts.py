@@ -267,6 +267,9 @@ def jsonl_records(name: str, content: str) -> Iterator[tuple[int, dict]]:
         except json.JSONDecodeError as exc:
             raise ValueError(f"{name}, line {i}: not valid JSON ({exc.msg} at column {exc.colno}); each line "
                              "must be one JSON object, e.g. {\"text\": \"...\"}") from exc
+        except ValueError:   # JSON's reader refuses an integer past Python's digit limit (4,300) this way
+            raise ValueError(f"{name}, line {i}: a number too long to read (thousands of digits); each line must be "
+                             "one JSON object, e.g. {\"text\": \"...\"}") from None
         except RecursionError:   # Python's parser gives up about a thousand brackets deep
             raise ValueError(f"{name}, line {i}: JSON nested too deeply to read; each line must be one flat JSON "
                              "object, e.g. {\"text\": \"...\"}") from None

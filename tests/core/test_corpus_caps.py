@@ -120,7 +120,7 @@ def test_a_damaged_dtype_name_is_unreadable_and_measured_again(llama, tmp_path):
 
 # ---- an upload's lines ----
 
-def test_a_lone_surrogate_and_a_deep_line_are_named_by_their_line(tmp_path):
+def test_a_lone_surrogate_a_deep_line_and_a_huge_number_are_named_by_their_line(tmp_path):
     upload = tmp_path / "corpus.jsonl"
     upload.write_text('{"text": "fine"}\n{"text": "\\ud800 lone"}\n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"corpus.jsonl, line 2: 'text' holds a lone surrogate \(\\ud800 at "
@@ -128,6 +128,9 @@ def test_a_lone_surrogate_and_a_deep_line_are_named_by_their_line(tmp_path):
         corpora.read_texts(upload)
     upload.write_text('{"text": "fine"}\n\n' + "[" * 50_000 + "]" * 50_000 + "\n", encoding="utf-8")
     with pytest.raises(ValueError, match="corpus.jsonl, line 3: JSON nested too deeply"):
+        corpora.read_texts(upload)
+    upload.write_text('{"text": "fine"}\n{"text": "hello there", "x": ' + "9" * 5_000 + "}\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="corpus.jsonl, line 2: a number too long to read"):   # not Python's words
         corpora.read_texts(upload)
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text(json.dumps({"clean": "a b", "corrupted": "a c", "answer": "\ud800", "foil": " b"}) + "\n",
