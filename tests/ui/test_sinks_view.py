@@ -14,6 +14,7 @@ from core.analysis.sinks import sink_scores, streaming_perplexity
 from tiny_app_model import build_tiny_bert, build_tiny_llama, build_tiny_marian
 from ui.plots.heads import sink_maps, window_loss_figure
 from ui.services import Services
+from ui.services.checks import UserError
 from ui.services.models import ModelStore
 from ui.services.sinks import EPSILON, MAX_STREAMING_TOKENS, MAX_SINKS
 from ui.services.text import encode
@@ -170,6 +171,12 @@ def test_the_comparison_is_each_models_own_map_layer_by_layer(setup, monkeypatch
     long_text = LONG * 40                                              # past the map's 512 tokens: said per model
     note, _ = views.comparison_view(services, folders["llama"], long_text)
     assert note.count("were dropped") == 2, note
+    asked = []   # an empty text is refused before any model is loaded for it (the page's own model aside)
+    monkeypatch.setattr(services.models, "get", lambda name, progress=None: asked.append(name))
+    for empty in ("", "   ", None):
+        with pytest.raises(UserError, match="The text is empty"):
+            views.comparison_view(services, folders["llama"], empty)
+    assert asked == [folders["llama"]] * 3
 
 
 def test_installed_lists_the_pickers_ready_models_with_the_page_model_first():

@@ -86,11 +86,17 @@ def valid_unicode(text: str) -> str:
     return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
-def encode(model, text: str, max_tokens: int | None = None, add_special_tokens: bool = True) -> Encoded:
-    """Token ids of `text`, cut to the model's context (and `max_tokens`) with a note saying how much."""
+def checked_text(text) -> str:
+    """The text as a tokenizer can read it, or a UserError if it is missing, empty or not a string: asked before a
+    model is loaded for it."""
     if text is None or (isinstance(text, str) and not text.strip()):
         raise UserError("The text is empty: type or paste some text, or upload a .txt/.md file.")
-    text = valid_unicode(text)
+    return valid_unicode(text)
+
+
+def encode(model, text: str, max_tokens: int | None = None, add_special_tokens: bool = True) -> Encoded:
+    """Token ids of `text`, cut to the model's context (and `max_tokens`) with a note saying how much."""
+    text = checked_text(text)
     tok = model.tokenizer
     ids = tok(text, add_special_tokens=add_special_tokens)["input_ids"]
     limit = model.config.max_positions if max_tokens is None else min(max_tokens, model.config.max_positions)

@@ -16,7 +16,7 @@ from core.analysis import sinks
 from ui.services.checks import UserError, check_choice, check_range
 from ui.services.jobs import JobUpdate, stream_job
 from ui.services.heads import MAX_HEADS_TOKENS, next_token_reason
-from ui.services.text import Encoded, encode, to_numpy, valid_unicode
+from ui.services.text import Encoded, checked_text, encode, to_numpy, valid_unicode
 
 EPSILON = sinks.EPSILON  # Gu et al.'s threshold on a head's mean attention on token 0
 MAX_STREAMING_TOKENS = 1024  # positions="cache" reads the text one decode step per token
@@ -176,7 +176,9 @@ def installed(models, first: str) -> tuple[list[str], list[str]]:
 
 def compare(models, names: list[str], text, progress=None) -> list[Compared]:
     """sink_map on the same text for each model in `names`, one loaded at a time (each with its own tokenizer, so
-    the token counts differ); a model that cannot be measured says why in its row."""
+    the token counts differ); a model that cannot be measured says why in its row. The text is checked first, before
+    any model is loaded for it."""
+    text = checked_text(text)
     rows = []
     for i, name in enumerate(names):
         if progress is not None:
