@@ -126,6 +126,17 @@ def test_attribution_and_patching_over_uploaded_pairs_are_the_cores(served):
     check_map_and_strip(note, mean_figure, strip_figure, over, (1, 6), "pair")
 
 
+def test_pairs_that_all_leave_nothing_to_measure_say_so_and_state_no_nan(served, tmp_path):
+    """A pair whose two prompts are the same has no clean − corrupted difference to normalise by: the core leaves it
+    out, and with every pair left out the note says nothing was measured, not "mean +nan"."""
+    same = tmp_path / "same.jsonl"
+    same.write_text("\n".join(json.dumps(dict(PAIRS[i], corrupted=PAIRS[i]["clean"])) for i in range(2)) + "\n")
+    note, _, _ = served["client"].predict(served["llama"], "uploaded file", 10, handle_file(str(same)), "z",
+                                          "denoise", 0, 0, 0, api_name="/corpus_patch")
+    assert "n = **0**" in note and "no mean, nothing was measured (n = 0)" in note, note
+    assert "+nan" not in note.lower() and "mean **nan" not in note.lower(), note
+
+
 BAD_UPLOADS = [  # (file name, bytes, endpoint, words the message must hold)
     ("notes.md", b"a text\n", "heads", "Invalid file type"),   # Gradio's own check of the suffix, in words
     ("latin.txt", "caf\u00e9\n".encode("latin-1"), "heads", "latin.txt, line 1: not UTF-8"),

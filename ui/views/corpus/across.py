@@ -70,9 +70,11 @@ def figures(shown: Shown, cell: tuple[int, int]):
 
 def cell_words(over, cell: tuple[int, int], axes: MapAxes) -> str:
     r, c = cell
+    name = axes.cell_name(cell)
+    if over.n == 0:   # every item left out (the core's note says why): no mean to state, not a NaN
+        return f"{name[:1].upper() + name[1:]}: no mean, nothing was measured (n = 0)."
     low, high = float(over.low[r, c]), float(over.high[r, c])
     interval = f"interval [{low:+.4f}, {high:+.4f}]" if over.n >= 2 else "no interval (n < 2)"
-    name = axes.cell_name(cell)
     return f"{name[:1].upper() + name[1:]}: mean **{float(over.mean[r, c]):+.4f}**, {interval}."
 
 
