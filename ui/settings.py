@@ -12,6 +12,8 @@ result to the services and the page; tests build AppSettings() with the defaults
     ATTN_PRIVATE_CORPUS_MB  on a shared server, the saved corpus jobs one page may keep (default 20 MB)
     ATTN_CORPUS_MAX_SECONDS the longest one corpus job or extrapolation run runs (default 600 s): it stops there,
                             keeping its finished items (or kinds)
+    ATTN_PUBLIC_FETCH_MB    on a shared server, the largest model a choice fetches, by its memory in float32 as the
+                            registry records it (default 2000); an installed model loads whatever its size
     ATTN_WEIGHTS_DIR        where the weight store lives (read by core.store itself)
 """
 
@@ -30,6 +32,7 @@ KEPT_BUDGET_SETTING = "ATTN_KEPT_BUDGET_MB"
 SESSIONS_SETTING = "ATTN_SESSIONS"
 CORPUS_PAGE_SETTING = "ATTN_PRIVATE_CORPUS_MB"
 CORPUS_SECONDS_SETTING = "ATTN_CORPUS_MAX_SECONDS"
+PUBLIC_FETCH_SETTING = "ATTN_PUBLIC_FETCH_MB"
 DEFAULT_TEXT_BYTES = 1_000_000
 MAX_ATTENTION_TOKENS = 2048  # default cap of the Attention tab: a capture on 2 CPU cores stays within seconds
 
@@ -92,6 +95,9 @@ class AppSettings:
     device: str | None = None  # None: cuda (bfloat16) when there is a GPU, else cpu; "meta": no weights (Ray front)
     corpus_page_bytes: int = 20_000_000  # a shared server's saved corpus jobs, per page (0: none saved)
     corpus_max_seconds: float = 600.0  # one corpus job's time cap: 100 IOI pairs' head-site sweeps take ~250 s
+    # a shared server fetches no model larger than this (MB in float32, the registry's memory_mb): a stranger's
+    # choice must not pull gigabytes and evict the models in memory
+    public_fetch_mb: float = 2000.0
     lab: LabSettings = field(default_factory=LabSettings)
 
     @classmethod
@@ -106,6 +112,7 @@ class AppSettings:
                                              environ=environ) * 1_000_000),
             corpus_max_seconds=env_number(CORPUS_SECONDS_SETTING, cls.corpus_max_seconds, 1.0, strict=True,
                                           environ=environ),
+            public_fetch_mb=env_number(PUBLIC_FETCH_SETTING, cls.public_fetch_mb, 0.0, strict=True, environ=environ),
             lab=LabSettings.from_env(environ, public),
         )
         return cls(**{**read, **given})

@@ -24,6 +24,7 @@ from gradio_client.exceptions import AppError  # noqa: E402
 
 import core.store as weight_store  # noqa: E402
 from core.corpus import saved  # noqa: E402
+from core.store.manifest import MANIFEST_FORMAT  # noqa: E402
 from test_ray_corpus import ThreadChunks  # noqa: E402
 from tiny import Ticking  # noqa: E402
 from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
@@ -80,6 +81,43 @@ def test_a_shared_server_loads_only_the_names_it_offers_and_tells_nothing_of_its
     assert store.loaded() == []                                   # nothing loaded, nothing fetched
     assert store.get(llama) is store.get(llama) and store.loaded() == [llama]
     assert store.key("smollm2-135m-instruct") == "smollm2-135m-instruct"   # a registry name is offered
+
+
+def test_a_shared_server_fetches_no_model_larger_than_its_cap(llama, tmp_path, monkeypatch):
+    """A stranger's choice of a registry model that is not installed fetches it only when the registry records it
+    at most ATTN_PUBLIC_FETCH_MB in memory: phi-3-mini (14,576 MB) and a model of no recorded size are refused in
+    words before anything is fetched, and the picker does not offer them; installed, a model loads whatever its
+    size; a laptop fetches any."""
+    monkeypatch.setenv("ATTN_WEIGHTS_DIR", str(tmp_path / "weights"))         # nothing installed
+    fetched = []
+
+    def fetch(name, **_):
+        fetched.append(name)
+        raise weight_store.WeightsUnavailable("no source in this test")
+
+    monkeypatch.setattr(weight_store, "ensure", fetch)
+    registry = weight_store.load_registry()
+    assert registry["phi-3-mini-4k-instruct"]["memory_mb"] > 2000 and registry["gpt2"].get("memory_mb") is None
+    assert registry["minilm-l6"]["memory_mb"] <= 2000
+    services = Services.create(AppSettings(lab=LabSettings(private=True)), ModelStore(extra_names=[llama]))
+    store = services.models
+    assert store.max_fetch_mb == AppSettings().public_fetch_mb == 2000
+    for name, words in (("phi-3-mini-4k-instruct", "about 14,576 MB in memory, more than the 2,000 MB"),
+                        ("gpt2", "of no recorded size")):
+        with pytest.raises(UserError, match=re.escape(words)) as refused:
+            store.get(name)
+        assert "ATTN_PUBLIC_FETCH_MB" in str(refused.value) and name not in store.names()
+    assert fetched == [] and "minilm-l6" in store.names() and llama in store.names()
+    with pytest.raises(UserError, match="no source in this test"):            # small enough: it is fetched
+        store.get("minilm-l6")
+    assert fetched == ["minilm-l6"]
+    installed = tmp_path / "weights" / "phi-3-mini-4k-instruct"              # installed: no fetch, no refusal
+    installed.mkdir(parents=True)
+    (installed / weight_store.MANIFEST).write_text(json.dumps({"format": MANIFEST_FORMAT, "files": {}}))
+    assert store.fetch_refusal("phi-3-mini-4k-instruct") is None and "phi-3-mini-4k-instruct" in store.names()
+    laptop = ModelStore(extra_names=[llama])
+    assert laptop.fetch_refusal("phi-3-mini-4k-instruct") is None and "gpt2" in laptop.names()
+    assert AppSettings.from_env({"ATTN_PUBLIC_FETCH_MB": "300"}).public_fetch_mb == 300
 
 
 def test_a_server_built_for_strangers_checks_names_as_a_shared_one(llama):

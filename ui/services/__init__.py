@@ -45,6 +45,7 @@ class Services:
         lab = Lab(settings.lab)
         if lab.private is not None:
             models.public = True  # a shared server: only the picker's names load (ModelStore.key)
+            models.max_fetch_mb = settings.public_fetch_mb  # and a choice fetches no model larger than this
             models.private = lab.private_folder  # a session's saved run loads by its alias, listed to it alone
             lab.private.on_expire.append(models.forget)  # and once expired, answers why instead of loading
         return cls(settings, models, KeptStore(settings.kept_budget_bytes), lab,

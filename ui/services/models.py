@@ -135,6 +135,7 @@ class ModelStore:
         public: bool = False,
     ):
         self.capacity, self.device, self.public = capacity, device, public
+        self.max_fetch_mb: float | None = None  # on a shared server, the largest model a choice fetches (MB)
         self.extra_names = list(extra_names or [])
         self._models: OncePerName[torch.nn.Module] = OncePerName(capacity)
         self._sources: dict[str, str] = {}  # name → where its weights came from, for the model card
@@ -148,7 +149,40 @@ class ModelStore:
             return ""
 
     def names(self) -> list[str]:
-        return list(dict.fromkeys(self.extra_names + known_model_names()))
+        """The picker's names: the start-up ones, then the registry's (on a shared server, without those too large
+        to fetch here, unless installed)."""
+        names = list(dict.fromkeys(self.extra_names + known_model_names()))
+        if self.public and self.max_fetch_mb is not None:
+            installed, registry = self._store_state()
+            names = [name for name in names if self._too_large(name, installed, registry) is None]
+        return names
+
+    @staticmethod
+    def _store_state() -> tuple[set[str], dict]:
+        """(the installed names, the registry), read once; empty where unreadable (then nothing is fetched)."""
+        try:
+            return set(weight_store.WeightStore.default().installed()), weight_store.load_registry()
+        except Exception:  # noqa: BLE001 - an unreadable store or registry: fetch nothing rather than guess
+            log.exception("could not read the weight store or its registry")
+            return set(), {}
+
+    def fetch_refusal(self, name: str) -> str | None:
+        """Why a shared server will not fetch this model, or None (it is installed, not a registry name, small
+        enough, or the server is a laptop)."""
+        if not self.public or self.max_fetch_mb is None or name not in known_model_names():
+            return None
+        return self._too_large(name, *self._store_state())
+
+    def _too_large(self, name: str, installed: set[str], registry: dict) -> str | None:
+        if name in installed or name not in registry or self.max_fetch_mb is None:
+            return None
+        memory = registry[name].get("memory_mb")
+        if memory is not None and memory <= self.max_fetch_mb:
+            return None
+        size = f"about {memory:,} MB in memory" if memory is not None else "of no recorded size"
+        return (f"Model {name!r} is not installed on this shared server, and it is {size}, more than the "
+                f"{self.max_fetch_mb:,.0f} MB it fetches for a visitor (ATTN_PUBLIC_FETCH_MB): choose one from the "
+                "model picker, or run the app on your own machine for this one.")
 
     def loaded(self) -> list[str]:
         """The names in memory now, least recently used first."""
@@ -239,6 +273,9 @@ class ModelStore:
         folder = private or Path(name)
         try:
             if not folder.is_dir():
+                refused = None if private is not None else self.fetch_refusal(name)
+                if refused:
+                    raise UserError(refused)
                 folder = weight_store.ensure(name, progress=progress)
         except weight_store.WeightsUnavailable as exc:
             raise UserError(f"Model {name!r} cannot be loaded here: {exc}") from exc
