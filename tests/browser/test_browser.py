@@ -166,7 +166,7 @@ def test_masks_tab_draws_stages_and_the_three_measurements(page):
     expect_plot(page, "mask-causal", "bar")
     expect_plot(page, "mask-padding", "bar")
     expect_plot(page, "mask-entropy", "line")
-    assert page.locator("#mask-stages .js-plotly-plot .hm image").count() == 6
+    expect(page.locator("#mask-stages .js-plotly-plot .hm image")).to_have_count(6)
     shot(page, "masks")
 
 

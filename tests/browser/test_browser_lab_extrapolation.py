@@ -44,8 +44,10 @@ def test_the_shipped_result_is_the_first_screen_and_fits(page):
     expect(page.locator("#lab-extra-headline")).to_contain_text("saved result", timeout=RUN_TIMEOUT_MS)
     expect(page.locator("#lab-extra-headline")).to_contain_text("At 48, the most accurate is")
     expect(page.locator("#lab-extra-note")).to_contain_text("no position 28 in the table")
-    assert page.locator("#lab-extra-accuracy .scatterlayer .trace").count() >= 6
-    assert page.locator("#lab-extra-heads .heatmaplayer, #lab-extra-heads .hm").count() >= 1
+    # the figures draw after the words arrive (Plotly renders on its own time): wait for the sixth line and a map
+    expect(page.locator("#lab-extra-accuracy .scatterlayer .trace").nth(5)).to_be_attached(timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#lab-extra-heads .heatmaplayer, #lab-extra-heads .hm").first).to_be_attached(
+        timeout=RUN_TIMEOUT_MS)
     for name, viewport in VIEWPORTS.items():  # the page at 1400 px, then narrowed to a phone's width
         page.set_viewport_size(viewport)
         try:

@@ -141,7 +141,7 @@ def test_wide_the_button_is_above_the_fold_and_no_figure_shows_before_a_result(p
     on, off = boxes["mask-stage-on-scores"], boxes["mask-stage-off-scores"]
     assert boxes["mask-stage-on-softmax"]["y"] == pytest.approx(on["y"], abs=2) and off["y"] >= on["y"] + on["height"]
     assert titles_outside_their_figure(page) == []
-    assert page.locator("#mask-stages .js-plotly-plot .hm image").count() == 6
+    expect(page.locator("#mask-stages .js-plotly-plot .hm image")).to_have_count(6)
     screenshot(page, "masks-wide")
 
 
@@ -150,7 +150,7 @@ def test_a_zero_bar_of_the_padding_mask_is_a_dot_on_the_baseline(page):
     run_masks(page)
     plot = page.locator("#mask-padding .js-plotly-plot")
     dots = plot.locator(".scatterlayer .point")
-    assert dots.count() >= 1
+    expect(dots.first).to_be_attached()
     dot = dots.first.bounding_box()
     axis = plot.locator(".xaxislayer-above, .xaxislayer").first.bounding_box()
     assert dot["width"] > 4 and dot["height"] > 4  # seen, not a zero-height bar

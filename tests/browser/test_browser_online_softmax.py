@@ -38,9 +38,10 @@ def test_the_online_softmax_draws_under_the_softmax_stage(browser, app_url):
                                                                     timeout=RUN_TIMEOUT_MS)
         plot = page.locator("#inside-online-figure .js-plotly-plot").first
         expect(plot).to_be_attached(timeout=RUN_TIMEOUT_MS)
-        assert page.locator("#inside-online-figure .cartesianlayer .subplot").count() == 3
-        assert page.locator("#inside-online-figure .scatterlayer .trace").count() >= 3    # max, m, ℓ, online
-        assert page.locator("#inside-online-figure .barlayer .point").count() > 0         # the plain softmax
+        expect(page.locator("#inside-online-figure .cartesianlayer .subplot")).to_have_count(3)
+        lines = page.locator("#inside-online-figure .scatterlayer .trace")   # max, m, ℓ, online
+        expect(lines.nth(2)).to_be_attached()
+        expect(page.locator("#inside-online-figure .barlayer .point").first).to_be_attached()  # the plain softmax
         tables = page.locator("#inside-online-bytes table")                # measured, then apart the formula
         expect(tables).to_have_count(2)
         expect(tables.nth(0)).to_contain_text("8,192")

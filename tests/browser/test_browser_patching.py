@@ -89,7 +89,7 @@ def test_the_shortcut_scatter_is_drawn_and_names_its_cells(page):
     expect(page.locator("#patch-shortcut-note")).to_contain_text("rank the wrong heads", timeout=RUN_TIMEOUT_MS)
     panels = page.locator("#patch-shortcut .js-plotly-plot .scatterlayer .trace.scatter")
     expect(panels.first).to_be_attached(timeout=RUN_TIMEOUT_MS)
-    assert panels.count() >= 4       # atp, atp*, ig, flow (each with its points; the signed ones a diagonal too)
+    expect(panels.nth(3)).to_be_attached()   # atp, atp*, ig, flow (each with its points; the signed ones a diagonal)
     expect(page.locator("#patch-shortcut .js-plotly-plot .annotation").last).to_contain_text("exact sweep")
     point = page.locator("#patch-shortcut .js-plotly-plot .scatterlayer .trace.scatter .points path").first
     point.scroll_into_view_if_needed()

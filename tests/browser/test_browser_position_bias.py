@@ -95,7 +95,7 @@ def test_wide_the_figures_sit_side_by_side_and_say_whose_numbers(page):
     expect(page.locator("#pb-note")).to_contain_text("The formula, not this model")
     show(page, "rope-partial")
     expect(page.locator("#pb-note")).to_contain_text("This model's own full rotary")
-    assert page.locator("#pb-second .js-plotly-plot .scatterlayer .trace").count() == 2  # full and partial
+    expect(page.locator("#pb-second .js-plotly-plot .scatterlayer .trace")).to_have_count(2)  # full and partial
     assert titles_outside_their_figure(page) == []
     screenshot(page, "position-bias-wide")
 
