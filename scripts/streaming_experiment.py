@@ -180,8 +180,8 @@ two are the same for RoPE models: a window key's distance from the query is the 
 
 ## Measured
 
-Command: `{command}`, {stamp}, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} ({host or "the machine was not recorded"};
-{seconds / 60:.1f} min in all). Text: `assets/texts/macbeth_acts_1_2.txt` (Shakespeare, public domain), its first
+Command: `{command}`, {stamp}, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}
+({host or "the machine was not recorded"}; {seconds / 60:.1f} min in all). Text: `assets/texts/macbeth_acts_1_2.txt` (Shakespeare, public domain), its first
 {results[0]['tokens'] if results else 0} tokens. "Past the window": the perplexity over the predictions made by queries
 whose window hides something (positions ≥ window). Per-bin loss curves are in `assets/measured/streaming.json`. This
 page gives no memory figure: what a window saves in memory is a measured peak, and belongs to the rolling cache's
@@ -194,7 +194,8 @@ benchmark, not to a count of entries.
 Published ({PUBLISHED}): a window without sinks collapses once the text passes it, and four sinks bring it back
 to near full attention. Compare the ratios above for direction and size, not equal numbers: these models are far
 smaller and the slice is short. Notes: the rows are those the command asked for (its --windows, --sinks
-and --cache-windows); cache positions are read one decode step per token (slow on a CPU), and with no sinks they equal text positions for RoPE models (tests/core/test_sinks.py). Gemma 3's own local
+and --cache-windows); cache positions are read one decode step per token (slow on a CPU), and with no sinks they
+equal text positions for RoPE models (tests/core/test_sinks.py). Gemma 3's own local
 layers keep their 512-token window under any window given here, and hide the sinks past it.
 {mix}{kept_tail()}"""
 
@@ -246,7 +247,8 @@ def main() -> None:
     OUT.parent.mkdir(parents=True, exist_ok=True)
     host = machine()
     OUT.write_text(json.dumps(dict(command=command, date=stamp, load_average=load, seconds=round(seconds, 1),
-                                   machine=host, text=TEXT.name, published=PUBLISHED, results=results), indent=1) + "\n")
+                                   machine=host, text=TEXT.name, published=PUBLISHED, results=results),
+                              indent=1) + "\n")
     DOC.write_text(markdown(results, command, stamp, load, seconds, host=host))
     print(f"wrote {OUT.relative_to(ROOT)} and {DOC.relative_to(ROOT)}")
 

@@ -1,5 +1,5 @@
-"""The KV cache, counted and timed: its size from the formula 2 · layers · tokens · kv_heads · d_head · bytes beside
-the bytes the core allocates, and the same greedy continuation timed with and without the cache (core.generate's
+"""The KV cache, counted and timed: its size from the formula 2 · layers · tokens · kv_heads · d_head · bytes
+beside the bytes the core allocates, and the same greedy continuation timed with and without the cache (core.generate's
 greedy and step_times), with the growth of one step fitted as a power of the length."""
 
 from __future__ import annotations
