@@ -7,7 +7,7 @@ import torch
 
 from core import load_model
 from core.analysis import heads, patching
-from core.corpus import Pair, summaries
+from core.corpus import Pair, stats, summaries
 from tests import tiny
 
 ANSWER, FOIL = 11, 23
@@ -39,11 +39,11 @@ def random_pair(n, at, seed):
 
 def test_t_quantiles_match_the_table():
     for (p, df), want in T_TABLE.items():
-        assert summaries.t_quantile(p, df) == pytest.approx(want, abs=1e-4), (p, df)
-    assert summaries.student_t_cdf(summaries.t_quantile(0.975, 7), 7) == pytest.approx(0.975, abs=1e-12)
-    assert summaries.t_quantile(0.975, 100_000) == pytest.approx(1.959985, abs=1e-5)    # the normal's 1.96
+        assert stats.t_quantile(p, df) == pytest.approx(want, abs=1e-4), (p, df)
+    assert stats.student_t_cdf(stats.t_quantile(0.975, 7), 7) == pytest.approx(0.975, abs=1e-12)
+    assert stats.t_quantile(0.975, 100_000) == pytest.approx(1.959985, abs=1e-5)    # the normal's 1.96
     with pytest.raises(ValueError, match="df ≥ 1"):
-        summaries.t_quantile(0.975, 0)
+        stats.t_quantile(0.975, 0)
 
 
 def test_summarise_against_hand_computation():
