@@ -23,6 +23,7 @@ from torch import Tensor
 from ..layers import rotate
 from . import anatomy
 from .anatomy import ScoreDecomposition
+from .parts import Part, upstream_parts
 from .patching import head_outputs
 
 BY = ("head", "layer")
@@ -538,7 +539,8 @@ def composition_scores(model, layer: int, head: int) -> CompositionScores:
 class CompositionOver:
     """What feeds one head's keys (side "key") or queries ("query") over a corpus: shares.mean[b] is component
     labels[b]'s share of the relative score on the head's chosen pairs (see composition_over; the shares of one
-    text add up to 1), with its interval and per-text values; weights: what the weights alone allow."""
+    text add up to 1), with its interval and per-text values; weights: what the weights alone allow. parts[b] is
+    labels[b]'s typed key (core.analysis.parts.Part): code asks parts which component is a head, labels are shown."""
     layer: int
     head: int
     side: str
@@ -546,6 +548,17 @@ class CompositionOver:
     shares: object              # core.corpus.summaries.Over [n_parts]
     pairs: str                  # how the pairs were chosen and weighed, in words
     weights: CompositionScores
+    parts: list[Part]
+
+    def index(self, part: Part) -> int:
+        """Where `part` is in labels, parts and the shares."""
+        if part not in self.parts:
+            raise ValueError(f"{part} is not a part that layer {self.layer} reads; its parts: {', '.join(self.labels)}")
+        return self.parts.index(part)
+
+    def heads(self) -> list[int]:
+        """Indices of the single earlier heads among the parts."""
+        return [i for i, part in enumerate(self.parts) if part.is_head]
 
 
 def check_side(side) -> str:
@@ -597,4 +610,5 @@ def composition_over(model, texts, layer: int, head: int, side: str = "key", pai
            f"weighted by it; a share is Σ a·part / Σ a·(relative score)")
     labels = labels or Pass(model, texts[0][None], range(layer + 1), "head").rows(layer, torch.tensor([0]))[0]
     return CompositionOver(layer, head, side, labels, job.over((len(labels),)), how,
-                           composition_scores(model, layer, head))
+                           composition_scores(model, layer, head),
+                           upstream_parts(labels, layer, model.attention_stack()[0].cfg.n_heads))
