@@ -25,8 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core import train as engine  # noqa: E402
-from core.train import LabConfig  # noqa: E402
+from core.lab import train as engine  # noqa: E402
+from core.lab.train import LabConfig  # noqa: E402
 from ui.services.lab.answers import weight_on_source  # noqa: E402
 from ui.services.lab.configs import DEFAULT_SNAPSHOT_STEPS, default_config, parse_steps_list  # noqa: E402
 from ui.settings import LabSettings  # noqa: E402

@@ -15,7 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import add_publish, md_table, median, publish  # noqa: E402
-from core.train import LabConfig, train  # noqa: E402
+from core.lab.train import LabConfig, train  # noqa: E402
 
 
 def main() -> None:

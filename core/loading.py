@@ -47,7 +47,7 @@ def read_config(folder: Path) -> tuple[ModelConfig, ModuleType]:
         raise ConfigError(f"{path}: malformed config ({type(err).__name__}: {err})") from None
 
 
-# What a model trained in this project's lab may change that its family's config cannot say (core/train.py)
+# What a model trained in this project's lab may change that its family's config cannot say (core/lab/train.py)
 OVERRIDES = {"positional": ("learned", "sinusoidal", "rope", "none"), "norm_placement": ("pre", "post"),
              "scale_attention": (True, False), "score_bias": ("none", "alibi")}
 

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "bench"))     # common: publish, md_table
 sys.path.insert(0, str(ROOT))
 
 from common import DOCS, add_publish, md_table, publish  # noqa: E402
-from core import train  # noqa: E402
+from core.lab import train  # noqa: E402
 from core.analysis import induction  # noqa: E402
 from ui.services.lab import saved  # noqa: E402
 

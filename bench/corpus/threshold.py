@@ -35,7 +35,7 @@ from core.analysis.patching import patch_sweep
 from core.corpus import summaries, texts
 from core.generate import generate
 from core.store import ensure
-from core.train import LabConfig, train
+from core.lab.train import LabConfig, train
 from ui import memory
 model_name, work = sys.argv[1], sys.argv[2].split(",")
 n_texts, tokens, new, long, steps, kb, threads = map(int, sys.argv[3:])

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from . import qk
 from .heads import induction_score, row_scores
-from ..train import BOS, SEP, SYMBOLS, encode, letters
+from ..lab.train import BOS, SEP, SYMBOLS, encode, letters
 
 TEXTS = 16          # fresh random texts the circuit is measured on
 LENGTH = 20         # characters in each copy (the longest the Lab's tasks make)

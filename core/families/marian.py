@@ -38,7 +38,7 @@ WEIGHTS = {
     "stack.embed.tokens.weight": ["shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight"],
     **sublayers("encoder.blocks.{}", E, cross=False),
     **sublayers("stack.blocks.{}", D, cross=True),
-    # only lab models trained as Pre-LN have these (core/train.py); the names are those of MBart's final norms
+    # only lab models trained as Pre-LN have these (core/lab/train.py); the names are those of MBart's final norms
     **rows("encoder.final_norm", "encoder.layer_norm"),
     **rows("stack.final_norm", "decoder.layer_norm"),
     "lm_head.weight": ["lm_head.weight"],

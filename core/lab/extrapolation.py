@@ -1,10 +1,10 @@
 """Positions past the trained length: one small decoder trained with each kind of position on the same copy task,
 then tested on texts longer than any it saw.
 
-    python -m core.extrapolation [--steps 2500] [--seed 0] [--kinds sinusoidal,learned,...] [--threads N]
+    python -m core.lab.extrapolation [--steps 2500] [--seed 0] [--kinds sinusoidal,learned,...] [--threads N]
                                  [--out assets/extrapolation]
 
-Every kind gets the same model (core.train's decoder-only Llama layout: Pre-LN, RMSNorm, SwiGLU), the same seed,
+Every kind gets the same model (core.lab.train's decoder-only Llama layout: Pre-LN, RMSNorm, SwiGLU), the same seed,
 the same batches and the same number of steps; only the positions differ (docs/theory.md eqs. 4.1, 6.2–6.4):
 sinusoids or a learned table added to the embeddings, rotary angles on q and k, ALiBi's −m_h·(i − j) or T5's
 learned bucket bias on the scores, or nothing at all. The task copies 1 to 12 symbols (<bos> source <sep> target
@@ -244,7 +244,7 @@ def table(result: Extrapolation) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m core.extrapolation", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m core.lab.extrapolation", description=__doc__.split("\n\n")[0])
     defaults = ExtrapolationConfig()
     parser.add_argument("--steps", type=int, default=defaults.steps)
     parser.add_argument("--seed", type=int, default=defaults.seed)

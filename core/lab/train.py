@@ -1,6 +1,6 @@
 """Train a small Transformer from scratch on a toy task: the training lab's engine, and its command line.
 
-    python -m core.train --task reverse --family marian --steps 600 --seed 0 [--no-causal-mask]
+    python -m core.lab.train --task reverse --family marian --steps 600 --seed 0 [--no-causal-mask]
                          [--no-positions] [--no-scale] [--norm post|pre] [--no-embed-scale] [--attention-only]
                          [--lengths 8 12] [--out weights/NAME]
 
@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import row_entropy
-from .config import ModelConfig
-from .model import Transformer
+from ..attention import row_entropy
+from ..config import ModelConfig
+from ..model import Transformer
 
 # ---- the vocabulary: characters, and four special tokens ----
 PAD, BOS, EOS, SEP = 0, 1, 2, 3
@@ -131,7 +131,7 @@ class LabConfig:
     snapshot_steps: tuple[int, ...] = ()  # after these steps, keep the attention on the first held-out example
     max_len: int = 64               # positions the model has: the learned table's rows; longest sequence any task
                                     # makes here, with its special tokens, by default
-    sinks: str = ""                 # "logit" | "key": a learned sink in each softmax's denominator (core.sinks_lab)
+    sinks: str = ""                 # "logit" | "key": a learned sink in each softmax's denominator (core.lab.sinks)
     attention_only: bool = False    # decoder only: every block adds its attention and nothing else (its MLP's output
                                     # weights are zero and never trained), as Olsson et al. (2022) train
 
@@ -455,7 +455,7 @@ def standard(lab: LabConfig) -> bool:
 
 def hf_config(lab: LabConfig) -> dict:
     if lab.sinks:   # gpt-oss has the term, but no family table here reads it
-        raise ValueError("a run with learned sinks is measured where it trains (core.sinks_lab), not saved as a "
+        raise ValueError("a run with learned sinks is measured where it trains (core.lab.sinks), not saved as a "
                          "checkpoint: no family here loads its sink logits")
     cfg = model_config(lab)
     common = dict(vocab_size=cfg.vocab_size, max_position_embeddings=cfg.max_positions, pad_token_id=PAD,
@@ -520,8 +520,8 @@ def save(run: Run, folder: str | Path) -> Path:
     """The run as a model folder in the weight store's layout: config.json, model.safetensors, tokenizer files and
     the store's manifest.json, whose source records the task, the seed and the lab config."""
     from safetensors.torch import save_file
-    from .families import family_for
-    from .store.manifest import write_manifest
+    from ..families import family_for
+    from ..store.manifest import write_manifest
     if run.lab.positions == "relative":
         raise ValueError("a run with T5-style relative positions cannot be kept: the Llama layout its folder uses "
                          "has no place for the bias table")
@@ -557,7 +557,7 @@ def set_threads(threads: int | None) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m core.train", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m core.lab.train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="reverse", choices=list(TASKS))
     parser.add_argument("--family", default="marian", choices=["marian", "llama"])
     parser.add_argument("--steps", type=int, default=600)

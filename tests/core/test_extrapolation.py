@@ -1,4 +1,4 @@
-"""Positions past the trained length (core/extrapolation.py): a short-budget run of every kind, the learned table
+"""Positions past the trained length (core/lab/extrapolation.py): a short-budget run of every kind, the learned table
 refusing past its rows, whole copies equal to what greedy decoding writes, stopping, saving, and the result the
 repository ships (assets/extrapolation), which docs/core.md and the Lab's first screen show."""
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from core import extrapolation as ex
-from core import train as lab_engine
+from core.lab import extrapolation as ex
+from core.lab import train as lab_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = ex.ExtrapolationConfig(steps=12, test_examples=6, test_lengths=(12, 24, 48))
@@ -111,7 +111,7 @@ def test_bad_configs_are_named(change, words):
 
 
 def test_the_shipped_result_is_the_default_run():
-    """assets/extrapolation holds what `python -m core.extrapolation --threads 1 --out assets/extrapolation` printed:
+    """assets/extrapolation holds what `python -m core.lab.extrapolation --threads 1 --out assets/extrapolation` printed:
     the default config on one thread, all six kinds, each copying the trained length, and the table in docs/core.md
     ("Positions past the trained length") has its numbers."""
     result = ex.load(ROOT / "assets" / "extrapolation")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from core import load_model
-from core import train as lab
+from core.lab import train as lab
 from core.analysis import induction
 
 SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "lessons" / "induction"

@@ -1,4 +1,4 @@
-"""Recurrence beside attention (core/recurrent): the GRU's shapes and parameter count against the attention
+"""Recurrence beside attention (core/lab/recurrent): the GRU's shapes and parameter count against the attention
 decoder's, the gradient reaching each position measured against the core's own gradient seam and a hand-made
 GRU, path lengths, a tiny side-by-side run saved and read back, and bad settings refused."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core import recurrent as rec
-from core import train as lab_engine
+from core.lab import recurrent as rec
+from core.lab import train as lab_engine
 
 TINY = rec.RecurrenceConfig(steps=3, test_examples=3, lengths=(2, 5), n_layers=1, d_model=32, n_heads=2, d_ff=32,
                             gru_embed=16, batch=4)
@@ -76,7 +76,7 @@ def test_a_tiny_run_trains_both_measures_them_and_reads_back(tmp_path):
         assert all(0 <= a <= 1 for a in m.accuracy.values())
         assert len(m.step_ms) == len(m.train_loss) == TINY.steps and all(t > 0 for t in m.step_ms)
         assert len(m.gradient_trained) == len(m.gradient_untrained) == 2 * 5 + 1
-    loaded = rec.load(rec.save(result, tmp_path, "python -m core.recurrent").parent)
+    loaded = rec.load(rec.save(result, tmp_path, "python -m core.lab.recurrent").parent)
     assert loaded.config == result.config and loaded.gru_hidden == result.gru_hidden
     for a, b in zip(loaded.models, result.models):
         assert a.accuracy == b.accuracy and a.gradient_trained == pytest.approx(b.gradient_trained)

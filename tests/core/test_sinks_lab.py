@@ -1,4 +1,4 @@
-"""The sinks experiment (core/sinks_lab.py): its task follows its rule, both kinds train on the same batches and are
+"""The sinks experiment (core/lab/sinks): its task follows its rule, both kinds train on the same batches and are
 measured by the project's own sink_scores and streaming_perplexity, and what it reports about the learned sink is
 what the model's own attention says."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from core import sinks_lab as lab
+from core.lab import sinks as lab
 from core.analysis.sinks import streaming_perplexity
-from core.train import BOS, VOCAB
+from core.lab.train import BOS, VOCAB
 
 SMALL = lab.SinksLabConfig(steps=40, context=32, window=8, test_texts=4, d_model=32, n_heads=2, batch=8)
 

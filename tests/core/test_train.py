@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from core import load_model
-from core import train as lab
+from core.lab import train as lab
 
 SMALL = dict(d_model=64, n_heads=4, d_ff=128, eval_examples=40)
 

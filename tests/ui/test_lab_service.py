@@ -343,7 +343,7 @@ def test_on_a_laptop_saved_runs_are_everyones_as_before(tmp_path):
 def test_alignment_counts_where_the_cross_attention_peaks_per_layer():
     import torch
 
-    from core.train import LabAttention
+    from core.lab.train import LabAttention
     from ui.services.lab.answers import alignment_note
 
     cross = torch.zeros(2, 1, 5, 5)  # layer 0: the anti-diagonal of abcd -> dcba; layer 1: always the first source

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from core import train as engine
+from core.lab import train as engine
 from ui.services.lab.answers import weight_on_source
 from ui.services.lab.configs import DEFAULT_FIELDS, DEFAULT_SNAPSHOT_STEPS, default_config, parse_steps_list
 from ui.settings import LabSettings

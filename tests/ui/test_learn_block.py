@@ -11,7 +11,7 @@ import torch
 from tiny_app_model import build_tiny_bert, build_tiny_llama, build_tiny_marian
 
 from core import load_model
-from core import train as lab
+from core.lab import train as lab
 from core.store import check_folder
 from ui.services.lab import residual
 from ui.services.lab import saved as shipped

@@ -12,7 +12,7 @@ from tiny_app_model import build_tiny_bert, build_tiny_llama, build_tiny_marian,
 
 import tiny
 from core import load_model
-from core.extrapolation import load
+from core.lab.extrapolation import load
 from ui.services.lab.extrapolation import SAVED
 from ui.services.learn import positions as lesson_module
 from ui.services.learn import reveal
@@ -119,7 +119,7 @@ def test_the_numbers_past_the_trained_length_are_the_saved_runs():
 def test_a_missing_saved_run_is_said_in_words(monkeypatch):
     monkeypatch.setattr(lesson_module, "saved", lambda: None)
     words, accuracy = lesson_module.extrapolation_words()
-    assert accuracy == {} and "missing" in words and "python -m core.extrapolation" in words
+    assert accuracy == {} and "missing" in words and "python -m core.lab.extrapolation" in words
 
 
 @pytest.fixture(scope="module")

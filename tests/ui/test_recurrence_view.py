@@ -1,5 +1,5 @@
 """Recurrence beside attention where the student meets it: the saved result the repository ships
-(assets/recurrence, core/recurrent) loads, the Lab's first screen shows its words and figures with its numbers,
+(assets/recurrence, core/lab/recurrent) loads, the Lab's first screen shows its words and figures with its numbers,
 and the course's first lesson states them on Reveal; an absent result is a stated empty state."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from tiny_app_model import build_tiny_llama
 
 from core import load_model
-from core import recurrent as engine
+from core.lab import recurrent as engine
 from ui.services.lab import recurrence as service
 from ui.services.learn import attention as lessons
 from ui.tabs.lab import recurrence_section

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from core import sinks_lab as engine_sinks
-from core import train as engine
+from core.lab import sinks as engine_sinks
+from core.lab import train as engine
 from ui.plots.lab import training_curves
 from ui.services.checks import UserError, public_text
 from ui.services.lab import extrapolation as extra

@@ -1,9 +1,9 @@
 """Recurrence beside attention: a small GRU and the Lab's small attention decoder, with matched parameter counts,
 trained on the same copy task with the same batches, then measured where the theory says they differ.
 
-    python -m core.recurrent [--steps 2500] [--seed 0] [--threads 1] [--out assets/recurrence]
+    python -m core.lab.recurrent [--steps 2500] [--seed 0] [--threads 1] [--out assets/recurrence]
 
-Both read <bos> source <sep> source <eos> (core.train's decoder-only layout, 1 to 20 letters and digits) and
+Both read <bos> source <sep> source <eos> (core.lab.train's decoder-only layout, 1 to 20 letters and digits) and
 predict each next token, the loss on the copy only. The GRU (one layer, eq. of a gated recurrent unit:
 h_t = (1 − z_t)·h_{t−1} + z_t·h̃_t) must carry every symbol in its state h across the whole source; the decoder's
 attention (eq. 2.1) reads the source's symbol directly, whatever the distance. Measured on held-out texts:
@@ -48,7 +48,7 @@ class RecurrenceConfig:
     seed: int = 0
     lengths: tuple[int, int] = (1, 20)   # symbols per training text; the held-out texts cover every length
     test_examples: int = 20              # held-out texts per length
-    n_layers: int = 3                    # the attention decoder: core/extrapolation.py's, which copies by induction
+    n_layers: int = 3                    # the attention decoder: core/lab/extrapolation.py's, which copies by induction
     d_model: int = 64
     n_heads: int = 4
     d_ff: int = 128
@@ -68,7 +68,7 @@ class RecurrenceConfig:
         self.lab().check()
 
     def lab(self) -> LabConfig:
-        """The attention decoder's config in core.train's terms (decoder only: Pre-LN, RMSNorm, RoPE, SwiGLU)."""
+        """The attention decoder's config in core.lab.train's terms (decoder only: Pre-LN, RMSNorm, RoPE, SwiGLU)."""
         return LabConfig(task=TASK, family="llama", n_layers=self.n_layers, d_model=self.d_model,
                          n_heads=self.n_heads, d_ff=self.d_ff, steps=self.steps, batch=self.batch, lr=self.lr,
                          warmup=self.warmup, seed=self.seed, lengths=self.lengths)
@@ -290,7 +290,7 @@ def load(folder: str | Path) -> Recurrence:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m core.recurrent", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m core.lab.recurrent", description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=RecurrenceConfig.steps)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch's thread count (a run repeats at the same one)")
@@ -316,6 +316,6 @@ def main(argv: list[str] | None = None) -> int:
               f"for {result.longest_tokens} tokens; {m.median_step_ms:.1f} ms a training step")
     print(f"{result.date}, {result.seconds:.0f} s, {result.threads} thread(s)")
     if args.out:
-        command = "python -m core.recurrent " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = "python -m core.lab.recurrent " + " ".join(argv if argv is not None else sys.argv[1:])
         print(f"saved {save(result, args.out, command.strip())}")
     return 0

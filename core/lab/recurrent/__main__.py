@@ -1,6 +1,6 @@
-"""python -m core.recurrent: train the GRU and the attention decoder side by side (core/recurrent/__init__.py)."""
+"""python -m core.lab.recurrent: train the GRU and the attention decoder side by side (see the package)."""
 import sys
 
-from core.recurrent import main
+from core.lab.recurrent import main
 
 sys.exit(main())

@@ -1,13 +1,13 @@
 """Attention sinks, softmax against a learned sink: the Lab's small decoder trained twice on the same task, once with plain softmax
 and once with a learned sink in every softmax's denominator, then measured the same way.
 
-    python -m core.sinks_lab [--steps 3000] [--seed 0] [--window 8] [--threads 1] [--out assets/sinks_lab]
+    python -m core.lab.sinks [--steps 3000] [--seed 0] [--window 8] [--threads 1] [--out assets/sinks_lab]
 
 The sink is one more entry in each row's denominator with no value, P = exp(S) / (Σ exp(S) + exp(s)), so a head can
 put its weight nowhere instead of on a token (core/attention.py). By default s = q·k_s/√d_k, a learned key per head
 that each query scores as it scores a key (a key-only sink token, as Gu et al., ICLR 2025, train one); sink="logit"
 makes s one learned number per head (gpt-oss's form, which this task showed losing the race to <bos>: one number
-cannot tell the rows that need the sink from those that need a key). Both runs get the same model (core.train's
+cannot tell the rows that need the sink from those that need a key). Both runs get the same model (core.lab.train's
 decoder-only Llama layout: Pre-LN, RMSNorm, SwiGLU, RoPE), the same seed, the same batches and the same number of
 steps.
 
@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import train as lab_engine
-from ..analysis.sinks import EPSILON, sink_scores, streaming_perplexity
+from ...analysis.sinks import EPSILON, sink_scores, streaming_perplexity
 from ..train import BOS, INDEX, LabConfig
 
 KINDS = ("softmax", "sink")
@@ -242,7 +242,7 @@ def table(result: SinksLab) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m core.sinks_lab", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m core.lab.sinks", description=__doc__.split("\n\n")[0])
     defaults = SinksLabConfig()
     parser.add_argument("--steps", type=int, default=defaults.steps)
     parser.add_argument("--seed", type=int, default=defaults.seed)

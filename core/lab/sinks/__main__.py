@@ -1,4 +1,4 @@
-"""python -m core.sinks_lab: see the package's docstring."""
+"""python -m core.lab.sinks: see the package's docstring."""
 import sys
 
 from . import main

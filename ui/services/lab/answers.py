@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 
-from core import train as engine
+from core.lab import train as engine
 
 
 def answer_of(maps: engine.LabAttention, source: str) -> str:

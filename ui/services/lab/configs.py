@@ -1,4 +1,4 @@
-"""The training lab's configurations: the page's fields checked into a LabConfig (core.train), the comparisons
+"""The training lab's configurations: the page's fields checked into a LabConfig (core.lab.train), the comparisons
 ("break it on purpose": the same config twice, one switch apart) and the sentence each comparison's numbers give."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import math
 import re
 from dataclasses import dataclass, replace
 
-from core import train as engine
-from core.train import LabConfig
+from core.lab import train as engine
+from core.lab.train import LabConfig
 from ui.services.checks import UserError, check_choice, check_float, check_range
 from ui.settings import LabSettings
 

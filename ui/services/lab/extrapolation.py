@@ -1,4 +1,4 @@
-"""Positions past the trained length, as the Lab runs it: core.extrapolation in a background thread, followed by
+"""Positions past the trained length, as the Lab runs it: core.lab.extrapolation in a background thread, followed by
 the page, stoppable, and the saved result that the Lab's first screen shows. Plain Python; never imports gradio.
 """
 
@@ -12,15 +12,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core import extrapolation as engine
-from core.extrapolation import Extrapolation, ExtrapolationConfig, KindResult
+from core.lab import extrapolation as engine
+from core.lab.extrapolation import Extrapolation, ExtrapolationConfig, KindResult
 from ui.services.checks import UserError
 from ui.services.jobs import TimeCap
 from ui.services.lab.configs import POLL_S
 from ui.services.lab.saved import read_result
 
 SAVED = Path(__file__).resolve().parents[3] / "assets" / "extrapolation"
-SAVED_COMMAND = "python -m core.extrapolation --threads 1 --out assets/extrapolation"
+SAVED_COMMAND = "python -m core.lab.extrapolation --threads 1 --out assets/extrapolation"
 KIND_WORDS = {
     "sinusoidal": "sinusoids added to the embeddings (eq. 4.1)",
     "learned": "a learned table added to the embeddings, one row per position",

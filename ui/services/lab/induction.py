@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from core.analysis import induction as engine
-from core.train import VOCAB, LabConfig
+from core.lab.train import VOCAB, LabConfig
 from ui.services.checks import UserError, check_range
 from ui.services.corpus.composition import top_and_rest
 from ui.services.lab import saved as shipped

@@ -1,4 +1,4 @@
-"""Recurrence beside attention, as the project ships it (assets/recurrence, made by core/recurrent): a GRU and
+"""Recurrence beside attention, as the project ships it (assets/recurrence, made by core/lab/recurrent): a GRU and
 the Lab's small attention decoder with matched parameter counts, trained on the same copy task. The Lab's first
 screen and the course's first lesson read it; the findings are computed here from the saved numbers, so both say
 the same. Never imports gradio."""
@@ -9,12 +9,12 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from core import recurrent as engine
-from core.recurrent import ModelResult, Recurrence
+from core.lab import recurrent as engine
+from core.lab.recurrent import ModelResult, Recurrence
 from ui.services.lab.saved import read_result
 
 SAVED = Path(__file__).resolve().parents[3] / "assets" / "recurrence"
-SAVED_COMMAND = "python -m core.recurrent --threads 1 --out assets/recurrence"
+SAVED_COMMAND = "python -m core.lab.recurrent --threads 1 --out assets/recurrence"
 # the course's first lesson, before Reveal: what the saved experiment is, without its numbers
 LESSON_TEXT = ("The chain has a second price: what the end needs from an early token must survive every step between, "
                "and so must the gradient that trains it. The answer shows a GRU and an attention decoder of one size "

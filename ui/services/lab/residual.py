@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import torch
 
-from core import train as engine
-from core.train import LabConfig
+from core.lab import train as engine
+from core.lab.train import LabConfig
 
 EXAMPLES = 16   # held-out examples the share is the median over (their real tokens)
 

@@ -1,5 +1,5 @@
 """The training lab's service: background training jobs, each session's runs, attention views and saving a run
-into the weight store. Plain Python over core.train; it never imports gradio and never draws.
+into the weight store. Plain Python over core.lab.train; it never imports gradio and never draws.
 
 A job trains one run, or two interleaved step by step (a comparison), in its own thread, and stops when asked
 (train(stop=...)), after its step budget, or after the server's time budget. Jobs are capped server-wide and
@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 
 import core.store as weight_store
-from core import train as engine
-from core.train import LabConfig
+from core.lab import train as engine
+from core.lab.train import LabConfig
 from ui.plots.lab import Curve
 from ui.services.checks import UserError
 from ui.services.lab.answers import alignment_note, answer_of, expected_answer

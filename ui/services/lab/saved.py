@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from core.train import LabConfig
+from core.lab.train import LabConfig
 from ui.services.checks import UserError
 
 LESSONS = Path(__file__).resolve().parents[3] / "assets" / "lessons"

@@ -1,4 +1,4 @@
-"""Attention sinks, softmax against a learned sink, as the Lab runs it (core/sinks_lab.py): the saved result its first screen shows,
+"""Attention sinks, softmax against a learned sink, as the Lab runs it (core/lab/sinks): the saved result its first screen shows,
 the finding in words (every number read from the result), and a live run in a worker thread. Never imports gradio.
 """
 
@@ -8,15 +8,15 @@ import functools
 from collections.abc import Iterator
 from pathlib import Path
 
-from core import sinks_lab as engine
+from core.lab import sinks as engine
 from core.analysis.sinks import EPSILON
-from core.sinks_lab import READS, SinksLab, SinksLabConfig
+from core.lab.sinks import READS, SinksLab, SinksLabConfig
 from ui.services.checks import UserError
 from ui.services.jobs import JobUpdate, stream_job
 from ui.services.lab.saved import read_result
 
 SAVED = Path(__file__).resolve().parents[3] / "assets" / "sinks_lab"
-SAVED_COMMAND = "python -m core.sinks_lab --threads 2 --out assets/sinks_lab"
+SAVED_COMMAND = "python -m core.lab.sinks --threads 2 --out assets/sinks_lab"
 MIN_STEPS = 50
 TASK_WORDS = (f"after <bos>, letters drawn uniformly at random, except after the triggers {', '.join(engine.TRIGGERS)}, "
               "where the next letter copies the letter before the trigger (after Guo et al.'s bigram-backcopy task, "

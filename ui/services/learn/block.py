@@ -2,7 +2,7 @@
 
 `block`: the residual stream and what each sublayer writes into it, measured on the loaded model as the size of
 each layer's attention and feed-forward outputs against the residual they are added to; and, on two fresh Lab
-models (core.train), how the √d scale of the embeddings shrinks a Pre-LN block's first updates.
+models (core.lab.train), how the √d scale of the embeddings shrinks a Pre-LN block's first updates.
 
 `encoder-decoder`: cross-attention (eq. 5.7) read live from a small encoder-decoder the project's Lab trained to
 reverse letters (assets/lessons/encoder-decoder, made by the command in its README.md): the models the app loads
@@ -16,7 +16,7 @@ import functools
 import numpy as np
 import torch
 
-from core import train as lab
+from core.lab import train as lab
 from ui.services.checks import UserError
 from ui.services.lab import saved as shipped
 from ui.services.lab.residual import first_update_shares, median_ratio
@@ -144,7 +144,7 @@ longer scaled by √d. The answer measures why, on two fresh Lab models."""
 # ---------------------------------------------------------------- the encoder-decoder
 
 ASSET = shipped.SAVED_RUNS[shipped.REVERSE]   # the Lab's saved run: the Lab's Run list opens it too
-SOURCE = "mirrortarget"   # a source the Lab holds out of training (core.train.held_out)
+SOURCE = "mirrortarget"   # a source the Lab holds out of training (core.lab.train.held_out)
 DIAGONAL, ANTI, ENDS, EVEN = ("the diagonal: output i reads source letter i",
                               "the anti-diagonal: output i reads source letter n − 1 − i",
                               "the first and last source tokens, whatever the output",

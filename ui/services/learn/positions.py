@@ -6,7 +6,7 @@ the same text shuffled, through the pass's own switches: positions off or on, th
 other term of that layer is the model's own: its scale, QK-norm and soft-cap, and a sliding window where the layer
 has one (no switch removes a window, so the text is cut to it: "no mask" then holds). The shuffled outputs, put
 back in order, are compared with the original ones. What happens past the trained length is read from the Lab's
-saved run (assets/extrapolation, core.extrapolation), which trained one small decoder per kind of position.
+saved run (assets/extrapolation, core.lab.extrapolation), which trained one small decoder per kind of position.
 """
 
 from __future__ import annotations
