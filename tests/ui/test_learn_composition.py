@@ -1,7 +1,7 @@
 """The course's lesson on composition (ui/services/learn/composition.py): on the Lab's saved induction run the answer
 is the component core.analysis.induction finds first (its previous-token head), with the same numbers; on SmolLM2 the
 strongest induction head is the probe's and its keys are traced as the Heads tab traces them; an encoder is told
-why its half is not measured; before Reveal the bars have no names."""
+why its half is not measured; before Reveal no bar and no name of one is drawn, only the heads traced."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ui.services.lab import induction
 from ui.services.learn import course, reveal
 from ui.services.learn import composition as lessons
 from ui.views.learn import figure
-from ui.views.learn.course import veiled
+from ui.views.learn.setup import setup_figure
 
 (LESSON,) = lessons.LESSONS
 
@@ -55,9 +55,10 @@ def test_an_encoder_gets_the_lab_half_and_a_reason(tmp_path):
     assert "the second half is not measured: the induction probe needs a decoder-only model" in result.why
 
 
-def test_before_reveal_the_bars_keep_their_lengths_and_lose_their_names(measured):
-    whole = figure("composition", measured)
-    held = veiled(whole)
-    assert whole.layout.yaxis.showticklabels is not False and held.layout.yaxis.showticklabels is False
-    assert held.layout.yaxis2.showticklabels is False and held.data[0].hovertemplate is None
-    assert list(held.data[0].x) == list(whole.data[0].x)
+def test_before_reveal_no_bar_and_no_name_is_drawn_only_the_heads_traced(measured):
+    whole, before = figure("composition", measured), setup_figure("composition", measured)
+    assert whole.data and not before.data
+    names = {label for panel in measured.values["panels"] for label in panel.labels}
+    shown = before.to_json()
+    assert not any(f'"{name}"' in shown for name in names)
+    assert all(panel.title in before.layout.title.subtitle.text for panel in measured.values["panels"])

@@ -1,13 +1,15 @@
-"""Predict, then see: before Reveal a lesson's page (its text, question, the line under the figure, and every
-string of its figure: title, subtitle, annotations, trace names, hover, custom data, tick labels) does not state
-the measured answer as the page formats it, nor the figure's line; Reveal gives the answer beside the guess, the
-whole figure and its line. Every lesson, on a tiny decoder and encoder (on the real SmolLM2 and MiniLM, the page
-itself is read before and after Reveal in Chromium: tests/browser/test_browser_learn.py)."""
+"""Predict, then see: before Reveal a lesson's page shows its text, question and the set-up of its measurement, a
+figure of axes that nothing measured fills (no trace; its titles, tick labels and axis ranges state neither the
+measured answer, as a value or as a share × 100 to the precision the answer shows, nor the figure's line); Reveal
+gives the answer beside the guess, the measured figure with a numeric guess marked on it, and its line. Every
+lesson, on a tiny decoder and encoder (on the real SmolLM2 and MiniLM, the page itself is read before and after
+Reveal in Chromium: tests/browser/test_browser_learn.py)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from tiny import OneModel
 from tiny_app_model import build_tiny_bert, build_tiny_llama
@@ -16,6 +18,7 @@ from core import load_model
 from ui.services import learn
 from ui.services.learn import course as syllabus
 from ui.views.learn import course as views
+from ui.views.learn import setup
 
 
 def services_for(model):
@@ -36,14 +39,34 @@ def strings(value) -> list[str]:
     return []
 
 
-def shown_before_reveal(page: views.LessonPage, question: learn.Question) -> str:
-    figure = page.figure.to_plotly_json()
-    texts = [page.place, page.text, page.question, page.alt, *strings(figure)]
-    for trace in figure["data"]:
-        for key in ("customdata", "hovertext", "text"):
-            if trace.get(key) is not None:   # numbers here would show on hover or on the marks
-                texts += [str(v) for v in (trace[key].tolist() if hasattr(trace[key], "tolist") else trace[key])]
-    return "\n".join(texts)
+def shown_before_reveal(page: views.LessonPage) -> str:
+    figure = page.figure.to_plotly_json() if page.figure is not None else {}
+    return "\n".join([page.place, page.text, page.question, *strings(figure)])
+
+
+def carries(values, answer: float) -> bool:
+    """Whether any of `values` is the answer as the page shows it (learn.number), as it is or as a share × 100."""
+    shown = learn.number(answer)
+    decimals = len(shown.split(".")[1]) if "." in shown else 0
+    for value in values:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            for scaled in (value, 100 * value):
+                if answer == 0 and scaled == 0 or answer != 0 and f"{scaled:,.{decimals}f}" == shown:
+                    return True
+    return False
+
+
+def trace_values(trace: dict) -> list:
+    """Every number a trace draws or hovers: its x, y, z and values, flattened."""
+    found = []
+    for key in ("x", "y", "z", "values", "customdata", "text"):
+        found += [v for v in np.asarray(trace.get(key) if trace.get(key) is not None else [], dtype=object).ravel()]
+    return found
+
+
+def axis_ranges(figure: dict) -> list:
+    layout = figure.get("layout", {})
+    return [v for key, axis in layout.items() if key.startswith(("xaxis", "yaxis")) for v in axis.get("range", [])]
 
 
 def check_every_lesson(model, model_name: str) -> None:
@@ -51,13 +74,16 @@ def check_every_lesson(model, model_name: str) -> None:
     for lesson in syllabus.lessons():
         page = views.lesson_page(services, model_name, lesson.name)
         result = services.lessons.get(model_name, model, lesson)
-        before = shown_before_reveal(page, lesson.question)
-        drawn = bool(page.figure.data)
-        if drawn:   # a figure with values: no hover, no subtitle, no printed values before Reveal
+        before = shown_before_reveal(page)
+        assert result.alt not in before, (lesson.name, model_name)
+        guess = lesson.question.choices[0] if lesson.question.choices else "1"
+        words, whole, line = views.revealed(services, model_name, lesson.name, guess)
+        assert line == result.alt
+        if page.figure is None:   # nothing measured on this model: the note says why, and Reveal draws no values
+            assert result.note and not whole.data, (lesson.name, model_name)
+        else:   # the set-up: axes and words, no trace; and the measured figure only on Reveal
+            assert not page.figure.data and whole.data, (lesson.name, model_name)
             assert page.figure.layout.hovermode is False, lesson.name
-            assert not (page.figure.layout.title.subtitle and page.figure.layout.title.subtitle.text), lesson.name
-            assert all(trace.text is None and trace.hovertemplate is None for trace in page.figure.data), lesson.name
-            assert result.alt not in before, (lesson.name, model_name)
         numeric = lesson.question.numeric and not isinstance(result.answer, str)
         if numeric:
             shown = learn.number(result.answer)
@@ -67,14 +93,15 @@ def check_every_lesson(model, model_name: str) -> None:
                     before, (lesson.name, model_name, shown, before)
             else:
                 assert shown not in before, (lesson.name, model_name, shown, before)
-        guess = lesson.question.choices[0] if lesson.question.choices else "1"
-        words, whole, line = views.revealed(services, model_name, lesson.name, guess)
-        full = views.figure(lesson.name, result)   # the figure's numbers come back with the answer
-        assert line == result.alt and whole.to_json() == full.to_json(), lesson.name
-        if numeric:
+            if page.figure is not None:
+                figure = page.figure.to_plotly_json()
+                assert not carries(axis_ranges(figure), result.answer), (lesson.name, model_name)
+                assert not any(carries(trace_values(t), result.answer) for t in figure["data"]), lesson.name
             assert f"measured: {learn.number(result.answer)}" in words and "Your guess: 1" in words, lesson.name
         elif lesson.question.choices and result.answer in lesson.question.choices:
             assert f"measured: “{result.answer}”" in words, lesson.name
+        full = views.figure(lesson.name, result, learn.read_guess(lesson.question, guess)[0])
+        assert whole.to_json() == full.to_json(), lesson.name
 
 
 @pytest.fixture(scope="module")
@@ -89,11 +116,26 @@ def test_no_lesson_states_its_answer_before_reveal_on_tiny_models(tiny_models, n
     check_every_lesson(tiny_models[name], name)
 
 
-def test_a_veiled_figure_keeps_its_shapes_and_drops_its_numbers():
-    from ui.plots.charts import bar_figure
+def test_a_numeric_guess_is_marked_on_the_measured_figure_where_it_is_on_an_axis(tiny_models):
+    """sqrt-dk's guess on its variance bar, masks' as a line at the guessed share, kv-cache's at 1,024 tokens; a
+    choice, no guess, or a guess of no axis (the reading ratio) marks nothing."""
+    model = tiny_models["tiny-llama"]
+    services = services_for(model)
+    marked = {}
+    for name in ("sqrt-dk", "masks", "kv-cache", "why-attention", "positions"):
+        lesson = syllabus.find(name)
+        guess = lesson.question.choices[0] if lesson.question.choices else "37.5"
+        _, whole, _ = views.revealed(services, "tiny-llama", name, guess)
+        _, plain, _ = views.revealed(services, "tiny-llama", name, "")
+        assert not [t for t in plain.data if t.name == setup.GUESS], name
+        marked[name] = [t for t in whole.data if t.name == setup.GUESS]
+    assert not marked["why-attention"] and not marked["positions"]
+    (scale,), (masks,), (cache,) = marked["sqrt-dk"], marked["masks"], marked["kv-cache"]
+    assert list(scale.y) == [37.5] and list(scale.x) == [setup.SCALE_CATEGORIES[0]]
+    assert set(masks.y) == {0.375} and masks.mode == "lines"
+    assert list(cache.x) == [1024] and list(cache.y) == [37.5]
 
-    fig = bar_figure(["a", "b"], {"s": [1.5, 3072.0]}, "Title", "y", text_format=",.0f", subtitle="3,072 in all")
-    veiled = views.veiled(fig)
-    assert list(veiled.data[0].y) == [1.5, 3072.0] and veiled.layout.title.text == "Title"
-    assert "3,072" not in "\n".join(strings(veiled.to_plotly_json()))
-    assert "3,072" in "\n".join(strings(fig.to_plotly_json()))   # the original keeps them for Reveal
+
+def test_carries_reads_the_answer_at_its_shown_precision():
+    assert carries([12.6714], 12.67) and carries([0.5002], 50.0) and carries([0], 0.0)
+    assert not carries([12.5, 0.13, -0.5, 100], 12.67) and not carries([1e-9], 0.0)

@@ -1,7 +1,7 @@
 """The course's lesson on attention sinks (ui/services/learn/sinks.py): the share of heads whose mean attention on
 the first token exceeds ε, against the attention maps of one forward pass counted here by hand, on SmolLM2 and on
-a tiny encoder ([CLS], every query); the shipped StreamingLLM run quoted as the file has it; the figure draws the
-map with no ring to count before Reveal."""
+a tiny encoder ([CLS], every query); the shipped StreamingLLM run quoted as the file has it; the revealed figure
+rings the heads the answer counts, and before Reveal only the map's empty axes are drawn."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ui.services.heads import MAX_HEADS_TOKENS
 from ui.services.learn import number
 from ui.services.text import encode
 from ui.services.learn import sinks as lesson
-from ui.views.learn import course as course_views
+from ui.views.learn.setup import setup_figure
 from ui.views.learn import sinks as views
 
 (SINKS,) = lesson.LESSONS
@@ -41,8 +41,12 @@ def check(measured, first: np.ndarray, where: str) -> None:
     fig = views.sinks_figure(measured)
     heat, rings = fig.data
     assert np.allclose(np.asarray(heat.z, float), first.T, atol=1e-5)   # the map as measured: heads down
-    assert len(rings.x) == 0                                            # nothing to count before Reveal
-    assert not course_views.veiled(fig).layout.title.subtitle.text      # the count goes with the subtitle
+    layers, heads = np.nonzero(first > lesson.EPSILON)                  # the rings: the heads the answer counts
+    assert sorted(zip(rings.x, rings.y)) == sorted(zip(layers.tolist(), heads.tolist()))
+    before = setup_figure("sinks", measured)                            # nothing measured before Reveal
+    assert not before.data and f"{above} heads" not in before.to_json()
+    assert len(before.layout.xaxis.ticktext) <= first.shape[0] and before.layout.yaxis.ticktext[-1] == \
+        str(first.shape[1] - 1)
 
 
 def test_on_smollm2_the_share_is_the_heads_counted_from_the_pass(smollm):

@@ -25,8 +25,8 @@ KV_SAMPLE = "The keeper lit the lamp at dusk, and the ships found the harbour by
 KV_QUESTION_TOKENS = 1024       # the length the question asks about (or the model's context, if shorter)
 KV_LENGTHS = (64, 256, 1024)    # lengths whose cache is allocated and read back
 
-COST_SAMPLE = ("Attention compares every token with every other token, so a text twice as long has four times "
-               "as many pairs to score.")
+COST_SAMPLE = ("Attention compares every token with every other token, so the work it does grows with the text's "
+               "length.")
 COST_LENGTHS = (32, 64, 128, 256)   # doubling lengths: timed passes and one recorded pass at each
 COST_REPEATS = 3                    # timed passes per length; the fastest is kept (the least disturbed by others)
 ONLINE_BLOCK = 8                    # keys per block in the online softmax of the real head's row

@@ -1,6 +1,6 @@
 """Learn tab: a course through the theory, one lesson at a time on the loaded model. Each lesson asks its question
-first, over its figure without the numbers that answer it; Reveal shows the measured answer beside the reader's
-guess, the figure's subtitle, values and hover, and its line. Back and Next walk the lessons in order, a link
+first, beside the set-up of its measurement (axes that nothing measured fills); Reveal shows the measured answer
+beside the reader's guess, the measured figure with the guess marked on it, and its line. Back and Next walk the lessons in order, a link
 opens one (?tab=learn&lesson=sqrt-dk), the browser remembers where the reader was and what was revealed, and "try
 it" opens the full tab in the lesson's state.
 
@@ -99,8 +99,8 @@ def build(services, picker) -> SimpleNamespace:
         return (gr.Dropdown(choices=lesson_choices(state["revealed"]), value=page.name), page.place, page.text,
                 page.question, gr.Textbox(value="", visible=not page.choices),
                 gr.Radio(choices=list(page.choices), value=None, visible=bool(page.choices)), "",
-                gr.Plot(value=page.figure, visible=True),
-                page.alt, gr.Button(page.try_label), page.try_note, views.try_state(page.link), (model_name, page.name),
+                gr.Plot(value=page.figure, visible=page.figure is not None),
+                "", gr.Button(page.try_label), page.try_note, views.try_state(page.link), (model_name, page.name),
                 state)
 
     def step(by: int):
@@ -140,7 +140,7 @@ def build(services, picker) -> SimpleNamespace:
         return opened(model_name, name, shown_value, saved_value, progress)
 
     tab.select(selected, [picker.model, choose, shown, saved], outputs, api_visibility="private", **ON_ANALYSIS)
-    # Reveal: the answer, and the figure's numbers that were held back until now (its whole figure, its line)
+    # Reveal: the answer, and the measured figure in place of the set-up, with its line
     reveal_outputs = [answer, figure, alt, choose, saved]
     reveal.click(revealed, [picker.model, choose, guess_number, guess_choice, saved], reveal_outputs,
                  api_visibility="private", **ON_ANALYSIS)

@@ -1,6 +1,6 @@
 """The figure of the lesson on composition (ui/services/learn/composition.py): what feeds the induction head's keys on
-the Lab's model and on the loaded one, bars with intervals. Before Reveal the bars keep their lengths but lose
-their names (layout meta veil_names: ui.views.learn.course.veiled), since the names are the answer."""
+the Lab's model and on the loaded one, bars with intervals. The bars' names are the answer: before Reveal the lesson
+shows only the set-up (ui/views/learn/setup.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,8 @@ def composition_figure(measured):
     panels = measured.values.get("panels")
     if not panels:
         return empty_figure(measured.alt)
-    fig = share_panels([(p.title, p.labels, p.mean, p.low, p.high) for p in panels],
-                       "What feeds an induction head's keys")
-    fig.update_layout(meta={"veil_names": True})
-    return fig
+    return share_panels([(p.title, p.labels, p.mean, p.low, p.high) for p in panels],
+                        "What feeds an induction head's keys")
 
 
 FIGURES = {"composition": composition_figure}

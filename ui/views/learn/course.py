@@ -1,12 +1,11 @@
-"""The Learn tab's views: one lesson shown on the loaded model (its place in the course, text, question, figure and
-the figure's line), the revealed answer, and the state its "try it" button opens. Every word here is the project's
-own: the only thing a reader types, the guess, comes back as a number or as one of the lesson's choices."""
+"""The Learn tab's views: one lesson shown on the loaded model (its place in the course, text, question and the
+set-up of its measurement), the revealed answer with the measured figure and its line, and the state its "try it"
+button opens. Every word here is the project's own: the only thing a reader types, the guess, comes back as a
+number or as one of the lesson's choices."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import plotly.graph_objects as go
 
 from ui.plots.base import fit_narrow
 from ui.plots.text import escaped
@@ -15,6 +14,7 @@ from ui.services import learn
 from ui.services.learn import course as syllabus
 from ui.services.checks import index_of
 from ui.views.learn import figure as lesson_figure
+from ui.views.learn.setup import setup_figure, with_guess
 
 # what "try it" computes where the tab's own figures are not the lesson's: what lands there, and what to press next
 TRY_NOTES = {"generate": "The Generate tab writes the lesson's text on, greedily: pick a token in its strip for that "
@@ -26,13 +26,11 @@ TAB_TITLES = {"generate": "Generate", "attention": "Attention", "positions": "Po
               "corpus": "Across texts", "lab": "Lab"}
 
 
-HELD_BACK = "*The figure's numbers (its subtitle, its values, this line) come with the answer: guess first.*"
-
-
 @dataclass
 class LessonPage:
-    """What the tab shows for one lesson on one model before Reveal: the figure veiled (`veiled`), and in place of
-    the figure's line a sentence saying it comes with the answer. `revealed` gives what Reveal shows."""
+    """What the tab shows for one lesson on one model before Reveal: its text and question, and the set-up of its
+    measurement (ui.views.learn.setup: axes that nothing measured fills; None where nothing was measured on this
+    model). `revealed` gives what Reveal shows: the answer, the measured figure and its line."""
 
     name: str
     place: str          # "Lesson 3 of 11 · Why divide by √d_k"
@@ -40,8 +38,7 @@ class LessonPage:
     question: str
     choices: tuple[str, ...]
     unit: str
-    figure: object
-    alt: str
+    figure: object      # a plotly Figure, or None
     try_label: str
     link: dict
     try_note: str = ""  # what lands where the tab computes something beside the lesson's figure
@@ -70,26 +67,15 @@ def lesson_page(services: Services, model_name: str, name: str, progress=None) -
         question += f" (a number{', in ' + lesson.question.unit if lesson.question.unit else ''})"
     return LessonPage(name=lesson.name, place=f"**Lesson {number} of {total} · {lesson.title}**",
                       text="\n\n".join(parts), question=question, choices=lesson.question.choices,
-                      unit=lesson.question.unit, figure=fit_narrow(veiled(lesson_figure(lesson.name, result))),
-                      alt=HELD_BACK,
+                      unit=lesson.question.unit, figure=before_reveal(lesson.name, result),
                       try_label=f"Try it in the {TAB_TITLES.get(tab, tab)} tab", link=dict(result.link),
                       try_note=try_note(result.link))
 
 
-def veiled(fig):
-    """The lesson's figure as the reader sees it before Reveal: its shapes and axes, without what states a
-    measured number (the subtitle, values printed on the marks, hover, custom data, annotations with digits).
-    A figure with nothing drawn is a note (why nothing was measured) and is shown as it is."""
-    if not fig.data:
-        return fig
-    fig = go.Figure(fig)  # a copy: the revealed figure keeps everything
-    fig.update_layout(title={"subtitle": {"text": ""}}, hovermode=False,
-                      annotations=[a for a in fig.layout.annotations if not any(c.isdigit() for c in a.text or "")])
-    fig.update_traces(text=None, texttemplate=None, hovertext=None, hovertemplate=None, customdata=None,
-                      hoverinfo="skip")
-    if (fig.layout.meta or {}).get("veil_names"):   # the bars' names are the answer: lengths only
-        fig.update_yaxes(showticklabels=False)
-    return fig
+def before_reveal(name: str, result: learn.Measured):
+    """The lesson's set-up figure, laid out to read on a phone too; None where nothing was measured."""
+    fig = setup_figure(name, result)
+    return None if fig is None else fit_narrow(fig)
 
 
 def answer(services: Services, model_name: str, name: str, guess=None, progress=None) -> str:
@@ -99,16 +85,18 @@ def answer(services: Services, model_name: str, name: str, guess=None, progress=
 
 
 def revealed(services: Services, model_name: str, name: str, guess=None, progress=None) -> tuple[str, object, str]:
-    """What Reveal shows: the answer with the guess beside it (`answer`), the whole figure (subtitle, values,
-    hover), and the figure's line."""
+    """What Reveal shows: the answer with the guess beside it (`answer`), the measured figure with the guess marked
+    on it where the guess is a number on one of its axes, and the figure's line."""
     lesson = syllabus.find(name)
     result = measured(services, model_name, lesson, progress)
-    return learn.reveal(lesson, result, guess), figure(lesson.name, result), result.alt
+    value, _ = learn.read_guess(lesson.question, guess)
+    return learn.reveal(lesson, result, guess), figure(lesson.name, result, value), result.alt
 
 
-def figure(name: str, result: learn.Measured):
-    """The lesson's whole figure as the page shows it, laid out to read on a phone too (ui.plots.base.fit_narrow)."""
-    return fit_narrow(lesson_figure(name, result))
+def figure(name: str, result: learn.Measured, guess=None):
+    """The lesson's measured figure as the page shows it, the reader's numeric guess marked on it (setup.with_guess),
+    laid out to read on a phone too (ui.plots.base.fit_narrow)."""
+    return fit_narrow(with_guess(name, lesson_figure(name, result), result, guess))
 
 
 def neighbour(name: str, step: int) -> str:
@@ -144,8 +132,8 @@ def try_state(link: dict) -> dict:
 
 
 def api_lesson(services: Services, model_name: str, lesson: str, progress=None):
-    """The `lesson` endpoint: the lesson's text with its question, its figure, and the answer with the figure's
-    line, for a notebook or a course page."""
+    """The `lesson` endpoint: the lesson's text with its question, the measured figure, and the answer with the
+    figure's line, for a notebook or a course page. It returns the answer, so its figure is the revealed one."""
     page = lesson_page(services, model_name, lesson, progress)
     text = "\n\n".join([page.place, page.text, page.question]
                        + ([f"Choices: {', '.join(page.choices)}"] if page.choices else []))

@@ -7,15 +7,17 @@ import numpy as np
 
 from ui.plots.base import empty_figure
 from ui.plots.heads import sink_maps
+from ui.services.sinks import sink_heads
 
 
 def sinks_figure(measured):
-    """The map without rings (counting the rings would give the answer before Reveal); the subtitle, which the
-    veiled figure drops, says how many heads pass ε."""
+    """The map with a ring on every head above ε (the heads the answer counts), and a subtitle that counts them;
+    drawn on Reveal only (before it, ui/views/learn/setup.py draws the map's empty axes)."""
     v = measured.values
     if v.get("first") is None:
         return empty_figure(measured.alt)
-    fig = sink_maps({f"mean attention on {v['where']}": np.asarray(v["first"])}, float("inf"),
+    name, first = f"mean attention on {v['where']}", np.asarray(v["first"])
+    fig = sink_maps({name: first}, {name: sink_heads(first, v["epsilon"])}, v["epsilon"],
                     f"How much each head puts on {v['where']}")
     fig.update_layout(title={"subtitle": {"text": f"{len(v['above'])} heads above ε = {v['epsilon']:g} "
                                                   f"({v['share']:.1f} %), over {v['tokens']} tokens"}})
