@@ -9,7 +9,7 @@ from typing import Callable, Iterable
 import torch
 from torch import Tensor
 
-from .analysis.logits import by_blocks
+from .logits import by_blocks
 from .config import ModelConfig
 from .observe import Kind
 
@@ -158,7 +158,7 @@ class LogitLens:
 
 def read_logit_lens(model, residuals: tuple[Tensor, ...], top_k: int | None) -> LogitLens:
     """The logit lens over each layer's output [B, T, d] of the model's main stack, one layer at a time and,
-    within it, one block of positions at a time (analysis.logits.by_blocks): with top_k set no layer's
+    within it, one block of positions at a time (core/logits.py by_blocks): with top_k set no layer's
     [B, T, vocab] is held at once; with top_k None the whole of every layer's logits is what was asked for."""
     if model.lm_head is None:
         raise ValueError("the logit lens needs an LM head; this model has none")

@@ -17,7 +17,7 @@ from torch import Tensor
 from ..attention import row_entropy
 from ..observe import Kind, Observer
 from ..probe import Probe
-from . import logits as blocks
+from .. import logits as blocks
 
 LOCAL_WINDOW = 3  # |i - j| ≤ 3 counts as local
 IG_TOKENS_PER_PASS = 1024  # integrated gradients: path points × tokens in one backward pass

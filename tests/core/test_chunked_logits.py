@@ -10,7 +10,7 @@ import transformers as tf
 
 from core import load_model
 from core.analysis import heads, patching
-from core.analysis.logits import LOGITS_BUDGET, block_rows, by_blocks
+from core.logits import LOGITS_BUDGET, block_rows, by_blocks
 from tests import tiny
 
 VOCAB = 250_000

@@ -11,7 +11,7 @@ import torch
 
 from core.analysis.capture import LayerObserver
 from core.analysis.inspect import queries_keys
-from core.analysis.logits import by_blocks, cross_entropy
+from core.logits import by_blocks, cross_entropy
 from core.attention import attention_stages, causal_mask, row_entropy, sliding_window_mask
 from core.attention import local_global_mask as band_and_globals  # the mask the model itself uses
 from ui.services.attention import score_formula
