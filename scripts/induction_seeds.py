@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from common import DOCS, add_publish, md_table, publish  # noqa: E402
 from core.lab import train  # noqa: E402
 from core.analysis import induction  # noqa: E402
-from ui.services.lab import saved  # noqa: E402
+from core.lab import shipped  # noqa: E402
 
 
 def main() -> None:
@@ -33,7 +33,7 @@ def main() -> None:
     add_publish(parser)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    config = saved.lab_config(saved.SAVED_RUNS[saved.INDUCTION])
+    config = shipped.lab_config(shipped.INDUCTION)
     rows = []
     for seed in args.seeds:
         started = time.perf_counter()

@@ -7,19 +7,18 @@ the experiments' shipped results (read_result: recurrence, extrapolation, sinks)
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
+from core.lab import shipped
 from core.lab.train import LabConfig
 from ui.services.checks import UserError
 
-LESSONS = Path(__file__).resolve().parents[3] / "assets" / "lessons"
 REVERSE = "saved: reverse"   # the encoder-decoder the course's cross-attention lesson reads
 INDUCTION = "saved: induction"   # the attention-only decoder whose induction circuit the Lab traces
-SAVED_RUNS = {REVERSE: LESSONS / "encoder-decoder", INDUCTION: LESSONS / "induction"}   # Run list id → model folder
+SAVED_RUNS = {REVERSE: shipped.REVERSE, INDUCTION: shipped.INDUCTION}   # Run list id → model folder
 
 
 def read_result(load: Callable[[Path], object], folder: Path, what: str):
@@ -44,14 +43,11 @@ def is_saved(run_id) -> bool:
 
 
 def lab_config(folder: Path) -> LabConfig:
-    """The LabConfig a shipped run was trained with, from its manifest's source.lab (unknown keys left out)."""
-    manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
-    given = manifest.get("source", {}).get("lab")
-    if not isinstance(given, dict):
-        raise UserError(f"{folder.name}: its manifest.json has no source.lab, so it is not a run the Lab trained.")
-    known = {f.name for f in fields(LabConfig)}
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items() if k in known}
-    return LabConfig(**values)
+    """The LabConfig a shipped run was trained with (core/lab/shipped.py), its refusal in words."""
+    try:
+        return shipped.lab_config(folder)
+    except ValueError as error:
+        raise UserError(f"{error}.") from None
 
 
 @functools.lru_cache(maxsize=len(SAVED_RUNS))
