@@ -16,7 +16,7 @@ import torch
 
 from common import add_publish, long_ids, md_table, median, publish, row, spread, timed
 from core import load_model
-from core.analysis import anatomy
+from core.analysis import anatomy, qk
 from core.store import ensure
 
 WIDTHS = (46, 22, 12)
@@ -45,8 +45,8 @@ def main() -> None:
         with torch.inference_mode():
             times["plain"].append(timed(lambda: model(ids), "cpu")[0])
         times["stages"].append(timed(lambda: anatomy.forward_stages(model, ids, layer, head), "cpu")[0])
-        times["decomposition"].append(timed(lambda: anatomy.score_decomposition(model, ids, n_layers - 1, head,
-                                                                                query, key), "cpu")[0])
+        times["decomposition"].append(timed(lambda: qk.score_decomposition(model, ids, n_layers - 1, head,
+                                                                           query, key), "cpu")[0])
         times["geometry"].append(timed(lambda: anatomy.qk_geometry(model, ids, layer, head), "cpu")[0])
     plain = median(times["plain"])
     labels = {"plain": "one plain forward pass", "stages": "forward_stages, one layer and head",

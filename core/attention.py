@@ -65,11 +65,20 @@ def row_entropy(probs: Tensor) -> Tensor:
     return -(p * p.clamp_min(1e-30).log()).sum(-1)
 
 
+def soft_cap(scores: Tensor, cap: float | None, inplace: bool = False) -> Tensor:
+    """c·tanh(S / c), the soft-cap on scaled scores (Gemma 2's attention) or on logits (its final cap): every value
+    stays within ±c; S itself where cap is None. inplace: written into scores where autograd allows it."""
+    if cap is None:
+        return scores
+    if not inplace:
+        return cap * torch.tanh(scores / cap)
+    scores = scores.div_(cap).tanh_()   # autograd keeps tanh's output, so the product is a new tensor when it records
+    return scores * cap if scores.requires_grad else scores.mul_(cap)
+
+
 def scored(scores: Tensor, softcap: float | None, bias: Tensor | None) -> Tensor:
     """The terms between the scaled scores and the mask, in place where it can be: c·tanh(S / c), then + bias."""
-    if softcap is not None:  # autograd keeps tanh's output, so the product is a new tensor when it records
-        scores = scores.div_(softcap).tanh_()
-        scores = scores * softcap if scores.requires_grad else scores.mul_(softcap)
+    scores = soft_cap(scores, softcap, inplace=True)
     if bias is not None:
         scores = scores.add_(bias)
     return scores
@@ -186,6 +195,21 @@ def positions_from_mask(key_mask: Tensor | None, start: int, n: int, batch: int,
     if key_mask is None:
         return torch.arange(start, start + n, device=device).expand(batch, n)
     return (key_mask[:, :start + n].long().cumsum(-1) - 1).clamp(min=0)[:, start:]
+
+
+def position_mask(query_positions: Tensor, key_positions: Tensor, causal: bool, window: int | None = None) -> Tensor:
+    """[..., Tq, Tk] bool, True where query i may read key j by their positions: j ≤ i where causal, and i − j < w
+    within a sliding window w (eq. 6.5). Positions [..., Tq] and [..., Tk], of any batch shape that broadcasts."""
+    offset = query_positions[..., :, None] - key_positions[..., None, :]              # i − j
+    allowed = offset >= 0 if causal else torch.ones_like(offset, dtype=torch.bool)
+    return allowed if window is None else allowed & (offset < window)
+
+
+def layer_mask(cfg, layer: int, n: int, start: int = 0, device=None) -> Tensor:
+    """[n, n] bool, the mask layer `layer` of a stack with config cfg (its causal flag, its window: config.layer_window)
+    puts on n unpadded tokens from position `start`."""
+    positions = torch.arange(start, start + n, device=device)
+    return position_mask(positions, positions, cfg.causal, cfg.layer_window(layer))
 
 
 def sliding_window_mask(n_queries: int, n_keys: int, window: int, device=None, bidirectional: bool = False) -> Tensor:

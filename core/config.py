@@ -2,11 +2,28 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass
 
 
 class ConfigError(ValueError):
     """config.json is missing, malformed, or describes something this core cannot build."""
+
+
+class IndexRangeError(ValueError, IndexError):
+    """An index (a layer, a head, a position) that is not an int in 0..n-1. A ValueError, the core's one exception
+    for a refused argument; also an IndexError, so that code written against either catches it."""
+
+
+def check_index(value, n: int, what: str, where: str) -> int:
+    """value, an int in 0..n-1, or an IndexRangeError naming the range: "layer 5 is out of range: the model has
+    layers 0..3". Negative indices are refused, not counted from the end."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):   # numpy's ints are Integral too
+        raise IndexRangeError(f"{what} must be an int in 0..{n - 1} ({where} 0..{n - 1}), got {value!r}")
+    value = int(value)
+    if not 0 <= value < n:
+        raise IndexRangeError(f"{what} {value} is out of range: {where} 0..{n - 1}")
+    return value
 
 
 @dataclass
@@ -88,6 +105,38 @@ class ModelConfig:
     def layer_type(self, layer: int) -> str:
         """"full" or "sliding" (a window of sliding_window keys) for one layer of the main stack."""
         return self.layer_types[layer] if self.layer_types else "full"
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window w of `layer` (its query i reads no key j with i − j ≥ w), or None on a "full" layer."""
+        return self.sliding_window if self.layer_type(layer) == "sliding" else None
+
+    def local_rope(self, layer: int) -> bool:
+        """`layer` rotates with the "sliding" layers' own RoPE base (rope_local_theta, Gemma 3), not rope_theta."""
+        return bool(self.rope_local_theta) and self.rope_local_theta != self.rope_theta \
+            and self.layer_type(layer) == "sliding"
+
+    def layer_rope_theta(self, layer: int) -> float:
+        """The RoPE base θ that `layer` rotates with (local_rope: the sliding layers' own)."""
+        return self.rope_local_theta if self.local_rope(layer) else self.rope_theta
+
+    @property
+    def kv_group(self) -> int:
+        """How many query heads read each key/value head (1 without grouped-query attention)."""
+        return self.n_heads // self.n_kv_heads
+
+    def kv_head(self, head: int) -> int:
+        """The key/value head that query head `head` reads (grouped-query attention: heads g·j .. g·j + g − 1 read
+        kv head j, g = kv_group)."""
+        return head // self.kv_group
+
+    def check_layer(self, layer, stack: str = "the model") -> int:
+        """layer, an int in 0..n_layers-1, or an IndexRangeError naming the range."""
+        return check_index(layer, self.n_layers, "layer", f"{stack} has layers")
+
+    def check_head(self, layer, head, stack: str = "the model") -> tuple[int, int]:
+        """(layer, head), each in range, or an IndexRangeError naming the range."""
+        layer = self.check_layer(layer, stack)
+        return layer, check_index(head, self.n_heads, "head", f"layer {layer} has heads")
 
     @property
     def eos_ids(self) -> list[int]:

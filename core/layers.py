@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .attention import soft_cap
 from .config import ModelConfig
 
 ACTIVATIONS = {
@@ -205,9 +206,7 @@ class LMHead(nn.Module):
 
     def capped(self, logits: Tensor) -> Tensor:
         """The final soft-cap c·tanh(logits / c) where the family has one (Gemma 2), else the logits."""
-        if self.softcap is None:
-            return logits
-        return torch.tanh(logits / self.softcap) * self.softcap
+        return soft_cap(logits, self.softcap)
 
 
 # ---- biases on the scores: positions said by a term added to QKᵀ, not by the vectors ----

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from . import generate as generation
-from .attention import (attention, attention_rows, causal_mask, padding_or_none, positions_from_mask,
+from .attention import (attention, attention_rows, causal_mask, padding_or_none, position_mask, positions_from_mask,
                         local_global_mask, self_attention_mask)
 from .config import ModelConfig, encoder_config
 from .kv_cache import KVCache
@@ -323,9 +323,7 @@ class Transformer(nn.Module):
         if stack is None or (kind == "cross" and self.encoder is None) or kind not in ("self", "encoder", "cross"):
             raise ValueError(f"no {kind!r} attention in this model (kinds: self"
                              f"{', encoder, cross' if self.encoder is not None else ''})")
-        if not 0 <= layer < len(stack.blocks):
-            raise IndexError(f"layer {layer} is out of range: the model has layers 0..{len(stack.blocks) - 1}")
-        block = stack.blocks[layer]
+        block = stack.blocks[stack.cfg.check_layer(layer)]
         return split_by_head(block.cross if kind == "cross" else block.attn)
 
     def setup(self, stack: Stack, input_ids: Tensor, key_mask: Tensor | None, start: int, *, causal: bool,
@@ -375,7 +373,7 @@ class Transformer(nn.Module):
         if "sliding" in cfg.layer_types:
             sliding = allowed
             if cfg.sliding_window is not None:   # keys i − j ≥ w back are out of the window
-                sliding = allowed & (cache.slot - keys < cfg.sliding_window)[None, None, None, :]
+                sliding = allowed & position_mask(cache.slot, keys, False, cfg.sliding_window)[None, None]
             setup.sliding = LayerTerms(sliding, False, self.rope(stack, position_ids, True, local=True))
         if stack.score_bias is not None:
             if stack.score_bias.by_index:
@@ -403,6 +401,23 @@ class Transformer(nn.Module):
             inv_freq = self.inv_freq_local if local and self.inv_freq_local is not None else self.inv_freq
             return rope_cos_sin(position_ids, inv_freq, self.dtype)
         return None
+
+    def layer_inv_freq(self, stack: Stack, layer: int) -> Tensor | None:
+        """θ_i [rotary_dim/2], the frequencies `layer` of `stack` rotates with (config.local_rope: the sliding
+        layers' own base), or None without RoPE."""
+        if stack.cfg.positional != "rope":
+            return None
+        return self.inv_freq_local if stack.cfg.local_rope(layer) else self.inv_freq
+
+    def layer_rope(self, stack: Stack, layer: int, position_ids: Tensor) -> tuple[Tensor, Tensor] | None:
+        """cos, sin [B, 1, T, rotary_dim] of `layer` of `stack` at position_ids [B, T], or None without RoPE."""
+        return self.rope(stack, position_ids, True, local=stack.cfg.local_rope(layer))
+
+    def check_head(self, layer, head) -> tuple[int, int]:
+        """(layer, head) of the stack that reads the text (attention_stack), each an int in range, or an
+        IndexRangeError naming the range (core.config.check_index)."""
+        stack, kind = self.attention_stack()
+        return stack.cfg.check_head(layer, head, "the encoder" if kind == "encoder" else "the model")
 
     def run_stack(self, stack: Stack, input_ids: Tensor, attention_mask: Tensor | None, *, kind: Kind,
                   causal: bool = True, padding_mask: bool = True, scale: bool = True, positions: bool = True,

@@ -72,8 +72,7 @@ class Probe:
         for patch in patches:
             if patch.name not in PATCHABLE:
                 raise ValueError(f"cannot patch {patch.name!r}; patchable names are {', '.join(PATCHABLE)}")
-            if not 0 <= patch.layer < cfg.n_layers:
-                raise IndexError(f"cannot patch layer {patch.layer}: the model has layers 0..{cfg.n_layers - 1}")
+            cfg.check_layer(patch.layer)
             self.patches.setdefault((patch.name, patch.layer), []).append(patch)
         unknown = sorted(n for n in self.record if n.removeprefix("encoder.") not in RECORDABLE)
         if unknown:
@@ -91,9 +90,7 @@ class Probe:
         elif ablate_heads:
             self.ablate = torch.zeros(1, cfg.n_layers, cfg.n_heads, dtype=torch.bool)
             for layer, head in ablate_heads:
-                if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
-                    raise IndexError(f"cannot ablate head ({layer}, {head}): the model has layers "
-                                     f"0..{cfg.n_layers - 1} and heads 0..{cfg.n_heads - 1}")
+                layer, head = cfg.check_head(layer, head)
                 self.ablate[0, layer, head] = True
         # read once on the host, so layers without an ablated head skip the work
         self.ablated_layers = set() if self.ablate is None else set(self.ablate.any(-1).any(0).nonzero()[:, 0].tolist())

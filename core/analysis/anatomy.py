@@ -2,13 +2,14 @@
 pass's own records (core/probe.py), never from a second implementation of the model.
 
 - forward_stages: the arrays of every stage, from the token ids to the logits, for one layer and head.
-- score_decomposition: one attention score q·k·scale written as a sum over pairs of residual-stream parts (the
-  embeddings, the positions, each earlier layer's attention and MLP output, the biases), query side × key side,
-  with every norm on the way frozen at its value on this input (Norm.frozen), so the parts add up to the score.
+- the parts one attention score splits into (ScoreDecomposition, residual_parts, projected_parts, add_stages): the
+  residual stream's parts (the embeddings, the positions, each earlier layer's attention and MLP output, the
+  biases), with every norm on the way frozen at its value on this input (Norm.frozen). The split itself is
+  qk.qk_attribution, whose by="layer" form is qk.score_decomposition.
 - qk_geometry: the head's queries and keys over the text in the one query/key plane (plane.py: keys shifted by
   mean(q) − mean(k), then PCA of both, AttentionViz's translation), the plane the corpus view draws too.
 
-All three read the stack that reads the text (Transformer.attention_stack): the main stack of a decoder (GPT-2,
+Both read the stack that reads the text (Transformer.attention_stack): the main stack of a decoder (GPT-2,
 Llama) or of an encoder (BERT, no causal mask; MiniLM has no LM head, so no logits), and a seq2seq model's encoder
 (Marian, T5: its self-attention; the decoder is not run, so no logits either).
 
@@ -24,9 +25,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..attention import causal_mask
-from ..layers import rope_angles, rotate
-from ..attention import sliding_window_mask
+from ..attention import layer_mask, soft_cap
+from ..config import check_index
+from ..layers import rope_angles
 from ..probe import Probe
 from .plane import joint_plane
 
@@ -44,15 +45,6 @@ DECOMPOSITION_RECORDS = ("embed", "pos_embed", "type_embed", "resid_pre", "attn_
 
 # ---- checks and the recorded pass ----
 
-def check_index(value, n: int, what: str, where: str) -> int:
-    """value in 0..n-1 (or -n..-1, counted from the end) → 0..n-1."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{what} must be an int, got {value!r}")
-    if not -n <= value < n:
-        raise IndexError(f"{what} {value} is out of range: {where} 0..{n - 1}")
-    return value % n
-
-
 def check_text(model, ids: Tensor) -> Tensor:
     if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] == 0:
         raise ValueError(f"ids must be one text of token ids, [1, T] with T ≥ 1; got "
@@ -63,15 +55,6 @@ def check_text(model, ids: Tensor) -> Tensor:
     if int(ids.min()) < 0 or int(ids.max()) >= vocab:
         raise ValueError(f"token ids must lie in 0..{vocab - 1}; got {int(ids.min())}..{int(ids.max())}")
     return ids
-
-
-def check_head(model, layer: int, head: int) -> tuple[int, int]:
-    """(layer, head) of the stack that reads the text, checked."""
-    stack, kind = model.attention_stack()
-    name = "the encoder" if kind == "encoder" else "the model"
-    layer = check_index(layer, len(stack.blocks), "layer", f"{name} has layers")
-    head = check_index(head, stack.cfg.n_heads, "head", f"layer {layer} has heads")
-    return layer, head
 
 
 def recorded(model, ids: Tensor, names: tuple[str, ...], layers) -> tuple[dict[str, dict[int, Tensor]], Tensor]:
@@ -96,18 +79,6 @@ def head_scale(stack) -> float:
 BIAS_LABELS = {"alibi": "position bias (ALiBi)", "relative": "relative-position bias (T5)"}
 
 
-def layer_window(stack, layer: int) -> int | None:
-    """The sliding window w of `layer` (its keys i − j ≥ w back are masked), or None on a "full" layer."""
-    return stack.cfg.sliding_window if stack.cfg.layer_type(layer) == "sliding" else None
-
-
-def layer_mask(stack, layer: int, n: int) -> Tensor:
-    """[T, T] bool, the mask `layer` uses on one unpadded text: causal where the stack is, and the window."""
-    mask = causal_mask(n, n) if stack.cfg.causal else torch.ones(n, n, dtype=torch.bool)
-    window = layer_window(stack, layer)
-    return mask if window is None else mask & sliding_window_mask(n, n, window)
-
-
 def head_bias(stack, head: int, n: int, device) -> Tensor | None:
     """[T, T] float32 the score bias of `head` on one unpadded text (ALiBi: −m_h·(i − j); T5: its bucket of
     j − i), or None where the stack has none. Positions 0..T-1 are what the pass uses with no padding."""
@@ -116,24 +87,6 @@ def head_bias(stack, head: int, n: int, device) -> Tensor | None:
     positions = torch.arange(n, device=device)[None]
     with torch.inference_mode():
         return cpu(stack.score_bias(positions, positions)[0, head])
-
-
-def layer_rope(model, stack, layer: int, positions: Tensor):
-    """cos, sin [B, 1, T, rotary_dim] of `layer` at position ids [B, T] (a "sliding" layer's own base where the
-    family has one), or None without RoPE."""
-    return model.rope(stack, positions, True, local=stack.cfg.layer_type(layer) == "sliding")
-
-
-def soft_cap(scores: Tensor, cap: float | None) -> Tensor:
-    """c·tanh(S / c), the soft-cap on scaled scores (Gemma 2); S itself without a cap."""
-    return scores if cap is None else cap * torch.tanh(scores / cap)
-
-
-def kv_head_of(stack, head: int) -> tuple[int, tuple[int, ...]]:
-    """The key/value head query head `head` reads, and every query head that reads it (grouped-query attention)."""
-    group = stack.cfg.n_heads // stack.cfg.n_kv_heads
-    kv = head // group
-    return kv, tuple(range(kv * group, (kv + 1) * group))
 
 
 def cpu(t: Tensor | None) -> Tensor | None:
@@ -207,9 +160,10 @@ def forward_stages(model, ids: Tensor, layer: int, head: int) -> ForwardStages:
     and T5 these are the stages of the encoder's self-attention, with no logits. The mask, the window, the
     scale, the cap and the bias are the layer's own (see ForwardStages); softmax(scored + M) is probs."""
     ids = check_text(model, ids)
-    layer, head = check_head(model, layer, head)
+    layer, head = model.check_head(layer, head)
     stack, kind = model.attention_stack()
-    kv, shared = kv_head_of(stack, head)
+    kv, group = stack.cfg.kv_head(head), stack.cfg.kv_group
+    shared = tuple(range(kv * group, (kv + 1) * group))
     n = ids.shape[1]
     rec, hidden = recorded(model, ids, STAGE_RECORDS, {layer})
     at = lambda name: cpu(rec[name].get(layer))                                         # noqa: E731
@@ -222,24 +176,22 @@ def forward_stages(model, ids: Tensor, layer: int, head: int) -> ForwardStages:
         # every position's whole row, [T, vocab], is the result: the Inside view follows any token and draws its
         # full next-token distribution under temperature, top-k and top-p, on a text of a few dozen tokens
         logits = model.logits(hidden) if kind == "self" and model.lm_head is not None else None
-    angles = None
-    if stack.cfg.positional == "rope":
-        local = stack.cfg.layer_type(layer) == "sliding" and model.inv_freq_local is not None
-        angles = rope_angles(torch.arange(n), (model.inv_freq_local if local else model.inv_freq).cpu())  # [T, r/2]
+    inv_freq = model.layer_inv_freq(stack, layer)
+    angles = None if inv_freq is None else rope_angles(torch.arange(n), inv_freq.cpu())               # [T, r/2]
     scale, cap, bias = head_scale(stack), stack.cfg.attn_softcap, head_bias(stack, head, n, model.device)
     scaled = (q @ k.T) * scale                                                          # eq. 2.1: QKᵀ·scale
     capped = None if cap is None else soft_cap(scaled, cap)
     scored = (scaled if capped is None else capped) + (0 if bias is None else bias)
     return ForwardStages(
         kind=kind, layer=layer, head=head, kv_head=kv, shared_heads=shared, scale=scale,
-        layer_type=stack.cfg.layer_type(layer), window=layer_window(stack, layer), softcap=cap,
+        layer_type=stack.cfg.layer_type(layer), window=stack.cfg.layer_window(layer), softcap=cap,
         bias_kind=None if stack.score_bias is None else stack.score_bias.kind,
         tokens=ids[0].cpu(), embeddings=embedded("embed"), positions=embedded("pos_embed"),
         token_types=embedded("type_embed"), resid_pre=at("resid_pre"),
         norm_scale=cpu(norm_scale), attn_in=at("attn_in"),
         q_unrotated=at("q_unrotated")[:, head], k_unrotated=at("k_unrotated")[:, kv], rope_angles=angles,
         q=q, k=k, v=at("v")[:, kv],
-        scores=q @ k.T, capped=capped, bias=bias, scored=scored, mask=layer_mask(stack, layer, n),
+        scores=q @ k.T, capped=capped, bias=bias, scored=scored, mask=layer_mask(stack.cfg, layer, n),
         probs=at("pattern")[head], z=at("z")[:, head], attn_out=at("attn_out"),
         mlp_in=at("mlp_in"), mlp_up=at("mlp_up"), mlp_gate=at("mlp_gate"), mlp_hidden=at("mlp_hidden"),
         mlp_out=at("mlp_out"), resid_post=at("resid_post"), final=cpu(hidden[0]),
@@ -253,7 +205,7 @@ class ScoreDecomposition:
     """score = q_query·k_key·scale, before the cap, the bias and the mask, as a sum over pairs of parts: matrix[a, b]
     is what query part a and key part b give, and matrix.sum() is the score. The parts are the residual stream's:
     "embeddings", "positions" (learned or sinusoidal), "token types" (BERT), "L3 attn" and "L3 MLP" for every
-    layer before this one, and "bias" (the q/k biases and every norm's β on the way). See score_decomposition.
+    layer before this one, and "bias" (the q/k biases and every norm's β on the way). See qk.score_decomposition.
 
     After the sum come the layer's other terms, each its own stage: capped = c·tanh(score / c) where the family
     soft-caps (a tanh: no part maps through it linearly, so the parts add up to the value before the cap), then
@@ -355,66 +307,6 @@ def projected_parts(stack, w, layer: int, index: int, rows: Tensor, side: str) -
     return parts
 
 
-def head_parts(stack, w, layer: int, head: int, kv: int, rows: Tensor) -> tuple[Tensor, Tensor]:
-    """The query parts [n + 1, d_head] of `head` at rows[:, 0] and the key parts of `kv` at rows[:, 1] (rows
-    [n + 1, 2, d]: the residual parts and the bias row last), each side as projected_parts gives it."""
-    return (projected_parts(stack, w, layer, head, rows[:, 0], "query"),
-            projected_parts(stack, w, layer, kv, rows[:, 1], "key"))
-
-
-def score_decomposition(model, ids: Tensor, layer: int, head: int, query: int, key: int) -> ScoreDecomposition:
-    """The attention score of `head` in `layer` from position `query` to position `key` of ids [1, T], as a sum
-    over pairs of residual-stream parts: q = Σ_a R_query(N_q(part_a·W_Q)) + R_query(N_q(bias_q)) and k likewise
-    (R: RoPE's rotation, where the model has it, of the rotated dims only under partial rotary; N_q: QK-norm frozen
-    at this head's query before it, where the model has one; biases: b_Q, b_K and every norm's β, through W_Q,
-    W_K), so score = Σ_ab (q_a·k_b)·scale = matrix.sum(), exact up to float rounding; scale is the layer's own.
-
-    The terms after the sum are their own stages (ScoreDecomposition): the soft-cap c·tanh(score / c) is a tanh,
-    so no part maps through it linearly and the parts add up to the value before it; the score bias (ALiBi, T5)
-    is added after, a part of its own that carries the positions in those families (their residual stream has
-    no positions part). Parallel blocks (GPT-NeoX) add attn_out and mlp_out to the same residual stream, and
-    with sandwich norms (Gemma 2/3) those records are after the post norms: both are plain Pre-LN sums.
-
-    Every norm on the way is frozen at its value on this input (Norm.frozen): the sum is this input's
-    linearisation, exact here and not a decomposition that holds for another text. Pre-LN (GPT-2, Llama) reads
-    resid_pre through one frozen norm. Post-LN (BERT, Marian's encoder) has norm(x + f(x)) between layers, so
-    the residual stream is no plain sum of layer outputs: there each part is what is left of it at this layer
-    after every later norm (each frozen at its own input on this text), and the norms' β join "bias". At layer 0
-    of BERT that is the embeddings' LayerNorm alone.
-
-    With learned or sinusoidal positions, terms groups the parts into "position" (the positions part) and
-    "token" (every other part, the bias included): at layer 0 that is the classic split of (x + p)·W_Q·W_Kᵀ·(x + p)
-    into four terms; at later layers "token" also holds what earlier layers wrote, positional or not."""
-    ids = check_text(model, ids)
-    layer, head = check_head(model, layer, head)
-    n = ids.shape[1]
-    query = check_index(query, n, "query position", "the text has positions")
-    key = check_index(key, n, "key position", "the text has positions")
-    stack, kind = model.attention_stack()
-    kv, _ = kv_head_of(stack, head)
-    scale = head_scale(stack)
-    rec, _ = recorded(model, ids, DECOMPOSITION_RECORDS, range(layer + 1))
-    at = torch.tensor([query, key], device=model.device)
-    with torch.inference_mode():
-        labels, parts, bias = residual_parts(stack, rec, layer, at)
-        rows = torch.cat([parts, bias[None]])                                           # [n + 1, 2, d]
-        q_parts, k_parts = head_parts(stack, model.head_weights(layer, kind), layer, head, kv, rows)
-        rope = layer_rope(model, stack, layer, at[None])                                # cos, sin [1, 1, 2, r]
-        if rope is not None:
-            cos, sin = (t[0, 0].float() for t in rope)
-            q_parts, k_parts = rotate(q_parts, cos[0], sin[0]), rotate(k_parts, cos[1], sin[1])
-        matrix = (q_parts @ k_parts.T) * scale                                          # [n + 1, n + 1]
-        q, k = rec["q"][layer][query, head].float(), rec["k"][layer][key, kv].float()   # [d_head]
-        labels = labels + ["bias"]
-        score = (q @ k).item() * scale
-        allowed = bool(layer_mask(stack, layer, n)[query, key])
-        result = ScoreDecomposition(layer, head, kv, query, key, score, allowed, cpu(matrix), labels, list(labels))
-        add_stages(result, model, stack, rec, score)
-    if "positions" in labels:
-        result.terms = position_terms(result.matrix, labels.index("positions"))
-    return result
-
-
 def add_stages(result: ScoreDecomposition, model, stack, rec: dict, score: float) -> None:
     """The terms after the sum at result's (layer, head, query, key), set on result from the pass's records rec:
     scored, and where the layer has them the soft-cap, the score bias and RoPE's rotated and unrotated scores.
@@ -429,7 +321,7 @@ def add_stages(result: ScoreDecomposition, model, stack, rec: dict, score: float
         result.bias_term = stack.score_bias(at[None, :1], at[None, 1:])[0, head, 0, 0].item()
         result.bias_label = BIAS_LABELS[stack.score_bias.kind]
         result.scored += result.bias_term
-    rope = layer_rope(model, stack, layer, at[None])
+    rope = model.layer_rope(stack, layer, at[None])
     if rope is not None:
         r = rope[0].shape[-1]
         q, k = rec["q"][layer][query, head].float(), rec["k"][layer][key, kv].float()   # [d_head]
@@ -473,9 +365,9 @@ def qk_geometry(model, ids: Tensor, layer: int, head: int, rotated: bool = True)
     """`head`'s queries and its key/value head's keys over ids [1, T] in `layer`, [T, d_head] each, in
     plane.joint_plane (AttentionViz's translation, then a joint PCA)."""
     ids = check_text(model, ids)
-    layer, head = check_head(model, layer, head)
+    layer, head = model.check_head(layer, head)
     stack, _ = model.attention_stack()
-    kv, _ = kv_head_of(stack, head)
+    kv = stack.cfg.kv_head(head)
     names = ("q", "k") if rotated else ("q_unrotated", "k_unrotated")
     rec, _ = recorded(model, ids, names, {layer})
     q, k = cpu(rec[names[0]][layer][:, head]), cpu(rec[names[1]][layer][:, kv])        # [T, d_head]

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..attention import padding_or_none
+from ..config import check_index
 from ..observe import Kind, Observer
 
 
@@ -121,9 +122,7 @@ class AttentionMaps:
 
     def layer(self, layer: int) -> Tensor:
         """[H, n, n] float32 probabilities of one layer, kept or recomputed."""
-        n_layers = self.overview.shape[0]
-        if not 0 <= layer < n_layers:
-            raise IndexError(f"layer {layer} is out of range: the model has layers 0..{n_layers - 1}")
+        layer = check_index(layer, self.overview.shape[0], "layer", "the model has layers")
         if layer in self.full:
             return self.full[layer].float()
         return recompute_layer(self.model, self.inputs, layer)
@@ -133,8 +132,8 @@ class AttentionMaps:
         """Full-resolution probabilities of one head (None: the mean over the layer's heads), optionally a
         window: rows queries[0]:queries[1], columns keys[0]:keys[1]."""
         maps = self.layer(layer)
-        if head is not None and not 0 <= head < maps.shape[0]:
-            raise IndexError(f"head {head} is out of range: layer {layer} has heads 0..{maps.shape[0] - 1}")
+        if head is not None:
+            head = check_index(head, maps.shape[0], "head", f"layer {layer} has heads")
         grid = maps.mean(0) if head is None else maps[head]
         q0, q1 = queries or (0, self.n_tokens)
         k0, k1 = keys or (0, self.n_tokens)
@@ -177,9 +176,7 @@ def capture(model, input_ids: Tensor, attention_mask: Tensor | None = None, over
 
 def recompute_layer(model, inputs: dict, layer: int) -> Tensor:
     """[H, n, n] float32: one layer's probabilities by a pass through the blocks up to it (inputs: stack_inputs)."""
-    n_layers = inputs["stack"].cfg.n_layers
-    if not 0 <= layer < n_layers:
-        raise IndexError(f"layer {layer} is out of range: the model has layers 0..{n_layers - 1}")
+    layer = inputs["stack"].cfg.check_layer(layer)
     observer = LayerObserver(layer, inputs["kind"])
     with torch.inference_mode():
         model.run_stack(observer=observer, n_layers=layer + 1, **inputs)

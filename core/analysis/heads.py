@@ -499,9 +499,7 @@ def attribute(model, ids: Tensor, position: int | None = None, layer: int = 0, h
     completeness_by_steps measures it at several step counts."""
     cfg = model.config
     ids, position = attribution_inputs(model, ids, position, (steps,))
-    if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
-        raise IndexError(f"head ({layer}, {head}) is out of range: layers 0..{cfg.n_layers - 1}, "
-                         f"heads 0..{cfg.n_heads - 1}")
+    layer, head = cfg.check_head(layer, head)
     check_baseline(baseline)  # a wrong name fails before the costly passes
     out = model(ids, grad=True, capture_attention=True, return_logits=False)
     logits = blocks.at_position(model, out.hidden_states, position)[0]         # [vocab], with its graph

@@ -306,8 +306,8 @@ def check_sweep(model, site: str, mode: str, layer: int | None) -> None:
         raise ValueError(f"mode must be 'denoise' or 'noise', got {mode!r}")
     if layer is not None and site != "z":
         raise ValueError(f"layer= sweeps one layer's heads × positions: it applies to site 'z' only, not {site!r}")
-    if layer is not None and not 0 <= layer < cfg.n_layers:
-        raise IndexError(f"layer {layer} is out of range: the model has layers 0..{cfg.n_layers - 1}")
+    if layer is not None:
+        cfg.check_layer(layer)
 
 
 def patch_sweep(model, clean_ids: Tensor, corrupted_ids: Tensor, answer: int, foil: int, site: str,
@@ -581,7 +581,7 @@ def flow_graph(model, ids: Tensor, position: int = -1, threshold: float = 0.04) 
         out = model(ids.to(model.device), record={"resid_pre", "v", "pattern", "attn_out", "mlp_out", "resid_post"},
                     return_logits=False)                                                # the graph reads no logits
         rec = out.records
-        group = cfg.n_heads // cfg.n_kv_heads
+        group = cfg.kv_group
         heads, attn_residual, mlp, mlp_residual = [], [], [], []
         for l in range(cfg.n_layers):
             w, block = model.head_weights(l), model.stack.blocks[l]

@@ -3,8 +3,9 @@ key, down to single upstream heads, for one pair (qk_attribution), for a kept at
 (edge_attribution) and over a corpus (composition_over), beside the weights-only composition scores of Elhage
 et al. (2021) (composition_scores).
 
-The split is anatomy.score_decomposition's, one level finer: the residual stream's parts (anatomy.residual_parts)
-with each earlier layer's attention output opened into its heads, z_h·W_O[h] (patching.head_outputs: through a
+One split, two grains: by="layer" (score_decomposition) parts the residual stream into the embeddings, the positions
+and each earlier layer's attention and MLP output (anatomy.residual_parts); by="head" opens each earlier layer's
+attention output into its heads, z_h·W_O[h] (patching.head_outputs: through a
 sandwich post-norm frozen at its input), plus "L3 attn bias" for that layer's b_O and post-norm β where it has
 them, so the head parts of a layer add up to its layer part exactly. Every norm on the way is frozen at its value
 on this input; the parts add up to the score of this input, not of another.
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..attention import layer_mask, soft_cap
+from ..config import check_index
 from ..layers import rotate
 from . import anatomy
 from .anatomy import ScoreDecomposition
@@ -75,11 +78,13 @@ def check_flag(value, name: str) -> bool:
 class Pass:
     """One recorded pass of ids [1, T] through the stack that reads it, and the parts its scores split into."""
 
-    def __init__(self, model, ids: Tensor, layers, by: str = "head"):
+    def __init__(self, model, ids: Tensor, layers, by: str = "head", pattern: bool = True):
         self.model, self.by = model, by
         self.stack, self.kind = model.attention_stack()
         self.n = ids.shape[1]
-        self.rec, _ = anatomy.recorded(model, ids, QK_RECORDS, layers)
+        # recording the pattern runs attention's explicit path, not the fused one: without it the pass is the plain one
+        names = QK_RECORDS if pattern else tuple(name for name in QK_RECORDS if name != "pattern")
+        self.rec, _ = anatomy.recorded(model, ids, names, layers)
         self.scale = anatomy.head_scale(self.stack)
         self.outputs = {}           # (layer, positions) → head_outputs there: read once, whatever layer reads them
 
@@ -108,7 +113,7 @@ class Pass:
         `index`, rotated at their own positions under RoPE."""
         w = self.model.head_weights(layer, self.kind)
         parts = anatomy.projected_parts(self.stack, w, layer, index, rows, side)
-        rope = anatomy.layer_rope(self.model, self.stack, layer, at[None])             # cos, sin [1, 1, P, r]
+        rope = self.model.layer_rope(self.stack, layer, at[None])                       # cos, sin [1, 1, P, r]
         if rope is not None:
             parts = rotate(parts, rope[0][0, 0].float(), rope[1][0, 0].float())
         return parts
@@ -119,10 +124,10 @@ class Pass:
 
     def scores(self, layer: int, head: int, query: int) -> tuple[Tensor, Tensor]:
         """The query's row [T] of q·k·scale (before the cap) and of scored (cap, then bias), from the records."""
-        kv, _ = anatomy.kv_head_of(self.stack, head)
+        kv = self.stack.cfg.kv_head(head)
         q = self.rec["q"][layer][query, head].float()
         raw = (self.rec["k"][layer][:, kv].float() @ q) * self.scale                    # [T]
-        scored = anatomy.soft_cap(raw, self.stack.cfg.attn_softcap)
+        scored = soft_cap(raw, self.stack.cfg.attn_softcap)
         bias = anatomy.head_bias(self.stack, head, self.n, self.model.device)
         return raw, scored if bias is None else scored + bias[query].float()
 
@@ -130,7 +135,7 @@ class Pass:
 def pair_matrix(p: Pass, layer: int, head: int, query: int, key: int, relative: bool):
     """(labels, matrix [n + 1, n + 1], c [K], keys [K]): query parts × key parts of the plain score at (query,
     key) or of its relative form, c the weights on the keys' parts (δ_jk, or δ_jk − a_ik)."""
-    kv, _ = anatomy.kv_head_of(p.stack, head)
+    kv = p.stack.cfg.kv_head(head)
     device = p.model.device
     if relative:   # every key the query reads, and the key itself
         a = p.weights(layer, head, query)
@@ -149,22 +154,23 @@ def pair_matrix(p: Pass, layer: int, head: int, query: int, key: int, relative: 
 def qk_attribution(model, ids: Tensor, layer: int, head: int, query: int, key: int, by: str = "head",
                    relative: bool = False) -> QKAttribution:
     """The score q·k·scale of `head` in `layer` from position `query` to `key` of ids [1, T] as a sum over pairs
-    (query part, key part), every norm frozen at its value on this input (anatomy.score_decomposition, with each
-    earlier layer's heads one by one when by="head"). relative=True splits score(i, j) − Σ_k a_ik·score(i, k)
-    instead, the score against the query's attention-weighted mean score: what says why key j wins."""
+    (query part, key part), every norm frozen at its value on this input: by="layer" is score_decomposition, and
+    by="head" opens each earlier layer's attention part into its heads, which add up to it. relative=True splits
+    score(i, j) − Σ_k a_ik·score(i, k) instead, the score against the query's attention-weighted mean score: what
+    says why key j wins."""
     ids = anatomy.check_text(model, ids)
-    layer, head = anatomy.check_head(model, layer, head)
+    layer, head = model.check_head(layer, head)
     by, relative = check_by(by), check_flag(relative, "relative")
     n = ids.shape[1]
-    query = anatomy.check_index(query, n, "query position", "the text has positions")
-    key = anatomy.check_index(key, n, "key position", "the text has positions")
-    p = Pass(model, ids, range(layer + 1), by)
-    kv, _ = anatomy.kv_head_of(p.stack, head)
+    query = check_index(query, n, "query position", "the text has positions")
+    key = check_index(key, n, "key position", "the text has positions")
+    p = Pass(model, ids, range(layer + 1), by, pattern=relative)     # the plain split reads no attention weights
+    kv = p.stack.cfg.kv_head(head)
     with torch.inference_mode():
         labels, matrix, c, keys = pair_matrix(p, layer, head, query, key, relative)
         raw, scored = p.scores(layer, head, query)
         score = raw[key].item()
-        allowed = bool(anatomy.layer_mask(p.stack, layer, n)[query, key])
+        allowed = bool(layer_mask(p.stack.cfg, layer, n)[query, key])
         result = QKAttribution(layer, head, kv, query, key, score, allowed, anatomy.cpu(matrix), labels,
                                list(labels), by=by, relative=relative)
         anatomy.add_stages(result, model, p.stack, p.rec, score)
@@ -179,6 +185,33 @@ def qk_attribution(model, ids: Tensor, layer: int, head: int, query: int, key: i
     if "positions" in labels:
         result.terms = anatomy.position_terms(result.matrix, labels.index("positions"))
     return result
+
+
+def score_decomposition(model, ids: Tensor, layer: int, head: int, query: int, key: int) -> QKAttribution:
+    """qk_attribution by="layer": the attention score of `head` in `layer` from position `query` to position `key`
+    of ids [1, T] as a sum over pairs of residual-stream parts: q = Σ_a R_query(N_q(part_a·W_Q)) + R_query(N_q(bias_q))
+    and k likewise (R: RoPE's rotation, where the model has it, of the rotated dims only under partial rotary; N_q:
+    QK-norm frozen at this head's query before it, where the model has one; biases: b_Q, b_K and every norm's β,
+    through W_Q, W_K), so score = Σ_ab (q_a·k_b)·scale = matrix.sum(), exact up to float rounding; scale is the
+    layer's own.
+
+    The terms after the sum are their own stages (anatomy.ScoreDecomposition): the soft-cap c·tanh(score / c) is a
+    tanh, so no part maps through it linearly and the parts add up to the value before it; the score bias (ALiBi,
+    T5) is added after, a part of its own that carries the positions in those families (their residual stream has
+    no positions part). Parallel blocks (GPT-NeoX) add attn_out and mlp_out to the same residual stream, and with
+    sandwich norms (Gemma 2/3) those records are after the post norms: both are plain Pre-LN sums.
+
+    Every norm on the way is frozen at its value on this input (Norm.frozen): the sum is this input's
+    linearisation, exact here and not a decomposition that holds for another text. Pre-LN (GPT-2, Llama) reads
+    resid_pre through one frozen norm. Post-LN (BERT, Marian's encoder) has norm(x + f(x)) between layers, so
+    the residual stream is no plain sum of layer outputs: there each part is what is left of it at this layer
+    after every later norm (each frozen at its own input on this text), and the norms' β join "bias". At layer 0
+    of BERT that is the embeddings' LayerNorm alone.
+
+    With learned or sinusoidal positions, terms groups the parts into "position" (the positions part) and
+    "token" (every other part, the bias included): at layer 0 that is the classic split of (x + p)·W_Q·W_Kᵀ·(x + p)
+    into four terms; at later layers "token" also holds what earlier layers wrote, positional or not."""
+    return qk_attribution(model, ids, layer, head, query, key, by="layer")
 
 
 # ---- a kept attention edge of the flow graph ----
@@ -287,7 +320,7 @@ class EdgeParts:
             # [heads, d, d_head] and its transpose as plain float32 copies: products with the views are far slower
             self.weights = {side: (m.float().contiguous(), m.float().transpose(1, 2).contiguous())
                             for side, m in (("query", self.w.W_Q), ("key", self.w.W_K))}
-            rope = anatomy.layer_rope(self.p.model, self.p.stack, layer, self.everywhere[None])
+            rope = self.p.model.layer_rope(self.p.stack, layer, self.everywhere[None])
             self.rope = None if rope is None else (rope[0][0, 0].float(), rope[1][0, 0].float())   # [T, r]
             self.attn = self.p.stack.blocks[layer].attn
 
@@ -371,7 +404,7 @@ class EdgeParts:
             chunk = [w for w in wanted if not causal or 2 * (w[1] + 1) > width]
             wanted = wanted[len(chunk):]
             heads, targets = [h for h, _ in chunk], [t for _, t in chunk]
-            kvs = [anatomy.kv_head_of(self.p.stack, h)[0] for h in heads]
+            kvs = [self.p.stack.cfg.kv_head(h) for h in heads]
             q = self.p.rec["q"][self.layer][targets, heads]                              # [w, d_head]
             g, extra = self.pulled_back(q[:, None].expand(-1, width, -1), self.everywhere[:width], kvs, "key")
             scores = self.dots(0, width, g)                                              # [K, n + 1, w]
@@ -389,7 +422,7 @@ class EdgeParts:
         adds up to the relative score)."""
         p, layer = self.p, self.layer
         heads, sources, targets = (list(t) for t in zip(*triples))
-        kvs = [anatomy.kv_head_of(p.stack, h)[0] for h in heads]
+        kvs = [p.stack.cfg.kv_head(h) for h in heads]
         at = torch.tensor(targets, device=self.everywhere.device)
         a = p.rec["pattern"][layer][heads, targets].float()                             # [m, T]
         c = (self.everywhere[None] == torch.tensor(sources)[:, None].to(at)).float() - a   # δ_jk − a_ik
@@ -507,17 +540,16 @@ def ov_factors(model, stack, kind, layer: int) -> tuple[Tensor, Tensor]:
     w, block = model.head_weights(layer, kind), stack.blocks[layer]
     gamma = block.attn_norm.gain.float() if block.pre_norm else torch.ones(w.W_O.shape[-1])
     post = 1.0 if block.attn_post_norm is None else block.attn_post_norm.gain.float()
-    group = stack.cfg.n_heads // stack.cfg.n_kv_heads
-    u = gamma[:, None] * w.W_V.float().repeat_interleave(group, dim=0)                  # [H, d, dh]
+    u = gamma[:, None] * w.W_V.float().repeat_interleave(stack.cfg.kv_group, dim=0)                  # [H, d, dh]
     return u, (w.W_O.float() * post).transpose(1, 2)                                    # [H, d, dh]
 
 
 def composition_scores(model, layer: int, head: int) -> CompositionScores:
     """Q-, K- and V-composition of `head` in `layer` with each earlier head (CompositionScores), from the
     model's per-head weights (model.head_weights)."""
-    layer, head = anatomy.check_head(model, layer, head)
+    layer, head = model.check_head(layer, head)
     stack, kind = model.attention_stack()
-    kv, _ = anatomy.kv_head_of(stack, head)
+    kv = stack.cfg.kv_head(head)
     w, block = model.head_weights(layer, kind), stack.blocks[layer]
     with torch.inference_mode():
         gamma = block.attn_norm.gain.float() if block.pre_norm else torch.ones(w.W_Q.shape[1])
@@ -589,7 +621,7 @@ def composition_over(model, texts, layer: int, head: int, side: str = "key", pai
     the weights-only composition scores (composition_scores)."""
     from ..corpus.summaries import Job, check_texts
     side = check_side(side)
-    layer, head = anatomy.check_head(model, layer, head)
+    layer, head = model.check_head(layer, head)
     if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 1:
         raise ValueError(f"pairs is how many (query, key) pairs each text gives, an int ≥ 1; got {pairs!r}")
     texts = check_texts(model, texts)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..attention import soft_cap
 from ..corpus import Pair
 from ..corpus.summaries import Job, Over, check_pairs, summarise
 from . import patching
@@ -272,17 +273,15 @@ def layer_qk(model, layer: int, x: Tensor) -> tuple[Tensor, Tensor]:
     W_Q, W_K (any q/k norm) and rotation at positions 0..T−1."""
     cfg, block = model.config, model.stack.blocks[layer]
     positions = torch.arange(x.shape[1], device=x.device)[None].expand(x.shape[0], -1)
-    rope = model.rope(model.stack, positions, True, local=cfg.layer_type(layer) == "sliding")
+    rope = model.layer_rope(model.stack, layer, positions)
     q, k, _ = block.attn.self_qkv(block.attn_norm(x.to(model.dtype)), rope)
-    group = cfg.n_heads // cfg.n_kv_heads
-    return q.float(), k.float().repeat_interleave(group, dim=1)
+    return q.float(), k.float().repeat_interleave(cfg.kv_group, dim=1)
 
 
 def raw_scores(model, q: Tensor, k: Tensor) -> Tensor:
     """Scores before the mask and any bias, after the scale and the soft-cap: [..., Tq, Tk]."""
     cfg = model.config
-    scores = (q @ k.transpose(-1, -2)) * cfg.score_scale
-    return scores if cfg.attn_softcap is None else cfg.attn_softcap * torch.tanh(scores / cfg.attn_softcap)
+    return soft_cap((q @ k.transpose(-1, -2)) * cfg.score_scale, cfg.attn_softcap)
 
 
 def qk_fix(model, site: str, delta: tuple[Tensor, ...], target: dict,

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from ..analysis.plane import joint_plane
+from ..attention import position_mask
 from ..observe import Kind, Observer
 from ..probe import Probe
 from .summaries import BATCH_TOKENS, Job, Progress, Stop, check_texts, length_batches, pad_id, padded
@@ -92,14 +93,10 @@ class HeadPlaces(Observer):
                  first_key: int = 0) -> None:
         block = probs[:, self.head].float().cpu()                               # [B, rows, width]
         rows, width = block.shape[1:]
-        q = torch.arange(start, start + rows)[:, None]                          # [rows, 1]
-        k = torch.arange(first_key, first_key + width)[None, :]                 # [1, width]
+        q, k = torch.arange(start, start + rows), torch.arange(first_key, first_key + width)   # [rows], [width]
         counted = self.real[:, start:start + rows, None] & self.real[:, None, first_key:first_key + width]
-        allowed = torch.ones(rows, width, dtype=torch.bool)
-        if self.causal:
-            allowed &= k <= q
-        if self.window is not None:
-            allowed &= q - k < self.window
+        allowed = position_mask(q, k, self.causal, self.window)                 # [rows, width]
+        q, k = q[:, None], k[None, :]
         if "sink" in self.skip:
             allowed &= k != 0
         if "self" in self.skip:
@@ -151,16 +148,6 @@ class Places:
         return order[torch.argsort(self.hashed[order], stable=True)]
 
 
-def check_head(model, layer: int, head: int) -> tuple:
-    stack, kind = model.attention_stack()
-    cfg = stack.cfg
-    if not 0 <= layer < cfg.n_layers:
-        raise ValueError(f"layer {layer} is out of range: the model has layers 0..{cfg.n_layers - 1}")
-    if not 0 <= head < cfg.n_heads:
-        raise ValueError(f"head {head} is out of range: layer {layer} has heads 0..{cfg.n_heads - 1}")
-    return stack, kind
-
-
 def top_examples(model, texts: Sequence[Tensor], layer: int, head: int, k: int = 10, deciles: bool = True,
                  skip: Sequence[str] = SKIPS, per_decile: int = PER_DECILE, context: int = CONTEXT,
                  sample_places: int = SAMPLE_PLACES, batch_tokens: int = BATCH_TOKENS,
@@ -180,7 +167,8 @@ def top_examples(model, texts: Sequence[Tensor], layer: int, head: int, k: int =
     (a uniform sample that memory bounds), and the note says so. stop() is asked between batches; a stopped
     job reports the texts it read."""
     texts = check_texts(model, texts)
-    stack, kind = check_head(model, layer, head)
+    layer, head = model.check_head(layer, head)
+    stack, kind = model.attention_stack()
     skip = tuple(skip)
     if set(skip) - set(SKIPS):
         raise ValueError(f"skip takes {', '.join(map(repr, SKIPS))} (or none), got {list(skip)}")
@@ -188,7 +176,7 @@ def top_examples(model, texts: Sequence[Tensor], layer: int, head: int, k: int =
         raise ValueError(f"k, per_decile and context must be ≥ 0 and sample_places ≥ 1, got k={k}, "
                          f"per_decile={per_decile}, context={context}, sample_places={sample_places}")
     cfg = stack.cfg
-    window = cfg.sliding_window if kind == "self" and cfg.layer_type(layer) == "sliding" else None
+    window = cfg.layer_window(layer)
     job = Job(len(texts), "text", progress, stop)
     top, sample, counted = Places(), Places(), 0
     for batch in length_batches([len(t) for t in texts], batch_tokens):
@@ -296,11 +284,12 @@ def qk_over(model, texts: Sequence[Tensor], layer: int, head: int, max_points: i
     its query and its key; above max_points // 2 tokens the kept ones are spread evenly through the corpus
     (chosen_tokens), the same whatever the batching, and the note says how many of how many."""
     texts = check_texts(model, texts)
-    stack, kind = check_head(model, layer, head)
+    layer, head = model.check_head(layer, head)
+    stack, kind = model.attention_stack()
     if max_points < 4:
         raise ValueError(f"max_points must be at least 4 (two tokens, a query and a key each), got {max_points}")
     cfg = stack.cfg
-    kv_head = head // (cfg.n_heads // cfg.n_kv_heads)
+    kv_head = cfg.kv_head(head)
     keep = chosen_tokens([len(t) for t in texts], max_points // 2)
     names = (Probe.full_name(kind, "q"), Probe.full_name(kind, "k"))
     job = Job(len(texts), "text", progress, stop)

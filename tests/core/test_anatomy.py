@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from core import load_model
-from core.analysis import anatomy
+from core.analysis import anatomy, qk
 from core.layers import rotate, sinusoidal_encoding
 from core.probe import Probe
 from tests import tiny
@@ -153,7 +153,7 @@ def test_the_decomposition_adds_up_to_the_score(model, layer):
     ids = text()
     stages = anatomy.forward_stages(model, ids, layer, 3)
     for query, key in PAIRS:
-        d = anatomy.score_decomposition(model, ids, layer, 3, query, key)
+        d = qk.score_decomposition(model, ids, layer, 3, query, key)
         expected = (stages.q[query] @ stages.k[key]).item() * stages.scale
         assert d.score == pytest.approx(expected, rel=1e-5, abs=1e-7)
         assert d.matrix.sum().item() == pytest.approx(d.score, rel=1e-4, abs=1e-6 * d.matrix.abs().sum().item())
@@ -181,7 +181,7 @@ def test_the_parts_of_the_residual_stream_add_up_to_what_attention_reads(model):
 def test_layer_0_position_term_of_gpt2_is_the_positions_through_the_frozen_norm(models):
     model = models["gpt2"]
     ids, query, key, head = text(), 6, 2, 1
-    d = anatomy.score_decomposition(model, ids, 0, head, query, key)
+    d = qk.score_decomposition(model, ids, 0, head, query, key)
     s = anatomy.forward_stages(model, ids, 0, head)
     norm, w = model.stack.blocks[0].attn_norm, model.head_weights(0)
     q_pos = norm.frozen(s.resid_pre[query])(s.positions[query]) @ w.W_Q[head]
@@ -193,7 +193,7 @@ def test_removing_the_rotation_gives_the_score_of_the_unrotated_queries_and_keys
     model, ids, layer, head = models["llama"], text(12), 1, 3
     s = anatomy.forward_stages(model, ids, layer, head)
     for query, key in ((9, 4), (11, 0), (5, 5)):
-        d = anatomy.score_decomposition(model, ids, layer, head, query, key)
+        d = qk.score_decomposition(model, ids, layer, head, query, key)
         back_q = torch.cat([-s.rope_angles[query], -s.rope_angles[query]])         # undo m·θ_i
         back_k = torch.cat([-s.rope_angles[key], -s.rope_angles[key]])
         q0 = rotate(s.q[query], back_q.cos(), back_q.sin())
@@ -205,7 +205,7 @@ def test_removing_the_rotation_gives_the_score_of_the_unrotated_queries_and_keys
         assert d.pair_scores.sum().item() == pytest.approx(d.score, rel=1e-4, abs=1e-6)
         assert d.unrotated_pair_scores.sum().item() == pytest.approx(d.unrotated_score, rel=1e-4, abs=1e-6)
     assert d.terms is None   # RoPE adds no positions part to the residual stream
-    gpt2 = anatomy.score_decomposition(models["gpt2"], ids, 1, 0, 3, 1)
+    gpt2 = qk.score_decomposition(models["gpt2"], ids, 1, 0, 3, 1)
     assert gpt2.unrotated_score is None and gpt2.pair_scores is None
 
 
@@ -247,21 +247,23 @@ def test_a_probe_keeps_only_the_layers_it_is_asked_for(models):
 
 def test_errors_name_what_is_wrong_and_what_is_right(models):
     model, ids = models["llama"], text()
-    with pytest.raises(IndexError, match=r"layer 2 is out of range: the model has layers 0\.\.1"):
+    with pytest.raises(ValueError, match=r"layer 2 is out of range: the model has layers 0\.\.1"):
         anatomy.forward_stages(model, ids, 2, 0)
-    with pytest.raises(IndexError, match=r"head 4 is out of range: layer 0 has heads 0\.\.3"):
-        anatomy.score_decomposition(model, ids, 0, 4, 1, 0)
-    with pytest.raises(IndexError, match=r"query position 9 is out of range: the text has positions 0\.\.8"):
-        anatomy.score_decomposition(model, ids, 0, 0, 9, 0)
-    with pytest.raises(IndexError, match=r"key position -10 is out of range"):
-        anatomy.score_decomposition(model, ids, 0, 0, 0, -10)
+    with pytest.raises(ValueError, match=r"head 4 is out of range: layer 0 has heads 0\.\.3"):
+        qk.score_decomposition(model, ids, 0, 4, 1, 0)
+    with pytest.raises(ValueError, match=r"query position 9 is out of range: the text has positions 0\.\.8"):
+        qk.score_decomposition(model, ids, 0, 0, 9, 0)
+    with pytest.raises(ValueError, match=r"key position -1 is out of range: the text has positions 0\.\.8"):
+        qk.score_decomposition(model, ids, 0, 0, 0, -1)   # negatives are refused, not counted from the end
+    with pytest.raises(ValueError, match=r"head -1 is out of range"):
+        anatomy.qk_geometry(model, ids, 0, -1)
     with pytest.raises(ValueError, match=r"\[1, T\]"):
         anatomy.qk_geometry(model, torch.cat([ids, ids]), 0, 0)
     with pytest.raises(ValueError, match=r"token ids must lie in 0\.\.96"):
         anatomy.forward_stages(model, ids + 100, 0, 0)
-    with pytest.raises(TypeError, match="layer must be an int"):
+    with pytest.raises(ValueError, match=r"layer must be an int in 0\.\.1"):
         anatomy.forward_stages(model, ids, 1.0, 0)
-    with pytest.raises(IndexError, match=r"the encoder has layers 0\.\.1"):
+    with pytest.raises(ValueError, match=r"the encoder has layers 0\.\.1"):
         anatomy.forward_stages(models["marian"], ids, 5, 0)
 
 
@@ -323,6 +325,6 @@ def test_smollm2_stages_equal_transformers_modules(smollm_folder, smollm):
     close(s.k, k_rot[0, kv])
     close(s.probs, ref.attentions[layer][0, head])
     close(s.logits, ref.logits[0])
-    d = anatomy.score_decomposition(model, ids, layer, head, T - 1, 3)
+    d = qk.score_decomposition(model, ids, layer, head, T - 1, 3)
     assert d.matrix.sum().item() == pytest.approx(d.score, rel=1e-4, abs=1e-5 * d.matrix.abs().sum().item())
     assert d.query_labels[0] == "embeddings" and len(d.query_labels) == 2 + 2 * layer

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 
-from core.analysis import anatomy
+from core.analysis import anatomy, qk
 from core.layers import rotate
 from tests import tiny
 
@@ -163,7 +163,7 @@ def test_the_parts_add_up_to_the_score_before_the_cap_and_the_bias_is_its_own_pa
     for layer in range(len(stack.blocks)):
         s = anatomy.forward_stages(model, ids, layer, head)
         for query, key in PAIRS:
-            d = anatomy.score_decomposition(model, ids, layer, head, query, key)
+            d = qk.score_decomposition(model, ids, layer, head, query, key)
             size = d.matrix.abs().sum().item()
             model_score = (s.scores[query, key] * s.scale).item()             # the model's own, before the cap
             assert d.score == pytest.approx(model_score, rel=1e-5, abs=1e-6)
@@ -183,7 +183,7 @@ def test_the_parts_add_up_to_the_score_before_the_cap_and_the_bias_is_its_own_pa
         # a whole row from the decomposition: log-softmax over the allowed keys is transformers' log-weights
         query = N - 1
         keys = torch.nonzero(s.mask[query]).flatten().tolist()
-        row = torch.tensor([anatomy.score_decomposition(model, ids, layer, head, query, k).scored for k in keys])
+        row = torch.tensor([qk.score_decomposition(model, ids, layer, head, query, k).scored for k in keys])
         close(row.log_softmax(-1), theirs[layer][head, query, keys].log(), 1e-4)
     labels = d.query_labels
     assert labels[-1] == "bias" and ("positions" in labels) == (stack.cfg.positional == "learned")
@@ -207,6 +207,8 @@ def test_the_qk_norm_is_frozen_at_the_heads_own_query(name):
     with torch.inference_mode():
         labels, parts, bias = anatomy.residual_parts(stack, rec, 1, torch.tensor([query, key]))
         rows = torch.cat([parts, bias[None]])
-        q_parts, k_parts = anatomy.head_parts(stack, model.head_weights(1, kind), 1, 2, s.kv_head, rows)
+        w = model.head_weights(1, kind)
+        q_parts = anatomy.projected_parts(stack, w, 1, 2, rows[:, 0], "query")
+        k_parts = anatomy.projected_parts(stack, w, 1, s.kv_head, rows[:, 1], "key")
     close(q_parts.sum(0), s.q_unrotated[query], 1e-5)
     close(k_parts.sum(0), s.k_unrotated[key], 1e-5)

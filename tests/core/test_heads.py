@@ -148,7 +148,7 @@ def test_integrated_gradients_converge_to_the_logit_difference(build):
     assert fine.correlations()["rollout"]["rollout"] == pytest.approx(1)
     with pytest.raises(IndexError, match="position 12 is out of range"):
         heads.attribute(model, ids, position=12)
-    with pytest.raises(IndexError, match=r"head \(5, 0\) is out of range"):
+    with pytest.raises(ValueError, match=r"layer 5 is out of range: the model has layers"):
         heads.attribute(model, ids, layer=5)
 
 

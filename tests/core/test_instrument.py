@@ -105,7 +105,7 @@ def test_head_weights_are_views_of_the_parameters(pairs):
     torch.testing.assert_close(w.W_O[3], o[:, 3 * 12:4 * 12].t())              # head 3's columns of W^O
     cross = pairs["marian"][2].head_weights(0, kind="cross")
     assert cross.W_K.shape == (4, 48, 12)
-    with pytest.raises(IndexError, match="layers 0..1"):
+    with pytest.raises(ValueError, match=r"layer 2 is out of range: the model has layers 0\.\.1"):
         model.head_weights(2)
     with pytest.raises(ValueError, match="no 'cross' attention"):
         model.head_weights(0, kind="cross")
@@ -186,7 +186,7 @@ def test_mean_ablation_replaces_the_head_by_its_mean_output(pairs):
                                atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="ablation must be"):
         model(x, ablate_heads=[(0, 0)], ablation="noise")
-    with pytest.raises(IndexError, match="cannot ablate head"):
+    with pytest.raises(ValueError, match=r"head 9 is out of range: layer 0 has heads 0\.\."):
         model(x, ablate_heads=[(0, 9)])
 
 

@@ -70,7 +70,7 @@ def test_the_parts_add_up_to_the_score_and_the_heads_to_their_layer(family):
     s = anatomy.forward_stages(model, ids, layer, head)
     raw = s.scores * s.scale                                                            # [T, T] before the cap
     for query, key in PAIRS:
-        d = anatomy.score_decomposition(model, ids, layer, head, query, key)
+        d = qk.score_decomposition(model, ids, layer, head, query, key)
         for relative in (False, True):
             heads = qk.qk_attribution(model, ids, layer, head, query, key, by="head", relative=relative)
             layers = qk.qk_attribution(model, ids, layer, head, query, key, by="layer", relative=relative)
@@ -108,7 +108,7 @@ def test_a_key_side_part_by_hand_from_head_weights_and_the_recorded_z(name):
     model = load(name)
     stack, _ = model.attention_stack()
     ids, layer, head, query, key, upstream = text(), 1, 3, 9, 6, 2
-    kv, _ = anatomy.kv_head_of(stack, head)
+    kv = stack.cfg.kv_head(head)
     rec, _ = anatomy.recorded(model, ids, qk.QK_RECORDS, range(2))
     s = anatomy.forward_stages(model, ids, layer, head)
     w0, w1, norm = model.head_weights(0), model.head_weights(1), stack.blocks[1].attn_norm
@@ -241,7 +241,7 @@ def test_bad_input_is_refused_in_words():
         qk.qk_attribution(model, ids, 1, 0, 5, 3, by="neuron")
     with pytest.raises(ValueError, match="relative must be True or False"):
         qk.qk_attribution(model, ids, 1, 0, 5, 3, relative="yes")
-    with pytest.raises(IndexError, match="key position 40 is out of range"):
+    with pytest.raises(ValueError, match="key position 40 is out of range"):
         qk.qk_attribution(model, ids, 1, 0, 5, 40)
     with pytest.raises(ValueError, match="one text of token ids"):
         qk.qk_attribution(model, torch.zeros(1, 0, dtype=torch.long), 1, 0, 0, 0)

@@ -14,7 +14,7 @@ import torch
 
 from core.analysis import anatomy, inspect, qk
 from core.analysis.plane import DEFINITION as PLANE_DEFINITION
-from core.attention import attention_stages, masked_softmax_, online_softmax, row_entropy, softmax_bytes
+from core.attention import attention_stages, masked_softmax_, online_softmax, row_entropy, soft_cap, softmax_bytes
 from core.generate import filter_top_k, filter_top_p
 from ui.services.checks import UserError, check_choice, check_float, check_head, check_range
 from ui.services.checks import stack_shape as shape_of  # the Inside tab's fields read the same stack
@@ -73,10 +73,9 @@ def layer_terms(cfg, stages: anatomy.ForwardStages) -> list[str]:
         rotated = 2 * stages.rope_angles.shape[-1]
         part = (f"on the first {rotated} of {cfg.head_dim} dims of q and k (partial rotary; the other "
                 f"{cfg.head_dim - rotated} pass unrotated)" if rotated < cfg.head_dim else "on q and k")
-        base = cfg.rope_theta
-        if stages.layer_type == "sliding" and cfg.rope_local_theta:
-            base = cfg.rope_local_theta
-            part += f", with this sliding layer's own base {base:g} (full layers: {cfg.rope_theta:g})"
+        if cfg.local_rope(stages.layer):
+            part += f", with this sliding layer's own base {cfg.layer_rope_theta(stages.layer):g} (full layers: " \
+                    f"{cfg.rope_theta:g})"
         words.append(f"RoPE {part}")
     if stages.softcap is not None:
         words.append(f"a soft-cap c·tanh(S/c) on the scaled scores, c = {stages.softcap:g}")
@@ -124,7 +123,7 @@ def entropy_of(scores: torch.Tensor, mask: torch.Tensor) -> float:
 
 def measures(stages: anatomy.ForwardStages, token: int) -> Measures:
     scores, mask = stages.scores, stages.mask
-    unscaled = anatomy.soft_cap(scores, stages.softcap) + (0 if stages.bias is None else stages.bias)
+    unscaled = soft_cap(scores, stages.softcap) + (0 if stages.bias is None else stages.bias)
     allowed = scores[mask]
     resid_mid = stages.resid_pre + stages.attn_out
     gate = stages.mlp_gate
@@ -181,18 +180,16 @@ SPLITS = {"layers": "layer", "heads": "head"}   # the page's words → core.anal
 
 
 def anatomy_of(model, tokens: Encoded, layer, head, query, key, split: str = "layers",
-               relative: bool = False) -> anatomy.ScoreDecomposition:
-    """The score from `query` to `key` split into its parts: each earlier layer's attention as one part ("layers",
-    anatomy.score_decomposition) or its heads one by one ("heads", qk.qk_attribution); relative: the score against
-    the query's attention-weighted mean score, what says why this key wins (qk_attribution's relative form)."""
+               relative: bool = False) -> qk.QKAttribution:
+    """The score from `query` to `key` split into its parts by qk.qk_attribution: each earlier layer's attention as
+    one part ("layers", its score_decomposition) or its heads one by one ("heads"); relative: the score against the
+    query's attention-weighted mean score, what says why this key wins (qk_attribution's relative form)."""
     layer, head = check_head(model, layer, head)
     query, key = check_token(tokens, query, "Query"), check_token(tokens, key, "Key")
     split = check_choice("Split the score by", split, tuple(SPLITS))
     if not isinstance(relative, bool):
         raise UserError(f"Against the query's mean key: {relative!r} is not a yes or no")
     ids = as_batch(tokens.ids, model.device)
-    if split == "layers" and not relative:
-        return anatomy.score_decomposition(model, ids, layer, head, query, key)
     try:
         return qk.qk_attribution(model, ids, layer, head, query, key, by=SPLITS[split], relative=relative)
     except ValueError as error:   # a family the split is not exact for says so in words
@@ -229,7 +226,7 @@ def content_and_position(model, tokens: Encoded, stages: anatomy.ForwardStages, 
     if stages.positions is None:
         return {"the score": score}
     ids = as_batch(tokens.ids, model.device)
-    content = np.array([anatomy.score_decomposition(model, ids, stages.layer, stages.head, query, k).terms["token·token"]
+    content = np.array([qk.score_decomposition(model, ids, stages.layer, stages.head, query, k).terms["token·token"]
                         for k in range(keys)])
     return {"the score": score, "token·token part (content)": content, "the parts with positions": score - content}
 

@@ -12,7 +12,7 @@ import torch
 from core.analysis.capture import LayerObserver
 from core.analysis.inspect import queries_keys
 from core.logits import by_blocks, cross_entropy
-from core.attention import attention_stages, causal_mask, row_entropy, sliding_window_mask
+from core.attention import attention_stages, causal_mask, position_mask, row_entropy
 from core.attention import local_global_mask as band_and_globals  # the mask the model itself uses
 from ui.services.attention import score_formula
 from ui.services.checks import UserError
@@ -29,7 +29,7 @@ def qk_for_head(model, ids: list[int], layer: int, head: int) -> tuple[torch.Ten
     """The chosen head's rotated queries and keys [T, d_k] (grouped-query heads share their key head)."""
     cfg = model.config
     q, k = queries_keys(model, as_batch(ids, model.device), layer, rotate=True)
-    kv_head = head // (cfg.n_heads // cfg.n_kv_heads)
+    kv_head = cfg.kv_head(head)
     return q[0, head].float(), k[0, kv_head].float()
 
 
@@ -38,9 +38,8 @@ def window_terms(model, layer: int, start: int, n: int) -> tuple[torch.Tensor, t
     position `start`: its causal mask [n, n], narrowed to the sliding window on a "sliding" layer (i − j < w), and
     the bias on its scores [H, n, n] (ALiBi, T5's relative buckets), or None."""
     cfg = model.config
-    allowed = causal_mask(n, n)
-    if cfg.layer_type(layer) == "sliding" and cfg.sliding_window is not None:
-        allowed = allowed & sliding_window_mask(n, n, cfg.sliding_window)
+    positions = torch.arange(start, start + n)
+    allowed = position_mask(positions, positions, True, cfg.layer_window(layer))
     stack = model.attention_stack()[0]
     if stack.score_bias is None:
         return allowed, None

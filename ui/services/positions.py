@@ -103,17 +103,8 @@ def position_table(model) -> tuple[np.ndarray | None, int]:
 
 def layer_rope_frequencies(model, layer: int) -> torch.Tensor | None:
     """θ_i of one layer's RoPE [rotary_dim/2]: a "sliding" layer's own base where the family gives it one (Gemma 3),
-    else the model's; None without RoPE."""
-    local = getattr(model, "inv_freq_local", None)
-    if local is not None and model.config.layer_type(layer) == "sliding":
-        return local
-    return rope_frequencies(model)
-
-
-def layer_rope_base(cfg, layer: int) -> float:
-    """The RoPE base of one layer (rope_local_theta on a "sliding" layer where the family sets one)."""
-    local = cfg.rope_local_theta and cfg.rope_local_theta != cfg.rope_theta and cfg.layer_type(layer) == "sliding"
-    return cfg.rope_local_theta if local else cfg.rope_theta
+    else the model's; None without RoPE (the model's own choice: Transformer.layer_inv_freq)."""
+    return model.layer_inv_freq(model.stack, layer)
 
 
 def score_bias_by_distance(model, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -149,7 +140,7 @@ def rope_scores(
     curves equal."""
     cfg = model.config
     q, k = queries_keys(model, as_batch(ids, model.device), layer, rotate=False)  # [1, H, T, hd], [1, H_kv, T, hd]
-    kv_head = head // (cfg.n_heads // cfg.n_kv_heads)
+    kv_head = cfg.kv_head(head)
     q_vec = q[0, head, query_pos].float()
     k_vec = k[0, kv_head, key_pos].float()
     inv_freq = layer_rope_frequencies(model, layer)

@@ -114,10 +114,10 @@ def rope_stage(stages, tokens, token, cfg) -> tuple[str, object]:
     d_head = stages.q.shape[-1]
     partial = (f" Partial rotary: only the first {rotated} of the {d_head} dims turn; the other {d_head - rotated} "
                "pass unrotated and carry no position." if rotated < d_head else "")
-    base = cfg.rope_theta
-    if stages.layer_type == "sliding" and cfg.rope_local_theta:
-        base = cfg.rope_local_theta
-        partial += f" This sliding layer turns at its own base {base:g} (full layers: {cfg.rope_theta:g})."
+    base = cfg.layer_rope_theta(stages.layer)
+    if cfg.local_rope(stages.layer):
+        partial += (f" This sliding layer turns at its own base {base:g} (full layers: "
+                    f"{cfg.rope_theta:g}).")
     norm = " With QK-norm, RoPE turns q and k after that norm." if cfg.qk_norm else ""
     note = (f"**4 · RoPE.** Each of the {len(angles)} frequency pairs of q and k turns by the angle m·θ_i, "
             f"θ_i = {base:g}^(−2i/{cfg.rotary_dim or d_head}): at position {token} the fastest pair has turned "

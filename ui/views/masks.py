@@ -57,7 +57,7 @@ def stage_titles(cfg, layer: int) -> dict[str, str]:
     titles = {**attention_plots.STAGE_TITLES}
     if scores != "QKᵀ/√d_k":
         titles["scores"] = f"scores {scores}"
-    if cfg.layer_type(layer) == "sliding" and cfg.sliding_window is not None:
+    if cfg.layer_window(layer) is not None:
         titles["masked"] = f"+ mask M (window {cfg.sliding_window})"
     return titles
 
@@ -74,7 +74,7 @@ def terms_note(cfg, layer: int) -> str:
         words.append("ALiBi's −m_h·(i − j) is added to them (this head's slope), so far keys score lower")
     elif cfg.score_bias == "relative":
         words.append("T5's learned bias for each bucket of j − i is added to them")
-    if cfg.layer_type(layer) == "sliding" and cfg.sliding_window is not None:
+    if cfg.layer_window(layer) is not None:
         words.append(f"layer {layer} is a sliding-window layer: the mask also hides keys {cfg.sliding_window} or more "
                      "tokens back (i − j ≥ w)")
     return ("In this layer " + "; ".join(words) + ".") if words else ""

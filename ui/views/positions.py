@@ -15,7 +15,7 @@ from ui.services.attention import score_formula
 from ui.services.positions import (FORMULA_ROTARY_PCT, PERMUTATION_TOKENS, alibi_by_distance, check_bias_distance,
                                    check_bias_kind, check_t5_stack, check_offset, rope_partial_by_distance,
                                    t5_by_distance, check_positions, check_sinusoid_size,
-                                   check_start, cosine_similarity, layer_rope_base, layer_rope_frequencies,
+                                   check_start, cosine_similarity, layer_rope_frequencies,
                                    pe_shift_check, permutation_check, position_table, rope_scores,
                                    score_bias_by_distance, sinusoidal)
 from ui.services.text import encode
@@ -172,7 +172,7 @@ def rope_figures(model, text: str, layer: int, head: int, n: int, data: dict | N
     dims = f"d_k = {cfg.head_dim}" if rotary == cfg.head_dim else f"the first {rotary} of d_k = {cfg.head_dim} rotated"
     angle_fig = matrix_heatmap(
         angles,
-        f"RoPE rotation angle m·θ_i mod 2π (layer {layer}: θ_i = {layer_rope_base(cfg, layer):g}^(−2i/{exponent}), "
+        f"RoPE rotation angle m·θ_i mod 2π (layer {layer}: θ_i = {cfg.layer_rope_theta(layer):g}^(−2i/{exponent}), "
         f"{dims})",
         "position m",
         "frequency pair i",

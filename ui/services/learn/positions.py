@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from core.analysis.anatomy import layer_window
 from core.probe import Probe
 from ui.services.lab.extrapolation import SAVED_COMMAND, saved
 from ui.services.learn import Lesson, Measured, ProgressFn, Question
@@ -74,7 +73,7 @@ def lesson_tokens(model) -> int:
     """The tokens the lesson reads: MAX_TOKENS, or the first layer's sliding window w where it is shorter. No switch
     of the pass removes a window (it hides keys w or more places back, a mask by distance), so a text of at most w
     tokens is what keeps "no mask" true."""
-    window = layer_window(model.attention_stack()[0], LAYER)
+    window = model.attention_stack()[0].cfg.layer_window(LAYER)
     return MAX_TOKENS if window is None else min(MAX_TOKENS, window)
 
 
@@ -149,7 +148,7 @@ def measure_positions(model, progress: ProgressFn | None = None) -> Measured:
     plain = checks[0]
     answer = verdict(plain.relative)
     words, accuracy = extrapolation_words()
-    window = layer_window(model.attention_stack()[0], LAYER)
+    window = model.attention_stack()[0].cfg.layer_window(LAYER)
     cut = ("" if window is None or window >= MAX_TOKENS or not encoded.note else
            f" (cut to layer {LAYER}'s sliding window of {window} tokens, so the window hides no key)")
     answer_text = (f"With no positions, the outputs of the shuffled text{cut}, put back in order, differ from the "
