@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ..attention import row_entropy
+from ..corpus.stats import NONNEGATIVE, SHARE, spearman
 from ..observe import Kind, Observer
 from ..probe import Probe
 from .. import logits as blocks
@@ -31,6 +32,7 @@ SCORES = {  # name → (what it measures, threshold for naming a head, the name)
     "induction": ("on the repeated probe, mean weight on the token after the earlier copy", 0.4, "induction head"),
 }
 CAUSAL_ONLY = ("induction",)  # needs a model that predicts the next token from the left
+SCORE_BOUNDS = {name: NONNEGATIVE if name == "entropy" else SHARE for name in SCORES}   # each score's range
 
 
 def row_scores(probs: Tensor, ids: Tensor, causal: bool) -> dict[str, Tensor]:
@@ -329,25 +331,6 @@ def ablation_sweep(model, ids: Tensor, ablation: str = "zero", batch: int = 16, 
     return increase.view(cfg.n_layers, cfg.n_heads)
 
 
-def rank_correlation(a: Tensor, b: Tensor) -> float:
-    """Spearman's ρ of two equally shaped tensors (ranks with ties averaged)."""
-    ra, rb = ranks(a.flatten().double()), ranks(b.flatten().double())
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    denominator = (ra.norm() * rb.norm()).item()
-    return float("nan") if denominator == 0 else (ra @ rb).item() / denominator
-
-
-def ranks(x: Tensor) -> Tensor:
-    order = x.argsort()
-    r = torch.empty_like(x)
-    r[order] = torch.arange(len(x), dtype=x.dtype)
-    for value in x.unique():  # ties share their mean rank
-        tie = x == value
-        if tie.sum() > 1:
-            r[tie] = r[tie].mean()
-    return r
-
-
 # ---- attribution for one prediction ----
 
 BASELINES = ("pad", "mean", "zero")  # integrated gradients' starting points (see baseline_embeddings)
@@ -371,7 +354,7 @@ class Attribution:
     def correlations(self) -> dict[str, dict[str, float]]:
         views = {"head": self.head, "head mean": self.head_mean, "rollout": self.rollout,
                  "gradient × input": self.grad_input, "integrated gradients": self.integrated}
-        return {a: {b: rank_correlation(x, y) for b, y in views.items()} for a, x in views.items()}
+        return {a: {b: spearman(x, y) for b, y in views.items()} for a, x in views.items()}
 
 
 @dataclass

@@ -641,6 +641,6 @@ def composition_over(model, texts, layer: int, head: int, side: str = "key", pai
     how = (f"each text's {pairs} (query, key) pairs of largest attention{'' if first else ' after key 0'}, "
            f"weighted by it; a share is Σ a·part / Σ a·(relative score)")
     labels = labels or Pass(model, texts[0][None], range(layer + 1), "head").rows(layer, torch.tensor([0]))[0]
-    return CompositionOver(layer, head, side, labels, job.over((len(labels),)), how,
+    return CompositionOver(layer, head, side, labels, job.over((len(labels),), bounds=None), how,
                            composition_scores(model, layer, head),
                            upstream_parts(labels, layer, model.attention_stack()[0].cfg.n_heads))

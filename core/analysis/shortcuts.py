@@ -36,6 +36,7 @@ from torch import Tensor
 
 from ..attention import soft_cap
 from ..corpus import Pair
+from ..corpus.stats import CORRELATION, NONNEGATIVE, SHARE, UNBOUNDED, spearman
 from ..corpus.summaries import Job, Over, check_pairs, summarise
 from . import patching
 from .patching import PatchSweep, check_sweep, check_token, metric
@@ -49,6 +50,8 @@ STRONG = 0.1                       # a false negative's exact effect: at least t
 STRONGEST = 10                     # the cells whose signed error is reported
 QK_TOKENS = 4096                   # atp*: patches × positions whose queries and keys are recomputed at once
 MEASURES = ("rho", "overlap", "false_negatives", "signed_error", "cost")   # an Agreement's, as reported
+BOUNDS = {"rho": CORRELATION, "overlap": SHARE, "false_negatives": NONNEGATIVE, "signed_error": UNBOUNDED,
+          "cost": NONNEGATIVE, "exact": NONNEGATIVE}    # each measure's range ("exact": a cost and a count)
 SITES_COMPARED = ("z", "resid_pre")    # shortcuts_over: heads, and the residual stream
 
 
@@ -352,30 +355,6 @@ def residual_qk_gradient(model, layer: int, x: Tensor, pattern: Tensor, grad: Te
 
 # ---- against the truth ----
 
-def ranks(values: Tensor) -> Tensor:
-    """1-based ranks of values [N], ties given their average rank (as scipy.stats.rankdata's "average")."""
-    values = values.double()
-    order = values.argsort(stable=True)
-    ordered = values[order]
-    new = torch.ones(len(values), dtype=torch.bool)
-    new[1:] = ordered[1:] != ordered[:-1]
-    group = new.cumsum(0) - 1                                          # tie group of each sorted value
-    starts = torch.nonzero(new)[:, 0]
-    ends = torch.cat([starts[1:], torch.tensor([len(values)])])
-    average = (starts + ends + 1).double() / 2                         # mean of the 1-based ranks start+1..end
-    out = torch.empty(len(values), dtype=torch.float64)
-    out[order] = average[group]
-    return out
-
-
-def spearman(a: Tensor, b: Tensor) -> float:
-    """Spearman's ρ of two maps of one shape: Pearson's correlation of their ranks (NaN if either is constant)."""
-    x, y = ranks(a.flatten()), ranks(b.flatten())
-    x, y = x - x.mean(), y - y.mean()
-    scale = (x.square().sum() * y.square().sum()).sqrt()
-    return math.nan if scale == 0 else float((x * y).sum() / scale)
-
-
 @dataclass
 class Agreement:
     """One method's map against the exact one on one pair. Cells are the map's (row, column) indices; ranks
@@ -506,10 +485,10 @@ def shortcut_report(model, pairs: Sequence[Pair], site: str, methods: Sequence[s
                     mode: str = "denoise", points: int = IG_POINTS, progress=None, stop=None) -> ShortcutReport:
     """Exact patching (patching.patch_sweep) and each method (approximate_sweep) on the same cells of each pair,
     compared (measure_pair: compare, over the cells whose activation differs between the two runs; k at most
-    their count) and summarised over the pairs (summarise: mean and 95 % interval). Each method's cost is
-    its time over one plain forward pass of the same pair, measured in the same run. A pair whose clean and
-    corrupted runs give the same metric is left out and named. progress(done, total) after each pair; stop() is
-    asked between pairs."""
+    their count) and summarised over the pairs (summarise: mean and 95 % interval, in each measure's BOUNDS).
+    Each method's cost is its time over one plain forward pass of the same pair, measured in the same run. A pair
+    whose clean and corrupted runs give the same metric is left out and named. progress(done, total) after each
+    pair; stop() is asked between pairs."""
     methods = check_report(model, site, mode, methods, points, "shortcut_report")
     if not pairs:
         raise ValueError("shortcut_report needs at least one prompt pair")
@@ -528,15 +507,16 @@ def shortcut_report(model, pairs: Sequence[Pair], site: str, methods: Sequence[s
             progress(index + 1, len(pairs))
     note = "; ".join(f"pair {i}: {why}" for i, why in sorted(left_out.items()))
 
-    def over(values: list[float]) -> Over:
-        return summarise(torch.tensor(values, dtype=torch.float64).reshape(-1), note, items, left_out)
+    def over(values: list[float], name: str) -> Over:
+        return summarise(torch.tensor(values, dtype=torch.float64).reshape(-1), note, items, left_out,
+                         bounds=BOUNDS[name])
 
-    summary = {method: {name: over([m.found[method].measure(name) for m in measured]) for name in MEASURES}
+    summary = {method: {name: over([m.found[method].measure(name) for m in measured], name) for name in MEASURES}
                for method in methods}
-    strong = over([float((m.truth.scores[m.cells].abs() >= STRONG).sum()) for m in measured])
+    strong = over([float((m.truth.scores[m.cells].abs() >= STRONG).sum()) for m in measured], "exact")
     return ShortcutReport(site, mode, methods, k, [m.truth for m in measured], [m.found for m in measured],
                           [m.maps for m in measured], [m.cells for m in measured], summary,
-                          over([m.exact_cost for m in measured]), strong, tuple(items), left_out)
+                          over([m.exact_cost for m in measured], "exact"), strong, tuple(items), left_out)
 
 
 # ---- over a corpus: the report as a job of core/corpus (saved, resumable, in chunks) ----
@@ -587,4 +567,5 @@ def shortcuts_over(model, pairs: Sequence[Pair], mode: str = "denoise", k: int =
             job.skip(index, str(error))
     shapes = {name: (len(METHODS), len(SITES_COMPARED)) for name in MEASURES}
     shapes["exact"] = (2, len(SITES_COMPARED))
-    return {name: job.over(shape, lambda value, name=name: value[name]) for name, shape in shapes.items()}
+    return {name: job.over(shape, lambda value, name=name: value[name], bounds=BOUNDS[name])
+            for name, shape in shapes.items()}

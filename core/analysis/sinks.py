@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..attention import padding_or_none
+from ..corpus.stats import SHARE
 from ..corpus.summaries import (BATCH_TOKENS, Done, Each, Job, Over, Progress, Stop, check_ids, check_texts,
                                 length_batches, pad_id, padded)
 from ..generate import rolling_cache, rolling_decode_step
@@ -126,11 +127,12 @@ def sink_scores(model, texts: Sequence[Tensor], k: int = 1, epsilon: float = EPS
     shape = (stack.cfg.n_layers, stack.cfg.n_heads)
     queries = (f"decoder: token 0's score over queries 1..T−1, the first {k}'s over queries {k}..T−1"
                if causal else "encoder: every query")
-    return SinkScores(first=job.over(shape, lambda v: v["first"]), first_k=job.over(shape, lambda v: v["first_k"]),
-                      share=job.over((), lambda v: v["share"]),
-                      sep=None if causal else job.over(shape, lambda v: v["sep"]), k=k, epsilon=float(epsilon),
-                      queries=queries,
-                      learned=job.over(shape, lambda v: v["learned"]) if stack.cfg.attention_sinks else None)
+    def share(name: str) -> Over:       # every score here is a share of attention, or of heads
+        return job.over(shape if name != "share" else (), lambda v: v[name], bounds=SHARE)
+
+    return SinkScores(first=share("first"), first_k=share("first_k"), share=share("share"),
+                      sep=None if causal else share("sep"), k=k, epsilon=float(epsilon), queries=queries,
+                      learned=share("learned") if stack.cfg.attention_sinks else None)
 
 
 # ---- streaming perplexity: a window of keys, with or without sinks ----

@@ -188,7 +188,7 @@ def merge(empty, chunks: Sequence[Chunk], noun: str, total: int, stopped: bool =
                     job.values[index], left_out[index] = None, why     # measured, not of this part
                 else:
                     job.skipped[index] = why
-        over = job.over(tuple(blank.per_item.shape[1:]), left_out=left_out)
+        over = job.over(tuple(blank.per_item.shape[1:]), left_out=left_out, bounds=blank.bounds)
         over.note = "; ".join(part for part in (cap, over.note) if part)
         merged[name] = over
     return saved.result_of(form, merged)

@@ -52,7 +52,7 @@ import torch
 from torch import Tensor
 
 from ..analysis import shortcuts
-from . import Pair, summaries
+from . import Pair, stats, summaries
 from .summaries import Over
 
 log = logging.getLogger(__name__)
@@ -493,7 +493,13 @@ def save_result(folder: Path, ident: dict, spec: Analysis, arguments: dict, resu
         **ident, "created": created, "finished": now_iso(), "form": form,
         "parts": {name: {"n": over.n, "note": over.note, "dtype": str(over.mean.dtype).removeprefix("torch."),
                          "left_out": {str(i): why for i, why in sorted(over.left_out.items())},
+                         "interval": over.interval, "bounds": None if over.bounds is None else list(over.bounds),
                          "axes": list(axes.get(name, axes.get("*", ())))} for name, over in parts.items()}})
+
+
+def older_interval(n: int) -> str:
+    """The interval a job saved before its meta.json named one holds: Student's t wherever n ≥ 2."""
+    return stats.STUDENT if n >= 2 else stats.NO_INTERVAL
 
 
 def open_job(folder) -> Run:
@@ -509,8 +515,11 @@ def open_job(folder) -> Run:
             kind = dtype_named(part["dtype"])
             values = {key: torch.from_numpy(arrays[f"{name}.{key}"]).to(kind) for key in OVER_FIELDS}
             left_out = {int(i): why for i, why in part.get("left_out", {}).items()}  # older jobs: only the note says
+            bounds = part.get("bounds")
             parts[name] = Over(values["mean"], values["low"], values["high"], values["per_item"], part["n"],
-                               part["note"], tuple(int(i) for i in arrays[f"{name}.items"]), left_out)
+                               part["note"], tuple(int(i) for i in arrays[f"{name}.items"]), left_out,
+                               part.get("interval", older_interval(part["n"])),
+                               None if bounds is None else tuple(bounds))
         result = result_of(meta["form"], parts)
     except (TypeError, AttributeError, IndexError) as error:   # a field of the wrong kind: damaged, as bad bytes are
         raise ValueError(f"{folder / META} is not a readable job file: {type(error).__name__}: {error}") from None

@@ -23,7 +23,8 @@ from ..analysis import heads as head_analysis
 from ..analysis import patching
 from ..attention import padding_or_none
 from . import Pair
-from .stats import CONFIDENCE, Over, summarise  # noqa: F401  (Over and summarise are this module's results)
+from .stats import CONFIDENCE, Bounds, Over, summarise  # noqa: F401  (Over and summarise are this module's results)
+from .stats import UNBOUNDED
 
 BATCH_TOKENS = 4096        # head scores: padded tokens in one batch, rows × the batch's longest text
 ABLATION_TEXTS = 8         # ablation_over's default cap on texts: its sweep removes every head once per text
@@ -105,11 +106,13 @@ class Job:
                          f"the summary is of the {len(self.values)} finished")
         return "; ".join(notes)
 
-    def over(self, shape: tuple[int, ...], pick=lambda value: value, left_out: dict[int, str] | None = None) -> Over:
-        """The Over of the finished items (in input order) less those in left_out; shape: one item's value."""
+    def over(self, shape: tuple[int, ...], pick=lambda value: value, left_out: dict[int, str] | None = None, *,
+             bounds: Bounds) -> Over:
+        """The Over of the finished items (in input order) less those in left_out; shape: one item's value;
+        bounds: the quantity's range (stats.summarise)."""
         kept = [i for i in sorted(self.values) if i not in (left_out or {})]
         per_item = torch.stack([pick(self.values[i]) for i in kept]) if kept else torch.empty(0, *shape)
-        return summarise(per_item, self.note(left_out), kept, self.left_out(left_out))
+        return summarise(per_item, self.note(left_out), kept, self.left_out(left_out), bounds=bounds)
 
 
 # ---- the inputs, checked ----
@@ -219,11 +222,13 @@ def head_scores_over(model, texts: Sequence[Tensor], batch_tokens: int = BATCH_T
     stack_cfg = model.attention_stack()[0].cfg
     shape = (stack_cfg.n_layers, stack_cfg.n_heads)
     names = [name for name in head_analysis.SCORES if name not in head_analysis.CAUSAL_ONLY]
-    result = {name: job.over(shape, lambda value, name=name: value[name]) for name in names}
+    ranges = head_analysis.SCORE_BOUNDS
+    result = {name: job.over(shape, lambda value, name=name: value[name], bounds=ranges[name]) for name in names}
     if induction:
         not_repeats = {i: "not a span repeated once" for i, value in job.values.items()
                        if value["induction"].isnan().all()}
-        result["induction"] = job.over(shape, lambda value: value["induction"], not_repeats)
+        result["induction"] = job.over(shape, lambda value: value["induction"], not_repeats,
+                                       bounds=ranges["induction"])
     return result
 
 
@@ -245,8 +250,8 @@ def logit_attribution_over(model, pairs: Sequence[Pair], progress: Progress | No
         parts = patching.logit_attribution(model, pair.clean[None], pair.answer, pair.foil)
         job.finish(i, (parts.heads, parts.mlps))
     cfg = model.config
-    return (job.over((cfg.n_layers, cfg.n_heads), lambda value: value[0]),
-            job.over((cfg.n_layers,), lambda value: value[1]))
+    return (job.over((cfg.n_layers, cfg.n_heads), lambda value: value[0], bounds=UNBOUNDED),
+            job.over((cfg.n_layers,), lambda value: value[1], bounds=UNBOUNDED))
 
 
 by_position = patching.by_position     # whether a sweep's columns are token positions
@@ -326,7 +331,7 @@ def patch_over(model, pairs: Sequence[Pair], site: str, mode: str = "denoise", l
         pass
     n = len(pairs[0].clean)
     shape = patching.sweep_shape(site, layer, n, cfg.n_layers, cfg.n_heads)
-    return job.over(shape)
+    return job.over(shape, bounds=UNBOUNDED)      # normalised scores reach past 0 and 1
 
 
 def ablation_over(model, texts: Sequence[Tensor], ablation: str = "zero", limit: int | None = ABLATION_TEXTS,
@@ -351,7 +356,7 @@ def ablation_over(model, texts: Sequence[Tensor], ablation: str = "zero", limit:
             job.finish(i, head_analysis.ablation_sweep(model, ids[None], ablation, batch, progress=job.inner))
         except Stopped:
             break
-    over = job.over((model.config.n_layers, model.config.n_heads))
+    over = job.over((model.config.n_layers, model.config.n_heads), bounds=UNBOUNDED)   # a loss may also fall
     if len(chosen) < len(texts):
         over.note = "; ".join(part for part in (ablation_cap_note(len(chosen), len(texts), limit), over.note) if part)
     return over

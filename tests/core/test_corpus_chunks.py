@@ -63,6 +63,7 @@ def assert_same(got: summaries.Over, want: summaries.Over) -> None:
     for field in ("mean", "low", "high", "per_item"):
         torch.testing.assert_close(getattr(got, field), getattr(want, field), atol=1e-5, rtol=0, equal_nan=True)
     assert (got.n, got.items, got.note, got.left_out) == (want.n, want.items, want.note, want.left_out)
+    assert (got.interval, got.bounds) == (want.interval, want.bounds)     # merged in the range one run uses
 
 
 def test_split_covers_the_corpus_in_order():
@@ -107,7 +108,7 @@ def test_chunked_ablation_is_capped_before_splitting_and_is_the_whole_run(llama)
             lambda part: pool.submit(chunks.run_chunk, "ablation", llama, [measured[i] for i in part],
                                      ablation="mean"), chunks.split(len(measured), 3), 2, "text"))
     assert sorted(len(chunk.items) for chunk in finished) == [2, 3, 3]
-    assert all(chunk.result.note == "" for chunk in finished)    # no chunk is capped
+    assert all("swept the first" not in chunk.result.note for chunk in finished)    # no chunk is capped
     merged = chunks.merge(empty, finished, "text", len(measured), cap=cap)
     assert_same(merged, summaries.ablation_over(llama, texts, "mean"))
     assert chunks.capped("ablation", texts[:5], {})[1] == "" and len(chunks.capped("ablation", texts, {"limit": 3})[0]) == 3

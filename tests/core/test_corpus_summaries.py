@@ -1,9 +1,14 @@
-"""Analyses over many texts: the mean and its Student's t interval against hand computation, and each *_over equal
+"""Analyses over many texts: the mean and its interval against scipy.stats (Student's t, the percentile bootstrap),
+in range and absent below 5 items, Spearman's ρ against scipy's, and each *_over equal
 to its single-text analysis run item by item (batched head scores included), with skips, refusals and stops."""
 import math
+import time
+import tracemalloc
 
+import numpy as np
 import pytest
 import torch
+from scipy import stats as scipy_stats
 
 from core import load_model
 from core.analysis import heads, patching
@@ -11,13 +16,6 @@ from core.corpus import Pair, stats, summaries
 from tests import tiny
 
 ANSWER, FOIL = 11, 23
-# t_{p, df} from a printed table of Student's t (two-sided 95 % and 99 % columns)
-T_TABLE = {(0.975, 1): 12.7062, (0.975, 2): 4.3027, (0.975, 3): 3.1824, (0.975, 4): 2.7764, (0.975, 5): 2.5706,
-           (0.975, 10): 2.2281, (0.975, 20): 2.0860, (0.975, 30): 2.0423, (0.975, 100): 1.9840,
-           (0.975, 1000): 1.9623, (0.995, 1): 63.6567, (0.995, 5): 4.0321, (0.995, 30): 2.7500, (0.75, 1): 1.0,
-           (0.5, 7): 0.0}
-
-
 @pytest.fixture(scope="module")
 def llama():
     return load_model(tiny.save(tiny.llama(num_key_value_heads=2)), device="cpu")
@@ -37,30 +35,94 @@ def random_pair(n, at, seed):
     return Pair(clean, corrupted, ANSWER, FOIL)
 
 
-def test_t_quantiles_match_the_table():
-    for (p, df), want in T_TABLE.items():
-        assert stats.t_quantile(p, df) == pytest.approx(want, abs=1e-4), (p, df)
-    assert stats.student_t_cdf(stats.t_quantile(0.975, 7), 7) == pytest.approx(0.975, abs=1e-12)
-    assert stats.t_quantile(0.975, 100_000) == pytest.approx(1.959985, abs=1e-5)    # the normal's 1.96
-    with pytest.raises(ValueError, match="df ≥ 1"):
-        stats.t_quantile(0.975, 0)
+def test_an_unbounded_mean_gets_students_t_from_scipy():
+    per_item = torch.tensor([[1.0, 2.0], [3.0, 6.0], [5.0, 7.0], [2.0, -1.0], [9.0, 4.0], [4.0, 0.5]])
+    over = stats.summarise(per_item, bounds=stats.UNBOUNDED)
+    assert over.n == 6 and over.items == tuple(range(6)) and over.note == "" and torch.equal(over.per_item, per_item)
+    assert over.interval == stats.STUDENT and over.bounds is None
+    for cell in range(2):
+        values = per_item[:, cell].double().numpy()
+        want = scipy_stats.t.interval(0.95, len(values) - 1, loc=values.mean(), scale=scipy_stats.sem(values))
+        assert float(over.mean[cell]) == pytest.approx(values.mean(), abs=1e-6)
+        assert (float(over.low[cell]), float(over.high[cell])) == pytest.approx(want, abs=1e-5)
+    assert stats.student_interval(torch.tensor([[0.0], [2.0]]).double(), torch.tensor([1.0]).double())[1] == \
+        pytest.approx(1 + 12.7062, abs=1e-4)                     # t_{0.975, 1} from a printed table
 
 
-def test_summarise_against_hand_computation():
-    per_item = torch.tensor([[1.0, 2.0], [3.0, 6.0], [5.0, 7.0]])
-    over = summaries.summarise(per_item)
-    assert over.n == 3 and over.items == (0, 1, 2) and over.note == "" and torch.equal(over.per_item, per_item)
-    mean = [3.0, 5.0]
-    s = [2.0, math.sqrt(((2 - 5) ** 2 + (6 - 5) ** 2 + (7 - 5) ** 2) / 2)]            # sample sd, n − 1
-    half = [4.302653 * sd / math.sqrt(3) for sd in s]                                    # t_{0.975, 2}
-    torch.testing.assert_close(over.mean, torch.tensor(mean))
-    torch.testing.assert_close(over.low, torch.tensor([m - h for m, h in zip(mean, half)]))
-    torch.testing.assert_close(over.high, torch.tensor([m + h for m, h in zip(mean, half)]))
-    one = summaries.summarise(per_item[:1], note="text 1 (skipped)")
-    assert one.n == 1 and torch.equal(one.mean, per_item[0]) and one.low.isnan().all() and one.high.isnan().all()
-    assert one.note.startswith("text 1 (skipped); n = 1:") and "at least two" in one.note
-    none = summaries.summarise(torch.empty(0, 2))
+def test_a_bounded_mean_gets_scipys_seeded_percentile_bootstrap():
+    per_item = torch.tensor([[0.2, 0.9], [0.4, 1.0], [0.3, 1.0], [0.9, 0.7], [0.5, 1.0], [0.1, 1.0], [0.6, 0.8]])
+    over = stats.summarise(per_item, bounds=stats.SHARE)
+    assert over.interval == stats.BOOTSTRAP and over.bounds == (0.0, 1.0)
+    want = scipy_stats.bootstrap((per_item.double().numpy(),), np.mean, axis=0, method="percentile",
+                                 n_resamples=stats.BOOTSTRAP_RESAMPLES,
+                                 rng=np.random.default_rng(stats.BOOTSTRAP_SEED)).confidence_interval
+    np.testing.assert_allclose(over.low.numpy(), want.low, atol=1e-6)
+    np.testing.assert_allclose(over.high.numpy(), want.high, atol=1e-6)
+    assert float(over.high[1]) <= 1                        # Student's t reaches past 1 on these values
+    t_high = float(stats.summarise(per_item, bounds=stats.UNBOUNDED).high[1])
+    assert t_high > 1, t_high
+    again = stats.summarise(per_item, bounds=stats.SHARE)          # seeded: the same values, the same interval
+    assert torch.equal(again.low, over.low) and torch.equal(again.high, over.high)
+
+
+def test_the_bootstrap_of_a_large_map_stays_within_its_memory_and_time():
+    """N = 50 items of a [30, 9] map: batches of resamples hold about BOOTSTRAP_BYTES (all 9,999 at once would
+    hold over 1 GB); the peak is measured by tracemalloc, which numpy reports its arrays to."""
+    per_item = torch.rand(50, 30, 9, generator=torch.Generator().manual_seed(0))
+    tracemalloc.start()
+    started = time.perf_counter()
+    over = stats.summarise(per_item, bounds=stats.SHARE)
+    seconds = time.perf_counter() - started
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert over.low.shape == (30, 9) and (over.low <= over.mean).all() and (over.mean <= over.high).all()
+    resampled = 8 * 50 * 30 * 9 * stats.BOOTSTRAP_RESAMPLES
+    assert peak < 4 * stats.BOOTSTRAP_BYTES < resampled / 8, (peak, resampled)
+    assert seconds < 20, seconds
+
+
+def test_too_few_items_get_no_interval_and_a_note_saying_so():
+    per_item = torch.tensor([[0.87], [0.72], [1.0], [0.9]])
+    for bounds in (stats.UNBOUNDED, stats.SHARE, stats.CORRELATION):
+        over = stats.summarise(per_item, note="text 1 (skipped)", bounds=bounds)
+        assert over.n == 4 and over.low.isnan().all() and over.high.isnan().all() and over.interval == ""
+        assert over.note == "text 1 (skipped); too few items for an interval (n = 4; an interval needs at least 5)"
+        torch.testing.assert_close(over.mean, per_item.mean(0))
+    none = stats.summarise(torch.empty(0, 2), bounds=stats.SHARE)
     assert none.n == 0 and none.mean.isnan().all() and "n = 0" in none.note
+
+
+def test_a_cell_with_a_nan_item_has_no_interval_and_the_others_keep_theirs():
+    per_item = torch.rand(6, 3, generator=torch.Generator().manual_seed(1))
+    per_item[2, 1] = math.nan
+    over = stats.summarise(per_item, bounds=stats.SHARE)
+    assert over.low[1].isnan() and over.high[1].isnan() and over.mean[1].isnan()
+    assert not over.low[[0, 2]].isnan().any() and not over.high[[0, 2]].isnan().any()
+
+
+def test_bounds_are_checked_and_values_outside_them_refused():
+    with pytest.raises(ValueError, match="bounds is a quantity's range"):
+        stats.summarise(torch.rand(6), bounds=(1.0, 0.0))
+    with pytest.raises(ValueError, match="bounds is a quantity's range"):
+        stats.summarise(torch.rand(6), bounds="share")
+    with pytest.raises(ValueError, match=r"told the values lie in \(0.0, 1.0\), but 1.5 lies outside it"):
+        stats.summarise(torch.tensor([0.5, 1.5, 0.2, 0.1, 0.3]), bounds=stats.SHARE)
+    with pytest.raises(TypeError, match="bounds"):      # every caller says its quantity's range
+        stats.summarise(torch.rand(6))
+    rounded = stats.summarise(torch.tensor([1.0000001, 1.0, 0.9, 1.0, 1.0]), bounds=stats.SHARE)
+    assert float(rounded.high) <= 1                      # a float sum's last bit is the quantity's still
+
+
+def test_spearman_is_scipys():
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(5):
+        x, y = torch.randint(0, 4, (3, 5), generator=gen).float(), torch.randn(3, 5, generator=gen)   # ties in x
+        assert stats.spearman(x, y) == pytest.approx(scipy_stats.spearmanr(x.flatten(), y.flatten()).statistic,
+                                                     abs=1e-12)
+    assert stats.spearman(torch.arange(5.0), torch.arange(5.0) * 10) == pytest.approx(1)
+    assert math.isnan(stats.spearman(torch.ones(5), torch.arange(5.0)))        # a constant map has no ranks
+    with pytest.raises(ValueError, match="one shape"):
+        stats.spearman(torch.ones(5), torch.ones(4))
 
 
 @pytest.mark.parametrize("build", ["llama", "gpt2", "bert"])
@@ -77,6 +139,10 @@ def test_batched_head_scores_equal_each_text_alone(build, llama):
         want = torch.stack([a[name] for a in alone])
         torch.testing.assert_close(over[name].per_item, want, atol=1e-5, rtol=0)
         torch.testing.assert_close(over[name].mean, want.mean(0), atol=1e-5, rtol=0)
+        # every score is an attention weight in [0, 1] but entropy (≥ 0): a bootstrap in that range
+        assert over[name].interval == stats.BOOTSTRAP and over[name].bounds == heads.SCORE_BOUNDS[name]
+        low = over[name].bounds[0]
+        assert (over[name].low >= low).all() and (over[name].low <= over[name].mean + 1e-6).all()
     assert ("induction" in over) == (build != "bert")
     assert not over["duplicate_token"].per_item[2].eq(0).all()              # the copies were seen
 
@@ -176,7 +242,8 @@ def test_smollm2_scores_texts_of_different_lengths_in_one_batch_as_alone(smollm)
         alone = heads.pattern_scores(smollm, t[None])
         for name, table in alone.items():
             torch.testing.assert_close(over[name].per_item[i], table, atol=1e-5, rtol=0)
-    assert over["first_token"].n == 3 and (over["first_token"].low <= over["first_token"].mean).all()
+    assert over["first_token"].n == 3 and over["first_token"].low.isnan().all()     # too few for an interval
+    assert "too few items for an interval (n = 3" in over["first_token"].note
 
 
 def test_left_padding_scores_as_right_padding(llama):

@@ -115,15 +115,6 @@ def test_sweep_equals_ablating_each_head_alone(llama):
     assert mean_sweep[1, 2].item() == pytest.approx(one.delta.mean().item(), abs=1e-5)
 
 
-def test_rank_correlation():
-    a = torch.tensor([1.0, 2.0, 3.0, 4.0])
-    assert heads.rank_correlation(a, a * 10) == pytest.approx(1)
-    assert heads.rank_correlation(a, -a) == pytest.approx(-1)
-    assert heads.rank_correlation(torch.tensor([1.0, 1.0, 2.0]), torch.tensor([1.0, 2.0, 3.0])) == pytest.approx(
-        math.sqrt(3) / 2)
-    assert math.isnan(heads.rank_correlation(torch.ones(3), a[:3]))
-
-
 def test_rollout_keeps_rows_stochastic_and_adds_the_residual():
     probs = causal_uniform(2, 5)
     flow = heads.rollout([probs, probs])

@@ -174,19 +174,6 @@ def test_flow_reads_the_graph_and_has_no_resid_part():
         shortcuts.approximate_sweep(model, clean, corrupted, ANSWER, FOIL, "resid_pre", method="flow")
 
 
-def test_ranks_and_rho_match_scipy_on_fixed_maps():
-    gen = torch.Generator().manual_seed(0)
-    a = torch.randn(6, 9, generator=gen)
-    b = a + 0.8 * torch.randn(6, 9, generator=gen)
-    tied = torch.tensor([[0.0, 1.0, 1.0, 2.0], [0.0, 3.0, 1.0, 2.0]])
-    other = torch.tensor([[5.0, 1.0, 2.0, 2.0], [0.5, 3.0, 3.0, 1.0]])
-    for x, y in ((a, b), (tied, other), (a, -a)):
-        assert shortcuts.spearman(x, y) == pytest.approx(stats.spearmanr(x.flatten(), y.flatten()).statistic, abs=1e-12)
-        torch.testing.assert_close(shortcuts.ranks(x.flatten()), torch.tensor(stats.rankdata(x.flatten()),
-                                                                                dtype=torch.float64))
-    assert math.isnan(shortcuts.spearman(torch.ones(5), torch.arange(5.0)))
-
-
 def test_compare_counts_overlap_false_negatives_and_signed_error():
     exact = torch.tensor([[0.9, -0.5, 0.05], [0.2, 0.0, 0.12]])
     guess = torch.tensor([[0.8, 0.0, 0.3], [0.25, 0.01, 0.1]])
@@ -232,6 +219,9 @@ def test_report_compares_every_method_on_the_same_cells():
         assert found["atp"].cost > 0 and found["ig"].cost > 0
     rho = report.over["atp"]["rho"]
     assert rho.n == 3 and rho.mean.item() == pytest.approx(sum(f["atp"].rho for f in report.per_pair) / 3)
+    for name, over in report.over["atp"].items():       # three pairs are too few for an interval of any measure
+        assert over.low.isnan().all() and over.high.isnan().all() and over.bounds == shortcuts.BOUNDS[name]
+        assert "too few items for an interval (n = 3" in over.note
     assert set(report.over["ig"]) == {"rho", "overlap", "false_negatives", "signed_error", "cost"}
     assert report.exact_cost.n == 3
     strong = [float((e.scores[c].abs() >= shortcuts.STRONG).sum()) for e, c in zip(report.exact, report.cells)]
@@ -272,6 +262,7 @@ def test_the_corpus_job_is_the_report_on_both_sites_and_resumes_from_its_saved_p
     assert again.finished and again.reused == 1 and again.measured == 1
     for name in ("rho", "overlap", "false_negatives", "signed_error"):
         torch.testing.assert_close(again.result[name].per_item, result[name].per_item, equal_nan=True)
+        assert again.result[name].bounds == result[name].bounds == shortcuts.BOUNDS[name]   # saved with the job
     with pytest.raises(ValueError, match="k is"):
         shortcuts.shortcuts_over(model, pairs, k=0)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy.stats import spearmanr
 
 from tiny_app_model import build_tiny_llama
 from ui.plots.heads import head_score_map, tick_step, wrapped_title
@@ -80,7 +81,7 @@ def test_the_sweep_measures_the_induction_score_and_the_loss_on_the_same_probe(s
     # computed here from the core alone: the probe, every head ablated on it, the rank correlation
     probe = core_heads.induction(model, INDUCTION_LENGTH, INDUCTION_SEED)
     increase = core_heads.ablation_sweep(model, probe.ids, "zero")
-    rho = core_heads.rank_correlation(increase, probe.scores)
+    rho = spearmanr(increase.flatten(), probe.scores.flatten()).statistic
     np.testing.assert_allclose(np.asarray(fig.data[0].z, dtype=float).T, increase.numpy(), atol=1e-4)  # drawn [H, L]
     np.testing.assert_allclose(np.asarray(fig.data[1].z, dtype=float).T, probe.scores.numpy(), atol=1e-4)
     assert f"ρ = {rho:+.2f}" in note and f"ρ = {rho:+.2f}" in fig.layout.title.text

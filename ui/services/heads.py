@@ -16,6 +16,7 @@ import torch
 
 from core.analysis import heads
 from core.analysis.capture import layer_map
+from core.corpus import stats
 from ui.services.checks import UserError, check_choice, check_range, index_of
 from ui.services.checks import check_head, stack_shape as scored_shape  # noqa: F401 - the tab's layer and head
 from ui.services.jobs import stream_job
@@ -32,7 +33,8 @@ INDUCTION_LENGTH = 100  # the probe: 100 seeded random tokens, then the same 100
 INDUCTION_SEED = 0
 TOP_HEADS = 5  # rows per score in the top-heads table, and the heads "top 5 by a score" picks
 SCORES, LOCAL_WINDOW = heads.SCORES, heads.LOCAL_WINDOW  # score name → (description, threshold, head name)
-named_heads, rank_correlation = heads.named_heads, heads.rank_correlation
+named_heads = heads.named_heads
+spearman = stats.spearman   # Spearman's ρ, the one the core computes everywhere
 ATLAS_ADVICE = "The atlas above shows its encoder's heads."
 
 

@@ -19,8 +19,8 @@ from ui.services.heads import (INDUCTION_LENGTH, INDUCTION_SEED, LOCAL_WINDOW, M
                                SCORES, ablation, added_head, alternatives, attribution, cached_lens, check_ablation,
                                check_head, check_score, completeness_table, format_heads, head_map, head_scores,
                                keep_sweep, kept_sweep, lm_head_reason, named_heads, next_token_reason, parse_heads,
-                               rank_correlation, score_names, scored_shape, session_cache, stream_sweep, sweep_plan,
-                               sweep_scores, token_surprisal, top_heads)
+                               score_names, scored_shape, session_cache, stream_sweep, sweep_plan,
+                               spearman, sweep_scores, token_surprisal, top_heads)
 from ui.services.text import Encoded, encode, to_numpy, token_grid, token_pieces
 from ui.views import export
 from ui.views.attention import head_figure
@@ -247,7 +247,7 @@ def sweep_view(services: Services, model_name, text_value, ablation_kind, score_
                 increase, seconds = update.increase, update.seconds
                 keep_sweep(cache, plan, kind, increase)
     table = sweep_scores(model, cache, MAX_SWEEP_TOKENS)[score]
-    rho = rank_correlation(increase, table)
+    rho = spearman(increase, table)
     label, n = SCORE_LABELS[score], len(plan.ids)
     # both maps name the tokens they were measured on: the same ones, the probe or the text's start
     if plan.on_probe:

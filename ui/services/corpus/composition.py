@@ -53,7 +53,7 @@ def top_and_rest(over: Over, labels: list[str], top: int = TOP) -> tuple[list[st
         columns.append(per_item[:, others].sum(1))
     stacked = torch.stack(columns, 1) if len(per_item) else torch.empty(0, len(columns))
     names = [labels[i] for i in named] + (["rest"] if others else [])
-    return names, summarise(stacked, over.note, over.items, over.left_out)
+    return names, summarise(stacked, over.note, over.items, over.left_out, bounds=over.bounds)
 
 
 def composition(model, layer, head, side, n) -> Composition:

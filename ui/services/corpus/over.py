@@ -19,10 +19,11 @@ import torch
 from torch import Tensor
 
 from core.analysis import heads as head_analysis
-from core.analysis.shortcuts import METHODS, SITES_COMPARED
+from core.analysis.shortcuts import BOUNDS as SHORTCUT_BOUNDS, METHODS, SITES_COMPARED
 from core.corpus import Pair
 from core.corpus import saved
 from core.corpus import texts as corpora
+from core.corpus.stats import UNBOUNDED
 from core.corpus.summaries import Over, summarise
 from ui.services.checks import UserError, check_choice, check_range, stack_shape
 from ui.services.corpus.chunked import CHUNKS, chunks_on, stream_chunks  # noqa: F401 - chunks_on: tests import it here
@@ -146,12 +147,13 @@ def stacked(values: dict[int, object], pick: Callable, keep: Callable = lambda v
     return (torch.stack([pick(values[i]) for i in kept]) if kept else torch.empty(0)), kept
 
 
-def partial_parts(values: dict, total: int, noun: str = "pair") -> dict[str, Over]:
-    """The partial summary of an analysis whose item's value is a dict of tensors, one Over per key."""
-    note = partial_note(len(values), total, noun)
+def partial_shortcuts(values: dict, total: int) -> dict[str, Over]:
+    """The partial summary of shortcuts_over: one Over per measure, in the measure's range."""
+    note = partial_note(len(values), total, "pair")
     if not values:
         return {}
-    return {name: summarise(*stacked(values, lambda value, name=name: value[name])[:1], note, sorted(values))
+    return {name: summarise(*stacked(values, lambda value, name=name: value[name])[:1], note, sorted(values),
+                            bounds=SHORTCUT_BOUNDS[name])
             for name in next(iter(values.values()))}
 
 
@@ -165,7 +167,7 @@ def partial_heads(values: dict, total: int) -> dict[str, Over]:
         keep = (lambda value: not value["induction"].isnan().all()) if name == "induction" else (lambda value: True)
         per_item, kept = stacked(values, lambda value, name=name: value[name], keep)
         if kept:
-            result[name] = summarise(per_item, note, kept)
+            result[name] = summarise(per_item, note, kept, bounds=head_analysis.SCORE_BOUNDS[name])
     return result
 
 
@@ -175,21 +177,22 @@ def partial_attribution(values: dict, total: int) -> tuple[Over, Over] | None:
     note = partial_note(len(values), total, "pair")
     heads, kept = stacked(values, lambda value: value[0])
     mlps, _ = stacked(values, lambda value: value[1])
-    return summarise(heads, note, kept), summarise(mlps, note, kept)
+    return summarise(heads, note, kept, bounds=UNBOUNDED), summarise(mlps, note, kept, bounds=UNBOUNDED)
 
 
 def partial_one(noun: str) -> Callable[[dict, int], Over | None]:
-    """The partial summary of an analysis whose item's value is one tensor (patching's scores, ablation's [L, H])."""
+    """The partial summary of an analysis whose item's value is one unbounded tensor (patching's normalised
+    scores, ablation's loss increases [L, H])."""
     def partial(values: dict, total: int) -> Over | None:
         if not values:
             return None
         per_item, kept = stacked(values, lambda value: value)
-        return summarise(per_item, partial_note(len(values), total, noun), kept)
+        return summarise(per_item, partial_note(len(values), total, noun), kept, bounds=UNBOUNDED)
     return partial
 
 
 PARTIAL = {"heads": partial_heads, "attribution": partial_attribution, "patch": partial_one("pair"),
-           "ablation": partial_one("text"), "shortcuts": partial_parts}
+           "ablation": partial_one("text"), "shortcuts": partial_shortcuts}
 
 
 SAVED_NAMES = {"heads": "head_scores", "attribution": "logit_attribution", "patch": "patch", "ablation": "ablation",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from core.analysis import patching, shortcuts
-from core.analysis.heads import rank_correlation
+from core.corpus.stats import spearman
 from ui.services import patching as patch_service
 from ui.services.checks import UserError
 from ui.services.learn import Lesson, Measured, ProgressFn, Question
@@ -99,8 +99,8 @@ def read_out(pair, position: int, attention: torch.Tensor, scores: torch.Tensor,
              shortcut: tuple[shortcuts.Agreement, int]) -> Measured:
     n_heads = attention.shape[1]
     atp, k = shortcut
-    rho = rank_correlation(attention, scores)
-    rho_attribution = None if attribution is None else rank_correlation(attention, attribution)
+    rho = spearman(attention, scores)
+    rho_attribution = None if attribution is None else spearman(attention, attribution)
     looked, carried = int(attention.flatten().argmax()), int(scores.flatten().argmax())
     name_looked, name_carried = head_name(looked, n_heads), head_name(carried, n_heads)
     word = f"“{pair.pieces[0].strip()}”"
