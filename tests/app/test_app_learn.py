@@ -1,5 +1,5 @@
 """The course: the `lesson` endpoint through gradio_client on the tiny app Llama (every lesson gives its text with
-its question, a figure with data, and its answer, the answer's number the lesson's own measurement on the same
+its question, the measured figure, and its answer, the answer's number the lesson's own measurement on the same
 model, computed once per model into the lessons' own cache); links that name a lesson; the guess read as a number
 or a choice, never as page text; bad names and models in words."""
 
@@ -20,6 +20,7 @@ from tiny_app_model import build_tiny_llama, launch_app  # noqa: E402
 from ui import links  # noqa: E402
 from ui.services import learn  # noqa: E402
 from ui.services.learn import course as syllabus  # noqa: E402
+from ui.views.learn import course as views  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +39,11 @@ def test_every_lesson_comes_through_the_api_with_its_measured_answer(served):
         assert f"Lesson {number} of {len(syllabus.lessons())}" in text and lesson.title in text
         assert lesson.question.prompt in text
         kept = services.lessons.get(llama, model, lesson)             # the server's own, computed once
-        # a figure with something drawn, or a note saying why this model has nothing to show
-        assert json.loads(plot["plot"])["data"] or (kept.note and kept.note in text), lesson.name
+        # the measured figure (the endpoint gives the answer too), not the set-up the page shows before Reveal:
+        # something drawn, or a note saying why this model has nothing to show
+        drawn = json.loads(plot["plot"])["data"]
+        assert len(drawn) == len(views.figure(lesson.name, kept).data), lesson.name
+        assert drawn or (kept.note and kept.note in text), lesson.name
         if isinstance(kept.answer, str) and not lesson.question.choices:
             shown = f"nothing ({kept.answer})"
         else:

@@ -1,15 +1,18 @@
 """The Learn tab in headless Chromium on the real SmolLM2 and MiniLM (an encoder). At 1400 × 1000, every lesson in
 order with Next, on each model: before Reveal the tab's whole text and every string of the figure as the page holds
 it (title, subtitle, annotations, names, hover, text on the marks) state neither the measured answer (as the page
-formats it) nor the figure's line, and a drawn figure has no hover; Reveal shows the answer beside the guess, as
-the server's measurement for this page gave it, and the line; "Try it" opens the lesson's tab on its text and
-computes there (every figure with data or a note saying why, nothing reading Error). On a 390 px phone every
-lesson's panel and revealed figure fit the width, and the figure's title, subtitle, plot, legend and axis labels
-keep apart. A link opens a lesson by name; the browser remembers the lesson and what was revealed; the keyboard
-reaches and presses the buttons."""
+formats it) nor the figure's line, and plotly's own data of every figure shown (each trace's x, y, z and values,
+and its axes' ranges) holds no trace that Reveal draws and no number that states the answer (as a value or a share
+× 100, to the precision the answer shows); Reveal shows the answer beside the guess, as the server's measurement
+for this page gave it, the measured figure with a numeric guess marked on it, and the line; "Try it" opens the
+lesson's tab on its text and computes there (every figure with data or a note saying why, nothing reading Error).
+On a 390 px phone every lesson's panel and revealed figure fit the width, and the figure's title, subtitle, plot,
+legend and axis labels keep apart. A link opens a lesson by name; the browser remembers the lesson and what was
+revealed; the keyboard reaches and presses the buttons."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from urllib.parse import quote
@@ -22,12 +25,14 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (bash scripts/setup_tests.sh)")
 from playwright.sync_api import expect  # noqa: E402
 
+from learn_checks import carries  # noqa: E402
 from conftest import SMOLLM, WIDE, idle, open_page, runs_done, screenshot, settled, wait_for_run  # noqa: E402
 from tiny_app_model import launch_app  # noqa: E402
 from ui.services import learn  # noqa: E402
 from ui.services.learn import course as syllabus  # noqa: E402
 from ui.tabs.learn.course import SAVED_KEY  # noqa: E402
 from ui.views.learn import course as views  # noqa: E402
+from ui.views.learn.setup import GUESS  # noqa: E402
 
 TIMEOUT_MS = 60_000
 PHONE = {"width": 390, "height": 844}
@@ -74,7 +79,7 @@ def guess(page, lesson: learn.Lesson) -> None:
 
 
 # before Reveal: the Learn tab's whole text, every string of its figure as the page holds it (titles, subtitle,
-# annotations, names, hover templates, text on the marks) and every text the figure draws; and its hover mode
+# annotations, names, hover templates, text on the marks) and every text the figure draws
 HELD_BACK = """() => {
   const panel = document.querySelector('#learn-lesson').closest('[role=tabpanel]');
   const gd = document.querySelector('#learn-figure .js-plotly-plot');
@@ -82,10 +87,27 @@ HELD_BACK = """() => {
     if (typeof v === 'string') out.push(v);
     else if (v && typeof v === 'object' && depth < 12) Object.values(v).forEach((x) => strings(x, out, depth + 1));
     return out; };
-  const held = gd ? strings([gd.data, gd.layout], [], 0) : [];
-  const drawn = gd ? [...gd.querySelectorAll('svg text')].map((t) => t.textContent) : [];
-  const data = Boolean(gd && gd.data && gd.data.length);
-  return [[panel.innerText, ...held, ...drawn].join('\\n'), data ? gd._fullLayout.hovermode : false, data]; }"""
+  const held = gd && gd.offsetParent !== null ? strings([gd.data, gd.layout], [], 0) : [];
+  const drawn = gd && gd.offsetParent !== null ? [...gd.querySelectorAll('svg text')].map((t) => t.textContent) : [];
+  return [panel.innerText, ...held, ...drawn].join('\\n'); }"""
+
+# plotly's own data of every figure shown in the Learn tab: each its title (ui.plots.base.fit_narrow's annotation),
+# its traces' names, x, y, z and values (typed arrays as lists), and its axes' ranges
+FIGURES = """() => {
+  const panel = document.querySelector('#learn-lesson').closest('[role=tabpanel]');
+  const plain = (v) => (v == null ? null : ArrayBuffer.isView(v) ? Array.from(v)
+      : Array.isArray(v) ? v.map(plain) : v);
+  return [...panel.querySelectorAll('.js-plotly-plot')].filter((gd) => gd.offsetParent !== null && gd._fullLayout)
+    .map((gd) => ({
+      title: ((gd.layout.annotations || []).find((a) => a.name === 'title') || {}).text || null,
+      traces: (gd._fullData || []).map((t) => ({name: t.name, x: plain(t.x), y: plain(t.y), z: plain(t.z),
+                                                 values: plain(t.values)})),
+      ranges: Object.keys(gd._fullLayout).filter((k) => /^[xy]axis\\d*$/.test(k))
+        .map((k) => gd._fullLayout[k].range || [])})); }"""
+
+# the figures shown are (title, number of traces) as expected: the page has drawn what the server sent
+DRAWN = "(expected) => JSON.stringify((" + FIGURES + ")().map((f) => [f.title, f.traces.length])) === " \
+        "JSON.stringify(expected)"
 
 # the target tab after a landing: its figures shown (each with data, or a note in words), and what reads "Error"
 LANDED = """() => {
@@ -104,13 +126,29 @@ def plain(markdown: str) -> str:
     return re.sub(r"\\(?=[_*`])|[*`]", "", markdown)
 
 
-def held_back(page, lesson: learn.Lesson, result) -> None:
-    """The page states neither the measured answer (as the page formats it) nor the figure's line."""
-    page_text, hover, drawn = page.evaluate(HELD_BACK)
+def title_of(figure) -> str | None:
+    """The figure's title as the page holds it (ui.plots.base.fit_narrow sets it as an annotation named "title")."""
+    return next((a.text for a in figure.layout.annotations if a.name == "title"), None)
+
+
+def drawn(page, figure) -> list[dict]:
+    """Plotly's own data of the figures shown, once the page shows `figure` (None: no figure shown)."""
+    expected = [] if figure is None else [[title_of(figure), len(figure.data)]]
+    page.wait_for_function(DRAWN, arg=expected, timeout=TIMEOUT_MS)
+    return page.evaluate(FIGURES)
+
+
+def key(trace: dict) -> str:
+    return json.dumps([trace[part] for part in ("x", "y", "z", "values")])
+
+
+def held_back(page, lesson: learn.Lesson, result) -> list[dict]:
+    """The page states neither the measured answer (as the page formats it) nor the figure's line, and shows only
+    the lesson's set-up figure (ui.views.learn.setup), whose plotly data states no answer; returns that data."""
+    before = drawn(page, views.before_reveal(lesson.name, result))
+    page_text = page.evaluate(HELD_BACK)
     assert lesson.question.prompt in page_text
-    if drawn:   # a figure with values (one with nothing drawn is a note saying why, and its line says the same)
-        assert hover is False, (lesson.name, hover)
-        assert plain(result.alt)[:60] not in page_text, lesson.name
+    assert plain(result.alt)[:60] not in page_text, lesson.name
     if lesson.question.numeric and not isinstance(result.answer, str):
         shown = learn.number(result.answer)
         if len(shown) == 1 and lesson.question.unit:   # one digit is in every tick label: the page states it with
@@ -119,9 +157,16 @@ def held_back(page, lesson: learn.Lesson, result) -> None:
             assert f"{shown}{lesson.question.unit}" not in page_text, (lesson.name, shown)
         else:
             assert shown not in page_text, (lesson.name, shown)
+        for figure in before:
+            assert not carries(figure["ranges"], result.answer), (lesson.name, figure["ranges"])
+            for trace in figure["traces"]:
+                assert not carries([trace[p] for p in ("x", "y", "z", "values")], result.answer), lesson.name
+    return before
 
 
-def revealed(page, lesson: learn.Lesson, result) -> None:
+def revealed(page, lesson: learn.Lesson, result, before: list[dict]) -> None:
+    """Reveal: the answer beside the guess, the measured figure with a numeric guess marked on it, and its line;
+    no trace drawn before Reveal is one drawn now."""
     guess(page, lesson)
     page.locator("#learn-reveal").click()
     answer = page.locator("#learn-lesson #learn-answer")
@@ -134,7 +179,16 @@ def revealed(page, lesson: learn.Lesson, result) -> None:
         expect(answer).to_contain_text("Your guess")
     else:   # nothing to measure on this model: the answer says what, and why
         expect(answer).to_contain_text(str(result.answer))
-    if page.evaluate(HELD_BACK)[2]:   # a figure with values: its line comes with the answer
+    expected = views.figure(lesson.name, result, learn.read_guess(lesson.question, "1")[0] if
+                            lesson.question.numeric else None)
+    after = drawn(page, expected)
+    after_keys = {key(trace) for figure in after for trace in figure["traces"]}
+    for figure in before:
+        for trace in figure["traces"]:
+            assert key(trace) not in after_keys, (lesson.name, trace["name"])
+    marked = any(trace["name"] == GUESS for figure in after for trace in figure["traces"])
+    assert marked == any(trace.name == GUESS for trace in expected.data), lesson.name
+    if expected.data:   # a figure with values: its line comes with the answer
         expect(page.locator("#learn-alt")).to_contain_text(plain(result.alt)[:60], timeout=TIMEOUT_MS)
 
 
@@ -195,12 +249,10 @@ def test_every_lesson_holds_its_answer_until_reveal_and_its_try_it_lands_compute
                                                                  timeout=TIMEOUT_MS)
             expect(page.locator("#learn-place")).to_contain_text(lesson.title)
             expect(page.locator("#learn-text")).to_contain_text(f"Measured on {model_name}", timeout=TIMEOUT_MS)
-            expect(page.locator("#learn-figure .js-plotly-plot .main-svg").first).to_be_attached(timeout=TIMEOUT_MS)
             idle(page)   # every event the lesson's opening set off has run: what the page shows now stays
             expect(page.locator("#learn-answer")).to_be_empty()
             result = measured(services, model_name, lesson)
-            held_back(page, lesson, result)
-            revealed(page, lesson, result)
+            revealed(page, lesson, result, held_back(page, lesson, result))
             if model_name == SMOLLM:   # the revealed figure on a phone: the same page, narrowed, then wide again
                 on_a_phone(page, lesson)
                 landed(page, lesson, result)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
+from learn_checks import carries, numbers
 from tiny import OneModel
 from tiny_app_model import build_tiny_bert, build_tiny_llama
 
@@ -44,24 +44,9 @@ def shown_before_reveal(page: views.LessonPage) -> str:
     return "\n".join([page.place, page.text, page.question, *strings(figure)])
 
 
-def carries(values, answer: float) -> bool:
-    """Whether any of `values` is the answer as the page shows it (learn.number), as it is or as a share × 100."""
-    shown = learn.number(answer)
-    decimals = len(shown.split(".")[1]) if "." in shown else 0
-    for value in values:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            for scaled in (value, 100 * value):
-                if answer == 0 and scaled == 0 or answer != 0 and f"{scaled:,.{decimals}f}" == shown:
-                    return True
-    return False
-
-
-def trace_values(trace: dict) -> list:
-    """Every number a trace draws or hovers: its x, y, z and values, flattened."""
-    found = []
-    for key in ("x", "y", "z", "values", "customdata", "text"):
-        found += [v for v in np.asarray(trace.get(key) if trace.get(key) is not None else [], dtype=object).ravel()]
-    return found
+def trace_values(trace: dict) -> list[float]:
+    """Every number a trace draws or hovers: its x, y, z and values, its custom data and text."""
+    return [v for key in ("x", "y", "z", "values", "customdata", "text") for v in numbers(trace.get(key))]
 
 
 def axis_ranges(figure: dict) -> list:
@@ -137,5 +122,6 @@ def test_a_numeric_guess_is_marked_on_the_measured_figure_where_it_is_on_an_axis
 
 
 def test_carries_reads_the_answer_at_its_shown_precision():
-    assert carries([12.6714], 12.67) and carries([0.5002], 50.0) and carries([0], 0.0)
-    assert not carries([12.5, 0.13, -0.5, 100], 12.67) and not carries([1e-9], 0.0)
+    assert carries([12.6714], 12.67) and carries([[0.1, 0.5002]], 50.0) and carries([0], 0.0)
+    assert carries([[884736.2]], 884736.0) and carries([None, "x", 3.0], 3.004)
+    assert not carries([12.5, 0.13, -0.5, 100, None], 12.67) and not carries([1e-9], 0.0)
