@@ -82,7 +82,7 @@ def qkv_stage(stages, tokens, token, cfg) -> tuple[str, object]:
     shared = ", ".join(str(h) for h in stages.shared_heads)
     gqa = (f"Grouped-query attention: query heads {shared} all read key/value head {stages.kv_head} "
            f"({cfg.n_heads} query heads, {cfg.n_kv_heads} key/value heads), so the cache holds "
-           f"{cfg.n_heads // cfg.n_kv_heads}× fewer keys and values."
+           f"{cfg.kv_group}× fewer keys and values."
            if len(stages.shared_heads) > 1 else "Every query head has its own keys and values.")
     qk_norm = (" QK-norm: each head's q and k then pass an RMSNorm over d_head (gain "
                f"{'(1 + γ)' if cfg.norm_offset else 'γ'}), before RoPE; the figure's q and k are after both."

@@ -84,7 +84,7 @@ def measure_kv_cache(model, progress: ProgressFn | None = None) -> Measured:
     filled_formula = size(tokens, cfg.n_kv_heads) + size(source, cfg.n_kv_heads)
     at = lengths.index(asked)
     mb = allocated[at] / 1e6
-    group = cfg.n_heads // cfg.n_kv_heads
+    group = cfg.kv_group
     per_token = size(1, cfg.n_kv_heads)
     matches = allocated == formula and filled == filled_formula
     cross = (f" (with the cross-attention keys and values of its {source} source tokens)" if source else "")
