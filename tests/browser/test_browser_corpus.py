@@ -22,7 +22,7 @@ from ui.services.corpus.over import INDUCTION_LENGTH  # noqa: E402
 
 RUN_TIMEOUT_MS = 60_000
 VIEWPORTS = {"wide": {"width": 1400, "height": 1000}, "phone": {"width": 390, "height": 844}}
-LINE = "95 % CI of the mean over n = 8 texts, Student's t"
+LINE = "95 % CI of the mean over n = 8 texts, percentile bootstrap"
 
 
 @pytest.fixture(scope="module")

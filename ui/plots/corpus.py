@@ -17,12 +17,13 @@ ITEM_COLOR = "#1f77b4"
 MEAN_COLOR = "#d62728"
 
 
-def interval_words(n: int, noun: str, confidence: float = 0.95) -> str:
-    """"95 % CI of the mean over n = 40 pairs, Student's t", or why there is no interval."""
+def interval_words(n: int, noun: str, interval: str, minimum: int, confidence: float = 0.95) -> str:
+    """"95 % CI of the mean over n = 40 pairs, percentile bootstrap" (interval: the method the summary used, ""
+    for none), or that n is too few for one (minimum: the fewest items that get one)."""
     nouns = noun if n == 1 else noun + "s"
-    if n < 2:
-        return f"n = {n} {nouns}: no interval (a confidence interval of the mean needs at least two)"
-    return f"{confidence * 100:g} % CI of the mean over n = {n} {nouns}, Student's t"
+    if not interval:
+        return f"n = {n} {nouns}: too few for an interval (it needs at least {minimum})"
+    return f"{confidence * 100:g} % CI of the mean over n = {n} {nouns}, {interval}"
 
 
 def caption(fig: go.Figure, line: str) -> go.Figure:
@@ -70,7 +71,7 @@ def mean_map(mean: np.ndarray, low: np.ndarray, high: np.ndarray, n: int, rows: 
 def item_strip(values: np.ndarray, items: Sequence[int], mean: float, low: float, high: float, title: str,
                line: str, value_name: str = "value") -> go.Figure:
     """One cell over the corpus: each item's value as a dot (x: the item's index in the corpus), the mean as a
-    line and the interval as a band around it (none where it is NaN, n < 2)."""
+    line and the interval as a band around it (none where it is NaN: too few items)."""
     values = as_f32(values)
     items = list(items)
     fig = go.Figure(go.Scatter(x=items, y=values, mode="markers", name="each item",

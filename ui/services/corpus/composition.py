@@ -29,9 +29,10 @@ class Composition:
     side: str                    # "key" or "query"
     labels: list[str]            # the named components, largest mean share first, then "rest"
     mean: np.ndarray             # [TOP + 1] each one's mean share over the texts
-    low: np.ndarray              # [TOP + 1] the 95 % interval (NaN where n < 2)
+    low: np.ndarray              # [TOP + 1] the 95 % interval (NaN where too few texts)
     high: np.ndarray
     n: int
+    interval: str                # the interval's method (core.corpus.stats), "" where too few texts
     note: str                    # the core's: the texts left out and why
     pairs: str                   # how each text's pairs were chosen and weighed, in words
     weights: np.ndarray          # [layer, H] the weights-only composition with each earlier head on this side
@@ -73,4 +74,4 @@ def composition(model, layer, head, side, n) -> Composition:
     labels, over = top_and_rest(found.shares, found.labels)
     weights = (found.weights.k if side == "key" else found.weights.q).numpy()
     return Composition(layer, head, side, labels, over.mean.numpy(), over.low.numpy(), over.high.numpy(), over.n,
-                       over.note, found.pairs, weights, source)
+                       over.interval, over.note, found.pairs, weights, source)

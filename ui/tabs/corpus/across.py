@@ -29,7 +29,9 @@ EMPTY = ("Nothing is computed on this page yet: choose a corpus and run one of t
          "mean map, the chosen cell's strip and the query/key plane appear here.")
 
 HOW_TO_READ = """Each cell of the map is the **mean over the corpus**; hover it for the interval [low, high] (the
-95 % confidence interval of the mean, Student's t over items: mean ± t · s/√n) and n. The strip under it shows
+95 % confidence interval of the mean over items: a seeded percentile bootstrap for a quantity with a range, such
+as an attention share in [0, 1], so the interval never leaves it; Student's t, mean ± t · s/√n, for one without;
+none below 5 items) and n; the line under each figure names which. The strip under it shows
 the chosen cell item by item: a dot per text or pair, the mean as a line, the interval as a band. A narrow
 interval with the dots close together is a typical behaviour; a wide one, a mean over very different items."""
 

@@ -9,6 +9,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from core.corpus.stats import MIN_ITEMS
 from ui import links
 from ui.plots.base import empty_figure
 from ui.plots.corpus import examples_html, interval_words, item_strip, mean_map
@@ -57,7 +58,7 @@ def nothing(message: str, name: str, view: str):
 def figures(shown: Shown, cell: tuple[int, int]):
     """(mean map with the cell outlined, strip of the cell's items) of a kept result."""
     over, axes, noun = shown.over, shown.axes, shown.noun
-    line = interval_words(over.n, noun)
+    line = interval_words(over.n, noun, over.interval, MIN_ITEMS)
     fig = mean_map(over.mean.numpy(), over.low.numpy(), over.high.numpy(), over.n, axes.row_name, axes.col_name,
                    axes.col_labels, shown.title, line, signed=shown.signed, picked=cell, row_labels=axes.row_labels)
     r, c = cell
@@ -74,7 +75,8 @@ def cell_words(over, cell: tuple[int, int], axes: MapAxes) -> str:
     if over.n == 0:   # every item left out (the core's note says why): no mean to state, not a NaN
         return f"{name[:1].upper() + name[1:]}: no mean, nothing was measured (n = 0)."
     low, high = float(over.low[r, c]), float(over.high[r, c])
-    interval = f"interval [{low:+.4f}, {high:+.4f}]" if over.n >= 2 else "no interval (n < 2)"
+    interval = (f"interval [{low:+.4f}, {high:+.4f}]" if low == low and high == high
+                else f"no interval (n = {over.n}, too few)" if not over.interval else "no interval (a value is NaN)")
     return f"{name[:1].upper() + name[1:]}: mean **{float(over.mean[r, c]):+.4f}**, {interval}."
 
 
@@ -89,7 +91,7 @@ def note_of(over, corpus: Corpus, analysis: str, cell: tuple[int, int], axes: Ma
     state = running_words(update, corpus.noun)
     core_note = f"  \nNote: {escaped(over.note)}." if over.note else ""
     return (f"{state}**{escaped(what)}** over {escaped(corpus.source)}: {HEAD_WORDS[analysis]}. The map shows the "
-            f"mean over n = **{over.n}**; {interval_words(over.n, corpus.noun)} (hover a cell for "
+            f"mean over n = **{over.n}**; {interval_words(over.n, corpus.noun, over.interval, MIN_ITEMS)} (hover a cell for "
             f"its interval; click one for its items). {cell_words(over, cell, axes)}"
             f"{finished_words(update)}{core_note}")
 
@@ -130,7 +132,7 @@ def sink_share_words(over, noun: str) -> str:
     mean and on the interval's lower end (the heads sure to pass at 95 %), read from the Over the map draws."""
     total = over.mean.numel()
     above = int((over.mean > SINK_EPSILON).sum())
-    sure = "" if over.n < 2 else (f"; {int((over.low > SINK_EPSILON).sum())} pass it with their whole 95 % "
+    sure = "" if not over.interval else (f"; {int((over.low > SINK_EPSILON).sum())} pass it with their whole 95 % "
                                   "interval")
     return (f"  \n**Sink heads** (Gu et al.'s Sink^ε, ε = {SINK_EPSILON:g}): {above} of {total} heads "
             f"({100 * above / max(total, 1):.1f} %) put more than ε of their attention on the first token, mean over "
@@ -258,7 +260,7 @@ SHORTCUT_MEASURES = {"rho": ("Spearman ρ", 2), "overlap": ("top-10 overlap", 2)
 
 def mean_interval(over, index: tuple[int, int], digits: int) -> str:
     """"0.97 [0.95, 0.99]" for one cell of an Over, "—" where it has no value (the flow graph on the residual
-    stream), the mean alone where n < 2."""
+    stream), the mean alone where it has no interval (too few pairs)."""
     mean, low, high = (float(t[index]) for t in (over.mean, over.low, over.high))
     if mean != mean:
         return "—"
@@ -282,6 +284,19 @@ def shortcuts_table(result: dict, axes: MapAxes) -> str:
             cells = [mean_interval(result[key], (r, c), digits) for key, (_, digits) in SHORTCUT_MEASURES.items()]
             lines.append(f"| {site} | {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def table_intervals(result: dict) -> str:
+    """Which interval each measure of the table has, read from its Over (core.corpus.stats chose it by the
+    measure's range), or that the pairs are too few for any."""
+    by_method: dict[str, list[str]] = {}
+    for key, (name, _) in SHORTCUT_MEASURES.items():
+        by_method.setdefault(result[key].interval, []).append(name)
+    n = result["rho"].n
+    if list(by_method) == [""]:
+        return f"No intervals: n = {n} pairs are too few (an interval needs at least {MIN_ITEMS})."
+    kinds = "; ".join(f"{method} for {', '.join(names)}" for method, names in by_method.items() if method)
+    return f"Intervals over n = {n} pairs: {kinds} (a bootstrap interval stays in its measure's range)."
 
 
 def shortcuts_view(services: Services, model_name, corpus, n, upload, mode, cell_row, cell_col, previous=None,
@@ -312,8 +327,8 @@ def shortcuts_view(services: Services, model_name, corpus, n, upload, mode, cell
         note = (f"{state}**Every shortcut against exact patching** ({mode}) over {escaped(chosen.source)}: on each "
                 f"pair, each method's map of every head (z) and of the residual stream (resid_pre) against the exact "
                 f"sweep, over the cells whose activation differs between the two prompts. The map shows Spearman's "
-                f"ρ, mean over n = **{over.n}**; {interval_words(over.n, 'pair')}. {cell_words(over, cell, axes)}"
-                f"\n\n{shortcuts_table(result, axes)}\n\n"
+                f"ρ, mean over n = **{over.n}**; {interval_words(over.n, 'pair', over.interval, MIN_ITEMS)}. {cell_words(over, cell, axes)}"
+                f"\n\n{shortcuts_table(result, axes)}\n\n{table_intervals(result)} "
                 f"{SHORTCUTS_KEY} **{SHORTCUTS_WARNING}**{finished_words(update)}{core_note}")
         return note, *figures(shown, cell), shown
 

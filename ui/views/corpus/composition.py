@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from core.corpus.stats import MIN_ITEMS
 from ui.plots.corpus import interval_words
 from ui.plots.heads import composition_figure, plural
 from ui.plots.text import escaped
@@ -36,7 +37,7 @@ def composition_view(services: Services, model_name, layer_index, head_index, si
     strongest = heads[0] if heads else None
     top = found.labels[0]
     lines = [f"**What feeds {name}'s {plural(found.side)}** over {escaped(found.source)}: {escaped(found.pairs)}. "
-             f"The bars show each part's mean share, {interval_words(found.n, 'text')}; the largest is "
+             f"The bars show each part's mean share, {interval_words(found.n, 'text', found.interval, MIN_ITEMS)}; the largest is "
              f"**{escaped(top)}** ({found.mean[0]:+.2f})"
              + (f", the largest single earlier head **{escaped(strongest)}** "
                 f"({found.mean[found.labels.index(strongest)]:+.2f})." if strongest and strongest != top else ".")]
