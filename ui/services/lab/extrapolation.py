@@ -14,7 +14,7 @@ from pathlib import Path
 
 from core.lab import extrapolation as engine
 from core.lab.extrapolation import Extrapolation, ExtrapolationConfig, KindResult
-from ui.services.checks import UserError
+from ui.services.checks import UserError, check_range
 from ui.services.jobs import TimeCap
 from ui.services.lab.configs import POLL_S
 from ui.services.lab.saved import read_result
@@ -81,12 +81,9 @@ def make_config(kinds, steps, seed, max_steps: int) -> ExtrapolationConfig:
     if unknown:
         raise UserError(f"Unknown kind(s) of position {', '.join(map(repr, unknown))}; the kinds are "
                         f"{', '.join(engine.KINDS)}.")
-    for name, value, low, high in (("Steps", steps, MIN_STEPS, max_steps), ("Seed", seed, 0, 2**31 - 1)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) \
-                or not low <= value <= high:
-            raise UserError(f"{name} must be a whole number from {low} to {high}, got {value!r}.")
+    steps, seed = check_range("Steps", steps, MIN_STEPS, max_steps), check_range("Seed", seed, 0, 2**31 - 1)
     ordered = tuple(k for k in engine.KINDS if k in kinds)  # the figures' order, whatever the order asked
-    config = ExtrapolationConfig(kinds=ordered, steps=int(steps), seed=int(seed))
+    config = ExtrapolationConfig(kinds=ordered, steps=steps, seed=seed)
     config.check()
     return config
 

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -259,10 +259,16 @@ class Lab:
         names = EXPERIMENTS[experiment].names
         return self._start(key, [(names[0], a), (names[1], b)], experiment, note)
 
+    def capped(self, config: LabConfig) -> LabConfig:
+        """The config under this server's caps: steps past ATTN_LAB_MAX_STEPS refused in words, and a time budget of
+        at most ATTN_LAB_MAX_SECONDS whatever the config asked (a preset's None included)."""
+        if config.steps > self.settings.max_steps:
+            raise UserError(f"Steps must be at most {self.settings.max_steps} on this server, got {config.steps}.")
+        budget = min(config.time_budget or math.inf, self.settings.max_seconds)
+        return config if budget == config.time_budget else replace(config, time_budget=budget)
+
     def _start(self, key, configs: list[tuple[str, LabConfig]], experiment: str | None, note: str) -> Job:
-        for _, config in configs:
-            if config.steps > self.settings.max_steps:
-                raise UserError(f"Steps must be at most {self.settings.max_steps} on this server, got {config.steps}.")
+        configs = [(label, self.capped(config)) for label, config in configs]
         session = self.session(key)
         with self._lock:
             if session.job is not None and session.job.alive:

@@ -11,7 +11,7 @@ from pathlib import Path
 from core.lab import sinks as engine
 from core.analysis.sinks import EPSILON
 from core.lab.sinks import READS, SinksLab, SinksLabConfig
-from ui.services.checks import UserError
+from ui.services.checks import check_range
 from ui.services.jobs import JobUpdate, stream_job
 from ui.services.lab.saved import read_result
 
@@ -31,13 +31,9 @@ def saved(folder: Path = SAVED) -> SinksLab | None:
 
 def make_config(steps, seed, window, max_steps: int) -> SinksLabConfig:
     """The config from the page's or the API's fields; what is wrong is named."""
-    defaults = SinksLabConfig()
-    for name, value, low, high in (("Steps", steps, MIN_STEPS, max_steps), ("Seed", seed, 0, 2**31 - 1),
-                                   ("Window", window, 1, defaults.context - 2)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) \
-                or not low <= value <= high:
-            raise UserError(f"{name} must be a whole number from {low} to {high}, got {value!r}.")
-    return SinksLabConfig(steps=int(steps), seed=int(seed), window=int(window))
+    return SinksLabConfig(steps=check_range("Steps", steps, MIN_STEPS, max_steps),
+                          seed=check_range("Seed", seed, 0, 2**31 - 1),
+                          window=check_range("Window", window, 1, SinksLabConfig().context - 2))
 
 
 def run(config: SinksLabConfig, max_seconds: float | None = None) -> Iterator[JobUpdate]:
