@@ -1,8 +1,8 @@
 """Learn tab: a course through the theory, one lesson at a time on the loaded model. Each lesson asks its question
 first, beside the set-up of its measurement (axes that nothing measured fills); Reveal shows the measured answer
-beside the reader's guess, the measured figure with the guess marked on it, and its line. Back and Next walk the lessons in order, a link
-opens one (?tab=learn&lesson=sqrt-dk), the browser remembers where the reader was and what was revealed, and "try
-it" opens the full tab in the lesson's state.
+beside the reader's guess, the measured figure with the guess marked on it, and its line. Back and Next walk the
+lessons in order, a link opens one (?tab=learn&lesson=sqrt-dk), the browser remembers where the reader was and
+what was revealed, and "try it" opens the full tab in the lesson's state.
 
 build() opens its own gr.Tab, so the page adds the tab with one call inside its gr.Tabs.
 """

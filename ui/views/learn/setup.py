@@ -23,6 +23,7 @@ from ui.plots.charts import with_subtitle
 
 GUESS = "your guess"
 MAX_TICKS = 16  # an axis of more labels names every k-th, so the labels keep apart on a phone
+SETUP_BACKGROUND = "#f4f4f4"  # the plot's area, to be filled on Reveal
 
 
 def labelled(labels: Sequence[str], reverse: bool = False) -> dict:
@@ -58,7 +59,7 @@ def blank(title: str, x_title: str, y_title: str, x: dict, y: dict, subtitle: st
     base_layout(fig, title, height)
     fig.update_xaxes(title_text=x_title, **x)
     fig.update_yaxes(title_text=y_title, **y)
-    fig.update_layout(hovermode=False, showlegend=False)
+    fig.update_layout(hovermode=False, showlegend=False, plot_bgcolor=SETUP_BACKGROUND)
     return with_subtitle(fig, subtitle)
 
 
@@ -92,7 +93,7 @@ def scale_setup(v):
 
 def masks_setup(v):
     layers = [str(i) for i in range(len(v["later_share"]))]
-    axis = spanned(0, 1, ticks=[0, 0.5, 1], labels=["0", "half", "all"])
+    axis = spanned(0, 1, ticks=[0, 1], labels=["none", "all"])
     return blank("Where attention goes when a mask is off", "layer", "share of attention", labelled(layers), axis,
                  subtitle="mean over heads and queries")
 
@@ -102,8 +103,8 @@ HEAD_WEIGHTS = ["W^Q", "W^K", "W^V", "W^O"]
 
 def heads_setup(v):
     return blank("One layer's attention weights", "", "parameters", labelled(HEAD_WEIGHTS), UNNUMBERED,
-                 subtitle=f"d = {v['d_model']}, {v['n_heads']} query heads, {v['n_kv_heads']} key/value heads of "
-                          f"{v['head_dim']}")
+                 subtitle=f"d = {v['d_model']}, {v['n_heads']} query heads, {v['n_kv_heads']} key/value heads, "
+                          f"d_head = {v['head_dim']}")
 
 
 def shuffle_setup(v):
@@ -142,7 +143,7 @@ def kv_cache_setup(v):
         return None
     return blank("The KV cache's size against the text's length", "tokens n", f"MB ({v['dtype']})",
                  lengths_axis(v["lengths"]), UNNUMBERED,
-                 subtitle=f"{v['layers']} layers, {v['kv_heads']} key/value heads of {v['head_dim']}, "
+                 subtitle=f"{v['layers']} layers, {v['kv_heads']} key/value heads, d_head = {v['head_dim']}, "
                           f"{v['bytes_per']} bytes a number")
 
 
@@ -228,8 +229,8 @@ def with_guess(name: str, fig: go.Figure, measured, guess) -> go.Figure:
     fig = go.Figure(fig)
     line = len(xs) > 1
     fig.add_trace(go.Scatter(
-        x=xs, y=ys, name=GUESS, mode="lines" if line else "markers+text", text=None if line else [GUESS],
-        textposition="middle right", cliponaxis=False, hoverinfo="skip", showlegend=True,
-        line={"color": CHOSEN_COLOR, "dash": "dash", "width": 2},
-        marker={"color": CHOSEN_COLOR, "symbol": "line-ew-open", "size": 28, "line": {"width": 3}}))
+        x=xs, y=ys, name=GUESS, mode="lines" if line else "markers", cliponaxis=False, hoverinfo="skip",
+        showlegend=True, line={"color": CHOSEN_COLOR, "dash": "dash", "width": 2},
+        marker={"color": CHOSEN_COLOR, "symbol": "x-thin-open", "size": 16, "line": {"width": 3,
+                                                                                   "color": CHOSEN_COLOR}}))
     return fig
