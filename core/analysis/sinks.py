@@ -156,6 +156,8 @@ def check_streaming(model, ids, window: int, sinks: int, positions: str) -> Tens
                          f"decoder-only causal model with an LM head; {cfg.family} is not one")
     ids = check_ids(model, ids, "ids")
     if len(ids) < 2:
+    if isinstance(ids, Tensor) and ids.dim() == 2 and ids.shape[0] == 1:   # [1, T], as other one-text analyses take
+        ids = ids[0]
         raise ValueError("ids has one token: a perplexity needs at least two (one to predict from, one predicted)")
     for name, value, least in (("window", window, 1), ("sinks", sinks, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -230,7 +232,7 @@ def cache_losses(model, ids: Tensor, window: int, sinks: int, progress=None) -> 
 
 def streaming_perplexity(model, ids: Tensor, window: int, sinks: int = 0, positions: str = "cache",
                          progress=None, local_windows: bool = True) -> StreamingPerplexity:
-    """The perplexity of ids [T] when query i reads only keys j ≤ i with j < sinks or j > i − window
+    """The perplexity of ids [T] (or [1, T]) when query i reads only keys j ≤ i with j < sinks or j > i − window
     (StreamingLLM: window-only attention, and the same with the first `sinks` tokens kept as attention sinks).
     positions="text": every token keeps its place in the text (the mask-only view, one pass); "cache": positions
     are renumbered inside the cache as StreamingLLM does (RoPE models; read token by token, see cache_losses).

@@ -39,9 +39,9 @@ class JobCapped(Exception):
     """Raised inside the work at its first report past the job's time cap."""
 
 
-def capped_words(max_seconds: float) -> str:
-    return (f"This job passed the server's time cap of {max_seconds:g} s per job and was stopped: ask for fewer "
-            "items.")
+def capped_words(max_seconds: float, smaller: str = "fewer items") -> str:
+    return (f"This job passed the server's time cap of {max_seconds:g} s per job and was stopped: ask for "
+            f"{smaller} ({CORPUS_SECONDS_SETTING} sets the cap).")
 
 
 @dataclass
@@ -84,12 +84,14 @@ class TimeCap:
 
 
 def stream_job(work: Callable[[Callable[[int, int], None]], Any], total: int, name: str,
-               abandoned_s: float = ABANDONED_S, max_seconds: float | None = None) -> Iterator[JobUpdate]:
+               abandoned_s: float = ABANDONED_S, max_seconds: float | None = None,
+               smaller: str = "fewer items") -> Iterator[JobUpdate]:
     """Run work(report) in a thread; report(done, total) yields an update here. Errors are raised to the reader.
     The work stops at its next report once the iterator is closed, or once its updates have gone unread for
     `abandoned_s` (a client that disconnected may leave the iterator suspended rather than closed); and at its
     first report past `max_seconds`, when the reader gets a UserError saying so (for work with no partial result
-    worth showing: a corpus job that has one asks its own stop() instead, ui.services.corpus.over.TimeCap)."""
+    worth showing: a corpus job that has one asks its own stop() instead, ui.services.corpus.over.TimeCap); `smaller`
+    names what to ask for instead."""
     updates: queue.Queue = queue.Queue()
     stopped = threading.Event()
     last_read = [time.monotonic()]
@@ -108,7 +110,7 @@ def stream_job(work: Callable[[Callable[[int, int], None]], Any], total: int, na
         except JobStopped:
             pass
         except JobCapped:
-            updates.put(("error", UserError(capped_words(max_seconds))))
+            updates.put(("error", UserError(capped_words(max_seconds, smaller))))
         except Exception as exc:  # noqa: BLE001 - handed to the reader, which raises it
             updates.put(("error", exc))
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import gradio as gr
 from gradio.components.plot import PlotData
+from gradio.exceptions import InvalidPathError
 
 from core.store import WeightsError
 from ui.services.checks import UserError, public_text
@@ -279,7 +280,27 @@ def checked_inputs(demo: gr.Blocks, text_cap: int) -> gr.Blocks:
             block.preprocess = _capped(block, block.preprocess, text_cap)
         elif isinstance(block, gr.components.Component):
             block.preprocess = _refusing_in_words(block, block.preprocess)
+    demo.preprocess_data = _uploads_only(demo.preprocess_data)
     return demo
+
+
+NOT_UPLOADED = ("A file must be uploaded through the page's file field (or gradio_client's handle_file, which "
+                "uploads it): this server reads no path of its own that a call names.")
+
+
+def _uploads_only(preprocess_data):
+    """Blocks.preprocess_data with Gradio's refusal of a file it never received (a call naming a server path)
+    answered in words: Gradio refuses the path before any handler runs, and its own error reaches the caller as
+    an error with no message."""
+    @functools.wraps(preprocess_data)
+    async def checked(*args, **kwargs):
+        try:
+            return await preprocess_data(*args, **kwargs)
+        except InvalidPathError:
+            log.info("refused a file that was not uploaded")
+            raise gr.Error(NOT_UPLOADED, print_exception=False) from None
+
+    return checked
 
 
 def _unchanged(payload):

@@ -18,7 +18,7 @@ from ui.services.checks import public_text
 from ui.services.inside import (PLANE_DEFINITION, SIDE_TOP, anatomy_of, check_token, content_and_position, encode_walk,
                                 geometry, layer_terms, measures, next_token, scale_words, sides_of, stack_config,
                                 stage_arrays, walk)
-from ui.services.text import token_pieces, token_texts
+from ui.services.text import check_text_size, token_pieces, token_texts
 from ui.views import export
 
 STAGE_COUNT = 8  # figures the walk draws, in order
@@ -388,11 +388,15 @@ def qk_attribution_data(services: Services, model_name, text_value, layer_index,
     """The score from `query` to `key` split into pairs (query part, key part), as numbers: the body of the
     `qk_attribution` endpoint (API only). split "heads": every earlier head one part ("L3 H5"), "layers": each
     earlier layer's attention one part; relative: score(i, j) − Σ_k a_ik·score(i, k), the score against the
-    query's attention-weighted mean key. matrix[a][b] is query part a with key part b; it adds up to score."""
+    query's attention-weighted mean key. matrix[a][b] is query part a with key part b; it adds up to score.
+    "read" says how many of the text's tokens were read (the tab's first MAX_INSIDE_TOKENS): an API call has no
+    text field, so the text is held to the typed text's cap here."""
+    check_text_size("Text", text_value if isinstance(text_value, str) else None, services.settings.text_cap_bytes)
     model = services.models.get(model_name)
     tokens = encode_walk(model, text_value)
     result = anatomy_of(model, tokens, layer_index, head_index, query_index, key_index, split, relative)
-    found = {"tokens": token_texts(model, tokens.ids), "layer": result.layer, "head": result.head,
+    found = {"tokens": token_texts(model, tokens.ids), "read": tokens.note or f"All {len(tokens.ids)} tokens read.",
+             "layer": result.layer, "head": result.head,
              "query": result.query, "key": result.key, "split": split, "relative": bool(relative),
              "score": float(result.score), "query_labels": list(result.query_labels),
              "key_labels": list(result.key_labels), "matrix": result.matrix.tolist()}

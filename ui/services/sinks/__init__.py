@@ -146,10 +146,12 @@ def window_read(model, text, window, sink_count, positions) -> WindowRead:
     return read_window(model, window_settings(model, text, window, sink_count, positions))
 
 
-def stream_window(model, settings: WindowSettings) -> Iterator[JobUpdate]:
+def stream_window(model, settings: WindowSettings, max_seconds: float | None = None) -> Iterator[JobUpdate]:
     """The reading in a worker thread, an update after each step, then the WindowRead as the result; closing the
-    iterator (the page's Stop) stops it at its next step; a refusal comes out of the iterator as a UserError."""
-    return stream_job(lambda report: read_window(model, settings, report), settings.steps, "streaming-perplexity")
+    iterator (the page's Stop) stops it at its next step, and so does passing max_seconds (the heavy jobs' time
+    cap: the reader then gets a UserError, as for a refusal; a window without the full reading compares nothing)."""
+    return stream_job(lambda report: read_window(model, settings, report), settings.steps, "streaming-perplexity",
+                      max_seconds=max_seconds, smaller="a shorter text, or positions='text' (one pass)")
 
 
 @dataclass

@@ -15,14 +15,14 @@ from ui.plots.base import empty_figure
 from ui.plots.corpus import examples_html, interval_words, item_strip, mean_map
 from ui.plots.text import escaped
 from ui.services import Services
-from ui.services.checks import UserError
+from ui.services.checks import UserError, index_of
 from ui.services.corpus.ablation import ABLATION_TEXTS, check_ablation_model, for_page
 from ui.services.corpus.examples import PER_DECILE, check_examples, stream_examples
 from ui.services.corpus.over import (Corpus, MapAxes, check_cell, check_kind, check_model, check_mode, check_site,
                                      corpus_pairs, corpus_texts, exported, map_axes, stream_over)
 from ui.services.corpus.pages import saving_of
 from ui.services.heads import check_ablation
-from ui.services.sinks import EPSILON as SINK_EPSILON
+from ui.services.sinks import EPSILON as SINK_EPSILON, sink_heads
 from ui.views import export
 
 PARTIAL_S = 1.0    # the least time between two partial summaries sent to the page
@@ -131,8 +131,8 @@ def sink_share_words(over, noun: str) -> str:
     """Gu et al.'s Sink^ε over the corpus: the share of heads whose mean first-token weight passes ε, counted on the
     mean and on the interval's lower end (the heads sure to pass at 95 %), read from the Over the map draws."""
     total = over.mean.numel()
-    above = int((over.mean > SINK_EPSILON).sum())
-    sure = "" if not over.interval else (f"; {int((over.low > SINK_EPSILON).sum())} pass it with their whole 95 % "
+    above = int(sink_heads(over.mean).sum())
+    sure = "" if not over.interval else (f"; {int(sink_heads(over.low).sum())} pass it with their whole 95 % "
                                   "interval")
     return (f"  \n**Sink heads** (Gu et al.'s Sink^ε, ε = {SINK_EPSILON:g}): {above} of {total} heads "
             f"({100 * above / max(total, 1):.1f} %) put more than ε of their attention on the first token, mean over "
@@ -304,7 +304,8 @@ def shortcuts_view(services: Services, model_name, corpus, n, upload, mode, cell
     """(note, ρ map, strip, kept result): exact patching against every shortcut (AtP, AtP*, EAP-IG, the flow
     graph) on each head and on the residual stream of every pair (core shortcuts_over), the map Spearman's ρ
     per method and site, the note every measure with its interval and each method's cost; the body of the
-    `corpus_shortcuts` endpoint. page: as heads_view's. A cell outside the 4 × 2 map shows the first."""
+    `corpus_shortcuts` endpoint. page: as heads_view's. A cell outside the 4 × 2 map (another map's, kept by the
+    page's cell fields) shows the first; a cell that is no index is refused in words."""
     name = model_name
     model = services.models.get(name, progress)
     check_model(model, "shortcuts")
@@ -313,8 +314,10 @@ def shortcuts_view(services: Services, model_name, corpus, n, upload, mode, cell
     axes = map_axes(model, "shortcuts", chosen)
     try:
         cell = check_cell(axes, cell_row, cell_col)
-    except UserError:          # the cell of another map (a layer, a head): this map's first
-        cell = (0, 0)
+    except UserError:
+        if not all(index_of(value) is not None and index_of(value) >= 0 for value in (cell_row, cell_col)):
+            raise              # not an index at all (NaN, inf, 2.5, -1): refused as every other map's cell is
+        cell = (0, 0)          # the cell of another map (a layer, a head): this map's first
     view = f"corpus-shortcuts-{mode}"
     yield running(f"Comparing every shortcut with exact patching over {escaped(chosen.source)}…", name, view)
 

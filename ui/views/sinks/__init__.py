@@ -105,13 +105,13 @@ def window_note(read: WindowRead) -> str:
 def streaming_view(services: Services, model_name, text_value, window_size, sink_count, positions, progress=None):
     """Yields (note, figure) as the reading goes (about twice a second), then the loss per position through the
     window and with full attention; the body of the `streaming_perplexity` endpoint. Closing it (the page's Stop)
-    stops the reading at its next token."""
+    stops the reading at its next token, as the heavy jobs' time cap (ATTN_CORPUS_MAX_SECONDS) does."""
     name = model_name
     model = services.models.get(name, progress)
     try:
         settings = window_settings(model, text_value, window_size, sink_count, positions)
         shown = 0.0
-        with closing(stream_window(model, settings)) as updates:
+        with closing(stream_window(model, settings, services.settings.corpus_max_seconds)) as updates:
             for update in updates:
                 if update.finished:
                     read = update.result
