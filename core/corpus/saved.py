@@ -381,8 +381,9 @@ def run_over(analysis: str, model, items: Sequence, root, model_name: str, *, ma
     is of all of them in input order, as one uninterrupted run gives. max_bytes: refuse to start a new job while
     root holds that many bytes or more; room(0), where given, is asked too before a new job starts and raises
     NoRoom to refuse it. Both are asked again before each file the job writes (room(size), room_for's fits): the
-    first item that would pass a cap is not written, the job stops as a stop() stops it, keeping the items that
-    fit, and the Run's `full` says why (a result past a cap is returned, and not saved). wrote(folder), where
+    first item that would pass a cap is not written, nor is any after it or the result; the job goes on measuring
+    (a job past a cap is shown, not saved), the items that fit stay on disk for a later run to resume from, and
+    the Run's `full` says why. wrote(folder), where
     given, is told each time the job's folder is written: as a new or resumed job starts, after each item, once
     the result is saved (a shared server counts a job's lifetime from its last write). progress, stop and each as in summaries.py."""
     spec = analysis_named(analysis)
@@ -408,14 +409,14 @@ def run_over(analysis: str, model, items: Sequence, root, model_name: str, *, ma
             try:
                 write_item(folder, index, value, fits)
                 told(folder)
-            except NoRoom as error:     # this item and the rest of its batch are shown, not kept
+            except NoRoom as error:     # this item and every one after it are measured and shown, not kept
                 full.append(str(error))
         measured[0] += 1
         if each is not None:
             each(index, value)
 
     def stopping() -> bool:
-        stopped[0] = stopped[0] or bool(full) or (stop is not None and bool(stop()))
+        stopped[0] = stopped[0] or (stop is not None and bool(stop()))
         return stopped[0]
 
     try:
@@ -424,7 +425,7 @@ def run_over(analysis: str, model, items: Sequence, root, model_name: str, *, ma
         if begun.new and not measured[0]:     # refused (the model, an argument): leave no empty job behind
             shutil.rmtree(folder, ignore_errors=True)
         raise
-    if not stopped[0]:
+    if not stopped[0] and not full:
         try:
             save_result(folder, begun.ident, spec, arguments, result, fits)
             told(folder)

@@ -127,27 +127,25 @@ def chunk_updates(runner: ChunkRunner, model, name: str, items: list, noun: str,
 
     with refusals_in_words(), closing(chunks.as_finished(submit, ranges, runner.in_flight, noun, stop)) as coming:
         for chunk in coming:   # closing: a page that stops here cancels the chunks under way at once
-            if begun is not None:
+            if begun is not None and not full:
                 try:
                     keep(begun.folder, chunk, saving, fits)
                 except OSError as error:
                     begun, saving = None, not_kept(error)
-                except saved.NoRoom as error:   # past a cap: the job stops with the items that fit kept
+                except saved.NoRoom as error:   # past a cap: measured and shown, not saved; the items that fit kept
                     full = str(error)
             finished.append(chunk)
             count = sum(len(part.items) for part in finished)
-            if full:
-                break
             if count < total:
                 yield OverUpdate(count, total, partial(empty, finished, noun, total), time.perf_counter() - started)
-    stopped = bool(full) or len(finished) - bool(done) < len(ranges)
+    stopped = len(finished) - bool(done) < len(ranges)
     result = chunks.merge(empty, finished, noun, total, stopped, cap)
     run = None
     if begun is not None:
         measured = sum(len(chunk.values) for chunk in finished[bool(done):])
-        run = saved.Run(begun.folder, result, not stopped, len(done), measured, full)
+        run = saved.Run(begun.folder, result, not stopped and not full, len(done), measured, full)
         try:
-            if not stopped:
+            if not stopped and not full:
                 save_whole(begun, name, arguments, result, saving, fits)
         except OSError as error:    # the result is still shown: only keeping it failed
             run, saving = None, not_kept(error)

@@ -135,8 +135,8 @@ def saved_words(run, saving: Saving) -> str:
         return f"Reopened from the saved job {where}: nothing was measured again."
     resumed = f", resumed from {run.reused} items saved before" if run.reused else ""
     if getattr(run, "full", ""):
-        return (f"Job {where} stopped saving{resumed}: {run.full}. The items written before are kept "
-                f"({saving.where}).")
+        return (f"Job {where} stopped saving{resumed}: {run.full}. Past the cap the job is measured and shown, not "
+                f"saved; the items written before are kept ({saving.where}).")
     state = "saved" if run.finished else "stopped; its finished items are kept, and the same job resumes from them"
     return f"Job {where} {state}{resumed} ({saving.where})."
 
