@@ -251,19 +251,32 @@ def md_table(header, rows, align=None) -> str:
     return "\n".join(lines)
 
 
-def section(name: str, body: str, today: datetime.date | None = None) -> str:
-    today = today or datetime.date.today()
-    load = load_phrase(LOAD_AT_START, load_average())
-    head = f"_Written by `{command()}` on {today.isoformat()}; {machine()}{'; ' + load if load else ''}._"
+def stamp(today: datetime.date | None = None) -> dict:
+    """Where and how this run ran, as a saved run records it: the command, the date, the machine and the load
+    average when the script started and now."""
+    return {"command": command(), "date": (today or datetime.date.today()).isoformat(), "machine": machine(),
+            "load_average": [LOAD_AT_START, load_average()]}
+
+
+def written_by(run: dict) -> str:
+    """A section's head line from a stamp (or a saved run holding one)."""
+    load = load_phrase(*run["load_average"])
+    return f"_Written by `{run['command']}` on {run['date']}; {run['machine']}{'; ' + load if load else ''}._"
+
+
+def section(name: str, body: str, today: datetime.date | None = None, run: dict | None = None) -> str:
+    """The block of section NAME: its markers around the head line (of `run`'s stamp, else this run's) and body."""
+    head = written_by(run or stamp(today))
     return f"<!-- bench:{name} start -->\n{head}\n\n{body.strip()}\n<!-- bench:{name} end -->"
 
 
-def publish(name: str, body: str, doc: Path = DOC) -> Path:
-    """Replace section NAME of `doc` with `body` (markdown), or append it under a heading of its name."""
+def publish(name: str, body: str, doc: Path = DOC, run: dict | None = None) -> Path:
+    """Replace section NAME of `doc` with `body` (markdown), or append it under a heading of its name; headed by
+    `run`'s stamp where a saved run is published again, else by this run's."""
     if not re.fullmatch(r"[a-z0-9-]+", name):
         raise ValueError(f"section name {name!r}: lower-case letters, digits and hyphens only")
     text = doc.read_text(encoding="utf-8") if doc.is_file() else "# Benchmarks\n"
-    block = section(name, body)
+    block = section(name, body, run=run)
     pattern = re.compile(rf"<!-- bench:{name} start -->.*?<!-- bench:{name} end -->", re.S)
     if pattern.search(text):
         text = pattern.sub(lambda _: block, text)

@@ -36,6 +36,23 @@ def test_a_new_section_is_appended_and_no_load_phrase_without_a_load_average(tmp
         common.publish("Bad Name", "body", doc=doc)
 
 
+def test_a_saved_run_is_published_again_under_its_own_stamp(tmp_path, monkeypatch):
+    """A section rendered from a saved run is headed by that run's command, date, machine and load, not by the
+    process that renders it; without a saved run the head line is this run's stamp."""
+    monkeypatch.setattr(common, "LOAD_AT_START", 0.25)
+    monkeypatch.setattr(common, "load_average", lambda: 1.5)
+    run = {"command": "python bench/x.py --publish", "date": "2026-01-02", "machine": "Some CPU, 8 cores",
+           "load_average": [3.0, 4.0]}
+    doc = tmp_path / "doc.md"
+    doc.write_text("# T\n\n<!-- bench:x start -->\nold\n<!-- bench:x end -->\n")
+    common.publish("x", "body", doc=doc, run=run)
+    assert doc.read_text().splitlines()[3] == ("_Written by `python bench/x.py --publish` on 2026-01-02; Some CPU, "
+                                               "8 cores; load average 3.00 → 4.00._")
+    now = common.stamp()
+    assert now["machine"] == common.machine() and now["load_average"] == [0.25, 1.5]
+    assert common.section("x", "body").splitlines()[1] == common.written_by(now)
+
+
 def test_md_table_aligns_its_columns():
     assert common.md_table(["a", "b"], [[1, "x"]], ["---", "---:"]) == "| a | b |\n|---|---:|\n| 1 | x |"
 
