@@ -20,12 +20,13 @@ from ..observe import Kind, Observer
 from ..probe import Probe
 from .. import logits as blocks
 
+SINK_EPSILON = 0.3  # Gu et al.'s ε: a head whose first-token mass exceeds it is a sink head (sink_heads)
 LOCAL_WINDOW = 3  # |i - j| ≤ 3 counts as local
 IG_TOKENS_PER_PASS = 1024  # integrated gradients: path points × tokens in one backward pass
 SCORES = {  # name → (what it measures, threshold for naming a head, the name)
     "previous_token": ("mean weight on the key just before the query (i − 1)", 0.5, "previous-token head"),
     "first_token": ("mean weight on the first position (the sink; a decoder's first query, which sees only it, "
-                    "left out)", 0.75, "sink head"),
+                    "left out)", SINK_EPSILON, "sink head"),   # named by sink_heads
     "local": (f"mean weight within |i − j| ≤ {LOCAL_WINDOW}", 0.85, "local head"),
     "entropy": ("mean entropy of a row, in nats (low: focused)", None, None),
     "duplicate_token": ("mean weight on earlier copies of the query's own token", 0.5, "duplicate-token head"),
@@ -33,6 +34,20 @@ SCORES = {  # name → (what it measures, threshold for naming a head, the name)
 }
 CAUSAL_ONLY = ("induction",)  # needs a model that predicts the next token from the left
 SCORE_BOUNDS = {name: NONNEGATIVE if name == "entropy" else SHARE for name in SCORES}   # each score's range
+
+
+def first_token_mass(probs: Tensor, causal: bool) -> Tensor:
+    """A head's first-token mass: probs [..., H, T, T] → [..., H], its mean attention on token 0 over the queries
+    that could look elsewhere (a decoder's query 0 sees only token 0, weight 1 by construction, so it is left out;
+    an encoder's every query counts). The one definition row_scores and core.analysis.sinks.sink_scores read."""
+    skip = int(causal and probs.shape[-2] > 1)
+    return probs[..., skip:, 0].float().mean(-1)
+
+
+def sink_heads(mass, epsilon: float = SINK_EPSILON):
+    """Which heads are sink heads (Gu et al.): first-token mass (a tensor, an array or a number) above epsilon.
+    Every view, lesson and script that names a sink head, or counts Sink^ε, asks this."""
+    return mass > epsilon
 
 
 def row_scores(probs: Tensor, ids: Tensor, causal: bool) -> dict[str, Tensor]:
@@ -47,7 +62,7 @@ def row_scores(probs: Tensor, ids: Tensor, causal: bool) -> dict[str, Tensor]:
     i = torch.arange(n, device=p.device)
     out = {
         "previous_token": p[:, i[1:], i[1:] - 1].mean(-1) if n > 1 else p.new_zeros(heads),
-        "first_token": p[:, int(causal and n > 1):, 0].mean(-1),
+        "first_token": first_token_mass(p, causal),
         "local": (p * ((i[:, None] - i[None, :]).abs() <= LOCAL_WINDOW)).sum(-1).mean(-1),
         "entropy": row_entropy(p).mean(-1),
     }
@@ -252,14 +267,23 @@ def check_loss_model(model) -> None:
                          "encoder with its masked-language-model head) and no separate encoder" + reads_a_target(model))
 
 
+def naming_rule(name: str) -> str | None:
+    """How a score names a head, in words ("≥ 0.5"; a sink head: "> ε = 0.3"), None where it names none."""
+    threshold = SCORES[name][1]
+    if threshold is None:
+        return None
+    return f"> ε = {threshold:g}" if name == "first_token" else f"≥ {threshold:g}"
+
+
 def named_heads(scores: dict[str, Tensor]) -> dict[str, list[tuple[int, int, float]]]:
-    """Heads whose score passes its naming threshold: name → [(layer, head, score)], strongest first."""
+    """Heads whose score passes its naming threshold: name → [(layer, head, score)], strongest first. A sink head
+    is named by core.analysis.sinks.sink_heads, the rule every sink count uses (Gu et al.'s ε, strictly above)."""
     named = {}
     for key, table in scores.items():
         threshold = SCORES[key][1]
         if threshold is None:
             continue
-        hits = (table >= threshold).nonzero().tolist()
+        hits = (sink_heads(table) if key == "first_token" else table >= threshold).nonzero().tolist()
         named[key] = sorted(((l, h, table[l, h].item()) for l, h in hits), key=lambda t: -t[2])
     return named
 

@@ -23,8 +23,8 @@ from ..corpus.summaries import (BATCH_TOKENS, Done, Each, Job, Over, Progress, S
 from ..generate import rolling_cache, rolling_decode_step
 from ..layers import rotate
 from ..observe import Kind, Observer
+from .heads import SINK_EPSILON as EPSILON, first_token_mass, sink_heads   # noqa: F401 - the one sink-head rule
 
-EPSILON = 0.3          # Gu et al.'s threshold: a head is a sink head when its mean attention on token 0 exceeds it
 LOSS_BLOCK = 256       # positions whose vocabulary logits are held at once (Gemma's vocabulary is 262,144 wide)
 POSITIONS = ("cache", "text")
 
@@ -67,7 +67,7 @@ class SinkObserver(Observer):
         for b, t in enumerate(self.lengths):
             p = probs[b, :, :t, :t].float()                                       # [H, T, T]
             skip_first, skip_k = (1, self.k) if self.causal else (0, 0)
-            row = {"first": p[:, skip_first:, 0].mean(-1),                        # [H]
+            row = {"first": first_token_mass(p, self.causal),                     # [H]
                    "first_k": p[:, skip_k:, :self.k].sum(-1).mean(-1)}
             if not self.causal:
                 row["sep"] = p[:, :, t - 1].mean(-1)
@@ -122,7 +122,7 @@ def sink_scores(model, texts: Sequence[Tensor], k: int = 1, epsilon: float = EPS
             model.run_stack(stack, ids.to(model.device), padding_or_none(mask.to(model.device)), kind=kind,
                             causal=causal, observer=observer)
         for i, row in zip(batch, observer.rows()):
-            row["share"] = (row["first"] > epsilon).float().mean()
+            row["share"] = sink_heads(row["first"], epsilon).float().mean()
             job.finish(i, row)
     shape = (stack.cfg.n_layers, stack.cfg.n_heads)
     queries = (f"decoder: token 0's score over queries 1..T−1, the first {k}'s over queries {k}..T−1"

@@ -140,10 +140,10 @@ def test_what_the_window_cannot_read_is_said_in_the_note(setup, model, text, win
 
 def test_the_plots_take_arrays_and_check_their_shapes():
     first = np.array([[0.9, 0.1], [0.2, 0.5]], dtype=np.float32)
-    fig = sink_maps({"on token 0": first}, 0.3, "title")
+    fig = sink_maps({"on token 0": first}, {"on token 0": first > 0.3}, 0.3, "title")
     assert rings(fig) == [{(0, 0), (1, 1)}] and fig.data[0].zmax == 1.0
     with pytest.raises(ValueError, match="one shape"):
-        sink_maps({"a": first, "b": first[:1]}, 0.3, "title")
+        sink_maps({"a": first, "b": first[:1]}, {"a": first > 0.3, "b": first[:1] > 0.3}, 0.3, "title")
     with pytest.raises(ValueError, match="one length"):
         window_loss_figure({"a": np.zeros(4), "b": np.zeros(5)}, None, "title")
 

@@ -238,10 +238,12 @@ def lens_figure(
     return fig
 
 
-def sink_maps(maps: Mapping[str, np.ndarray], epsilon: float, title: str) -> go.Figure:
+def sink_maps(maps: Mapping[str, np.ndarray], rings: Mapping[str, np.ndarray], epsilon: float,
+              title: str) -> go.Figure:
     """One or more [L, H] maps of each head's mean attention on one token (token 0; an encoder's last token too),
-    side by side on one 0–1 colour scale, with a ring on every head above `epsilon` (Gu et al.'s sink heads).
-    x and y are the layer and head numbers, as in head_score_map."""
+    side by side on one 0–1 colour scale, with a ring on every head rings[name] marks ([L, H] booleans: the sink
+    heads above `epsilon`, as the caller's one rule decides them). x and y are the layer and head numbers, as in
+    head_score_map."""
     panels = {name: as_f32(scores) for name, scores in maps.items()}
     shapes = {scores.shape for scores in panels.values()}
     if len(shapes) != 1 or len(next(iter(shapes))) != 2:
@@ -252,7 +254,7 @@ def sink_maps(maps: Mapping[str, np.ndarray], epsilon: float, title: str) -> go.
         trace = head_map_trace(scores, name, 1.0, ATTENTION_COLORS, colorbar=SLIM_COLORBAR)
         trace.update(showscale=col == len(panels))
         fig.add_trace(trace, row=1, col=col)
-        layers, heads = np.nonzero(scores > epsilon)
+        layers, heads = np.nonzero(np.asarray(rings[name], dtype=bool))
         fig.add_trace(go.Scatter(x=layers.tolist(), y=heads.tolist(), mode="markers", hoverinfo="skip",
                                  marker={"symbol": "circle-open", "size": 14, "color": "#e4572e", "line": {"width": 2}},
                                  name=f"above ε = {epsilon:g}", showlegend=False), row=1, col=col)

@@ -33,7 +33,7 @@ INDUCTION_LENGTH = 100  # the probe: 100 seeded random tokens, then the same 100
 INDUCTION_SEED = 0
 TOP_HEADS = 5  # rows per score in the top-heads table, and the heads "top 5 by a score" picks
 SCORES, LOCAL_WINDOW = heads.SCORES, heads.LOCAL_WINDOW  # score name → (description, threshold, head name)
-named_heads = heads.named_heads
+named_heads, naming_rule = heads.named_heads, heads.naming_rule   # the one rule per named head
 spearman = stats.spearman   # Spearman's ρ, the one the core computes everywhere
 ATLAS_ADVICE = "The atlas above shows its encoder's heads."
 

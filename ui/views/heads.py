@@ -18,7 +18,8 @@ from ui.services.checks import index_of
 from ui.services.heads import (INDUCTION_LENGTH, INDUCTION_SEED, LOCAL_WINDOW, MAX_HEADS_TOKENS, MAX_SWEEP_TOKENS,
                                SCORES, ablation, added_head, alternatives, attribution, cached_lens, check_ablation,
                                check_head, check_score, completeness_table, format_heads, head_map, head_scores,
-                               keep_sweep, kept_sweep, lm_head_reason, named_heads, next_token_reason, parse_heads,
+                               keep_sweep, kept_sweep, lm_head_reason, named_heads, naming_rule, next_token_reason,
+                               parse_heads,
                                score_names, scored_shape, session_cache, stream_sweep, sweep_plan,
                                spearman, sweep_scores, token_surprisal, top_heads)
 from ui.services.text import Encoded, encode, to_numpy, token_grid, token_pieces
@@ -90,11 +91,13 @@ def thresholds_markdown(model, named: dict[str, list[tuple[int, int, float]]]) -
         found.append(f"- **{SCORES[name][2]}s** ({len(hits)}): {shown}{more}")
     lines = ["**Named heads** (layer and head, score):",
              *(found or ["- none: no head passes a threshold on this text."]),
-             "", "**How a head is named**: its score passes the threshold, set so that the same model with random "
-             "weights names no head.", ""]
+             "", "**How a head is named**: its score passes the threshold: a sink head's is Gu et al.'s ε, the "
+             "sinks map's; the others are set so that the same model with random weights names no head.", ""]
     for name in score_names(model):
-        description, threshold, head_name = SCORES[name]
-        rule = f"≥ {threshold:g} names a *{head_name}*" if threshold is not None else "names no head"
+        description, _, head_name = SCORES[name]
+        rule = f"{naming_rule(name)} names a *{head_name}*" if head_name is not None else "names no head"
+        if name == "first_token":
+            rule += " (Gu et al.'s ε, the one the sinks map rings)"
         lines.append(f"- **{SCORE_LABELS[name]}**: {description}; {rule}.")
     return "\n".join(lines)
 
@@ -119,7 +122,7 @@ def score_map_figure(name: str, table: np.ndarray, named: dict, suffix: str = ""
     description, threshold, head_name = SCORES[name]
     title = f"{SCORE_LABELS[name]}: {description}{suffix}"
     if threshold is not None:
-        title += f"<br>ringed: ≥ {threshold:g}, {head_name}s"
+        title += f"<br>ringed: {naming_rule(name)}, {head_name}s"
     marked = [(layer, head) for layer, head, _ in named.get(name, [])]
     return head_score_map(table, title, SCORE_LABELS[name], zmax=1.0 if name in FRACTIONS else None,
                                 marked=marked)

@@ -250,7 +250,8 @@ def sinks_outputs(result, source: str):
         return (f"{source} {sinks.finding(result)}", empty_figure("Both kinds are needed: press Train both."), {})
     maps = {"softmax: weight on <bos>": soft.first, "learned sink: weight on <bos>": sink.first,
             "learned sink: the sink's own weight": sink.learned}
-    figure = sink_maps({name: np.asarray(values, dtype=np.float32) for name, values in maps.items()}, sinks.EPSILON,
+    maps = {name: np.asarray(values, dtype=np.float32) for name, values in maps.items()}
+    figure = sink_maps(maps, {name: sinks.sink_heads(values) for name, values in maps.items()}, sinks.EPSILON,
                        f"Each head's mean weight on <bos> (queries 1–{result.config.context - 1}, {result.config.test_texts}"
                        f" held-out sequences), ringed above ε = {sinks.EPSILON:g}; right: what the learned sink takes")
     note = escaped("\n\n".join([   # escaped: the words name <bos>, which Markdown would take for a tag

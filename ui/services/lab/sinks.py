@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from core.lab import sinks as engine
-from core.analysis.sinks import EPSILON
+from core.analysis.sinks import EPSILON, sink_heads
 from core.lab.sinks import READS, SinksLab, SinksLabConfig
 from ui.services.checks import check_range
 from ui.services.jobs import JobUpdate, stream_job
@@ -50,8 +50,8 @@ def run(config: SinksLabConfig, max_seconds: float | None = None) -> Iterator[Jo
 
 def heads_above(values: list[list[float]], epsilon: float = EPSILON) -> list[tuple[int, int, float]]:
     """(layer, head, value) of every head above epsilon, strongest first."""
-    return sorted(((layer, head, v) for layer, row in enumerate(values) for head, v in enumerate(row) if v > epsilon),
-                  key=lambda x: -x[2])
+    return sorted(((layer, head, v) for layer, row in enumerate(values) for head, v in enumerate(row)
+                   if sink_heads(v, epsilon)), key=lambda x: -x[2])
 
 
 def strongest(values: list[list[float]]) -> tuple[int, int, float]:

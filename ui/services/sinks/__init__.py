@@ -19,6 +19,7 @@ from ui.services.heads import MAX_HEADS_TOKENS, next_token_reason
 from ui.services.text import Encoded, checked_text, encode, to_numpy, valid_unicode
 
 EPSILON = sinks.EPSILON  # Gu et al.'s threshold on a head's mean attention on token 0
+sink_heads = sinks.sink_heads  # the one rule that names a sink head: first-token mass above EPSILON
 MAX_STREAMING_TOKENS = 1024  # positions="cache" reads the text one decode step per token
 MAX_SINKS = 64
 MAX_COMPARED = 6  # installed models compared at most, one loaded at a time
@@ -44,7 +45,7 @@ class SinkMap:
     @property
     def above(self) -> list[tuple[int, int, float]]:
         """(layer, head, score) of every head above epsilon, strongest first."""
-        layers, heads = np.nonzero(self.first > self.epsilon)
+        layers, heads = np.nonzero(sink_heads(self.first, self.epsilon))
         found = [(int(layer), int(head), float(self.first[layer, head])) for layer, head in zip(layers, heads)]
         return sorted(found, key=lambda row: -row[2])
 

@@ -22,7 +22,7 @@ from ui.services.corpus.over import (Corpus, MapAxes, check_cell, check_kind, ch
                                      corpus_pairs, corpus_texts, exported, map_axes, stream_over)
 from ui.services.corpus.pages import saving_of
 from ui.services.heads import check_ablation
-from ui.services.sinks import EPSILON as SINK_EPSILON
+from ui.services.sinks import EPSILON as SINK_EPSILON, sink_heads
 from ui.views import export
 
 PARTIAL_S = 1.0    # the least time between two partial summaries sent to the page
@@ -131,8 +131,8 @@ def sink_share_words(over, noun: str) -> str:
     """Gu et al.'s Sink^ε over the corpus: the share of heads whose mean first-token weight passes ε, counted on the
     mean and on the interval's lower end (the heads sure to pass at 95 %), read from the Over the map draws."""
     total = over.mean.numel()
-    above = int((over.mean > SINK_EPSILON).sum())
-    sure = "" if not over.interval else (f"; {int((over.low > SINK_EPSILON).sum())} pass it with their whole 95 % "
+    above = int(sink_heads(over.mean).sum())
+    sure = "" if not over.interval else (f"; {int(sink_heads(over.low).sum())} pass it with their whole 95 % "
                                   "interval")
     return (f"  \n**Sink heads** (Gu et al.'s Sink^ε, ε = {SINK_EPSILON:g}): {above} of {total} heads "
             f"({100 * above / max(total, 1):.1f} %) put more than ε of their attention on the first token, mean over "

@@ -11,14 +11,14 @@ from ui.plots.heads import sink_depth_figure, sink_maps, window_loss_figure
 from ui.plots.text import escaped
 from ui.services import Services
 from ui.services.checks import UserError
-from ui.services.sinks import (EPSILON, POSITION_WORDS, SinkMap, WindowRead, compare, installed, sink_map,
-                               stream_window, window_settings)
+from ui.services.sinks import (EPSILON, POSITION_WORDS, SinkMap, WindowRead, compare, installed, sink_heads,
+                               sink_map, stream_window, window_settings)
 from ui.views import export
 
 SHOWN_EVERY_S = 0.5  # the window reading's progress reaches the page at most this often
 SHOWN_HEADS = 8  # sink heads listed by name before "and N more"
-GU_ET_AL = ("Gu et al. (ICLR 2025) call a head a sink head when this mean exceeds ε = 0.3 and report the share "
-            "of such heads (Sink^ε): 92 % for Llama-2-7B, 97 % for Mistral-7B.")
+GU_ET_AL = (f"Gu et al. (ICLR 2025) call a head a sink head when this mean exceeds ε = {EPSILON:g} and report the "
+            "share of such heads (Sink^ε): 92 % for Llama-2-7B, 97 % for Mistral-7B.")
 
 
 def quoted(label: str) -> str:
@@ -59,7 +59,7 @@ def sink_note(result: SinkMap) -> str:
         f"{GU_ET_AL} Measured here on {len(result.tokens.ids):,} tokens in {result.seconds:.2f} s.",
     ]
     if not result.causal and result.last is not None:
-        sep = int((result.last > result.epsilon).sum())
+        sep = int(sink_heads(result.last, result.epsilon).sum())
         lines.append(f"On the last token: {sep} of {heads} heads ({sep / heads:.0%}) above ε.")
     if result.tokens.note:
         lines.append("⚠️ " + escaped(result.tokens.note))
@@ -79,7 +79,7 @@ def sinks_view(services: Services, model_name, text_value, progress=None):
         maps = {"on [CLS]" if result.special[0] else "on token 0": result.first,
                 "on [SEP]" if result.special[1] else "on the last token": result.last}
     title = f"Each head's mean attention on the first token; ringed: above ε = {result.epsilon:g}"
-    fig = sink_maps(maps, result.epsilon, title)
+    fig = sink_maps(maps, {name: sink_heads(m, result.epsilon) for name, m in maps.items()}, result.epsilon, title)
     return sink_note(result), export.named(fig, export.filename(name, "sinks"))
 
 
