@@ -10,21 +10,24 @@ The rule, on scores measured over texts (core.analysis.heads' definitions) and w
 
 The minimums are the Heads tab's naming thresholds (core.analysis.heads.SCORES), so a head the circuit names is one
 the Heads tab names too. Neither is near chance: a head spreading its attention evenly over a causal row of T keys
-puts 1/T on each, so its previous-token score is the mean of 1/(i + 1) over queries i = 1..T−1, about ln T / T
-(0.09 on the Lab's 42-token probe texts), and its induction score the mean of 1/(i + 1) over the second copy's
-queries (about 0.03 there). PREVIOUS_MIN = 0.5 asks that more than half of a head's attention sits on the key
-just before the query, INDUCTION_MIN = 0.4 that two-fifths sits on the token after the earlier copy; scores of
-0.06–0.08, what a barely trained run gives, are chance and pass neither.
+puts 1/(i + 1) on each key of query i, so its previous-token score is the mean of 1/(i + 1) over queries
+i = 1..T−1, about ln T / T (0.081 on the Lab's 42-token probe texts), and its induction score the mean of 1/(i + 1)
+over the second copy's queries (0.032 there). PREVIOUS_MIN = 0.5 asks that more than half of a head's attention
+sits on the key just before the query, INDUCTION_MIN = 0.4 that two-fifths sits on the token after the earlier
+copy; scores of 0.06–0.08, what a barely trained run gives, are chance and pass neither.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
+from ..corpus.stats import Over
 from .heads import SCORES
-from .parts import Part, head
+from .parts import Part, head, upstream_parts
+from .qk import CompositionOver
 
 PREVIOUS_MIN = SCORES["previous_token"][1]    # a previous-token head: mean weight ≥ 0.5 on the key just before
 INDUCTION_MIN = SCORES["induction"][1]        # an induction head: mean weight ≥ 0.4 on the token after the copy
@@ -115,3 +118,25 @@ def induction_circuit(previous_token: Tensor, induction: Tensor, keys) -> Induct
     source_previous = float(previous_token[part.layer, part.head])
     found = score >= INDUCTION_MIN and source_previous >= PREVIOUS_MIN and share > 0
     return InductionCircuit(target, score, previous, previous_score, part, share, source_previous, found)
+
+
+# ---- a saved run's trace as plain values, and back: the docs re-decide a stored run by the same rule ----
+
+def keys_record(keys) -> dict:
+    """What feeds a head's keys (a CompositionOver) as JSON-ready values: the labels, each part's mean share and
+    interval as measured, and every text's shares."""
+    shares = keys.shares
+    return {"layer": keys.layer, "head": keys.head, "side": keys.side, "labels": list(keys.labels),
+            "pairs": keys.pairs, "n": shares.n, "interval": shares.interval,
+            "mean": shares.mean.tolist(), "low": shares.low.tolist(), "high": shares.high.tolist(),
+            "per_item": shares.per_item.tolist()}
+
+
+def stored_keys(record: dict, n_heads: int):
+    """keys_record's values back as a CompositionOver (no weights-only scores: a record keeps none), its parts
+    typed from the labels, so induction_circuit reads a saved run as it reads a live one."""
+    t = lambda values: torch.tensor(values, dtype=torch.float32)                       # noqa: E731
+    shares = Over(t(record["mean"]), t(record["low"]), t(record["high"]), t(record["per_item"]), record["n"],
+                  interval=record["interval"])
+    return CompositionOver(record["layer"], record["head"], record["side"], record["labels"], shares,
+                           record["pairs"], None, upstream_parts(record["labels"], record["layer"], n_heads))

@@ -1,7 +1,8 @@
-"""Ground truth for "what feeds a head" (core/analysis/induction.py): a two-layer attention-only Lab decoder trained
+"""Ground truth for "what feeds a head" (core/lab/induction.py): a two-layer attention-only Lab decoder trained
 on copy-62 has to learn the induction circuit, and composition_over on its induction head's keys must name its
-previous-token head first. Once on the run the project ships (assets/lessons/induction), once on a run trained
-here from the same seeded config."""
+previous-token head first, as core.analysis.circuits' rule decides it. Once on the run the project ships
+(assets/lessons/induction), once on a run trained here from the same seeded config; and a run too short to learn
+the task names no circuit."""
 from dataclasses import replace
 from pathlib import Path
 
@@ -9,21 +10,25 @@ import pytest
 import torch
 
 from core import load_model
-from core.lab import train as lab
-from core.analysis import induction
+from core.analysis import circuits, parts
+from core.lab import induction, shipped, train as lab
 
 SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "lessons" / "induction"
 
 
 def check_circuit(found: induction.Circuit) -> None:
-    assert found.previous_token[found.previous_head] > 0.5          # a clear previous-token head in layer 0 ...
-    assert found.induction[found.induction_head] > 0.5              # ... and an induction head in layer 1
-    assert found.found, (found.first_source, found.previous_head)
+    finding = found.finding
+    assert found.found, finding.words()
+    source, target = finding.source, finding.induction
+    assert source.layer == 0 and target.layer == 1
+    assert found.previous_token[0, source.head] >= circuits.PREVIOUS_MIN    # a clear previous-token head in layer 0
+    assert found.induction[1, target.head] >= circuits.INDUCTION_MIN        # ... and an induction head in layer 1
+    assert finding.previous == source                                      # the strongest one feeds the keys
     shares = found.keys.shares
-    labels = found.keys.labels
-    first = labels.index(found.first_source)
-    others = [i for i, label in enumerate(labels) if " H" in label and i != first]
+    first = found.keys.index(source)
+    others = [i for i in found.keys.heads() if i != first]
     assert all(shares.low[first] > shares.high[i] for i in others)  # first by more than the intervals
+    assert finding.words().startswith(f"{source} (previous-token score") and "Olsson" in finding.words()
 
 
 def test_the_probe_texts_and_their_places():
@@ -37,8 +42,24 @@ def test_the_probe_texts_and_their_places():
 def test_the_shipped_run_finds_its_previous_token_head():
     found = induction.circuit(load_model(SHIPPED, device="cpu"))
     check_circuit(found)
-    assert "L0 MLP" in found.keys.labels                           # attention only: its MLP writes exactly 0
-    assert found.keys.shares.mean[found.keys.labels.index("L0 MLP")] == 0
+    assert found.finding.source == parts.head(0, 3) and found.finding.induction == parts.head(1, 1)
+    mlp = found.keys.index(parts.Part(parts.MLP, 0))                 # attention only: its MLP writes exactly 0
+    assert found.keys.labels[mlp] == "L0 MLP" and found.keys.shares.mean[mlp] == 0
+
+
+def test_a_run_too_short_to_learn_the_task_names_no_circuit():
+    """The Lab's shortest "Train one like it" run (100 steps of the shipped config): its best scores are chance
+    level, so the rule names no circuit and says the scores it read."""
+    config = replace(shipped.lab_config(SHIPPED), steps=100, eval_every=100)
+    for result, _ in lab.train(config):
+        pass
+    found = induction.circuit(result.model)
+    finding = found.finding
+    assert not found.found
+    assert finding.induction_score < circuits.INDUCTION_MIN or finding.source_previous < circuits.PREVIOUS_MIN
+    words = finding.words()
+    assert words.startswith("no circuit formed (scores: ") and "Olsson" not in words
+    assert f"{finding.induction_score:.2f}" in words and str(finding.induction) in words
 
 
 def test_the_circuit_is_refused_on_another_shape():
@@ -50,9 +71,7 @@ def test_the_circuit_is_refused_on_another_shape():
 def test_a_seeded_lab_run_learns_the_circuit():
     """The shipped run's config (its manifest), trained again here: about 75 s on one thread. The test asks for
     the circuit, not for the same weights, which another CPU's float sums may move."""
-    from ui.services.lab import saved
-
-    config = saved.lab_config(SHIPPED)
+    config = shipped.lab_config(SHIPPED)
     config = replace(config, eval_every=config.steps)            # one evaluation, at the end
     assert config.attention_only and (config.n_layers, config.task) == (2, "copy-62")
     for result, _ in lab.train(config):

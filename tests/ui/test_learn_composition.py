@@ -1,7 +1,8 @@
 """The course's lesson on composition (ui/services/learn/composition.py): on the Lab's saved induction run the answer
-is the component core.analysis.induction finds first (its previous-token head), with the same numbers; on SmolLM2 the
-strongest induction head is the probe's and its keys are traced as the Heads tab traces them; an encoder is told
-why its half is not measured; before Reveal no bar and no name of one is drawn, only the heads traced."""
+is the component core.lab.induction finds first (its previous-token head, as core.analysis.circuits names it), with
+the same numbers; on SmolLM2 the strongest induction head is the probe's, its keys are traced as the Heads tab traces
+them and the circuit is decided by the same rule; an encoder is told why its half is not measured; before Reveal no
+bar and no name of one is drawn, only the heads traced."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from tiny_app_model import build_tiny_bert
 
 from core import load_model
-from core.analysis import heads as head_scores
+from core.analysis import circuits, heads as head_scores
 from ui.services.lab import induction
 from ui.services.learn import course, reveal
 from ui.services.learn import composition as lessons
@@ -27,7 +28,8 @@ def measured(smollm):
 
 def test_the_lab_half_is_the_circuit_the_core_finds(measured):
     found = induction.trace_saved()
-    assert found.found and found.labels[0] == f"L0 H{found.previous_head}"
+    assert found.finding.found and found.labels[0] == str(found.finding.source)
+    assert f"On the Lab's model, {found.finding.words()}." in measured.answer_text
     assert measured.answer == lessons.PREVIOUS and measured.answer in LESSON.question.choices
     assert (f"{found.labels[0]}** (share {found.mean[0]:+.2f} of the relative score, 95 % interval "
             f"[{found.low[0]:.2f}, {found.high[0]:.2f}] over {found.n} texts)") in measured.answer_text
@@ -46,7 +48,12 @@ def test_the_loaded_models_half_traces_its_strongest_induction_head(smollm, meas
     assert real.title == f"L{layer} H{head} of the loaded model" and (layer, head) == (18, 6)
     assert f"the strongest induction head is **L{layer} H{head}**" in measured.why
     assert f"fed most by **{real.labels[0]}** (share {real.mean[0]:+.2f})" in measured.why
-    assert real.labels[0] == "L16 H0" and "one of the model's strongest previous-token heads" in measured.why
+    assert real.labels[0] == "L16 H0"
+    # the circuit as core.analysis.circuits decides it from the same scores: named only above both minimums
+    previous = float(head_scores.pattern_scores(smollm, probe.ids)["previous_token"][16, 0])
+    named = previous >= circuits.PREVIOUS_MIN and float(probe.scores[layer, head]) >= circuits.INDUCTION_MIN
+    rule = measured.why.split("By the circuit's rule")[1]
+    assert f"{previous:.2f}" in rule and ("Olsson" in rule) == named and ("no circuit formed" in rule) != named
 
 
 def test_an_encoder_gets_the_lab_half_and_a_reason(tmp_path):

@@ -323,27 +323,37 @@ the seeds tried)."""
 
 
 def induction_outputs(found) -> tuple[str, object, object]:
-    """(note, the two heads' maps, what feeds the induction head's keys) of an induction.Traced."""
+    """(note, the two heads' maps, what feeds the induction head's keys) of an induction.Traced: a circuit is named
+    only where the one rule (core.analysis.circuits) finds it; otherwise the note says no circuit formed, with the
+    scores, and the maps name no head."""
+    finding = found.finding
     p, i = f"L0 H{found.previous_head}", f"L1 H{found.induction_head}"
-    source = found.labels.index(found.first_source)
-    interval = (f" [{found.low[source]:.2f}, {found.high[source]:.2f}]" if np.isfinite(found.low[source]) else "")
-    verdict = ("the previous-token head comes first, as Olsson et al. (2022) describe the circuit" if found.found else
-               f"here the first is not the previous-token head ({p}): this run's circuit is not the textbook one, or "
-               "not yet formed (a run that has not learned the task has none)")
-    allowed = int(np.argmax(found.weights[0]))
     length = (len(found.tokens) - 2) // 2
-    run = escaped(found.run_id)
-    note = (f"**{run}**: on {found.n} fresh texts ({length} random letters and digits, repeated after "
-            f"`<sep>`), "
-            f"**{p}** is layer 0's previous-token head (mean weight {found.previous[found.previous_head]:.2f} on the "
-            f"key just before the query) and **{i}** layer 1's induction head (mean weight "
-            f"{found.induction[found.induction_head]:.2f} from each character of the second copy to the character "
-            f"after its first copy). Among the earlier heads, {i}'s keys are fed most by **{found.first_source}** "
-            f"(share {found.mean[source]:+.2f}{interval} of the relative score): {verdict}. The weights alone "
-            f"(K-composition, no text) rank L0 H{allowed} first ({found.weights[0, allowed]:.2f}). "
-            f"Pairs: {found.pairs}.")
-    heads = attention_panels([HeadPanel(f"{p}: previous-token head", found.previous_map, found.tokens),
-                              HeadPanel(f"{i}: induction head", found.induction_map, found.tokens)],
+    allowed = int(np.argmax(found.weights[0]))
+    rule = (f"A circuit is named only where the induction score is at least {induction.INDUCTION_MIN:g} and the "
+            f"earlier head feeding its keys most is a previous-token head (score at least {induction.PREVIOUS_MIN:g}), "
+            "the Heads tab's thresholds.")
+    lead = (f"**{escaped(found.run_id)}**: on {found.n} fresh texts ({length} random letters and digits, repeated "
+            f"after `<sep>`), ")
+    if finding.found:
+        source = str(finding.source)
+        at = found.labels.index(source) if source in found.labels else None
+        interval = ("" if at is None or not np.isfinite(found.low[at])
+                    else f" [{found.low[at]:.2f}, {found.high[at]:.2f}]")
+        finding_words = (f"**{source}** is a previous-token head (mean weight {finding.source_previous:.2f} on the key "
+                         f"just before the query) and **{i}** an induction head (mean weight "
+                         f"{finding.induction_score:.2f} from each character of the second copy to the character "
+                         f"after its first copy); {source} feeds {i}'s keys more than any other earlier head (share "
+                         f"{finding.source_share:+.2f}{interval} of the relative score): {induction.OLSSON}.")
+        titles = (f"{p}: previous-token head", f"{i}: induction head")
+    else:
+        finding_words = f"{escaped(finding.words())}."
+        titles = (f"{p}: layer 0's largest previous-token score ({found.previous[found.previous_head]:.2f})",
+                  f"{i}: layer 1's largest induction score ({found.induction[found.induction_head]:.2f})")
+    note = (lead + finding_words + f" {rule} The weights alone (K-composition, no text) rank L0 H{allowed} first "
+            f"({found.weights[0, allowed]:.2f}). Pairs: {found.pairs}.")
+    heads = attention_panels([HeadPanel(titles[0], found.previous_map, found.tokens),
+                              HeadPanel(titles[1], found.induction_map, found.tokens)],
                              escaped(f"{found.run_id}: the two heads on <bos> s <sep> s"), columns=2)
     feeds = composition_figure(found.labels, found.mean, found.low, found.high, found.weights, "key",
                                f"What feeds {i}'s keys, over {found.n} texts")

@@ -37,6 +37,7 @@ class Composition:
     pairs: str                   # how each text's pairs were chosen and weighed, in words
     weights: np.ndarray          # [layer, H] the weights-only composition with each earlier head on this side
     source: str                  # the corpus in words
+    traced: qk.CompositionOver   # every part, typed (parts), as the core measured it: what a finding reads
 
 
 def check_side(side) -> str:
@@ -74,4 +75,4 @@ def composition(model, layer, head, side, n) -> Composition:
     labels, over = top_and_rest(found.shares, found.labels)
     weights = (found.weights.k if side == "key" else found.weights.q).numpy()
     return Composition(layer, head, side, labels, over.mean.numpy(), over.low.numpy(), over.high.numpy(), over.n,
-                       over.interval, over.note, found.pairs, weights, source)
+                       over.interval, over.note, found.pairs, weights, source, found)

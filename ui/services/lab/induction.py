@@ -1,4 +1,4 @@
-"""The induction circuit of a Lab run (core.analysis.induction), as plain values for the Lab's section and the
+"""The induction circuit of a Lab run (core.lab.induction), as plain values for the Lab's section and the
 Learn lesson on composition: the run the project ships (assets/lessons/induction, a two-layer attention-only
 decoder trained on copy-62), or a session's own run of the same shape. Never imports gradio.
 """
@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from core.analysis import induction as engine
+from core.analysis.circuits import INDUCTION_MIN, OLSSON, PREVIOUS_MIN, InductionCircuit  # noqa: F401 - the page says them
+from core.lab import induction as engine
 from core.lab.train import VOCAB, LabConfig
 from ui.services.checks import UserError, check_range
 from ui.services.corpus.composition import top_and_rest
@@ -27,10 +28,10 @@ class Traced:
     lab: LabConfig
     previous: np.ndarray         # [H] layer 0's previous-token scores over the probe texts
     induction: np.ndarray        # [H] layer 1's induction scores
-    previous_head: int
-    induction_head: int
-    first_source: str            # the earlier single head with the largest share of the induction head's keys
-    found: bool                  # ... is the previous-token head
+    previous_head: int           # layer 0's head of largest previous-token score (named only where finding.found)
+    induction_head: int          # layer 1's head of largest induction score, whose keys were traced
+    finding: InductionCircuit    # the one rule's decision (core.analysis.circuits), with the scores it read
+    traced: object               # core.analysis.qk.CompositionOver: every part of the keys, typed
     labels: list[str]            # what feeds the induction head's keys: named parts, then "rest"
     mean: np.ndarray
     low: np.ndarray
@@ -57,7 +58,7 @@ def check_shape(run_id: str, lab: LabConfig) -> None:
 
 
 def trace(model, run_id: str, lab: LabConfig) -> Traced:
-    """The circuit of a trained two-layer decoder on core.analysis.induction's probe texts."""
+    """The circuit of a trained two-layer decoder on core.lab.induction's probe texts."""
     check_shape(run_id, lab)
     texts = engine.probe_texts()
     found = engine.circuit(model, texts)
@@ -65,11 +66,12 @@ def trace(model, run_id: str, lab: LabConfig) -> Traced:
     first = texts[0]
     with torch.inference_mode():
         probs = model(first[None], capture_attention=True, return_logits=False).attentions
-    return Traced(run_id, lab, found.previous_token.numpy(), found.induction.numpy(), found.previous_head,
-                  found.induction_head, found.first_source, found.found, labels, over.mean.numpy(), over.low.numpy(),
-                  over.high.numpy(), found.keys.weights.k.numpy(), over.n, found.keys.pairs,
-                  [VOCAB[i] for i in first.tolist()], probs[0][0, found.previous_head].float().cpu().numpy(),
-                  probs[1][0, found.induction_head].float().cpu().numpy())
+    finding = found.finding
+    previous, induction = finding.previous.head, finding.induction.head
+    return Traced(run_id, lab, found.previous_token[0].numpy(), found.induction[1].numpy(), previous, induction,
+                  finding, found.keys, labels, over.mean.numpy(), over.low.numpy(), over.high.numpy(),
+                  found.keys.weights.k.numpy(), over.n, found.keys.pairs, [VOCAB[i] for i in first.tolist()],
+                  probs[0][0, previous].float().cpu().numpy(), probs[1][0, induction].float().cpu().numpy())
 
 
 def trace_saved() -> Traced | None:

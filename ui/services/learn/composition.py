@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.analysis import heads as head_scores
+from core.analysis import circuits, heads as head_scores
 from ui.services.checks import UserError
 from ui.services.corpus.composition import composition
 from ui.services.corpus.over import induction_length
@@ -19,7 +19,6 @@ from ui.services.learn import Lesson, Measured, ProgressFn, Question
 PREVIOUS, OTHER, EMBEDDINGS = ("the first layer's previous-token head", "another head of the first layer",
                                "the token embeddings themselves")
 REAL_TEXTS = 4              # induction texts the loaded model's head is traced over (one pass and 16 pairs each)
-PREVIOUS_TOP = 5            # an earlier head counts as a previous-token head among this many strongest
 TRY_SOURCE = "a7Qz0kP3mX9tB2wR5yL8"   # 20 letters and digits: the saved run copies it, and its heads show
 
 
@@ -34,44 +33,36 @@ class Traced:
 
 
 def lab_answer(found: induction.Traced) -> str:
-    top = found.labels[0]
-    if top == f"L0 H{found.previous_head}":
+    """Which choice writes most of the induction head's keys: the component of largest |share| (the bars' first),
+    read by its typed key; the previous-token head only where the one rule found the circuit."""
+    top = found.traced.parts[found.traced.labels.index(found.labels[0])]
+    if found.finding.found and top == found.finding.source:
         return PREVIOUS
-    return OTHER if " H" in top else EMBEDDINGS
+    return OTHER if top.is_head else EMBEDDINGS
 
 
 def real_model(model, progress: ProgressFn | None) -> tuple[Traced | None, str]:
     """The loaded model's strongest induction head (layer ≥ 1) traced over REAL_TEXTS induction texts, and the
-    finding in words; (None, why) where the model has no induction probe (an encoder) or one layer."""
+    finding in words (core.analysis.circuits decides it); (None, why) where the model has no induction probe (an
+    encoder) or one layer."""
     if model.config.n_layers < 2:
         return None, "The loaded model has one layer: no earlier head can write its keys."
     try:
         probe = head_scores.induction(model, induction_length(model))
     except ValueError as error:
         return None, f"On the loaded model the second half is not measured: {error}."
-    scores = probe.scores[1:]
-    flat = int(scores.flatten().argmax())
-    layer, head = 1 + flat // scores.shape[1], flat % scores.shape[1]
+    target, score = circuits.induction_head(probe.scores)
     if progress is not None:
-        progress(0.5, f"what feeds L{layer} H{head}'s keys")
-    found = composition(model, layer, head, "key", REAL_TEXTS)
-    previous = head_scores.pattern_scores(model, probe.ids)["previous_token"][:layer]       # [layer, H]
-    order = previous.flatten().argsort(descending=True)[:PREVIOUS_TOP].tolist()
-    previous_heads = [f"L{i // previous.shape[1]} H{i % previous.shape[1]}" for i in order]
-    single = next((label for label in found.labels if " H" in label and "bias" not in label), None)
-    named = f"L{layer} H{head}"
-    words = (f"On the loaded model, the strongest induction head is **{named}** (induction score "
-             f"{float(probe.scores[layer, head]):.2f}); over {found.n} induction texts its keys are fed most by "
-             f"**{found.labels[0]}** (share {found.mean[0]:+.2f})")
-    if single is not None:
-        i = found.labels.index(single)
-        kind = ("one of the model's strongest previous-token heads" if single in previous_heads else
-                f"not among its {PREVIOUS_TOP} strongest previous-token heads ({', '.join(previous_heads)})")
-        words += (f", and the largest single earlier head is **{single}** ({found.mean[i]:+.2f}), {kind}."
-                  if single != found.labels[0] else f", {kind}.")
-    else:
-        words += "."
-    return Traced(f"{named} of the loaded model", found.labels, found.mean, found.low, found.high), words
+        progress(0.5, f"what feeds {target}'s keys")
+    found = composition(model, target.layer, target.head, "key", REAL_TEXTS)
+    previous = head_scores.pattern_scores(model, probe.ids)["previous_token"]                # [L, H]
+    finding = circuits.induction_circuit(previous, probe.scores, found.traced)
+    words = (f"On the loaded model, the strongest induction head is **{target}** (induction score {score:.2f}); "
+             f"over {found.n} induction texts its keys are fed most by **{found.labels[0]}** (share "
+             f"{found.mean[0]:+.2f}). By the circuit's rule (induction score at least {circuits.INDUCTION_MIN:g}, "
+             f"the earlier head feeding its keys most a previous-token head at least {circuits.PREVIOUS_MIN:g}): "
+             f"{finding.words()}.")
+    return Traced(f"{target} of the loaded model", found.labels, found.mean, found.low, found.high), words
 
 
 def measure_composition(model, progress: ProgressFn | None = None) -> Measured:
@@ -83,10 +74,7 @@ def measure_composition(model, progress: ProgressFn | None = None) -> Measured:
         return Measured(answer="not measured here", answer_text=reason, why=reason, alt=reason,
                         link={"tab": "lab"}, note=reason)
     lab = Traced(f"L1 H{found.induction_head} of the Lab's model", found.labels, found.mean, found.low, found.high)
-    p, i = f"L0 H{found.previous_head}", f"L1 H{found.induction_head}"
-    answer_text = (f"On the Lab's model, {p} is the previous-token head (weight "
-                   f"{found.previous[found.previous_head]:.2f} on the key just before the query) and {i} the "
-                   f"induction head ({found.induction[found.induction_head]:.2f}); {i}'s keys are fed most by "
+    answer_text = (f"On the Lab's model, {found.finding.words()}. L1 H{found.induction_head}'s keys are fed most by "
                    f"**{found.labels[0]}** (share {found.mean[0]:+.2f} of the relative score, 95 % interval "
                    f"[{found.low[0]:.2f}, {found.high[0]:.2f}] over {found.n} texts).")
     try:
