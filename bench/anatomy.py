@@ -4,7 +4,7 @@ repeated runs, each for a layer and head not asked for before, beside one plain 
   forward stages       every stage of one layer and head, from one recorded pass (target ≤ 1 s)
   score decomposition  one score of the last layer (the most parts: 2 per earlier layer) split into
                        query part × key part (target ≤ 0.5 s)
-  q/k geometry         the head's queries and keys in the one q/k plane (core/analysis/plane.py)
+  q/k geometry         the head's queries and keys in the one q/k plane (core/plane.py)
 With --publish the table goes to docs/benchmarks.md (section anatomy).
 Usage: python bench/anatomy.py [--model smollm2-135m-instruct] [--repeats 5] [--tokens 32] [--publish]
 """

@@ -43,7 +43,8 @@ from common import (PeakMemory, add_publish, long_ids, md_table, median, publish
                     spread, timed)
 from core import load_model  # noqa: E402
 from core.analysis import patching  # noqa: E402
-from core.corpus import summaries  # noqa: E402
+from core.analysis import over as overs  # noqa: E402
+from core.corpus import jobs  # noqa: E402
 from core.corpus.texts import ioi_pairs  # noqa: E402
 from lens import check_agreement, lens_model, lens_scores  # noqa: E402
 from ui import memory  # noqa: E402
@@ -65,12 +66,12 @@ def windows(tokenizer, n: int, tokens: int) -> list[torch.Tensor]:
     return list(long_ids(tokenizer, n * tokens)[0].view(n, tokens))
 
 
-def plain_forward(model, texts: list[torch.Tensor], batch_tokens: int = summaries.BATCH_TOKENS) -> None:
+def plain_forward(model, texts: list[torch.Tensor], batch_tokens: int = jobs.BATCH_TOKENS) -> None:
     """The same padded batches as head_scores_over, through the stack only (fused attention, no observer)."""
-    pad = summaries.pad_id(model)
+    pad = jobs.pad_id(model)
     with torch.inference_mode():
-        for batch in summaries.length_batches([len(t) for t in texts], batch_tokens):
-            ids, mask = summaries.padded([texts[i] for i in batch], pad)
+        for batch in jobs.length_batches([len(t) for t in texts], batch_tokens):
+            ids, mask = jobs.padded([texts[i] for i in batch], pad)
             model(ids, attention_mask=None if mask.all() else mask, return_logits=False)
 
 
@@ -87,9 +88,9 @@ def peak_rss(folder: str, n: int, tokens: int, batch_tokens: int) -> dict:
     model = load_model(folder, device="cpu", dtype=torch.float32)
     gen = torch.Generator().manual_seed(0)
     texts = [torch.randint(3, model.config.vocab_size, (tokens,), generator=gen) for _ in range(n)]
-    summaries.head_scores_over(model, texts[:batch_tokens // tokens], batch_tokens)
+    overs.head_scores_over(model, texts[:batch_tokens // tokens], batch_tokens)
     with PeakMemory("cpu", required=True) as peak:
-        summaries.head_scores_over(model, texts, batch_tokens)
+        overs.head_scores_over(model, texts, batch_tokens)
     if peak.peak is None:
         raise SystemExit("the job's peak RSS could not be read back from /proc/self/status (VmHWM) after the job")
     return {"loaded": peak.before / 2**20, "peak": peak.peak / 2**20, "how": peak.how}
@@ -225,7 +226,7 @@ def arguments():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="small sizes: " + json.dumps(QUICK))
     parser.add_argument("--random-weights", action="store_true", help="seeded random weights of the same shapes")
-    parser.add_argument("--batch-tokens", type=int, default=summaries.BATCH_TOKENS,
+    parser.add_argument("--batch-tokens", type=int, default=jobs.BATCH_TOKENS,
                         help="rows × longest text in one padded batch (head scores and memory)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"which to run, comma-separated: {', '.join(PARTS)}")
@@ -269,9 +270,9 @@ def main() -> None:
           f"medians (ranges) of {args.repeats} alternating runs{', QUICK sizes' if args.quick else ''}")
     sides = {"heads": ("scores", "plain"), "patch": ("patch_over", "looped"),
              "lens": ("scores", "lens loop", "lens batched")}
-    jobs = {"scores": lambda: summaries.head_scores_over(model, texts, args.batch_tokens),
+    jobs = {"scores": lambda: overs.head_scores_over(model, texts, args.batch_tokens),
             "plain": lambda: plain_forward(model, texts, args.batch_tokens),
-            "patch_over": lambda: summaries.patch_over(model, pairs, "z"),
+            "patch_over": lambda: overs.patch_over(model, pairs, "z"),
             "looped": lambda: looped_sweeps(model, pairs),
             "lens loop": lambda: lens_scores(lens, texts),
             "lens batched": lambda: lens_scores(lens, texts, len(texts))}
@@ -281,11 +282,11 @@ def main() -> None:
         summary.append("transformer-lens not installed")
         parts.remove("lens")
     if "heads" in parts:                                                                # warm-up
-        summaries.head_scores_over(model, texts[:2]), plain_forward(model, texts[:2])
+        overs.head_scores_over(model, texts[:2]), plain_forward(model, texts[:2])
     if "patch" in parts:
         looped_sweeps(model, pairs[:1])
     if "lens" in parts:          # warm-up at full size, whose results are checked before anything is timed
-        ours = summaries.head_scores_over(model, texts, args.batch_tokens)
+        ours = overs.head_scores_over(model, texts, args.batch_tokens)
         agreement = check_agreement(ours, jobs["lens loop"]())
         check_agreement(ours, jobs["lens batched"]())
     order = list(dict.fromkeys(key for part in parts if part in sides for key in sides[part]))

@@ -32,7 +32,8 @@ import json, sys, time
 import torch
 from core import load_model
 from core.analysis.patching import patch_sweep
-from core.corpus import summaries, texts
+from core.analysis import over as overs
+from core.corpus import texts
 from core.generate import generate
 from core.store import ensure
 from core.lab.train import LabConfig, train
@@ -48,7 +49,7 @@ ids = [torch.randint(3, model.config.vocab_size, (tokens,), generator=gen) for _
 long_ids = torch.randint(3, model.config.vocab_size, (1, long), generator=gen)
 pair = texts.ioi_pairs(model.tokenizer, 1)[0]
 jobs = {
-    "heads": (lambda: summaries.head_scores_over(model, ids[:8]), lambda: summaries.head_scores_over(model, ids)),
+    "heads": (lambda: overs.head_scores_over(model, ids[:8]), lambda: overs.head_scores_over(model, ids)),
     "generate": (lambda: generate(model, ids[0][None], 8), lambda: generate(model, ids[0][None], new)),
     "attention": (lambda: model(long_ids[:, :64], capture_attention=True),
                   lambda: model(long_ids, capture_attention=True)),

@@ -29,7 +29,7 @@ from ..attention import layer_mask, soft_cap
 from ..config import check_index
 from ..layers import rope_angles
 from ..probe import Probe
-from .plane import joint_plane
+from ..plane import joint_plane
 
 # forward_stages' arrays in the order the pass computes them
 STAGES = ("tokens", "embeddings", "positions", "token_types", "resid_pre", "norm_scale", "attn_in", "q_unrotated",

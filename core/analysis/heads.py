@@ -16,6 +16,7 @@ from torch import Tensor
 
 from ..attention import row_entropy
 from ..corpus.stats import NONNEGATIVE, SHARE, spearman
+from ..corpus.texts import induction_probe
 from ..observe import Kind, Observer
 from ..probe import Probe
 from .. import logits as blocks
@@ -143,19 +144,6 @@ def batch_pattern_scores(model, ids: Tensor, mask: Tensor | None = None, inducti
     with torch.inference_mode():
         model.run_stack(stack, ids, mask, kind=kind, causal=stack.cfg.causal, observer=observer)
     return {name: t.cpu() for name, t in observer.tables().items()}
-
-
-def induction_probe(vocab_size: int, length: int = 100, seed: int = 0, bos: int | None = None,
-                    avoid: tuple[int, ...] = ()) -> Tensor:
-    """A seeded sequence of `length` random tokens repeated twice, [1, 2·length (+1 with BOS)]: the second copy
-    is predictable only by looking back at the first."""
-    gen = torch.Generator().manual_seed(seed)
-    allowed = torch.ones(vocab_size, dtype=torch.bool)
-    allowed[list(avoid)] = False
-    pool = allowed.nonzero().squeeze(-1)
-    half = pool[torch.randint(len(pool), (length,), generator=gen)]
-    parts = ([torch.tensor([bos])] if bos is not None else []) + [half, half]
-    return torch.cat(parts)[None]
 
 
 @dataclass

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..corpus.jobs import check_token
 from ..probe import Patch, Probe
 
 SITES = ("resid_pre", "attn_out", "mlp_out", "z")
@@ -38,12 +39,6 @@ def check_decoder(model, what: str) -> None:
         raise ValueError(f"{what} explains a next-token prediction: it needs a decoder-only model with an LM head "
                          f"(this {model.config.model_type or model.config.family} model is an encoder or an "
                          "encoder-decoder)")
-
-
-def check_token(model, token: int, name: str) -> int:
-    if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < model.config.vocab_size:
-        raise ValueError(f"{name} must be a token id in 0..{model.config.vocab_size - 1}, got {token!r}")
-    return token
 
 
 METRIC_ROWS = 256   # rows whose full-vocabulary logits are held at once while reading the metric

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from ..attention import layer_mask, soft_cap
 from ..config import check_index
+from ..corpus.jobs import Job, Progress, Stop, check_texts
 from ..layers import rotate
 from . import anatomy
 from .anatomy import ScoreDecomposition
@@ -577,7 +578,7 @@ class CompositionOver:
     head: int
     side: str
     labels: list[str]
-    shares: object              # core.corpus.summaries.Over [n_parts]
+    shares: object              # core.corpus.stats.Over [n_parts]
     pairs: str                  # how the pairs were chosen and weighed, in words
     weights: CompositionScores
     parts: list[Part]
@@ -612,32 +613,35 @@ def chosen_pairs(a: Tensor, pairs: int, first: bool) -> list[tuple[int, int]]:
 
 
 def composition_over(model, texts, layer: int, head: int, side: str = "key", pairs: int = 16,
-                     first: bool = False):
+                     first: bool = False, progress: Progress | None = None, stop: Stop | None = None):
     """For `head` in `layer`, each upstream component's share of the relative score on each text's `pairs`
     (query, key) pairs of largest attention a_ij (the attention-weighted mean of the relative score over all of
     a query's keys is 0 by construction, so the head's attended pairs are taken instead): per text
     Σ_p a_p·part_p / Σ_p a_p·relative_score_p on the side asked for (its parts add up to 1), summarised over
     the texts (an Over). Key 0 is left out unless first (many heads park attention there, a sink). Beside it
-    the weights-only composition scores (composition_scores)."""
-    from ..corpus.summaries import Job, check_texts
+    the weights-only composition scores (composition_scores). progress and stop as every corpus job's
+    (core/corpus/jobs.py): stop() is asked between texts, and a stopped job summarises the texts it finished."""
     side = check_side(side)
     layer, head = model.check_head(layer, head)
     if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 1:
         raise ValueError(f"pairs is how many (query, key) pairs each text gives, an int ≥ 1; got {pairs!r}")
     texts = check_texts(model, texts)
-    job, labels = Job(len(texts), "text"), None
+    job, labels = Job(len(texts), "text", progress, stop), []
+
+    def measure(i: int) -> None:
+        parts = EdgeParts(Pass(model, texts[i][None], range(layer + 1), "head"))
+        parts.at_layer(layer)
+        labels[:] = parts.labels
+        chosen = chosen_pairs(parts.p.rec["pattern"][layer][head].float(), pairs, first)
+        if not chosen:
+            job.skip(i, "no query reads more than one key there")
+            return
+        query_side, key_side, relative, weight, _ = parts.sides([(head, key, query) for query, key in chosen])
+        total = weight @ (key_side if side == "key" else query_side)                 # Σ_p a_p·part_p
+        job.finish(i, (total / (weight @ relative)).cpu())
+
     with torch.inference_mode():
-        for i, ids in enumerate(texts):
-            parts = EdgeParts(Pass(model, ids[None], range(layer + 1), "head"))
-            parts.at_layer(layer)
-            labels = parts.labels
-            chosen = chosen_pairs(parts.p.rec["pattern"][layer][head].float(), pairs, first)
-            if not chosen:
-                job.skip(i, "no query reads more than one key there")
-                continue
-            query_side, key_side, relative, weight, _ = parts.sides([(head, key, query) for query, key in chosen])
-            total = weight @ (key_side if side == "key" else query_side)                 # Σ_p a_p·part_p
-            job.finish(i, (total / (weight @ relative)).cpu())
+        job.run(job.left(), measure)
     how = (f"each text's {pairs} (query, key) pairs of largest attention{'' if first else ' after key 0'}, "
            f"weighted by it; a share is Σ a·part / Σ a·(relative score)")
     labels = labels or Pass(model, texts[0][None], range(layer + 1), "head").rows(layer, torch.tensor([0]))[0]

@@ -37,7 +37,8 @@ from torch import Tensor
 from ..attention import soft_cap
 from ..corpus import Pair
 from ..corpus.stats import CORRELATION, NONNEGATIVE, SHARE, UNBOUNDED, spearman
-from ..corpus.summaries import Job, Over, check_pairs, summarise
+from ..corpus.jobs import Job, check_pairs
+from ..corpus.stats import Over, summarise
 from . import patching
 from .patching import PatchSweep, check_sweep, check_token, metric
 
@@ -545,7 +546,7 @@ def pair_value(model, pair: Pair, mode: str, k: int, points: int) -> dict[str, T
 def shortcuts_over(model, pairs: Sequence[Pair], mode: str = "denoise", k: int = 10, points: int = IG_POINTS,
                    progress=None, stop=None, each=None, done=None) -> dict[str, Over]:
     """shortcut_report of every method on heads (z) and on the residual stream (resid_pre) of each pair, as a
-    corpus job of core/corpus (progress, stop, each and done as summaries.py's *_over: saved item by item,
+    corpus job of core/corpus (progress, stop, each and done as core/corpus/jobs.py's: saved item by item,
     resumable, run in chunks): measure → Over [METHODS, SITES_COMPARED] of the per-pair values (NaN where a site
     has no such method: flow on resid_pre), and "exact" → Over [2, SITES_COMPARED] (rows: the exact sweep's cost
     in forward passes, its cells with |effect| ≥ STRONG). A pair whose two runs give the same metric is left out

@@ -18,8 +18,9 @@ from torch import Tensor
 
 from ..attention import padding_or_none
 from ..corpus.stats import SHARE
-from ..corpus.summaries import (BATCH_TOKENS, Done, Each, Job, Over, Progress, Stop, check_ids, check_texts,
-                                length_batches, pad_id, padded)
+from ..corpus.jobs import (BATCH_TOKENS, Done, Each, Job, Progress, Stop, check_ids, check_texts, length_batches,
+                           pad_id, padded)
+from ..corpus.stats import Over
 from ..generate import rolling_cache, rolling_decode_step
 from ..layers import rotate
 from ..observe import Kind, Observer
@@ -30,6 +31,7 @@ POSITIONS = ("cache", "text")
 
 
 # ---- sink scores: attention on the first tokens, per head ----
+
 
 @dataclass
 class SinkScores:
@@ -107,7 +109,7 @@ def sink_scores(model, texts: Sequence[Tensor], k: int = 1, epsilon: float = EPS
                 each: Each | None = None, done: Done | None = None) -> SinkScores:
     """Each head's attention on the first token (and the first k) of each text, summarised over texts, and the
     share of heads above epsilon (Sink^ε). Texts of similar length go through together, right-padded; each row is
-    scored on its own tokens. progress / stop / each / done as in core/corpus/summaries.py."""
+    scored on its own tokens. progress / stop / each / done as in core/corpus/jobs.py."""
     texts, causal = check_sinks_input(model, texts, k, epsilon)
     stack, kind = model.attention_stack()
     job = Job(len(texts), "text", progress, stop, each).resume(done)
@@ -154,10 +156,10 @@ def check_streaming(model, ids, window: int, sinks: int, positions: str) -> Tens
     if cfg.is_encoder_decoder or not cfg.causal or model.lm_head is None:
         raise ValueError(f"streaming perplexity reads a text left to right and predicts each next token: it needs a "
                          f"decoder-only causal model with an LM head; {cfg.family} is not one")
-    ids = check_ids(model, ids, "ids")
-    if len(ids) < 2:
     if isinstance(ids, Tensor) and ids.dim() == 2 and ids.shape[0] == 1:   # [1, T], as other one-text analyses take
         ids = ids[0]
+    ids = check_ids(model, ids, "ids")
+    if len(ids) < 2:
         raise ValueError("ids has one token: a perplexity needs at least two (one to predict from, one predicted)")
     for name, value, least in (("window", window, 1), ("sinks", sinks, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:

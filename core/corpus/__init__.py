@@ -1,5 +1,7 @@
-"""Analyses over many texts: built-in and uploaded corpora (texts.py) and each analysis summarised over them with its
-spread (summaries.py). No UI imports: the app, the Ray backend and a notebook call the same functions."""
+"""Many texts and the jobs over them: built-in and uploaded corpora (texts.py), the job machinery every analysis
+over a corpus runs on (jobs.py), the summary of its items with their spread (stats.py), jobs saved item by item
+(saved.py) and split into chunks (chunks.py). It imports no analysis (core/analysis/over.py names the analyses a
+job runs) and no UI: the app, the Ray backend and a notebook call the same functions."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,21 +1,22 @@
-"""A corpus job split into chunks of items, each chunk run as a job of its own (the same *_over of summaries.py
+"""A corpus job split into chunks of items, each chunk run as a job of its own (the same *_over of core/analysis
 on a sub-list, wherever it runs: a Ray Serve replica, a thread here), and the finished chunks merged into what one
 run over the whole corpus gives: each part's per_item concatenated in input order and summarised once
-(summaries.Job.over, which calls summarise), its note naming items by their index in the whole corpus.
+(jobs.Job.over, which calls summarise), its note naming items by their index in the whole corpus.
 
-    empty = check("head_scores", model, texts)            # the whole corpus refused or accepted as one run would be
-    begun = saved.begin("head_scores", texts, root, name, {})      # items finished before: begun.done
+    heads = ANALYSES["head_scores"]                   # core/analysis/over.py names the analyses
+    empty = check(heads, model, texts)                # the whole corpus refused or accepted as one run would be
+    begun = saved.begin(heads, texts, root, name, {})      # items finished before: begun.done
     ranges = remaining(len(texts), begun.done, CHUNK_ITEMS)
     finished = list(as_finished(submit, ranges, in_flight, "text"))   # submit(items) → Future of run_chunk's
     # each chunk's chunk.kept() written with saved.write_item as it finishes, so a stopped job resumes from them
-    before = [from_saved("head_scores", model, texts, begun.done)] if begun.done else []
+    before = [from_saved(heads, model, texts, begun.done)] if begun.done else []
     result = merge(empty, before + finished, "text", len(texts), stopped=len(finished) < len(ranges))
 
 An analysis that measures only some items (ablation: its first `limit` texts) is split after its cap:
-measured, cap = capped("ablation", texts, {}); the chunks are of `measured`, and merge(..., cap=cap) adds the
-note one run gives of the rest.
+measured, cap = capped(ANALYSES["ablation"], texts, {}); the chunks are of `measured`, and merge(..., cap=cap)
+adds the note one run gives of the rest.
 
-No measurement is implemented here: a chunk is summaries.py's function on fewer items, and the merge only moves
+No measurement is implemented here: a chunk is the analysis's *_over on fewer items, and the merge only moves
 its rows."""
 from __future__ import annotations
 
@@ -24,12 +25,12 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
-from . import saved, summaries
-from .summaries import Over
+from . import jobs, saved
+from .jobs import Analysis
+from .stats import Over
 
 log = logging.getLogger(__name__)
 
-ANALYSES = ("head_scores", "logit_attribution", "patch", "ablation", "shortcuts")   # saved.ANALYSES's names
 CHUNK_ITEMS = 8            # items one chunk measures: a patching chunk of 8 pairs is 8 sweeps
 STOP_POLL_S = 0.25         # how often a wait for chunks asks stop()
 ITEMS_AT_MOST = {"ablation": 1, "shortcuts": 1}   # an ablation text runs the model once per head, a shortcuts
@@ -56,26 +57,20 @@ class Chunk:
         return {self.items[i]: value for i, value in self.values.items()}
 
 
-def analysis_run(analysis: str) -> Callable:
-    if analysis not in ANALYSES:
-        raise ValueError(f"a corpus job is split into chunks for {', '.join(ANALYSES)}, not {analysis!r}")
-    return saved.analysis_named(analysis).run
-
-
-def capped(analysis: str, items: Sequence, arguments: dict) -> tuple[list, str]:
+def capped(analysis: Analysis, items: Sequence, arguments: dict) -> tuple[list, str]:
     """(the items a job measures, the note one run gives of the others): ablation sweeps only the first `limit`
-    texts (summaries.ABLATION_TEXTS unless told) and its note says so; the other analyses measure every item, with
+    texts (over.ABLATION_TEXTS of core/analysis unless told) and its note says so; the other analyses measure every item, with
     no note. The cap is applied before splitting, so a chunk never reaches it and merge adds the note once."""
     arguments = saved.arguments_of(analysis, arguments)
-    count = saved.analysis_named(analysis).count(arguments, len(items))
+    count = analysis.count(arguments, len(items))
     if count == len(items):
         return list(items), ""
-    return list(items[:count]), summaries.ablation_cap_note(count, len(items), arguments["limit"])
+    return list(items[:count]), jobs.ablation_cap_note(count, len(items), arguments["limit"])
 
 
-def chunk_items(analysis: str, size: int) -> int:
+def chunk_items(analysis: Analysis, size: int) -> int:
     """Items one chunk of `analysis` measures, given `size` for the others (ITEMS_AT_MOST caps the sweeps)."""
-    return min(size, ITEMS_AT_MOST.get(analysis, size))
+    return min(size, ITEMS_AT_MOST.get(analysis.name, size))
 
 
 def split(n: int, size: int = CHUNK_ITEMS) -> list[range]:
@@ -91,27 +86,27 @@ def remaining(total: int, done, size: int = CHUNK_ITEMS) -> list[tuple[int, ...]
     return [tuple(todo[j] for j in part) for part in split(len(todo), size)]
 
 
-def check(analysis: str, model, items: Sequence, **arguments):
+def check(analysis: Analysis, model, items: Sequence, **arguments):
     """The whole corpus checked as one run checks it (every id, the pairs' lengths for a position site, the
     model's kind, the arguments), measuring nothing: the analysis itself, told to stop before its first item.
     Returns that empty result, whose parts give the merge each part's shape. A chunk checks only its own items,
     so what holds across chunks (one token length) is checked here, once."""
-    return analysis_run(analysis)(model, items, stop=lambda: True, **arguments)
+    return analysis.run(model, items, stop=lambda: True, **arguments)
 
 
-def run_chunk(analysis: str, model, items: Sequence, stop: summaries.Stop | None = None, **arguments) -> Measured:
+def run_chunk(analysis: Analysis, model, items: Sequence, stop: jobs.Stop | None = None, **arguments) -> Measured:
     """One chunk: the analysis's *_over on the chunk's items alone (what a replica runs), with each item's value."""
     values: dict[int, object] = {}
-    result = analysis_run(analysis)(model, list(items), stop=stop, each=values.__setitem__, **arguments)
+    result = analysis.run(model, list(items), stop=stop, each=values.__setitem__, **arguments)
     return Measured(result, values)
 
 
-def from_saved(analysis: str, model, items: Sequence, done: dict[int, object], **arguments) -> Chunk:
+def from_saved(analysis: Analysis, model, items: Sequence, done: dict[int, object], **arguments) -> Chunk:
     """The items finished before (index in the corpus → value, as saved.read_items reads them back) as one chunk,
     summarised where this runs without measuring anything: the analysis is told every one of them is done."""
     chosen = sorted(done)
-    result = analysis_run(analysis)(model, [items[i] for i in chosen],
-                                    done={place: done[i] for place, i in enumerate(chosen)}, **arguments)
+    result = analysis.run(model, [items[i] for i in chosen],
+                          done={place: done[i] for place, i in enumerate(chosen)}, **arguments)
     return Chunk(tuple(chosen), result)
 
 
@@ -125,7 +120,7 @@ def words(items: Sequence[int], noun: str) -> str:
 
 
 def as_finished(submit: Callable[[Sequence[int]], Future], ranges: Sequence[Sequence[int]], in_flight: int, noun: str,
-                stop: summaries.Stop | None = None) -> Iterator[Chunk]:
+                stop: jobs.Stop | None = None) -> Iterator[Chunk]:
     """Each chunk as it finishes (in any order), with at most `in_flight` submitted and unfinished at once, the
     rest submitted as those finish. Ends early once stop() says so; ending (early, or the reader closing the
     iterator) cancels the chunks still under way. A chunk that fails raises a ValueError naming its items.
@@ -164,7 +159,7 @@ def outcome(future: Future, items: Sequence[int], noun: str) -> Measured:
 
 def merge(empty, chunks: Sequence[Chunk], noun: str, total: int, stopped: bool = False, cap: str = ""):
     """The finished chunks as one result over the corpus of `total` items, in the form of `empty` (check's):
-    each part's per_item rows concatenated in input order and summarised once, as summaries.py summarises one run.
+    each part's per_item rows concatenated in input order and summarised once, as jobs.Job.over summarises one run.
     Each part's left_out (index in its chunk → why) is named again by the index in the whole corpus: an item a
     chunk measured but left out of a part (a text that is no repeated span, for induction) is left out of that
     part here; one no part holds (a skipped pair) is skipped. stopped: the chunks not merged were stopped, which
@@ -176,7 +171,7 @@ def merge(empty, chunks: Sequence[Chunk], noun: str, total: int, stopped: bool =
                 for i in over.items}
     merged = {}
     for name, blank in saved.parts_of(empty).items():
-        job = summaries.Job(total, noun, stopped=stopped)
+        job = jobs.Job(total, noun, stopped=stopped)
         left_out = {}
         for chunk in ordered:
             over = saved.parts_of(chunk.result)[name]

@@ -1,7 +1,7 @@
 """One head over a corpus: where it puts its most weight (top examples and a sample from each decile of its
 weights, as Neuronpedia's head pages show) and its queries and keys in one plane (AttentionViz).
 
-Both read one layer of the attention stack in padded batches of texts of similar length (summaries.py's
+Both read one layer of the attention stack in padded batches of texts of similar length (jobs.py's
 length_batches and padded), stop the pass after that layer, and never count a padded row or key. Positions are
 each text's own (texts are right-padded, so position p of a batch row is position p of its text).
 """
@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..analysis.plane import joint_plane
+from ..plane import joint_plane
 from ..attention import position_mask
 from ..observe import Kind, Observer
 from ..probe import Probe
-from .summaries import BATCH_TOKENS, Job, Progress, Stop, check_texts, length_batches, pad_id, padded
+from .jobs import BATCH_TOKENS, Job, Progress, Stop, check_texts, length_batches, pad_id, padded
 
 SKIPS = ("sink", "self")    # the places top_examples leaves out by default: key 0, and the query's own token
 DECILES = 10
@@ -241,7 +241,7 @@ def examples(texts: list[Tensor], places: Places, context: int) -> list[Example]
 
 @dataclass
 class QKPlane:
-    """Queries and keys of one head over a corpus in the one query/key plane (core/analysis/plane.py joint_plane,
+    """Queries and keys of one head over a corpus in the one query/key plane (core/plane.py joint_plane,
     AttentionViz's translation then a joint PCA), the plane the single-text view (anatomy.qk_geometry) draws too.
 
     queries, keys [N, d_head]: the vectors whose dot product × scale is the head's score (after RoPE where the

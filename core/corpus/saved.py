@@ -1,4 +1,4 @@
-"""Results that last: a corpus job of summaries.py saved item by item as it runs, resumed after a kill from the
+"""Results that last: a corpus job (an analysis's *_over) saved item by item as it runs, resumed after a kill from the
 items it finished, reopened without recomputing once done, and exported as CSV and .npz.
 
 A job's identity (identity()): the model's name, the corpus hash (sha256 over every item's token ids in order; a
@@ -51,9 +51,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..analysis import shortcuts
-from . import Pair, stats, summaries
-from .summaries import Over
+from . import Pair, stats
+from .jobs import Analysis, Each, Progress, Stop, check_pairs, check_texts
+from .stats import Over
 
 log = logging.getLogger(__name__)
 
@@ -68,47 +68,13 @@ OVER_FIELDS = ("mean", "low", "high", "per_item")
 CALLER_ARGUMENTS = {"model", "texts", "pairs", "progress", "stop", "each", "done"}
 
 
-# ---- the analyses a job can run ----
+# ---- the arguments of a job ----
 
-@dataclass(frozen=True)
-class Analysis:
-    run: Callable                       # the *_over of summaries.py
-    items: str                          # "texts" or "pairs"
-    axes: Callable[[dict], dict[str, tuple[str, ...]]]  # arguments → each part's axis names (CSV columns)
-
-    def count(self, arguments: dict, n: int) -> int:
-        """How many of the n items the analysis measures (ablation sweeps the first `limit`)."""
-        limit = arguments.get("limit")
-        return n if limit is None else min(limit, n)
-
-
-def patch_axes(arguments: dict) -> dict[str, tuple[str, ...]]:
-    if not summaries.by_position(arguments["site"], arguments["layer"]):
-        return {"over": ("layer", "head")}
-    return {"over": ("head", "position") if arguments["site"] == "z" else ("layer", "position")}
-
-
-ANALYSES = {
-    "head_scores": Analysis(summaries.head_scores_over, "texts", lambda _: {"*": ("layer", "head")}),
-    "logit_attribution": Analysis(summaries.logit_attribution_over, "pairs",
-                                  lambda _: {"heads": ("layer", "head"), "mlps": ("layer",)}),
-    "patch": Analysis(summaries.patch_over, "pairs", patch_axes),
-    "ablation": Analysis(summaries.ablation_over, "texts", lambda _: {"over": ("layer", "head")}),
-    "shortcuts": Analysis(shortcuts.shortcuts_over, "pairs",
-                          lambda _: {"exact": ("measure", "site"), "*": ("method", "site")}),
-}
-
-
-def analysis_named(name: str) -> Analysis:
-    if name not in ANALYSES:
-        raise ValueError(f"analysis must be one of {', '.join(ANALYSES)}, got {name!r}")
-    return ANALYSES[name]
-
-
-def arguments_of(name: str, given: dict) -> dict:
+def arguments_of(analysis: Analysis, given: dict) -> dict:
     """The analysis's own arguments with their defaults filled in, so that leaving one out and giving its default
     name the same job; each a JSON value (a number, a string, true/false or null)."""
-    parameters = {key: p for key, p in inspect.signature(analysis_named(name).run).parameters.items()
+    name = analysis.name
+    parameters = {key: p for key, p in inspect.signature(analysis.run).parameters.items()
                   if key not in CALLER_ARGUMENTS}
     unknown = sorted(set(given) - set(parameters))
     if unknown:
@@ -370,11 +336,11 @@ def room_for(root: Path, max_bytes: int | None, room: Callable[[int], None] | No
     return fits
 
 
-def run_over(analysis: str, model, items: Sequence, root, model_name: str, *, max_bytes: int | None = None,
+def run_over(analysis: Analysis, model, items: Sequence, root, model_name: str, *, max_bytes: int | None = None,
              room: Callable[[int], None] | None = None, wrote: Callable[[Path], None] | None = None,
-             progress: summaries.Progress | None = None, stop: summaries.Stop | None = None,
-             each: summaries.Each | None = None, **arguments) -> Run:
-    """Run one analysis of summaries.py ("head_scores", "logit_attribution", "patch", "ablation") over `items`
+             progress: Progress | None = None, stop: Stop | None = None,
+             each: Each | None = None, **arguments) -> Run:
+    """Run one analysis (an Analysis: core/analysis/over.py's ANALYSES names them) over `items`
     (texts for head_scores and ablation, Pairs for the others) with `arguments` (its own, e.g. site="z"), saving
     each item under root as it finishes. A job already finished is reopened without measuring anything; one
     stopped or killed before resumes: its items on disk are read back, only the rest are measured, and the summary
@@ -385,16 +351,16 @@ def run_over(analysis: str, model, items: Sequence, root, model_name: str, *, ma
     (a job past a cap is shown, not saved), the items that fit stay on disk for a later run to resume from, and
     the Run's `full` says why. wrote(folder), where
     given, is told each time the job's folder is written: as a new or resumed job starts, after each item, once
-    the result is saved (a shared server counts a job's lifetime from its last write). progress, stop and each as in summaries.py."""
-    spec = analysis_named(analysis)
+    the result is saved (a shared server counts a job's lifetime from its last write). progress, stop and each as in jobs.py."""
+    spec = analysis
     arguments = arguments_of(analysis, arguments)
     if not isinstance(model_name, str) or not model_name.strip():
         raise ValueError(f"model_name names the model in the job's identity and folder: a non-empty string, "
                          f"got {model_name!r}")
-    check = summaries.check_pairs if spec.items == "pairs" else summaries.check_texts
+    check = check_pairs if spec.items == "pairs" else check_texts
     if any(isinstance(item, Pair) for item in items) != (spec.items == "pairs"):
         wanted = "Pair(clean, corrupted, answer, foil)s" if spec.items == "pairs" else "1-D token-id tensors"
-        raise ValueError(f"{analysis} runs over {spec.items}: give {wanted}")
+        raise ValueError(f"{spec.name} runs over {spec.items}: give {wanted}")
     items = check(model, items)
     told = wrote or (lambda folder: None)
     begun = begin(analysis, items, root, model_name, arguments, max_bytes=max_bytes, room=room, wrote=told)
@@ -444,13 +410,13 @@ class Begun:
     finished: Run | None = None
 
 
-def begin(analysis: str, items: Sequence, root, model_name: str, arguments: dict, *, max_bytes: int | None = None,
+def begin(analysis: Analysis, items: Sequence, root, model_name: str, arguments: dict, *, max_bytes: int | None = None,
           room: Callable[[int], None] | None = None, wrote: Callable[[Path], None] = lambda folder: None) -> Begun:
     """The job of `analysis` over the checked `items` with `arguments` (arguments_of's) under root: a finished
     one reopened without measuring; a stopped or killed one's finished items read back; a new one's folder and
     job.json made once max_bytes and room() allow (run_over says how). Whoever measures the rest writes each item
     with write_item, whichever process it ran in, and the result with save_result."""
-    ident = identity(analysis, model_name, items, arguments)
+    ident = identity(analysis.name, model_name, items, arguments)
     folder = job_folder(Path(root), ident)
     if (folder / META).exists():
         try:
@@ -471,7 +437,7 @@ def begin(analysis: str, items: Sequence, root, model_name: str, arguments: dict
         (folder / ITEMS).mkdir(parents=True, exist_ok=True)
         write_json(folder / JOB, {**ident, "created": now_iso()})
     wrote(folder)
-    return Begun(folder, ident, read_items(folder, analysis_named(analysis).count(arguments, len(items))), new)
+    return Begun(folder, ident, read_items(folder, analysis.count(arguments, len(items))), new)
 
 
 def save_result(folder: Path, ident: dict, spec: Analysis, arguments: dict, result,

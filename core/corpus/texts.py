@@ -13,8 +13,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from core.analysis.heads import induction_probe
-from core.corpus import Pair
+from . import Pair
 
 MAX_ITEMS = 1000                # texts or pairs in one uploaded corpus
 MAX_BYTES = 5_000_000           # an uploaded file's size, checked before it is read
@@ -131,6 +130,19 @@ def ioi_pair(tokenizer, clean: str, corrupted: str, answer: int, foil: int) -> P
     if differ != [(foil, answer)]:
         return None
     return Pair(torch.tensor(a, dtype=torch.long), torch.tensor(b, dtype=torch.long), answer, foil)
+
+
+def induction_probe(vocab_size: int, length: int = 100, seed: int = 0, bos: int | None = None,
+                    avoid: tuple[int, ...] = ()) -> Tensor:
+    """A seeded sequence of `length` random tokens repeated twice, [1, 2·length (+1 with BOS)]: the second copy
+    is predictable only by looking back at the first."""
+    gen = torch.Generator().manual_seed(seed)
+    allowed = torch.ones(vocab_size, dtype=torch.bool)
+    allowed[list(avoid)] = False
+    pool = allowed.nonzero().squeeze(-1)
+    half = pool[torch.randint(len(pool), (length,), generator=gen)]
+    parts = ([torch.tensor([bos])] if bos is not None else []) + [half, half]
+    return torch.cat(parts)[None]
 
 
 def induction_texts(tokenizer, n: int, length: int, seed: int = 0, bos: int | None | str = "tokenizer") -> list[Tensor]:

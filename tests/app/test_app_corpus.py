@@ -20,7 +20,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 from gradio_client import Client, handle_file  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
-from core.corpus import summaries, texts as corpora  # noqa: E402
+from core.analysis import over as overs  # noqa: E402
+from core.corpus import stats, texts as corpora  # noqa: E402
 from core.analysis import shortcuts  # noqa: E402
 from tiny_app_model import build_tiny_llama, launch_app, plotly_array  # noqa: E402
 from ui.services.corpus.over import INDUCTION_LENGTH  # noqa: E402
@@ -70,7 +71,9 @@ def check_map_and_strip(note, mean_figure, strip_figure, over, cell, noun):
     torch.testing.assert_close(custom[..., 0], over.low.float(), equal_nan=True)
     torch.testing.assert_close(custom[..., 1], over.high.float(), equal_nan=True)
     assert f"n = {over.n}" in heatmap["hovertemplate"] and "interval" in heatmap["hovertemplate"]
-    line = f"95 % CI of the mean over n = {over.n} {noun}s, Student's t"
+    line = (f"95 % CI of the mean over n = {over.n} {noun}s, {over.interval}" if over.n >= 5 else
+            f"n = {over.n} {noun}s: too few for an interval (it needs at least 5)")
+    assert over.interval in ("Student's t", "percentile bootstrap") or over.n < 5
     for figure in (mean_figure, strip_figure):   # every figure says what n is and what the interval is
         assert any(a["text"] == line for a in shown(figure)["layout"]["annotations"]), shown(figure)["layout"]
     dots = shown(strip_figure)["data"][0]
@@ -86,7 +89,7 @@ def test_head_scores_over_induction_texts_are_the_cores(served):
     note, mean_figure, strip_figure = served["client"].predict(served["llama"], "induction texts", 6, None,
                                                                "induction", 1, 2, api_name="/corpus_heads")
     texts = corpora.induction_texts(model.tokenizer, 6, INDUCTION_LENGTH, bos=model.config.bos_token_id)
-    over = summaries.head_scores_over(model, texts)["induction"]
+    over = overs.head_scores_over(model, texts)["induction"]
     assert over.n == 6
     check_map_and_strip(note, mean_figure, strip_figure, over, (1, 2), "text")
 
@@ -106,7 +109,7 @@ def test_head_scores_over_an_uploaded_file_are_the_cores(served):
     note, mean_figure, strip_figure = served["client"].predict(
         served["llama"], "uploaded file", 4, handle_file(served["texts"]), "previous_token", 0, 3,
         api_name="/corpus_heads")
-    over = summaries.head_scores_over(model, corpora.encode_texts(model.tokenizer, TEXTS[:4]))["previous_token"]
+    over = overs.head_scores_over(model, corpora.encode_texts(model.tokenizer, TEXTS[:4]))["previous_token"]
     check_map_and_strip(note, mean_figure, strip_figure, over, (0, 3), "text")
     assert "the first 4 of 5 texts of texts.txt" in note
 
@@ -117,12 +120,12 @@ def test_attribution_and_patching_over_uploaded_pairs_are_the_cores(served):
     note, mean_figure, strip_figure = client.predict(served["llama"], "uploaded file", 10,
                                                      handle_file(served["pairs"]), 1, 1,
                                                      api_name="/corpus_attribution")
-    heads, _ = summaries.logit_attribution_over(model, pairs)
+    heads, _ = overs.logit_attribution_over(model, pairs)
     check_map_and_strip(note, mean_figure, strip_figure, heads, (1, 1), "pair")
     note, mean_figure, strip_figure = client.predict(served["llama"], "uploaded file", 10,
                                                      handle_file(served["pairs"]), "resid_pre", "noise", 0, 1, 6,
                                                      api_name="/corpus_patch")
-    over = summaries.patch_over(model, pairs, "resid_pre", "noise")
+    over = overs.patch_over(model, pairs, "resid_pre", "noise")
     check_map_and_strip(note, mean_figure, strip_figure, over, (1, 6), "pair")
 
 
@@ -239,7 +242,7 @@ def test_a_job_streams_the_summary_of_the_items_finished_so_far(served):
     assert "finished so far: the summary is of those" in note
     done = int(note.split("**Running: ")[1].split(" of ")[0])
     assert 1 <= done <= len(pairs) and f"of {len(pairs)} pairs" in note
-    heads, _ = summaries.logit_attribution_over(model, pairs[:done])
+    heads, _ = overs.logit_attribution_over(model, pairs[:done])
     z = torch.tensor(mean_figure.data[0].z, dtype=torch.float32)   # the view's own figure, before the page
     torch.testing.assert_close(z, heads.mean.float())
     assert kept.over.n == done      # and kept for a click on another cell, as shown
@@ -252,7 +255,7 @@ def test_another_cell_is_drawn_from_the_kept_result_without_measuring_again(serv
     outputs = list(across.heads_view(services, served["llama"], "induction texts", 5, None, "previous_token", 0, 0))
     shown = outputs[-1][-1]
     texts = corpora.induction_texts(model.tokenizer, 5, INDUCTION_LENGTH, bos=model.config.bos_token_id)
-    over = summaries.head_scores_over(model, texts)["previous_token"]
+    over = overs.head_scores_over(model, texts)["previous_token"]
     words, mean_figure, strip_figure, kept = across.cell_view(services, 1, 3, shown)
     assert kept is shown and f"mean **{float(over.mean[1, 3]):+.4f}**" in words
     torch.testing.assert_close(torch.tensor(strip_figure.data[0].y), over.per_item[:, 1, 3].float())
@@ -345,7 +348,7 @@ def test_a_finished_job_exports_its_cells_and_items(served):
     cells = next(path for name, path in by_name.items() if name.endswith("_first_token.csv"))
     with open(cells, encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    over = summaries.head_scores_over(model, corpora.induction_texts(model.tokenizer, 3, INDUCTION_LENGTH,
+    over = overs.head_scores_over(model, corpora.induction_texts(model.tokenizer, 3, INDUCTION_LENGTH,
                                                                      bos=model.config.bos_token_id))["first_token"]
     row = next(r for r in rows if (r["layer"], r["head"]) == ("1", "0"))
     assert float(row["mean"]) == pytest.approx(float(over.mean[1, 0]), abs=1e-6) and row["n"] == "3"
@@ -428,15 +431,15 @@ def test_the_ablation_service_streams_the_cores_summary_capped_at_its_texts(serv
     updates = list(stream_over(model, "ablation", Corpus(texts, "text", "ten texts"), model_name="tiny",
                                saving=Saving(None), ablation="mean"))
     final = updates[-1].result
-    over = summaries.ablation_over(model, texts, "mean")
+    over = overs.ablation_over(model, texts, "mean")
     torch.testing.assert_close(final.per_item, over.per_item)
     torch.testing.assert_close(final.mean, over.mean)
-    assert final.n == summaries.ABLATION_TEXTS == 8 and "swept the first 8 of 10 texts" in final.note
+    assert final.n == overs.ABLATION_TEXTS == 8 and "swept the first 8 of 10 texts" in final.note
     assert updates[-1].total == 8 and "Not saved" in updates[-1].saved
     for update in updates[:-1]:   # each partial summary: the core's summarise of the texts finished by then
         if update.result is not None:
             done = update.result.n
-            torch.testing.assert_close(update.result.mean, summaries.summarise(over.per_item[:done]).mean)
+            torch.testing.assert_close(update.result.mean, stats.summarise(over.per_item[:done], bounds=stats.UNBOUNDED).mean)
 
 
 class Ticking:
@@ -461,7 +464,7 @@ def test_a_job_past_its_time_cap_stops_with_its_finished_items_and_says_so(serve
     *_, (note, _, _, shown) = across.ablation_view(services, served["llama"], "induction texts", 8, None, "zero",
                                                    0, 0)
     texts = corpora.induction_texts(model.tokenizer, 8, INDUCTION_LENGTH, bos=model.config.bos_token_id)
-    full = summaries.ablation_over(model, texts)
+    full = overs.ablation_over(model, texts)
     done = shown.over.n
     assert 0 < done < 8, "the cap stopped the job part-way"
     torch.testing.assert_close(shown.over.per_item, full.per_item[:done])   # the items finished, as measured
@@ -475,7 +478,7 @@ def test_the_ablation_endpoint_maps_the_cores_mean_and_states_its_cap(served):
     note, mean_figure, strip_figure = served["client"].predict(served["llama"], "induction texts", 9, None, "zero",
                                                                1, 0, api_name="/corpus_ablation")
     texts = corpora.induction_texts(model.tokenizer, 9, INDUCTION_LENGTH, bos=model.config.bos_token_id)
-    over = summaries.ablation_over(model, texts)
+    over = overs.ablation_over(model, texts)
     check_map_and_strip(note, mean_figure, strip_figure, over, (1, 0), "text")
     assert "at most the first 8 texts are swept" in note and "swept the first 8 of 9 texts" in note
     assert "limit=None" not in note      # the core's hint for API callers: the page has no such setting
@@ -511,12 +514,14 @@ def test_an_encoder_decoder_or_a_model_without_an_lm_head_is_refused_both_in_wor
 def test_the_sink_share_counts_the_heads_above_epsilon_on_the_mean_and_on_the_interval():
     import torch
 
-    from core.corpus.summaries import summarise
+    from core.corpus.stats import SHARE, summarise
 
-    # 3 texts × [1 layer, 4 heads]: head 0 always far above ε, head 1 above on average only, heads 2-3 below
-    per_item = torch.tensor([[[0.9, 0.9, 0.1, 0.2]], [[0.8, 0.05, 0.1, 0.2]], [[0.85, 0.4, 0.1, 0.2]]])
-    over = summarise(per_item)
+    # 5 texts × [1 layer, 4 heads]: head 0 always far above ε, head 1 above on average only, heads 2-3 below
+    per_item = torch.tensor([[[0.9, 0.9, 0.1, 0.2]], [[0.8, 0.05, 0.1, 0.2]], [[0.85, 0.4, 0.1, 0.2]],
+                             [[0.95, 0.05, 0.1, 0.2]], [[0.9, 0.4, 0.1, 0.2]]])
+    over = summarise(per_item, bounds=SHARE)
     words = across.sink_share_words(over, "text")
     assert "2 of 4 heads (50.0 %)" in words and "1 pass it with their whole 95 % interval" in words
-    assert "over these 3 texts" in words and "ε = 0.3" in words
-    assert "interval" not in across.sink_share_words(summarise(per_item[:1]), "text")   # one text: no interval
+    assert "over these 5 texts" in words and "ε = 0.3" in words
+    few = summarise(per_item[:4], bounds=SHARE)
+    assert "interval" not in across.sink_share_words(few, "text")   # four texts: too few for an interval

@@ -271,7 +271,8 @@ def test_a_corpus_job_in_chunks_on_the_replicas_is_the_local_run(ray_front, llam
     """The same chunks sent to the two replicas give the one-process run's Over (head scores, attribution; and
     patching every head, against the same chunks run here); a stop keeps the finished chunks; a replica's refusal
     comes back in its words."""
-    from core.corpus import chunks, saved, summaries
+    from core.analysis import over as overs
+    from core.corpus import chunks, saved
 
     _, _, backend = ray_front
     runner = backend.corpus_chunks(llama)
@@ -285,14 +286,14 @@ def test_a_corpus_job_in_chunks_on_the_replicas_is_the_local_run(ray_front, llam
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # as on each replica (Ray gives a worker of 0.5 CPU one thread): the same sums
     try:
-        here = chunks.merge(chunks.check("patch", model, pairs, **patching),
-                            [chunks.Chunk(tuple(part), chunks.run_chunk("patch", model, [pairs[i] for i in part],
+        here = chunks.merge(chunks.check(overs.ANALYSES["patch"], model, pairs, **patching),
+                            [chunks.Chunk(tuple(part), chunks.run_chunk(overs.ANALYSES["patch"], model, [pairs[i] for i in part],
                                                                         **patching).result)
                              for part in chunks.split(len(pairs), 3)], "pair", len(pairs))
     finally:
         torch.set_num_threads(threads)
-    jobs = (("head_scores", "text", texts, {}, summaries.head_scores_over(model, texts)),
-            ("logit_attribution", "pair", pairs, {}, summaries.logit_attribution_over(model, pairs)),
+    jobs = (("head_scores", "text", texts, {}, overs.head_scores_over(model, texts)),
+            ("logit_attribution", "pair", pairs, {}, overs.logit_attribution_over(model, pairs)),
             ("patch", "pair", pairs, patching, here))
     for analysis, noun, items, arguments, local in jobs:
         def submit(part, analysis=analysis, items=items, arguments=arguments):
@@ -300,7 +301,7 @@ def test_a_corpus_job_in_chunks_on_the_replicas_is_the_local_run(ray_front, llam
 
         finished = list(chunks.as_finished(submit, chunks.split(len(items), 3), runner.in_flight, noun))
         assert sorted(len(chunk.items) for chunk in finished) == [1, 3, 3]
-        merged = chunks.merge(chunks.check(analysis, model, items, **arguments), finished, noun, len(items))
+        merged = chunks.merge(chunks.check(overs.ANALYSES[analysis], model, items, **arguments), finished, noun, len(items))
         local_parts, merged_parts = saved.parts_of(local), saved.parts_of(merged)
         assert set(merged_parts) == set(local_parts)
         for name, over in local_parts.items():
@@ -310,7 +311,7 @@ def test_a_corpus_job_in_chunks_on_the_replicas_is_the_local_run(ray_front, llam
     for chunk in chunks.as_finished(lambda part: runner.submit("head_scores", [texts[i] for i in part], {}),
                                     chunks.split(len(texts), 1), 1, "text", stop=lambda: bool(kept)):
         kept.append(chunk)
-    stopped = chunks.merge(chunks.check("head_scores", model, texts), kept, "text", len(texts), stopped=True)
+    stopped = chunks.merge(chunks.check(overs.ANALYSES["head_scores"], model, texts), kept, "text", len(texts), stopped=True)
     assert stopped["previous_token"].items == (0,) and "stopped after 1 of 7 texts" in stopped["previous_token"].note
     with pytest.raises(ValueError, match="not 'attention'"):
         runner.submit("attention", texts[:1], {}).result(timeout=120)
@@ -321,7 +322,8 @@ def test_a_corpus_job_in_chunks_on_the_replicas_is_the_local_run(ray_front, llam
 def test_the_across_texts_tab_on_ray_sends_its_job_in_chunks(ray_front, llama, tmp_path, monkeypatch):
     """The front reads the corpus, sends it to the replicas in chunks of two, and shows the one-process summary;
     the finished job is saved on the front."""
-    from core.corpus import summaries, texts as corpora
+    from core.analysis import over as overs
+    from core.corpus import texts as corpora
     from ui.backend import ray_serve
     from ui.services.corpus.over import INDUCTION_LENGTH
 
@@ -341,7 +343,7 @@ def test_the_across_texts_tab_on_ray_sends_its_job_in_chunks(ray_front, llama, t
     assert sent == [("head_scores", 2), ("head_scores", 2), ("head_scores", 1)]
     model = Services.create(default_model=llama).models.get(llama)
     texts = corpora.induction_texts(model.tokenizer, 5, INDUCTION_LENGTH, bos=model.config.bos_token_id)
-    over = summaries.head_scores_over(model, texts)["induction"]
+    over = overs.head_scores_over(model, texts)["induction"]
     heatmap = json.loads(mean_figure["plot"])["data"][0]
     torch.testing.assert_close(torch.tensor(plotly_array(heatmap["z"]), dtype=torch.float32), over.mean.float(),
                                atol=1e-5, rtol=0)
@@ -354,7 +356,8 @@ def test_the_across_texts_tab_on_ray_sends_its_job_in_chunks(ray_front, llama, t
 def test_a_job_stopped_on_the_replicas_resumes_sending_only_the_rest(ray_front, llama, tmp_path):
     """The front saves each chunk's items as it comes back; a rerun of the stopped job sends only the others and
     ends with the one-process summary."""
-    from core.corpus import saved, summaries
+    from core.analysis import over as overs
+    from core.corpus import saved
     from ui.services.corpus.chunked import chunks_on
     from ui.services.corpus.over import Corpus, stream_over
 
@@ -380,7 +383,7 @@ def test_a_job_stopped_on_the_replicas_resumes_sending_only_the_rest(ray_front, 
         sent.clear()
         resumed = list(stream_over(front, "heads", corpus, root=tmp_path, model_name="tiny"))[-1]
     assert sent == [2, 2, 1] and "resumed from 2 items saved before" in resumed.saved
-    for name, over in summaries.head_scores_over(model, texts).items():
+    for name, over in overs.head_scores_over(model, texts).items():
         assert_same_over(resumed.result[name], over)
     assert (resumed.folder / saved.META).is_file()
 
@@ -417,7 +420,8 @@ def test_an_ablation_and_a_qk_plane_on_ray_run_from_the_front(ray_front, local, 
     """corpus_ablation on the Ray front: the front caps the texts (8 of 9), sends them in chunks and shows the
     one-process summary; the result is kept and saved on the front, so a cell click and Export work there.
     corpus_qk: one call with the texts' token ids (no path), the figure the in-process app's."""
-    from core.corpus import summaries, texts as corpora
+    from core.analysis import over as overs
+    from core.corpus import texts as corpora
     from ui.backend import ray_serve
     from ui.services.corpus.over import INDUCTION_LENGTH
 
@@ -434,7 +438,7 @@ def test_an_ablation_and_a_qk_plane_on_ray_run_from_the_front(ray_front, local, 
     assert sent == [("ablation", 1)] * 8                       # the first 8 texts, one sweep a call
     model = Services.create(default_model=llama).models.get(llama)
     texts = corpora.induction_texts(model.tokenizer, 9, INDUCTION_LENGTH, bos=model.config.bos_token_id)
-    over = summaries.ablation_over(model, texts, "mean")
+    over = overs.ablation_over(model, texts, "mean")
     heatmap = json.loads(mean_figure.plot)["data"][0]          # the event's PlotData, as Gradio sends it
     torch.testing.assert_close(torch.tensor(plotly_array(heatmap["z"]), dtype=torch.float32), over.mean.float(),
                                atol=1e-5, rtol=0)

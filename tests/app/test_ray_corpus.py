@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from core import load_model
-from core.corpus import Pair, chunks, saved, summaries
+from core.analysis import over as overs
+from core.corpus import Pair, chunks, saved
 from core.corpus import heads as head_places
 from tests import tiny
 from tests.tiny_app_model import build_tiny_llama
@@ -28,7 +29,7 @@ class ThreadChunks:
         self.sent: list[tuple[str, int, Future]] = []
 
     def submit(self, analysis: str, items: list, arguments: dict) -> Future:
-        future = self.pool.submit(chunks.run_chunk, analysis, self.model, items, **arguments)
+        future = self.pool.submit(chunks.run_chunk, overs.ANALYSES[analysis], self.model, items, **arguments)
         self.sent.append((analysis, len(items), future))
         return future
 
@@ -65,7 +66,7 @@ def test_a_job_in_chunks_streams_each_chunk_and_ends_with_the_one_process_result
     assert [u.done for u in updates] == [0, 2, 4, 6, 7] and [u.finished for u in updates][-2:] == [False, True]
     partial = updates[2].result["induction"]
     assert partial.items == (0, 1, 2, 3) and partial.note.startswith("4 of 7 texts finished so far")
-    whole = summaries.head_scores_over(llama, corpus.items)
+    whole = overs.head_scores_over(llama, corpus.items)
     for name, over in whole.items():
         got = updates[-1].result[name]
         for field in ("mean", "low", "high", "per_item"):
@@ -136,7 +137,7 @@ def test_a_stopped_job_in_chunks_keeps_its_items_and_a_rerun_sends_only_the_rest
     assert resumed[0].done == 2 and resumed[0].result["induction"].items == (0, 1)
     assert resumed[0].result["induction"].note.startswith("2 of 7 texts finished so far")
     assert "resumed from 2 items saved before" in resumed[-1].saved and resumed[-1].folder == folder
-    assert_whole(resumed[-1].result, summaries.head_scores_over(llama, corpus.items))
+    assert_whole(resumed[-1].result, overs.head_scores_over(llama, corpus.items))
 
 
 def pairs() -> list[Pair]:
@@ -161,10 +162,10 @@ def test_one_folder_resumes_in_chunks_or_in_one_process(llama, tmp_path):
     assert stopped.result["previous_token"].items == (0, 1, 2)
     here = list(stream_over(llama, "heads", corpus, root=tmp_path / "a", model_name="tiny"))[-1]
     assert "resumed from 3 items saved before" in here.saved
-    assert_whole(here.result, summaries.head_scores_over(llama, corpus.items))
+    assert_whole(here.result, overs.head_scores_over(llama, corpus.items))
 
     items, finished = pairs(), []
-    run = saved.run_over("logit_attribution", llama, items, tmp_path / "b", "tiny",
+    run = saved.run_over(overs.ANALYSES["logit_attribution"], llama, items, tmp_path / "b", "tiny",
                          each=lambda i, _: finished.append(i), stop=lambda: len(finished) >= 2)
     assert not run.finished and len(list((run.folder / saved.ITEMS).iterdir())) == 2
     again = ThreadChunks(llama, in_flight=2, chunk_items=2)
@@ -172,7 +173,7 @@ def test_one_folder_resumes_in_chunks_or_in_one_process(llama, tmp_path):
         resumed = list(stream_over(llama, "attribution", Corpus(items, "pair", "six pairs"), root=tmp_path / "b",
                                    model_name="tiny"))[-1]
     assert [size for _, size, _ in again.sent] == [2, 2] and "resumed from 2 items saved before" in resumed.saved
-    want = summaries.logit_attribution_over(llama, items)
+    want = overs.logit_attribution_over(llama, items)
     assert_whole(dict(zip("hm", resumed.result)), dict(zip("hm", want)))
 
 
@@ -211,7 +212,7 @@ def test_an_ablation_in_chunks_is_capped_first_resumes_and_is_the_one_process_re
     assert [(a, size) for a, size, _ in runner.sent] == [("ablation", 1)] * 5       # a sweep: one text a call
     assert "resumed from 3 items saved before" in updates[-1].saved
     assert updates[-1].total == 8 and (updates[-1].folder / saved.META).is_file()
-    want = summaries.ablation_over(llama, corpus.items, "mean")
+    want = overs.ablation_over(llama, corpus.items, "mean")
     assert_whole({"over": updates[-1].result}, {"over": want})
     assert want.note.startswith("swept the first 8 of 10 texts")
     here = list(stream_over(llama, "ablation", corpus, root=tmp_path, model_name="tiny", ablation="mean"))[-1]

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from core import load_model
-from core.corpus import saved, summaries
+from core.analysis import over as overs
+from core.corpus import jobs, saved
 from core.corpus import texts as corpora
 from tests import tiny
 from tests.tiny import Ticking
@@ -37,21 +38,21 @@ def item_sizes(root) -> list[int]:
 
 def test_a_first_job_cannot_pass_the_cap_keeps_what_fit_and_is_measured_whole(llama, tmp_path):
     texts = random_texts(N)
-    whole = saved.run_over("head_scores", llama, texts, tmp_path / "whole", "tiny", batch_tokens=9)
+    whole = saved.run_over(overs.ANALYSES["head_scores"], llama, texts, tmp_path / "whole", "tiny", batch_tokens=9)
     item = max(item_sizes(tmp_path / "whole"))
     job_json = (whole.folder / saved.JOB).stat().st_size
     cap = job_json + 2 * item + item // 2 + 64          # room for two items, not three, and not the result
     root = tmp_path / "capped"
-    run = saved.run_over("head_scores", llama, texts, root, "tiny", max_bytes=cap, batch_tokens=9)
+    run = saved.run_over(overs.ANALYSES["head_scores"], llama, texts, root, "tiny", max_bytes=cap, batch_tokens=9)
     assert saved.disk_usage(root) <= cap                 # held as the items were written, not only at the start
     assert len(item_sizes(root)) == 2 and not run.finished and not (run.folder / saved.META).exists()
     assert "over this server's cap" in run.full and "kB" in run.full, run.full
     assert run.measured == N and "stopped" not in run.result["previous_token"].note   # past the cap: shown, not kept
     for kind, over in run.result.items():
         torch.testing.assert_close(over.per_item, whole.result[kind].per_item, equal_nan=True)
-    again = saved.run_over("head_scores", llama, texts, root, "tiny", max_bytes=cap, batch_tokens=9)
+    again = saved.run_over(overs.ANALYSES["head_scores"], llama, texts, root, "tiny", max_bytes=cap, batch_tokens=9)
     assert again.reused == 2 and again.full and saved.disk_usage(root) <= cap   # a resumed job holds it too
-    done = saved.run_over("head_scores", llama, texts, root, "tiny", batch_tokens=9)
+    done = saved.run_over(overs.ANALYSES["head_scores"], llama, texts, root, "tiny", batch_tokens=9)
     assert done.finished and done.reused == 2 and not done.full
     for kind, over in done.result.items():
         torch.testing.assert_close(over.per_item, whole.result[kind].per_item, equal_nan=True)
@@ -66,7 +67,7 @@ def test_a_room_check_is_asked_before_every_file_and_the_result_too(llama, tmp_p
             raise saved.NoRoom("the result would not fit")
 
     texts = random_texts(N)
-    run = saved.run_over("head_scores", llama, texts, tmp_path, "tiny", room=room, batch_tokens=9)
+    run = saved.run_over(overs.ANALYSES["head_scores"], llama, texts, tmp_path, "tiny", room=room, batch_tokens=9)
     assert asked[0] == 0 and len(asked) == 1 + N + 1     # the start, each item, the result
     assert len(item_sizes(tmp_path)) == N and not run.finished and run.full == "the result would not fit"
     assert not (run.folder / saved.RESULT).exists() and run.result["previous_token"].n == N   # shown whole
@@ -76,14 +77,14 @@ def test_a_room_check_is_asked_before_every_file_and_the_result_too(llama, tmp_p
 
 def test_the_time_cap_stops_a_job_inside_its_one_batch(llama):
     texts = random_texts(40)                             # one batch of 4,096 tokens holds them all
-    assert len(summaries.length_batches([len(t) for t in texts], summaries.BATCH_TOKENS)) == 1
+    assert len(jobs.length_batches([len(t) for t in texts], jobs.BATCH_TOKENS)) == 1
     cap = TimeCap(2.5, clock=Ticking())                  # started at 0; asked at 1 (the batch), 2 and 3 (layers)
-    result = summaries.head_scores_over(llama, texts, stop=cap)
+    result = overs.head_scores_over(llama, texts, stop=cap)
     assert cap.hit and result["previous_token"].n == 0
     assert "stopped after 0 of 40 texts" in result["previous_token"].note
     assert "**Stopped at the time cap** of 2.5 s per job" in cap.words()
     uncapped = TimeCap(100.0, clock=Ticking())
-    assert summaries.head_scores_over(llama, texts, stop=uncapped)["previous_token"].n == 40
+    assert overs.head_scores_over(llama, texts, stop=uncapped)["previous_token"].n == 40
     assert not uncapped.hit and uncapped.words() == ""
 
 
@@ -101,7 +102,7 @@ def test_a_job_that_ends_past_the_cap_says_so():
 
 def test_a_damaged_dtype_name_is_unreadable_and_measured_again(llama, tmp_path):
     texts = random_texts(N)
-    first = saved.run_over("head_scores", llama, texts, tmp_path, "tiny", batch_tokens=9)
+    first = saved.run_over(overs.ANALYSES["head_scores"], llama, texts, tmp_path, "tiny", batch_tokens=9)
     meta = json.loads((first.folder / saved.META).read_text())
     for part in meta["parts"].values():
         part["dtype"] = "Tensor"                         # a torch attribute, not a dtype
@@ -113,7 +114,7 @@ def test_a_damaged_dtype_name_is_unreadable_and_measured_again(llama, tmp_path):
     arrays["dtypes"] = [entry.split("=")[0] + "=nonesuch" for entry in arrays["dtypes"].tolist()]
     saved.write_atomic(item, lambda file: np.savez(file, **arrays))
     assert sorted(saved.read_items(first.folder, N)) == [0, 1, 3, 4, 5]
-    again = saved.run_over("head_scores", llama, texts, tmp_path, "tiny", batch_tokens=9)
+    again = saved.run_over(overs.ANALYSES["head_scores"], llama, texts, tmp_path, "tiny", batch_tokens=9)
     assert again.finished and again.reused == 5 and again.measured == 1
     for kind, over in again.result.items():
         torch.testing.assert_close(over.per_item, first.result[kind].per_item, equal_nan=True)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from core import load_model
-from core.corpus import Pair, chunks, saved, summaries
+from core.analysis import over as overs
+from core.corpus import Pair, chunks, jobs, saved, stats
 from tests import tiny
 
 ANSWER, FOIL = 11, 23
@@ -45,13 +46,13 @@ def corpus_pairs() -> list[Pair]:
 
 def chunked(analysis, model, items, size, stop=None, fail_at=None, **arguments):
     """The job split into chunks of `size` run in two threads, merged as a Ray front merges them."""
-    empty = chunks.check(analysis, model, items, **arguments)
+    empty = chunks.check(overs.ANALYSES[analysis], model, items, **arguments)
     ranges = chunks.split(len(items), size)
 
     def run(part: range):
         if fail_at in part:
             raise RuntimeError("the worker went away")
-        return chunks.run_chunk(analysis, model, [items[i] for i in part], **arguments)
+        return chunks.run_chunk(overs.ANALYSES[analysis], model, [items[i] for i in part], **arguments)
 
     noun = "pair" if isinstance(items[0], Pair) else "text"
     with ThreadPoolExecutor(2) as pool:
@@ -59,7 +60,7 @@ def chunked(analysis, model, items, size, stop=None, fail_at=None, **arguments):
     return chunks.merge(empty, finished, noun, len(items), stopped=len(finished) < len(ranges)), finished
 
 
-def assert_same(got: summaries.Over, want: summaries.Over) -> None:
+def assert_same(got: stats.Over, want: stats.Over) -> None:
     for field in ("mean", "low", "high", "per_item"):
         torch.testing.assert_close(getattr(got, field), getattr(want, field), atol=1e-5, rtol=0, equal_nan=True)
     assert (got.n, got.items, got.note, got.left_out) == (want.n, want.items, want.note, want.left_out)
@@ -75,7 +76,7 @@ def test_split_covers_the_corpus_in_order():
 
 def test_chunked_head_scores_are_the_whole_runs(llama):
     texts = corpus_texts()
-    whole = summaries.head_scores_over(llama, texts)
+    whole = overs.head_scores_over(llama, texts)
     merged, finished = chunked("head_scores", llama, texts, 3)
     assert len(finished) == 3 and set(merged) == set(whole)
     for name in whole:
@@ -87,11 +88,11 @@ def test_chunked_head_scores_are_the_whole_runs(llama):
 def test_chunked_attribution_and_patching_are_the_whole_runs(llama):
     pairs = corpus_pairs()
     for got, want in zip(chunked("logit_attribution", llama, pairs, 3)[0],
-                         summaries.logit_attribution_over(llama, pairs)):
+                         overs.logit_attribution_over(llama, pairs)):
         assert_same(got, want)
     for site, layer in (("z", None), ("resid_pre", None), ("z", 1)):
         merged, _ = chunked("patch", llama, pairs, 2, site=site, layer=layer)
-        want = summaries.patch_over(llama, pairs, site, layer=layer)
+        want = overs.patch_over(llama, pairs, site, layer=layer)
         assert_same(merged, want)
         assert 4 not in merged.items and "pair 4 (its clean and corrupted runs give the same" in merged.note
 
@@ -100,27 +101,27 @@ def test_chunked_ablation_is_capped_before_splitting_and_is_the_whole_run(llama)
     """Ablation sweeps only the first ABLATION_TEXTS texts: the cap is applied before splitting (no chunk reaches
     it), and the merged Over carries the cap's note as one run does."""
     texts = corpus_texts() + corpus_texts()[:3]                 # 10 texts: 8 swept
-    measured, cap = chunks.capped("ablation", texts, {})
-    assert len(measured) == summaries.ABLATION_TEXTS == 8 and cap.startswith("swept the first 8 of 10 texts")
-    empty = chunks.check("ablation", llama, texts)              # every text checked, as one run checks them
+    measured, cap = chunks.capped(overs.ANALYSES["ablation"], texts, {})
+    assert len(measured) == overs.ABLATION_TEXTS == 8 and cap.startswith("swept the first 8 of 10 texts")
+    empty = chunks.check(overs.ANALYSES["ablation"], llama, texts)              # every text checked, as one run checks them
     with ThreadPoolExecutor(2) as pool:
         finished = list(chunks.as_finished(
-            lambda part: pool.submit(chunks.run_chunk, "ablation", llama, [measured[i] for i in part],
+            lambda part: pool.submit(chunks.run_chunk, overs.ANALYSES["ablation"], llama, [measured[i] for i in part],
                                      ablation="mean"), chunks.split(len(measured), 3), 2, "text"))
     assert sorted(len(chunk.items) for chunk in finished) == [2, 3, 3]
     assert all("swept the first" not in chunk.result.note for chunk in finished)    # no chunk is capped
     merged = chunks.merge(empty, finished, "text", len(measured), cap=cap)
-    assert_same(merged, summaries.ablation_over(llama, texts, "mean"))
-    assert chunks.capped("ablation", texts[:5], {})[1] == "" and len(chunks.capped("ablation", texts, {"limit": 3})[0]) == 3
-    assert chunks.capped("ablation", texts, {"limit": None})[1] == ""
+    assert_same(merged, overs.ablation_over(llama, texts, "mean"))
+    assert chunks.capped(overs.ANALYSES["ablation"], texts[:5], {})[1] == "" and len(chunks.capped(overs.ANALYSES["ablation"], texts, {"limit": 3})[0]) == 3
+    assert chunks.capped(overs.ANALYSES["ablation"], texts, {"limit": None})[1] == ""
 
 
 def test_items_left_out_are_named_by_index_past_the_ones_a_note_names(llama):
-    """A chunk that leaves out more items than its note names (summaries.NAMED): each is still left out, with its
+    """A chunk that leaves out more items than its note names (jobs.NAMED): each is still left out, with its
     own reason, by its index in the whole corpus."""
-    texts = [random_ids(6, 300 + i) for i in range(summaries.NAMED + 4)]
+    texts = [random_ids(6, 300 + i) for i in range(jobs.NAMED + 4)]
     texts[1] = torch.cat([texts[1][:3], texts[1][:3]])        # the one text scored for induction
-    whole = summaries.head_scores_over(llama, texts)["induction"]
+    whole = overs.head_scores_over(llama, texts)["induction"]
     merged = chunked("head_scores", llama, texts, len(texts) - 1)[0]["induction"]
     assert len(whole.left_out) == len(texts) - 1 and merged.items == (1,)
     assert_same(merged, whole)
@@ -131,12 +132,12 @@ def test_the_items_finished_before_merge_with_the_rest_as_one_run(llama, tmp_pat
     merged with chunks of the rest alone: the whole run's Over. A skipped pair has no value saved: it is sent
     again, and skipped again."""
     texts, pairs = corpus_texts(), corpus_pairs()
-    jobs = (("head_scores", texts, {}, summaries.head_scores_over(llama, texts)),
-            ("patch", pairs, {"site": "z"}, summaries.patch_over(llama, pairs, "z")))
+    jobs = (("head_scores", texts, {}, overs.head_scores_over(llama, texts)),
+            ("patch", pairs, {"site": "z"}, overs.patch_over(llama, pairs, "z")))
     for analysis, items, arguments, whole in jobs:
         folder = tmp_path / analysis
         (folder / saved.ITEMS).mkdir(parents=True)
-        first = chunks.run_chunk(analysis, llama, items[1:5], **arguments)      # items 1–4, finished before
+        first = chunks.run_chunk(overs.ANALYSES[analysis], llama, items[1:5], **arguments)      # items 1–4, finished before
         for i, value in first.values.items():
             saved.write_item(folder, 1 + i, value)
         done = saved.read_items(folder, len(items))
@@ -145,12 +146,12 @@ def test_the_items_finished_before_merge_with_the_rest_as_one_run(llama, tmp_pat
         assert sorted(i for part in ranges for i in part) == sorted(set(range(len(items))) - set(done))
         rest = []
         for part in ranges:
-            measured = chunks.run_chunk(analysis, llama, [items[i] for i in part], **arguments)
+            measured = chunks.run_chunk(overs.ANALYSES[analysis], llama, [items[i] for i in part], **arguments)
             rest.append(chunks.Chunk(part, measured.result, measured.values))
-        before = chunks.from_saved(analysis, llama, items, done, **arguments)
+        before = chunks.from_saved(overs.ANALYSES[analysis], llama, items, done, **arguments)
         assert before.items == tuple(sorted(done)) and before.values == {}
         noun = "pair" if analysis == "patch" else "text"
-        merged = chunks.merge(chunks.check(analysis, llama, items, **arguments), [*rest, before], noun, len(items))
+        merged = chunks.merge(chunks.check(overs.ANALYSES[analysis], llama, items, **arguments), [*rest, before], noun, len(items))
         for name, over in saved.parts_of(whole).items():
             assert_same(saved.parts_of(merged)[name], over)
 
@@ -166,7 +167,7 @@ def test_a_stop_keeps_the_finished_chunks(llama):
     merged, finished = chunked("head_scores", llama, texts, 2, stop=stop)
     done = sorted(i for chunk in finished for i in chunk.items)
     assert 0 < len(done) < len(texts)
-    alone = summaries.head_scores_over(llama, [texts[i] for i in done])["previous_token"]
+    alone = overs.head_scores_over(llama, [texts[i] for i in done])["previous_token"]
     got = merged["previous_token"]
     assert got.items == tuple(done) and got.n == len(done)
     torch.testing.assert_close(got.mean, alone.mean, atol=1e-5, rtol=0)
@@ -183,6 +184,6 @@ def test_the_whole_corpus_is_checked_before_any_chunk_runs(llama):
     pairs = corpus_pairs()
     pairs[5] = Pair(random_ids(11, 9), random_ids(11, 10), ANSWER, FOIL)   # one pair of another length
     with pytest.raises(ValueError, match=r"pairs 5 \(11\) do not"):
-        chunks.check("patch", llama, pairs, site="resid_pre")      # each chunk alone would be of one length
-    with pytest.raises(ValueError, match="not 'attention'"):
-        chunks.check("attention", llama, corpus_texts())
+        chunks.check(overs.ANALYSES["patch"], llama, pairs, site="resid_pre")      # each chunk alone would be of one length
+    with pytest.raises(ValueError, match="got 'attention'"):
+        chunks.check(overs.analysis_named("attention"), llama, corpus_texts())

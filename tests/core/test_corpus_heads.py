@@ -8,7 +8,7 @@ import torch
 from core import load_model
 from core.analysis import anatomy
 from core.analysis.capture import layer_map
-from core.analysis.plane import joint_plane
+from core.plane import joint_plane
 from core.corpus import heads
 from tests import tiny
 

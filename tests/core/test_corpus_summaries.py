@@ -12,10 +12,13 @@ from scipy import stats as scipy_stats
 
 from core import load_model
 from core.analysis import heads, patching
-from core.corpus import Pair, stats, summaries
+from core.analysis import over as overs
+from core.corpus import Pair, jobs, stats
 from tests import tiny
 
 ANSWER, FOIL = 11, 23
+
+
 @pytest.fixture(scope="module")
 def llama():
     return load_model(tiny.save(tiny.llama(num_key_value_heads=2)), device="cpu")
@@ -131,7 +134,7 @@ def test_batched_head_scores_equal_each_text_alone(build, llama):
     texts = random_texts([9, 4, 13, 1, 9, 6, 12])
     texts[2][8:] = texts[2][3:8]                                            # duplicate tokens
     seen = []
-    over = summaries.head_scores_over(model, texts, batch_tokens=30, progress=lambda d, t: seen.append((d, t)))
+    over = overs.head_scores_over(model, texts, batch_tokens=30, progress=lambda d, t: seen.append((d, t)))
     assert seen[-1] == (7, 7) and 1 < len(seen) <= 7                        # several batches, each reported
     alone = [heads.pattern_scores(model, t[None]) for t in texts]
     for name in alone[0]:
@@ -150,7 +153,7 @@ def test_batched_head_scores_equal_each_text_alone(build, llama):
 def test_induction_over_repeated_texts_is_the_probes_score(llama):
     probes = [heads.induction(llama, length, seed) for length, seed in ((12, 0), (20, 1))]   # BOS, then twice
     texts = [probes[0].ids[0], random_texts([10])[0], probes[1].ids[0], probes[1].ids[0, 1:]]   # the last: no BOS
-    over = summaries.head_scores_over(llama, texts)["induction"]
+    over = overs.head_scores_over(llama, texts)["induction"]
     assert over.items == (0, 2, 3) and over.n == 3 and "left out 1 of 4 texts: text 1 (not a span" in over.note
     for row, probe in zip(over.per_item, probes):
         torch.testing.assert_close(row, probe.scores, atol=1e-5, rtol=0)
@@ -160,7 +163,7 @@ def test_induction_over_repeated_texts_is_the_probes_score(llama):
 def test_a_stopped_job_keeps_its_finished_items(llama, monkeypatch):
     texts = random_texts([5, 5, 8, 8, 8])
     finished = []
-    over = summaries.head_scores_over(llama, texts, batch_tokens=10, progress=lambda d, t: finished.append(d),
+    over = overs.head_scores_over(llama, texts, batch_tokens=10, progress=lambda d, t: finished.append(d),
                                       stop=lambda: len(finished) >= 2)
     assert over["entropy"].n == 2 and over["entropy"].items == (0, 1)
     assert "stopped after 2 of 5 texts" in over["entropy"].note
@@ -172,8 +175,8 @@ def test_a_stopped_job_keeps_its_finished_items(llama, monkeypatch):
         calls, streamed = [], {}
         with monkeypatch.context() as patched_sizes:
             for name, value in sizes.items():
-                patched_sizes.setattr(summaries, name, value)
-            patched = summaries.patch_over(llama, pairs, "z", progress=lambda d, t: calls.append(d),
+                patched_sizes.setattr(overs, name, value)
+            patched = overs.patch_over(llama, pairs, "z", progress=lambda d, t: calls.append(d),
                                            stop=lambda: len(calls) >= 1, each=streamed.__setitem__)
         assert patched.n == 1 and "stopped after 1 of 3 pairs" in patched.note, sizes
         assert list(streamed) == [0] and torch.equal(streamed[0], patched.per_item[0])
@@ -182,7 +185,7 @@ def test_a_stopped_job_keeps_its_finished_items(llama, monkeypatch):
 
 def test_logit_attribution_over_is_the_mean_of_each_pairs(llama):
     pairs = [random_pair(n, (2,), seed) for seed, n in enumerate((6, 9, 7))]
-    head_over, mlp_over = summaries.logit_attribution_over(llama, pairs)
+    head_over, mlp_over = overs.logit_attribution_over(llama, pairs)
     each = [patching.logit_attribution(llama, p.clean[None], ANSWER, FOIL) for p in pairs]
     torch.testing.assert_close(head_over.per_item, torch.stack([e.heads for e in each]))
     torch.testing.assert_close(mlp_over.mean, torch.stack([e.mlps for e in each]).mean(0))
@@ -193,7 +196,7 @@ def test_patch_over_is_the_mean_of_single_pair_sweeps(llama):
     pairs = [random_pair(8, at, seed) for seed, at in enumerate(((2,), (5,), (1, 6)))]
     pairs.insert(1, Pair(pairs[0].clean, pairs[0].clean.clone(), ANSWER, FOIL))   # the same metric on both runs
     for site, layer in (("resid_pre", None), ("z", 1)):
-        over = summaries.patch_over(llama, pairs, site, "denoise", layer)
+        over = overs.patch_over(llama, pairs, site, "denoise", layer)
         sweeps = [patching.patch_sweep(llama, p.clean[None], p.corrupted[None], ANSWER, FOIL, site, "denoise", layer)
                   for p in (pairs[0], pairs[2], pairs[3])]
         by_hand = torch.stack([s.scores for s in sweeps])
@@ -208,27 +211,27 @@ def test_patch_over_is_the_mean_of_single_pair_sweeps(llama):
 
 def test_head_sites_take_any_lengths_and_position_sites_refuse_them(llama):
     pairs = [random_pair(n, (2,), seed) for seed, n in enumerate((8, 6, 8, 11))]
-    over = summaries.patch_over(llama, pairs, "z", "noise")
+    over = overs.patch_over(llama, pairs, "z", "noise")
     assert over.per_item.shape == (4, 2, 4) and over.n == 4
     one = patching.patch_sweep(llama, pairs[3].clean[None], pairs[3].corrupted[None], ANSWER, FOIL, "z", "noise")
     torch.testing.assert_close(over.per_item[3], one.scores)
     with pytest.raises(ValueError, match=r"most have 8 tokens, but pairs 1 \(6\), 3 \(11\) do not"):
-        summaries.patch_over(llama, pairs, "resid_pre")
+        overs.patch_over(llama, pairs, "resid_pre")
     with pytest.raises(ValueError, match="pair 1: the clean prompt has 6 tokens and the corrupted 5"):
-        summaries.patch_over(llama, [pairs[0], Pair(pairs[1].clean, pairs[1].corrupted[:5], 3, 4)], "z")
+        overs.patch_over(llama, [pairs[0], Pair(pairs[1].clean, pairs[1].corrupted[:5], 3, 4)], "z")
     with pytest.raises(ValueError, match="pair 0: the answer and the foil are the same token"):
-        summaries.logit_attribution_over(llama, [Pair(pairs[0].clean, pairs[0].corrupted, 5, 5)])
+        overs.logit_attribution_over(llama, [Pair(pairs[0].clean, pairs[0].corrupted, 5, 5)])
     with pytest.raises(ValueError, match="text 1 is empty"):
-        summaries.head_scores_over(llama, [pairs[0].clean, torch.tensor([], dtype=torch.long)])
+        overs.head_scores_over(llama, [pairs[0].clean, torch.tensor([], dtype=torch.long)])
 
 
 def test_ablation_over_caps_its_texts_and_equals_each_sweep(llama):
     texts = random_texts([7, 10, 5])
-    over = summaries.ablation_over(llama, texts, limit=2)
+    over = overs.ablation_over(llama, texts, limit=2)
     assert over.n == 2 and "swept the first 2 of 3 texts (limit=2" in over.note
     want = torch.stack([heads.ablation_sweep(llama, t[None]) for t in texts[:2]])
     torch.testing.assert_close(over.per_item, want)
-    assert summaries.ABLATION_TEXTS == 8 and "8" in summaries.ablation_over.__doc__
+    assert overs.ABLATION_TEXTS == 8 and "8" in overs.ablation_over.__doc__
 
 
 def test_smollm2_scores_texts_of_different_lengths_in_one_batch_as_alone(smollm):
@@ -237,7 +240,7 @@ def test_smollm2_scores_texts_of_different_lengths_in_one_batch_as_alone(smollm)
                "The cat sat on the mat.", "One two three four five six seven eight, one two three four"]
     texts = [torch.tensor(tok(s)["input_ids"]) for s in strings]
     assert len({len(t) for t in texts}) == 3
-    over = summaries.head_scores_over(smollm, texts)
+    over = overs.head_scores_over(smollm, texts)
     for i, t in enumerate(texts):
         alone = heads.pattern_scores(smollm, t[None])
         for name, table in alone.items():
@@ -248,7 +251,7 @@ def test_smollm2_scores_texts_of_different_lengths_in_one_batch_as_alone(smollm)
 
 def test_left_padding_scores_as_right_padding(llama):
     texts = random_texts([4, 9])
-    right, mask = summaries.padded(texts, 0)
+    right, mask = jobs.padded(texts, 0)
     left = torch.stack([right[1], torch.cat([torch.zeros(5, dtype=torch.long), texts[0]])])
     left_mask = torch.stack([mask[1], mask[0].flip(0)])
     by_left = heads.batch_pattern_scores(llama, left, left_mask)
@@ -291,7 +294,7 @@ def test_pairs_of_any_lengths_sweep_together_as_each_alone(build, llama64, monke
     alone = looped(model, pairs, "z", "noise")
     forwards, forward = [], model.forward
     monkeypatch.setattr(model, "forward", lambda *a, **k: forwards.append(1) or forward(*a, **k))
-    over = summaries.patch_over(model, pairs, "z", "noise")
+    over = overs.patch_over(model, pairs, "z", "noise")
     assert len(forwards) == 2                                                       # all five in one batch
     assert over.items == (0, 1, 3, 4) and "pair 2 (its clean and corrupted runs give the same logit" in over.note
     torch.testing.assert_close(over.per_item, torch.stack([alone[i].scores for i in over.items]), atol=1e-5, rtol=0)

@@ -7,7 +7,7 @@ import torch
 from scipy import stats
 
 from core import load_model
-from core.analysis import patching, shortcuts
+from core.analysis import over as overs, patching, shortcuts
 from core.corpus import Pair
 from core.probe import Patch
 from tests import tiny
@@ -255,10 +255,10 @@ def test_the_corpus_job_is_the_report_on_both_sites_and_resumes_from_its_saved_p
         torch.testing.assert_close(result["exact"].per_item[:, 1, column], report.strong.per_item,
                                    check_dtype=False)
     calls = []
-    stopped = saved.run_over("shortcuts", model, pairs, tmp_path, "tiny", k=3, points=4,
+    stopped = saved.run_over(overs.ANALYSES["shortcuts"], model, pairs, tmp_path, "tiny", k=3, points=4,
                              stop=lambda: bool(calls), each=lambda i, v: calls.append(i))
     assert not stopped.finished and calls == [0]
-    again = saved.run_over("shortcuts", model, pairs, tmp_path, "tiny", k=3, points=4)
+    again = saved.run_over(overs.ANALYSES["shortcuts"], model, pairs, tmp_path, "tiny", k=3, points=4)
     assert again.finished and again.reused == 1 and again.measured == 1
     for name in ("rho", "overlap", "false_negatives", "signed_error"):
         torch.testing.assert_close(again.result[name].per_item, result[name].per_item, equal_nan=True)

@@ -36,6 +36,7 @@ from typing import Any
 import ray
 from ray import serve
 
+from core.analysis.over import analysis_named
 from core.corpus import chunks
 from core.corpus import heads as head_places
 from ui import memory
@@ -88,8 +89,8 @@ class ModelReplica:
     async def corpus_chunk(self, analysis: str, items: list, arguments: dict) -> Any:
         """One chunk of a corpus job (core/corpus/chunks.py run_chunk) on this replica's model: its Measured over
         `items`, or a RemoteError with the words of its refusal."""
-        return await self.stoppable(lambda stop: chunks.run_chunk(analysis, self.model(), items, stop=stop,
-                                                                  **arguments))
+        return await self.stoppable(lambda stop: chunks.run_chunk(analysis_named(analysis), self.model(), items,
+                                                                  stop=stop, **arguments))
 
     async def corpus_examples(self, texts: list, layer: int, head: int, k: int, per_decile: int) -> Any:
         """One head's top examples over the whole of `texts` (token ids the front read and encoded; core/corpus/

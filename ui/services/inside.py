@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from core.analysis import anatomy, inspect, qk
-from core.analysis.plane import DEFINITION as PLANE_DEFINITION
+from core.plane import DEFINITION as PLANE_DEFINITION
 from core.attention import attention_stages, masked_softmax_, online_softmax, row_entropy, soft_cap, softmax_bytes
 from core.generate import filter_top_k, filter_top_p
 from ui.services.checks import UserError, check_choice, check_float, check_head, check_range

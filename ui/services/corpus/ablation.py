@@ -1,4 +1,4 @@
-"""Each head's ablation over a corpus (core/corpus/summaries.py ablation_over: the mean increase of a text's
+"""Each head's ablation over a corpus (core/analysis/over.py ablation_over: the mean increase of a text's
 next-token loss when that head alone is removed, Over [L, H]) as the Across texts tab runs it: over.stream_over
 "ablation", in a worker thread here or in chunks on the Ray backend, saved item by item. A sweep runs the model once
 per head and text, so only the first ABLATION_TEXTS texts are swept; the core's note says how many of how many."""
@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from core.corpus.summaries import ABLATION_TEXTS, LIMIT_HINT, Over
+from core.analysis.over import ABLATION_TEXTS
+from core.corpus.jobs import LIMIT_HINT
+from core.corpus.stats import Over
 from ui.services.checks import UserError
 from ui.services.corpus.over import check_model
 from ui.services.heads import lm_head_reason

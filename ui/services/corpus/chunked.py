@@ -17,6 +17,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Protocol
 
+from core.analysis.over import analysis_named
 from core.corpus import chunks, saved
 from ui.services.corpus.pages import Saving, saved_words, unsaved
 from ui.services.corpus.updates import OverUpdate, partial_note, refusals_in_words
@@ -74,7 +75,8 @@ def begun_job(name: str, items: list, arguments: dict, saving: Saving,
     if saving.root is None:
         return None, saving
     try:
-        return saved.begin(name, items, saving.root, model_name, saved.arguments_of(name, arguments),
+        analysis = analysis_named(name)
+        return saved.begin(analysis, items, saving.root, model_name, saved.arguments_of(analysis, arguments),
                            max_bytes=saving.max_bytes, room=saving.room,
                            wrote=saving.wrote or (lambda folder: None)), saving
     except saved.NoRoom as error:
@@ -90,7 +92,7 @@ def not_kept(error: OSError) -> Saving:
 
 def stream_chunks(runner: ChunkRunner, model, name: str, items: list, noun: str, arguments: dict,
                   stop: Callable[[], bool] | None, saving: Saving, model_name: str) -> Iterator[OverUpdate]:
-    """over.stream_over of the analysis `name` (saved.ANALYSES's) with the corpus split into chunks of
+    """over.stream_over of the analysis `name` (core/analysis/over.py ANALYSES) with the corpus split into chunks of
     runner.chunk_items items (an ablation's of one text: chunks.chunk_items), runner.in_flight of them under way at
     once: an update as each chunk finishes, with the merged summary of the chunks finished so far. The whole
     corpus is checked here first, as one run checks it. Saved under saving.root: a finished job is reopened; one
@@ -107,17 +109,17 @@ def chunk_updates(runner: ChunkRunner, model, name: str, items: list, noun: str,
                   stop: Callable[[], bool] | None, saving: Saving, model_name: str) -> Iterator[OverUpdate]:
     started = time.perf_counter()
     with refusals_in_words():
-        empty = chunks.check(name, model, items, **arguments)
+        empty = chunks.check(analysis_named(name), model, items, **arguments)
         begun, saving = begun_job(name, items, arguments, saving, model_name)
-        items, cap = chunks.capped(name, items, arguments)
+        items, cap = chunks.capped(analysis_named(name), items, arguments)
         total = len(items)
         if begun is not None and begun.finished is not None:
             yield OverUpdate(total, total, begun.finished.result, time.perf_counter() - started, True,
                              saved_words(begun.finished, saving), begun.folder)
             return
         done = begun.done if begun is not None else {}
-        finished = [chunks.from_saved(name, model, items, done, **arguments)] if done else []
-    ranges = chunks.remaining(total, done, chunks.chunk_items(name, runner.chunk_items))
+        finished = [chunks.from_saved(analysis_named(name), model, items, done, **arguments)] if done else []
+    ranges = chunks.remaining(total, done, chunks.chunk_items(analysis_named(name), runner.chunk_items))
     yield OverUpdate(len(done), total, partial(empty, finished, noun, total) if done else None, 0.0)
     fits = saved.room_for(saving.root, saving.max_bytes, saving.room) if begun is not None else None
     full = ""
@@ -179,7 +181,7 @@ def save_whole(begun: saved.Begun, name: str, arguments: dict, result, saving: S
                fits: Callable[[int], None] | None = None) -> None:
     """A finished chunked job's result saved as saved.run_over saves one (result.npz, then meta.json), so a rerun
     here or in one process reopens it and Export reads it."""
-    arguments = saved.arguments_of(name, arguments)
-    saved.save_result(begun.folder, begun.ident, saved.analysis_named(name), arguments, result, fits)
+    arguments = saved.arguments_of(analysis_named(name), arguments)
+    saved.save_result(begun.folder, begun.ident, analysis_named(name), arguments, result, fits)
     if saving.wrote is not None:
         saving.wrote(begun.folder)

@@ -11,7 +11,7 @@ import torch
 
 from core.analysis import qk
 from core.corpus import texts as corpora
-from core.corpus.summaries import Over, summarise
+from core.corpus.stats import Over, summarise
 from ui.services.checks import UserError, check_choice, check_head, check_range
 from ui.services.corpus.over import induction_length
 from ui.services.patching import refusals_in_words
@@ -58,9 +58,10 @@ def top_and_rest(over: Over, labels: list[str], top: int = TOP) -> tuple[list[st
     return names, summarise(stacked, over.note, over.items, over.left_out, bounds=over.bounds)
 
 
-def composition(model, layer, head, side, n) -> Composition:
+def composition(model, layer, head, side, n, progress=None, stop=None) -> Composition:
     """composition_over of one head on n induction texts (the Heads tab's probe, seeds 0..n−1), the top
-    components and the rest, and the weights-only scores of the same side."""
+    components and the rest, and the weights-only scores of the same side. progress(done, total) and stop() as
+    every corpus job's: a stopped job summarises the texts it finished."""
     layer, head = check_head(model, layer, head)
     side = check_side(side)
     n = check_range("Texts (n)", n, 1, MAX_TEXTS)
@@ -68,7 +69,7 @@ def composition(model, layer, head, side, n) -> Composition:
     texts = corpora.induction_texts(model.tokenizer, n, length, bos=model.config.bos_token_id)
     source = f"{n} induction texts ({length} random tokens, repeated once, as the Heads tab's probe)"
     with refusals_in_words():
-        found = qk.composition_over(model, texts, layer, head, side)
+        found = qk.composition_over(model, texts, layer, head, side, progress=progress, stop=stop)
     if found.shares.n == 0:
         raise UserError(f"No text gave layer {layer}, head {head} a query that reads more than one key: "
                         f"{found.shares.note}")

@@ -19,12 +19,12 @@ import torch
 from torch import Tensor
 
 from core.analysis import heads as head_analysis
+from core.analysis.over import analysis_named
 from core.analysis.shortcuts import BOUNDS as SHORTCUT_BOUNDS, METHODS, SITES_COMPARED
 from core.corpus import Pair
 from core.corpus import saved
 from core.corpus import texts as corpora
-from core.corpus.stats import UNBOUNDED
-from core.corpus.summaries import Over, summarise
+from core.corpus.stats import UNBOUNDED, Over, summarise
 from ui.services.checks import UserError, check_choice, check_range, stack_shape
 from ui.services.corpus.chunked import CHUNKS, chunks_on, stream_chunks  # noqa: F401 - chunks_on: tests import it here
 from ui.services.corpus.pages import Saving, saved_words, saving_given, unsaved
@@ -219,7 +219,7 @@ def stream_over(model, analysis: str, corpus: Corpus, site: str | None = None, m
     job there (saved.run_over): a job already finished is reopened without measuring; saving (pages.saving_of's, for
     a page) instead gives the root with its caps and what to tell of each write. Past a cap a new job is measured
     and not saved. Run in a worker thread here, or in chunks on the runner of chunks_on where one is set.
-    ablation ("zero" or "mean"): the ablation's kind; it sweeps the first summaries.ABLATION_TEXTS texts only (the
+    ablation ("zero" or "mean"): the ablation's kind; it sweeps the first over.ABLATION_TEXTS texts only (the
     updates count those), and the core's note says how many of how many. max_seconds: the job's time cap; past
     it the job stops as a stop() would (its finished items summarised and kept, a saved job resumable; asked
     between batches and between a batch's layers), and the finished update's `capped` says so, or that the job
@@ -257,8 +257,8 @@ def stream_here(model, analysis: str, corpus: Corpus, arguments: dict, stop: Cal
         with saving.held(), refusals_in_words():
             if saving.root is not None:
                 try:
-                    run = saved.run_over(SAVED_NAMES[analysis], model, corpus.items, saving.root, model_name,
-                                         max_bytes=saving.max_bytes, room=saving.room, wrote=saving.wrote,
+                    run = saved.run_over(analysis_named(SAVED_NAMES[analysis]), model, corpus.items, saving.root,
+                                         model_name, max_bytes=saving.max_bytes, room=saving.room, wrote=saving.wrote,
                                          **hooks, **arguments)
                     return run.result, run, saving
                 except saved.NoRoom as error:   # past a cap: measured all the same, and not saved
@@ -266,10 +266,10 @@ def stream_here(model, analysis: str, corpus: Corpus, arguments: dict, stop: Cal
             return measure(hooks), None, saving
 
     def measure(hooks: dict):
-        return saved.analysis_named(SAVED_NAMES[analysis]).run(model, corpus.items, **arguments, **hooks)
+        return analysis_named(SAVED_NAMES[analysis]).run(model, corpus.items, **arguments, **hooks)
 
     name = SAVED_NAMES[analysis]
-    total = saved.analysis_named(name).count(saved.arguments_of(name, arguments), len(corpus.items))
+    total = analysis_named(name).count(saved.arguments_of(analysis_named(name), arguments), len(corpus.items))
     for update in stream_job(work, total, f"corpus-{analysis}"):
         if update.finished:
             result, run, used = update.result

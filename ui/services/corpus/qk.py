@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.analysis.plane import DEFINITION as PLANE_DEFINITION
+from core.plane import DEFINITION as PLANE_DEFINITION
 from core.corpus import heads as head_places
 from core.corpus.heads import QKPlane
 from ui.services.checks import check_head

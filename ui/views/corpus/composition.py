@@ -33,7 +33,8 @@ def composition_view(services: Services, model_name, layer_index, head_index, si
     found = composition(model, layer_index, head_index, side, n)
     name = f"L{found.layer} H{found.head}"
     named = [label for label in found.labels if label != "rest"]
-    heads = [label for label in named if " H" in label]
+    typed = dict(zip(found.traced.labels, found.traced.parts))
+    heads = [label for label in named if typed[label].is_head]
     strongest = heads[0] if heads else None
     top = found.labels[0]
     lines = [f"**What feeds {name}'s {plural(found.side)}** over {escaped(found.source)}: {escaped(found.pairs)}. "
