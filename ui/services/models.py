@@ -9,6 +9,7 @@ of the server's files. Loading errors become UserErrors that say what is wrong a
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -22,6 +23,7 @@ import torch
 import core.store as weight_store
 from core import CheckpointError, ConfigError, load_model
 from core.store.registry import HUB_REPO_ID, SOURCE_PLACES, gated_phrase, memory_phrase
+from ui import memory
 from ui.services.checks import UserError
 
 log = logging.getLogger(__name__)
@@ -71,13 +73,25 @@ def clean_weight_store() -> list[str]:
     return removed
 
 
+def hand_back() -> None:
+    """What a dropped model held, back to the system: a full collection, then malloc_trim (ui.memory.trim). The
+    collection frees a model that a reference cycle holds, which reference counting alone never frees (the first
+    model a process loads is one: torch imports torch._dynamo lazily while building it, and torch.fx's import keeps
+    its own frame, whose chain of callers reaches load_model's); the trim returns the freed weights' pages, which
+    glibc otherwise keeps inside the arena of the thread that loaded them."""
+    gc.collect()
+    memory.trim()
+
+
 class OncePerName(Generic[T]):
     """Values made once per name, however many sessions ask at once, at most `capacity` of them kept (the least
-    recently used dropped first, and handed to `on_drop`). A value being made holds only its own name's lock, so
-    those who ask for values already here never wait behind someone else's download."""
+    recently used dropped first, and handed to `on_drop`; once this store holds none of them, `after_drop()` runs).
+    A value being made holds only its own name's lock, so those who ask for values already here never wait behind
+    someone else's download."""
 
-    def __init__(self, capacity: int, on_drop: Callable[[str, T], None] | None = None):
-        self.capacity, self.on_drop = capacity, on_drop
+    def __init__(self, capacity: int, on_drop: Callable[[str, T], None] | None = None,
+                 after_drop: Callable[[], object] | None = None):
+        self.capacity, self.on_drop, self.after_drop = capacity, on_drop, after_drop
         self._values: OrderedDict[str, T] = OrderedDict()
         self._lock = threading.Lock()  # guards _values and _making
         self._making: dict[str, threading.Lock] = {}
@@ -101,18 +115,29 @@ class OncePerName(Generic[T]):
                 self._values[name] = value
                 dropped = [self._values.popitem(last=False) for _ in range(len(self._values) - self.capacity)]
                 self._making.pop(name, None)
-        for old in dropped:  # outside the lock: dropping may take a while (a Serve application is deleted)
-            if self.on_drop is not None:
-                self.on_drop(*old)
+        self._let_go(dropped)  # outside the lock: dropping may take a while (a Serve application is deleted)
         return value
 
     def forget(self, name: str) -> bool:
         """Drop one name's value (handed to `on_drop`); whoever already holds the value keeps using it."""
         with self._lock:
-            value = self._values.pop(name, None)
-        if value is not None and self.on_drop is not None:
-            self.on_drop(name, value)
-        return value is not None
+            dropped = [(name, self._values.pop(name))] if name in self._values else []
+        found = bool(dropped)
+        self._let_go(dropped)
+        return found
+
+    def _let_go(self, dropped: list[tuple[str, T]]) -> None:
+        """Hand each dropped value to on_drop, let go of them, then after_drop(): by then a value nobody else holds
+        is gone."""
+        if not dropped:
+            return
+        if self.on_drop is not None:
+            for name, value in dropped:
+                self.on_drop(name, value)
+            del value
+        dropped.clear()
+        if self.after_drop is not None:
+            self.after_drop()
 
     def clear(self) -> list[tuple[str, T]]:
         """Forget every value; returns them, oldest first."""
@@ -125,7 +150,9 @@ class OncePerName(Generic[T]):
 class ModelStore:
     """Loaded models, one per name, shared by all sessions (weights are read-only), at most `capacity` in memory;
     a model being pulled or loaded keeps no one else waiting (OncePerName). public: a shared server, where only
-    the names the picker offers load (key)."""
+    the names the picker offers load (key). release() runs once the store has let go of a dropped model: by
+    default hand_back, so that a dropped model's memory leaves the process (a request still using it keeps it
+    until it ends)."""
 
     def __init__(
         self,
@@ -133,11 +160,12 @@ class ModelStore:
         extra_names: list[str] | None = None,
         device: str | None = None,
         public: bool = False,
+        release: Callable[[], object] = hand_back,
     ):
         self.capacity, self.device, self.public = capacity, device, public
         self.max_fetch_mb: float | None = None  # on a shared server, the largest model a choice fetches (MB)
         self.extra_names = list(extra_names or [])
-        self._models: OncePerName[torch.nn.Module] = OncePerName(capacity)
+        self._models: OncePerName[torch.nn.Module] = OncePerName(capacity, after_drop=release)
         self._sources: dict[str, str] = {}  # name → where its weights came from, for the model card
         # alias → folder of a session's private Lab run (Lab.private_folder), on a shared server; never listed
         self.private: Callable[[str], Path | None] | None = None
