@@ -4,10 +4,14 @@
               (each client starting at a different one) for at most ROUNDS rounds or until --seconds have passed
   short       --short-sessions clients one after another, each a new connection making one /attention call
   switch      --switches calls of load_model, cycling through the default model, minilm-l6 and a third installed
-              model when there is one (the server keeps two models in memory, so a third forces reloads)
+              model when there is one (the server keeps two models in memory, so a third forces reloads); the
+              server's RSS is read after each whole cycle through them
   patching    --patching-sessions clients one after another, each a new connection calling /patch_sweep,
               /logit_attribution and /flow_graph on the Patching tab's first preset (the IOI pair); the server's
               RSS growth divided by the sessions is what each one keeps (its States and its kept results)
+  composition --compositions /composition_over calls at once (the Heads tab's "what feeds a head" job), each from
+              a session of its own: the chosen head's keys traced over --composition-texts induction texts; first,
+              one call on one text warms the server up (warm_up_composition)
   heavy       (with --heavy) long jobs, each client a session of its own: --heavy-sweeps /ablation_sweep calls,
               --heavy-attributions /attribute calls at --heavy-steps steps (on the Attention example's first 16
               tokens: the steps × tokens budget), --heavy-generations /generate calls of --heavy-tokens tokens
@@ -22,7 +26,8 @@ at its peak (the server process's own high-water mark, VmHWM, reset as the phase
 common.PeakMemory with its pid; Linux, the same user), right after and --settle seconds after (the memory the
 allocator gave back),
 then one SUMMARY line per phase. With --publish the phases' table goes into the docs (publish in bench/common.py):
-section load-ray with --backend ray, else load (load-heavy when the heavy phase runs alone, load-bounds when
+section load-ray with --backend ray, else load (load-heavy when the heavy phase runs alone, load-composition
+when the composition phase does, load-bounds when
 ATTN_SESSIONS or ATTN_KEPT_BUDGET_MB is set), or the one --section names; in whichever of docs/reliability.md and
 docs/scaling.md holds that section's markers (else scaling.md for Ray, reliability.md for the local backend). The heavy phase also prints each long job's duration (from
 submission: queueing included) and each generation's time to its first token and tokens/s. The server is always
@@ -33,6 +38,7 @@ With --backend ray the app runs its model work on a local Ray Serve instance (`p
 replicas are Ray's worker processes).
 
 Usage: python bench/load.py [--sessions 16] [--short-sessions 200] [--switches 10] [--patching-sessions 20]
+                            [--compositions 0 [--composition-texts 20] [--composition-layer L (the last)]]
                             [--seconds 300] [--settle 60]
                             [--model smollm2-135m-instruct] [--port 0 (a free one)] [--backend local|ray]
                             [--replicas 2] [--publish [--section NAME]]
@@ -42,6 +48,8 @@ Usage: python bench/load.py [--sessions 16] [--short-sessions 200] [--switches 1
                              [--heavy-seconds 1200]]
   only the heavy phase: python bench/load.py --sessions 0 --short-sessions 0 --switches 0 --patching-sessions 0 --heavy
   only the patching phase: python bench/load.py --sessions 0 --short-sessions 0 --switches 0 --patching-sessions 20
+  only the composition phase: python bench/load.py --sessions 0 --short-sessions 0 --switches 0 --patching-sessions 0
+                             --compositions 8
 """
 
 from __future__ import annotations
@@ -294,16 +302,65 @@ def switch_phase(url: str, args, texts: dict[str, str], results: Results) -> str
     names += third[:1]
     deadline = time.monotonic() + args.seconds
     client = connect(url, results)
-    done = 0
+    done, cycles = 0, []
     for i in range(args.switches):
         left = deadline - time.monotonic()
         if left <= 0:
             break
         results.call(client, "load_model", left, model_name=names[(i + 1) % len(names)])
         done += 1
+        if done % len(names) == 0:  # every model loaded once more: back on the one it started with
+            cycles.append(rss_bytes(args.server_pid) or 0)
+    if cycles:
+        results.notes.append(f"switch: server RSS after each cycle through the {len(names)} models: "
+                             + ", ".join(mb(c) for c in cycles))
     # leave the server on the model it started with, as a user would find it
     results.call(client, "load_model", max(1.0, deadline - time.monotonic()), model_name=args.model)
     return f"{done} switches of load_model through {', '.join(names)}"
+
+
+def last_layer(model: str) -> int:
+    """The last layer of an installed model (its config.json as the core reads it): the composition phase's default
+    head traces every earlier layer's heads."""
+    sys.path.insert(0, str(ROOT))
+    from core.loading import read_config  # noqa: PLC0415
+
+    return read_config(ROOT / "weights" / model)[0].n_layers - 1
+
+
+def composition_call(args, n: int) -> dict:
+    return dict(model_name=args.model, layer_index=args.composition_layer, head_index=0, side="key", n=n)
+
+
+def warm_up_composition(url: str, args, results: Results) -> None:
+    """One /composition_over on one text, so that the phase's "before" is a server that has run the job once (the
+    weights' pages read in, the job's code paths imported); its latency is not the phase's."""
+    warm = Results()
+    client = connect(url, warm)
+    warm.call(client, "composition_over", 300, **composition_call(args, 1))
+    client.close()
+    results.errors.extend(warm.errors)
+
+
+def composition_phase(url: str, args, texts: dict[str, str], results: Results) -> str:
+    """--compositions /composition_over calls at once, each from a session of its own (the server runs them in its
+    heavy slots, the others waiting in the queue)."""
+    call = composition_call(args, args.composition_texts)
+    deadline = time.monotonic() + args.seconds
+
+    def session(_: int) -> None:
+        try:
+            client = connect(url, results)
+        except Exception as exc:  # noqa: BLE001
+            results.error("(connect)", f"{type(exc).__name__}: {exc}")
+            return
+        results.call(client, "composition_over", max(1.0, deadline - time.monotonic()), **call)
+        client.close()
+
+    with ThreadPoolExecutor(args.compositions) as pool:
+        list(pool.map(session, range(args.compositions)))
+    return (f"{args.compositions} /composition_over calls at once, each from its own session: L{args.composition_layer}"
+            f" H0's keys over {args.composition_texts} induction texts")
 
 
 def first_token(started: float, record: dict):
@@ -486,6 +543,12 @@ def main() -> int:
     parser.add_argument("--switches", type=int, default=10, help="load_model calls (default 10)")
     parser.add_argument("--patching-sessions", type=int, default=20,
                         help="sessions in a row, each calling the Patching tab's three endpoints (default 20)")
+    parser.add_argument("--compositions", type=int, default=0,
+                        help="/composition_over calls at once, each from its own session (default 0: no such phase)")
+    parser.add_argument("--composition-texts", type=int, default=20,
+                        help="induction texts each composition reads (default 20, the Heads tab's)")
+    parser.add_argument("--composition-layer", type=int, default=None,
+                        help="the traced head's layer (default: the model's last; head 0, its keys)")
     parser.add_argument("--seconds", type=float, default=300.0, help="time limit of each phase (default 300)")
     parser.add_argument("--settle", type=float, default=60.0,
                         help="seconds after each phase at which RSS is read again (default 60; 0: not read)")
@@ -510,16 +573,18 @@ def main() -> int:
     add_publish(parser)
     parser.add_argument("--section", default=None, help="with --publish: the section's name (default: see above)")
     args = parser.parse_args()
-    for name in ("sessions", "short_sessions", "switches", "patching_sessions", "heavy_sweeps", "heavy_attributions",
-                 "heavy_generations"):
+    for name in ("sessions", "short_sessions", "switches", "patching_sessions", "compositions", "heavy_sweeps",
+                 "heavy_attributions", "heavy_generations"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be 0 or more")
     for name in ("seconds", "heavy_seconds", "heavy_short_every", "heavy_steps", "heavy_tokens",
-                 "heavy_short_sessions"):
+                 "heavy_short_sessions", "composition_texts"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
     if args.settle < 0:
         parser.error("--settle must be 0 or more")
+    if args.compositions and args.composition_layer is None:
+        args.composition_layer = last_layer(args.model)
 
     port = args.port or free_port()
     url = f"http://127.0.0.1:{port}/"
@@ -540,12 +605,18 @@ def main() -> int:
             ("short", short_phase, args.short_sessions),
             ("switch", switch_phase, args.switches),
             ("patching", patching_phase, args.patching_sessions),
+            ("composition", composition_phase, args.compositions),
             ("heavy", heavy_phase, int(args.heavy)),
         ]
         for phase, run, count in phases:
             if count == 0:
                 continue
             results = Results()
+            if phase == "composition":
+                cold = rss_bytes(proc.pid) or 0
+                warm_up_composition(url, args, results)
+                print(f"\ncomposition phase: warmed up (one /composition_over on one text): RSS {mb(cold)} → "
+                      f"{mb(rss_bytes(proc.pid) or 0)}")
             if phase == "heavy":
                 cold = rss_bytes(proc.pid) or 0
                 warm_up(url, args, texts, results)
@@ -580,8 +651,11 @@ def main() -> int:
 def publish_table(args, table: list, start_s: float | None, failed: bool) -> None:
     """The run's phases as one markdown table, its notes (the heavy phase's per-job lines) below, into the docs."""
     bounds = any(os.environ.get(k) for k in ("ATTN_SESSIONS", "ATTN_KEPT_BUDGET_MB"))
-    heavy_alone = args.heavy and not (args.sessions or args.short_sessions or args.switches or args.patching_sessions)
+    others = args.sessions or args.short_sessions or args.switches or args.patching_sessions
+    heavy_alone = args.heavy and not (others or args.compositions)
+    composition_alone = args.compositions and not (others or args.heavy)
     name = args.section or ("load-ray" if args.backend == "ray" else "load-heavy" if heavy_alone
+                            else "load-composition" if composition_alone
                             else "load-bounds" if bounds else "load")
     holding = [doc for doc in (DOCS / "reliability.md", DOCS / "scaling.md")
                if f"<!-- bench:{name} start -->" in doc.read_text(encoding="utf-8")]
