@@ -1,5 +1,5 @@
 """docs/shortcuts.md's findings and tables are bench/analysis/shortcuts.py's rendering of the run it saved beside the
-page (docs/shortcuts.json): the section equals what the renderer makes from that file, every number in it is one of
+page (assets/measured/shortcuts.json): the section equals what the renderer makes from that file, every number in it is one of
 the file's to the precision printed, the hand-written rest of the page holds no measured figure, and the saved
 summaries agree with the saved per-pair values and stay inside their ranges. No model runs here."""
 import importlib.util
@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "shortcuts.md"
-SAVED = ROOT / "docs" / "shortcuts.json"
+SAVED = ROOT / "assets" / "measured" / "shortcuts.json"
 SECTION = re.compile(r"<!-- bench:shortcuts start -->.*?<!-- bench:shortcuts end -->", re.S)
 NUMBER = re.compile(r"−?\d+(?:\.\d+)?")     # the renderer prints a negative with U+2212; '-' is a hyphen in names
 
@@ -67,14 +67,14 @@ def not_in_run(text: str, run: dict) -> list[str]:
 
 def test_the_section_is_the_rendering_of_the_saved_run():
     assert section(DOC.read_text(encoding="utf-8")) == bench().block(saved()), (
-        "docs/shortcuts.md's section differs from what bench/analysis/shortcuts.py renders from docs/shortcuts.json: "
+        "docs/shortcuts.md's section differs from what bench/analysis/shortcuts.py renders from assets/measured/shortcuts.json: "
         "run `python bench/analysis/shortcuts.py --render` (or publish a new run)")
 
 
 def test_every_number_in_the_findings_and_tables_is_in_the_saved_run():
     text, run = section(DOC.read_text(encoding="utf-8")), saved()
     assert len(NUMBER.findall(text)) > 100       # the findings and both tables, not an empty section
-    assert not not_in_run(text, run), f"figures not in docs/shortcuts.json: {not_in_run(text, run)}"
+    assert not not_in_run(text, run), f"figures not in assets/measured/shortcuts.json: {not_in_run(text, run)}"
     # the check can fail: a figure typed into the section is caught
     assert not_in_run(text.replace("### The measurement", "AtP reaches 0.9137 here.\n\n### The measurement"),
                       run) == ["0.9137"]

@@ -8,7 +8,7 @@
           heads and resid_pre: each method's Spearman's ρ, top-10 overlap, false negatives, signed error on the 10
           strongest cells and cost, as the mean [95 % interval] over the pairs; and the job's seconds per pair,
           so how many pairs one job fits within the tab's time cap.
-With --publish the run is saved to docs/shortcuts.json (every pair's values, the summaries, the command, date and
+With --publish the run is saved to assets/measured/shortcuts.json (every pair's values, the summaries, the command, date and
 machine) and docs/shortcuts.md's section `shortcuts` (its findings, both tables) is written from that file alone;
 --render writes the section again from the saved file without running the model.
 Usage: python bench/analysis/shortcuts.py [--model smollm2-135m-instruct] [--repeats 5] [--pairs 8] [--threads 1]
@@ -31,7 +31,7 @@ IOI = ("When Mary and John went to the store, John gave a drink to",
        "When Mary and John went to the store, Mary gave a drink to")
 WIDTHS = (44, 22, 16, 12)
 DOC = DOCS / "shortcuts.md"
-SAVED = DOCS / "shortcuts.json"
+SAVED = DOCS.parent / "assets" / "measured" / "shortcuts.json"
 SECTION = "shortcuts"
 TARGET_PASSES = 4       # AtP of every head and resid_pre cell together should cost at most this many forward passes
 SITE_NAMES = {"z": "heads (z, layer × head)", "resid_pre": "resid_pre (layer × position)"}
