@@ -4,15 +4,16 @@
     core.analysis                               what is built on the pass and its records (over.py: each over a corpus)
     core.corpus                                 texts and the job machinery (Job, Over, checks, batching, saving)
     core.model, core.probe, core.generate, core.loading, core.logits, core.plane, core.store, core.families
-    core.attention, core.layers, core.config, core.observe, core.kv_cache
+    core.attention, core.layers, core.config, core.observe, core.kv_cache, core.growth
 
 A module imports only its own layer or those below it, never one above, and no two packages import each other
 (core.corpus ↔ core.analysis is gone). core (its __init__: load_model) sits with the model's layer. scripts/ and
-bench/ import the core, never ui."""
+bench/ import the core, never ui (bench/ but for the benches that measure the app itself, named with their
+reasons in APP_BENCHES)."""
 from __future__ import annotations
 
-import ast
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ LAYERS = [
     ("core.corpus",),
     ("core", "core.model", "core.probe", "core.generate", "core.loading", "core.logits", "core.plane", "core.store",
      "core.families"),
-    ("core.attention", "core.layers", "core.config", "core.observe", "core.kv_cache"),
+    ("core.attention", "core.layers", "core.config", "core.observe", "core.kv_cache", "core.growth"),
 ]
 
 
@@ -63,16 +64,55 @@ def test_the_reader_sees_the_layers_imports():
     assert "core.logits" in CORE["core.probe"]
 
 
-# still importing ui: scripts/composition_finding.py (the composition service), bench/lab_snapshots.py (the Lab's
-# configs and settings), bench/analysis/shortcuts.py and bench/corpus/speed.py (settings, memory), bench/load.py
-# (the patching service), bench/stop_click.py (it times the page's own Stop): strict, so the day they stop it fails
-@pytest.mark.xfail(strict=True, reason="scripts and benches that still import ui, named above")
-@pytest.mark.parametrize("folder", ["scripts", "bench"])
-def test_scripts_and_benches_import_no_ui(folder):
-    found = []
-    for path in sorted((ROOT / folder).rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
-            found += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n == "ui" or n.startswith("ui.")]
-    assert not found, f"{folder}/ imports ui: {found}"
+# The benches that measure the app itself, each with why it reads ui: the only modules of scripts/ or bench/ that
+# may import it. A bench of the core reads the core (core.allocator, core.lab.train.DEFAULT_RUN, ...).
+APP_BENCHES = {
+    "bench/stop_click.py": "it times the page's own Stop: it sets the Generate view's pacing and can run an older "
+                           "ui/tabs/generate.py in place of the current one",
+    "bench/load.py": "it loads the running app through its endpoints, sending the Patching tab's own preset pair "
+                     "and threshold (ui.services.patching), so the load is what the page sends",
+}
+# being rewritten by its owner, who drops the import (the server's corpus time cap, ui.settings): strict, so the day
+# it stops importing ui this fails and the entry goes
+PENDING = {"bench/analysis/shortcuts.py"}
+UI_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+ui(?:\.[\w.]+)?[ \t]+import\b|import[ \t]+ui\b)", re.MULTILINE)
+
+
+def ui_imports(path: Path) -> list[str]:
+    """Each line of `path` importing ui, as 'path:line text': in its code or in code it runs from a string (a
+    child process's script)."""
+    source = path.read_text(encoding="utf-8")
+    name = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+    return [f"{name}:{source.count(chr(10), 0, m.start()) + 1} {m.group(0).strip()}"
+            for m in UI_IMPORT.finditer(source)]
+
+
+def test_scripts_import_no_ui():
+    found = [line for path in sorted((ROOT / "scripts").rglob("*.py")) for line in ui_imports(path)]
+    assert not found, f"scripts/ imports ui (a script reads the core, never the app): {found}"
+
+
+BENCHES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "bench").rglob("*.py"))
+
+
+@pytest.mark.parametrize("bench", [
+    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="still imports ui; its owner is rewriting it"))
+    if name in PENDING else name for name in BENCHES if name not in APP_BENCHES])
+def test_benches_import_no_ui_but_those_measuring_the_app(bench):
+    found = ui_imports(ROOT / bench)
+    assert not found, (f"{bench} imports ui: {found}; a bench of the core reads the core (move what it needs there), "
+                       f"and only a bench measuring the app itself goes in APP_BENCHES, with its reason")
+
+
+def test_the_allow_list_names_benches_that_import_ui():
+    assert set(APP_BENCHES) <= set(BENCHES), f"no such bench: {sorted(set(APP_BENCHES) - set(BENCHES))}"
+    idle = [name for name in APP_BENCHES if not ui_imports(ROOT / name)]
+    assert not idle, f"{idle} import no ui any more: take them off APP_BENCHES"
+
+
+def test_the_ui_import_reader_sees_imports_in_code_and_in_a_childs_script(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('import uid\nfrom ui import memory\nCHILD = """\nimport ui.tabs.generate as tab\n"""\n'
+                      "def f():\n    from ui.services.patching import PRESETS\n# ui is named, not imported\n")
+    assert ui_imports(sample) == ["sample.py:2 from ui import", "sample.py:4 import ui",
+                                  "sample.py:7 from ui.services.patching import"]
