@@ -15,7 +15,9 @@ The times of one length come from one fresh process: each method warmed up on 25
 times, the three alternating, so that the machine's load falls on all three alike; medians and ranges. The peak is
 what one call added to the resident memory of a fresh process of its own (the kernel's VmHWM, bench/common.py
 PeakMemory), after a warm-up, --peak-repeats times. The exponent k of time ∝ n^k is fitted by least squares on log-log
-over the top lengths (--fit-top), where the n² term dominates; the same for the peaks.
+over the top lengths (--fit-top), where the n² term dominates; the same for the peaks, a peak under core.growth's
+MEMORY_FLOOR (within the kernel's slack in counting resident pages) left out. core.growth is the one fit; the JSON keeps
+its results.
 
 The whole model (--model, the real weights): one forward pass without a cache (the fused kernel in every layer,
 causal), and alternating with it one layer's attention kernel on the model's own shapes, --repeats times per length
@@ -25,10 +27,13 @@ grow as n, the attention kernels as n²: at short lengths the linear parts are m
 near 1, rising with the attention layers' share.
 
 With --publish the table goes to docs/benchmarks.md (section attention-cost) and the numbers to
-assets/measured/attention_cost.json, which the cost lesson and the Inside tab read.
+assets/measured/attention_cost.json with its fitted exponents, which the cost lesson and the Inside tab read as they
+are. --refit measures nothing: it fits the saved run's exponents again, writes them into the JSON and prints the table
+(with --publish it writes the section again from the saved run).
 Usage: OMP_NUM_THREADS=1 python bench/variants/attention_cost.py [--lengths 256 512 1024 2048 4096 8192] [--heads 9]
            [--d-head 64] [--block 256] [--repeats 5] [--peak-repeats 5] [--threads 1] [--fit-top 3]
            [--model smollm2-135m-instruct] [--model-lengths 256 512 1024 2048] [--publish]
+       python bench/variants/attention_cost.py --refit [--publish]
 """
 from __future__ import annotations
 
@@ -36,17 +41,18 @@ import argparse
 import datetime
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/, for common
 
 from common import PeakMemory, median  # noqa: E402
 from core.attention import attention, online_attention  # noqa: E402
+from core.growth import MEMORY_FLOOR, Growth, growth, memory_growth  # noqa: E402
 
 METHODS = ("dense", "online", "fused")
 LENGTHS = (256, 512, 1024, 2048, 4096, 8192)
@@ -134,12 +140,6 @@ def measure_model(name: str, tokens: int, repeats: int, threads: int) -> dict:
             "kv_heads": cfg.n_kv_heads, "d_head": cfg.head_dim}
 
 
-def fitted_exponent(lengths, values) -> float:
-    """k in value ∝ n^k, least squares on log-log."""
-    x, y = np.log(np.asarray(lengths, float)), np.log(np.maximum(np.asarray(values, float), 1e-12))
-    return float(np.polyfit(x, y, 1)[0]) if len(x) >= 2 else math.nan
-
-
 def figure(x: float) -> str:
     """Three significant figures, thousands separated, no exponent."""
     if x == 0 or abs(x) >= 100:
@@ -192,12 +192,14 @@ def child(function: str, *args) -> dict:
 
 def asset(args, runs: dict, model: dict) -> dict:
     from common import LOAD_AT_START, command, load_average, load_phrase, machine
+    loads = [LOAD_AT_START, load_average()]
     return {"date": datetime.date.today().isoformat(), "machine": machine(), "command": command(),
             "threads": args.threads, "heads": args.heads, "d_head": args.d_head, "block": args.block,
             "repeats": args.repeats, "fit_top": args.fit_top, "mask": "none: every query reads every key",
             "method": "times: one process per length, the methods alternating after a warm-up on 256 tokens; peak: "
                       "what one call added to the peak RSS (the kernel's VmHWM) of a fresh process, after a warm-up",
-            "peak_repeats": args.peak_repeats, "load": load_phrase(LOAD_AT_START, load_average()),
+            "peak_repeats": args.peak_repeats, "load": load_phrase(*loads),
+            "load_average": loads,
             "layer": [{"n": n, **per} for n, per in runs.items()],
             "model": None if not model else {
                 "name": args.model, "layers": next(iter(model.values()))["layers"],
@@ -205,6 +207,36 @@ def asset(args, runs: dict, model: dict) -> dict:
                 "kv_heads": next(iter(model.values()))["kv_heads"],
                 "rows": [{"n": n, "seconds": r["seconds"], "attention_seconds": r["attention_seconds"]}
                          for n, r in model.items()]}}
+
+
+def fits(data: dict) -> dict:
+    """The exponents of a run's medians, by core.growth (the one fit), as the JSON keeps them for the page to read:
+    each method's time, fastest time and peak over the fit_top longest lengths (a peak under core.growth's
+    MEMORY_FLOOR left out), and the whole pass's time over all its lengths and between doublings."""
+    rows = sorted(data["layer"], key=lambda r: r["n"])[-data["fit_top"]:]
+    top = [r["n"] for r in rows]
+    layer = {m: {"time": growth(top, [median(r[m]["seconds"]) for r in rows]).record(),
+                 "fastest": growth(top, [min(r[m]["seconds"]) for r in rows]).record(),
+                 "peak": memory_growth(top, [median(r[m]["added"]) for r in rows]).record()} for m in METHODS}
+    model = None
+    if data.get("model"):
+        m_rows = sorted(data["model"]["rows"], key=lambda r: r["n"])
+        lengths, seconds = [r["n"] for r in m_rows], [median(r["seconds"]) for r in m_rows]
+        model = {"pass": growth(lengths, seconds).record(),
+                 "steps": [growth(lengths[i:i + 2], seconds[i:i + 2]).record() for i in range(len(lengths) - 1)]}
+    return {"method": "k in value ∝ n^k, log-log least squares (core.growth) on the medians; 'fastest' on the "
+                      "fastest run at each length", "layer": layer, "model": model}
+
+
+def peak_words(peak: Growth) -> str:
+    """'n^1.99', or what stands in for a fit that points under the floor left short."""
+    floor = f"{peak.floor / 2 ** 20:g} MiB"
+    if not peak.fitted:
+        return f"– (a peak under {floor})"
+    if peak.left_out:
+        return (f"n^{peak.exponent:.2f} (over {', '.join(f'{n:,}' for n in peak.lengths)} tokens: at "
+                f"{', '.join(f'{n:,}' for n in peak.left_out)} a peak under {floor}, left out)")
+    return f"n^{peak.exponent:.2f}"
 
 
 def table(data: dict) -> str:
@@ -216,22 +248,21 @@ def table(data: dict) -> str:
              f"median (range) of {data['repeats']} runs, the methods alternating in one process per length after a "
              f"warm-up; what one call added to the peak RSS (MiB, the kernel's VmHWM), each in a fresh process "
              f"after a warm-up, median (range) of {data['peak_repeats']}; the kernel updates a process's count of "
-             "resident pages in batches, so a figure under 1 MiB (even one below zero) is within its slack.", "",
+             f"resident pages in batches, so a figure under {MEMORY_FLOOR / 2 ** 20:g} MiB (even one below zero) is "
+             "within its slack.", "",
              "| tokens n | dense: ms | online: ms | fused (SDPA): ms | dense: MiB | online: MiB | fused: MiB |",
              "|---:|---:|---:|---:|---:|---:|---:|"]
     for r in data["layer"]:
         cells = [spread(r[m]["seconds"], 1e3) for m in METHODS] + [spread(r[m]["added"], 2 ** -20) for m in METHODS]
         lines.append(f"| {r['n']:,} | " + " | ".join(cells) + " |")
-    fits = []
+    fitted = data["fits"]["layer"]
+    parts = []
     for m in METHODS:
-        rows = [r for r in data["layer"] if r["n"] in top]
-        t = fitted_exponent(top, [median(r[m]["seconds"]) for r in rows])
-        peaks = [median(r[m]["added"]) for r in rows]
-        b = f"n^{fitted_exponent(top, peaks):.2f}" if min(peaks) >= 2 ** 20 else "– (a peak under 1 MiB)"
-        fastest = fitted_exponent(top, [min(r[m]["seconds"]) for r in rows])
-        fits.append(f"{m}: time ∝ n^{t:.2f} (on the fastest runs n^{fastest:.2f}), peak ∝ {b}")
+        t, fastest, peak = (Growth.from_record(fitted[m][kind]) for kind in ("time", "fastest", "peak"))
+        parts.append(f"{m}: time ∝ n^{t.exponent:.2f} (on the fastest runs n^{fastest.exponent:.2f}), "
+                     f"peak ∝ {peak_words(peak)}")
     lines += ["", f"Fitted over {top[0]:,}–{top[-1]:,} tokens (log-log least squares on the medians): "
-              + "; ".join(fits) + "."]
+              + "; ".join(parts) + "."]
     model = data.get("model")
     if model:
         rows = model["rows"]
@@ -248,15 +279,38 @@ def table(data: dict) -> str:
             shares.append(share)
             lines.append(f"| {r['n']:,} | {spread(r['seconds'], 1e3)} | {spread(r['attention_seconds'], 1e3)} | "
                          f"{share:.0%} |")
-        lengths, seconds = [r["n"] for r in rows], [median(r["seconds"]) for r in rows]
-        steps = "; ".join(f"{a:,}→{b:,}: n^{fitted_exponent([a, b], [x, y]):.2f}"
-                          for a, b, x, y in zip(lengths, lengths[1:], seconds, seconds[1:]))
-        lines += ["", f"The whole pass: time ∝ n^{fitted_exponent(lengths, seconds):.2f} over {lengths[0]:,}–"
+        lengths = [r["n"] for r in rows]
+        whole = Growth.from_record(data["fits"]["model"]["pass"])
+        steps = "; ".join(f"{g.lengths[0]:,}→{g.lengths[-1]:,}: n^{g.exponent:.2f}"
+                          for g in map(Growth.from_record, data["fits"]["model"]["steps"]))
+        lines += ["", f"The whole pass: time ∝ n^{whole.exponent:.2f} over {lengths[0]:,}–"
                       f"{lengths[-1]:,} tokens; between doublings {steps}. The projections and the feed-forward "
                       "network grow as n, the attention kernels as n²: the attention layers' share went from "
                       f"{shares[0]:.0%} to {shares[-1]:.0%} (a ratio of times taken alternately, so the machine's "
                       "load falls on both; the pass's own exponents carry that load's swings)."]
     return "\n".join(lines)
+
+
+def refit(publish_again: bool) -> None:
+    """The saved run's exponents fitted again from its rows and written into it; its table printed, and with
+    publish_again its section written again under the saved run's own command, date and machine."""
+    from common import DOC, publish
+    data = json.loads(ASSET.read_text(encoding="utf-8"))
+    data["fits"] = fits(data)
+    ASSET.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote the exponents into {ASSET}")
+    markdown = table(data)
+    print(markdown)
+    run = {"command": data["command"], "date": data["date"], "machine": data["machine"],
+           "load_average": data.get("load_average", [None, None])}
+    shown = re.search(r"<!-- bench:attention-cost start -->\n.*?\n\n(.*?)\n<!-- bench:attention-cost end -->",
+                      DOC.read_text(encoding="utf-8"), re.S)
+    if shown and shown.group(1) == markdown.strip():
+        print(f"{DOC}'s section attention-cost already states these figures")
+    elif publish_again:
+        publish("attention-cost", markdown, run=run)
+    else:
+        print(f"{DOC}'s section attention-cost differs from the saved run's table: --refit --publish writes it again")
 
 
 def main() -> None:
@@ -274,7 +328,12 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct", help="'' leaves the whole model out")
     parser.add_argument("--model-lengths", type=int, nargs="+", default=list(MODEL_LENGTHS))
     add_publish(parser)
+    parser.add_argument("--refit", action="store_true",
+                        help=f"measure nothing: fit the exponents of the saved run ({ASSET.name}) again, write them "
+                             "into it and print its table; with --publish write the section again from it")
     args = parser.parse_args()
+    if args.refit:
+        return refit(args.publish)
     if min(args.lengths) < WARM or min(args.heads, args.d_head, args.block, args.repeats, args.threads,
                                        args.peak_repeats) < 1 \
             or not 2 <= args.fit_top <= len(args.lengths):
@@ -286,6 +345,7 @@ def main() -> None:
     runs = layer_runs(args)
     model = model_runs(args) if args.model else {}
     data = asset(args, runs, model)
+    data["fits"] = fits(data)
     markdown = table(data)
     print(markdown)
     if args.publish:

@@ -1,11 +1,14 @@
-"""The quadratic term, measured (ui/services/learn/cost.py): the exponents fitted from a measurement's medians over
-its longest lengths, an absent or damaged file, the words the cost lesson and the Inside tab state, and the
-measurement the repository ships (bench/variants/attention_cost.py --publish), which must show the n² term."""
+"""The quadratic term, measured (ui/services/learn/cost.py): the bench fits the exponents of a measurement's medians
+over its longest lengths and writes them into its JSON (bench/variants/attention_cost.py, --refit from the saved rows),
+the page reads them from there and fits nothing; an absent or damaged file, the words the cost lesson and the Inside
+tab state, and the measurement the repository ships, which must show the n² term."""
 
 from __future__ import annotations
 
 import json
 import math
+import sys
+from pathlib import Path
 
 import pytest
 from tiny_app_model import build_tiny_llama
@@ -13,14 +16,19 @@ from tiny_app_model import build_tiny_llama
 from core import load_model
 from ui.services.learn import cost as inside
 from ui.services.learn import generation
+from ui.views.learn import cost as cost_view
 from ui.views.learn.cost import cost_markdown
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import common  # noqa: E402
+from variants import attention_cost as bench  # noqa: E402
 
 LENGTHS = (256, 512, 1024, 2048, 4096, 8192)
 
 
-def write_measurement(path, time_power=(2.0, 2.0, 2.0), peak_power=(2.0, 1.0, 1.0), model=True):
-    """A file as bench/variants/attention_cost.py writes it, with seconds ∝ n^k exactly (the repeats around the
-    median)."""
+def measurement(time_power=(2.0, 2.0, 2.0), peak_power=(2.0, 1.0, 1.0), model=True) -> dict:
+    """A run's rows as bench/variants/attention_cost.py saves them, with seconds ∝ n^k exactly (the repeats around the
+    median), before the bench fits its exponents."""
     def repeats(value):
         return [value * 0.9, value, value * 1.2]
     layer = []
@@ -30,10 +38,19 @@ def write_measurement(path, time_power=(2.0, 2.0, 2.0), peak_power=(2.0, 1.0, 1.
             row[m] = {"seconds": repeats(1e-9 * n ** tk), "added": repeats(1024.0 * n ** pk)}
         layer.append(row)
     raw = {"date": "2026-01-01", "machine": "test", "command": "python bench/variants/attention_cost.py --publish",
-           "threads": 1, "heads": 9, "d_head": 64, "block": 256, "repeats": 3, "fit_top": 3, "layer": layer,
-           "model": None if not model else {"name": "m", "layers": 30, "heads": 9, "d_head": 64, "rows": [
+           "threads": 1, "heads": 9, "d_head": 64, "block": 256, "repeats": 3, "peak_repeats": 3, "fit_top": 3,
+           "layer": layer,
+           "model": None if not model else {"name": "m", "layers": 30, "heads": 9, "kv_heads": 3, "d_head": 64,
+                                            "rows": [
                {"n": n, "seconds": repeats(0.5 + 1e-3 * n), "attention_seconds": repeats(1e-8 * n ** 2)}
                for n in (256, 512, 1024, 2048)]}}
+    return raw
+
+
+def write_measurement(path, time_power=(2.0, 2.0, 2.0), peak_power=(2.0, 1.0, 1.0), model=True):
+    """The file as the bench writes it: the rows and the exponents it fitted."""
+    raw = measurement(time_power, peak_power, model)
+    raw["fits"] = bench.fits(raw)
     path.write_text(json.dumps(raw), encoding="utf-8")
     return path
 
@@ -51,6 +68,63 @@ def test_the_exponents_are_fitted_over_the_longest_lengths(tmp_path):
     # the attention layers' share: one layer's kernel × the layers over the pass, growing with the length
     assert cost.model.attention_share[0] == pytest.approx(1e-8 * 256 ** 2 * 30 / (0.5 + 1e-3 * 256))
     assert cost.model.attention_share[-1] > cost.model.attention_share[0]
+
+
+def test_the_page_states_the_exponents_the_json_holds_and_fits_none(tmp_path, monkeypatch):
+    """Exponents written into the file unlike its rows' (as no fit of those rows would give): the page's numbers,
+    words and table say the file's."""
+    raw = measurement()
+    raw["fits"] = bench.fits(raw)
+    raw["fits"]["layer"]["dense"]["fastest"]["exponent"] = 1.234
+    raw["fits"]["layer"]["online"]["time"]["exponent"] = 0.777
+    raw["fits"]["layer"]["dense"]["peak"]["exponent"] = 3.21
+    raw["fits"]["model"]["pass"]["exponent"] = 0.432
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(raw), encoding="utf-8")
+    cost = inside.attention_cost(path)
+    assert (cost.layer["dense"].fastest_exponent, cost.layer["online"].time_exponent) == (1.234, 0.777)
+    assert cost.layer["fused"].time_exponent == pytest.approx(2.0, abs=1e-9)      # as the bench fitted it
+    assert cost.model.exponent == 0.432
+    words = inside.cost_sentence(cost)
+    for k in ("n^1.23 on the dense path", "n^0.78 and", "peak grows as n^3.21", "grew as n^0.43"):
+        assert k in words, k
+    monkeypatch.setattr(cost_view, "attention_cost", lambda: cost)
+    assert words in cost_view.cost_markdown()
+    del raw["fits"]                                                   # a file the bench did not fit is refused
+    path.write_text(json.dumps(raw), encoding="utf-8")
+    with pytest.raises(ValueError, match="bench/variants/attention_cost.py --publish"):
+        inside.attention_cost(path)
+
+
+def test_the_bench_fits_once_and_refit_writes_the_exponents_into_the_saved_file(tmp_path, monkeypatch, capsys):
+    """--refit: the saved rows' exponents fitted again (core.growth) and written into the file; its table states them
+    and names the peaks the floor left out; the doc is left alone where it states other figures."""
+    raw = measurement(time_power=(2.0, 1.9, 1.5), peak_power=(2.0, 1.0, 1.0))
+    for row in raw["layer"][:5]:                                      # fused peaks under 1 MiB up to 4,096 tokens
+        row["fused"]["added"] = [1000.0, 2000.0, 3000.0]
+    raw["layer"][3]["online"]["added"] = [1000.0, 2000.0, 3000.0]     # and the online one's at 2,048
+    path, doc = tmp_path / "attention_cost.json", tmp_path / "benchmarks.md"
+    path.write_text(json.dumps(raw), encoding="utf-8")
+    doc.write_text("<!-- bench:attention-cost start -->\n_old_\n\nold figures\n<!-- bench:attention-cost end -->\n")
+    monkeypatch.setattr(bench, "ASSET", path)
+    monkeypatch.setattr(common, "DOC", doc)
+    bench.refit(publish_again=False)
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    assert saved["layer"] == raw["layer"] and saved["fits"] == bench.fits(raw)
+    fused = saved["fits"]["layer"]["fused"]["peak"]
+    assert fused["exponent"] is None and fused["left_out"] == [2048, 4096] and fused["lengths"] == [8192]
+    online = saved["fits"]["layer"]["online"]["peak"]
+    assert online["exponent"] == pytest.approx(1.0, abs=1e-9) and online["left_out"] == [2048]
+    assert saved["fits"]["layer"]["online"]["time"]["exponent"] == pytest.approx(1.9, abs=1e-9)
+    out = capsys.readouterr().out
+    for k in ("online: time ∝ n^1.90", "fused: time ∝ n^1.50", "peak ∝ – (a peak under 1 MiB)",
+              "peak ∝ n^1.00 (over 4,096, 8,192 tokens: at 2,048 a peak under 1 MiB, left out)"):
+        assert k in out, k
+    assert "differs from the saved run's table" in out and "old figures" in doc.read_text()
+    cost = inside.attention_cost(path)
+    words = inside.cost_sentence(cost)
+    assert "the fused kernel's too little to fit a growth to (a peak under 1.0 MiB)" in words
+    assert "the online one's as n^1.00 (at 2,048 tokens a peak under 1.0 MiB, left out)" in words
 
 
 def test_a_peak_too_small_to_fit_gets_no_exponent(tmp_path):
@@ -109,3 +183,12 @@ def test_the_inside_tab_and_the_cost_lesson_state_the_shipped_exponents(shipped,
     assert "bench/" not in measured.why
     values = measured.values["layer_cost"]
     assert values["methods"]["dense"]["time_exponent"] == shipped.layer["dense"].time_exponent
+
+
+def test_the_shipped_file_holds_the_exponents_its_rows_give():
+    """The exponents the page reads are the bench's one fit of the saved rows (`--refit` writes them again)."""
+    raw = json.loads(inside.COST_MEASURED.read_text(encoding="utf-8"))
+    assert raw["fits"] == bench.fits(raw), f"stale exponents: `python {inside.COST_BENCH} --refit` fits them again"
+    cost = inside.attention_cost()
+    assert cost.layer["dense"].fastest_exponent == raw["fits"]["layer"]["dense"]["fastest"]["exponent"]
+    assert cost.model.exponent == raw["fits"]["model"]["pass"]["exponent"]

@@ -1,16 +1,16 @@
 """The KV cache, counted and timed: its size from the formula 2 · layers · tokens · kv_heads · d_head · bytes
 beside the bytes the core allocates, and the same greedy continuation timed with and without the cache (core.generate's
-greedy and step_times), with the growth of one step fitted as a power of the length."""
+greedy and step_times), with the growth of one step fitted as a power of the length (core.growth, the one fit)."""
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from core import generate as generation
+from core.growth import growth
 from ui.services.checks import UserError
 from ui.services.generation import generation_reason
 from ui.services.text import valid_unicode
@@ -129,12 +129,6 @@ class KVTiming:
         return self.new_tokens / self.uncached_seconds if self.uncached_seconds > 0 else 0.0
 
 
-def fitted_exponent(lengths, seconds) -> float:
-    """k in seconds ∝ length^k, least squares on log-log."""
-    x, y = np.log(np.asarray(lengths, float)), np.log(np.maximum(np.asarray(seconds, float), 1e-9))
-    return float(np.polyfit(x, y, 1)[0]) if len(x) >= 2 else math.nan
-
-
 def time_kv(model, source: list[int], decoder: list[int], n_new: int = KV_TIMED_TOKENS,
             lengths=KV_LENGTHS) -> KVTiming:
     """The same greedy continuation with and without the cache, then one step of each at growing lengths
@@ -169,8 +163,8 @@ def time_kv(model, source: list[int], decoder: list[int], n_new: int = KV_TIMED_
         lengths=grid,
         cached_at=cached_at,
         uncached_at=uncached_at,
-        cached_exponent=fitted_exponent(grid, cached_at),
-        uncached_exponent=fitted_exponent(grid, uncached_at),
+        cached_exponent=growth(grid, cached_at).exponent,
+        uncached_exponent=growth(grid, uncached_at).exponent,
     )
 
 

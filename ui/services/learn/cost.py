@@ -1,18 +1,18 @@
 """The quadratic term, measured: one attention layer alone (scores, softmax, weighted sum) timed from 256 to 8,192
 tokens three ways, dense, online and fused, beside the whole model's pass, as bench/variants/attention_cost.py
-measured and shipped it (assets/measured/attention_cost.json). The exponents are fitted here from the shipped medians,
-so the cost lesson and the Inside tab state the same numbers with what they were measured on. Nothing is timed at
-request time: the longest layer alone takes seconds, more than a page may spend. Never imports gradio."""
+measured and shipped it (assets/measured/attention_cost.json), with the exponents the bench fitted (core.growth) and
+wrote into it: the cost lesson and the Inside tab state the bench's numbers with what they were measured on, never a fit
+of their own. Nothing is timed at request time: the longest layer alone takes seconds, more than a page may spend.
+Never imports gradio."""
 
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from ui.services.generation.kv_cache import fitted_exponent
+from core.growth import Growth
 from ui.services.inside import mib
 
 COST_MEASURED = Path(__file__).resolve().parents[3] / "assets" / "measured" / "attention_cost.json"
@@ -25,24 +25,17 @@ COST_METHOD_WORDS = {
 }
 
 
-FIT_FLOOR = 2 ** 20   # bytes: a peak under 1 MiB is the allocator's noise, not a size to fit a growth to
-
-
-def peak_exponent(lengths, peaks) -> float:
-    """k in peak ∝ n^k, or nan where a peak in the fit is under FIT_FLOOR."""
-    return fitted_exponent(lengths, peaks) if min(peaks) >= FIT_FLOOR else math.nan
-
-
 @dataclass(frozen=True)
 class LayerCost:
-    """One method's medians at every length, and its exponents fitted over the longest lengths."""
+    """One method's medians at every length, and its exponents over the longest lengths as the bench fitted them."""
     method: str
     lengths: tuple[int, ...]
     seconds: tuple[float, ...]     # median seconds of one call
     peak: tuple[float, ...]        # median bytes one call added to the peak resident memory
     time_exponent: float           # over fit_lengths, on the medians
     fastest_exponent: float        # over fit_lengths, on the fastest run at each length (the least disturbed)
-    peak_exponent: float
+    peak_exponent: float           # nan where too few peaks lay above the floor (peak_fit says which)
+    peak_fit: Growth
 
 
 @dataclass(frozen=True)
@@ -76,8 +69,8 @@ def _medians(rows, method: str, field: str) -> tuple[float, ...]:
 
 
 def attention_cost(path: Path = COST_MEASURED) -> AttentionCost | None:
-    """The shipped measurement with its fitted exponents, or None where it was never made; a damaged file is an
-    error that names it and the command that remakes it."""
+    """The shipped measurement with the exponents the bench fitted, or None where it was never made; a damaged file
+    is an error that names it and the command that remakes it."""
     if not path.is_file():
         return None
     try:
@@ -87,10 +80,10 @@ def attention_cost(path: Path = COST_MEASURED) -> AttentionCost | None:
         top = lengths[-int(raw["fit_top"]):]
         layer = {}
         for m in COST_METHODS:
-            seconds, peak = _medians(rows, m, "seconds"), _medians(rows, m, "added")
-            fastest = [min(r[m]["seconds"]) for r in rows[-len(top):]]
-            layer[m] = LayerCost(m, lengths, seconds, peak, fitted_exponent(top, seconds[-len(top):]),
-                                 fitted_exponent(top, fastest), peak_exponent(top, peak[-len(top):]))
+            time, fastest, peak_fit = (Growth.from_record(raw["fits"]["layer"][m][kind])
+                                       for kind in ("time", "fastest", "peak"))
+            layer[m] = LayerCost(m, lengths, _medians(rows, m, "seconds"), _medians(rows, m, "added"),
+                                 time.exponent, fastest.exponent, peak_fit.exponent, peak_fit)
         model = None
         if raw.get("model"):
             given = raw["model"]
@@ -100,7 +93,7 @@ def attention_cost(path: Path = COST_MEASURED) -> AttentionCost | None:
             share = tuple(float(statistics.median(r["attention_seconds"])) * int(given["layers"]) / s
                           for r, s in zip(m_rows, m_seconds))
             model = ModelCost(str(given["name"]), int(given["layers"]), m_lengths, m_seconds,
-                              fitted_exponent(m_lengths, m_seconds), share)
+                              Growth.from_record(raw["fits"]["model"]["pass"]).exponent, share)
         return AttentionCost(str(raw["date"]), str(raw["machine"]), str(raw["command"]), int(raw["threads"]),
                              int(raw["heads"]), int(raw["d_head"]), int(raw["block"]), int(raw["repeats"]), top,
                              str(raw.get("load", "")), layer, model)
@@ -154,7 +147,11 @@ def model_words(model: ModelCost) -> str:
 
 
 def growth(layer: LayerCost) -> str:
-    """'as n^1.02', or what stands in for a growth too small to fit."""
-    if math.isfinite(layer.peak_exponent):
-        return f"as n^{layer.peak_exponent:.2f}"
-    return f"too little to fit a growth to (a peak under {mib(FIT_FLOOR)})"
+    """'as n^1.02', or what stands in for a growth too small to fit, naming the lengths the fit left out."""
+    fit = layer.peak_fit
+    if not fit.fitted:
+        return f"too little to fit a growth to (a peak under {mib(fit.floor)})"
+    if fit.left_out:
+        return (f"as n^{fit.exponent:.2f} (at {', '.join(f'{n:,}' for n in fit.left_out)} tokens a peak under "
+                f"{mib(fit.floor)}, left out)")
+    return f"as n^{fit.exponent:.2f}"

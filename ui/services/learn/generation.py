@@ -14,10 +14,11 @@ import torch
 from core import generate as generation
 from core.analysis import anatomy
 from core.attention import softmax_bytes
+from core.growth import growth
 from ui.services import inside
 from ui.services.learn import cost as layer_cost
 from ui.services.generation import generation_reason
-from ui.services.generation.kv_cache import fitted_exponent, fmt_bytes, kv_bytes
+from ui.services.generation.kv_cache import fmt_bytes, kv_bytes
 from ui.services.learn import Lesson, Measured, ProgressFn, Question, generate_link, number
 from ui.services.text import as_batch
 
@@ -193,7 +194,7 @@ def measure_cost(model, progress: ProgressFn | None = None) -> Measured:
     row = online_check(model)
     n, doubled = lengths[-2], lengths[-1]
     ratio = per_head[-1] / per_head[-2]
-    exponent = fitted_exponent(lengths, seconds)
+    exponent = growth(lengths, seconds).exponent
     fixed, per_token = line_fit(lengths, seconds)
     memory_words, memory_values = softmax_memory(row.d_head)
     stack_cfg = inside.stack_config(model)
