@@ -162,14 +162,14 @@ def test_stop_ends_a_long_run_and_a_bad_config_is_a_message(page):
 
 
 def test_the_induction_section_draws_the_saved_runs_circuit_inside_the_page(page):
-    """Unfolded, the section shows the saved run traced (core.analysis.induction, tests/core/test_induction.py): its
+    """Unfolded, the section shows the saved run traced (core.lab.induction, tests/core/test_induction.py): its
     words, the two heads' maps and the bars of what feeds the induction head's keys, each within the page. Last in
     the module: once drawn, its figures stay mounted, and during a training stream on a loaded machine the page's
     longest tasks then grow (measured with a longtask observer under two busy cores: up to 0.64 s against 0.45 s),
     which the Stop test's click must not wait behind."""
     section = page.locator("#lab-induction > button, #lab-induction .label-wrap").first
     section.click()
-    expect(page.locator("#lab-induction-note")).to_contain_text("the previous-token head comes first",
+    expect(page.locator("#lab-induction-note")).to_contain_text("the circuit Olsson et al. (2022) describe",
                                                                 timeout=TIMEOUT_MS)
     expect_drawn(page, "lab-induction-heads", "heatmap")
     expect(page.locator("#lab-induction-feeds .js-plotly-plot .barlayer .point").first).to_be_attached()
