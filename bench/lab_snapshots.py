@@ -1,8 +1,8 @@
 """Where the Lab tab's default run forms its attention, so that its default snapshot steps show something.
 
-The default run (ui/services/lab/configs.py: DEFAULT_FIELDS, on the CPU, without the server's time budget) is
-trained once; every few steps its attention is measured on the held-out example the snapshots draw, and on the
-first held-out examples. The formation number is answers.weight_on_source: the weight (mean of heads) that the
+The default run (core/lab/train.py: DEFAULT_RUN, the fields the Lab tab opens with; on the CPU, without the
+server's time budget) is trained once; every few steps its attention is measured on the held-out example the snapshots draw, and on the
+first held-out examples. The formation number is core.lab.answers.weight_on_source: the weight (mean of heads) that the
 rows predicting each output character give the source position the task says it comes from (reverse: the mirrored
 one), averaged over the characters, per layer: 1 when the attention looks only there, about 1/len(source) when it
 looks everywhere alike. Prints the curve, the steps the formation rule chooses, and the machine and time. Usage:
@@ -17,7 +17,7 @@ import platform
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +26,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.lab import train as engine  # noqa: E402
-from core.lab.train import LabConfig  # noqa: E402
-from ui.services.lab.answers import weight_on_source  # noqa: E402
-from ui.services.lab.configs import DEFAULT_SNAPSHOT_STEPS, default_config, parse_steps_list  # noqa: E402
-from ui.settings import LabSettings  # noqa: E402
+from core.lab.answers import weight_on_source  # noqa: E402
+from core.lab.train import DEFAULT_RUN, LabConfig  # noqa: E402
 
 # a layer whose mean-of-heads map puts this much weight on the right key reads as a clear diagonal in a snapshot;
 # the untrained model's weight is about 1 / len(source), under 0.1
@@ -83,11 +81,10 @@ def choose(curve: list[Point], end: int) -> tuple[int, int, int]:
 
 
 def measure(args) -> list[Point]:
-    config = replace(default_config(LabSettings()), time_budget=None)
+    config = DEFAULT_RUN
     steps = range(0, config.steps + 1, args.every)
     curve = []
-    for p in formation_curve(config, [*steps, config.steps, *parse_steps_list(DEFAULT_SNAPSHOT_STEPS, config.steps)],
-                             args.examples):
+    for p in formation_curve(config, [*steps, config.steps, *config.snapshot_steps], args.examples):
         curve.append(p)
         layers = "  ".join(f"{x:.3f}" for x in p.shown)
         held = "  ".join(f"{x:.3f}" for x in p.held)
@@ -107,16 +104,16 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    config = default_config(LabSettings())
+    config = DEFAULT_RUN
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; the Lab's default run: {config.task}, {config.family} "
           f"{config.n_layers}×{config.d_model}, {config.n_heads} heads, seed {config.seed}, {config.steps} steps")
     started = time.perf_counter()
     curve = measure(args)
     seconds = time.perf_counter() - started
-    shown = DEFAULT_SNAPSHOT_STEPS
+    shown = ", ".join(map(str, config.snapshot_steps))
     at = {p.step: p for p in curve}
-    for step in parse_steps_list(shown, config.steps):
+    for step in config.snapshot_steps:
         print(f"default snapshot step {step}: best layer {at[step].shown.max():.3f} on the snapshot example, "
               f"{at[step].held.max():.3f} over the held-out examples (formed: ≥ {FORMED})")
     print(f"chosen snapshot steps: {', '.join(map(str, choose(curve, config.steps)))} "

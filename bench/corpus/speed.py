@@ -1,4 +1,4 @@
-"""Speed and memory of the analyses over a corpus (core/corpus/summaries.py) on a real model, each beside the plain
+"""Speed and memory of the analyses over a corpus (core/analysis/over.py) on a real model, each beside the plain
 way, in one run: medians (and ranges) of alternating runs (each side first in every other run), and the ratios.
 
   heads    head_scores_over on --texts texts × --tokens tokens (windows of the example text), against a plain
@@ -13,7 +13,7 @@ way, in one run: medians (and ranges) of alternating runs (each side first in ev
            of a fresh process that loads the model and runs head_scores_over on --memory-texts random texts of
            --tokens tokens, against one on a tenth as many; the difference is what the corpus adds. Twice:
            with glibc's allocator as it comes, and with its mmap threshold fixed at
-           --mmap-kb KiB (ui/memory.py fix_mmap_threshold, the app's ATTN_MALLOC_MMAP_KB)
+           --mmap-kb KiB (core/allocator.py fix_mmap_threshold, the app's ATTN_MALLOC_MMAP_KB)
 --parts picks which of the four to run (all by default); --threads sets torch's thread count (on a shared
 machine 1 keeps the two sides' timings apart from the other jobs' load).
 With --publish each part run writes its section of docs/benchmarks.md (corpus-heads, corpus-patch, corpus-lens,
@@ -47,7 +47,7 @@ from core.analysis import over as overs  # noqa: E402
 from core.corpus import jobs  # noqa: E402
 from core.corpus.texts import ioi_pairs  # noqa: E402
 from lens import check_agreement, lens_model, lens_scores  # noqa: E402
-from ui import memory  # noqa: E402
+from core import allocator  # noqa: E402
 
 WIDTHS = (46, 24, 24, 9)
 PARTS = ("heads", "patch", "lens", "memory")
@@ -230,7 +230,7 @@ def arguments():
                         help="rows × longest text in one padded batch (head scores and memory)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"which to run, comma-separated: {', '.join(PARTS)}")
-    parser.add_argument("--mmap-kb", type=int, default=memory.MMAP_KB,
+    parser.add_argument("--mmap-kb", type=int, default=allocator.MMAP_KB,
                         help="the memory part's fixed mmap threshold, KiB (default: the app's)")
     parser.add_argument("--child-rss", nargs=5, help=argparse.SUPPRESS)
     add_publish(parser)
@@ -245,7 +245,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.child_rss:
         folder, n, tokens, batch_tokens, mmap_kb = args.child_rss
-        if int(mmap_kb) and not memory.fix_mmap_threshold(int(mmap_kb)):
+        if int(mmap_kb) and not allocator.fix_mmap_threshold(int(mmap_kb)):
             raise SystemExit("the mmap threshold could not be fixed here (glibc only): the fixed case would not be")
         print("RESULT", json.dumps(peak_rss(folder, int(n), int(tokens), int(batch_tokens))))
         return

@@ -1,5 +1,6 @@
-"""What a trained Lab run answered on a typed source, the task's right answer, and whether its cross-attention
-looks where the task says each output character comes from."""
+"""What a trained Lab run answered on a typed source, the task's right answer, and whether its attention looks
+where the task says each output character comes from (weight_on_source: the formation number that
+bench/lab_snapshots.py follows through the Lab's default run, and the Lab tab's alignment note)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import re
 
 import numpy as np
 
-from core.lab import train as engine
+from . import train as engine
 
 
 def answer_of(maps: engine.LabAttention, source: str) -> str:

@@ -91,7 +91,7 @@ def test_no_import_cycle():
     ("ui.services", {"gradio", "ui.tabs", "ui.views", "ui.page", "ui.backend", "ui.links"}),
     ("ui.views", {"gradio", "ui.tabs", "ui.page", "ui.backend"}),
     ("ui", {"app"}),
-    ("ui.memory", {"gradio", "torch", "core", "ui.services", "ui.tabs", "ui.views", "ui.page"}),  # first in main
+    ("ui.memory", {"gradio", "torch", "ui.services", "ui.tabs", "ui.views", "ui.page"}),  # first in main
 ])
 def test_each_layer_imports_only_what_it_may(layer, forbidden):
     for name, path in MODULES.items():
@@ -101,6 +101,13 @@ def test_each_layer_imports_only_what_it_may(layer, forbidden):
         bad = {f for f in forbidden if f in third_party(path)}
         bad |= {m for m in project for f in forbidden if m == f or m.startswith(f + ".")}
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+def test_the_allocator_settings_load_no_torch():
+    # ui.memory runs first in main, before any thread allocates: it reads the core's allocator alone, which
+    # imports neither torch nor any other module of the project (core's __init__ imports nothing until asked)
+    assert GRAPH["ui.memory"] == {"core.allocator"} and GRAPH["core.allocator"] == set()
+    assert not third_party(MODULES["core.allocator"]) & {"torch", "numpy", "gradio"}
 
 
 def test_rooms_stay_readable():

@@ -344,7 +344,7 @@ def test_alignment_counts_where_the_cross_attention_peaks_per_layer():
     import torch
 
     from core.lab.train import LabAttention
-    from ui.services.lab.answers import alignment_note
+    from core.lab.answers import alignment_note
 
     cross = torch.zeros(2, 1, 5, 5)  # layer 0: the anti-diagonal of abcd -> dcba; layer 1: always the first source
     cross[0, 0, torch.arange(5), torch.tensor([3, 2, 1, 0, 4])] = 1

@@ -1,5 +1,5 @@
 """The Lab tab's default snapshot steps show attention that has formed. The formation number is
-answers.weight_on_source (the weight the rows predicting each output character give the source position the task
+core.lab.answers.weight_on_source (the weight the rows predicting each output character give the source position the task
 says it comes from); the default run is measured with bench/lab_snapshots.py's own function, at the default
 snapshot steps and at steps before the run starts to learn, where the snapshots would look blank."""
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from core.lab import train as engine
-from ui.services.lab.answers import weight_on_source
+from core.lab.answers import weight_on_source
 from ui.services.lab.configs import DEFAULT_FIELDS, DEFAULT_SNAPSHOT_STEPS, default_config, parse_steps_list
 from ui.settings import LabSettings
 
@@ -60,6 +60,12 @@ def test_the_tab_trains_the_default_config_with_the_default_snapshots():
     assert config.task == DEFAULT_FIELDS["task"] == "reverse" and config.family == "marian" and config.seed == 0
     assert config.snapshot_steps == parse_steps_list(DEFAULT_SNAPSHOT_STEPS, config.steps)
     assert not set(config.snapshot_steps) & set(BLANK)
+
+
+def test_the_tab_trains_the_cores_default_run_which_the_bench_measures():
+    # bench/lab_snapshots.py trains core.lab.train.DEFAULT_RUN: the page's run less the server's time budget
+    assert replace(default_config(LabSettings()), time_budget=None) == engine.DEFAULT_RUN
+    assert bench_module().DEFAULT_RUN is engine.DEFAULT_RUN
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
-"""ui/memory.py: the allocator's arenas bounded and its free pages handed back on glibc, nothing done (and nothing
-raised) elsewhere; HeavyJobs hands memory back whenever a long job ends."""
+"""core/allocator.py and the app's settings over it (ui/memory.py): the allocator's arenas bounded and its free
+pages handed back on glibc, nothing done (and nothing raised) elsewhere; HeavyJobs hands memory back whenever a
+long job ends."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from core import allocator
 from tiny_app_model import build_tiny_llama
 from ui import memory
 from ui.services.checks import UserError
@@ -24,11 +26,11 @@ ON_GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc
 # In a fresh process: 8 threads alive at once, each allocating, then glibc's own count of its arenas.
 ARENAS_IN_A_FRESH_PROCESS = """
 import ctypes, sys, threading
-from ui import memory
+from core import allocator
 bound = sys.argv[1] != "none"
 if bound:
-    assert memory.bound_arenas(int(sys.argv[1]))
-libc = memory.glibc()
+    assert allocator.bound_arenas(int(sys.argv[1]))
+libc = allocator.glibc()
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 held, barrier = [], threading.Barrier(8)
 def allocate():
@@ -52,9 +54,9 @@ def arenas_after_eight_threads(bound: str) -> int:
 @pytest.mark.skipif(not ON_GLIBC, reason="mallopt and malloc_trim are glibc's")
 def test_on_glibc_mallopt_and_malloc_trim_are_found_and_succeed(monkeypatch):
     monkeypatch.delenv(memory.TRIM_SETTING, raising=False)
-    libc = memory.glibc()
+    libc = allocator.glibc()
     assert libc is not None and hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim")
-    assert libc.mallopt(memory.M_ARENA_MAX, 64) == 1  # glibc returns 1 on success (64: no real bound here)
+    assert libc.mallopt(allocator.M_ARENA_MAX, 64) == 1  # glibc returns 1 on success (64: no real bound here)
     assert memory.trim() is True
 
 
@@ -71,13 +73,14 @@ def test_bound_arenas_before_the_threads_start_holds_them_to_the_bound():
 #   then holds.
 ALLOCATOR_PROBE = """
 import ctypes, sys
+from core import allocator
 from ui import memory
 settings, probe = sys.argv[1:3]
 if settings == "app":
     memory.configure()
 elif settings != "glibc":
-    assert memory.fix_mmap_threshold(int(settings))
-libc = memory.glibc()
+    assert allocator.fix_mmap_threshold(int(settings))
+libc = allocator.glibc()
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 class Mallinfo2(ctypes.Structure):
@@ -123,13 +126,15 @@ def test_the_apps_default_threshold_hands_a_freed_batch_back_at_once():
 
 def test_the_settings_turn_each_off(monkeypatch):
     calls = []
-    monkeypatch.setattr(memory, "glibc", lambda: calls.append("looked up"))
+    monkeypatch.setattr(allocator, "glibc", lambda: calls.append("looked up"))
     monkeypatch.setenv(memory.ARENAS_SETTING, "0")
     monkeypatch.setenv(memory.TRIM_SETTING, "0")
     monkeypatch.setenv(memory.MMAP_SETTING, "0")
     assert memory.bound_arenas() is False and memory.trim() is False and memory.fix_mmap_threshold() is False
     memory.configure()
     assert calls == []  # not even looked up
+    with pytest.raises(ValueError, match=r"mmap threshold: the value must be a whole number ≥ 1, got 0"):
+        allocator.fix_mmap_threshold(0)  # 0 is the setting's word for glibc's own, not a threshold
 
 
 class NoMalloptLibc:
@@ -140,14 +145,15 @@ class NoMalloptLibc:
 def test_without_glibc_nothing_is_done_nothing_raised_and_the_log_says_so(monkeypatch, caplog, lookup):
     monkeypatch.delenv(memory.ARENAS_SETTING, raising=False)
     monkeypatch.delenv(memory.TRIM_SETTING, raising=False)
-    monkeypatch.setattr(memory, "_unavailable_said", set())
+    monkeypatch.setattr(allocator, "_unavailable_said", set())
     if lookup is NoMalloptLibc:  # the real lookup (uncached), loading a library that lacks both functions
-        monkeypatch.setattr(memory.ctypes, "CDLL", lambda *a, **k: NoMalloptLibc())
-        monkeypatch.setattr(memory, "glibc", memory.glibc.__wrapped__)
+        monkeypatch.setattr(allocator.ctypes, "CDLL", lambda *a, **k: NoMalloptLibc())
+        monkeypatch.setattr(allocator, "glibc", allocator.glibc.__wrapped__)
     else:
-        monkeypatch.setattr(memory, "glibc", lookup)
-    with caplog.at_level(logging.INFO, logger=memory.__name__):
-        assert memory.bound_arenas(2) is False
+        monkeypatch.setattr(allocator, "glibc", lookup)
+    with caplog.at_level(logging.INFO, logger=allocator.__name__):
+        assert allocator.bound_arenas(2) is False
+        assert memory.bound_arenas() is False  # the app's setting, through the same lookup
         assert memory.trim() is False
         assert memory.trim() is False
     said = [r.getMessage() for r in caplog.records]

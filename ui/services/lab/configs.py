@@ -25,13 +25,12 @@ SESSION_IDLE_S = 3600
 POLL_S = 0.5  # how often a follower looks at its job
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 LIMITS = dict(n_layers=(1, 4), d_model=(32, 256), n_heads=(1, 8), d_ff=(1, 1024), seed=(0, 2**31 - 1))
-# The Lab tab's fields as the page opens (make_config's parameters); bench/lab_snapshots.py measures this run.
-DEFAULT_FIELDS = dict(task="reverse", family="marian", n_layers=2, d_model=128, n_heads=4, d_ff=256, dropout=0.0,
-                      positions="default", norm="default", causal_mask=True, scale=True, seed=0, steps=600, lr=1e-3)
-# Where that run's attention has formed (python bench/lab_snapshots.py; seeded, so the same curve on every run): the
-# weight layer 1's cross-attention gives the mirrored source position stays uniform (0.08) to step 190, as at 50
-# and 150, then rises: 0.33 at 310 as the anti-diagonal appears, 0.51 at 410 mid-rise, 0.66 at the end.
-DEFAULT_SNAPSHOT_STEPS = "310, 410, 600"
+# The Lab tab's fields as the page opens (make_config's parameters): the core's default run (core.lab.train
+# DEFAULT_RUN), which bench/lab_snapshots.py measures; "default" is the page's word for the family's own choice.
+DEFAULT_FIELDS = {name: getattr(engine.DEFAULT_RUN, name) for name in (
+    "task", "family", "n_layers", "d_model", "n_heads", "d_ff", "dropout", "causal_mask", "scale", "seed", "steps", "lr")}
+DEFAULT_FIELDS.update(positions=engine.DEFAULT_RUN.positions or "default", norm=engine.DEFAULT_RUN.norm or "default")
+DEFAULT_SNAPSHOT_STEPS = ", ".join(map(str, engine.DEFAULT_RUN.snapshot_steps))
 TABLE_COLUMNS = ("run", "label", "task", "model", "steps", "status", "final training loss", "held-out loss",
                  "exact match", "entropy at init (nats)", "tokens/s", "seconds")
 

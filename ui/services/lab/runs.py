@@ -25,10 +25,10 @@ import numpy as np
 
 import core.store as weight_store
 from core.lab import train as engine
+from core.lab.answers import alignment_note, answer_of, expected_answer
 from core.lab.train import LabConfig
 from ui.plots.lab import Curve
 from ui.services.checks import UserError
-from ui.services.lab.answers import alignment_note, answer_of, expected_answer
 from ui.services.lab.configs import (EXPERIMENTS, MAX_DECODER_SOURCE, MAX_RUNS_PER_SESSION, NAME, POLL_S,
                                      SESSION_IDLE_S, Summary, _finite, _num, _pct, describe, experiment_pair, finding)
 from ui.services.lab import saved as shipped
