@@ -9,6 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ui.plots.axes import log_axis
 from ui.plots.base import ATTENTION_COLORS, CHOSEN_COLOR, as_f32, base_layout
 
 OTHER_COLOR = "#9ecae1"
@@ -120,7 +121,7 @@ def kv_timing_figure(lengths: Sequence[int], uncached: Sequence[float], cached: 
                                  line={"color": color}, marker={"color": color, **marker},
                                  hovertemplate="n = %{x}<br>%{y:.1f} ms<extra></extra>"))
     base_layout(fig, title, 380)
-    fig.update_xaxes(title_text="context length n (tokens)", type="log")
-    fig.update_yaxes(title_text="ms per new token", type="log")
+    fig.update_xaxes(title_text="context length n (tokens)", **log_axis(lengths, step_lengths))
+    fig.update_yaxes(title_text="ms per new token", **log_axis(*(np.asarray(t.y, float) for t in fig.data)))
     fig.update_layout(legend={"orientation": "h", "y": -0.3})
     return fig

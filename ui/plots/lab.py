@@ -12,6 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ui.plots.axes import log_axis
 from ui.plots.base import ATTENTION_COLORS, base_layout, empty_figure
 
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")  # one per run in an overlay
@@ -59,7 +60,8 @@ def training_curves(curves: Sequence[Curve], title: str, total_steps: int | None
                                      hovertemplate="step %{x}<br>exact match %{y:.1f} %<extra>" + c.name + "</extra>"),
                           row=2, col=1)
     base_layout(fig, title, 560, top=70)
-    fig.update_yaxes(type="log", row=1, col=1)
+    losses = [np.asarray(t.y, float) for t in fig.data if t.yaxis in (None, "y")]
+    fig.update_yaxes(**log_axis(*losses), row=1, col=1)
     fig.update_yaxes(range=[-3, 103], ticksuffix=" %", row=2, col=1)
     fig.update_xaxes(title_text="step", row=2, col=1)
     if total_steps:

@@ -7,6 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from ui.plots.attention import attention_heatmap
+from ui.plots.axes import log_axis
 from ui.plots.base import empty_figure
 from ui.plots.charts import line_figure
 
@@ -23,7 +24,7 @@ def shares_figure(measured):
     # stretch the axis to 10^100 and flatten the data along its bottom
     fig.add_trace(go.Scatter(x=[layers.min(), layers.max()], y=[100.0, 100.0], mode="lines",
                              name="as large as the residual", line={"dash": "dash", "color": "grey"}))
-    fig.update_yaxes(type="log")
+    fig.update_yaxes(**log_axis(values["mlp"], values["attn"], [100.0]))
     return fig
 
 

@@ -1,11 +1,12 @@
 """The figures of the lessons on generation and cost (ui/services/learn/generation.py): the KV cache's size at a few
-lengths with and without grouped-query attention, and the growth of one head's weights against the time of a
-forward pass, on log axes beside n and n²."""
+lengths with and without grouped-query attention (on linear axes: it grows linearly), and the growth of one
+head's weights against the time of a forward pass, on log axes beside n and n²."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from ui.plots.axes import linear_lengths, log_axis
 from ui.plots.base import empty_figure
 from ui.plots.charts import line_figure
 
@@ -22,7 +23,9 @@ def kv_cache_figure(measured):
     fig = line_figure(lengths, series, "The KV cache grows with every token", "tokens n", f"MB ({v['dtype']})",
                       subtitle=f"2 · {v['layers']} layers · n · h_kv · {v['head_dim']} · {v['bytes_per']} bytes "
                                "(eq. 6.9); the allocated tensors equal the formula")
-    fig.update_xaxes(type="log", tickvals=list(lengths), ticktext=[f"{n:,}" for n in lengths])
+    # linear axes: the cache grows linearly in n (eq. 6.9), a straight line through 0 (on a log n axis it bends)
+    fig.update_xaxes(**linear_lengths(lengths))
+    fig.update_yaxes(rangemode="tozero")
     return fig
 
 
@@ -43,8 +46,8 @@ def cost_figure(measured):
                       subtitle=f"time ∝ n^{v['exponent']:.2f} here; the weights ∝ n² (eq. 6.12)")
     for name in ("∝ n", "∝ n²"):
         fig.update_traces(selector={"name": name}, line={"dash": "dot", "color": "grey"}, mode="lines")
-    fig.update_xaxes(type="log", tickvals=list(lengths), ticktext=[str(n) for n in lengths])
-    fig.update_yaxes(type="log")
+    fig.update_xaxes(**log_axis(lengths, ticks=lengths))
+    fig.update_yaxes(**log_axis(*series.values()))
     return fig
 
 

@@ -3,6 +3,7 @@ the original ones under each condition, as a share of the outputs' size (a log s
 
 from __future__ import annotations
 
+from ui.plots.axes import log_axis
 from ui.plots.base import empty_figure
 from ui.plots.charts import bar_figure
 
@@ -15,7 +16,7 @@ def shuffle_figure(measured):
                      f"Shuffled {values['n_tokens']} tokens through layer {values['layer']}'s attention, put back "
                      "in order", "difference ÷ size (log scale)", text_format=".1e",
                      subtitle="float32 rounds at about 1e-7 of a value")
-    fig.update_yaxes(type="log", exponentformat="power")
+    fig.update_yaxes(**log_axis(values["relative"]))
     fig.update_layout(showlegend=False)
     return fig
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ui.plots.axes import log_axis
 from ui.plots.base import empty_figure
 from ui.plots.charts import line_figure
 from ui.services.lab import recurrence as service
@@ -37,7 +38,7 @@ def gradient_figure(result, title: str = "The gradient reaching each earlier tok
                       "‖∂loss/∂x_t‖ ÷ its value at 0", height=HEIGHT)
     for m in result.models:
         fig.update_traces(selector={"name": f"{m.name}, untrained"}, line={"dash": "dot"})
-    fig.update_yaxes(type="log", exponentformat="power")
+    fig.update_yaxes(**log_axis(*series.values()))
     fig.update_xaxes(dtick=5)
     return fig
 

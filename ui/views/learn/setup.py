@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
+from ui.plots.axes import linear_lengths, log_axis
 from ui.plots.base import CHOSEN_COLOR, base_layout
 from ui.plots.charts import with_subtitle
 
@@ -43,10 +44,7 @@ def spanned(low: float, high: float, log: bool = False, ticks: Sequence[float] |
         if ticks is not None:
             axis.update(tickvals=list(ticks), ticktext=list(labels or [f"{t:g}" for t in ticks]))
         return axis
-    if ticks is None:
-        ticks = [10.0 ** k for k in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)]
-    shown = list(labels) if labels is not None else [f"{t:g}" for t in ticks]
-    return {"type": "log", "range": [math.log10(low), math.log10(high)], "tickvals": list(ticks), "ticktext": shown}
+    return log_axis(low=low, high=high, ticks=ticks, labels=labels)
 
 
 UNNUMBERED = {"type": "linear", "range": [0, 1], "showticklabels": False, "showgrid": False, "zeroline": False}
@@ -142,7 +140,7 @@ def kv_cache_setup(v):
     if not v.get("lengths"):
         return None
     return blank("The KV cache's size against the text's length", "tokens n", f"MB ({v['dtype']})",
-                 lengths_axis(v["lengths"]), UNNUMBERED,
+                 linear_lengths(v["lengths"]), UNNUMBERED,
                  subtitle=f"{v['layers']} layers, {v['kv_heads']} key/value heads, d_head = {v['head_dim']}, "
                           f"{v['bytes_per']} bytes a number")
 
