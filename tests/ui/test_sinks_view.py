@@ -233,3 +233,23 @@ def test_the_reading_reports_each_token_and_stops_when_closed(setup, monkeypatch
         time.sleep(0.01)                                                         # polled: the worker's own end
     assert not any(t.name == "streaming-perplexity" for t in threading.enumerate()), "the reading went on"
     assert len(steps) == 2                                                       # no token after the Stop
+
+
+@pytest.mark.parametrize("text", [SHORT, LONG])
+def test_the_atlas_and_the_sink_map_name_the_same_sink_heads_at_one_threshold(setup, text):
+    """The Heads tab shows sink heads twice, in the atlas's named heads and on the sink map: both are
+    core.analysis.heads.sink_heads at Gu et al.'s ε, so they name the same heads with the same scores."""
+    from ui.services.heads import head_scores, named_heads, naming_rule, session_cache
+    from ui.services.sinks import sink_map
+
+    services, folders = setup
+    model = services.models.get(folders["llama"])
+    tokens = encode(model, text)
+    atlas = named_heads(head_scores(model, session_cache(None, folders["llama"], tokens)))["first_token"]
+    mapped = sink_map(model, text)
+    assert mapped.epsilon == EPSILON == 0.3 and naming_rule("first_token") == f"> ε = {EPSILON:g}"
+    assert {(layer, head) for layer, head, _ in atlas} == {(layer, head) for layer, head, _ in mapped.above}
+    for (layer, head, score), (_, _, shown) in zip(sorted(atlas), sorted(mapped.above)):
+        assert score == pytest.approx(shown, abs=1e-5) and score > EPSILON
+    if text == SHORT:      # few tokens: a random model's heads spread over them, above ε, and both say so
+        assert atlas
