@@ -9,6 +9,8 @@ import html
 import re
 from pathlib import Path
 
+from core.analysis.heads import SINK_EPSILON
+
 THEORY_PATH = Path(__file__).resolve().parents[1] / "docs" / "theory.md"
 
 # term → one sentence in the project's words; the key is how the term is written where its case matters
@@ -91,6 +93,16 @@ GLOSSARY: dict[str, str] = {
                 "weights and caches take half the memory of float32.",
     "permutation-equivariant": "Said of a function that, given its inputs in another order, returns the same outputs "
                                "in that same order, as attention does without positions or a mask.",
+    "K-composition": "How much a later head's keys read what an earlier head wrote into the residual stream, "
+                     "scored from the two heads' weights alone with no text (Elhage et al. 2021): large where the "
+                     "earlier head's outputs land in the directions the later head's keys read.",
+    "relative score": "A key's score q·k minus the weighted mean of its query's scores over every key, "
+                      "score(i, j) − Σ_k a_ik·score(i, k): the part of the score the softmax reads, since adding the "
+                      "same amount to every key's score changes no weight.",
+    "Sink^ε": "Gu et al.'s share of sink heads: the fraction of heads whose mean attention on the text's first token "
+              f"exceeds a threshold ε (here ε = {SINK_EPSILON:g}).",
+    "peak memory": "The most memory a process held at any moment while it ran, which is what decides whether a "
+                   "computation fits in the machine, however briefly it held it.",
     "W^O": "The output matrix of an attention layer: it maps the heads' outputs, side by side, back to the residual "
            "stream's width d, each head writing through its own d_head rows of it.",
 }
@@ -110,10 +122,12 @@ ALIASES: dict[str, str] = {
     "permutation equivariant": "permutation-equivariant",
     "one hot": "one-hot",
     "bf16": "bfloat16",
+    "relative scores": "relative score",
+    "peak RSS": "peak memory",
 }
 
 # terms matched only as written: acronyms, and words that are ordinary English in lower case
-EXACT_CASE = frozenset({"IOI", "GQA", "MQA", "RoPE", "ALiBi", "d_k", "nats", "W^O"})
+EXACT_CASE = frozenset({"IOI", "GQA", "MQA", "RoPE", "ALiBi", "d_k", "nats", "W^O", "K-composition", "Sink^ε"})
 
 _HEADING = re.compile(r"^### eq\. (\d+\.\d+) — (.+)$", re.MULTILINE)
 _ANY_EQ_HEADING = re.compile(r"^### (eqs?\. [^—]+?) — (.+)$", re.MULTILINE)

@@ -303,12 +303,19 @@ def mib(n_bytes: float) -> str:
     return f"{n_bytes / 2 ** 20:,.1f} MiB"
 
 
+# how a peak was read, in a lesson's words: the measurement's own method and allocator lines name kernel counters
+# and allocator settings, which the Inside tab states beside its command and a student need not read
+LESSON_METHOD = "what one call added to the most memory its process held, each call in a fresh process"
+
+
 def measured_source(memory: SoftmaxMemory, command: bool = True) -> str:
     """Where the figures come from, in words: the method, the allocator, the sizes and settings, the date, the
-    machine and (command) the command, as the measurement wrote them. A lesson leaves the command out: a student
-    reads the page, not the repository."""
+    machine and (command) the command, as the measurement wrote them. A lesson (command False) leaves out the
+    command and the method's implementation terms: a student reads the page, not the repository."""
     sizes = f"{memory.rows[0].n:,}–{memory.rows[-1].n:,}" if len(memory.rows) > 1 else f"{memory.rows[0].n:,}"
-    return (f"{memory.method}, median of {memory.repeats}; {memory.allocator}; {sizes} tokens, one head (d_head "
+    how = f"{memory.method}, median of {memory.repeats}; {memory.allocator}" if command else \
+        f"{LESSON_METHOD}, median of {memory.repeats}"
+    return (f"{how}; {sizes} tokens, one head (d_head "
             f"{memory.d_head}, float32, blocks of {memory.block} keys), {memory.threads} "
             f"thread{'s' if memory.threads != 1 else ''}; {memory.date}, {memory.machine}"
             + (f"; `{memory.command}`" if command else ""))
@@ -317,7 +324,8 @@ def measured_source(memory: SoftmaxMemory, command: bool = True) -> str:
 def measured_sentence(memory: SoftmaxMemory, command: bool = True) -> str:
     """The largest size's peaks and the ratio, then where they come from."""
     top = memory.rows[-1]
-    default = (f"; {mib(top.online_default)} under glibc's default allocator, which keeps some freed blocks"
+    allocator = "glibc's default allocator" if command else "the memory allocator's default setting"
+    default = (f"; {mib(top.online_default)} under {allocator}, which keeps some freed blocks"
                if top.online_default is not None else "")
     return (f"at {top.n:,} tokens the plain softmax added {mib(top.plain)} to the peak memory, the online one "
             f"{mib(top.online)} ({top.plain / top.online:,.1f}× less{default}) and torch's fused kernel "

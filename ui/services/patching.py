@@ -352,7 +352,7 @@ SHORTCUT_SITES = {  # the site name → what it is, in words
 SITE_METHODS = {"z": shortcuts.METHODS, "resid_pre": ("atp", "atp*", "ig")}  # the flow graph has no resid_pre part
 METHOD_WORDS = {
     "atp": "AtP (attribution patching: the activation difference times the metric's gradient)",
-    "atp*": "AtP* (AtP with the query/key fix; GradDrop not implemented)",
+    "atp*": "AtP* (AtP with the query/key fix; not the paper's second fix, for effects that cancel)",
     "ig": f"EAP-IG (the gradient averaged over {shortcuts.IG_POINTS} points between the two prompts)",
     "flow": "the flow graph's importance (a proximity: no causal claim)",
 }

@@ -181,10 +181,10 @@ def edge_box(services, picker, clean, threshold, cache) -> dict:
 SHORTCUTS_INTRO = """Exact patching runs the model once per cell; researchers often use cheaper estimates instead.
 This compares them with the exact sweep on the pair above, in the direction chosen above: **AtP** (the activation
 difference times the metric's gradient, one forward and one backward pass), **AtP\\*** (AtP with the attention
-recomputed where a patch reaches a later layer's queries and keys; GradDrop not implemented), **EAP-IG** (the
-gradient averaged along the line between the two prompts) and, for heads, the **flow graph** (a proximity, not a
-cause). Each point is a cell, exact effect across, estimate up; a perfect estimate lies on the dotted diagonal.
-It runs the exact sweep and every method, each timed: the slowest button of this tab.
+recomputed where a patch reaches a later layer's queries and keys; not the paper's second fix, for effects that
+cancel), **EAP-IG** (the gradient averaged along the line between the two prompts) and, for heads, the **flow
+graph** (a proximity, not a cause). Each point is a cell, exact effect across, estimate up; a perfect estimate
+lies on the dotted diagonal. It runs the exact sweep and every method, each timed: the slowest button of this tab.
 """ + views.WARNING
 
 OVER_PAIRS_WORDS = (f"Over {DEFAULT_N} IOI pairs: every shortcut on every head and on the residual stream, in this "

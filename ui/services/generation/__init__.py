@@ -59,8 +59,9 @@ class GenerationUpdate:
 def generation_reason(model) -> str | None:
     """Why this model cannot generate here (an encoder), or None when it can."""
     if not model.config.causal and not model.config.is_encoder_decoder:
-        return (f"{model.config.family} here is an encoder: it fills in and encodes text but does not generate. "
-                "Pick a decoder model (e.g. smollm2-135m-instruct) to generate.")
+        return (f"This model ({model.config.family}) is an encoder: it reads the whole text in both directions, so "
+                "it fills in and encodes text but does not generate (it writes no next token). Pick a decoder model "
+                "(e.g. smollm2-135m-instruct) to generate.")
     return None
 
 

@@ -94,7 +94,7 @@ def measure_block(model, progress: ProgressFn | None = None) -> Measured:
                    f"added to (the median over the text's {len(ids)} tokens; attention's is "
                    f"{attn[ASKED_LAYER]:,.0f} %). Over all {len(mlp)} layers the FFN's share runs from "
                    f"{mlp.min():,.0f} % to {mlp.max():,.0f} %.")
-    answer_text += (f"\n\nWhy Pre-LN can stall where Post-LN learns: in a fresh Lab model (Marian layout, Pre-LN, "
+    answer_text += (f"\n\nWhy Pre-LN can stall where Post-LN learns: in a fresh Lab model (its encoder-decoder, Pre-LN, "
                     f"d = {init['d_model']}) the first attention output is {init['with']:.1f} % of the residual when "
                     f"the token embeddings are scaled by √d, and {init['without']:.1f} % without that scale. Pre-LN "
                     "adds every update to that residual as it is, so each first update is that much smaller against "
@@ -136,7 +136,7 @@ Many use **RMSNorm** (eq. 5.6), LayerNorm without subtracting the mean.
 
 Textbooks often say each sublayer "adds a small correction" to the stream. Below, the loaded model's attention and
 FFN outputs are measured against the residual they join, layer by layer. The Lab's Compare (LayerNorm placement)
-shows a related surprise: trained side by side on the same task from the same seed, the Marian layout's Pre-LN run
+shows a related surprise: trained side by side on the same task from the same seed, the Lab encoder-decoder's Pre-LN run
 can fail to learn in the steps where Post-LN learns, and the same Pre-LN run learns once its embeddings are no
 longer scaled by √d. The answer measures why, on two fresh Lab models."""
 
