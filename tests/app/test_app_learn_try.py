@@ -78,14 +78,15 @@ def by_id(demo, elem_id: str):
 FIELD_IDS = {("attention", "text"): "attn-text", ("generate", "text"): "gen-text", ("heads", "text"): "heads-text",
              ("inside", "text"): "inside-text", ("masks", "text"): "mask-text", ("positions", "text"): "pe-text",
              ("heads", "score"): "heads-score", ("generate", "max_new_tokens"): "gen-max-new",
-             ("generate", "chat"): "gen-chat", ("lab", "lab_run"): "lab-pick", ("lab", "source"): "lab-source"}
+             ("generate", "chat"): "gen-chat", ("lab", "lab_run"): "lab-pick", ("lab", "source"): "lab-source",
+             ("patching", "site"): "patch-site"}
 
 
-def run_try(demo, chain, link: dict) -> tuple[str, list, dict]:
+def run_try(demo, chain, link: dict) -> tuple[str, list, dict, dict]:
     """Run the chain as the page does on a fresh page; returns (the tab it opened, the figures the target's event
-    drew, as JSON, and every component's value afterwards, by id)."""
+    drew, as JSON, every component's value afterwards, by id, and each figure drawn by its elem_id)."""
     values = {block_id: getattr(block, "value", None) for block_id, block in demo.blocks.items()}
-    drawn, target = [], None
+    drawn, target, named = [], None, {}
     for index, fn in enumerate(chain):
         inputs = [link] if index == 0 else [values[block._id] for block in fn.inputs]
         inputs, *_ = special_args(fn.fn, list(inputs), None, None)
@@ -102,7 +103,9 @@ def run_try(demo, chain, link: dict) -> tuple[str, list, dict]:
                 values[block._id] = value.get("value", value) if isinstance(value, dict) else value
         if index and ran:
             drawn += [figure for figure in map(plotted, result) if figure is not None]
-    return target, drawn, values
+            named.update({block.elem_id: plotted(value) for block, value in zip(fn.outputs, result)
+                          if plotted(value) is not None})
+    return target, drawn, values, named
 
 
 def check_every_try(names: list[str], default: str) -> None:
@@ -111,7 +114,7 @@ def check_every_try(names: list[str], default: str) -> None:
     for lesson in syllabus.lessons():
         page = views.lesson_page(services, default, lesson.name)
         link = views.try_state(page.link)
-        target, drawn, values = run_try(demo, chain, link)
+        target, drawn, values, named = run_try(demo, chain, link)
         assert target == link["tab"], lesson.name
         for key, value in link.items():   # the fields and settings the lesson names are set in its tab
             if (target, key) in FIELD_IDS:
@@ -132,6 +135,12 @@ def check_every_try(names: list[str], default: str) -> None:
             assert (strip.get("choices") if isinstance(strip, dict) else strip.choices), (lesson.name, "no strip")
             continue
         assert drawn, (lesson.name, target, "the target tab computed nothing")
+        # the figure that holds the lesson's subject, named by its link, is computed: it has data, or (only where
+        # the lesson's note says this model lacks it) a note in place of its data
+        if set(measured.link) - {"tab"}:
+            assert link.get("show"), (lesson.name, "the link names no figure of its subject")
+            assert link["show"] in named, (lesson.name, link["show"], "not computed", sorted(named))
+            assert named[link["show"]]["data"] or measured.note, (lesson.name, link["show"], "no data")
         if target == "lab":   # the saved run's attention: its answer in the note, every map drawn with data
             assert link["lab_run"] in values[by_id(demo, "lab-attn-note")._id], lesson.name
             maps = 3 if link["lab_run"] == shipped.REVERSE else 1   # encoder, decoder and cross, or a decoder's

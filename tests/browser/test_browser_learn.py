@@ -5,8 +5,8 @@ formats it) nor the figure's line, and plotly's own data of every figure shown (
 and its axes' ranges) holds no trace that Reveal draws and no number that states the answer (as a value or a share
 × 100, to the precision the answer shows); Reveal shows the answer beside the guess, as the server's measurement
 for this page gave it, the measured figure with a numeric guess marked on it, and the line; "Try it" opens the
-lesson's tab on its text and computes there (every figure with data or a note saying why, nothing reading Error).
-On a 390 px phone every lesson's panel and revealed figure fit the width, and the figure's title, subtitle, plot,
+lesson's tab on its text and computes there (every figure with data or a note saying why, nothing reading Error),
+the figure the lesson names as its subject among them, drawn with data (both models). On a 390 px phone every lesson's panel and revealed figure fit the width, and the figure's title, subtitle, plot,
 legend and axis labels keep apart. A link opens a lesson by name; the browser remembers the lesson and what was
 revealed; the keyboard reaches and presses the buttons."""
 
@@ -121,6 +121,13 @@ LANDED = """() => {
   return {figures, errors, text: panel.innerText}; }"""
 
 
+# the figure a lesson's Try it names (its elem_id): plotly has drawn it with a trace that holds data
+SUBJECT = """(id) => { const gd = document.querySelector(`#${id} .js-plotly-plot`);
+  const filled = (v) => v != null && (ArrayBuffer.isView(v) || Array.isArray(v)) && v.length > 0;
+  return !!gd && gd.offsetParent !== null && (gd._fullData || []).some((t) =>
+      [t.x, t.y, t.z, t.values].some(filled)); }"""
+
+
 def plain(markdown: str) -> str:
     """A line of the lesson's Markdown as the page shows its words (emphasis and code marks dropped)."""
     return re.sub(r"\\(?=[_*`])|[*`]", "", markdown)
@@ -221,6 +228,8 @@ def landed(page, lesson: learn.Lesson, result) -> None:
         assert data or notes, (lesson.name, title, elem_id)
     if state["tab"] == "lab":
         expect(page.locator("#lab-attn-note")).to_contain_text(state["lab_run"])
+    if state.get("show"):   # the figure that holds the lesson's subject: computed, its own data drawn
+        page.wait_for_function(SUBJECT, arg=state["show"], timeout=TIMEOUT_MS)
     if "layer" in state and state["tab"] in ("inside", "heads"):
         assert f"layer {state['layer']}" in shown["text"].lower(), (lesson.name, title)
 
@@ -235,11 +244,10 @@ FIELD_IDS = {("attention", "text"): "attn-text", ("generate", "text"): "gen-text
 def test_every_lesson_holds_its_answer_until_reveal_and_its_try_it_lands_computed(browser, served, model_name,
                                                                                  encoder_installed):
     """Each lesson in order with Next, on a decoder and an encoder: before Reveal the page does not state the
-    measured answer nor the figure's line; Reveal shows them beside the guess; on the decoder, Try it opens the
-    lesson's tab on its text and computes there (figures with data, nothing reading Error), then the Learn tab
-    again, and on. The encoder's landings (tabs that open on why they cannot run, or compute what an encoder has)
-    run through the app's own event chain on a tiny BERT in tests/app/test_app_learn_try.py; here the encoder pass
-    is what a student reads of each lesson on it."""
+    measured answer nor the figure's line; Reveal shows them beside the guess; Try it opens the lesson's tab on
+    its text and computes there (figures with data, nothing reading Error), the figure of the lesson's subject
+    (its link's "show") drawn with data, then the Learn tab again, and on. On the encoder a tab that cannot run
+    opens on why, as the lesson's note says; the others compute what an encoder has."""
     url, services = served
     lessons = syllabus.lessons()
     context, page, errors = open_page(browser, f"{url}?model={quote(model_name)}&tab=learn&lesson={lessons[0].name}")
@@ -255,8 +263,8 @@ def test_every_lesson_holds_its_answer_until_reveal_and_its_try_it_lands_compute
             revealed(page, lesson, result, held_back(page, lesson, result))
             if model_name == SMOLLM:   # the revealed figure on a phone: the same page, narrowed, then wide again
                 on_a_phone(page, lesson)
-                landed(page, lesson, result)
-                page.get_by_role("tab", name="Learn", exact=True).click()
+            landed(page, lesson, result)
+            page.get_by_role("tab", name="Learn", exact=True).click()
             if number < len(lessons):
                 page.locator("#learn-next").click()
         screenshot(page, f"learn-wide-{model_name}")

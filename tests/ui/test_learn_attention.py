@@ -108,7 +108,8 @@ def test_attention_weights_are_counted_from_the_state_dict_and_heads_are_found(s
     probe = core_heads.induction_probe(cfg.vocab_size, 100, 0, avoid=tuple(smollm.tokenizer.all_special_ids))
     text = smollm.tokenizer.decode(probe[0].tolist(), skip_special_tokens=True)
     assert measured.link == {"tab": "heads", "layer": layer, "head": head, "text": text,
-                             "settings": {"score": "induction"}}   # the map the tab opens on: the score it was found by
+                             "settings": {"score": "induction"},   # the map the tab opens on: the score it was found by
+                             "show": "heads-map"}
     assert FIGURES["heads"](measured).data
 
 

@@ -65,7 +65,8 @@ def test_the_ffn_share_per_layer_is_what_hooks_on_smollm_read(smollm):
     assert all(ffn[settled:] < 100) and (settled == 0 or ffn[settled - 1] >= 100)
     if 0 < settled < len(ffn):
         assert f"from layer {settled} on its share stays at or below {ffn[settled:].max():,.0f} %" in measured.why
-    assert measured.link == {"tab": "inside", "layer": lessons.ASKED_LAYER, "text": lessons.BLOCK_SAMPLE}
+    assert measured.link == {"tab": "inside", "layer": lessons.ASKED_LAYER, "text": lessons.BLOCK_SAMPLE,
+                             "show": "inside-stage7"}   # the walk's feed-forward stage
     figure = FIGURES["block"](measured)
     assert np.allclose(figure.data[0].y, v["mlp"])
     shown = reveal(BY_NAME["block"], measured, "25")
@@ -111,7 +112,8 @@ def test_the_reversing_models_cross_attention_is_read_from_a_plain_pass(smollm):
     assert measured.answer == lessons.ANTI and anti > 0.5
     assert f"{100 * anti:.0f} %" in measured.answer_text and "no cross-attention" in measured.note
     # the Lab opens this very run (its Run list holds the shipped runs) on the lesson's source
-    assert measured.link == {"tab": "lab", "settings": {"lab_run": shipped.REVERSE, "source": lessons.SOURCE}}
+    assert measured.link == {"tab": "lab", "settings": {"lab_run": shipped.REVERSE, "source": lessons.SOURCE},
+                             "show": "lab-cross"}
     assert shipped.SAVED_RUNS[shipped.REVERSE] == lessons.ASSET
     assert FIGURES["encoder-decoder"](measured).data
 

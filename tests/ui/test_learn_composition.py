@@ -35,7 +35,8 @@ def test_the_lab_half_is_the_circuit_the_core_finds(measured):
             f"[{found.low[0]:.2f}, {found.high[0]:.2f}] over {found.n} texts)") in measured.answer_text
     lab = measured.values["panels"][0]
     assert lab.labels == found.labels and np.array_equal(lab.mean, found.mean)
-    assert measured.link == {"tab": "lab", "settings": {"lab_run": induction.RUN, "source": lessons.TRY_SOURCE}}
+    assert measured.link == {"tab": "lab", "settings": {"lab_run": induction.RUN, "source": lessons.TRY_SOURCE},
+                             "show": "lab-decoder"}
     assert course.names()[-1] == "composition" and measured.answer in reveal(LESSON, measured, lessons.OTHER)
 
 

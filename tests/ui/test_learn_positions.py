@@ -69,7 +69,8 @@ def test_the_lessons_numbers_are_smollms_own_forward_with_and_without_positions(
     assert f"({v['relative'][0]:.1e} is the rounding" in measured.why
     assert f"the difference is {v['relative'][1]:.1e}" in measured.why
     assert f"{v['relative'][0]:.1e}" in measured.alt and "cut to" not in measured.answer_text
-    assert measured.link == {"tab": "positions", "text": lesson_module.SAMPLE}
+    # Try it lands on the same check in the Positional encoding tab, computed there
+    assert measured.link == {"tab": "positions", "text": lesson_module.SAMPLE, "show": "pe-shuffle"}
     assert FIGURES["positions"](measured).data[0].y == tuple(v["relative"])
     shown = reveal(LESSON, measured, lesson_module.DIFFERENT)
     assert f"measured: “{lesson_module.SAME}”" in shown and measured.why in shown

@@ -115,12 +115,13 @@ def build(services, picker, initial) -> Tab:
     # after a finished stream this reuses the session's trace; called alone it generates (without streaming)
     done = event.success(**trace_event, api_name="generation_trace")
     fill = wire_stop_and_strip(services, event, done, stop, stats, trace, strip)
-    wire_steps(services, model, step, fields, trace, show, strip, picked, step_outputs)
+    step_event = wire_steps(services, model, step, fields, trace, show, strip, picked, step_outputs)
     export.click(handler(reading_trace(trace_file), services, "export_generation", progress=False), trace,
                  [export_file, export_note], api_name="export_generation")
+    kv_event = dict(fn=handler(kv_panel, services, "kv_cache"), inputs=[model, prompt],
+                    outputs=[kv_note, kv_table, kv_fig, kv_numbers], **ON_ANALYSIS)
     kv_run.click(show_kv, None, [kv_table, kv_fig], api_visibility="private", queue=False).then(
-        handler(kv_panel, services, "kv_cache"), [model, prompt], [kv_note, kv_table, kv_fig, kv_numbers],
-        api_name="kv_cache", **ON_ANALYSIS)
+        **kv_event, api_name="kv_cache")
     @user_errors
     def for_model(name):
         """Chat mode as the model's tokenizer has it; Generate off, saying why, for a model that cannot generate."""
@@ -138,6 +139,9 @@ def build(services, picker, initial) -> Tab:
                results=[output, stats, sent, trace, strip, *step_outputs, trace_json, export_file, export_note, kv_note,
                         kv_table, kv_fig, kv_numbers],
                press={stats: run, step_note: show, kv_note: kv_run},
+               # what a lesson's link may name beyond the continuation: the first new token's step, the cache measured
+               parts={"gen-step-row": ({**step_event, "api_visibility": "private"}, step_outputs[1:4]),
+                      "gen-kv-fig": ({**kv_event, "api_visibility": "private"}, [kv_table, kv_fig])},
                cannot=lambda name: generation_reason(services.models.get(name)) or "")
 
 
@@ -159,10 +163,10 @@ def wire_stop_and_strip(services, stream, done, stop, stats, trace, strip) -> di
     return fill
 
 
-def wire_steps(services, model, step, fields, trace, show, strip, picked, step_outputs) -> None:
+def wire_steps(services, model, step, fields, trace, show, strip, picked, step_outputs) -> dict:
     """The step view: shown for the step picked on the strip or typed, the layer and head typed or clicked on
     the all-heads overview; its figures (step_outputs[1:4]) hidden until then. A wrong layer or head is a note
-    under them, and the step view keeps what it shows."""
+    under them, and the step view keeps what it shows. Returns the step view's event."""
     layer, head, models = fields.layer, fields.head, services.models
     step_event = dict(fn=handler(reading_trace(step_figures), services, "generation_step", progress=False),
                       inputs=[step, layer, head, trace], outputs=step_outputs, concurrency_limit=4)
@@ -179,6 +183,7 @@ def wire_steps(services, model, step, fields, trace, show, strip, picked, step_o
 
     picked.click(open_row, [model, picked], [layer, head], api_visibility="private", queue=False).then(
         **step_event, api_visibility="private")
+    return step_event
 
 
 def streamed(services):

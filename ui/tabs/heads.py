@@ -78,16 +78,17 @@ def build(services, picker, initial) -> Tab:
                 composition_section(services, picker, atlas["layer"], atlas["head"])]
     # the atlas's last output is the session's HeadsCache, kept in the KeptStore (the State holds its KeptRef);
     # the views never change a passed-in one
-    press, cannot = {atlas["note"]: atlas["run"]}, {}
+    press, cannot, parts = {atlas["note"]: atlas["run"]}, {}, {}
     for section in sections:
         press.update(section["press"])
         cannot.update(section.get("cannot", {}))
+        parts.update(section.get("parts", {}))
     return Tab(text=atlas["text"], layer=atlas["layer"], head=atlas["head"],
                run_event={**atlas["event"], "api_visibility": "private"}, reveal=atlas["figures"],
                settings={"score": atlas["score"]},
                opening=opening(services, "heads", atlas["event"], fresh=(5,)), follows=True,
                results=[c for section in sections for c in section["results"]],
-               press=press, cannot_press=cannot)
+               press=press, cannot_press=cannot, parts=parts)
 
 
 def unless(services, reason, what: str):
@@ -277,9 +278,9 @@ def sinks_section(services, picker, text) -> dict:
     note = gr.Markdown(label="sinks note", elem_id="heads-sinks-note")
     figure = gr.Plot(label="Mean attention on the first token per layer × head", elem_id="heads-sinks-map",
                      visible=False)
-    button.click(**shown([figure])).then(
-        handler(sink_views.sinks_view, services, "sink_scores"), [picker.model, text], [note, figure],
-        api_name="sink_scores", **ON_ANALYSIS)
+    sink_map = dict(fn=handler(sink_views.sinks_view, services, "sink_scores"), inputs=[picker.model, text],
+                    outputs=[note, figure], **ON_ANALYSIS)
+    button.click(**shown([figure])).then(**sink_map, api_name="sink_scores")
     with gr.Accordion("Compare the installed models on this text", open=False, elem_id="heads-sink-compare-box"):
         compare = gr.Button("Compare the installed models", elem_id="heads-sink-compare-run")
         compare_note = gr.Markdown(label="comparison note", elem_id="heads-sink-compare-note")
@@ -309,7 +310,8 @@ def sinks_section(services, picker, text) -> dict:
     # Stop closes the view's generator: the reading stops at its next token (ui.services.jobs.stream_job)
     stop.click(None, None, None, cancels=[reading], api_visibility="private")
     return dict(results=[note, figure, compare_note, depth, window_note, curve],
-                press={note: button, compare_note: compare, window_note: run})
+                press={note: button, compare_note: compare, window_note: run},
+                parts={"heads-sinks-map": ({**sink_map, "api_visibility": "private"}, [figure])})
 
 
 COMPOSITION_INTRO = """Why does the head chosen above attend where it does? Its score of a query and a key splits

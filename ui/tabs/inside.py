@@ -81,7 +81,7 @@ def build(services, picker, initial) -> Tab:
     # each page gets its own with its first walk
     return Tab(text=text, layer=layer, head=head, token=token, reveal=figures,
                opening=opening(services, "inside", walk, fresh=(len(walk["outputs"]) - 1,)),
-               follows=True, results=why["results"], press={overview: run, **why["press"]})
+               follows=True, results=why["results"], press={overview: run, **why["press"]}, parts=online["parts"])
 
 
 def why_section(services, picker, text, fields) -> dict:
@@ -127,7 +127,7 @@ def why_section(services, picker, text, fields) -> dict:
 def online_section(services, picker, text, fields, token) -> dict:
     """The followed token's softmax read a block of keys at a time (eq. 6.10), under the softmax stage."""
     with gr.Accordion("The same softmax, online: a block of keys at a time (FlashAttention, eq. 6.10)", open=False,
-                      elem_id="inside-online"):
+                      elem_id="inside-online") as box:
         with gr.Row():
             block = gr.Number(value=4, label="Block size (keys per step)", precision=0, elem_id="inside-online-block",
                               min_width=140)
@@ -141,7 +141,8 @@ def online_section(services, picker, text, fields, token) -> dict:
                  **ON_ANALYSIS)
     run_checked(button.click, services.models, picker.model, fields, event, reveal=[figure],
                 api_name="online_softmax")
-    return dict(results=[note, figure, table], press={note: button})
+    return dict(results=[note, figure, table], press={note: button},
+                parts={"inside-online-figure": ({**event, "api_visibility": "private"}, [box, figure])})
 
 
 def qk_attribution_endpoint(services) -> None:

@@ -100,7 +100,7 @@ def build(services, picker, initial) -> Tab:
                opening=opening(services, "patching", first_sweep, fresh=(2,)), follows=True,
                results=[*attribution["results"], *flow["results"], *shortcut["results"]],
                press={note: run, **attribution["press"], **flow["press"], **shortcut["press"]},
-               typical=[preset, mode], over_corpus=shortcut["over_corpus"])
+               typical=[preset, mode], over_corpus=shortcut["over_corpus"], settings={"site": site})
 
 
 def attribution_section(services, picker, clean, corrupted, answer, foil) -> dict:

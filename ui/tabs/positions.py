@@ -8,7 +8,8 @@ import gradio as gr
 from ui.services.positions import BIAS_KINDS, MAX_BIAS_DISTANCE, MAX_PE_DIM, MAX_PE_POSITIONS, T5_STACKS
 from ui.tabs.events import ON_ANALYSIS, gated, handler, opening
 from ui.tabs.widgets import Tab, export_row, layer_head, read_example, run_checked, upload
-from ui.views.positions import export_data, first_view, permutation_view, position_bias_view, positional_view
+from ui.views.positions import (export_data, first_view, permutation_view, position_bias_view, positional_view,
+                                shuffle_view)
 
 LEAD = """**How a Transformer knows where each token is**: sinusoids (eq. 4.1 in the repository's docs/theory.md)
 added to the embeddings (eq. 4.2), learned positions, rotary positions, and what a model sees of order with its
@@ -87,6 +88,9 @@ def build(services, picker, initial) -> Tab:
             bias_note = gr.Markdown(elem_id="pb-note", elem_classes=["field-note"])
             gr.Markdown("### Order without positions: shuffle the tokens")
             perm_text = gr.Markdown(label="permutation check", elem_id="pe-permutation")
+            shuffle_button = gr.Button("Shuffle through the first layer, each switch apart", elem_id="pe-shuffle-run")
+            shuffled = gr.Plot(label="The first layer on the shuffled text, each switch apart", show_label=False,
+                               elem_id="pe-shuffle", visible=False)
     with gr.Accordion("More on reading this tab", open=False):
         gr.Markdown(INTRO)
     inputs = [picker.model, n, d, p, k, layer, head, text]
@@ -106,7 +110,12 @@ def build(services, picker, initial) -> Tab:
                       queue=False).then(
         handler(position_bias_view, services, "position_bias"), [picker.model, kind, stack, distance],
         [bias_first, bias_second, bias_note], api_name="position_bias", **ON_ANALYSIS)
+    shuffle = dict(fn=handler(shuffle_view, services, "shuffle_check"), inputs=[picker.model, text],
+                   outputs=shuffled, **ON_ANALYSIS)
+    shuffle_button.click(lambda: gr.Plot(visible=True), None, shuffled, api_visibility="private",
+                         queue=False).then(**shuffle, api_visibility="private")
     first = dict(fn=handler(first_view, services, "first_positions"), inputs=inputs, outputs=[*outputs, perm_text])
     return Tab(text=text, layer=layer, head=head, opening=opening(services, "positions", first), reveal=figures,
                follows=True, results=[export_file, export_note],
-               press={rope_text: button, perm_text: button})
+               press={rope_text: button, perm_text: button},
+               parts={"pe-shuffle": ({**shuffle, "api_visibility": "private"}, [shuffled])})

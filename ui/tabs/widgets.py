@@ -119,6 +119,9 @@ class Tab:
     # tab's run there (Generate's trace and token strip after its stream)
     settings: dict | None = None
     run_after: list | None = None
+    # the tab's figures beyond its run's that a lesson's "Try it" computes where its link names one ("show"): the
+    # figure's elem_id → (the event that computes it, the components it shows: an accordion is opened)
+    parts: dict | None = None
     stop: gr.Button | None = None  # cancels the tab's run when a lesson's "Try it" started it (a stream)
 
 

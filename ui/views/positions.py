@@ -21,6 +21,8 @@ from ui.services.positions import (FORMULA_ROTARY_PCT, PERMUTATION_TOKENS, alibi
 from ui.services.text import encode
 from ui.views import export
 from ui.views.export import named
+from ui.services.learn import positions as learned_positions
+from ui.views.learn.positions import shuffle_chart
 
 MAX_LEARNED_CELLS = 200_000  # learned-position heatmap: positions × d cells sent to the browser
 NOT_DRAWN = "Not drawn: the note below says why."
@@ -380,6 +382,18 @@ def permutation_view(services: Services, model_name, text_value, progress=None) 
     model = services.models.get(model_name, progress)
     tokens = encode(model, text_value, PERMUTATION_TOKENS)
     return permutation_check(model, tokens.ids).sentence()
+
+
+def shuffle_view(services: Services, model_name, text_value, progress=None):
+    """The text's first tokens shuffled through the first attention layer, its outputs put back in order, under
+    each switch: no positions and no mask (the same up to rounding), the model's own positions, the causal mask
+    alone. The course's lesson on positions measures the same (ui.services.learn.positions.shuffle_checks)."""
+    model = services.models.get(model_name, progress)
+    ids = encode(model, text_value, learned_positions.lesson_tokens(model)).ids
+    if len(ids) < 3:
+        raise UserError("The shuffle check needs at least 3 tokens of text.")
+    values = learned_positions.shuffle_values(learned_positions.shuffle_checks(model, ids), len(ids))
+    return named(shuffle_chart(values), export.filename(model_name, "shuffled"))
 
 
 def first_view(services: Services, model_name, n_positions, d_model, start_position, offset, layer_index, head_index,

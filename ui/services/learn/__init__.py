@@ -44,7 +44,8 @@ class Measured:
     answer_text: the answer in one or two sentences, with its number; why: one sentence on why it is so, measured
     (where the model differs from the textbook, why it does). alt: the figure's one text line, with its main number.
     values: what the figure draws (arrays, numbers, labels). link: the state "try it" opens (ui.links.make's
-    fields: tab, and any of layer, head, text). note: a sentence when the model lacks the feature and the lesson
+    fields: tab, and any of layer, head, text; the tab's settings; "show", the elem_id of the tab's figure that
+    holds the lesson's subject, which "try it" computes). note: a sentence when the model lacks the feature and the lesson
     measured another model (which, and why).
     """
 
@@ -74,12 +75,13 @@ class Lesson:
 TRY_GENERATE = {"chat": False, "max_new_tokens": 24, "temperature": 0.0}
 
 
-def generate_link(model, text: str) -> dict:
-    """The state a lesson's "Try it" opens in the Generate tab: its text and TRY_GENERATE, generated there; only
-    opened (compute: False) on a model that writes no next token, whose reason the tab shows."""
+def generate_link(model, text: str, show: str) -> dict:
+    """The state a lesson's "Try it" opens in the Generate tab: its text and TRY_GENERATE, generated there, and
+    `show`, the Generate tab's figure that holds the lesson's subject, computed after; only opened (compute: False)
+    on a model that writes no next token, whose reason the tab shows."""
     from ui.services.generation import generation_reason
 
-    link = {"tab": "generate", "text": text, "settings": dict(TRY_GENERATE)}
+    link = {"tab": "generate", "text": text, "settings": dict(TRY_GENERATE), "show": show}
     if generation_reason(model):
         link["compute"] = False
     return link

@@ -142,7 +142,7 @@ def measure_reading(model, progress: ProgressFn | None = None) -> Measured:
              f"{1e3 * statistics.median(one_by_one):.0f} ms, {ratio:.1f}× (median of {TIMING_RUNS} runs)."),
         values={"tokens": n, "at_once": at_once, "one_by_one": one_by_one, "ratios": ratios, "ratio": ratio,
                 "max_logit_diff": same, "encoder_only": encoder_only, "recurrence": recurrence.lesson_values()},
-        link=generate_link(model, READ_TEXT), note=note)
+        link=generate_link(model, READ_TEXT, "gen-step-row"), note=note)
 
 
 # ---- queries-keys-values and sqrt-dk: one head on a short text ----
@@ -209,7 +209,7 @@ def measure_scores(model, progress: ProgressFn | None = None) -> Measured:
         values={"scores": np.where(mask, scores, np.nan), "labels": labels, "layer": stages.layer,
                 "head": stages.head, "kv_head": stages.kv_head, "key": key, "weight": weight,
                 "d_head": int(stages.q.shape[1])},
-        link={"tab": "inside", "layer": stages.layer, "head": stages.head, "text": HEAD_TEXT},
+        link={"tab": "inside", "layer": stages.layer, "head": stages.head, "text": HEAD_TEXT, "show": "inside-stage5"},
         note=note,
     )
 
@@ -255,7 +255,7 @@ def measure_scale(model, progress: ProgressFn | None = None) -> Measured:
                 "var_k": var_k, "independent": independent, "random_variance": random_var,
                 "random_raw_variance": random_var * d_k, "entropy": (found.entropy, found.entropy_unscaled),
                 "random_entropy": random_entropy},
-        link={"tab": "inside", "layer": stages.layer, "head": stages.head, "text": HEAD_TEXT},
+        link={"tab": "inside", "layer": stages.layer, "head": stages.head, "text": HEAD_TEXT, "show": "inside-stage5"},
     )
 
 
@@ -302,7 +302,7 @@ def measure_masks(model, progress: ProgressFn | None = None) -> Measured:
     else:
         why = ("An encoder fills in or encodes a text it sees whole, so it needs no causal mask; what it does need is "
                "the padding mask, when texts of different lengths share a batch.")
-    pad_words, note = "", ""
+    pad_words, note, shown = "", "", "mask-causal" if decoder_only or padded is None else "mask-padding"
     if padded is not None:
         on, off = padded["results"]["padding mask on"], padded["results"]["padding mask off"]
         pad_words = (f" Batched with a longer text, the short one gets {padded['n_pad']} pad tokens on the "
@@ -323,7 +323,7 @@ def measure_masks(model, progress: ProgressFn | None = None) -> Measured:
                 "pad_share": None if padded is None else padded["results"]["padding mask off"]["pad_mass"],
                 "pad_share_masked": None if padded is None else padded["results"]["padding mask on"]["pad_mass"],
                 "causal": effect, "padding": padded},
-        link={"tab": "masks", "text": MASK_TEXT, "layer": int(np.argmax(shares)), "head": 0},
+        link={"tab": "masks", "text": MASK_TEXT, "layer": int(np.argmax(shares)), "head": 0, "show": shown},
         note=note,
     )
 
@@ -415,7 +415,7 @@ def measure_heads(model, progress: ProgressFn | None = None) -> Measured:
                 "induction": None if found["induction"] is None else to_numpy(found["induction"]),
                 "top_previous": found["top_previous"], "top_induction": found["top_induction"]},
         link={"tab": "heads", "layer": layer, "head": head, **({"text": found["text"]} if found["text"] else {}),
-              "settings": {"score": "induction" if found["top_induction"] else "previous_token"}},  # its chooser
+              "settings": {"score": "induction" if found["top_induction"] else "previous_token"}, "show": "heads-map"},
     )
 
 

@@ -120,7 +120,7 @@ def measure_block(model, progress: ProgressFn | None = None) -> Measured:
     values = {"layers": np.arange(len(mlp)), "attn": attn, "mlp": mlp, "init": init, "n_tokens": len(ids),
               "asked_layer": ASKED_LAYER}
     return Measured(answer=asked, answer_text=answer_text, why=why, alt=alt, values=values,
-                    link={"tab": "inside", "layer": ASKED_LAYER, "text": BLOCK_SAMPLE})
+                    link={"tab": "inside", "layer": ASKED_LAYER, "text": BLOCK_SAMPLE, "show": "inside-stage7"})
 
 
 BLOCK_TEXT = """Every layer adds to one vector per token, the **residual stream**: the block reads it, computes
@@ -215,7 +215,8 @@ def measure_encoder_decoder(model, progress: ProgressFn | None = None) -> Measur
     values = {"weights": cross[-1], "source": maps.source_tokens, "target": maps.target_tokens, "layer": last,
               "anti_by_layer": per_layer, "masses": masses}
     return Measured(answer=answer, answer_text=answer_text, why=why, alt=alt, values=values,
-                    link={"tab": "lab", "settings": {"lab_run": shipped.REVERSE, "source": SOURCE}}, note=note)
+                    link={"tab": "lab", "settings": {"lab_run": shipped.REVERSE, "source": SOURCE}, "show": "lab-cross"},
+                    note=note)
 
 
 ENCODER_DECODER_TEXT = """The original Transformer has two stacks. The **encoder** reads the whole source at once,

@@ -97,7 +97,7 @@ def measure_composition(model, progress: ProgressFn | None = None) -> Measured:
         alt=(f"What feeds the keys of {lab.title}" + (f" and of {real.title}" if real else "") +
              f": on the Lab's model {found.labels[0]} first ({found.mean[0]:+.2f})."),
         values={"panels": [lab] + ([real] if real else [])},
-        link={"tab": "lab", "settings": {"lab_run": induction.RUN, "source": TRY_SOURCE}})
+        link={"tab": "lab", "settings": {"lab_run": induction.RUN, "source": TRY_SOURCE}, "show": "lab-decoder"})
 
 
 LESSONS: tuple[Lesson, ...] = (

@@ -144,7 +144,8 @@ def read_out(pair, position: int, attention: torch.Tensor, scores: torch.Tensor,
         answer=answer, answer_text=answer_text, why=why,
         alt=(f"Each of the {attention.numel()} heads: its attention on {word} against its patching score; "
              f"Spearman's ρ = {rho:.2f}; most attention {name_looked}, most restored {name_carried}."),
-        values=values, link={"tab": "patching", "text": IOI_CLEAN, "corrupted": IOI_CORRUPTED})
+        values=values, link={"tab": "patching", "text": IOI_CLEAN, "corrupted": IOI_CORRUPTED,
+                             "settings": {"site": "z"}, "show": "patch-map"})
 
 
 LESSONS: tuple[Lesson, ...] = (

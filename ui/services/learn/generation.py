@@ -112,7 +112,7 @@ def measure_kv_cache(model, progress: ProgressFn | None = None) -> Measured:
                 "dtype": dtype, "bytes_per": bytes_per, "layers": cfg.n_layers, "heads": cfg.n_heads,
                 "kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "filled_tokens": tokens,
                 "filled_source": source, "filled_bytes": filled, "filled_formula": filled_formula},
-        link=generate_link(model, KV_SAMPLE))
+        link=generate_link(model, KV_SAMPLE, "gen-kv-fig"))
 
 
 # ---- lesson 10: the quadratic term (eq. 6.12) and the online softmax (eq. 6.10) ----
@@ -215,7 +215,8 @@ def measure_cost(model, progress: ProgressFn | None = None) -> Measured:
                 "online_layer": row.layer, "online_head": row.head, "online_block": row.block,
                 "online_max_error": row.probs_difference, "online_output_error": row.output_difference,
                 **memory_values, "layer_cost": layer_cost_values()},
-        link={"tab": "inside", "layer": row.layer, "head": row.head, "text": COST_SAMPLE})
+        link={"tab": "inside", "layer": row.layer, "head": row.head, "text": COST_SAMPLE,
+              "show": "inside-online-figure"})
 
 
 def layer_cost_words() -> str:

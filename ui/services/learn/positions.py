@@ -129,22 +129,36 @@ def extrapolation_words() -> tuple[str, dict]:
     return words, accuracy
 
 
-def measure_positions(model, progress: ProgressFn | None = None) -> Measured:
-    encoded = encode(model, SAMPLE, lesson_tokens(model))
-    ids = encoded.ids
+def shuffle_checks(model, ids: list[int], progress: ProgressFn | None = None) -> list[Shuffled]:
+    """The shuffle check under each condition the model has: no positions and no mask first, then its own
+    positions (none where it has none), then no positions with its causal mask (a decoder's)."""
     kind = positions_of(model)
-    causal = bool(model.attention_stack()[0].cfg.causal)
-    own = POSITION_WORDS.get(kind, kind)
     conditions = [("no positions, no mask", False, False)]
     if kind != "none":
-        conditions.append((f"its own positions: {own}", True, False))
-    if causal:
+        conditions.append((f"its own positions: {POSITION_WORDS.get(kind, kind)}", True, False))
+    if model.attention_stack()[0].cfg.causal:
         conditions.append(("no positions, the causal mask", False, True))
     checks = []
     for i, (name, positions, masked) in enumerate(conditions):
         if progress is not None:
             progress(i / len(conditions), f"shuffling the text: {name}")
         checks.append(shuffle_check(model, ids, positions, masked, name))
+    return checks
+
+
+def shuffle_values(checks: list[Shuffled], n_tokens: int) -> dict:
+    """What the shuffle figure draws (ui.views.learn.positions.shuffle_chart)."""
+    return {"conditions": [c.condition for c in checks], "relative": [c.relative for c in checks],
+            "max_difference": [c.max_difference for c in checks], "scale": [c.scale for c in checks],
+            "n_tokens": n_tokens, "layer": LAYER}
+
+
+def measure_positions(model, progress: ProgressFn | None = None) -> Measured:
+    encoded = encode(model, SAMPLE, lesson_tokens(model))
+    ids = encoded.ids
+    kind = positions_of(model)
+    own = POSITION_WORDS.get(kind, kind)
+    checks = shuffle_checks(model, ids, progress)
     plain = checks[0]
     answer = verdict(plain.relative)
     words, accuracy = extrapolation_words()
@@ -167,7 +181,7 @@ def measure_positions(model, progress: ProgressFn | None = None) -> Measured:
     if kind != "none":
         why += (f"; with {own} the scores depend on the places, and the difference is {checks[1].relative:.1e} of "
                 "the outputs' size.")
-    elif causal:
+    elif model.attention_stack()[0].cfg.causal:
         why += (f"; this model has no positions of its own, and only the causal mask lets the order in "
                 f"({checks[1].relative:.1e} of the outputs' size).")
     else:
@@ -175,13 +189,11 @@ def measure_positions(model, progress: ProgressFn | None = None) -> Measured:
     alt = (f"Shuffling {len(ids)} tokens through layer {LAYER}'s attention: with no positions the outputs differ by "
            f"{plain.relative:.1e} of their size; " +
            "; ".join(f"{c.condition}: {c.relative:.1e}" for c in checks[1:]) + ".")
-    values = {"conditions": [c.condition for c in checks], "relative": [c.relative for c in checks],
-              "max_difference": [c.max_difference for c in checks], "scale": [c.scale for c in checks],
-              "n_tokens": len(ids), "layer": LAYER, "window": window, "extrapolation": accuracy}
+    values = {**shuffle_values(checks, len(ids)), "window": window, "extrapolation": accuracy}
     note = ("The accuracies past the trained length come from the Lab's saved run (its first screen shows it): small "
             "decoders the project trained once per kind of position, not the loaded model.")
     return Measured(answer=answer, answer_text=answer_text, why=why, alt=alt, values=values,
-                    link={"tab": "positions", "text": SAMPLE}, note=note)
+                    link={"tab": "positions", "text": SAMPLE, "show": "pe-shuffle"}, note=note)
 
 
 TEXT = """Attention (eq. 2.1) scores every pair of tokens by q·k and sums the values with the softmax's weights.

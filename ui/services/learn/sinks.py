@@ -82,7 +82,7 @@ def measure_sinks(model, progress: ProgressFn | None = None) -> Measured:
              f"({number(share)} %) above ε = {result.epsilon:g}."),
         values={"first": result.first, "epsilon": result.epsilon, "where": where, "share": share,
                 "above": result.above, "tokens": len(result.tokens.ids)},
-        link={"tab": "heads", "text": SINK_SAMPLE})
+        link={"tab": "heads", "text": SINK_SAMPLE, "show": "heads-sinks-map"})
 
 
 LESSONS: tuple[Lesson, ...] = (

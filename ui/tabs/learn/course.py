@@ -201,7 +201,8 @@ def wire_try(course, tabs, current_tab, targets: dict) -> None:
     """"Try it": the lesson's tab opens with its text, layer, head and settings set, and its result computed there
     (the tab's run and what follows it, or its first screen computed afresh on those fields). targets: the tabs a
     lesson may open (ui.tabs.widgets.Tab, by tab id), each with the fields a link sets (`try_fields`); a link
-    with compute: False (a model that cannot run the tab, as its lesson's note says) only opens the tab."""
+    with compute: False (a model that cannot run the tab, as its lesson's note says) only opens the tab. A link that
+    names one of the tab's `parts` ("show": its figure's elem_id) computes that figure too, after the tab's run."""
     fields, runs, oks = [], {}, {}
     for name, tab in targets.items():
         fields += [field for _, field in try_fields(tab)]
@@ -211,6 +212,10 @@ def wire_try(course, tabs, current_tab, targets: dict) -> None:
     firsts = {name: tab.opening["inputs"][0] for name, tab in targets.items()
               if tab.run_event is None and tab.opening is not None}  # its "shown for" State: reset, it recomputes
     hidden = [(name, figure) for name, tab in targets.items() for figure in tab.reveal or []]
+    # the figure a link names ("show") beyond the tab's run: its event runs after the run, its boxes are shown
+    parts = {(name, elem_id): gr.State(False) for name, tab in targets.items() for elem_id in tab.parts or {}}
+    boxes = [(name, elem_id, box) for name, tab in targets.items()
+             for elem_id, (_, shown_boxes) in (tab.parts or {}).items() for box in shown_boxes]
 
     def open_tab(state):
         state = state if isinstance(state, dict) else {}
@@ -228,10 +233,15 @@ def wire_try(course, tabs, current_tab, targets: dict) -> None:
         values += [name == target and compute for name in oks]
         values += [False if name == target else gr.skip() for name in firsts]
         shown = [gr.update(visible=True) if name == target and compute else gr.skip() for name, _ in hidden]
-        return [*values, *shown]
+        named = [(name, elem_id) == (target, state.get("show")) and compute for name, elem_id in parts]
+        opened = [(gr.update(open=True) if isinstance(box, gr.Accordion) else gr.update(visible=True))
+                  if (name, elem_id) == (target, state.get("show")) and compute else gr.skip()
+                  for name, elem_id, box in boxes]
+        return [*values, *shown, *named, *opened]
 
     event = course.try_button.click(open_tab, course.link, [tabs, current_tab, *fields, *oks.values(),
-                                                            *firsts.values(), *(figure for _, figure in hidden)],
+                                                            *firsts.values(), *(figure for _, figure in hidden),
+                                                            *parts.values(), *(box for _, _, box in boxes)],
                                     api_visibility="private", queue=False)
     # the target's run and what follows it, as ONE event: only the target's steps pass their gate, and a chain of
     # a dozen events (most of them skipped) cost the browser seconds each on a page that has used a few tabs
@@ -240,6 +250,9 @@ def wire_try(course, tabs, current_tab, targets: dict) -> None:
         for step in [runs[name], *(targets[name].run_after or [])]:
             step = events.gated(step, ok)
             landing.add(step["fn"], events.as_list(step["inputs"]), events.as_list(step["outputs"]))
+    for (name, elem_id), ok in parts.items():   # the named figure, computed on what the tab's run left there
+        step = events.gated(targets[name].parts[elem_id][0], ok)
+        landing.add(step["fn"], events.as_list(step["inputs"]), events.as_list(step["outputs"]))
     event = landing.wire(event.then, **ON_ANALYSIS)
     for name in oks:
         if targets[name].stop is not None:   # the tab's Stop ends this run too, as it ends the tab's own

@@ -19,6 +19,10 @@ from ui.views.learn.setup import setup_figure, with_guess
 # what "try it" computes where the tab's own figures are not the lesson's: what lands there, and what to press next
 TRY_NOTES = {"generate": "The Generate tab writes the lesson's text on, greedily: pick a token in its strip for that "
                          "step's attention, or press **Measure the KV cache on this prompt** for the cache's size.",
+             "gen-step-row": "The Generate tab writes the lesson's text on, greedily, a token at a time, and shows "
+                             "the **first new token's step**: its attention row reaches every earlier token at once.",
+             "gen-kv-fig": "The Generate tab writes the lesson's text on, greedily, and **measures its KV cache**: "
+                           "its size by the formula and as allocated, and the time per new token with and without it.",
              "lab": "The Lab opens the run this lesson reads (**{lab_run}**, in its Run list) on “{source}” and draws "
                     "its attention; press **Train** there to train one yourself."}
 TAB_TITLES = {"generate": "Generate", "attention": "Attention", "positions": "Positional encoding",
@@ -109,16 +113,19 @@ def neighbour(name: str, step: int) -> str:
 def try_note(link: dict) -> str:
     """What "try it" lands on where the tab computes something else than the lesson's figure; nothing where it only
     opens the tab (the lesson's note says why this model cannot run it there)."""
-    if link.get("compute") is False or link.get("tab") not in TRY_NOTES:
+    if link.get("compute") is False:
         return ""
-    return TRY_NOTES[link["tab"]].format(**{key: escaped(str(value)) for key, value in
+    note = TRY_NOTES.get(link.get("show")) or TRY_NOTES.get(link.get("tab"))
+    if note is None:
+        return ""
+    return note.format(**{key: escaped(str(value)) for key, value in
                                             (link.get("settings") or {}).items()})
 
 
 def try_state(link: dict) -> dict:
     """The state "try it" opens: the tab, and its text (and corrupted prompt), layer and head where the lesson
-    names them, the tab's settings it names (ui.tabs.widgets.Tab.settings), and compute: False where the tab only
-    opens."""
+    names them, the tab's settings it names (ui.tabs.widgets.Tab.settings), the figure that shows the lesson's
+    subject there ("show": its elem_id, which the landing computes), and compute: False where the tab only opens."""
     state = {"tab": link.get("tab", "attention"), **dict(link.get("settings") or {})}
     if link.get("compute") is False:
         state["compute"] = False
@@ -128,6 +135,8 @@ def try_state(link: dict) -> dict:
     for key in ("text", "corrupted"):  # the Patching tab's second prompt
         if isinstance(link.get(key), str) and link[key].strip():
             state[key] = link[key]
+    if isinstance(link.get("show"), str) and link.get("compute") is not False:
+        state["show"] = link["show"]
     return state
 
 

@@ -9,7 +9,12 @@ from ui.plots.charts import bar_figure
 
 
 def shuffle_figure(measured):
-    values = measured.values
+    return shuffle_chart(measured.values)
+
+
+def shuffle_chart(values: dict):
+    """The shuffle check's conditions (ui.services.learn.positions.shuffle_values), the lesson's and the Positional
+    encoding tab's alike."""
     if not values.get("conditions"):
         return empty_figure("Nothing was measured.")
     fig = bar_figure(values["conditions"], {"largest difference ÷ the outputs' size": values["relative"]},
