@@ -52,7 +52,7 @@ def check(measured, first: np.ndarray, where: str) -> None:
 def test_on_smollm2_the_share_is_the_heads_counted_from_the_pass(smollm):
     measured = SINKS.measure(smollm, None)
     check(measured, by_hand(smollm, causal=True), "the first token")
-    assert measured.link == {"tab": "heads", "text": lesson.SINK_SAMPLE}
+    assert measured.link == {"tab": "heads", "text": lesson.SINK_SAMPLE, "show": "heads-sinks-map"}   # computed there
 
 
 def test_on_an_encoder_the_share_is_cls_over_every_query(tmp_path):
@@ -76,3 +76,29 @@ def test_the_reason_quotes_the_shipped_streaming_run_as_the_file_has_it(tmp_path
     assert f"last {window} keys" in words and run["date"] in words
     assert lesson.shipped_window_run(tmp_path / "missing.json") is None
     assert "not shipped" in lesson.window_words(None)
+
+
+def test_the_revealed_map_rings_the_counted_heads_under_a_title_nothing_covers():
+    """The ring trace is named by the lesson's ε and rings exactly the heads the answer counts; a map with no sink
+    head has no ring trace at all; the one map's panel name (a repeat of the title) is gone, so nothing sits where
+    the subtitle does, as the page lays the figure out (ui.views.learn.course.figure)."""
+    from ui.services.learn import Measured
+    from ui.views.learn import course as page
+
+    first = np.full((4, 3), 0.1)
+    first[1, 2], first[3, 0] = 0.9, 0.31
+    for above in ([(1, 2), (3, 0)], []):
+        shown = first if above else np.full((4, 3), 0.1)
+        values = {"first": shown, "epsilon": 0.3, "where": "the first token", "share": 100 * len(above) / 12,
+                  "above": above, "tokens": 20}
+        fig = page.figure("sinks", Measured(0.0, "", "", "", values=values))
+        scatter = [trace for trace in fig.data if trace.type == "scatter"]
+        if above:
+            (ring,) = scatter
+            assert ring.name == "sink heads (above ε = 0.3)"
+            assert set(zip(ring.x, ring.y)) == set(above)
+        else:
+            assert not scatter
+        names = [a.name for a in fig.layout.annotations]
+        assert names == ["title", "subtitle"], names
+        assert fig.layout.annotations[1].text.startswith(f"{len(above)} heads above ε = 0.3")

@@ -63,7 +63,7 @@ def test_the_decoders_map_is_the_cores_attention_on_token_0_and_the_note_says_th
     (tile,) = heatmaps(fig)
     np.testing.assert_allclose(np.asarray(tile.z), first.T, atol=1e-6)       # layers across, heads down
     above = {(int(layer), int(head)) for layer, head in zip(*np.nonzero(first > EPSILON))}
-    assert rings(fig) == [above]
+    assert rings(fig) == ([above] if above else [])   # no ring trace where no head is a sink
     heads = first.size
     share = float(expected.share.mean)
     assert share == pytest.approx(len(above) / heads)

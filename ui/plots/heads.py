@@ -255,9 +255,11 @@ def sink_maps(maps: Mapping[str, np.ndarray], rings: Mapping[str, np.ndarray], e
         trace.update(showscale=col == len(panels))
         fig.add_trace(trace, row=1, col=col)
         layers, heads = np.nonzero(np.asarray(rings[name], dtype=bool))
-        fig.add_trace(go.Scatter(x=layers.tolist(), y=heads.tolist(), mode="markers", hoverinfo="skip",
-                                 marker={"symbol": "circle-open", "size": 14, "color": "#e4572e", "line": {"width": 2}},
-                                 name=f"above ε = {epsilon:g}", showlegend=False), row=1, col=col)
+        if layers.size:   # a ring on each sink head; no trace where no head is one
+            fig.add_trace(go.Scatter(x=layers.tolist(), y=heads.tolist(), mode="markers", hoverinfo="skip",
+                                     marker={"symbol": "circle-open", "size": 14, "color": "#e4572e",
+                                             "line": {"width": 2}},
+                                     name=f"sink heads (above ε = {epsilon:g})", showlegend=False), row=1, col=col)
         _head_axes(fig, n_layers, n_heads, every_layer=32 if len(panels) == 1 else 16, row=1, col=col)
     text, lines = wrapped_title(title, TITLE_CHARS * len(panels))
     base_layout(fig, text, min(600, 180 + 34 * n_heads))

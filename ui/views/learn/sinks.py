@@ -19,6 +19,8 @@ def sinks_figure(measured):
     name, first = f"mean attention on {v['where']}", np.asarray(v["first"])
     fig = sink_maps({name: first}, {name: sink_heads(first, v["epsilon"])}, v["epsilon"],
                     f"How much each head puts on {v['where']}")
+    # one map: its panel's name only repeats the title, and it sat where the subtitle goes
+    fig.layout.annotations = [a for a in fig.layout.annotations if a.text != name]
     fig.update_layout(title={"subtitle": {"text": f"{len(v['above'])} heads above ε = {v['epsilon']:g} "
                                                   f"({v['share']:.1f} %), over {v['tokens']} tokens"}})
     return fig
