@@ -27,6 +27,7 @@ from torch import Tensor
 
 from ..attention import layer_mask, soft_cap
 from ..config import check_index
+from ..corpus.jobs import one_text
 from ..layers import rope_angles
 from ..probe import Probe
 from ..plane import joint_plane
@@ -46,11 +47,10 @@ DECOMPOSITION_RECORDS = ("embed", "pos_embed", "type_embed", "resid_pre", "attn_
 # ---- checks and the recorded pass ----
 
 def check_text(model, ids: Tensor) -> Tensor:
-    if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] == 0:
-        raise ValueError(f"ids must be one text of token ids, [1, T] with T ≥ 1; got "
-                         f"{list(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__}")
-    if ids.dtype.is_floating_point or ids.dtype == torch.bool:
-        raise ValueError(f"ids must be integer token ids, got {ids.dtype}")
+    """One text [T] or [1, T] (corpus.jobs.one_text) of at least one token the model knows, as [1, T]."""
+    ids = one_text(ids)
+    if ids.shape[1] == 0:
+        raise ValueError("ids is empty: one text needs at least one token")
     vocab = model.config.vocab_size
     if int(ids.min()) < 0 or int(ids.max()) >= vocab:
         raise ValueError(f"token ids must lie in 0..{vocab - 1}; got {int(ids.min())}..{int(ids.max())}")

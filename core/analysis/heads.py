@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ..attention import row_entropy
+from ..corpus.jobs import one_text
 from ..corpus.stats import NONNEGATIVE, SHARE, spearman
 from ..corpus.texts import induction_probe
 from ..observe import Kind, Observer
@@ -126,8 +127,9 @@ class ScoreObserver(Observer):
 
 
 def pattern_scores(model, ids: Tensor) -> dict[str, Tensor]:
-    """Every head's attention-pattern scores on one text ids [1, T] (the encoder's, for seq2seq): name → [L, H]."""
-    return {name: t[0] for name, t in batch_pattern_scores(model, ids).items()}
+    """Every head's attention-pattern scores on one text ids [T] or [1, T] (the encoder's, for seq2seq): name →
+    [L, H]."""
+    return {name: t[0] for name, t in batch_pattern_scores(model, one_text(ids)).items()}
 
 
 def batch_pattern_scores(model, ids: Tensor, mask: Tensor | None = None, induction: bool = False,
@@ -305,7 +307,7 @@ class AblationResult:
 def ablate(model, ids: Tensor, heads, ablation: str = "zero") -> AblationResult:
     """The per-token loss with and without the chosen (layer, head) pairs (main stack's self-attention)."""
     check_loss_model(model)
-    ids = ids.to(model.device)
+    ids = one_text(ids).to(model.device)
     with torch.inference_mode():
         clean_loss, clean_top = predictions(model, model(ids, return_logits=False).hidden_states, ids)
         ablated = model(ids, ablate_heads=heads, ablation=ablation, return_logits=False).hidden_states
@@ -320,7 +322,7 @@ def ablation_sweep(model, ids: Tensor, ablation: str = "zero", batch: int = 16, 
     progress(done, total) after each batch."""
     cfg = model.config
     check_loss_model(model)
-    ids = ids.to(model.device)
+    ids = one_text(ids).to(model.device)
     heads = [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
     with torch.inference_mode():
         out = model(ids, record="resid_pre", return_logits=False)
@@ -448,6 +450,7 @@ def attribution_inputs(model, ids: Tensor, position: int | None, steps) -> tuple
     if model.encoder is not None or model.lm_head is None:
         raise ValueError("attribution explains a next-token (or masked-token) prediction: it needs a model with "
                          "an LM head and no separate encoder" + reads_a_target(model))
+    ids = one_text(ids)
     n = ids.shape[1]
     position = n - 1 if position is None else position
     if not 0 <= position < n:
@@ -556,6 +559,7 @@ def lens_table(model, ids: Tensor) -> LensTable:
         raise ValueError("the logit lens table reads the text's own stream, and an encoder-decoder predicts a "
                          f"translation ({model.config.family} here): model(ids, decoder_input_ids=..., "
                          "logit_lens=True) reads its decoder's stream over a target text")
+    ids = one_text(ids)
     with torch.inference_mode():
         lens = model(ids.to(model.device), logit_lens=True, logit_lens_top_k=1, return_logits=False).logit_lens
     top = lens.indices[:, 0, :, 0].cpu()                                       # [L, T]
@@ -586,6 +590,7 @@ def surprisal(model, ids: Tensor, k: int = 5) -> Surprisal:
     if not model.config.causal or model.lm_head is None or model.encoder is not None:
         raise ValueError("surprisal needs a decoder-only model that predicts the next token of the text"
                          + reads_a_target(model))
+    ids = one_text(ids)
     if ids.shape[1] < 2:
         raise ValueError("surprisal needs at least two tokens")
     ids = ids.to(model.device)

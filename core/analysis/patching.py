@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..corpus.jobs import check_token
+from ..corpus.jobs import check_token, one_text
 from ..probe import Patch, Probe
 
 SITES = ("resid_pre", "attn_out", "mlp_out", "z")
@@ -311,15 +311,16 @@ def patch_sweep(model, clean_ids: Tensor, corrupted_ids: Tensor, answer: int, fo
     """Activation patching of one site over every layer × position (resid_pre, attn_out, mlp_out), layer × head
     (z: each head's output at all positions) or, with layer given, head × position (z).
 
-    clean_ids, corrupted_ids [1, T]: the same length. mode "denoise" writes clean activations into the corrupted
+    clean_ids, corrupted_ids [T] or [1, T] (corpus.jobs.one_text): the same length. mode "denoise" writes clean activations into the corrupted
     run, "noise" corrupted ones into the clean run. Cells whose activation is the same in both runs are not run
     (patching them writes what is there). The rest go in batches of at most `batch_tokens` rows × positions
     (see resumed_metrics), never one whole pass per patch. progress(done, total) after each batch.
     The sweep of a batch of one pair (sweep_pairs, which sweeps many at once)."""
     check_sweep(model, site, mode, layer)
     answer, foil = check_token(model, answer, "answer"), check_token(model, foil, "foil")
-    if clean_ids.shape != corrupted_ids.shape or clean_ids.dim() != 2 or clean_ids.shape[0] != 1:
-        raise ValueError(f"the clean and corrupted prompts must be [1, T] with the same T; got "
+    clean_ids, corrupted_ids = one_text(clean_ids, "clean_ids"), one_text(corrupted_ids, "corrupted_ids")
+    if clean_ids.shape != corrupted_ids.shape:
+        raise ValueError(f"the clean and corrupted prompts must have the same T; got "
                          f"{list(clean_ids.shape)} and {list(corrupted_ids.shape)}")
     batch = pair_batch([(clean_ids[0], corrupted_ids[0], answer, foil)])
     (_, sweep), = sweep_pairs(model, batch, site, mode, layer, batch_tokens, progress)
@@ -402,6 +403,7 @@ def logit_attribution(model, ids: Tensor, answer: int, foil: int, position: int 
     check_pre_norm(model, "direct logit attribution")
     cfg = model.config
     answer, foil = check_token(model, answer, "answer"), check_token(model, foil, "foil")
+    ids = one_text(ids)
     n = ids.shape[1]
     if not -n <= position < n:
         raise IndexError(f"position {position} is out of range: the text has positions 0..{n - 1}")
@@ -567,6 +569,7 @@ def flow_graph(model, ids: Tensor, position: int = -1, threshold: float = 0.04) 
     check_decoder(model, "the information-flow graph")
     check_pre_norm(model, "the information-flow graph")
     cfg = model.config
+    ids = one_text(ids)
     n = ids.shape[1]
     if not -n <= position < n:
         raise IndexError(f"position {position} is out of range: the text has positions 0..{n - 1}")

@@ -454,6 +454,7 @@ def attention_edges(graph, layer: int | None = None, target: int | None = None, 
 
 def edges_attribution(model, ids: Tensor, edges, top: int = TOP) -> list[EdgeAttribution]:
     """EdgeAttribution of each of `edges` (kept attention edges of graph) from one recorded pass of ids."""
+    ids = anatomy.check_text(model, ids)
     p = Pass(model, ids, range(max((e.layer for e in edges), default=0) + 1), "head")
     parts = EdgeParts(p)
     found = []

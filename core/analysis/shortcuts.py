@@ -37,7 +37,7 @@ from torch import Tensor
 from ..attention import soft_cap
 from ..corpus import Pair
 from ..corpus.stats import CORRELATION, NONNEGATIVE, SHARE, UNBOUNDED, spearman
-from ..corpus.jobs import Job, check_pairs
+from ..corpus.jobs import Job, check_pairs, one_text
 from ..corpus.stats import Over, summarise
 from . import patching
 from .patching import PatchSweep, check_sweep, check_token, metric
@@ -244,6 +244,7 @@ def approximate_sweep(model, clean_ids: Tensor, corrupted_ids: Tensor, answer: i
     check_sweep(model, site, mode, layer)
     check_method(model, site, method, points, layer)
     answer, foil = check_token(model, answer, "answer"), check_token(model, foil, "foil")
+    clean_ids, corrupted_ids = one_text(clean_ids, "clean_ids"), one_text(corrupted_ids, "corrupted_ids")
     check_prompts(model, clean_ids, corrupted_ids, "approximate_sweep")
     check_different(clean_ids, corrupted_ids)
     args = (model, clean_ids, corrupted_ids, answer, foil, site, mode, layer)
@@ -557,15 +558,14 @@ def shortcuts_over(model, pairs: Sequence[Pair], mode: str = "denoise", k: int =
         raise ValueError(f"k is the top-k overlap's k, a whole number ≥ 1, got {k!r}")
     pairs = check_pairs(model, pairs)
     job = Job(len(pairs), "pair", progress, stop, each).resume(done)
-    for index, pair in enumerate(pairs):
-        if index in job.values:
-            continue
-        if job.stopping():
-            break
+
+    def measure(index: int) -> None:
         try:
-            job.finish(index, pair_value(model, pair, mode, k, points))
+            job.finish(index, pair_value(model, pairs[index], mode, k, points))
         except ValueError as error:          # the same metric in both runs: nothing to normalise by
             job.skip(index, str(error))
+
+    job.run(job.left(), measure)
     shapes = {name: (len(METHODS), len(SITES_COMPARED)) for name in MEASURES}
     shapes["exact"] = (2, len(SITES_COMPARED))
     return {name: job.over(shape, lambda value, name=name: value[name], bounds=BOUNDS[name])

@@ -19,7 +19,7 @@ from torch import Tensor
 from ..attention import padding_or_none
 from ..corpus.stats import SHARE
 from ..corpus.jobs import (BATCH_TOKENS, Done, Each, Job, Progress, Stop, check_ids, check_texts, length_batches,
-                           pad_id, padded)
+                           one_text, pad_id, padded)
 from ..corpus.stats import Over
 from ..generate import rolling_cache, rolling_decode_step
 from ..layers import rotate
@@ -113,10 +113,9 @@ def sink_scores(model, texts: Sequence[Tensor], k: int = 1, epsilon: float = EPS
     texts, causal = check_sinks_input(model, texts, k, epsilon)
     stack, kind = model.attention_stack()
     job = Job(len(texts), "text", progress, stop, each).resume(done)
-    todo = [i for i in range(len(texts)) if i not in job.values]
-    for places in length_batches([len(texts[i]) for i in todo], batch_tokens):
-        if job.stopping():
-            break
+    todo = job.left()
+
+    def measure(places: list[int]) -> None:
         batch = [todo[place] for place in places]
         ids, mask = padded([texts[i] for i in batch], pad_id(model))
         observer = SinkObserver(kind, [len(texts[i]) for i in batch], k, causal, stack.cfg.attention_sinks)
@@ -126,6 +125,8 @@ def sink_scores(model, texts: Sequence[Tensor], k: int = 1, epsilon: float = EPS
         for i, row in zip(batch, observer.rows()):
             row["share"] = sink_heads(row["first"], epsilon).float().mean()
             job.finish(i, row)
+
+    job.run(length_batches([len(texts[i]) for i in todo], batch_tokens), measure)
     shape = (stack.cfg.n_layers, stack.cfg.n_heads)
     queries = (f"decoder: token 0's score over queries 1..T−1, the first {k}'s over queries {k}..T−1"
                if causal else "encoder: every query")
@@ -156,9 +157,7 @@ def check_streaming(model, ids, window: int, sinks: int, positions: str) -> Tens
     if cfg.is_encoder_decoder or not cfg.causal or model.lm_head is None:
         raise ValueError(f"streaming perplexity reads a text left to right and predicts each next token: it needs a "
                          f"decoder-only causal model with an LM head; {cfg.family} is not one")
-    if isinstance(ids, Tensor) and ids.dim() == 2 and ids.shape[0] == 1:   # [1, T], as other one-text analyses take
-        ids = ids[0]
-    ids = check_ids(model, ids, "ids")
+    ids = check_ids(model, one_text(ids)[0], "ids")
     if len(ids) < 2:
         raise ValueError("ids has one token: a perplexity needs at least two (one to predict from, one predicted)")
     for name, value, least in (("window", window, 1), ("sinks", sinks, 0)):

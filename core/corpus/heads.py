@@ -179,9 +179,9 @@ def top_examples(model, texts: Sequence[Tensor], layer: int, head: int, k: int =
     window = cfg.layer_window(layer)
     job = Job(len(texts), "text", progress, stop)
     top, sample, counted = Places(), Places(), 0
-    for batch in length_batches([len(t) for t in texts], batch_tokens):
-        if job.stopping():
-            break
+
+    def measure(batch: list[int]) -> None:
+        nonlocal top, sample, counted
         ids, mask = padded([texts[i] for i in batch], pad_id(model))
         observer = HeadPlaces(layer, head, kind, mask, cfg.causal, window, skip)
         with torch.inference_mode():
@@ -198,6 +198,8 @@ def top_examples(model, texts: Sequence[Tensor], layer: int, head: int, k: int =
         for row, i in enumerate(batch):
             here = weight[rows == row]
             job.finish(i, float(here.max()) if len(here) else None)
+
+    job.run(length_batches([len(t) for t in texts], batch_tokens), measure)
     notes = [job.note()] if job.note() else []
     if counted == 0:
         notes.append(f"no place counted: every text is too short for a place outside skip={list(skip)}")
@@ -293,9 +295,8 @@ def qk_over(model, texts: Sequence[Tensor], layer: int, head: int, max_points: i
     keep = chosen_tokens([len(t) for t in texts], max_points // 2)
     names = (Probe.full_name(kind, "q"), Probe.full_name(kind, "k"))
     job = Job(len(texts), "text", progress, stop)
-    for batch in length_batches([len(t) for t in texts], batch_tokens):
-        if job.stopping():
-            break
+
+    def measure(batch: list[int]) -> None:
         ids, mask = padded([texts[i] for i in batch], pad_id(model))
         probe = Probe(model.config, record=names, layers=[layer])
         with torch.inference_mode():
@@ -305,6 +306,8 @@ def qk_over(model, texts: Sequence[Tensor], layer: int, head: int, max_points: i
         k = probe.records[names[1]][layer][:, :, kv_head].float().cpu()
         for row, i in enumerate(batch):
             job.finish(i, (q[row, keep[i]], k[row, keep[i]]))
+
+    job.run(length_batches([len(t) for t in texts], batch_tokens), measure)
     done = sorted(job.values)
     queries = torch.cat([job.values[i][0] for i in done]) if done else torch.empty(0, cfg.head_dim)
     keys = torch.cat([job.values[i][1] for i in done]) if done else torch.empty(0, cfg.head_dim)

@@ -160,6 +160,22 @@ def check_ids(model, ids, name: str) -> Tensor:
     return ids.long()
 
 
+def one_text(ids, name: str = "ids") -> Tensor:
+    """One text's token ids as [1, T], the shape the model reads: [T] gains the batch axis and [1, T] stays; any
+    other shape, and ids that are not integers, are refused naming what was given. Every analysis of one text
+    takes either (the vocabulary and the length are each analysis's own checks)."""
+    if not isinstance(ids, Tensor):
+        raise ValueError(f"{name} must be a tensor of token ids, [T] or [1, T]; got {type(ids).__name__}")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ValueError(f"{name} must be integer token ids, [T] or [1, T]; got {ids.dtype}")
+    if ids.dim() == 1:
+        return ids[None]
+    if ids.dim() == 2 and ids.shape[0] == 1:
+        return ids
+    batch = f" (a batch of {ids.shape[0]} texts: pass one row)" if ids.dim() == 2 else ""
+    raise ValueError(f"{name} must be one text, [T] or [1, T]; got shape {list(ids.shape)}{batch}")
+
+
 def check_token(model, token: int, name: str) -> int:
     """One token id the model knows (an answer, a foil); the error names it."""
     if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < model.config.vocab_size:

@@ -152,7 +152,7 @@ def test_streaming_perplexity_takes_one_text_as_t_or_1_by_t(space):
         batched = sinks.streaming_perplexity(model, ids[None], 6, 2, positions)
         torch.testing.assert_close(batched.loss, flat.loss)
         assert batched.perplexity == flat.perplexity
-    with pytest.raises(ValueError, match="1-D tensor of integer token ids, got shape \\[2, 24\\]"):
+    with pytest.raises(ValueError, match="ids must be one text, \\[T\\] or \\[1, T\\]; got shape \\[2, 24\\]"):
         sinks.streaming_perplexity(model, torch.stack([ids, ids]), 6, 2)
 
 

@@ -243,7 +243,7 @@ def test_bad_input_is_refused_in_words():
         qk.qk_attribution(model, ids, 1, 0, 5, 3, relative="yes")
     with pytest.raises(ValueError, match="key position 40 is out of range"):
         qk.qk_attribution(model, ids, 1, 0, 5, 40)
-    with pytest.raises(ValueError, match="one text of token ids"):
+    with pytest.raises(ValueError, match="ids is empty: one text needs at least one token"):
         qk.qk_attribution(model, torch.zeros(1, 0, dtype=torch.long), 1, 0, 0, 0)
     graph = patching.flow_graph(model, ids, threshold=0.5)
     with pytest.raises(ValueError, match="keeps no attention edge 3 → 2"):

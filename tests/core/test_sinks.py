@@ -44,9 +44,9 @@ def by_hand(model, ids, k):
 
 
 def test_sink_scores_match_captured_attention(llama):
-    corpus = texts([9, 14, 20])          # batched together, right-padded
+    corpus = texts([9, 14, 20, 11, 17])  # batched together, right-padded; five, so the summary has an interval
     scores = sink_scores(llama, corpus, k=3, epsilon=0.3)
-    assert scores.first.n == 3 and scores.first.mean.shape == (2, 4) and scores.sep is None
+    assert scores.first.n == 5 and scores.first.mean.shape == (2, 4) and scores.sep is None
     hand = [by_hand(llama, ids, 3) for ids in corpus]
     for i, (first, first_k) in enumerate(hand):
         torch.testing.assert_close(scores.first.per_item[i], first, atol=1e-5, rtol=0)
