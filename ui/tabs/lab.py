@@ -281,7 +281,9 @@ def lab_events(lab) -> SimpleNamespace:
 
     @user_errors
     def attention(run_id, source_text, request: gr.Request):
-        return run_attention(lab, session_key(request), run_id, source_text)
+        note, enc, dec, crs = run_attention(lab, session_key(request), run_id, source_text)
+        # a decoder-only run has no encoder: its encoder and cross-attention boxes are hidden, never left empty
+        return note, gr.Plot(enc, visible=enc is not None), dec, gr.Plot(crs, visible=crs is not None)
 
     @user_errors
     def save_run(run_id, model_name, request: gr.Request, progress=gr.Progress()):

@@ -11,6 +11,8 @@ import numpy as np
 import torch
 
 from core.analysis.circuits import INDUCTION_MIN, OLSSON, PREVIOUS_MIN, InductionCircuit  # noqa: F401 - the page says them
+from core.analysis.parts import MLP
+from core.corpus.stats import summarise
 from core.lab import induction as engine
 from core.lab.train import VOCAB, LabConfig
 from ui.services.checks import UserError, check_range
@@ -57,12 +59,22 @@ def check_shape(run_id: str, lab: LabConfig) -> None:
                         "traced on a two-layer decoder (family llama), as the saved run and 'Train one' make.")
 
 
+def model_parts(keys, lab: LabConfig):
+    """(shares, labels) of the parts the run's model has: an attention-only run's MLPs keep their place in the
+    checkpoint with their output weights zero and frozen (core.lab.train), so each writes nothing (share 0 on every
+    text) and is no part of the model the page describes."""
+    keep = [i for i, part in enumerate(keys.parts) if not (lab.attention_only and part.kind == MLP)]
+    over = keys.shares
+    return (summarise(over.per_item[:, keep], over.note, over.items, over.left_out, bounds=over.bounds),
+            [keys.labels[i] for i in keep])
+
+
 def trace(model, run_id: str, lab: LabConfig) -> Traced:
     """The circuit of a trained two-layer decoder on core.lab.induction's probe texts."""
     check_shape(run_id, lab)
     texts = engine.probe_texts()
     found = engine.circuit(model, texts)
-    labels, over = top_and_rest(found.keys.shares, found.keys.labels)
+    labels, over = top_and_rest(*model_parts(found.keys, lab))
     first = texts[0]
     with torch.inference_mode():
         probs = model(first[None], capture_attention=True, return_logits=False).attentions
