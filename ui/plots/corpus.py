@@ -34,6 +34,15 @@ def caption(fig: go.Figure, line: str) -> go.Figure:
     return fig
 
 
+MAP_ROW_PX, MAP_MIN_PLOT_PX = 24, 220   # a row of cells, and the least plot area (a 4-row map stays readable)
+MAP_FRAME_PX = 60 + 95 + 40             # the title's margin, the caption's, and the x axis's labels and title
+
+
+def map_height(n_rows: int) -> int:
+    """A map's height: its plot area (a row's pixels a row, at least MAP_MIN_PLOT_PX) and the frame around it."""
+    return max(MAP_MIN_PLOT_PX, MAP_ROW_PX * n_rows) + MAP_FRAME_PX
+
+
 def mean_map(mean: np.ndarray, low: np.ndarray, high: np.ndarray, n: int, rows: str, cols: str,
              col_labels: Sequence[str] | None, title: str, line: str, signed: bool = False,
              picked: tuple[int, int] | None = None, row_labels: Sequence[str] | None = None) -> go.Figure:
@@ -58,7 +67,7 @@ def mean_map(mean: np.ndarray, low: np.ndarray, high: np.ndarray, n: int, rows: 
         r, c = picked
         fig.add_shape(type="rect", x0=c - 0.5, x1=c + 0.5, y0=r - 0.5, y1=r + 0.5,
                       line={"color": "#111", "width": 2})
-    base_layout(fig, title, height=max(260, 24 * n_rows + 170))
+    base_layout(fig, title, height=map_height(n_rows))
     ticks = {} if col_labels is None else dict(tickmode="array", tickvals=x, ticktext=list(col_labels))
     fig.update_xaxes(title_text=cols, dtick=1 if col_labels is None and n_cols <= 40 else None, **ticks)
     rows_named = {} if row_labels is None else dict(tickmode="array", tickvals=list(range(n_rows)),
