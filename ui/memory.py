@@ -1,9 +1,9 @@
-"""The app's allocator settings over core/allocator.py (glibc's arenas bounded, its mmap threshold fixed, its
+"""The app's allocator settings over core/machine/allocator.py (glibc's arenas bounded, its mmap threshold fixed, its
 free pages handed back; the why and the measurements are there). configure() makes the two mallopt calls first
 thing in app.py's main(), before any other thread allocates; HeavyJobs calls trim() when a long job ends.
 
-Settings (environment, read when called): ATTN_MALLOC_ARENAS (default core.allocator.ARENAS, 2; 0 leaves glibc's
-own bound), ATTN_MALLOC_TRIM (default 1; 0 never trims) and ATTN_MALLOC_MMAP_KB (default core.allocator.MMAP_KB,
+Settings (environment, read when called): ATTN_MALLOC_ARENAS (default core.machine.allocator.ARENAS, 2; 0 leaves glibc's
+own bound), ATTN_MALLOC_TRIM (default 1; 0 never trims) and ATTN_MALLOC_MMAP_KB (default core.machine.allocator.MMAP_KB,
 fixed at 32 MiB; 128 fixes it at 128 KiB; 0 leaves glibc's moving threshold), so that each can be measured with
 and without.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 
-from core import allocator
+from core.machine import allocator
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ def _setting(name: str, default: int) -> int:
 
 
 def bound_arenas() -> bool:
-    """core.allocator.bound_arenas at ATTN_MALLOC_ARENAS (0: leave glibc's bound). True when set."""
+    """core.machine.allocator.bound_arenas at ATTN_MALLOC_ARENAS (0: leave glibc's bound). True when set."""
     n = _setting(ARENAS_SETTING, allocator.ARENAS)
     if n == 0:
         log.info("malloc arenas every thread shares: glibc's own (%s=0)", ARENAS_SETTING)
@@ -44,7 +44,7 @@ def bound_arenas() -> bool:
 
 
 def fix_mmap_threshold() -> bool:
-    """core.allocator.fix_mmap_threshold at ATTN_MALLOC_MMAP_KB (0: leave glibc's moving threshold). True when
+    """core.machine.allocator.fix_mmap_threshold at ATTN_MALLOC_MMAP_KB (0: leave glibc's moving threshold). True when
     set."""
     kb = _setting(MMAP_SETTING, allocator.MMAP_KB)
     if kb == 0:
@@ -60,7 +60,7 @@ def configure() -> None:
 
 
 def trim() -> bool:
-    """core.allocator.trim unless ATTN_MALLOC_TRIM=0. True when malloc_trim was called."""
+    """core.machine.allocator.trim unless ATTN_MALLOC_TRIM=0. True when malloc_trim was called."""
     if _setting(TRIM_SETTING, 1) == 0:
         return False
     return allocator.trim()

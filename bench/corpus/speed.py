@@ -13,7 +13,7 @@ way, in one run: medians (and ranges) of alternating runs (each side first in ev
            of a fresh process that loads the model and runs head_scores_over on --memory-texts random texts of
            --tokens tokens, against one on a tenth as many; the difference is what the corpus adds. Twice:
            with glibc's allocator as it comes, and with its mmap threshold fixed at
-           --mmap-kb KiB (core/allocator.py fix_mmap_threshold, the app's ATTN_MALLOC_MMAP_KB)
+           --mmap-kb KiB (core/machine/allocator.py fix_mmap_threshold, the app's ATTN_MALLOC_MMAP_KB)
 --parts picks which of the four to run (all by default); --threads sets torch's thread count (on a shared
 machine 1 keeps the two sides' timings apart from the other jobs' load).
 With --publish each part run writes its section of docs/benchmarks.md (corpus-heads, corpus-patch, corpus-lens,
@@ -47,7 +47,7 @@ from core.analysis import over as overs  # noqa: E402
 from core.corpus import jobs  # noqa: E402
 from core.corpus.texts import ioi_pairs  # noqa: E402
 from lens import check_agreement, lens_model, lens_scores  # noqa: E402
-from core import allocator  # noqa: E402
+from core.machine import allocator  # noqa: E402
 
 WIDTHS = (46, 24, 24, 9)
 PARTS = ("heads", "patch", "lens", "memory")

@@ -1,4 +1,4 @@
-"""What fixing glibc's mmap threshold (core/allocator.py fix_mmap_threshold, the app's ATTN_MALLOC_MMAP_KB) costs in
+"""What fixing glibc's mmap threshold (core/machine/allocator.py fix_mmap_threshold, the app's ATTN_MALLOC_MMAP_KB) costs in
 speed. The setting is process-wide, so every kind of work the app does is timed, not only corpus jobs:
 - heads: head_scores_over on --texts windows of --tokens random tokens (a corpus job);
 - generate: greedy generation of --new tokens after a --tokens-token prompt, with the KV cache (the Generate tab);
@@ -37,7 +37,7 @@ from core.corpus import texts
 from core.generate import generate
 from core.store import ensure
 from core.lab.train import LabConfig, train
-from core import allocator
+from core.machine import allocator
 model_name, work = sys.argv[1], sys.argv[2].split(",")
 n_texts, tokens, new, long, steps, kb, threads = map(int, sys.argv[3:])
 torch.set_num_threads(threads)

@@ -15,8 +15,8 @@ The times of one length come from one fresh process: each method warmed up on 25
 times, the three alternating, so that the machine's load falls on all three alike; medians and ranges. The peak is
 what one call added to the resident memory of a fresh process of its own (the kernel's VmHWM, bench/common.py
 PeakMemory), after a warm-up, --peak-repeats times. The exponent k of time ∝ n^k is fitted by least squares on log-log
-over the top lengths (--fit-top), where the n² term dominates; the same for the peaks, a peak under core.growth's
-MEMORY_FLOOR (within the kernel's slack in counting resident pages) left out. core.growth is the one fit; the JSON keeps
+over the top lengths (--fit-top), where the n² term dominates; the same for the peaks, a peak under core.machine.growth's
+MEMORY_FLOOR (within the kernel's slack in counting resident pages) left out. core.machine.growth is the one fit; the JSON keeps
 its results.
 
 The whole model (--model, the real weights): one forward pass without a cache (the fused kernel in every layer,
@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/, for c
 
 from common import PeakMemory, median  # noqa: E402
 from core.attention import attention, online_attention  # noqa: E402
-from core.growth import MEMORY_FLOOR, Growth, growth, memory_growth  # noqa: E402
+from core.machine.growth import MEMORY_FLOOR, Growth, growth, memory_growth  # noqa: E402
 
 METHODS = ("dense", "online", "fused")
 LENGTHS = (256, 512, 1024, 2048, 4096, 8192)
@@ -210,8 +210,8 @@ def asset(args, runs: dict, model: dict) -> dict:
 
 
 def fits(data: dict) -> dict:
-    """The exponents of a run's medians, by core.growth (the one fit), as the JSON keeps them for the page to read:
-    each method's time, fastest time and peak over the fit_top longest lengths (a peak under core.growth's
+    """The exponents of a run's medians, by core.machine.growth (the one fit), as the JSON keeps them for the page to read:
+    each method's time, fastest time and peak over the fit_top longest lengths (a peak under core.machine.growth's
     MEMORY_FLOOR left out), and the whole pass's time over all its lengths and between doublings."""
     rows = sorted(data["layer"], key=lambda r: r["n"])[-data["fit_top"]:]
     top = [r["n"] for r in rows]
@@ -224,7 +224,7 @@ def fits(data: dict) -> dict:
         lengths, seconds = [r["n"] for r in m_rows], [median(r["seconds"]) for r in m_rows]
         model = {"pass": growth(lengths, seconds).record(),
                  "steps": [growth(lengths[i:i + 2], seconds[i:i + 2]).record() for i in range(len(lengths) - 1)]}
-    return {"method": "k in value ∝ n^k, log-log least squares (core.growth) on the medians; 'fastest' on the "
+    return {"method": "k in value ∝ n^k, log-log least squares (core.machine.growth) on the medians; 'fastest' on the "
                       "fastest run at each length", "layer": layer, "model": model}
 
 

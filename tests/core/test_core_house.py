@@ -4,7 +4,7 @@
     core.analysis                               what is built on the pass and its records (over.py: each over a corpus)
     core.corpus                                 texts and the job machinery (Job, Over, checks, batching, saving)
     core.model, core.probe, core.generate, core.loading, core.logits, core.plane, core.store, core.families
-    core.attention, core.layers, core.config, core.observe, core.kv_cache, core.growth, core.allocator
+    core.attention, core.layers, core.config, core.observe, core.kv_cache, core.machine.growth, core.machine.allocator
 
 A module imports only its own layer or those below it, never one above, and no two packages import each other
 (core.corpus ↔ core.analysis is gone). core (its __init__: load_model) sits with the model's layer. scripts/ and
@@ -29,8 +29,8 @@ LAYERS = [
     ("core.corpus",),
     ("core", "core.model", "core.probe", "core.generate", "core.loading", "core.logits", "core.plane", "core.store",
      "core.families"),
-    ("core.attention", "core.layers", "core.config", "core.observe", "core.kv_cache", "core.growth",
-     "core.allocator"),
+    ("core.attention", "core.layers", "core.config", "core.observe", "core.kv_cache", "core.machine.growth",
+     "core.machine.allocator"),
 ]
 
 
@@ -66,7 +66,7 @@ def test_the_reader_sees_the_layers_imports():
 
 
 # The benches that measure the app itself, each with why it reads ui: the only modules of scripts/ or bench/ that
-# may import it. A bench of the core reads the core (core.allocator, core.lab.train.DEFAULT_RUN, ...).
+# may import it. A bench of the core reads the core (core.machine.allocator, core.lab.train.DEFAULT_RUN, ...).
 APP_BENCHES = {
     "bench/stop_click.py": "it times the page's own Stop: it sets the Generate view's pacing and can run an older "
                            "ui/tabs/generate.py in place of the current one",

@@ -1,4 +1,4 @@
-"""core/growth.py, the one fit of how a measurement grows with the length (k in value ∝ n^k): a known exponent is
+"""core/machine/growth.py, the one fit of how a measurement grows with the length (k in value ∝ n^k): a known exponent is
 recovered, points under the floor are left out and named, too few points give nan; and no other module of the
 repository fits a log-log slope or writes the memory floor again."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.growth import MEMORY_FLOOR, Growth, growth, memory_growth
+from core.machine.growth import MEMORY_FLOOR, Growth, growth, memory_growth
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,7 +79,7 @@ def python_files():
 def test_no_other_module_fits_a_log_log_slope_or_writes_the_floor():
     found = []
     for path in python_files():
-        if path == ROOT / "core" / "growth.py":
+        if path == ROOT / "core" / "machine" / "growth.py":
             continue
         text = path.read_text(encoding="utf-8")
         logs = re.findall(r"\b(\w+)\s*(?:,\s*\w+\s*)?=\s*(?:np|math)\.log\(", text)   # x = np.log(...), x, y = ...
@@ -88,7 +88,7 @@ def test_no_other_module_fits_a_log_log_slope_or_writes_the_floor():
                 "polyfit(" in line and any(re.search(rf"polyfit\(\s*{re.escape(v)}\b", line) for v in logs))
             if fit or FLOOR.search(line):
                 found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
-    assert not found, "a fit or a floor of its own (use core.growth): " + "; ".join(found)
+    assert not found, "a fit or a floor of its own (use core.machine.growth): " + "; ".join(found)
 
 
 def test_the_scan_sees_a_second_fit(tmp_path):

@@ -97,7 +97,7 @@ def test_the_page_states_the_exponents_the_json_holds_and_fits_none(tmp_path, mo
 
 
 def test_the_bench_fits_once_and_refit_writes_the_exponents_into_the_saved_file(tmp_path, monkeypatch, capsys):
-    """--refit: the saved rows' exponents fitted again (core.growth) and written into the file; its table states them
+    """--refit: the saved rows' exponents fitted again (core.machine.growth) and written into the file; its table states them
     and names the peaks the floor left out; the doc is left alone where it states other figures."""
     raw = measurement(time_power=(2.0, 1.9, 1.5), peak_power=(2.0, 1.0, 1.0))
     for row in raw["layer"][:5]:                                      # fused peaks under 1 MiB up to 4,096 tokens

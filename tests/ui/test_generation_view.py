@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from core import load_model
-from core.growth import growth
+from core.machine.growth import growth
 from tiny_app_model import build_tiny_llama, build_tiny_marian
 from ui.plots import generation as plots_generation
 from ui.plots import text as plots_text
@@ -181,7 +181,7 @@ def test_kv_timing_writes_the_same_tokens_and_fits_exponents(llama, monkeypatch)
     assert f"{report.sizes.allocated:,} bytes" in report.note
     with pytest.raises(UserError, match="prompt is empty"):
         kv_cache.kv_report(llama, "")
-    # the exponents are core.growth's one fit of the steps timed here
+    # the exponents are core.machine.growth's one fit of the steps timed here
     assert t.uncached_exponent == growth(t.lengths, t.uncached_at).exponent
     assert t.cached_exponent == growth(t.lengths, t.cached_at).exponent
 

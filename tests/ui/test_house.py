@@ -106,8 +106,8 @@ def test_each_layer_imports_only_what_it_may(layer, forbidden):
 def test_the_allocator_settings_load_no_torch():
     # ui.memory runs first in main, before any thread allocates: it reads the core's allocator alone, which
     # imports neither torch nor any other module of the project (core's __init__ imports nothing until asked)
-    assert GRAPH["ui.memory"] == {"core.allocator"} and GRAPH["core.allocator"] == set()
-    assert not third_party(MODULES["core.allocator"]) & {"torch", "numpy", "gradio"}
+    assert GRAPH["ui.memory"] == {"core.machine.allocator"} and GRAPH["core.machine.allocator"] == set()
+    assert not third_party(MODULES["core.machine.allocator"]) & {"torch", "numpy", "gradio"}
 
 
 def test_rooms_stay_readable():

@@ -1,4 +1,4 @@
-"""core/allocator.py and the app's settings over it (ui/memory.py): the allocator's arenas bounded and its free
+"""core/machine/allocator.py and the app's settings over it (ui/memory.py): the allocator's arenas bounded and its free
 pages handed back on glibc, nothing done (and nothing raised) elsewhere; HeavyJobs hands memory back whenever a
 long job ends."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from core import allocator
+from core.machine import allocator
 from tiny_app_model import build_tiny_llama
 from ui import memory
 from ui.services.checks import UserError
@@ -26,7 +26,7 @@ ON_GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc
 # In a fresh process: 8 threads alive at once, each allocating, then glibc's own count of its arenas.
 ARENAS_IN_A_FRESH_PROCESS = """
 import ctypes, sys, threading
-from core import allocator
+from core.machine import allocator
 bound = sys.argv[1] != "none"
 if bound:
     assert allocator.bound_arenas(int(sys.argv[1]))
@@ -73,7 +73,7 @@ def test_bound_arenas_before_the_threads_start_holds_them_to_the_bound():
 #   then holds.
 ALLOCATOR_PROBE = """
 import ctypes, sys
-from core import allocator
+from core.machine import allocator
 from ui import memory
 settings, probe = sys.argv[1:3]
 if settings == "app":

@@ -24,7 +24,7 @@ from core.analysis.shortcuts import BOUNDS as SHORTCUT_BOUNDS, METHODS, SITES_CO
 from core.corpus import Pair
 from core.corpus import saved
 from core.corpus import texts as corpora
-from core.corpus.stats import UNBOUNDED, Over, summarise
+from core.corpus.stats import MIN_ITEMS, UNBOUNDED, Over, summarise  # MIN_ITEMS: the fewest items an interval needs, for the views
 from ui.services.checks import UserError, check_choice, check_range, stack_shape
 from ui.services.corpus.chunked import CHUNKS, chunks_on, stream_chunks  # noqa: F401 - chunks_on: tests import it here
 from ui.services.corpus.pages import Saving, saved_words, saving_given, unsaved

@@ -1,6 +1,6 @@
 """The KV cache, counted and timed: its size from the formula 2 · layers · tokens · kv_heads · d_head · bytes
 beside the bytes the core allocates, and the same greedy continuation timed with and without the cache (core.generate's
-greedy and step_times), with the growth of one step fitted as a power of the length (core.growth, the one fit)."""
+greedy and step_times), with the growth of one step fitted as a power of the length (core.machine.growth, the one fit)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from core import generate as generation
-from core.growth import growth
+from core.machine.growth import growth
 from ui.services.checks import UserError
 from ui.services.generation import generation_reason
 from ui.services.text import valid_unicode

@@ -1,6 +1,6 @@
 """The quadratic term, measured: one attention layer alone (scores, softmax, weighted sum) timed from 256 to 8,192
 tokens three ways, dense, online and fused, beside the whole model's pass, as bench/variants/attention_cost.py
-measured and shipped it (assets/measured/attention_cost.json), with the exponents the bench fitted (core.growth) and
+measured and shipped it (assets/measured/attention_cost.json), with the exponents the bench fitted (core.machine.growth) and
 wrote into it: the cost lesson and the Inside tab state the bench's numbers with what they were measured on, never a fit
 of their own. Nothing is timed at request time: the longest layer alone takes seconds, more than a page may spend.
 Never imports gradio."""
@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.growth import Growth
+from core.machine.growth import Growth
 from ui.services.inside import mib
 
 COST_MEASURED = Path(__file__).resolve().parents[3] / "assets" / "measured" / "attention_cost.json"

@@ -14,7 +14,7 @@ import torch
 from core import generate as generation
 from core.analysis import anatomy
 from core.attention import softmax_bytes
-from core.growth import growth
+from core.machine.growth import growth
 from ui.services import inside
 from ui.services.learn import cost as layer_cost
 from ui.services.generation import generation_reason

@@ -9,7 +9,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from core.corpus.stats import MIN_ITEMS
+from ui.services.corpus.over import MIN_ITEMS
 from ui import links
 from ui.plots.base import empty_figure
 from ui.plots.corpus import examples_html, interval_words, item_strip, mean_map
