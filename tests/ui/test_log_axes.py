@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ui.plots.axes import decade_label, log_axis
+from ui.plots.base import decade_label, log_axis
 from ui.plots.generation import kv_timing_figure
 from ui.plots.lab import Curve, training_curves
 from ui.services.learn import Measured
@@ -88,10 +88,10 @@ def test_every_log_axis_names_whole_numbers_inside_its_range(name, fig):
 
 def test_no_log_axis_is_made_outside_the_helper():
     """A log axis made by hand (type="log" without ticks) would print plotly's bare minor digits again."""
-    found = [f"{p.relative_to(UI)}:{i}" for p in UI.rglob("*.py") if p.name != "axes.py"
+    found = [f"{p.relative_to(UI)}:{i}" for p in UI.rglob("*.py") if p.name != "base.py"
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
              if re.search(r"""type\s*[=:]\s*["']log["']|axis_type\s*=""", line)]
-    assert not found, f"log axes made without ui.plots.axes.log_axis: {found}"
+    assert not found, f"log axes made without ui.plots.base.log_axis: {found}"
 
 
 def test_the_data_sit_inside_the_decades_and_wide_axes_thin_their_labels():

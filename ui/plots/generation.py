@@ -9,8 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ui.plots.axes import log_axis
-from ui.plots.base import ATTENTION_COLORS, CHOSEN_COLOR, as_f32, base_layout
+from ui.plots.base import ATTENTION_COLORS, CHOSEN_COLOR, as_f32, base_layout, log_axis
 
 OTHER_COLOR = "#9ecae1"
 HEAD_COLOR = "#1f77b4"

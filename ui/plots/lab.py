@@ -12,8 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ui.plots.axes import log_axis
-from ui.plots.base import ATTENTION_COLORS, base_layout, empty_figure
+from ui.plots.base import ATTENTION_COLORS, base_layout, empty_figure, log_axis
 
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")  # one per run in an overlay
 

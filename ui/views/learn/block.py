@@ -7,8 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from ui.plots.attention import attention_heatmap
-from ui.plots.axes import log_axis
-from ui.plots.base import empty_figure
+from ui.plots.base import empty_figure, log_axis
 from ui.plots.charts import line_figure
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ui.plots.axes import linear_lengths, log_axis
-from ui.plots.base import empty_figure
+from ui.plots.base import empty_figure, linear_lengths, log_axis
 from ui.plots.charts import line_figure
 
 

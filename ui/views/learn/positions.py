@@ -3,8 +3,7 @@ the original ones under each condition, as a share of the outputs' size (a log s
 
 from __future__ import annotations
 
-from ui.plots.axes import log_axis
-from ui.plots.base import empty_figure
+from ui.plots.base import empty_figure, log_axis
 from ui.plots.charts import bar_figure
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ui.plots.axes import log_axis
-from ui.plots.base import empty_figure
+from ui.plots.base import empty_figure, log_axis
 from ui.plots.charts import line_figure
 from ui.services.lab import recurrence as service
 

@@ -18,8 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from ui.plots.axes import linear_lengths, log_axis
-from ui.plots.base import CHOSEN_COLOR, base_layout
+from ui.plots.base import CHOSEN_COLOR, base_layout, linear_lengths, log_axis
 from ui.plots.charts import with_subtitle
 
 GUESS = "your guess"
@@ -174,7 +173,9 @@ def composition_setup(v):
     panels = v.get("panels")
     if not panels:
         return None
-    return blank("What feeds an induction head's keys", "share (the parts of a text add up to 1)", "", UNNUMBERED,
+    from ui.plots.heads import SHARE_AXIS   # the revealed bars' own axis
+
+    return blank("What feeds an induction head's keys", SHARE_AXIS, "", UNNUMBERED,
                  UNNUMBERED, subtitle="; ".join(p.title for p in panels))
 
 
