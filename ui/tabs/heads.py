@@ -16,7 +16,7 @@ from ui.tabs.events import ON_ANALYSIS, ON_HEAVY, handler, opening, user_errors
 from ui.tabs.widgets import Tab, click_bridge, export_row, layer_head, read_example, run_checked, upload
 from ui.views import heads as views
 from ui.views import sinks as sink_views
-from ui.views.corpus.composition import composition_view
+from ui.views.corpus.composition import composition_opening, composition_view
 
 CACHE_TTL_S = 1800  # a session's kept results are dropped after half an hour
 
@@ -75,7 +75,7 @@ def build(services, picker, initial) -> Tab:
                 lens_section(services, picker, atlas["text"], cache),
                 surprisal_section(services, picker, atlas["text"], cache),
                 sinks_section(services, picker, atlas["text"]),
-                composition_section(services, picker, atlas["layer"], atlas["head"])]
+                composition_section(services, picker)]
     # the atlas's last output is the session's HeadsCache, kept in the KeptStore (the State holds its KeptRef);
     # the views never change a passed-in one
     press, cannot, parts = {atlas["note"]: atlas["run"]}, {}, {}
@@ -314,21 +314,24 @@ def sinks_section(services, picker, text) -> dict:
                 parts={"heads-sinks-map": ({**sink_map, "api_visibility": "private"}, [figure])})
 
 
-COMPOSITION_INTRO = """Why does the head chosen above attend where it does? Its score of a query and a key splits
-exactly into the earlier components that wrote them: embeddings, each earlier head, each MLP. This runs the split
-over the induction texts on the head's most attended pairs and shows each component's share, with its interval,
-beside what the weights alone allow (Elhage et al.'s composition scores). An induction head's keys should come
-from a previous-token head: see whether they do."""
+COMPOSITION_INTRO = """Why does a head attend where it does? Its score of a query and a key splits exactly into the
+earlier components that wrote them: embeddings, each earlier head, each MLP. This runs the split over the induction
+texts on the head's most attended pairs and shows each component's share, with its interval, beside what the
+weights alone allow (Elhage et al.'s composition scores). It opens on the model's strongest induction head (the
+atlas's induction score), whose keys should come from a previous-token head: see whether they do."""
 
 
-def composition_section(services, picker, layer, head) -> dict:
-    """What feeds the chosen head's keys or queries over the induction texts (`composition_over`). Returns its
-    results and its note's button."""
+def composition_section(services, picker) -> dict:
+    """What feeds a head's keys or queries over the induction texts (`composition_over`), on opening the model's
+    strongest induction head. Returns its results and its note's button."""
     # folded, as the tab's other long sections: the atlas's first screen stays short
     with gr.Accordion("What feeds a head: its keys and queries, traced to earlier heads", open=False,
-                      elem_id="heads-composition-box"):
+                      elem_id="heads-composition-box") as box:
         gr.Markdown(COMPOSITION_INTRO)
         with gr.Row():
+            # its own head, set on opening to the model's strongest induction head (the atlas's stays as chosen)
+            layer = gr.Number(1, label="Layer", precision=0, minimum=0, elem_id="heads-composition-layer")
+            head = gr.Number(0, label="Head", precision=0, minimum=0, elem_id="heads-composition-head")
             side = gr.Radio([("its keys", "key"), ("its queries", "query")], value="key", label="Trace",
                             elem_id="heads-composition-side")
             n = gr.Number(DEFAULT_TEXTS, label=f"Induction texts (1–{MAX_COMPOSITION_TEXTS})", precision=0,
@@ -337,6 +340,8 @@ def composition_section(services, picker, layer, head) -> dict:
         note = gr.Markdown(elem_id="heads-composition-note")
         figure = gr.Plot(label="Each component's share, and what the weights allow", show_label=False,
                          elem_id="heads-composition", visible=False)
+    box.expand(handler(composition_opening, services, "composition_opening", progress=False), picker.model,
+               [layer, head], api_visibility="private")
     button.click(**shown([figure])).then(
         handler(composition_view, services, "composition_over", heavy="A composition over the induction texts"),
         [picker.model, layer, head, side, n], [note, figure], api_name="composition_over", **ON_HEAVY)

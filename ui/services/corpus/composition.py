@@ -9,11 +9,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from core.analysis import heads as head_scores
 from core.analysis import qk
+from core.analysis.circuits import induction_head
 from core.corpus import texts as corpora
 from core.corpus.stats import Over, summarise
 from ui.services.checks import UserError, check_choice, check_head, check_range
 from ui.services.corpus.over import induction_length
+from ui.services.heads import INDUCTION_LENGTH, INDUCTION_SEED, next_token_reason
 from ui.services.patching import refusals_in_words
 
 MAX_TEXTS = 50        # induction texts one composition reads: each is one pass and 16 pairs' splits
@@ -77,3 +80,15 @@ def composition(model, layer, head, side, n, progress=None, stop=None) -> Compos
     weights = (found.weights.k if side == "key" else found.weights.q).numpy()
     return Composition(layer, head, side, labels, over.mean.numpy(), over.low.numpy(), over.high.numpy(), over.n,
                        over.interval, over.note, found.pairs, weights, source, found)
+
+
+def opening_head(model) -> tuple[int, int]:
+    """(layer, head) that "What feeds a head" opens on: the model's strongest induction head by the Heads tab's
+    induction score on its probe (core.analysis.circuits.induction_head, layers ≥ 1), whose keys an earlier head
+    should feed; layer 1, head 0 on a model the probe cannot read (an encoder), layer 0 on a one-layer model."""
+    fallback = (min(1, model.config.n_layers - 1), 0)
+    if model.config.n_layers < 2 or next_token_reason(model, "The probe") is not None:
+        return fallback
+    probe = head_scores.induction(model, INDUCTION_LENGTH, INDUCTION_SEED)
+    part, _ = induction_head(probe.scores)
+    return part.layer, part.head

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.corpus.stats import MIN_ITEMS
+from ui.services.corpus.over import MIN_ITEMS
 from ui.plots.corpus import interval_words
 from ui.plots.heads import composition_figure, plural
 from ui.plots.text import escaped
 from ui.services import Services
-from ui.services.corpus.composition import composition
+from ui.services.corpus.composition import composition, opening_head
 from ui.views import export
 
 DEFINITION = ("The score of a query i and key j splits exactly into pairs (a part that wrote the query, a part that "
@@ -55,3 +55,8 @@ def composition_view(services: Services, model_name, layer_index, head_index, si
     figure = composition_figure(found.labels, found.mean, found.low, found.high, found.weights, found.side,
                                 f"What feeds {name}'s {plural(found.side)}, over {found.n} induction texts")
     return "\n\n".join(lines), export.named(figure, export.filename(model_name, f"composition-{name}-{found.side}"))
+
+
+def composition_opening(services: Services, model_name, progress=None):
+    """(layer, head) the section opens on for this model: its strongest induction head (opening_head)."""
+    return opening_head(services.models.get(model_name, progress))
