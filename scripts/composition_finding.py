@@ -1,15 +1,18 @@
 """Where the induction heads' keys come from, on a real model: the atlas's strongest induction heads (the induction
-score over the induction texts, core.corpus.summaries.head_scores_over), each traced with the Heads tab's *What feeds
-a head* (ui.services.corpus.composition: core.analysis.qk.composition_over on the same texts) to the components
-that wrote its keys, beside its weights-only K-composition, and whether the first is one of the atlas's
-previous-token heads.
+score over the induction texts, core.analysis.over.head_scores_over), each traced with core.analysis.qk's
+composition_over (the Heads tab's *What feeds a head*) on the same texts to the components that wrote its keys,
+beside its weights-only K-composition, and whether core.analysis.circuits' rule names the circuit (the earlier head
+feeding the keys most a previous-token head, both scores above the rule's minimums).
 
-With --publish the table goes to docs/core.md (section composition), with the date, the machine and this command.
+Every score is saved to assets/measured/composition_finding.json; docs/core.md's section composition is written from
+that file, the circuit decided again by the rule from the stored scores.
 Usage: python scripts/composition_finding.py [--model smollm2-135m-instruct] [--texts 20] [--heads 3] [--publish]
+       python scripts/composition_finding.py --render      (the docs again from the saved file, nothing measured)
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -17,23 +20,73 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))     # common: publish, md_table
+sys.path.insert(0, str(ROOT / "bench"))     # common: publish, md_table, stamp
 sys.path.insert(0, str(ROOT))
 
-from common import DOCS, add_publish, md_table, publish  # noqa: E402
+from common import DOCS, add_publish, md_table, publish, stamp  # noqa: E402
 from core import load_model  # noqa: E402
-from core.corpus import summaries, texts as corpora  # noqa: E402
+from core.analysis import circuits, qk  # noqa: E402
+from core.analysis.over import head_scores_over  # noqa: E402
+from core.corpus import texts as corpora  # noqa: E402
 from core.store import ensure  # noqa: E402
-from ui.services.corpus.composition import composition  # noqa: E402
-from ui.services.corpus.over import induction_length  # noqa: E402
 
-PREVIOUS_TOP = 5      # the atlas's previous-token heads a source is checked against
+OUT = ROOT / "assets" / "measured" / "composition_finding.json"
+PROBE_LENGTH = 100    # random tokens before each text repeats: the Heads tab's induction probe's
 
 
-def share(found, i: int) -> str:
-    low, high = float(found.low[i]), float(found.high[i])
-    interval = "" if math.isnan(low) else f" [{low:.2f}, {high:.2f}]"
-    return f"{float(found.mean[i]):+.2f}{interval}"
+def share(keys: dict, i: int) -> str:
+    low, high = keys["low"][i], keys["high"][i]
+    interval = "" if low is None or math.isnan(low) else f" [{low:.2f}, {high:.2f}]"
+    return f"{keys['mean'][i]:+.2f}{interval}"
+
+
+def measure(args) -> dict:
+    torch.set_num_threads(args.threads)
+    model = load_model(ensure(args.model), device="cpu")
+    length = min(PROBE_LENGTH, (model.config.max_positions - 1) // 2)
+    texts = corpora.induction_texts(model.tokenizer, args.texts, length, bos=model.config.bos_token_id)
+    scores = head_scores_over(model, texts)
+    induction, previous = scores["induction"].mean, scores["previous_token"].mean          # [L, H]
+    later = induction.clone()
+    later[0] = -math.inf                                 # a layer-0 head has no earlier head to read
+    traced = []
+    for flat in later.flatten().topk(args.heads).indices.tolist():
+        layer, head = divmod(flat, model.config.n_heads)
+        keys = qk.composition_over(model, texts, layer, head, "key")
+        traced.append({"keys": circuits.keys_record(keys), "weights_k": keys.weights.k.tolist()})
+        print(f"L{layer} H{head}: traced", flush=True)
+    return {**stamp(), "model": args.model, "texts": args.texts, "length": length,
+            "previous_token": previous.tolist(), "induction": induction.tolist(), "heads": traced}
+
+
+def body(saved: dict) -> str:
+    previous, induction = torch.tensor(saved["previous_token"]), torch.tensor(saved["induction"])
+    n_heads = previous.shape[1]
+    rows = []
+    for traced in saved["heads"]:
+        keys = circuits.stored_keys(traced["keys"], n_heads)
+        finding = circuits.induction_circuit(previous, induction, keys)
+        stored = traced["keys"]
+        order = sorted(range(len(stored["labels"])), key=lambda i: -abs(stored["mean"][i]))
+        weights = torch.tensor(traced["weights_k"]).flatten()
+        strongest = divmod(int(weights.argmax()), n_heads)
+        source = ("—" if finding.source is None else
+                  f"{finding.source} {share(stored, keys.index(finding.source))} ({finding.source_previous:.2f})")
+        rows.append([f"{finding.induction} ({finding.induction_score:.2f})",
+                     *(f"{stored['labels'][i]} {share(stored, i)}" for i in order[:2]), source,
+                     "yes" if finding.found else "no",
+                     f"L{strongest[0]} H{strongest[1]} ({float(weights.max()):.3f})"])
+    return (f"{saved['model']} on {saved['texts']} induction texts ({saved['length']} random tokens repeated once, as "
+            f"the Heads tab's probe, seeds 0…{saved['texts'] - 1}): the {len(saved['heads'])} heads of layers ≥ 1 of "
+            "largest induction score over them, each traced with *What feeds a head* on its keys (each text's 16 "
+            "most attended pairs after key 0, weighted by attention; a share is a component's part of the relative "
+            "score over the relative score, mean [95 % interval] over the texts, the two of largest |share| first), "
+            "the earlier single head with the largest share (its previous-token score over the same texts in "
+            "brackets), whether core.analysis.circuits names the circuit (induction score at least "
+            f"{circuits.INDUCTION_MIN:g}, that head a previous-token head at least {circuits.PREVIOUS_MIN:g}), and "
+            "the earlier head its weights alone compose with most (Elhage et al.'s K-composition).\n\n"
+            + md_table(["induction head (score)", "largest share", "second", "largest single head (previous-token)",
+                        "circuit named?", "weights' strongest K-composition"], rows))
 
 
 def main() -> None:
@@ -42,44 +95,19 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=20)
     parser.add_argument("--heads", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--render", action="store_true", help=f"write the docs again from {OUT.name}")
     add_publish(parser)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    model = load_model(ensure(args.model), device="cpu")
-    length = induction_length(model)
-    texts = corpora.induction_texts(model.tokenizer, args.texts, length, bos=model.config.bos_token_id)
-    scores = summaries.head_scores_over(model, texts)
-    n_heads = model.config.n_heads
-    name = lambda flat: f"L{flat // n_heads} H{flat % n_heads}"                       # noqa: E731
-    induction = scores["induction"].mean.flatten()
-    previous = scores["previous_token"].mean
-    rows = []
-    for flat in induction.topk(args.heads).indices.tolist():
-        layer, head = divmod(flat, n_heads)
-        earlier = previous[:layer].flatten()
-        top_previous = [name(i) for i in earlier.topk(min(PREVIOUS_TOP, earlier.numel())).indices.tolist()]
-        found = composition(model, layer, head, "key", args.texts)
-        weights = found.weights.flatten()
-        first_head = next((label for label in found.labels if " H" in label), None)
-        rows.append([f"{name(flat)} ({float(induction[flat]):.2f})", f"{found.labels[0]} {share(found, 0)}",
-                     f"{found.labels[1]} {share(found, 1)}",
-                     f"{first_head} {share(found, found.labels.index(first_head))}" if first_head else "—",
-                     "yes" if first_head in top_previous else "no",
-                     f"{name(int(weights.argmax()))} ({float(weights.max()):.3f})" if weights.size else "—"])
-        print(" | ".join(rows[-1]), flush=True)
-    body = (f"{args.model} on {args.texts} induction texts ({length} random tokens repeated once, as the Heads tab's "
-            f"probe, seeds 0…{args.texts - 1}): the {args.heads} heads of largest induction score over them, each "
-            "traced with *What feeds a head* on its keys (each text's 16 most attended pairs after key 0, weighted "
-            "by attention; a share is a component's part of the relative score over the relative score, mean "
-            "[95 % interval] over the texts), whether its largest single earlier head is one of the "
-            f"{PREVIOUS_TOP} earlier heads of largest previous-token score over the same texts, and the earlier head "
-            "its weights alone compose with most (Elhage et al.'s K-composition).\n\n"
-            + md_table(["induction head (score)", "largest share", "second", "largest single head",
-                        "a previous-token head?", "weights' strongest K-composition"], rows))
-    if args.publish:
-        publish("composition", body, doc=DOCS / "core.md")
+    if args.render:
+        saved = json.loads(OUT.read_text(encoding="utf-8"))
     else:
-        print(body)
+        saved = measure(args)
+        OUT.write_text(json.dumps(saved, indent=1) + "\n", encoding="utf-8")
+    text = body(saved)
+    if args.publish or args.render:
+        publish("composition", text, doc=DOCS / "core.md", run=saved)
+    else:
+        print(text)
 
 
 if __name__ == "__main__":

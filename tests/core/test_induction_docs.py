@@ -1,7 +1,8 @@
-"""docs/core.md's induction prose says only what its script measured: the shipped run's paragraph and the seeds table
-(scripts/induction_seeds.py, assets/measured/induction_seeds.json) are each the script's rendering of its saved run,
-the circuit decided again by core.analysis.circuits from the stored scores, and every figure in them appears in that
-run."""
+"""docs/core.md's induction prose says only what its scripts measured: the shipped run's paragraph and the seeds table
+(scripts/induction_seeds.py, assets/measured/induction_seeds.json) and the real model's table
+(scripts/composition_finding.py, assets/measured/composition_finding.json) are each the script's rendering of its
+saved run, the circuit decided again by core.analysis.circuits from the stored scores, and every figure in them
+appears in that run."""
 from __future__ import annotations
 
 import importlib.util
@@ -17,6 +18,7 @@ DOC = ROOT / "docs" / "core.md"
 SECTIONS = {  # section → (script, saved run)
     "induction-shipped": ("induction_seeds", "induction_seeds.json"),
     "induction-seeds": ("induction_seeds", "induction_seeds.json"),
+    "composition": ("composition_finding", "composition_finding.json"),
 }
 NUMBER = re.compile(r"(?<![\w.])[+-]?\d+\.\d+")
 
@@ -58,7 +60,8 @@ def numbers(value) -> set[float]:
 def test_each_section_is_its_scripts_rendering_of_the_saved_run(name):
     module, file = SECTIONS[name]
     run = script(module)
-    rendered = (run.shipped_paragraph if name == "induction-shipped" else run.seeds_table)(saved(file))
+    render = {"induction-shipped": "shipped_paragraph", "induction-seeds": "seeds_table", "composition": "body"}[name]
+    rendered = getattr(run, render)(saved(file))
     assert section(name) == rendered
 
 
