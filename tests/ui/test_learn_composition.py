@@ -70,3 +70,20 @@ def test_before_reveal_no_bar_and_no_name_is_drawn_only_the_heads_traced(measure
     shown = before.to_json()
     assert not any(f'"{name}"' in shown for name in names)
     assert all(panel.title in before.layout.title.subtitle.text for panel in measured.values["panels"])
+
+
+def test_the_axis_says_what_the_bars_are_signed_parts_that_sum_to_one(measured):
+    """The words give a share past 1 ("share +2.42 of the relative score"); the bars' axis, before and after
+    Reveal, calls it a signed share of the relative score whose parts sum to 1, and each panel's bars (the named
+    parts and the rest) do sum to 1, with a negative part beside any share past 1."""
+    from ui.plots.heads import SHARE_AXIS
+
+    whole, before = figure("composition", measured), setup_figure("composition", measured)
+    titles = [axis.title.text for name, axis in whole.layout.to_plotly_json().items() if name.startswith("xaxis")
+              for axis in [whole.layout[name]]]
+    assert titles and set(titles) == {SHARE_AXIS} and before.layout.xaxis.title.text == SHARE_AXIS
+    assert "signed" in SHARE_AXIS and "sum to 1" in SHARE_AXIS
+    for trace in whole.data:
+        bars = np.asarray(trace.x, dtype=float)
+        assert bars.sum() == pytest.approx(1.0, abs=1e-3), trace.y
+        assert bars.max() <= 1 or bars.min() < 0

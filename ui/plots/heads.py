@@ -342,6 +342,10 @@ def composition_figure(labels: Sequence[str], mean: np.ndarray, low: np.ndarray,
     return fig
 
 
+# a part's share of a text's relative score: signed, so one part passes 1 where others work against it
+SHARE_AXIS = "share of the relative score (signed; a text's parts sum to 1)"
+
+
 def add_share_bars(fig: go.Figure, labels: Sequence[str], mean: np.ndarray, low: np.ndarray, high: np.ndarray,
                    row: int, col: int) -> None:
     """Each component's mean share as a horizontal bar (largest first, as given) with its 95 % interval (none
@@ -356,8 +360,7 @@ def add_share_bars(fig: go.Figure, labels: Sequence[str], mean: np.ndarray, low:
                          hovertemplate="%{y}: share %{x:+.3f}<br>interval [%{customdata[0]:.3f}, "
                                        "%{customdata[1]:.3f}]<extra></extra>"), row=row, col=col)
     fig.update_yaxes(type="category", autorange="reversed", tickfont={"size": 10}, row=row, col=col)
-    fig.update_xaxes(zeroline=True, zerolinecolor="#888", title_text="share (the parts of a text add up to 1)",
-                     row=row, col=col)
+    fig.update_xaxes(zeroline=True, zerolinecolor="#888", title_text=SHARE_AXIS, row=row, col=col)
 
 
 def share_panels(panels: Sequence[tuple[str, Sequence[str], np.ndarray, np.ndarray, np.ndarray]],
