@@ -151,3 +151,20 @@ def test_the_first_and_the_cost_lessons_quote_the_saved_measurements_they_name(t
         assert results["why-attention"].values["recurrence"]["GRU"]["sequential_steps"] == saved.longest_tokens
         assert layer_cost.cost_sentence(cost, command=False) in results["cost"].why
         assert typed(recurrence.LESSON_TEXT) == []      # the lesson's text names the experiment, not its numbers
+
+
+def test_the_first_lesson_says_what_its_revealed_figure_draws():
+    """The first lesson's text promised the GRU's accuracy by distance in 'the answer' while the revealed figure is
+    the timing chart: the text now says the answer's words quote the run and where its curves are drawn, and the
+    revealed figure is the timing it names (two bars a run, no distance axis)."""
+    from ui.services.lab import recurrence
+    from ui.services.learn import Measured
+    from ui.views.learn import figure
+
+    assert "The answer shows" not in recurrence.LESSON_TEXT
+    assert "figure is the timing" in recurrence.LESSON_TEXT and "Lab's first screen draws" in recurrence.LESSON_TEXT
+    values = {"tokens": 16, "at_once": [0.01, 0.011], "one_by_one": [0.05, 0.06], "ratio": 5.0,
+              "encoder_only": False}
+    fig = figure("why-attention", Measured(5.0, "", "", "", values=values))
+    assert [list(trace.x) for trace in fig.data] == [["one pass", "one token at a time"]] * 2
+    assert "distance" not in fig.to_json()

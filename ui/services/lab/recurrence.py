@@ -17,8 +17,9 @@ SAVED = Path(__file__).resolve().parents[3] / "assets" / "recurrence"
 SAVED_COMMAND = "python -m core.lab.recurrent --threads 1 --out assets/recurrence"
 # the course's first lesson, before Reveal: what the saved experiment is, without its numbers
 LESSON_TEXT = ("The chain has a second price: what the end needs from an early token must survive every step between, "
-               "and so must the gradient that trains it. The answer shows a GRU and an attention decoder of one size "
-               "trained to copy in the Lab: accuracy by distance, gradient by distance, sequential steps.")
+               "and so must the gradient that trains it. The answer's words quote a GRU and an attention decoder of "
+               "one size trained to copy in the Lab (accuracy by distance, gradient by distance, sequential steps); "
+               "its figure is the timing above, and the Lab's first screen draws those two curves.")
 
 
 @functools.lru_cache(maxsize=1)
