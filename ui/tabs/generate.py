@@ -96,12 +96,7 @@ def build(services, picker, initial) -> Tab:
             export_file = gr.File(label="Trace (JSON)", elem_id="gen-export-file", interactive=False)
         export_note = gr.Markdown(label="export note", elem_id="gen-export-note")
 
-    gr.Markdown(KV_INTRO)
-    kv_run = gr.Button("Measure the KV cache on this prompt", elem_id="gen-kv-run")
-    kv_note = gr.Markdown(label="KV note", elem_id="gen-kv-note")
-    kv_table = gr.Dataframe(label="KV cache size", elem_id="gen-kv-table", interactive=False, visible=False, wrap=True)
-    kv_fig = gr.Plot(label="Time per new token", elem_id="gen-kv-fig", visible=False)
-    kv_numbers = gr.JSON(label="The same in bytes and seconds", elem_id="gen-kv-numbers", visible=False)
+    kv_run, kv_event, (kv_note, kv_table, kv_fig, kv_numbers) = kv_section(services, model, prompt)
 
     settings = [model, prompt, chat, max_new, temperature, top_k, top_p, seed]
     step_outputs = [step_note, probs_fig, row_fig, overview_fig, shaded, step_numbers]
@@ -118,10 +113,6 @@ def build(services, picker, initial) -> Tab:
     step_event = wire_steps(services, model, step, fields, trace, show, strip, picked, step_outputs)
     export.click(handler(reading_trace(trace_file), services, "export_generation", progress=False), trace,
                  [export_file, export_note], api_name="export_generation")
-    kv_event = dict(fn=handler(kv_panel, services, "kv_cache"), inputs=[model, prompt],
-                    outputs=[kv_note, kv_table, kv_fig, kv_numbers], **ON_ANALYSIS)
-    kv_run.click(show_kv, None, [kv_table, kv_fig], api_visibility="private", queue=False).then(
-        **kv_event, api_name="kv_cache")
     @user_errors
     def for_model(name):
         """Chat mode as the model's tokenizer has it; Generate off, saying why, for a model that cannot generate."""
@@ -143,6 +134,23 @@ def build(services, picker, initial) -> Tab:
                parts={"gen-step-row": ({**step_event, "api_visibility": "private"}, step_outputs[1:4]),
                       "gen-kv-fig": ({**kv_event, "api_visibility": "private"}, [kv_table, kv_fig])},
                cannot=lambda name: generation_reason(services.models.get(name)) or "")
+
+
+def kv_section(services, model, prompt):
+    """The KV cache's section: its button, the event that measures it (the `kv_cache` endpoint) and its outputs
+    (note, table, figure, numbers)."""
+    gr.Markdown(KV_INTRO)
+    kv_run = gr.Button("Measure the KV cache on this prompt", elem_id="gen-kv-run")
+    kv_note = gr.Markdown(label="KV note", elem_id="gen-kv-note")
+    kv_table = gr.Dataframe(label="KV cache size", elem_id="gen-kv-table", interactive=False, visible=False, wrap=True)
+    kv_fig = gr.Plot(label="Time per new token", elem_id="gen-kv-fig", visible=False)
+    kv_numbers = gr.JSON(label="The same in bytes and seconds", elem_id="gen-kv-numbers", visible=False)
+    outputs = [kv_note, kv_table, kv_fig, kv_numbers]
+    kv_event = dict(fn=handler(kv_panel, services, "kv_cache"), inputs=[model, prompt], outputs=outputs,
+                    **ON_ANALYSIS)
+    kv_run.click(show_kv, None, [kv_table, kv_fig], api_visibility="private", queue=False).then(
+        **kv_event, api_name="kv_cache")
+    return kv_run, kv_event, outputs
 
 
 def show_kv():
