@@ -72,12 +72,12 @@ def test_bad_input_is_refused_in_words(llama, layer, head, side, n, words):
 def test_on_smollm2_the_induction_heads_keys_come_from_the_previous_token_head(smollm):
     """The classic circuit on a real model: the atlas's strongest induction head (over these texts) reads keys
     written first by its strongest previous-token head among the earlier layers."""
-    texts = corpora.induction_texts(smollm.tokenizer, 4, induction_length(smollm), bos=smollm.config.bos_token_id)
+    texts = corpora.induction_texts(smollm.tokenizer, 5, induction_length(smollm), bos=smollm.config.bos_token_id)
     scores = overs.head_scores_over(smollm, texts)
     n_heads = smollm.config.n_heads
     layer, head = divmod(int(scores["induction"].mean.flatten().argmax()), n_heads)
     previous = scores["previous_token"].mean[:layer]
     source = divmod(int(previous.flatten().argmax()), n_heads)
-    found = composition(smollm, layer, head, "key", 4)
+    found = composition(smollm, layer, head, "key", 5)  # five texts: the fewest that get an interval
     assert found.labels[0] == f"L{source[0]} H{source[1]}", (found.labels, source)
     assert found.low[0] > max(abs(v) for v in found.high[1:])     # first with its whole interval
