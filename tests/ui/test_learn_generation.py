@@ -5,6 +5,7 @@ and its output; an encoder is told in words why it keeps no cache; every figure 
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -18,6 +19,8 @@ from ui.services.learn import generation as lessons
 from ui.services.learn import read_guess, reveal
 from ui.services import inside
 from ui.services.inside import online_softmax_memory
+from ui.services.learn.cost import COST_MEASURED
+from ui.views.learn import course
 from ui.views.learn import generation as views
 
 KV, COST = lessons.LESSONS
@@ -104,7 +107,7 @@ def test_the_weights_grow_as_n_squared_and_the_exponent_is_the_fit_of_the_times(
     assert "64×" not in cost.answer_text
     fig = views.FIGURES["cost"](cost)
     np.testing.assert_allclose(fig.data[0].y, [(m / lengths[0]) ** 2 for m in lengths])
-    assert len(fig.data) == 4 and fig.layout.yaxis.type == "log"
+    assert len([t for t in fig.data if t.xaxis in (None, "x")]) == 4 and fig.layout.yaxis.type == "log"
 
 
 def test_the_online_softmax_of_a_real_head_is_its_softmax(smollm, cost):
@@ -128,4 +131,38 @@ def test_an_encoder_still_measures_the_cost(tiny):
     measured = COST.measure(bert, None)
     assert measured.values["lengths"] == [32, 64, 128] and measured.answer == 4.0
     assert measured.values["online_max_error"] <= 1e-6
-    assert len(views.FIGURES["cost"](measured).data) == 4
+    assert len([t for t in views.FIGURES["cost"](measured).data if t.xaxis in (None, "x")]) == 4
+
+
+def test_the_cost_figure_draws_the_layer_alone_from_the_shipped_run_beside_this_runs_point(tiny):
+    """The second panel: the bench's fastest run per length and method as the JSON holds them, each named with the
+    exponent the bench fitted, this run's layer alone at the lesson's longest length, on labelled log axes; the
+    set-up before Reveal draws none of it."""
+    llama, _ = tiny
+    measured = COST.measure(llama, None)
+    raw = json.loads(COST_MEASURED.read_text(encoding="utf-8"))
+    rows = sorted(raw["layer"], key=lambda r: r["n"])
+    fig = course.figure("cost", measured, 4.0)
+    below = [t for t in fig.data if t.xaxis == "x2"]
+    for method in ("dense", "online", "fused"):
+        fit = raw["fits"]["layer"][method]["fastest"]["exponent"]
+        trace = next(t for t in below if t.name.startswith(f"{method}, saved run"))
+        assert list(trace.x) == [r["n"] for r in rows] and trace.yaxis == "y2"
+        np.testing.assert_allclose(trace.y, [1e3 * min(r[method]["seconds"]) for r in rows])
+        assert f"∝ n^{fit:.2f} at 2,048–8,192 tokens" in trace.name
+    dense = raw["fits"]["layer"]["dense"]["fastest"]["exponent"]
+    assert f"n^{dense:.2f} on the plain path" in views.FIGURES["cost"](measured).layout.title.subtitle.text
+    now = measured.values["layer_now"]
+    live = next(t for t in below if t.name == f"this run, at {now['n']} tokens")
+    assert now["n"] == measured.values["lengths"][-1] == 128 and (now["heads"], now["d_head"]) == (raw["heads"],
+                                                                                                  raw["d_head"])
+    assert list(live.x) == [128, 128] and list(live.text) == ["dense", "fused"]
+    np.testing.assert_allclose(live.y, [1e3 * now["seconds"]["dense"], 1e3 * now["seconds"]["fused"]])
+    assert all(y > 0 for y in live.y)
+    x, y = fig.layout.xaxis2, fig.layout.yaxis2
+    assert x.type == y.type == "log" and x.title.text == "tokens n" and y.title.text.startswith("ms")
+    assert list(x.tickvals) == [128, 256, 512, 1024, 2048, 4096, 8192] and x.ticktext[-1] == "8,192"
+    assert all(len(label) > 1 or label == "1" for label in y.ticktext)     # decades written out, no bare digit
+    assert [t.name for t in fig.data if t.name == "your guess"] and fig.data[-1].xaxis in (None, "x")
+    before = course.before_reveal("cost", measured)
+    assert not before.data and f"{dense:.2f}" not in before.to_json() and "8,192 tokens" in before.to_json()

@@ -31,6 +31,7 @@ class LayerCost:
     method: str
     lengths: tuple[int, ...]
     seconds: tuple[float, ...]     # median seconds of one call
+    fastest: tuple[float, ...]     # the fastest run's seconds at each length (what fastest_exponent is fitted on)
     peak: tuple[float, ...]        # median bytes one call added to the peak resident memory
     time_exponent: float           # over fit_lengths, on the medians
     fastest_exponent: float        # over fit_lengths, on the fastest run at each length (the least disturbed)
@@ -68,6 +69,10 @@ def _medians(rows, method: str, field: str) -> tuple[float, ...]:
     return tuple(float(statistics.median(r[method][field])) for r in rows)
 
 
+def _fastest(rows, method: str) -> tuple[float, ...]:
+    return tuple(float(min(r[method]["seconds"])) for r in rows)
+
+
 def attention_cost(path: Path = COST_MEASURED) -> AttentionCost | None:
     """The shipped measurement with the exponents the bench fitted, or None where it was never made; a damaged file
     is an error that names it and the command that remakes it."""
@@ -82,7 +87,8 @@ def attention_cost(path: Path = COST_MEASURED) -> AttentionCost | None:
         for m in COST_METHODS:
             time, fastest, peak_fit = (Growth.from_record(raw["fits"]["layer"][m][kind])
                                        for kind in ("time", "fastest", "peak"))
-            layer[m] = LayerCost(m, lengths, _medians(rows, m, "seconds"), _medians(rows, m, "added"),
+            layer[m] = LayerCost(m, lengths, _medians(rows, m, "seconds"), _fastest(rows, m),
+                                 _medians(rows, m, "added"),
                                  time.exponent, fastest.exponent, peak_fit.exponent, peak_fit)
         model = None
         if raw.get("model"):

@@ -13,7 +13,7 @@ import torch
 
 from core import generate as generation
 from core.analysis import anatomy
-from core.attention import softmax_bytes
+from core.attention import attention, softmax_bytes
 from core.machine.growth import growth
 from ui.services import inside
 from ui.services.learn import cost as layer_cost
@@ -167,6 +167,26 @@ def cost_words(lengths, seconds, exponent: float, fixed: float) -> str:
             "term of eq. 6.12.")
 
 
+def layer_alone_now(model, n: int, heads: int, d_head: int, repeats: int = COST_REPEATS) -> dict:
+    """One attention layer alone timed here and now as the shipped bench times it (random q, k, v
+    [1, heads, n, d_head] float32, no mask: eq. 2.1 over all n² pairs), on the model's device: the fastest of
+    `repeats` calls on the explicit path (every weight held: return_probs) and on the fused one, after a warm-up."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, heads, n, d_head, generator=gen).to(model.device) for _ in range(3))
+    clock, seconds = generation.device_clock(model), {}
+    with torch.inference_mode():
+        for method, probs in (("dense", True), ("fused", False)):
+            attention(q, k, v, return_probs=probs)                                # warm-up, not kept
+            best = float("inf")
+            for _ in range(repeats):
+                started = clock()
+                attention(q, k, v, return_probs=probs)
+                best = min(best, clock() - started)
+            seconds[method] = best
+    return {"n": n, "heads": heads, "d_head": d_head, "threads": torch.get_num_threads(),
+            "device": model.device.type, "seconds": seconds}
+
+
 def online_check(model) -> inside.OnlineRow:
     """The online softmax (eq. 6.10) of the last query row of a middle layer's first head on COST_SAMPLE,
     beside that head's own weights in the pass."""
@@ -214,7 +234,7 @@ def measure_cost(model, progress: ProgressFn | None = None) -> Measured:
                 "exponent": exponent, "fixed_seconds": fixed, "seconds_per_token": per_token,
                 "online_layer": row.layer, "online_head": row.head, "online_block": row.block,
                 "online_max_error": row.probs_difference, "online_output_error": row.output_difference,
-                **memory_values, "layer_cost": layer_cost_values()},
+                **memory_values, "layer_cost": layer_cost_values(), "layer_now": layer_now(model, doubled)},
         link={"tab": "inside", "layer": row.layer, "head": row.head, "text": COST_SAMPLE,
               "show": "inside-online-figure"})
 
@@ -235,14 +255,23 @@ def layer_cost_values() -> dict | None:
     cost = layer_cost.attention_cost()
     if cost is None:
         return None
-    return {"fit_lengths": list(cost.fit_lengths), "threads": cost.threads,
-            "methods": {m: {"lengths": list(c.lengths), "seconds": list(c.seconds), "peak": list(c.peak),
-                            "time_exponent": c.time_exponent, "peak_exponent": c.peak_exponent}
+    return {"fit_lengths": list(cost.fit_lengths), "threads": cost.threads, "repeats": cost.repeats,
+            "heads": cost.heads, "d_head": cost.d_head, "date": cost.date,
+            "methods": {m: {"lengths": list(c.lengths), "seconds": list(c.seconds), "fastest": list(c.fastest),
+                            "peak": list(c.peak), "time_exponent": c.time_exponent,
+                            "fastest_exponent": c.fastest_exponent, "peak_exponent": c.peak_exponent}
                         for m, c in cost.layer.items()},
             "model": None if cost.model is None else {"lengths": list(cost.model.lengths),
                                                       "seconds": list(cost.model.seconds),
                                                       "exponent": cost.model.exponent,
                                                       "attention_share": list(cost.model.attention_share)}}
+
+
+def layer_now(model, n: int) -> dict | None:
+    """The layer alone at the lesson's longest length, in the shipped run's shape (to stand beside it), or None
+    where that run is not in this copy."""
+    cost = layer_cost.attention_cost()
+    return None if cost is None else layer_alone_now(model, n, cost.heads, cost.d_head)
 
 
 def softmax_memory(d_head: int) -> tuple[str, dict]:

@@ -1,13 +1,16 @@
 """The figures of the lessons on generation and cost (ui/services/learn/generation.py): the KV cache's size at a few
 lengths with and without grouped-query attention (on linear axes: it grows linearly), and the growth of one
-head's weights against the time of a forward pass, on log axes beside n and n²."""
+head's weights against the time of a forward pass, on log axes beside n and n², over one attention layer timed
+alone on long texts (the shipped bench's run and this run's point)."""
 
 from __future__ import annotations
 
 import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
-from ui.plots.base import empty_figure, linear_lengths, log_axis
-from ui.plots.charts import line_figure
+from ui.plots.base import base_layout, empty_figure, linear_lengths, log_axis
+from ui.plots.charts import line_figure, with_subtitle
 
 
 def kv_cache_figure(measured):
@@ -28,9 +31,14 @@ def kv_cache_figure(measured):
     return fig
 
 
+COST_PANELS = ("this model: one head's weights and a whole pass, from its shortest length",
+               "one attention layer alone, on long texts (ms)")
+
+
 def cost_figure(measured):
-    """Growth from the shortest length, log-log: the counted weights of one head and the fastest forward pass,
-    with n and n² as guides."""
+    """Two panels, log-log. Above: growth from the shortest length of the counted weights of one head and the
+    fastest forward pass, with n and n² as guides. Below: one attention layer alone against length, the shipped
+    bench's fastest runs per method with the exponent it fitted, and this run's point at the lesson's length."""
     v = measured.values
     lengths = np.asarray(v["lengths"])
     grows = lengths / lengths[0]
@@ -40,14 +48,47 @@ def cost_figure(measured):
         "∝ n": grows.astype(float),
         "∝ n²": grows.astype(float) ** 2,
     }
-    fig = line_figure(lengths, series, "What grows as n², and what a pass's time does", "tokens n",
-                      f"× its value at {lengths[0]} tokens",
-                      subtitle=f"time ∝ n^{v['exponent']:.2f} here; the weights ∝ n² (eq. 6.12)")
-    for name in ("∝ n", "∝ n²"):
-        fig.update_traces(selector={"name": name}, line={"dash": "dot", "color": "grey"}, mode="lines")
-    fig.update_xaxes(**log_axis(lengths, ticks=lengths))
-    fig.update_yaxes(**log_axis(*series.values()))
-    return fig
+    bench, now = v.get("layer_cost"), v.get("layer_now")
+    rows = 2 if bench else 1
+    fig = make_subplots(rows=rows, cols=1, subplot_titles=COST_PANELS[:rows], vertical_spacing=0.2)
+    for name, ys in series.items():
+        guide = name.startswith("∝")
+        fig.add_trace(go.Scatter(x=lengths, y=ys, name=name, mode="lines" if guide else "lines+markers",
+                                 line={"dash": "dot", "color": "grey"} if guide else None), row=1, col=1)
+    subtitle = f"time ∝ n^{v['exponent']:.2f} here; the weights ∝ n² (eq. 6.12)"
+    base_layout(fig, "What grows as n², and when the time does too", 380 * rows)
+    fig.update_xaxes(title_text="tokens n", row=1, col=1, **log_axis(lengths, ticks=lengths))
+    fig.update_yaxes(title_text=f"× its value at {lengths[0]} tokens", row=1, col=1, **log_axis(*series.values()))
+    if bench:
+        subtitle += "; " + layer_alone(fig, bench, now)
+    fig.update_layout(legend={"orientation": "h", "y": -0.12})
+    return with_subtitle(fig, subtitle)
+
+
+def layer_alone(fig, bench: dict, now: dict | None) -> str:
+    """The second panel: the bench's fastest run at each length per method, named with its fitted exponent, and
+    this run's points at the lesson's length; returns the subtitle's words for it."""
+    top = f"{bench['fit_lengths'][0]:,}–{bench['fit_lengths'][-1]:,}"
+    drawn = []
+    for method, run in bench["methods"].items():
+        ms = np.asarray(run["fastest"], float) * 1e3
+        drawn.append(ms)
+        fig.add_trace(go.Scatter(x=run["lengths"], y=ms, mode="lines+markers",
+                                 name=f"{method}, saved run: ∝ n^{run['fastest_exponent']:.2f} at {top} tokens"),
+                      row=2, col=1)
+    lengths = list(bench["methods"]["dense"]["lengths"])
+    if now:
+        ms = [1e3 * now["seconds"][m] for m in now["seconds"]]
+        drawn.append(ms)
+        fig.add_trace(go.Scatter(x=[now["n"]] * len(ms), y=ms, mode="markers+text", text=list(now["seconds"]),
+                                 textposition="middle left", marker={"size": 11, "symbol": "diamond", "color": "black"},
+                                 name=f"this run, at {now['n']} tokens"), row=2, col=1)
+        lengths = sorted({*lengths, int(now["n"])})
+    fig.update_xaxes(title_text="tokens n", row=2, col=1,
+                     **log_axis(lengths, ticks=lengths, labels=[f"{n:,}" for n in lengths]))
+    fig.update_yaxes(title_text=f"ms, fastest of {bench['repeats']} runs", row=2, col=1, **log_axis(*drawn))
+    dense = bench["methods"]["dense"]["fastest_exponent"]
+    return f"one layer alone at {top} tokens ∝ n^{dense:.2f} on the plain path"
 
 
 FIGURES = {"kv-cache": kv_cache_figure, "cost": cost_figure}

@@ -145,10 +145,13 @@ def kv_cache_setup(v):
 
 
 def cost_setup(v):
-    lengths = v["lengths"]
+    lengths, bench = v["lengths"], v.get("layer_cost")
+    subtitle = "one head's attention weights, and the time of a forward pass, at each length"
+    if bench:   # the lengths of the layer timed alone, which Reveal draws below (a trace-less panel shows no axes)
+        long = bench["methods"]["dense"]["lengths"]
+        subtitle += f"; on Reveal, one attention layer alone too, timed at {long[0]:,}–{long[-1]:,} tokens"
     return blank("What grows, and how fast, as the text doubles", "tokens n", f"× its value at {lengths[0]} tokens",
-                 lengths_axis(lengths), UNNUMBERED,
-                 subtitle="one head's attention weights, and the time of a forward pass, at each length")
+                 lengths_axis(lengths), UNNUMBERED, subtitle=subtitle)
 
 
 def sinks_setup(v):
