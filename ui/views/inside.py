@@ -9,7 +9,8 @@ import io
 import numpy as np
 
 from ui.plots.attention import stages_figure
-from ui.plots.base import empty_figure
+from ui.plots.base import empty_figure, fit_narrow
+from ui.plots.charts import with_subtitle
 from ui.plots.inside import (content_position_figure, decomposition_figure, geometry_figure, next_token_figure,
                              rotation_figure, score_terms_figure, side_bars, stage_panels, token_bars)
 from ui.plots.text import escaped
@@ -314,6 +315,24 @@ def later_stages(result) -> list[tuple[str, float, str]]:
     return stages + [("what softmax reads", result.scored, "total")]
 
 
+def anatomy_titles(query: str, key: str, score: float, before: str, split: str, relative: bool,
+                   shape: tuple[int, int]) -> tuple[str, str]:
+    """The decomposition figure's title, naming the query's and the key's tokens and the score, and its subtitle,
+    saying what the score is measured against and how it is split."""
+    title = f"Why {quoted(query)} → {quoted(key)}: {'relative score' if relative else 'score'}{before} {score:+.3f}"
+    against = "against the query's attention-weighted mean key; " if relative else ""
+    split_words = ("by side, every earlier head its own part" if split == "heads"
+                   else f"a sum over {pairs_words(shape)}")
+    return title, against + split_words
+
+
+def pairs_words(shape: tuple[int, int]) -> str:
+    """How many parts a score is split into, as a student reads it: '33,124 pairs (182 query-side parts ×
+    182 key-side parts)'."""
+    queries, keys = shape
+    return f"{queries * keys:,} pairs ({queries:,} query-side parts × {keys:,} key-side parts)"
+
+
 def anatomy_parts(model, tokens_enc, layer_index, head_index, query_index, key_index, split="layers",
                   relative=False):
     """(decomposition, note, decomposition figure, content-against-position figure) for one encoded text. split:
@@ -329,16 +348,13 @@ def anatomy_parts(model, tokens_enc, layer_index, head_index, query_index, key_i
     largest = "; ".join(f"query side: {escaped(result.query_labels[i // matrix.shape[1]])}, key side: "
                         f"{escaped(result.key_labels[i % matrix.shape[1]])} ({matrix.flat[i]:+.2f})" for i in order)
     before = " before the cap" if result.capped is not None else ""
-    what = (f"{quoted(tokens[k])} against the query's mean key: the score{before} {result.score:+.3f}" if relative
-            else f"the score{before} {result.score:+.3f}")
-    title = f"Why {quoted(tokens[q])} → {what}"
+    title, subtitle = anatomy_titles(tokens[q], tokens[k], result.score, before, split, relative, matrix.shape)
     if split == "heads":
-        query_parts, key_parts = sides_of(result)
-        fig = side_bars(query_parts, key_parts, f"{title}, by side (every earlier head its own part)")
+        fig = side_bars(*sides_of(result), title)
     else:
-        fig = decomposition_figure(matrix, result.query_labels, result.key_labels,
-                                   f"{title} as a sum of {matrix.size} parts",
+        fig = decomposition_figure(matrix, result.query_labels, result.key_labels, title,
                                    after=[] if relative else later_stages(result))
+    fig = fit_narrow(with_subtitle(fig, subtitle))   # wrapped to the plot's width, a phone's too
     series = content_and_position(model, tokens_enc, stages, q)
     line = content_position_figure(tokens, series, q, f"Every key of {quoted(tokens[q])}, layer {result.layer}, "
                                                       f"head {result.head}")
@@ -365,7 +381,7 @@ def anatomy_parts(model, tokens_enc, layer_index, head_index, query_index, key_i
              f"against each key-side part, the {SIDE_TOP} largest of each named." if split == "heads" else "")
     note = (f"{scaled} from {quoted(tokens[q])} (query {q}) to {quoted(tokens[k])} (key {k}) is "
             f"**{result.score:+.3f}**. Written as a sum over {parts} ({frozen} frozen at its value on this text), the "
-            f"{matrix.size} parts add up to **{matrix.sum():+.3f}**. Largest: {largest}.{sides}{extra}"
+            f"{pairs_words(matrix.shape)} add up to **{matrix.sum():+.3f}**. Largest: {largest}.{sides}{extra}"
             f"{'' if relative else score_words(result)}{masked}")
     return result, note, fig, line
 
