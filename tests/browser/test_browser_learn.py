@@ -30,7 +30,7 @@ from conftest import SMOLLM, WIDE, idle, open_page, runs_done, screenshot, settl
 from tiny_app_model import launch_app  # noqa: E402
 from ui.services import learn  # noqa: E402
 from ui.services.learn import course as syllabus  # noqa: E402
-from ui.tabs.learn.course import SAVED_KEY  # noqa: E402
+from ui.tabs.learn.course import SAVED_KEY, short_title  # noqa: E402
 from ui.views.learn import course as views  # noqa: E402
 from ui.views.learn.setup import GUESS  # noqa: E402
 
@@ -352,13 +352,13 @@ def test_a_link_opens_a_lesson_the_browser_remembers_it_and_the_keyboard_walks_o
         page.keyboard.press("Enter")
         expect(page.locator("#learn-answer")).to_contain_text("Measured", timeout=TIMEOUT_MS)
         # the reveal's own outputs: the picker marks the lesson, and its progress is written to the browser
-        expect(page.locator("#learn-choose input")).to_have_value(f"3. {third.title} ✓", timeout=TIMEOUT_MS)
+        expect(page.locator("#learn-choose input")).to_have_value(f"3. {short_title(third)} ✓", timeout=TIMEOUT_MS)
         page.wait_for_function("() => window.__saved > 0", timeout=TIMEOUT_MS)
         page.goto(url)               # no query: the page opens on its own tab; the Learn tab resumes at lesson 3
         expect(page.locator("#model-picker")).to_be_visible(timeout=TIMEOUT_MS)
         page.get_by_role("tab", name="Learn").click()
         expect(page.locator("#learn-place")).to_contain_text(third.title, timeout=TIMEOUT_MS)
-        expect(page.locator("#learn-choose input")).to_have_value(f"3. {third.title} ✓")   # revealed, marked
+        expect(page.locator("#learn-choose input")).to_have_value(f"3. {short_title(third)} ✓")   # revealed, marked
         # from the lesson picker, Tab reaches Back, then Next; Enter on Next opens lesson 4
         page.locator("#learn-choose input").focus()
         for target in ("learn-back", "learn-next"):

@@ -483,7 +483,7 @@ LESSONS: tuple[Lesson, ...] = (
     ),
     Lesson(
         name="heads",
-        title="Multi-head attention and what heads do",
+        title="Multi-head attention: what heads do",
         text=(
             "Multi-head attention (eq. 3.1) runs h attentions side by side, each on its own d/h-wide slice with its "
             "own W_i^Q, W_i^K, W_i^V, and mixes their outputs with W^O. The heads together hold 3d² weights and "

@@ -25,8 +25,14 @@ and the lessons you revealed are kept in this browser."""
 SAVED_KEY = "attention-explorer-course"  # the browser's localStorage key (BrowserState) for the reader's progress
 
 
+def short_title(lesson) -> str:
+    """A lesson's title up to its colon ("Cost" of "Cost: the quadratic term, …"): the picker's name for it, which
+    a phone's width shows whole (the full title heads the lesson under the picker)."""
+    return lesson.title.split(":")[0]
+
+
 def lesson_choices(revealed=()) -> list[tuple[str, str]]:
-    return [(f"{i}. {lesson.title}{' ✓' if lesson.name in revealed else ''}", lesson.name)
+    return [(f"{i}. {short_title(lesson)}{' ✓' if lesson.name in revealed else ''}", lesson.name)
             for i, lesson in enumerate(syllabus.lessons(), start=1)]
 
 
