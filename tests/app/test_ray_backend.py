@@ -313,7 +313,7 @@ def test_a_corpus_job_in_chunks_on_the_replicas_is_the_local_run(ray_front, llam
         kept.append(chunk)
     stopped = chunks.merge(chunks.check(overs.ANALYSES["head_scores"], model, texts), kept, "text", len(texts), stopped=True)
     assert stopped["previous_token"].items == (0,) and "stopped after 1 of 7 texts" in stopped["previous_token"].note
-    with pytest.raises(ValueError, match="not 'attention'"):
+    with pytest.raises(ValueError, match="got 'attention'"):
         runner.submit("attention", texts[:1], {}).result(timeout=120)
 
 

@@ -14,7 +14,7 @@ from core.lab import sinks as lab
 from core.analysis.sinks import streaming_perplexity
 from core.lab.train import BOS, VOCAB
 
-SMALL = lab.SinksLabConfig(steps=40, context=32, window=8, test_texts=4, d_model=32, n_heads=2, batch=8)
+SMALL = lab.SinksLabConfig(steps=40, context=32, window=8, test_texts=5, d_model=32, n_heads=2, batch=8)
 
 
 def test_every_letter_is_drawn_at_random_or_copies_the_letter_before_its_trigger():

@@ -10,8 +10,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from core.lab import sinks as engine_sinks
-from core.lab import train as engine
+from core.lab import sinks as engine_sinks, train as engine
 from ui.plots.lab import training_curves
 from ui.services.checks import UserError, public_text
 from ui.services.lab import extrapolation as extra
@@ -281,8 +280,12 @@ def lab_events(lab) -> SimpleNamespace:
 
     @user_errors
     def attention(run_id, source_text, request: gr.Request):
+        return run_attention(lab, session_key(request), run_id, source_text)
+
+    @user_errors
+    def attention_shown(run_id, source_text, request: gr.Request):
+        """attention for the paths that skip Show's reveal (Try it): a decoder-only run's empty boxes hidden"""
         note, enc, dec, crs = run_attention(lab, session_key(request), run_id, source_text)
-        # a decoder-only run has no encoder: its encoder and cross-attention boxes are hidden, never left empty
         return note, gr.Plot(enc, visible=enc is not None), dec, gr.Plot(crs, visible=crs is not None)
 
     @user_errors
@@ -302,7 +305,7 @@ def lab_events(lab) -> SimpleNamespace:
 
     return SimpleNamespace(stream=stream, run_train=run_train, run_compare=run_compare, request_stop=request_stop,
                            after_stop=after_stop, list_runs=list_runs, run_choices=run_choices, attention=attention,
-                           save_run=save_run, export_lab=export_lab)
+                           attention_shown=attention_shown, save_run=save_run, export_lab=export_lab)
 
 
 def figure_reveals(lab) -> SimpleNamespace:
@@ -371,7 +374,7 @@ def wire(lab, picker, c, shown) -> dict:
                                          api_name="export_lab")
     exported.success(lambda: gr.Column(visible=True), None, shown.export_box, api_visibility="private", queue=False)
     c.task.change(lambda t: EXAMPLE_SOURCE.get(t, ""), c.task, shown.source, api_visibility="private", queue=False)
-    return {**attention, "api_visibility": "private"}
+    return {**attention, "fn": e.attention_shown, "api_visibility": "private"}
 
 
 # ---- positions past the trained length: six kinds trained on one copy task, tested on longer texts ----
