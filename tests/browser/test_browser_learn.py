@@ -6,9 +6,11 @@ and its axes' ranges) holds no trace that Reveal draws and no number that states
 × 100, to the precision the answer shows); Reveal shows the answer beside the guess, as the server's measurement
 for this page gave it, the measured figure with a numeric guess marked on it, and the line; "Try it" opens the
 lesson's tab on its text and computes there (every figure with data or a note saying why, nothing reading Error),
-the figure the lesson names as its subject among them, drawn with data (both models). On a 390 px phone every lesson's panel and revealed figure fit the width, and the figure's title, subtitle, plot,
-legend and axis labels keep apart. A link opens a lesson by name; the browser remembers the lesson and what was
-revealed; the keyboard reaches and presses the buttons."""
+the figure the lesson names as its subject among them, drawn with data (both models). On a 390 px phone every
+lesson's panel and revealed figure fit the width, and the figure's title, subtitle, plot, legend and axis labels
+keep apart; plotly's toolbar covers no title, no two titles overlap, neighbouring bars' values keep apart, and the
+lesson picker shows its name whole with its caret beside it. A link opens a lesson by name; the browser remembers
+the lesson and what was revealed; the keyboard reaches and presses the buttons."""
 
 from __future__ import annotations
 
@@ -317,9 +319,49 @@ def parts_apart(page, lesson) -> None:
             assert top >= figure[1] - 1 and bottom <= figure[3] + 1, (lesson.name, name, parts[name], figure)
 
 
+# what a phone shows over and beside the revealed figure's titles: plotly's toolbar (the modebar, boxed whether or
+# not a hover has shown it), every annotation (the title, subtitle and panel titles), the values printed on bars;
+# and each dropdown shown: its input, the input's text width against its own, and its caret
+CROWDED = """() => {
+  const gd = document.querySelector('#learn-figure .js-plotly-plot');
+  const box = (el) => { const r = el.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+  const shown = (el) => el.offsetParent !== null && box(el)[2] > box(el)[0];
+  const texts = (selector) => [...gd.querySelectorAll(selector)].filter(shown)
+      .map((el) => [el.textContent, box(el)]);
+  const dropdowns = [...document.querySelectorAll('.secondary-wrap')].filter(shown).map((wrap) => {
+    const input = wrap.querySelector('input'), caret = wrap.querySelector('.icon-wrap');
+    return [input.value, input.scrollWidth, input.clientWidth, box(input), caret ? box(caret) : null]; });
+  return {modebar: box(gd.querySelector('.modebar')), notes: texts('.annotation'), bars: texts('.bartext'),
+          dropdowns}; }"""
+APART_PX = 2   # the least gap between the values of neighbouring bars: touching values read as one number
+
+
+def near(a, b, gap: float) -> bool:
+    """Boxes [left, top, right, bottom] that overlap, or come closer than `gap` px on both axes."""
+    return min(a[2], b[2]) - max(a[0], b[0]) > -gap and min(a[3], b[3]) - max(a[1], b[1]) > -gap
+
+
+def uncrowded(page, lesson) -> None:
+    """On a phone: the toolbar covers no title, subtitle or panel title, no two of those overlap, the values of
+    neighbouring bars keep apart, and each dropdown shows its chosen name whole, with its caret beside it."""
+    seen = page.evaluate(CROWDED)
+    for text, note in seen["notes"]:
+        assert not overlap(seen["modebar"], note), (lesson.name, "the toolbar covers", text, note, seen["modebar"])
+    for i, (text, note) in enumerate(seen["notes"]):
+        for other, box in seen["notes"][i + 1:]:
+            assert not overlap(note, box), (lesson.name, "titles overlap", text, note, other, box)
+    for i, (text, bar) in enumerate(seen["bars"]):
+        for other, box in seen["bars"][i + 1:]:
+            assert not near(bar, box, APART_PX), (lesson.name, "bar values run together", text, bar, other, box)
+    for value, text_width, width, field, caret in seen["dropdowns"]:
+        assert text_width <= width, (lesson.name, "a dropdown cuts its name", value, text_width, width)
+        assert caret is None or field[2] <= caret[0], (lesson.name, "a caret over the name", value, field, caret)
+
+
 def on_a_phone(page, lesson) -> None:
     """At a 390 px phone's width the lesson's panel and revealed figure fit the width, the figure comes under the
-    panel, and its title, subtitle, plot, legend and axis labels keep apart; then back to the wide page."""
+    panel, its title, subtitle, plot, legend and axis labels keep apart, and nothing crowds its titles, its bars'
+    values or the lesson picker's name (uncrowded); then back to the wide page."""
     page.set_viewport_size(PHONE)
     settled(page)
     for selector in ("#learn-lesson", "#learn-reveal", "#learn-figure .js-plotly-plot"):
@@ -328,6 +370,7 @@ def on_a_phone(page, lesson) -> None:
     figure, panel = page.locator("#learn-figure").bounding_box(), page.locator("#learn-lesson").bounding_box()
     assert figure["y"] >= panel["y"] + panel["height"] - 1, (figure, panel)
     parts_apart(page, lesson)
+    uncrowded(page, lesson)
     if lesson.name == syllabus.lessons()[-1].name:
         screenshot(page, "learn-phone")
     page.set_viewport_size(WIDE)

@@ -158,3 +158,25 @@ def test_fit_narrow_sets_a_long_title_and_subtitle_in_lines_above_the_plot_and_t
     assert fig.layout.title.text == title and not fig.layout.annotations     # the figure given is left as it was
     one = fit_narrow(go.Figure(go.Bar(x=["a"], y=[1], name="one")))            # one entry, no title: nothing moves
     assert not one.layout.annotations and one.layout.legend.yref is None
+
+
+def test_fit_narrow_sets_the_title_over_the_top_rows_panel_titles_and_under_the_toolbars_band():
+    """The title and subtitle stand above the first row's panel titles (make_subplots' annotations, anchored at the
+    plot's top), and the top margin leaves a band over them for plotly's toolbar (the browser test measures both
+    boxes: tests/browser/test_browser_learn.py)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from ui.plots.base import MODEBAR_PX, base_layout, fit_narrow, panel_titles_height
+
+    fig = make_subplots(rows=2, cols=1, subplot_titles=["the first panel<br>in two lines", "the second panel"])
+    base_layout(fig, "What feeds the head's keys")
+    fig.update_layout(title={"subtitle": {"text": "on the loaded model"}})
+    panels = panel_titles_height(fig)
+    assert panels >= 2 * 16                                                   # two lines of 16 px type
+    fitted = fit_narrow(fig)
+    notes = {a.name: a for a in fitted.layout.annotations if a.name}
+    assert notes["subtitle"].yshift >= panels and notes["title"].yshift > notes["subtitle"].yshift
+    title_top = notes["title"].yshift + 19                                    # one line of the 14 px title
+    assert fitted.layout.margin.t - title_top >= MODEBAR_PX
+    assert panel_titles_height(fit_narrow(base_layout(go.Figure(go.Bar(x=["a"], y=[1])), "a title"))) == 0

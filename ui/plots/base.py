@@ -56,14 +56,31 @@ def empty_figure(message: str, height: int = 200) -> go.Figure:
 
 
 NARROW_TITLE_CHARS, NARROW_SUBTITLE_CHARS = 42, 52   # a line's characters at 14 / 12 px on a phone-wide plot
+MODEBAR_PX = 32   # plotly's toolbar (the modebar): drawn over the figure's top right, as wide as a phone's plot
+
+
+def panel_titles_height(fig: go.Figure) -> int:
+    """Pixels that the panel titles of a figure's top row (make_subplots' annotations, anchored at the top of the
+    plot area by their bottom) stand above the plot: 0 where there are none."""
+    tallest = 0
+    for note in fig.layout.annotations:
+        if note.name in ("title", "subtitle") or note.yref != "paper" or note.y is None or note.y < 1 - 1e-6:
+            continue
+        if note.yanchor not in (None, "auto", "bottom") or note.showarrow:
+            continue
+        size = note.font.size or fig.layout.annotationdefaults.font.size or 12
+        lines = (note.text or "").count("<br>") + 1
+        tallest = max(tallest, math.ceil(lines * size * 1.3) + (note.yshift or 0) + 4)
+    return tallest
 
 
 def fit_narrow(fig: go.Figure) -> go.Figure:
     """The figure laid out to read on a phone-wide plot as on a wide one (plotly clips a long title or subtitle,
     and anchors a title of several lines over the plot): its title and subtitle wrapped into lines and set above
-    the plot as two left-aligned annotations (named "title" and "subtitle"), with the top margin they need; a
-    legend of several entries under the figure, where the plot's margin makes room for it instead of the axis
-    labels sitting under it. Returns a copy."""
+    the plot as two left-aligned annotations (named "title" and "subtitle"), over the top row's panel titles and
+    under a band the width of the figure left free for plotly's toolbar, with the top margin they need; a legend
+    of several entries under the figure, where the plot's margin makes room for it instead of the axis labels
+    sitting under it. Returns a copy."""
     fig = go.Figure(fig)
     title = fig.layout.title
     lines = [line for part in (title.text or "").split("<br>") for line in textwrap.wrap(part, NARROW_TITLE_CHARS)]
@@ -71,9 +88,11 @@ def fit_narrow(fig: go.Figure) -> go.Figure:
     sublines = [line for part in subtitle.split("<br>") for line in textwrap.wrap(part, NARROW_SUBTITLE_CHARS)]
     if lines or sublines:
         left = fig.layout.margin.l if fig.layout.margin.l is not None else 60
+        panels = panel_titles_height(fig)
         fig.update_layout(title={"text": "", "subtitle": {"text": ""}},
-                          margin={"t": 14 + 19 * len(lines) + 16 * len(sublines) + 8})
-        for name, words, size, above in (("title", lines, 14, 8 + 16 * len(sublines)), ("subtitle", sublines, 12, 6)):
+                          margin={"t": MODEBAR_PX + 19 * len(lines) + 16 * len(sublines) + 8 + panels})
+        for name, words, size, above in (("title", lines, 14, 8 + 16 * len(sublines) + panels),
+                                         ("subtitle", sublines, 12, 6 + panels)):
             if words:
                 fig.add_annotation(text="<br>".join(words), name=name, xref="paper", yref="paper", x=0, y=1,
                                    xanchor="left", yanchor="bottom", xshift=4 - left, yshift=above, align="left",

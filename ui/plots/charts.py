@@ -127,7 +127,8 @@ def bar_figure(
     base_layout(fig, title, height)
     fig.update_xaxes(title_text=x_title, type="category")
     fig.update_yaxes(title_text=y_title)
-    fig.update_layout(barmode="group", legend={"orientation": "h", "y": -0.2}, margin={"t": 80})
+    # plotly shrinks a printed value to its bar's width: a gap between a group's bars keeps neighbouring values apart
+    fig.update_layout(barmode="group", bargroupgap=0.15, legend={"orientation": "h", "y": -0.2}, margin={"t": 80})
     if mark_zeros:
         fig.update_layout(scattermode="group")  # each dot stands under its own bar of the group
     return with_subtitle(fig, subtitle)

@@ -165,7 +165,6 @@ def flow_figure(tokens: Sequence[str], n_layers: int, edges: Sequence[tuple], po
 
 COLUMNS = 2          # panels per row
 PANEL_HEIGHT = 300   # px per row of panels
-PANEL_TITLE_LINES = 4    # panel_title's lines
 DIAGONAL = "#b0b0b0"
 
 
@@ -214,14 +213,7 @@ def shortcut_scatter(exact: np.ndarray, estimates: Sequence[np.ndarray], methods
         fig.update_yaxes(title_text="estimate" if is_signed else "importance", row=row, col=col)
     fig.update_annotations(font={"size": 11})
     base_layout(fig, f"{title} (exact sweep: {number(exact_cost, 1)} passes)", PANEL_HEIGHT * rows + 120, top=90)
-    fig = fit_narrow(fig)
-    # the first row's panel titles stand above the plot, where fit_narrow put the figure's title: lift the title
-    # over them
-    lift = PANEL_TITLE_LINES * 14
-    fig.update_layout(margin={"t": fig.layout.margin.t + lift})
-    fig.for_each_annotation(lambda a: a.update(yshift=a.yshift + lift),
-                            selector=lambda a: a.name in ("title", "subtitle"))
-    return fig
+    return fit_narrow(fig)   # which sets the title over the first row's panel titles
 
 
 def edge_bars(heads: Sequence[tuple[str, Sequence[tuple[str, float]], Sequence[tuple[str, float]]]],
