@@ -72,10 +72,9 @@ APP_BENCHES = {
                            "ui/tabs/generate.py in place of the current one",
     "bench/load.py": "it loads the running app through its endpoints, sending the Patching tab's own preset pair "
                      "and threshold (ui.services.patching), so the load is what the page sends",
+    "bench/analysis/shortcuts.py": "it says how many pairs one corpus job fits in the app's time cap "
+                                   "(ui.settings' ATTN_CORPUS_MAX_SECONDS), a setting of the app, not the core",
 }
-# being rewritten by its owner, who drops the import (the server's corpus time cap, ui.settings): strict, so the day
-# it stops importing ui this fails and the entry goes
-PENDING = {"bench/analysis/shortcuts.py"}
 UI_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+ui(?:\.[\w.]+)?[ \t]+import\b|import[ \t]+ui\b)", re.MULTILINE)
 
 
@@ -96,9 +95,7 @@ def test_scripts_import_no_ui():
 BENCHES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "bench").rglob("*.py"))
 
 
-@pytest.mark.parametrize("bench", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="still imports ui; its owner is rewriting it"))
-    if name in PENDING else name for name in BENCHES if name not in APP_BENCHES])
+@pytest.mark.parametrize("bench", [name for name in BENCHES if name not in APP_BENCHES])
 def test_benches_import_no_ui_but_those_measuring_the_app(bench):
     found = ui_imports(ROOT / bench)
     assert not found, (f"{bench} imports ui: {found}; a bench of the core reads the core (move what it needs there), "
