@@ -343,7 +343,7 @@ def composition_figure(labels: Sequence[str], mean: np.ndarray, low: np.ndarray,
 
 
 # a part's share of a text's relative score: signed, so one part passes 1 where others work against it
-SHARE_AXIS = "share of the relative score (signed; a text's parts sum to 1)"
+SHARE_AXIS = "signed share of relative score (sum to 1)"   # short enough to read whole on a 390 px phone
 
 
 def add_share_bars(fig: go.Figure, labels: Sequence[str], mean: np.ndarray, low: np.ndarray, high: np.ndarray,
