@@ -330,7 +330,11 @@ CROWDED = """() => {
       .map((el) => [el.textContent, box(el)]);
   const dropdowns = [...document.querySelectorAll('.secondary-wrap')].filter(shown).map((wrap) => {
     const input = wrap.querySelector('input'), caret = wrap.querySelector('.icon-wrap');
-    return [input.value, input.scrollWidth, input.clientWidth, box(input), caret ? box(caret) : null]; });
+    const style = getComputedStyle(input), pen = document.createElement('canvas').getContext('2d');
+    pen.font = `${style.fontStyle} ${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
+    // where the chosen name's letters end on the screen (an input's scrollWidth says only whether it is cut)
+    const textRight = box(input)[0] + parseFloat(style.paddingLeft) + pen.measureText(input.value).width;
+    return [input.value, input.scrollWidth, input.clientWidth, textRight, caret ? box(caret) : null]; });
   return {modebar: box(gd.querySelector('.modebar')), notes: texts('.annotation'), bars: texts('.bartext'),
           dropdowns}; }"""
 APART_PX = 2   # the least gap between the values of neighbouring bars: touching values read as one number
@@ -353,9 +357,10 @@ def uncrowded(page, lesson) -> None:
     for i, (text, bar) in enumerate(seen["bars"]):
         for other, box in seen["bars"][i + 1:]:
             assert not near(bar, box, APART_PX), (lesson.name, "bar values run together", text, bar, other, box)
-    for value, text_width, width, field, caret in seen["dropdowns"]:
+    for value, text_width, width, text_right, caret in seen["dropdowns"]:
         assert text_width <= width, (lesson.name, "a dropdown cuts its name", value, text_width, width)
-        assert caret is None or field[2] <= caret[0], (lesson.name, "a caret over the name", value, field, caret)
+        assert caret is None or text_right <= caret[0], (lesson.name, "a caret over the name", value, text_right,
+                                                         caret)
 
 
 def on_a_phone(page, lesson) -> None:
