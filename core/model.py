@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from . import generate as generation
+from .approx import Approx, approximate, head_errors
 from .attention import (attention, attention_rows, causal_mask, padding_or_none, position_mask, positions_from_mask,
                         local_global_mask, self_attention_mask)
 from .config import ModelConfig, encoder_config
@@ -38,6 +39,7 @@ class ModelOutput:
     records: dict[str, tuple[Tensor, ...]] | None = None  # name → one tensor per layer (see probe.RECORDABLE)
     logit_lens: LogitLens | None = None
     token_embeddings: Tensor | None = None      # [B, T, d], the leaf that gradients reach (grad=True)
+    approx_errors: dict[int, tuple[Tensor | None, Tensor]] | None = None  # Approx(shadow=True): layer → head_errors
 
 
 @dataclass
@@ -68,6 +70,8 @@ class AttentionSetup:
     slot: Tensor | None = None              # [1] long: the cache position a one-token static step writes
     memory: Tensor | None = None            # encoder output for cross-attention [B, S, d]
     memory_allowed: Tensor | None = None    # bool [B, 1, 1, S]: the encoder's real tokens
+    approx: Approx | None = None            # an approximation of the stack's self-attention (core.approx)
+    approx_errors: dict | None = None       # layer → (total variation [B, H] or None, z's relative error [B, H])
 
     def terms(self, layer: int) -> LayerTerms:
         """The mask and rotation layer `layer` uses: its type's (a window, another RoPE base) or the stack's."""
@@ -120,11 +124,25 @@ class Attention(nn.Module):
         """[B, T, n·d_k] → [B, n, T, d_k]"""
         return x.view(x.shape[0], x.shape[1], n, self.head_dim).transpose(1, 2)
 
+    def kv_weight(self) -> Tensor:
+        """[W_K; W_V], [2·H_kv·d_k, d_model]: the rows of the fused projection that make keys and values."""
+        return self.qkv.weight[self.n_heads * self.head_dim:]
+
     def self_qkv(self, x: Tensor, rope: tuple[Tensor, Tensor] | None,
-                 keep: Callable[[str, Tensor], None] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                 keep: Callable[[str, Tensor], None] | None = None,
+                 lowrank: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """q [B, H, T, d_k], k and v [B, H_kv, T, d_k]; RoPE rotates queries and keys (in one go).
-        keep receives q, k, v and, before any rotation, q_unrotated and k_unrotated ([B, T, heads, d_k])."""
-        qk, v = self.heads(self.qkv(x), self.n_heads + 2 * self.n_kv_heads).split(
+        keep receives q, k, v and, before any rotation, q_unrotated and k_unrotated ([B, T, heads, d_k]).
+        lowrank (down [r, d_model], up [2·H_kv·d_k, r]): keys and values from the latent c = down·x, up·c (+ bias),
+        normed and rotated after, as a latent-attention cache would give them (core.approx, lowrank_kv)."""
+        qkv = self.qkv(x)
+        if lowrank is not None:
+            q_dim, (down, up) = self.n_heads * self.head_dim, lowrank
+            kv = (x @ down.T) @ up.T                                     # [B, T, 2·H_kv·d_k] through r numbers
+            if self.qkv.bias is not None:
+                kv = kv + self.qkv.bias[q_dim:]
+            qkv = torch.cat([qkv[..., :q_dim], kv], dim=-1)
+        qk, v = self.heads(qkv, self.n_heads + 2 * self.n_kv_heads).split(
             [self.n_heads + self.n_kv_heads, self.n_kv_heads], dim=1)
         split = [self.n_heads, self.n_kv_heads]
         if self.q_norm is not None:
@@ -155,11 +173,18 @@ class Attention(nn.Module):
             bias = window = None
         else:
             terms = setup.terms(layer)
-            q, k, v = self.self_qkv(x, terms.rope, setup.keeper(layer))
+            approx = setup.approx if setup.approx is not None and setup.approx.applies(layer) else None
+            lowrank = approx.factors(layer, self.kv_weight()) if approx and approx.method == "lowrank_kv" else None
+            q, k, v = self.self_qkv(x, terms.rope, setup.keeper(layer), None if approx and approx.shadow else lowrank)
             if cache is not None:
                 k, v = cache.write(layer, k, v, setup.slot)
             allowed, is_causal, bias, window = terms.allowed, terms.is_causal, setup.bias, terms.window
-        z = self.attend(q, k, v, allowed, is_causal, setup, kind, layer, bias, window)   # [B, H, T, d_k]
+            if approx is not None:
+                approx_kv = self.self_qkv(x, terms.rope, lowrank=lowrank)[1:] if lowrank is not None and approx.shadow \
+                    else (k, v)
+                z = self.approximated(q, k, v, approx_kv, allowed, is_causal, setup, approx, layer, bias, window)
+        if cross or approx is None:
+            z = self.attend(q, k, v, allowed, is_causal, setup, kind, layer, bias, window)   # [B, H, T, d_k]
         if probe is not None and not cross:
             z = probe.ablated(kind, layer, z, setup.query_mask).transpose(1, 2)     # [B, T, H, d_k]
             z = probe.patched(kind, "z", layer, z)
@@ -176,6 +201,40 @@ class Attention(nn.Module):
             return self.sinks
         scale = self.head_dim ** -0.5 if scale is None else scale
         return (q.float() * self.sinks.float()[None, :, None, :]).sum(-1, keepdim=True) * scale
+
+    def approximated(self, q: Tensor, k: Tensor, v: Tensor, approx_kv: tuple[Tensor, Tensor], allowed: Tensor | None,
+                     is_causal: bool, setup: AttentionSetup, approx: Approx, layer: int, bias: Tensor | None,
+                     window: int | None) -> Tensor:
+        """This layer's attention under `approx` (core.approx.approximate) on its chosen heads, exact attention on the
+        rest; with approx.shadow, exact attention's output with each head's error beside it in setup.approx_errors.
+        approx_kv: the keys and values the approximation reads (lowrank_kv's, else k and v)."""
+        kind, softcap, sink = setup.kind, setup.softcap, self.sink_logits(q, setup.scale)
+        observe, keep = setup.observes(kind, layer), setup.records_pattern(kind, layer)
+        wanted = observe or keep
+        if wanted and not approx.has_weights and not approx.shadow:
+            raise ValueError(f"{approx.method} weighs {approx.rank} mixed rows, not the keys: it has no attention "
+                             "pattern to show (record z, or use shadow=True for the exact pattern)")
+        heads = approx.head_mask(self.n_heads, q.device)
+        exact_needed = approx.shadow or heads is not None
+        exact_out = exact_probs = None
+        if exact_needed:
+            exact_out, exact_probs = attention(q, k, v, allowed, is_causal, setup.scale,
+                                               return_probs=wanted or (approx.shadow and approx.has_weights),
+                                               softcap=softcap, bias=bias, window=window, sink=sink)
+        out, probs = approximate(q, *approx_kv, approx, layer, allowed, is_causal, setup.scale, softcap, bias, window,
+                                 sink, return_probs=approx.has_weights and (wanted or approx.shadow))
+        if heads is not None:               # the chosen heads approximated, the others exact
+            out = torch.where(heads[:, None, None], out, exact_out)
+            if probs is not None and exact_probs is not None:
+                probs = torch.where(heads[:, None, None], probs, exact_probs)
+        if approx.shadow:
+            setup.approx_errors[layer] = head_errors(exact_out, out, exact_probs, probs, setup.query_mask)
+            out, probs = exact_out, exact_probs
+        if keep:
+            setup.probe.keep(kind, "pattern", layer, probs)
+        if observe:
+            setup.observer(kind, layer, probs)
+        return out
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_causal: bool,
                setup: AttentionSetup, kind: Kind, layer: int, bias: Tensor | None = None,
@@ -426,7 +485,8 @@ class Transformer(nn.Module):
                   memory_mask: Tensor | None = None, n_layers: int | None = None,
                   token_embeddings: Tensor | None = None, start_layer: int = 0,
                   resid: Tensor | None = None, window: tuple[int, int] | None = None,
-                  local_windows: bool = True) -> Tensor:
+                  local_windows: bool = True, approx: Approx | None = None,
+                  approx_errors: dict | None = None) -> Tensor:
         """Embed input_ids [B, T] and run them through `stack`; returns hidden states [B, T, d].
 
         attention_mask: [B, T] for the new tokens, or [B, cached + T] (1 = real token, 0 = padding).
@@ -451,6 +511,7 @@ class Transformer(nn.Module):
                                              padding_mask=padding_mask, scale=scale, positions=positions,
                                              window=window, local_windows=local_windows)
         setup.kind, setup.observer, setup.probe, setup.cache, setup.memory = kind, observer, probe, cache, memory
+        setup.approx, setup.approx_errors = approx, approx_errors
         if memory is not None and memory_mask is not None and padding_mask:
             setup.memory_allowed = memory_mask.bool()[:, None, None, :]
         if resid is None:
@@ -489,7 +550,7 @@ class Transformer(nn.Module):
                 logit_lens: bool = False, logit_lens_top_k: int | None = 10, grad: bool = False,
                 token_embeddings: Tensor | None = None, patches: Iterable[Patch] = (),
                 return_logits: bool = True, window: int | None = None, global_tokens: int = 0,
-                local_windows: bool = True) -> ModelOutput:
+                local_windows: bool = True, approx: Approx | None = None) -> ModelOutput:
         """One full forward pass. Runs in whatever autograd mode the caller chose (parameters of a loaded model
         do not require gradients, so no graph is kept unless something asks for one).
 
@@ -509,6 +570,8 @@ class Transformer(nn.Module):
         encoder (no causal mask) the window is symmetric, |i − j| < w, and queries 0..g−1 also see every key.
         local_windows=False: a family's own sliding-window layers read every key, their own rotation kept (Gemma
         3's local layers widened); a full pass only, not a cached decode step.
+        approx: an approximation (core.approx.Approx) of the self-attention of the stack that reads the text (a
+        seq2seq model's encoder, else the main stack) on its layers and heads; with approx.shadow, out.approx_errors.
         """
         cfg = self.config
         if window is not None and self.encoder is not None:
@@ -517,6 +580,13 @@ class Transformer(nn.Module):
         if window is not None and (window < 1 or global_tokens < 0):
             raise ValueError(f"window={window}, global_tokens={global_tokens}: the window needs w ≥ 1 and g ≥ 0")
         local = None if window is None else (window, global_tokens)
+        approximating = {}
+        if approx is not None:
+            if not isinstance(approx, Approx):
+                raise TypeError(f"approx must be a core.approx.Approx, got {type(approx).__name__}")
+            reader = self.attention_stack()[0]
+            approx.check(reader.cfg, len(reader.blocks))
+            approximating = dict(approx=approx, approx_errors={} if approx.shadow else None)
         asked = {record} if isinstance(record, str) else set(record)
         probe = None
         ablating = isinstance(ablate_heads, Tensor) or bool(ablate_heads)
@@ -538,7 +608,7 @@ class Transformer(nn.Module):
             memory = None
             if self.encoder is not None:
                 memory = self.run_stack(self.encoder, input_ids, attention_mask, kind="encoder", causal=False,
-                                        token_embeddings=token_embeddings, **switches)
+                                        token_embeddings=token_embeddings, **switches, **approximating)
                 if decoder_input_ids is None:
                     start = cfg.decoder_start_token_id
                     decoder_input_ids = torch.full((input_ids.shape[0], 1), start, device=input_ids.device)
@@ -548,7 +618,7 @@ class Transformer(nn.Module):
             else:
                 hidden = self.run_stack(self.stack, input_ids, attention_mask, kind="self",
                                         causal=causal_mask and cfg.causal, token_type_ids=token_type_ids,
-                                        token_embeddings=token_embeddings, window=local, **switches)
+                                        token_embeddings=token_embeddings, window=local, **switches, **approximating)
             out = ModelOutput(logits=self.logits(hidden) if return_logits else None, hidden_states=hidden, encoder_hidden_states=memory,
                               token_embeddings=token_embeddings if grad else None)
             if logit_lens:
@@ -559,4 +629,6 @@ class Transformer(nn.Module):
             out.cross_attentions = recorder.layers("cross") if self.encoder is not None else None
         if probe is not None:
             out.records = {name: probe.layers(name) for name in sorted(probe.records) if name in asked}
+        if approximating.get("approx_errors") is not None:
+            out.approx_errors = dict(sorted(approximating["approx_errors"].items()))
         return out
