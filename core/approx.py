@@ -82,6 +82,12 @@ class Approx:
         self.shadow, self.projections = shadow, projections
         self._factors: dict[int, tuple[Tensor, Tensor]] = {}
 
+    def shadowing(self, shadow: bool = True) -> Approx:
+        """The same approximation (its SVD factors shared) measured beside exact attention (shadow) or replacing it."""
+        twin = Approx(self.method, self.layers, self.heads, shadow=shadow, projections=self.projections, **self.budget)
+        twin._factors = self._factors
+        return twin
+
     def __getattr__(self, name):            # the budget's names read as attributes: approx.k, approx.rank
         budget = self.__dict__.get("budget", {})
         if name in budget:
@@ -90,8 +96,10 @@ class Approx:
 
     def __repr__(self) -> str:
         terms = [f"{k}={v!r}" for k, v in self.budget.items()]
-        terms += [f"layers={list(self.layers)}"] * (self.layers is not None)
-        terms += [f"heads={list(self.heads)}"] * (self.heads is not None)
+        if self.layers is not None:
+            terms.append(f"layers={list(self.layers)}")
+        if self.heads is not None:
+            terms.append(f"heads={list(self.heads)}")
         return f"Approx({self.method!r}, {', '.join(terms)}{', shadow=True' if self.shadow else ''})"
 
     def describe(self) -> str:
@@ -156,11 +164,12 @@ class Approx:
 
     def cache_bytes_per_token(self, cfg, bytes_per: int = 2) -> int:
         """What a decoder's cache holds per token, over every layer: 2·H_kv·d_head numbers per exact layer; r per
-        lowrank_kv layer; performer keeps a fixed state instead (state_bytes), nothing per token; top-k and BigBird
-        keep every key (they read fewer)."""
+        lowrank_kv layer; performer on every head keeps a fixed state instead (m × d per head), nothing per token;
+        top-k and BigBird keep every key (they read fewer).""""
         exact = 2 * cfg.n_kv_heads * cfg.head_dim
         replaced = sum(self.applies(i) for i in range(cfg.n_layers))
-        per_layer = {"lowrank_kv": self.budget.get("rank", 0), "performer": 0}.get(self.method, exact)
+        fixed_state = self.method == "performer" and self.heads is None     # exact heads still read the cache
+        per_layer = self.budget["rank"] if self.method == "lowrank_kv" else 0 if fixed_state else exact
         return bytes_per * ((cfg.n_layers - replaced) * exact + replaced * per_layer)
 
 
