@@ -165,7 +165,7 @@ class Approx:
     def cache_bytes_per_token(self, cfg, bytes_per: int = 2) -> int:
         """What a decoder's cache holds per token, over every layer: 2·H_kv·d_head numbers per exact layer; r per
         lowrank_kv layer; performer on every head keeps a fixed state instead (m × d per head), nothing per token;
-        top-k and BigBird keep every key (they read fewer).""""
+        top-k and BigBird keep every key (they read fewer)."""
         exact = 2 * cfg.n_kv_heads * cfg.head_dim
         replaced = sum(self.applies(i) for i in range(cfg.n_layers))
         fixed_state = self.method == "performer" and self.heads is None     # exact heads still read the cache
