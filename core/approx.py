@@ -374,18 +374,21 @@ def orthogonal_features(n_features: int, d: int, seed: int, device=None) -> Tens
     return (omega * norms[:, None]).to(device=device, dtype=torch.float32)
 
 
-def favor_features(q: Tensor, k: Tensor, scale: float, n_features: int, seed: int) -> tuple[Tensor, Tensor]:
+def favor_features(q: Tensor, k: Tensor, scale: float, n_features: int, seed: int,
+                   stabilise: bool = True) -> tuple[Tensor, Tensor]:
     """φ(q) [B, H, Tq, m] and φ(k) [B, H_kv, Tk, m], float32, with E[φ(q)·φ(k)] = exp(q·k·scale) up to one constant
     per head (which the normalisation cancels): φ(x) = exp(ω·x − |x|²/2) / √m at x = q·√scale and k·√scale. A query's
-    largest exponent is taken out of its row and the keys' largest out of all keys, so nothing overflows."""
+    largest exponent is taken out of its row and the keys' largest out of all keys, so nothing overflows (stabilise;
+    without it E[φ(q)·φ(k)] = exp(q·k·scale) exactly)."""
     omega = orthogonal_features(n_features, q.shape[-1], seed, q.device)              # [m, d]
     root = math.sqrt(scale)
     qs, ks = q.float() * root, k.float() * root
     q_proj, k_proj = qs @ omega.T, ks @ omega.T                                         # [B, H, T, m]
     q_exp = q_proj - qs.pow(2).sum(-1, keepdim=True) / 2
     k_exp = k_proj - ks.pow(2).sum(-1, keepdim=True) / 2
-    q_f = (q_exp - q_exp.amax(-1, keepdim=True)).exp() / math.sqrt(n_features)
-    k_f = (k_exp - k_exp.amax((-1, -2), keepdim=True)).exp() / math.sqrt(n_features)
+    if stabilise:
+        q_exp, k_exp = q_exp - q_exp.amax(-1, keepdim=True), k_exp - k_exp.amax((-1, -2), keepdim=True)
+    q_f, k_f = q_exp.exp() / math.sqrt(n_features), k_exp.exp() / math.sqrt(n_features)
     return q_f, k_f
 
 
