@@ -364,12 +364,10 @@ def orthogonal_features(n_features: int, d: int, seed: int, device=None) -> Tens
     """ω [m, d]: blocks of d orthogonal rows (QR of a Gaussian matrix), each row rescaled to the norm of a Gaussian
     vector so every row is still distributed as N(0, I_d) (FAVOR+'s positive orthogonal random features)."""
     generator = torch.Generator().manual_seed(seed)
-    blocks = []
-    for _ in range(-(-n_features // d)):
-        gaussian = torch.randn(d, d, generator=generator, dtype=torch.float64)
-        orthonormal, triangular = torch.linalg.qr(gaussian)
-        blocks.append((orthonormal * torch.sign(torch.diagonal(triangular))).T)   # the signs that make it Haar
-    omega = torch.cat(blocks)[:n_features]
+    gaussian = torch.randn(-(-n_features // d), d, d, generator=generator, dtype=torch.float64)
+    orthonormal, triangular = torch.linalg.qr(gaussian)                                  # [blocks, d, d] at once
+    orthonormal = orthonormal * torch.sign(torch.diagonal(triangular, dim1=-2, dim2=-1))[:, None, :]  # Haar signs
+    omega = orthonormal.transpose(-1, -2).reshape(-1, d)[:n_features]
     norms = torch.randn(n_features, d, generator=generator, dtype=torch.float64).norm(dim=-1)
     return (omega * norms[:, None]).to(device=device, dtype=torch.float32)
 
