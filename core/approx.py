@@ -452,9 +452,15 @@ def fit_linformer(model, texts: list[Tensor], rank: int) -> dict[int, Tensor]:
     """Linformer's E fitted to the model's own keys and values, one per layer, by least squares: over the texts
     (token ids [T] each) and every key/value head, M = [K | V] ∈ R^{T × 2d}, E is the rank-r orthonormal basis of
     positions (rows of E) that minimises Σ ‖M − EᵀE·M‖², the top r eigenvectors of Σ M·Mᵀ (a text shorter than the
-    longest contributes zeros past its end). Returns {layer: E [rank, n_max]}."""
-    stack, kind = model.attention_stack()
+    longest contributes zeros past its end). An eigenvector's sign is the solver's choice, yet E·K's sign changes
+    what the softmax reads, so each row is signed to sum ≥ 0: the fit is one E wherever it runs.
+    Returns {layer: E [rank, n_max]}."""
+    if len(texts) == 0:
+        raise ValueError("fit_linformer needs at least one text (token ids [T]) to fit to")
     n_max = max(len(t) for t in texts)
+    if rank > n_max:
+        raise ValueError(f"rank {rank} is above the {n_max} positions the texts cover: E [rank, n_max] has at most "
+                         f"{n_max} orthonormal rows")
     moments = {}
     for ids in texts:
         out = model(ids.reshape(1, -1).to(model.device), record=("k", "v"))
@@ -466,7 +472,9 @@ def fit_linformer(model, texts: list[Tensor], rank: int) -> dict[int, Tensor]:
     fitted = {}
     for layer, gram in moments.items():
         _, vectors = torch.linalg.eigh(gram)
-        fitted[layer] = vectors[:, -rank:].flip(-1).T.float().contiguous()             # [rank, n_max]
+        e = vectors[:, -rank:].flip(-1).T                                               # [rank, n_max]
+        e = e * torch.where(e.sum(-1, keepdim=True) < 0, -1.0, 1.0)
+        fitted[layer] = e.float().contiguous()
     return fitted
 
 

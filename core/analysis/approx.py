@@ -5,6 +5,9 @@ perplexity (a decoder: the mean next-token loss, exponentiated) or, for a model 
 encoder, or a seq2seq model's encoder), the cosine between its sentence embeddings with and without it (the mean of
 the last hidden states over the tokens, as sentence-transformers pools MiniLM). With it, the bytes the KV cache
 holds per token.
+
+An approximation a saved corpus job names is written in words (its arguments are JSON values, not objects):
+approx_words(Approx("topk", k=32, layers=[3])) == "topk k=32 layers=3", read back by approx_from_words.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..approx import Approx
+from ..approx import METHODS, Approx
 from ..corpus.jobs import check_ids, one_text
 from ..logits import losses
 
@@ -85,3 +88,55 @@ def approximation(model, ids, approx: Approx) -> ApproxResult:
     full = Approx("topk")       # every key kept: the exact cache
     return ApproxResult(approx, ids.shape[1], tv, z_error, "perplexity" if forwards else "cosine", exact, approximate,
                         full.cache_bytes_per_token(cfg, size), approx.cache_bytes_per_token(cfg, size))
+
+
+def approx_words(approx: Approx) -> str:
+    """An Approx as the words a saved job keeps: the method, every budget term (defaults written out, so the same
+    approximation has one spelling), then layers= and heads= where chosen: "bigbird block=16 global_blocks=1
+    random_blocks=2 seed=0 layers=15". A fitted linformer is refused: its projections are tensors."""
+    if not isinstance(approx, Approx):
+        raise ValueError(f"approx must be a core.approx.Approx, got {type(approx).__name__}")
+    if approx.projections is not None:
+        raise ValueError("a fitted linformer carries its projections (tensors from core.approx.fit_linformer), which "
+                         "words cannot hold: pass the Approx itself to approximation_over")
+    terms = [approx.method, *(f"{key}={value}" for key, value in approx.budget.items())]
+    for name, chosen in (("layers", approx.layers), ("heads", approx.heads)):
+        if chosen is not None:
+            terms.append(f"{name}={','.join(map(str, chosen))}")
+    return " ".join(terms)
+
+
+def approx_from_words(words: str) -> Approx:
+    """The Approx that approx_words wrote: "METHOD [term=value ...] [layers=a,b] [heads=a,b]", whole numbers but for
+    linformer's fit ("random"; a fitted one needs its projections, so it is refused here)."""
+    if not isinstance(words, str) or not words.split():
+        raise ValueError(f"an approximation in words is a method and its terms, e.g. 'topk k=32 layers=3'; "
+                         f"got {words!r}")
+    method, *terms = words.split()
+    if method not in METHODS:
+        raise ValueError(f"unknown approximation {method!r}: choose one of {', '.join(METHODS)}")
+    budget, chosen = {}, {}
+    for term in terms:
+        key, equals, value = term.partition("=")
+        if not equals or not key or not value:
+            raise ValueError(f"{term!r} is not a term: write name=value, e.g. k=32 or layers=3,4")
+        if key in budget or key in chosen:
+            raise ValueError(f"{key} is given twice in {words!r}")
+        if key in ("layers", "heads"):
+            chosen[key] = [whole(key, part) for part in value.split(",")]
+        elif key == "fit":
+            if value == "fitted":
+                raise ValueError("linformer fit=fitted needs its projections (core.approx.fit_linformer), which "
+                                 "words cannot hold: pass the Approx itself to approximation_over")
+            budget[key] = value
+        else:
+            budget[key] = whole(key, value)
+    return Approx(method, chosen.get("layers"), chosen.get("heads"), **budget)
+
+
+def whole(name: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number (or numbers, a,b for layers and heads), got {value!r}") \
+            from None

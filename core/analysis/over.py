@@ -9,15 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor
 
+from ..approx import Approx
 from ..attention import padding_or_none
 from ..corpus import Pair
 from ..corpus.jobs import (BATCH_TOKENS, NAMED, PAIR_TOKENS, PATCH_TOKENS, Analysis, Done, Each, Job, Progress, Stop,
                            ablation_cap_note, check_pairs, check_texts, length_batches, pad_id, padded)
-from ..corpus.stats import UNBOUNDED, Over
+from ..corpus.stats import CORRELATION, NONNEGATIVE, SHARE, UNBOUNDED, Over
 from . import heads as head_analysis
 from . import patching
+from .approx import approx_from_words, approximation, reads_forwards
 from .shortcuts import shortcuts_over
 
 ABLATION_TEXTS = 8         # ablation_over's default cap on texts: its sweep removes every head once per text
@@ -180,6 +183,62 @@ def ablation_over(model, texts: Sequence[Tensor], ablation: str = "zero", limit:
     return over
 
 
+def approximation_value(result) -> dict[str, Tensor]:
+    """One text's item of approximation_over, from its ApproxResult: tv and z_error [L, H] (float32, NaN where not
+    approximated; tv all NaN without weights per key), measure [2] (exact, approximate; float64, so a ratio of
+    them is the ApproxResult's own), cache_bytes [2] (exact, approximate) and tokens []."""
+    z_error = result.z_error.float()
+    return {"tv": torch.full_like(z_error, float("nan")) if result.tv is None else result.tv.float(),
+            "z_error": z_error,
+            "measure": torch.tensor([result.exact, result.approximate], dtype=torch.float64),
+            "cache_bytes": torch.tensor([result.cache_bytes_exact, result.cache_bytes_approx], dtype=torch.float64),
+            "tokens": torch.tensor(float(result.tokens), dtype=torch.float64)}
+
+
+def approximation_over(model, texts: Sequence[Tensor], approx: Approx | str, progress: Progress | None = None,
+                       stop: Stop | None = None, each: Each | None = None, done: Done | None = None) -> dict[str, Over]:
+    """core/analysis/approx.py approximation of each text under `approx` (an Approx, or the words approx_words
+    writes, as a saved job names it), summarised; one text at a time (a batch's padding would change what BigBird
+    and Linformer read). Parts, each an Over with n and its interval's method:
+      tv, z_error        [L, H] each head's error beside exact attention (shadow: on exact inputs), NaN where not
+                         approximated; tv in [0, 1] (NaN throughout for linformer), z_error ≥ 0: bootstrap intervals
+      perplexity_change  [] a decoder's approximate / exact perplexity − 1 per text, unbounded: Student's t
+      cosine             [] an encoder's cosine of the sentence embeddings, in [−1, 1]: the bootstrap
+      measure            [2] the measure exact and approximate (perplexity, or the cosine with its exact 1)
+      cache_bytes        [2] the KV cache's bytes per token, exact and approximate (one value for every text)
+      tokens             [] each text's length
+    A text the approximation refuses alone (a decoder's one-token text, a text longer than fitted projections)
+    is left out and named; what holds for every text (the method on this model) is refused before the first."""
+    if isinstance(approx, str):
+        approx = approx_from_words(approx)
+    if not isinstance(approx, Approx):
+        raise ValueError(f"approx must be a core.approx.Approx or its words ('topk k=32 layers=3'), "
+                         f"got {type(approx).__name__}")
+    stack, _ = model.attention_stack()
+    approx.check(stack.cfg, len(stack.blocks))
+    texts = check_texts(model, texts)
+    job = Job(len(texts), "text", progress, stop, each).resume(done)
+
+    def measure(i: int) -> None:
+        try:
+            job.finish(i, approximation_value(approximation(model, texts[i], approx)))
+        except ValueError as error:
+            job.skip(i, str(error))
+
+    job.run(job.left(), measure)
+    heads = (len(stack.blocks), stack.cfg.n_heads)
+    forwards = reads_forwards(model)
+    result = {"tv": job.over(heads, lambda value: value["tv"], bounds=SHARE),
+              "z_error": job.over(heads, lambda value: value["z_error"], bounds=NONNEGATIVE)}
+    if forwards:
+        result["perplexity_change"] = job.over((), lambda value: value["measure"][1] / value["measure"][0] - 1,
+                                               bounds=UNBOUNDED)
+    else:
+        result["cosine"] = job.over((), lambda value: value["measure"][1], bounds=CORRELATION)
+    result["measure"] = job.over((2,), lambda value: value["measure"], bounds=NONNEGATIVE if forwards else CORRELATION)
+    result["cache_bytes"] = job.over((2,), lambda value: value["cache_bytes"], bounds=NONNEGATIVE)
+    result["tokens"] = job.over((), lambda value: value["tokens"], bounds=NONNEGATIVE)
+    return result
 
 
 # ---- the analyses a saved or chunked job runs, by name ----
@@ -197,6 +256,9 @@ ANALYSES = {analysis.name: analysis for analysis in (
     Analysis("patch", patch_over, "pairs", patch_axes),
     Analysis("ablation", ablation_over, "texts", lambda _: {"over": ("layer", "head")}),
     Analysis("shortcuts", shortcuts_over, "pairs", lambda _: {"exact": ("measure", "site"), "*": ("method", "site")}),
+    Analysis("approximation", approximation_over, "texts",
+             lambda _: {"tv": ("layer", "head"), "z_error": ("layer", "head"), "measure": ("run",),
+                        "cache_bytes": ("run",), "*": ()}),
 )}
 
 
