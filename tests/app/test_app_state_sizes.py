@@ -94,6 +94,8 @@ def calls(llama: str, upload: str) -> list[tuple[str, tuple]]:
         ("mask_demo", masks),
         ("export_masks", masks),
         ("window_mask", (llama, TEXT, 1, 2, 4, 1)),
+        ("approximation", (llama, TEXT, "topk", {"k": 4}, "all")),
+        ("attention_cost", (llama,)),
         ("head_atlas", (llama, TEXT, "previous_token", 1, 2)),
         ("export_heads", (llama, TEXT)),
         ("ablate_heads", (llama, TEXT, "1.2, 0.1", "zero")),

@@ -6,9 +6,11 @@ from __future__ import annotations
 import gradio as gr
 
 from ui.plots.attention import STAGE_TITLES, STAGES
+from ui.services.approx import BUDGET_LIMITS, FITS, LAYERS_ALL, MAX_APPROX_TOKENS, METHODS, NAMES
 from ui.services.masks import MAX_STAGE_WINDOW, MAX_WINDOW_TOKENS
 from ui.tabs.events import ON_ANALYSIS, handler, opening
 from ui.tabs.widgets import Tab, export_row, layer_head, read_example, run_checked, text_with_upload
+from ui.views import approx as approx_views
 from ui.views.masks import export_data, mask_view, window_view
 
 LEAD = """**What each safeguard of eq. 2.1 changes**: the scores QKᵀ/√d_k, the mask M and the softmax step by step,
@@ -71,6 +73,107 @@ def window_section() -> tuple[tuple, list[gr.Plot]]:
     return (button, size, global_tokens, [note, *figures, words]), figures
 
 
+APPROX_INTRO = """Attention reads every earlier key for every query, n² scores. Each method here replaces eq. 2.1 on
+the chosen layers, as one more switch of the same attention function: **top-k** keeps each query's k highest-scoring
+keys; **BigBird** reads blocks (its own and its neighbours, the first global blocks, a few random ones);
+**Performer** (FAVOR+) replaces exp(q·k) with random features, linear in n; **Linformer** projects keys and values
+along the sequence to rank rows (bidirectional models only, such as MiniLM); **low-rank KV** keeps r numbers per
+token in the cache instead of the keys and values. The model reads the text (every token, at most {n}) with exact
+attention and with the approximation: each head's error is measured beside exact attention on the very queries,
+keys and values it saw (grey cells: heads left exact), and the model's change is its perplexity (a decoder) or its
+sentence embedding's cosine (an encoder), with the KV cache's bytes per token. The cost button draws the published
+bench run (time against length, where each approximation becomes faster than exact attention) and times the
+kernels here, live, at short lengths."""
+APPROX_DEFAULTS = {"k": 32, "block": 16, "global_blocks": 1, "random_blocks": 1, "features": 64, "rank": 32, "seed": 0}
+APPROX_LABELS = {"k": "k, keys each query keeps", "block": "Block, tokens", "global_blocks": "Global blocks",
+                 "random_blocks": "Random blocks", "features": "Random features", "rank": "Rank", "seed": "Seed"}
+
+
+def approx_fields() -> tuple[dict, gr.Radio]:
+    """The budget's fields, each shown for the methods that take it (elem_ids approx-<name>), and Linformer's fit."""
+    fields = {}
+    with gr.Row():
+        for name, value in APPROX_DEFAULTS.items():
+            low, high, _ = BUDGET_LIMITS[name]
+            fields[name] = gr.Number(value=value, label=f"{APPROX_LABELS[name]} ({low}–{high:,})", precision=0,
+                                     min_width=110, elem_id=f"approx-{name.replace('_', '-')}",
+                                     visible=name in METHODS["topk"])
+        fit = gr.Radio(list(FITS), value="random", label="Linformer's projection (fitted: to this text)",
+                       elem_id="approx-fit", visible=False, min_width=160)
+    return fields, fit
+
+
+def shown(*components):
+    """The event that shows components hidden until a result."""
+    def show():
+        updates = [gr.update(visible=True) for _ in components]
+        return updates if len(updates) > 1 else updates[0]
+    return dict(fn=show, inputs=None, outputs=list(components), queue=False, api_visibility="private")
+
+
+def approx_section(services, picker) -> dict:
+    """Approximate attention: the text, method, budget and layers, the run (two error maps, the change, the words)
+    and the cost (the published run's figure, the live timing's words). elem_ids approx-*."""
+    gr.Markdown("### Approximate attention: sparse, linear, low-rank")
+    gr.Markdown(APPROX_INTRO.format(n=f"{MAX_APPROX_TOKENS:,}"), elem_classes=["how-to-read"])
+    text = gr.Textbox(value=read_example("approx.txt"), lines=3, max_lines=10, elem_id="approx-text",
+                      label=f"Text for the approximation (every token read, at most {MAX_APPROX_TOKENS:,})")
+    with gr.Row():
+        method = gr.Dropdown(choices=[(NAMES[m], m) for m in METHODS], value="topk", label="Method", min_width=160,
+                             elem_id="approx-method")
+        layers = gr.Textbox(value=LAYERS_ALL, label="Layers: all, one (3) or a list (0, 2, 5)", min_width=160,
+                            elem_id="approx-layers")
+    fields, fit = approx_fields()
+    button = gr.Button("Run the approximation", elem_id="approx-run")
+    note = gr.Markdown(elem_id="approx-note")
+    with gr.Row():
+        maps = [gr.Plot(label=label, elem_id=f"approx-{key}", min_width=320, visible=False, show_label=False)
+                for key, label in (("tv", "Each head's weights: total variation"),
+                                   ("z", "Each head's output: relative error"))]
+    change = gr.Plot(label="The model's change and the cache", elem_id="approx-change", visible=False,
+                     show_label=False)
+    words = gr.Markdown(elem_id="approx-words")
+    gr.Markdown("#### What the methods cost in time")
+    cost_button = gr.Button("Cost: the published run, and a live timing here", elem_id="approx-cost-run")
+    cost_figure = gr.Plot(label="One attention layer's time against length", elem_id="approx-cost", visible=False,
+                          show_label=False)
+    cost_words = gr.Markdown(elem_id="approx-cost-words")
+
+    def budget_shown(chosen):
+        """Each budget field shown where the chosen method takes it."""
+        return [gr.update(visible=name in METHODS.get(chosen, {})) for name in [*fields, "fit"]]
+
+    method.change(budget_shown, method, [*fields.values(), fit], queue=False, api_visibility="private")
+    budget = [fields[name] for name in ("k", "block", "global_blocks", "random_blocks", "features", "rank")]
+    run = dict(fn=handler(approx_views.approx_view, services, "approximation_page"), **ON_ANALYSIS,
+               inputs=[picker.model, text, method, *budget, fit, fields["seed"], layers],
+               outputs=[note, *maps, change, words])
+    button.click(**shown(*maps, change)).then(**run, api_visibility="private")
+    cost = dict(fn=handler(approx_views.cost_view, services, "attention_cost_page"), inputs=[picker.model],
+                outputs=[cost_figure, cost_words], **ON_ANALYSIS)
+    cost_button.click(**shown(cost_figure)).then(**cost, api_visibility="private")
+    approx_endpoints(services)
+    return dict(results=[note, *maps, change, words, cost_figure, cost_words],
+                press={note: button, cost_words: cost_button})
+
+
+def approx_endpoints(services) -> None:
+    """`approximation` and `attention_cost`, API only: their answers are JSON objects, no figure."""
+    run = handler(approx_views.approximation_data, services, "approximation", progress=False)
+    timing = handler(approx_views.attention_cost_data, services, "attention_cost", progress=False)
+
+    def approximation(model_name: str, text_value: str, method: str = "topk", budget: dict | None = None,
+                      layers: str | int | list | None = LAYERS_ALL) -> dict:
+        return run(model_name, text_value, method, budget, layers)
+
+    def attention_cost(model_name: str) -> dict:
+        return timing(model_name)
+
+    for fn in (approximation, attention_cost):
+        gr.api(fn, api_name=fn.__name__, concurrency_id=ON_ANALYSIS["concurrency_id"],
+               concurrency_limit=ON_ANALYSIS["concurrency_limit"])
+
+
 def build(services, picker, initial) -> Tab:
     gr.Markdown(LEAD, elem_classes=["tab-lead"])
     with gr.Row(equal_height=False):
@@ -111,6 +214,7 @@ def build(services, picker, initial) -> Tab:
                                       visible=False)
                 entropy_text = gr.Markdown(label="scaling note")
             window_fields, window_figures = window_section()
+            approx = approx_section(services, picker)
     with gr.Accordion("How to read this tab", open=False):
         gr.Markdown(INTRO)
 
@@ -130,4 +234,5 @@ def build(services, picker, initial) -> Tab:
                 api_name="window_mask")
     return Tab(text=text, layer=layer, head=head, run_event={**run, "api_visibility": "private"},
                opening=opening(services, "masks", run), reveal=figures,
-               follows=True, results=[export_file, export_note], press={note: button})
+               follows=True, results=[export_file, export_note, *approx["results"]],
+               press={note: button, **approx["press"]})
