@@ -16,7 +16,7 @@ from core.analysis.approx import approximation
 from core.approx import Approx
 from tiny_app_model import build_tiny_bert, build_tiny_llama
 from ui.plots.approx import NOT_APPROXIMATED, cost_figure, error_map
-from ui.services.approx import approximation_run, change_words
+from ui.services.approx import approximation_run, bytes_words, change_words
 from ui.services.approx import cost as approx_cost
 from ui.services.checks import UserError
 from ui.services.models import ModelStore
@@ -226,3 +226,30 @@ def test_the_cost_figure_draws_each_method_and_stars_its_crossing(tmp_path):
     assert list(bigbird.marker.symbol) == ["circle", "circle", "star"] and list(bigbird.y) == pytest.approx([4, 8, 16])
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
     assert not math.isnan(fig.layout.yaxis.range[0])
+
+
+# ---- the page's views ----
+
+def test_the_page_says_a_refusal_in_its_note_and_draws_a_run(tiny, tmp_path, monkeypatch):
+    from ui.services import Services
+    from ui.settings import AppSettings
+    from ui.views.approx import approx_view, cost_view
+
+    services = Services.create(AppSettings(), tiny["store"])
+    fields = (3, 16, 1, 1, 64, 32, "random", 0)
+    note, *figures, words = approx_view(services, tiny["llama"], TEXT, "sparse", *fields, "all")
+    assert note.startswith("⚠️ The approximation did not run: Method must be one of") and words == ""
+    assert all(f.layout.annotations[0].text == "Not computed: the note says why." for f in figures)
+    note, tv, z, change, words = approx_view(services, tiny["llama"], TEXT, "topk", *fields, "0")
+    expected = run(tiny, budget={"k": 3}, layers="0")
+    assert note.startswith(f"All {expected.tokens} tokens of the text read") and "on layer 0" in note
+    shown = np.asarray(tv.data[0].z, dtype=float)
+    np.testing.assert_allclose(shown.T[0], expected.tv[0], rtol=1e-6)
+    assert shown.shape == (4, 2) and np.isnan(shown[:, 1]).all()          # [heads, layers]: layer 1 left exact
+    assert list(change.data[0].y) == pytest.approx([expected.exact, expected.approximate])
+    assert list(change.data[1].y) == [expected.bytes_exact, expected.bytes_approx]
+    assert words == change_words(expected) + "\n\n" + bytes_words(expected)
+    monkeypatch.setattr(approx_cost, "COST_MEASURED", tmp_path / "absent.json")
+    figure, cost_words = cost_view(services, tiny["llama"])
+    assert "has not been published yet" in figure.layout.annotations[0].text
+    assert "has not been published yet" in cost_words and "**Live, this machine, short lengths only**" in cost_words

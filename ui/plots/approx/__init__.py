@@ -58,7 +58,7 @@ def change_figure(measure: str, exact: float, approximate: float, bytes_exact: i
         fig.add_trace(go.Bar(x=names, y=list(values), marker_color=colors, showlegend=False, cliponaxis=False,
                              text=[format(v, shown[col - 1]) for v in values], textposition="outside",
                              hovertemplate="%{x}: %{y:" + shown[col - 1] + "}<extra></extra>"), row=1, col=col)
-        fig.update_yaxes(range=[0, max(max(values), 1e-12) * 1.25], row=1, col=col)
+        fig.update_yaxes(range=[min(0, min(values)) * 1.25, max(max(values), 1e-12) * 1.25], row=1, col=col)
     base_layout(fig, title, 340)
     return fit_narrow(fig)
 

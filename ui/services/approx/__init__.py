@@ -78,8 +78,9 @@ def example(method: str) -> str:
 
 
 def budget_from_fields(method: str, fields: dict) -> dict:
-    """The page's budget fields (name → value, every method's) narrowed to those `method` takes."""
-    return {name: fields[name] for name in METHODS[method] if name in fields}
+    """The page's budget fields (name → value, every method's) narrowed to those `method` takes (none for a method
+    that is not one: check_method says so)."""
+    return {name: fields[name] for name in METHODS.get(method, {}) if name in fields}
 
 
 def parse_layers(value, n_layers: int) -> tuple[int, ...] | None:
