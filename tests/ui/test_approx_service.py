@@ -105,7 +105,7 @@ def test_the_numbers_are_the_cores_on_the_same_input(tiny):
                                                                      "approximate": got.bytes_approx}
     json.dumps(answer, allow_nan=False)      # valid JSON: no NaN left
     words = change_words(got)
-    assert f"{got.exact:.4g} with exact attention → {got.approximate:.4g}" in words and "on layer 1" in words
+    assert f"{got.exact:,.2f} with exact attention → {got.approximate:,.2f}" in words and "on layer 1" in words
 
 
 def test_layers_are_read_as_all_one_or_a_list(tiny):

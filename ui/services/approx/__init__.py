@@ -223,8 +223,8 @@ def change_words(run: ApproxRun) -> str:
     embedding's cosine; how large the heads' errors were, and the largest."""
     on = f"{run.description} on {run.where}" + (" (its projections fitted to this text)" if run.fitted else "")
     if run.measure == "perplexity":
-        change = (f"Perplexity on these {run.tokens:,} tokens: {run.exact:.4g} with exact attention → "
-                  f"{run.approximate:.4g} with {on} ({run.change:+.2%}).")
+        change = (f"Perplexity on these {run.tokens:,} tokens: {run.exact:,.2f} with exact attention → "
+                  f"{run.approximate:,.2f} with {on} ({run.change:+.2%}).")
     else:
         change = (f"The sentence embedding (the mean of the last hidden states over the {run.tokens:,} tokens) with "
                   f"{on} has cosine {run.approximate:.6f} to exact attention's (1 − cos = {run.change:.3g}).")

@@ -52,7 +52,7 @@ def run_figures(run: ApproxRun, model_name: str) -> tuple:
     output = error_map(run.z_error, "relative error of z", f"Each head's output under {run.description}: relative "
                        "error", f"{Z_DEFINITION}; grey: not approximated")
     if run.measure == "perplexity":
-        title = f"Perplexity {run.exact:.4g} → {run.approximate:.4g} ({run.change:+.1%}); cache bytes per token"
+        title = f"Perplexity {run.exact:,.2f} → {run.approximate:,.2f} ({run.change:+.1%}); cache bytes per token"
     else:
         title = f"Sentence embedding's cosine to exact: {run.approximate:.5f}; cache bytes per token"
     change = change_figure(run.measure, run.exact, run.approximate, run.bytes_exact, run.bytes_approx, title)
@@ -66,8 +66,13 @@ def shown_name(model_name: str) -> str:
     return str(model_name).rstrip("/").split("/")[-1]
 
 
-def published_figure(cost: PublishedCost | None, why: str):
-    """The published run's times against length, or the empty figure saying why there is none."""
+NOT_PUBLISHED = "The cost run has not been published yet: the words below say how to make it."
+NOT_READ = "The published cost run could not be read: the words below say why."
+
+
+def published_figure(cost: PublishedCost | None, why: str = NOT_PUBLISHED):
+    """The published run's times against length, or the empty figure saying why there is none (the words give the
+    command)."""
     if cost is None:
         return empty_figure(why, 260)
     methods = cost.methods.values()
@@ -92,12 +97,13 @@ def published_or_why() -> tuple[PublishedCost | None, str]:
 def cost_view(services: Services, model_name, progress=None):
     """(cost figure, words): the published run drawn, with its words, then the live timing at short lengths."""
     cost, words = published_or_why()
+    why = NOT_READ if words.startswith("⚠️") else NOT_PUBLISHED
     try:
         model = services.models.get(model_name, progress)
     except UserError as refusal:
-        return published_figure(cost, words), f"{words}\n\n⚠️ The live timing did not run: {refusal}"
+        return published_figure(cost, why), f"{words}\n\n⚠️ The live timing did not run: {refusal}"
     live = live_cost(model, shown_name(model_name), live_budgets(cost))
-    figure = named(published_figure(cost, words), filename(model_name, "approx-cost"))
+    figure = named(published_figure(cost, why), filename(model_name, "approx-cost"))
     return figure, f"{words}\n\n{live_words(live)}"
 
 
