@@ -103,6 +103,13 @@ GLOSSARY: dict[str, str] = {
               f"exceeds a threshold ε (here ε = {SINK_EPSILON:g}).",
     "peak memory": "The most memory a process held at any moment while it ran, which is what decides whether a "
                    "computation fits in the machine, however briefly it held it.",
+    "crossover length": "The text length from which an approximation of attention runs faster than exact attention "
+                        "on a given machine, exact attention being the faster below it.",
+    "sparse attention": "Attention in which each query reads only some of the keys (its k best, or the blocks of a "
+                        "fixed pattern such as BigBird's), so most of the n² pairs are never weighed.",
+    "linear attention": "Attention whose cost grows as n rather than n², by replacing softmax's exp(q·k) with a "
+                        "product of features (Performer) or by mixing the keys into a fixed number of rows "
+                        "(Linformer), at the price of only estimating the softmax.",
     "W^O": "The output matrix of an attention layer: it maps the heads' outputs, side by side, back to the residual "
            "stream's width d, each head writing through its own d_head rows of it.",
 }
@@ -124,6 +131,7 @@ ALIASES: dict[str, str] = {
     "bf16": "bfloat16",
     "relative scores": "relative score",
     "peak RSS": "peak memory",
+    "crossover": "crossover length",
 }
 
 # terms matched only as written: acronyms, and words that are ordinary English in lower case

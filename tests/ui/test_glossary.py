@@ -20,7 +20,8 @@ REQUIRED = ["sink", "logit lens", "surprisal", "foil", "IOI", "resid_pre", "deno
             "RoPE", "ALiBi", "Pre-LN", "Post-LN", "RMSNorm", "induction head", "previous-token head",
             "logit difference", "activation patching", "residual stream", "d_k", "softmax", "causal mask",
             "padding mask", "cross-attention", "logit", "entropy", "one-hot", "prefill", "dtype", "bfloat16",
-            "permutation-equivariant", "W^O", "K-composition", "relative score", "Sink^ε", "peak memory"]
+            "permutation-equivariant", "W^O", "K-composition", "relative score", "Sink^ε", "peak memory",
+            "crossover length", "sparse attention", "linear attention"]
 CITED_BY_LESSONS = ["2.2", "2.3", "2.4", "4.3", "5.5", "5.6", "5.7", "6.11", "6.12", "6.13"]
 
 

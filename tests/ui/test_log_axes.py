@@ -16,7 +16,7 @@ from ui.plots.base import decade_label, log_axis
 from ui.plots.generation import kv_timing_figure
 from ui.plots.lab import Curve, training_curves
 from ui.services.learn import Measured
-from ui.views.learn import block, generation, positions, recurrence, setup
+from ui.views.learn import block, efficient, generation, positions, recurrence, setup
 
 UI = Path(__file__).resolve().parents[2] / "ui"
 LENGTHS, COST_LENGTHS = [64, 128, 256, 512, 1024, 2048], [32, 64, 128, 256]
@@ -48,7 +48,18 @@ def figures():
     shuffle = {"conditions": ["no positions", "RoPE"], "relative": [3.1e-8, 0.62], "n_tokens": 20, "layer": 0}
     cost = {"lengths": COST_LENGTHS, "per_head_bytes": [4096, 16384, 65536, 262144],
             "seconds": [0.011, 0.014, 0.019, 0.031], "exponent": 0.74}
+    run_lengths = [256, 1024, 4096, 16384]
+    run = {"methods": {m: {"lengths": run_lengths, "seconds": [c * n ** k for n in run_lengths], "name": m}
+                       for m, c, k in (("sdpa", 1e-9, 2), ("bigbird", 2.5e-6, 1))},
+           "lengths": run_lengths, "repeats": 5, "date": "2026-01-01", "on_gpu": False, "threads": 1,
+           "crossover": {"method": "bigbird", "name": "BigBird", "reference": "sdpa", "n": 4096, "length": 2500.0,
+                         "ratio": 0.6, "error": 0.05, "seconds": 2.5e-6 * 4096}}
+    live = [{"method": m, "name": m, "short": m, "described": m, "refused": "", "shown": shown}
+            for m, shown in (("topk", 1.2), ("bigbird", 1.6), ("performer", 38.0))]
+    approximations = {"tokens": 150, "measure": "perplexity", "live": live, "bench": run}
     return [
+        ("approximations (lesson 11)", efficient.efficient_figure(measured(approximations))),
+        ("approximations set-up", setup.approximations_setup(approximations)),
         ("kv timing", kv_timing_figure(lengths, rng.uniform(8, 12, 6), rng.uniform(8, 9, 6), [70, 900],
                                        [0.009, 0.011], [0.008, 0.0085], "t")),
         ("training curves", training_curves([curve], "t", 200)),

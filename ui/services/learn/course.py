@@ -6,15 +6,15 @@ from __future__ import annotations
 from ui.services.checks import UserError
 from ui.services.kept import FirstViews
 from ui.services.learn import Lesson, Measured, ProgressFn
-from ui.services.learn import attention, block, composition, evidence, generation, positions, sinks
+from ui.services.learn import attention, block, composition, efficient, evidence, generation, positions, sinks
 
-LESSON_CACHE = 64  # lessons kept server-wide (12 lessons × a few models); each holds a few small arrays
+LESSON_CACHE = 64  # lessons kept server-wide (14 lessons × a few models); each holds a few small arrays
 
 
 def lessons() -> tuple[Lesson, ...]:
     """Every lesson, in the course's order."""
-    return (*attention.LESSONS, *positions.LESSONS, *block.LESSONS, *generation.LESSONS, *sinks.LESSONS,
-            *evidence.LESSONS, *composition.LESSONS)
+    return (*attention.LESSONS, *positions.LESSONS, *block.LESSONS, *generation.LESSONS, *efficient.LESSONS,
+            *sinks.LESSONS, *evidence.LESSONS, *composition.LESSONS)
 
 
 def names() -> list[str]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 def figures() -> dict:
     """Every lesson's drawing function, by lesson name."""
-    from ui.views.learn import attention, block, composition, evidence, generation, positions, sinks
-    return {**attention.FIGURES, **positions.FIGURES, **block.FIGURES, **generation.FIGURES, **sinks.FIGURES,
-            **evidence.FIGURES, **composition.FIGURES}
+    from ui.views.learn import attention, block, composition, efficient, evidence, generation, positions, sinks
+    return {**attention.FIGURES, **positions.FIGURES, **block.FIGURES, **generation.FIGURES, **efficient.FIGURES,
+            **sinks.FIGURES, **evidence.FIGURES, **composition.FIGURES}
 
 
 def figure(name: str, measured):

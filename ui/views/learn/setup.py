@@ -182,10 +182,30 @@ def composition_setup(v):
                  UNNUMBERED, subtitle="; ".join(p.title for p in panels))
 
 
+def approximations_setup(v):
+    """The run's tokens axis (labelled at the decades, not at the lengths timed: the answer may be one of them) and
+    time; without the run, the bars' names of what this model will be measured under."""
+    from ui.views.learn.efficient import measure_title
+
+    bench = v.get("bench")
+    if bench:
+        lengths = bench["lengths"]
+        return blank("Which is faster, and from how many tokens", "tokens n", "ms per call",
+                     spanned(lengths[0] / 1.5, lengths[-1] * 1.5, log=True), UNNUMBERED,
+                     subtitle=f"one attention layer alone, exact and approximated, timed at {len(lengths)} lengths; on "
+                              f"Reveal, this model under each approximation on the text's {v['tokens']} tokens too")
+    ran = [r["short"] for r in v["live"] if not r["refused"]]
+    if not ran:
+        return None
+    return blank("What each approximation does to this model", "", measure_title(v), labelled(ran), UNNUMBERED,
+                 subtitle=f"on the text's {v['tokens']} tokens, every layer and head approximated")
+
+
 SETUPS = {"why-attention": reading_setup, "queries-keys-values": scores_setup, "sqrt-dk": scale_setup,
           "masks": masks_setup, "heads": heads_setup, "positions": shuffle_setup, "block": shares_setup,
           "encoder-decoder": cross_setup, "kv-cache": kv_cache_setup, "cost": cost_setup, "sinks": sinks_setup,
-          "not-explanations": not_explanations_setup, "composition": composition_setup}
+          "not-explanations": not_explanations_setup, "composition": composition_setup,
+          "approximations": approximations_setup}
 
 
 def setup_figure(name: str, measured) -> go.Figure | None:
@@ -214,8 +234,14 @@ def cost_guess(v, guess):
     return ([2 * int(v["lengths"][0])], [guess]) if guess > 0 else None
 
 
+def approximations_guess(v, guess):
+    from ui.views.learn.efficient import guess_place
+
+    return guess_place(v, guess)
+
+
 GUESSES = {"sqrt-dk": scale_guess, "masks": masks_guess, "block": block_guess, "kv-cache": kv_cache_guess,
-           "cost": cost_guess}
+           "cost": cost_guess, "approximations": approximations_guess}
 
 
 def with_guess(name: str, fig: go.Figure, measured, guess) -> go.Figure:
