@@ -50,8 +50,9 @@ def change_figure(measure: str, exact: float, approximate: float, bytes_exact: i
                   title: str) -> go.Figure:
     """Two small bar panels, exact beside approximate: the model's measure (a decoder's perplexity, an encoder's
     sentence-embedding cosine to exact attention's) and the KV cache's bytes per token."""
-    left = "perplexity (lower is better)" if measure == "perplexity" else "cosine to exact (1 = unchanged)"
-    fig = make_subplots(rows=1, cols=2, subplot_titles=[left, "KV cache, bytes per token"], horizontal_spacing=0.18)
+    # panel titles short enough to stand apart over two panels on a phone (about 18 characters each)
+    left = "perplexity" if measure == "perplexity" else "cosine to exact"
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[left, "KV bytes per token"], horizontal_spacing=0.18)
     names, colors = ["exact", "approximate"], ["#4c78a8", "#e45756"]
     shown = (".4g", ",d")
     for col, values in enumerate(((exact, approximate), (bytes_exact, bytes_approx)), start=1):

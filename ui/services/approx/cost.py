@@ -228,21 +228,19 @@ def milliseconds(seconds: float) -> str:
 
 
 def live_words(live: LiveCost) -> str:
-    """The live timing as a table, labelled as what it is: this machine, now, short lengths only."""
+    """The live timing, a line per method, labelled as what it is: this machine, now, short lengths only."""
     head = (f"**Live, this machine, short lengths only**: one attention layer at {live.model}'s shape ({live.heads} "
             f"query heads, {live.kv_heads} key/value heads, d_head {live.d_head}), {live.dtype} on {live.device} with "
             f"{live.threads} thread(s), seeded random inputs, {'causal' if live.causal else 'no mask'}; median "
             f"(range) of {live.repeats} calls, the methods alternating after a warm-up. At lengths this short fixed "
             "costs weigh most; where the lines cross is the published run's.")
-    columns = " | ".join(f"{n:,} tokens: ms | × SDPA" for n in live.lengths)
-    rows = [f"| method | {columns} |", "|---|" + "---:|---:|" * len(live.lengths)]
+    rows = []
     for method, runs in live.seconds.items():
-        cells = []
-        for values, ratio in zip(runs, live.ratio(method)):
-            cells += [f"{milliseconds(statistics.median(values))} ({milliseconds(min(values))}–"
-                      f"{milliseconds(max(values))})", f"{ratio:.2f}×"]
+        cells = [f"{n:,} tokens {milliseconds(statistics.median(values))} ms ({milliseconds(min(values))}–"
+                 f"{milliseconds(max(values))}), {ratio:.2f}× SDPA"
+                 for n, values, ratio in zip(live.lengths, runs, live.ratio(method))]
         name = EXACT.get(method) or Approx(method, **live.budgets[method]).describe()
-        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+        rows.append(f"- {name}: " + "; ".join(cells))
     return head + "\n\n" + "\n".join(rows)
 
 
