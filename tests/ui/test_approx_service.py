@@ -253,3 +253,19 @@ def test_the_page_says_a_refusal_in_its_note_and_draws_a_run(tiny, tmp_path, mon
     figure, cost_words = cost_view(services, tiny["llama"])
     assert "has not been published yet" in figure.layout.annotations[0].text
     assert "has not been published yet" in cost_words and "**Live, this machine, short lengths only**" in cost_words
+
+
+def test_the_shipped_run_is_read_or_said_to_be_missing():
+    """assets/measured/approx_cost.json as the bench shipped it: every method with a row is read, each crossover
+    names an approximation; before it is published the words say so and give the command."""
+    shipped = approx_cost.COST_MEASURED
+    if not shipped.is_file():
+        assert approx_cost.published_cost() is None
+        assert approx_cost.published_words(None).startswith("The cost figure has not been published yet")
+        return
+    raw = json.loads(shipped.read_text(encoding="utf-8"))
+    cost = approx_cost.published_cost()
+    assert list(cost.methods) == [m for m in raw["causal"] + raw["bidirectional"]
+                                  if any(m in r["methods"] for r in raw["rows"])]
+    assert {c["method"] for c in cost.crossovers} <= set(approx_cost.METHODS)
+    assert ("What a GPU would change is not measured here" in approx_cost.published_words(cost)) != cost.on_gpu
