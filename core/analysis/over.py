@@ -23,6 +23,7 @@ from . import patching
 from .approx import approx_from_words, approximation, reads_forwards
 from .shortcuts import shortcuts_over
 
+RELATIVE_CHANGE = (-1.0, None)     # a positive quantity's relative change, new / old − 1
 ABLATION_TEXTS = 8         # ablation_over's default cap on texts: its sweep removes every head once per text
 
 def head_scores_over(model, texts: Sequence[Tensor], batch_tokens: int = BATCH_TOKENS,
@@ -202,7 +203,9 @@ def approximation_over(model, texts: Sequence[Tensor], approx: Approx | str, pro
     and Linformer read). Parts, each an Over with n and its interval's method:
       tv, z_error        [L, H] each head's error beside exact attention (shadow: on exact inputs), NaN where not
                          approximated; tv in [0, 1] (NaN throughout for linformer), z_error ≥ 0: bootstrap intervals
-      perplexity_change  [] a decoder's approximate / exact perplexity − 1 per text, unbounded: Student's t
+      perplexity_change  [] a decoder's approximate / exact perplexity − 1 per text, in [−1, ∞) (a perplexity is
+                         positive): the bootstrap, whose interval cannot pass −1 as Student's t's can when one
+                         text's change is huge
       cosine             [] an encoder's cosine of the sentence embeddings, in [−1, 1]: the bootstrap
       measure            [2] the measure exact and approximate (perplexity, or the cosine with its exact 1)
       cache_bytes        [2] the KV cache's bytes per token, exact and approximate (one value for every text)
@@ -232,7 +235,7 @@ def approximation_over(model, texts: Sequence[Tensor], approx: Approx | str, pro
               "z_error": job.over(heads, lambda value: value["z_error"], bounds=NONNEGATIVE)}
     if forwards:
         result["perplexity_change"] = job.over((), lambda value: value["measure"][1] / value["measure"][0] - 1,
-                                               bounds=UNBOUNDED)
+                                               bounds=RELATIVE_CHANGE)
     else:
         result["cosine"] = job.over((), lambda value: value["measure"][1], bounds=CORRELATION)
     result["measure"] = job.over((2,), lambda value: value["measure"], bounds=NONNEGATIVE if forwards else CORRELATION)
