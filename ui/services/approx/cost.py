@@ -107,14 +107,17 @@ def published_words(cost: PublishedCost | None) -> str:
     shape, lengths = cost.shape, sorted({n for m in cost.methods.values() for n in m.lengths})
     where = "; ".join(crossing_words(c) for c in cost.crossovers)
     device = (f"Measured on a GPU ({cost.machine})." if cost.on_gpu else
-              f"Measured on the CPU the bench ran on: {cost.machine}, {cost.threads} thread"
-              f"{'' if cost.threads == 1 else 's'}. What a GPU would change is not measured here.")
+              f"Measured on the CPU the bench ran on: {cost.machine}"
+              + ("" if "thread" in cost.machine else f", {cost.threads} thread{'' if cost.threads == 1 else 's'}")
+              + ". What a GPU would change is not measured here.")
     return (f"Published: one attention layer alone at SmolLM2-135M's shape ({shape['heads']} query heads, "
             f"{shape['kv_heads']} key/value heads, d_head {shape['d_head']}), {shape.get('dtype', 'float32')}, causal "
             f"(Linformer and its reference bidirectional), random inputs, {lengths[0]:,}–{lengths[-1]:,} tokens, "
             f"median of {cost.repeats} runs with the methods alternating; {cost.date}"
             + (f", {cost.load}" if cost.load else "") + f". Where each approximation becomes faster: {where}. "
-            f"{device} Written by `{cost.command}`.")
+            "Those errors are on random inputs, where attention is diffuse and its output small, so they are far "
+            f"larger than on a model's heads (the maps above are the loaded model's own). {device} Written by "
+            f"`{cost.command}`.")
 
 
 def crossing_words(c: dict) -> str:
@@ -124,7 +127,8 @@ def crossing_words(c: dict) -> str:
         return (f"{c['method']} is not faster than {c['reference']}"
                 + ("" if c.get("up_to") is None else f" up to {c['up_to']:,} tokens"))
     error = "" if c.get("error") is None else f", its output's relative error there {c['error']:.2g}"
-    return f"{c['method']} is faster than {c['reference']} from {c['words']}{error}"
+    where = c["words"] if not c["words"][:1].isdigit() else f"from {c['words']}"     # "already at 256, …"
+    return f"{c['method']} is faster than {c['reference']} {where}{error}"
 
 
 def published_table(cost: PublishedCost | None) -> dict | None:
