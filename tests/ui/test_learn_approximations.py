@@ -129,7 +129,8 @@ def test_the_words_read_the_run_and_the_model(tmp_path, monkeypatch, tiny_models
     measured = efficient.measure_efficient(model)
     assert measured.answer == 2345.6
     words = measured.answer_text
-    assert "≈2,346 tokens" in words and "0.78×" in words and "3.2% off" in words and "≈2,346" in measured.alt
+    assert "≈2,346 tokens" in words and "0.78×" in words and "relative error there 0.032" in words
+    assert "≈2,346" in measured.alt
     for c in raw["crossover"]:   # every other approximation's crossover, in the run's own words
         if c["method"] != "bigbird":
             assert c["words"] in words, c["method"]
@@ -138,16 +139,17 @@ def test_the_words_read_the_run_and_the_model(tmp_path, monkeypatch, tiny_models
     tokens = measured.values["tokens"]
     assert tokens == len(model.tokenizer(efficient.EFFICIENT_SAMPLE)["input_ids"])
     live = {r["method"]: r for r in measured.values["live"]}
-    k = round(256 * tokens / 4096)
+    k = round(256 * tokens / 8192)      # top-k was never faster: the share it kept at the longest length timed
     direct = approximation(model, efficient.sample_ids(model), Approx("topk", k=k))
     assert live["topk"]["described"] == f"top-k (k = {k})"
     assert live["topk"]["approximate"] == pytest.approx(direct.approximate, rel=1e-6)
     assert live["topk"]["exact"] == pytest.approx(direct.exact, rel=1e-6)
     assert f"{learn.number(direct.approximate)} with top-k (k = {k})" in words
     assert live["linformer"]["refused"] and "Linformer was not run" in words   # a decoder reads no mixed rows
+    # BigBird: the share it kept where it first ran faster (4,096); Performer's features count no keys
     assert live["bigbird"]["described"].startswith(f"BigBird (block = {round(64 * tokens / 4096)}")
-    assert live["performer"]["described"] == "Performer (features = 256)"       # not a count of keys: as the run had it
-    assert f"k = 256" in words and "at 4,096 tokens" in words
+    assert live["performer"]["described"] == "Performer (features = 256)"
+    assert "top-k's k = 256 of 8,192, BigBird's block = 64 of 4,096, Linformer's rank = 256 of 4,096" in words
 
 
 def test_a_gpu_run_is_not_said_to_be_missing(tmp_path, monkeypatch, tiny_models):

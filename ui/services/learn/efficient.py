@@ -33,7 +33,7 @@ LIVE = ("topk", "bigbird", "performer", "linformer", "lowrank_kv")   # measured 
 # budgets counted in keys (or rows along the sequence): scaled to the text's length; the others (features, rank of
 # the projection) do not depend on it
 SEQUENCE_BUDGETS = {"topk": "k", "bigbird": "block", "linformer": "rank"}
-EXACT_WORDS = {"sdpa": "fused exact attention", "sdpa_bi": "fused exact attention, no mask",
+EXACT_WORDS = {"sdpa": "fused exact attention", "sdpa_bi": "fused exact attention without a mask",
                "eager": "exact attention holding every weight", "online": "exact attention by the online softmax",
                "sdpa_kv": "the exact projection, then fused exact attention"}
 
@@ -114,21 +114,30 @@ def short_name(method: str, budget: dict) -> str:
 
 # ---- the lesson's live part: each approximation on the loaded model ----
 
-def live_budgets(cost, tokens: int, at: int | None) -> tuple[dict, str]:
+def scaled_at(cost) -> dict[str, int]:
+    """method → the run's length whose share of keys its live budget keeps: where it first ran faster than its exact
+    reference, or, never faster, the longest length it was timed at beside it."""
+    return {c["method"]: c["n"] if c["n"] is not None else c["up_to"] for c in cost.crossovers
+            if c["method"] in SEQUENCE_BUDGETS and (c["n"] or c["up_to"])}
+
+
+def live_budgets(cost, tokens: int) -> tuple[dict, str]:
     """Each live method's budget on a text of `tokens` tokens, and in words how it was chosen: the run's budgets,
-    those counted in keys scaled by tokens / at (the share of the keys they kept at length `at`); without the run,
-    the core's defaults as they are."""
+    those counted in keys scaled by tokens / n (the share of the keys each kept at the run's length n, scaled_at);
+    without the run, the core's defaults as they are."""
     if cost is None:
         budgets = {m: {k: v for k, v in METHODS[m].items() if k not in ("seed", "fit")} for m in LIVE}
         return budgets, "the approximations' default budgets, since no timing run says which share of keys wins"
     budgets = {m: {k: v for k, v in cost.budgets[m].items() if k != "seed"} for m in LIVE if m in cost.budgets}
-    for method, name in SEQUENCE_BUDGETS.items():
-        if method in budgets:
-            budgets[method][name] = max(1, round(cost.budgets[method][name] * tokens / at))
-    shown = ", ".join(f"{display_name(m)}'s {n} = {cost.budgets[m][n]:,}" for m, n in SEQUENCE_BUDGETS.items()
-                      if m in cost.budgets)
-    return budgets, (f"each budget counted in keys scaled to keep the share of the text it kept at {at:,} tokens in "
-                     f"the timing run: {shown} there; the others as the run had them")
+    at = scaled_at(cost)
+    for method, n in at.items():
+        name = SEQUENCE_BUDGETS[method]
+        budgets[method][name] = max(1, round(cost.budgets[method][name] * tokens / n))
+    shown = ", ".join(f"{display_name(m)}'s {SEQUENCE_BUDGETS[m]} = {cost.budgets[m][SEQUENCE_BUDGETS[m]]:,} of "
+                      f"{n:,}" for m, n in at.items())
+    return budgets, ("each budget counted in keys scaled to keep the share of the text it kept in the timing run "
+                     "where it first ran faster (or, never faster, where it was last timed): " + shown
+                     + "; the others as the run had them")
 
 
 @dataclass(frozen=True)
@@ -187,7 +196,9 @@ def live_words(results: list[LiveResult], tokens: int, chosen: str) -> str:
         head = (f"On this model, with every layer and head approximated, the sentence embedding of the text's "
                 f"{tokens} tokens kept a cosine with the exact one of")
         parts = [f"{r.approximate:.3f} with {r.described}" for r in done]
-    return f"{head} {'; '.join(parts)} ({chosen})." + (f" {refused[0].upper()}{refused[1:]}." if refused else "")
+    return (f"{head} {'; '.join(parts)} ({chosen})." + (f" {refused[0].upper()}{refused[1:]}." if refused else "")
+            + " The model was trained with exact attention and none of these was trained in (Linformer's projection "
+              "is a random one here), so this is what switching one on afterwards costs.")
 
 
 # ---- the lesson ----
@@ -205,8 +216,8 @@ def timing_words(cost, first: dict | None) -> str:
                  f"lengths; {at})" if first["interpolated_n"] is not None else
                  f"already at the shortest length measured ({at})")
         error = ("" if first["error"] is None else
-                 f", its output {first['error']:.1%} off exact attention's there (on random inputs, whose attention "
-                 "is more diffuse than a trained head's)")
+                 f", its output's relative error there {first['error']:.2g} (‖ẑ − z‖ ÷ ‖z‖ on random inputs, whose "
+                 "attention is more diffuse than a trained head's and its output smaller)")
         head = (f"{display_name(first['method'])} was the first to run faster than {exact}: {where}{error}"
                 + ("" if first["stays_below"] else ", though not at every longer length") + ".")
     others = [f"{display_name(c['method'])}: {c['words']}" for c in cost.crossovers
@@ -216,19 +227,19 @@ def timing_words(cost, first: dict | None) -> str:
 
 
 def longest_words(cost) -> str:
-    """Why the crossover lies where it does, from the run's longest length: each method's time over exact
-    attention's there."""
-    top = max(cost.methods["sdpa"].lengths) if "sdpa" in cost.methods else None
-    if top is None:
+    """Why the crossover lies where it does: each method's time over fused exact attention's at the longest length
+    where most of them ran."""
+    if "sdpa" not in cost.methods:
         return ""
-    sdpa = cost.methods["sdpa"].seconds[-1]
-    ratios = [f"{display_name(m)} {cost.methods[m].seconds[cost.methods[m].lengths.index(top)] / sdpa:.2g}×"
-              for m in ("eager", "online", "topk", "bigbird", "performer") if m in cost.methods
-              and top in cost.methods[m].lengths]
-    return (f"At {top:,} tokens, the longest the run timed fused exact attention, each method took, in its time: "
-            f"{', '.join(ratios)}. Exact attention does all n² of its work as dense matrix products, which the "
-            "processor runs at its full speed; an approximation saves work but spends some on gathering blocks, "
-            "random features or running sums, a cost per token that only a long text outgrows.")
+    timed = {m: dict(zip(t.lengths, t.seconds)) for m, t in cost.methods.items()
+             if m in ("sdpa", "eager", "online", "topk", "bigbird", "performer")}
+    top = max(timed["sdpa"], key=lambda n: (sum(n in t for t in timed.values()), n))
+    ratios = [f"{display_name(m)} {t[top] / timed['sdpa'][top]:.2g}×" for m, t in timed.items()
+              if m != "sdpa" and top in t]
+    return (f"At {top:,} tokens each took, in fused exact attention's time: {', '.join(ratios)}. Exact attention "
+            "does all n² of its work as dense matrix products, which the processor runs at its full speed; an "
+            "approximation saves work but spends some on gathering blocks, random features or running sums, a cost "
+            "per token that only a long text outgrows.")
 
 
 def gpu_words(cost) -> str:
@@ -265,8 +276,7 @@ def measure_efficient(model, progress: ProgressFn | None = None) -> Measured:
     first = None if cost is None else first_crossover(cost)
     ids = sample_ids(model)
     tokens = int(ids.shape[1])
-    at = None if cost is None else (first["n"] if first is not None else longest_compared(cost))
-    budgets, chosen = live_budgets(cost, tokens, at)
+    budgets, chosen = live_budgets(cost, tokens)
     results = []
     for i, method in enumerate(m for m in LIVE if m in budgets):
         progress_to(progress, i / (len(budgets) + 1), f"{display_name(method)} on the text's {tokens} tokens")
@@ -309,13 +319,24 @@ def alt_line(cost, first: dict | None, results: list[LiveResult]) -> str:
     else:
         line = (f"{display_name(first['method'])} first ran faster than exact attention from "
                 f"≈{number(crossing_length(first))} tokens")
-    mine = next((r for r in done if first is not None and r.method == first["method"]), done[0] if done else None)
+    mine = shown_result(cost, done)
     if mine is not None:
-        line += (f"; {mine.described} made this text's perplexity {number(mine.shown)}× exact"
+        line += "; " if first is None or mine.method == first["method"] else \
+            f"; {display_name(first['method'])} cannot run on this model, and "
+        line += (f"{mine.described} made this text's perplexity {number(mine.shown)}× exact"
                  if mine.measure == "perplexity" else
-                 f"; {mine.described} left this text's sentence embedding at cosine {mine.approximate:.3f} with the "
+                 f"{mine.described} left this text's sentence embedding at cosine {mine.approximate:.3f} with the "
                  "exact one")
     return line + "."
+
+
+def shown_result(cost, done: list[LiveResult]) -> LiveResult | None:
+    """The live result the figure's line states: the method that crossed over first among those this model ran (by
+    the run's crossover lengths), else the first that ran."""
+    by_method = {r.method: r for r in done}
+    crossed = [] if cost is None else sorted((c for c in cost.crossovers if crossing_length(c) is not None
+                                              and c["method"] in SPARSE_LINEAR), key=crossing_length)
+    return next((by_method[c["method"]] for c in crossed if c["method"] in by_method), done[0] if done else None)
 
 
 LESSON_TEXT = (
