@@ -394,13 +394,13 @@ def performer_attention(q_f: Tensor, k_f: Tensor, v: Tensor, allowed: Tensor | N
                         return_probs: bool = False, chunk: int = 128) -> tuple[Tensor, Tensor | None]:
     """softmax(QKᵀs)V ≈ D⁻¹ φ(Q)(φ(K)ᵀV), D = diag(φ(Q)(φ(K)ᵀ1)). Without a mask it never forms a [Tq, Tk] matrix:
     bidirectional, φ(K)ᵀV [m, d] once; causal, the prefix sums Σ_{j≤i} φ(k_j)v_jᵀ a chunk at a time (inside a chunk
-    its own [chunk, chunk] triangle), linear in T. Under any other mask (padding, a window) or when the weights are
-    wanted it forms the weights A_ij = φ(q_i)·φ(k_j) over the allowed keys, normalised per row."""
+    its own [chunk, chunk] triangle), linear in T. Under any other mask (padding, a window), for fewer queries than
+    keys under the causal mask (the last Tq of Tk places), or when the weights are wanted it forms the weights A_ij = φ(q_i)·φ(k_j) over the allowed keys, normalised per row."""
     group = q_f.shape[1] // k_f.shape[1]
     if group > 1:
         k_f, v = k_f.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     values = v.float()
-    if return_probs or allowed is not None:
+    if return_probs or allowed is not None or (is_causal and q_f.shape[-2] != k_f.shape[-2]):
         weights = q_f @ k_f.transpose(-1, -2)                                           # [B, H, Tq, Tk]
         if is_causal:
             weights = weights.masked_fill(~causal_mask(q_f.shape[-2], k_f.shape[-2], q_f.device), 0.0)

@@ -144,6 +144,14 @@ def test_performer_linear_path_equals_its_own_weights(causal):
         assert not probs.triu(1).any()
 
 
+def test_performer_reads_every_earlier_key_when_the_queries_are_the_last_of_the_keys():
+    q, k, v = qkv(n=40)
+    approx = Approx("performer", features=64, seed=2)
+    whole = approximate(q, k, v, approx, 0, None, True)[0]
+    last = approximate(q[:, :, -3:], k, v, approx, 0, None, True)[0]
+    torch.testing.assert_close(last, whole[:, :, -3:], atol=1e-4, rtol=1e-4)
+
+
 # ---- Linformer ----
 
 def test_linformer_projects_the_keys_along_the_sequence():
