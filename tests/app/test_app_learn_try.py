@@ -79,7 +79,8 @@ FIELD_IDS = {("attention", "text"): "attn-text", ("generate", "text"): "gen-text
              ("inside", "text"): "inside-text", ("masks", "text"): "mask-text", ("positions", "text"): "pe-text",
              ("heads", "score"): "heads-score", ("generate", "max_new_tokens"): "gen-max-new",
              ("generate", "chat"): "gen-chat", ("lab", "lab_run"): "lab-pick", ("lab", "source"): "lab-source",
-             ("patching", "site"): "patch-site"}
+             ("patching", "site"): "patch-site", ("masks", "approx_text"): "approx-text",
+             ("masks", "approx_method"): "approx-method", ("masks", "k"): "approx-k"}
 
 
 def run_try(demo, chain, link: dict) -> tuple[str, list, dict, dict]:

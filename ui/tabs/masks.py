@@ -154,7 +154,9 @@ def approx_section(services, picker) -> dict:
     cost_button.click(**shown(cost_figure)).then(**cost, api_visibility="private")
     approx_endpoints(services)
     return dict(results=[note, *maps, change, words, cost_figure, cost_words],
-                press={note: button, cost_words: cost_button})
+                press={note: button, cost_words: cost_button},
+                settings={"approx_text": text, "approx_method": method, **fields},
+                parts={"approx-change": ({**run, "api_visibility": "private"}, [*maps, change])})
 
 
 def approx_endpoints(services) -> None:
@@ -235,4 +237,4 @@ def build(services, picker, initial) -> Tab:
     return Tab(text=text, layer=layer, head=head, run_event={**run, "api_visibility": "private"},
                opening=opening(services, "masks", run), reveal=figures,
                follows=True, results=[export_file, export_note, *approx["results"]],
-               press={note: button, **approx["press"]})
+               press={note: button, **approx["press"]}, settings=approx["settings"], parts=approx["parts"])

@@ -38,9 +38,9 @@ EXACT_WORDS = {"sdpa": "fused exact attention", "sdpa_bi": "fused exact attentio
                "sdpa_kv": "the exact projection, then fused exact attention"}
 
 # where the reader goes on: the Masks tab's section runs one approximation at a time on any text
-TRY_WORDS = ("To run one approximation at a time on a text of your own, with each head's error beside exact "
-             "attention, open the Masks tab's section **Approximate attention**; its **Cost** button draws the timing "
-             "run this lesson reads, beside a live timing at short lengths.")
+TRY_WORDS = ("Try it runs top-k on this text in the Masks tab's section **Approximate attention**, each head's "
+             "error beside exact attention; there you can pick any method and budget, and its **Cost** button draws "
+             "the timing run this lesson reads beside a live timing at short lengths.")
 
 EFFICIENT_SAMPLE = (
     "The river rose slowly through the night. By morning the lower fields were under water, and the farmers who "
@@ -177,9 +177,22 @@ def live_one(model, ids: torch.Tensor, method: str, budget: dict) -> LiveResult:
 
 
 def sample_ids(model) -> torch.Tensor:
-    """The lesson's text as the model reads it, cut to its context."""
+    """The lesson's text as the model reads it, cut to its context (a model of a shorter context than the text's
+    tokens reads its first ones; the words give the count)."""
     ids = model.tokenizer(EFFICIENT_SAMPLE)["input_ids"][:model.config.max_positions]
     return as_batch(ids, model.device)
+
+
+def sample_read(model, ids: torch.Tensor) -> str:
+    """The text the lesson read, for its Try it: the whole sample, or where the model's context cut it, the words of
+    the tokens it read."""
+    whole = len(model.tokenizer(EFFICIENT_SAMPLE)["input_ids"])
+    if ids.shape[1] == whole:
+        return EFFICIENT_SAMPLE
+    text = model.tokenizer.decode(ids[0].tolist(), skip_special_tokens=True)
+    while len(model.tokenizer(text)["input_ids"]) > model.config.max_positions:   # decoding may re-split
+        text = text.rsplit(" ", 1)[0]
+    return text
 
 
 def live_words(results: list[LiveResult], tokens: int, chosen: str) -> str:
@@ -294,7 +307,8 @@ def measure_efficient(model, progress: ProgressFn | None = None) -> Measured:
     progress_to(progress, 1.0, "done")
     return Measured(answer=answer, answer_text=f"{answer_text} {live} {TRY_WORDS}", why=why,
                     alt=alt_line(cost, first, results), values=values, note=note,
-                    link={"tab": "masks"})   # the section's own fields take no link yet: the words name it
+                    link={"tab": "masks", "settings": {"approx_text": sample_read(model, ids), "approx_method": "topk",
+                                                       "k": budgets["topk"]["k"]}, "show": "approx-change"})
 
 
 def answer_words(cost, first: dict | None) -> tuple[float | str, str, str]:
