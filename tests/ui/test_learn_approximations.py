@@ -28,7 +28,7 @@ from ui.services.learn import course as syllabus
 from ui.services.learn import efficient
 from ui.views.learn import course as views
 from ui.views.learn import setup
-from ui.views.learn.efficient import CROSSOVER
+from ui.views.learn.cost import CROSSOVER
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from variants import approx_cost as bench  # noqa: E402

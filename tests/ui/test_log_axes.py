@@ -16,7 +16,8 @@ from ui.plots.base import decade_label, log_axis
 from ui.plots.generation import kv_timing_figure
 from ui.plots.lab import Curve, training_curves
 from ui.services.learn import Measured
-from ui.views.learn import block, efficient, generation, positions, recurrence, setup
+from ui.views.learn import block, generation, positions, recurrence, setup
+from ui.views.learn import cost as cost_views
 
 UI = Path(__file__).resolve().parents[2] / "ui"
 LENGTHS, COST_LENGTHS = [64, 128, 256, 512, 1024, 2048], [32, 64, 128, 256]
@@ -58,7 +59,7 @@ def figures():
             for m, shown in (("topk", 1.2), ("bigbird", 1.6), ("performer", 38.0))]
     approximations = {"tokens": 150, "measure": "perplexity", "live": live, "bench": run}
     return [
-        ("approximations (lesson 11)", efficient.efficient_figure(measured(approximations))),
+        ("approximations (lesson 11)", cost_views.efficient_figure(measured(approximations))),
         ("approximations set-up", setup.approximations_setup(approximations)),
         ("kv timing", kv_timing_figure(lengths, rng.uniform(8, 12, 6), rng.uniform(8, 9, 6), [70, 900],
                                        [0.009, 0.011], [0.008, 0.0085], "t")),

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 def figures() -> dict:
     """Every lesson's drawing function, by lesson name."""
-    from ui.views.learn import attention, block, composition, efficient, evidence, generation, positions, sinks
-    return {**attention.FIGURES, **positions.FIGURES, **block.FIGURES, **generation.FIGURES, **efficient.FIGURES,
+    from ui.views.learn import attention, block, composition, cost, evidence, generation, positions, sinks
+    return {**attention.FIGURES, **positions.FIGURES, **block.FIGURES, **generation.FIGURES, **cost.FIGURES,
             **sinks.FIGURES, **evidence.FIGURES, **composition.FIGURES}
 
 

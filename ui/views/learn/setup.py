@@ -185,7 +185,7 @@ def composition_setup(v):
 def approximations_setup(v):
     """The run's tokens axis (labelled at the decades, not at the lengths timed: the answer may be one of them) and
     time; without the run, the bars' names of what this model will be measured under."""
-    from ui.views.learn.efficient import measure_title
+    from ui.views.learn.cost import measure_title
 
     bench = v.get("bench")
     if bench:
@@ -235,7 +235,7 @@ def cost_guess(v, guess):
 
 
 def approximations_guess(v, guess):
-    from ui.views.learn.efficient import guess_place
+    from ui.views.learn.cost import guess_place
 
     return guess_place(v, guess)
 
