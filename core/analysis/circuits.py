@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..corpus.stats import Over
 from .heads import SCORES
-from .parts import Part, head, upstream_parts
+from . import Part, head, upstream_parts
 from .qk import CompositionOver
 
 PREVIOUS_MIN = SCORES["previous_token"][1]    # a previous-token head: mean weight ≥ 0.5 on the key just before

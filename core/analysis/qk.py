@@ -27,7 +27,7 @@ from ..corpus.jobs import Job, Progress, Stop, check_texts
 from ..layers import rotate
 from . import anatomy
 from .anatomy import ScoreDecomposition
-from .parts import Part, upstream_parts
+from . import Part, upstream_parts
 from .patching import head_outputs
 
 BY = ("head", "layer")
@@ -574,7 +574,7 @@ class CompositionOver:
     """What feeds one head's keys (side "key") or queries ("query") over a corpus: shares.mean[b] is component
     labels[b]'s share of the relative score on the head's chosen pairs (see composition_over; the shares of one
     text add up to 1), with its interval and per-text values; weights: what the weights alone allow. parts[b] is
-    labels[b]'s typed key (core.analysis.parts.Part): code asks parts which component is a head, labels are shown."""
+    labels[b]'s typed key (core.analysis.Part): code asks parts which component is a head, labels are shown."""
     layer: int
     head: int
     side: str

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from core import load_model
-from core.analysis import circuits, parts
+from core.analysis import MLP, Part, circuits, head
 from core.lab import induction, shipped, train as lab
 
 SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "lessons" / "induction"
@@ -42,8 +42,8 @@ def test_the_probe_texts_and_their_places():
 def test_the_shipped_run_finds_its_previous_token_head():
     found = induction.circuit(load_model(SHIPPED, device="cpu"))
     check_circuit(found)
-    assert found.finding.source == parts.head(0, 3) and found.finding.induction == parts.head(1, 1)
-    mlp = found.keys.index(parts.Part(parts.MLP, 0))                 # attention only: its MLP writes exactly 0
+    assert found.finding.source == head(0, 3) and found.finding.induction == head(1, 1)
+    mlp = found.keys.index(Part(MLP, 0))                 # attention only: its MLP writes exactly 0
     assert found.keys.labels[mlp] == "L0 MLP" and found.keys.shares.mean[mlp] == 0
 
 

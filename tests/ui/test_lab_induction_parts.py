@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from core.analysis.parts import MLP
+from core.analysis import MLP
 from core.lab import induction as engine
 from ui.services.lab import induction
 from ui.services.lab import saved as shipped

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from core.analysis.circuits import INDUCTION_MIN, OLSSON, PREVIOUS_MIN, InductionCircuit  # noqa: F401 - the page says them
-from core.analysis.parts import MLP
+from core.analysis import MLP
 from core.corpus.stats import summarise
 from core.lab import induction as engine
 from core.lab.train import VOCAB, LabConfig
