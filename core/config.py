@@ -85,6 +85,10 @@ class ModelConfig:
                                      # count (one pair per frequency, as transformers does); 0: all of them
     rope_local_theta: float = 0.0    # the RoPE base of "sliding" layers when it differs (Gemma 3); 0: rope_theta
     qk_norm: bool = False            # an RMSNorm over d_k on each head's q and k, before RoPE (Qwen3, Gemma 3)
+    attn_output_gate: bool = False   # z_h ← z_h ⊙ σ(x·W_g,h): a sigmoid gate on each head's output, elementwise, from
+                                     # the layer's input, before W_O (Qiu et al. 2025, their G1; a weight `gate`)
+    differential_attention: bool = False  # heads 2i, 2i+1 form one: (softmax(Q₁K₁ᵀs) − λ·softmax(Q₂K₂ᵀs))·[V₁ V₂],
+                                     # then an RMSNorm ×(1 − λ_init) (Ye et al. 2025; core.model.Attention)
     parallel_block: bool = False     # x + attn(norm₁(x)) + mlp(norm₂(x)): both sublayers read the block's input
     sandwich_norm: bool = False      # a norm on each sublayer's output too, before it joins the residual (Gemma 2/3)
     norm_offset: float = 0.0         # norms scale by (offset + γ): 1 for Gemma's (1 + γ)
@@ -94,6 +98,30 @@ class ModelConfig:
     encoder_head_dim: int = 0        # seq2seq: the encoder's d_k when it is not d_model / its heads (T5's d_kv)
     unread_fields: tuple[str, ...] = ()  # config.json fields in no table of the family (families/table.py):
                                      # not read, so a number they would change is not changed here
+
+    def __post_init__(self):
+        problem = self.variant_problem()
+        if problem:
+            raise ConfigError(problem)
+
+    def variant_problem(self) -> str | None:
+        """Why the gated or differential attention term cannot be built with this config, in words; None if it
+        can (or neither is on)."""
+        for name in ("attn_output_gate", "differential_attention"):
+            if not isinstance(getattr(self, name), bool):
+                return f"{name} must be True or False, got {getattr(self, name)!r}"
+        if not self.differential_attention:
+            return None
+        if self.n_heads % 2:
+            return (f"differential attention pairs the heads (heads 2i and 2i+1 form differential head i), so "
+                    f"n_heads must be even; got {self.n_heads}")
+        if self.n_kv_heads != self.n_heads:
+            return (f"differential attention pairs each query head with its own key/value head here: n_kv_heads must "
+                    f"equal n_heads ({self.n_heads}); got {self.n_kv_heads}")
+        if self.attention_sinks:
+            return (f"differential attention has no form here with a sink in each softmax "
+                    f"(attention_sinks={self.attention_sinks!r})")
+        return None
 
     @property
     def score_scale(self) -> float:

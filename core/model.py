@@ -11,6 +11,7 @@ let gradients reach the token embeddings. Generating reads and writes a KV cache
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
@@ -119,6 +120,17 @@ class Attention(nn.Module):
             raise ValueError(f"attention_sinks must be one of {', '.join(shapes)} or empty, got {cfg.attention_sinks!r}")
         self.sinks = nn.Parameter(torch.zeros(shapes[cfg.attention_sinks])) if cfg.attention_sinks and not cross \
             else None
+        # gated attention (Qiu et al. 2025, G1): σ(x·W_g) [B, T, H·d_k] multiplies each head's output before W_O
+        self.gate = nn.Linear(cfg.d_model, q_dim, bias=False) if cfg.attn_output_gate and not cross else None
+        # differential attention (Ye et al. 2025): heads 2i and 2i+1 form differential head i; λ's four vectors [d_k],
+        # shared by the layer's heads, and the RMSNorm over 2·d_k that each differential head's output passes (one
+        # gain for all of them, as the paper's code has it)
+        self.differential = cfg.differential_attention and not cross
+        if self.differential:
+            self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
+                nn.Parameter(torch.randn(cfg.head_dim) * 0.1) for _ in range(4))         # the paper's N(0, 0.1²)
+            self.diff_norm = Norm(cfg, 2 * cfg.head_dim, kind="rmsnorm")
+            nn.init.ones_(self.diff_norm.weight)
 
     def heads(self, x: Tensor, n: int) -> Tensor:
         """[B, T, n·d_k] → [B, n, T, d_k]"""
@@ -184,7 +196,10 @@ class Attention(nn.Module):
                     else (k, v)
                 z = self.approximated(q, k, v, approx_kv, allowed, is_causal, setup, approx, layer, bias, window)
         if cross or approx is None:
-            z = self.attend(q, k, v, allowed, is_causal, setup, kind, layer, bias, window)   # [B, H, T, d_k]
+            attend = self.attend_differential if self.differential else self.attend
+            z = attend(q, k, v, allowed, is_causal, setup, kind, layer, bias, window)        # [B, H, T, d_k]
+        if self.gate is not None:   # G1: z_h ⊙ σ(x·W_g,h), elementwise and per head, before W_O
+            z = z * torch.sigmoid(self.heads(self.gate(x), self.n_heads))
         if probe is not None and not cross:
             z = probe.ablated(kind, layer, z, setup.query_mask).transpose(1, 2)     # [B, T, H, d_k]
             z = probe.patched(kind, "z", layer, z)
@@ -193,6 +208,48 @@ class Attention(nn.Module):
             z = z.transpose(1, 2)
         z = z.reshape(x.shape[0], x.shape[1], self.n_heads * self.head_dim)
         return self.out(z)
+
+    def differential_lambda(self, layer: int) -> tuple[Tensor, float]:
+        """(λ, λ_init) of differential attention at `layer` (counted from 0): λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) +
+        λ_init, λ_init = 0.8 − 0.6·exp(−0.3·(l − 1)) with l = layer + 1 counted from 1, as the paper counts."""
+        init = 0.8 - 0.6 * math.exp(-0.3 * layer)
+        lam = torch.exp((self.lambda_q1 * self.lambda_k1).sum()) - torch.exp((self.lambda_q2 * self.lambda_k2).sum())
+        return lam + init, init
+
+    def attend_differential(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, is_causal: bool,
+                            setup: AttentionSetup, kind: Kind, layer: int, bias: Tensor | None = None,
+                            window: int | None = None) -> Tensor:
+        """Differential attention (Ye et al. 2025, ICLR; their eqs. 1–3) in the paper's layout: the layer's H heads
+        form H/2 differential heads, head 2i giving Q₁, K₁ and head 2i+1 giving Q₂, K₂ of differential head i (each
+        d = d_k wide, scored at s = 1/√d_k as a softmax head is), and their values together its V [T, 2·d_k], as
+        the paper's code views the same projections. W_Q, W_K, W_V and W_O keep the softmax layer's shapes; the
+        layer adds λ's four vectors [d_k] and the norm's gain [2·d_k]:
+          A_i = softmax(Q₁K₁ᵀs + M) − λ·softmax(Q₂K₂ᵀs + M)
+          z_i = (1 − λ_init)·RMSNorm(A_i·V_i)        over 2·d_k; heads 2i and 2i+1 hold its two halves
+        The scores' other terms (soft cap, bias, mask, window) enter both softmaxes alike. What the observers and the
+        `pattern` record receive for heads 2i and 2i+1 is A_i, the difference map that multiplies V: its rows sum
+        to 1 − λ and its entries may be negative."""
+        lam, init = self.differential_lambda(layer)
+        (b, h, t, d), n_keys = q.shape, k.shape[-2]
+        q1, q2, k1, k2 = q[:, 0::2], q[:, 1::2], k[:, 0::2], k[:, 1::2]          # [B, H/2, T, d_k]
+        values = v.unflatten(1, (h // 2, 2)).transpose(2, 3).flatten(-2)          # [B, H/2, Tk, 2·d_k]
+        observe, keep = setup.observes(kind, layer), setup.records_pattern(kind, layer)
+        terms = dict(return_probs=observe or keep, softcap=setup.softcap, bias=bias, window=window)
+        if bias is not None and bias.shape[1] > 1:   # a bias per head: each softmax takes its own head's
+            bias1, bias2 = bias[:, 0::2], bias[:, 1::2]
+        else:
+            bias1 = bias2 = bias
+        out1, p1 = attention(q1, k1, values, allowed, is_causal, setup.scale, **{**terms, "bias": bias1})
+        out2, p2 = attention(q2, k2, values, allowed, is_causal, setup.scale, **{**terms, "bias": bias2})
+        out = out1 - lam.to(out1.dtype) * out2                                          # A·V [B, H/2, T, 2·d_k]
+        if observe or keep:
+            probs = (p1 - lam.float() * p2).repeat_interleave(2, dim=1)                # A [B, H, Tq, Tk]
+            if keep:
+                setup.probe.keep(kind, "pattern", layer, probs)
+            if observe:   # the whole map as one block to an observer that takes blocks of rows
+                setup.observer(kind, layer, probs, 0, n_keys, 0)
+        z = (1 - init) * self.diff_norm(out)                                             # [B, H/2, T, 2·d_k]
+        return z.unflatten(-1, (2, d)).transpose(2, 3).reshape(b, h, t, d)             # [B, H, T, d_k]
 
     def sink_logits(self, q: Tensor, scale: float | None) -> Tensor | None:
         """The sink's entry in each row's denominator: [H] logits as they are, or a key per head scored by each
@@ -585,6 +642,10 @@ class Transformer(nn.Module):
             if not isinstance(approx, Approx):
                 raise TypeError(f"approx must be a core.approx.Approx, got {type(approx).__name__}")
             reader = self.attention_stack()[0]
+            if reader.cfg.differential_attention:
+                raise ValueError(f"{approx.method} replaces one softmax per head; a differential-attention head weighs "
+                                 "a difference of two (softmax(Q₁K₁ᵀs) − λ·softmax(Q₂K₂ᵀs)), so it cannot be "
+                                 "approximated here")
             approx.check(reader.cfg, len(reader.blocks))
             approximating = dict(approx=approx, approx_errors={} if approx.shadow else None)
         asked = {record} if isinstance(record, str) else set(record)

@@ -127,14 +127,15 @@ def copy_places(symbols: int) -> tuple[torch.Tensor, torch.Tensor]:
     return symbols + 1 + k, 1 + k
 
 
-def scored(model, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+def scored(model, pairs: list[tuple[str, str]], approx=None) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """One teacher-forced pass over copies of one length: right [B, T] (the target token predicted right after the
     right prefix), wanted [B, T] (the places that predict a target token: its symbols and <eos>) and every
     layer's attention [B, H, T, T]. A text with every wanted place right is one greedy decoding copies exactly:
-    each greedy step then sees the right prefix and picks the right token."""
+    each greedy step then sees the right prefix and picks the right token. approx: the run's approximation of
+    attention (core.lab.train.lab_approx), or None."""
     batch = lab_engine.make_batch(pairs, seq2seq=False)
     with torch.inference_mode():
-        out = model(**batch.inputs, capture_attention=True)
+        out = model(**batch.inputs, capture_attention=True, approx=approx)
     wanted = batch.labels != -100
     return (out.logits.argmax(-1) == batch.labels) & wanted, wanted, list(out.attentions)
 

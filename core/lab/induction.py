@@ -58,26 +58,33 @@ class Circuit:
         return self.finding.found
 
 
-def scores(model, texts: list[Tensor]) -> tuple[Tensor, Tensor]:
-    """Every head's previous-token and induction scores [L, H], means over texts (each <bos> s <sep> s)."""
+def scores(model, texts: list[Tensor], approx=None) -> tuple[Tensor, Tensor]:
+    """Every head's previous-token and induction scores [L, H], means over texts (each <bos> s <sep> s), on the
+    maps of the model's own attention: under `approx` (a Lab run's lab_approx) the approximation's."""
     layers, heads = model.config.n_layers, model.config.n_heads
     previous, induction = torch.zeros(layers, heads), torch.zeros(layers, heads)
     with torch.inference_mode():
         for ids in texts:
             length = (len(ids) - 2) // 2
-            probs = model(ids[None], capture_attention=True, return_logits=False).attentions   # [1, H, T, T] each
+            probs = model(ids[None], capture_attention=True, return_logits=False, approx=approx).attentions
             for layer, p in enumerate(probs):
                 previous[layer] += row_scores(p[0], ids, causal=True)["previous_token"].cpu()
                 induction[layer] += induction_score(p[0], *second_copy_places(length)).cpu()
     return previous / len(texts), induction / len(texts)
 
 
-def circuit(model, texts: list[Tensor] | None = None) -> Circuit:
-    """The circuit of a two-layer Lab decoder on `texts` (probe_texts by default, each <bos> s <sep> s)."""
+def circuit(model, texts: list[Tensor] | None = None, approx=None) -> Circuit:
+    """The circuit of a two-layer Lab decoder on `texts` (probe_texts by default, each <bos> s <sep> s). approx: a
+    Lab run's approximation (lab_approx); its maps give the scores, while the key trace splits the exact score q·k
+    (what the approximation estimates: composition_over reads the plain pass)."""
     if model.encoder is not None or model.config.n_layers != 2:
         raise ValueError("the induction circuit is read on a two-layer decoder-only Lab model")
+    if model.config.differential_attention:
+        raise ValueError("the key trace splits one softmax's score q·k; a differential-attention head weighs a "
+                         "difference of two (Q₁K₁ᵀ and Q₂K₂ᵀ), so its circuit is not traced here (scores() still "
+                         "reads its maps)")
     texts = probe_texts() if texts is None else texts
-    previous, induction = scores(model, texts)
+    previous, induction = scores(model, texts, approx)
     target, _ = induction_head(induction)
     keys = qk.composition_over(model, texts, target.layer, target.head, "key")
     return Circuit(previous, induction, keys, induction_circuit(previous, induction, keys), len(texts))

@@ -2,6 +2,7 @@
 
     python -m core.lab.train --task reverse --family marian --steps 600 --seed 0 [--no-causal-mask]
                          [--no-positions] [--no-scale] [--norm post|pre] [--no-embed-scale] [--attention-only]
+                         [--attention softmax|performer|gated|differential] [--features 64]
                          [--lengths 8 12] [--out weights/NAME]
 
 Tasks are generated on the fly from a seed, character by character, with a held-out split (a fixed tenth of
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..approx import Approx
 from ..attention import row_entropy
 from ..config import ModelConfig
 from ..model import Transformer
@@ -103,6 +105,10 @@ def examples(task: str, seed: int, n: int, held: bool, lengths: tuple[int, int])
 
 POSITION_KINDS = ("sinusoidal", "learned", "rope", "alibi", "relative", "none")
 SCORE_BIASES = {"alibi": "alibi", "relative": "relative"}  # kinds said by a term on the scores, not the vectors
+# the attention a Lab model trains with: exact softmax; Performer's FAVOR+ in its place (core.approx, on every
+# self-attention layer, in training and evaluation); or one of the two named terms of the one attention function
+# (core.config: attn_output_gate, differential_attention)
+ATTENTIONS = ("softmax", "performer", "gated", "differential")
 
 @dataclass
 class LabConfig:
@@ -134,6 +140,11 @@ class LabConfig:
     sinks: str = ""                 # "logit" | "key": a learned sink in each softmax's denominator (core.lab.sinks)
     attention_only: bool = False    # decoder only: every block adds its attention and nothing else (its MLP's output
                                     # weights are zero and never trained), as Olsson et al. (2022) train
+    attention: str = "softmax"      # one of ATTENTIONS: "softmax"; "performer" (FAVOR+, decoder only); "gated" (a
+                                    # sigmoid gate on each head's output, Qiu et al. 2025); "differential" (two
+                                    # softmaxes subtracted, Ye et al. 2025)
+    performer_features: int = 64    # performer: random features per head
+    performer_seed: int | None = None  # performer: the features' seed, fixed for the whole run; None: the run's seed
 
     def check(self) -> None:
         if self.task not in TASKS:
@@ -176,6 +187,28 @@ class LabConfig:
             raise ValueError(f"max_len must be between 8 and 4096, got {self.max_len}")
         if any(not 0 <= s <= self.steps for s in self.snapshot_steps):
             raise ValueError(f"snapshot steps must lie in 0..{self.steps}, got {list(self.snapshot_steps)}")
+        self.check_attention()
+
+    def check_attention(self) -> None:
+        """The attention choice and its budget, refused in words where this run cannot carry them."""
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {self.attention!r}")
+        features, seed = self.performer_features, self.performer_seed
+        if isinstance(features, bool) or not isinstance(features, int) or not 1 <= features <= 1024:
+            raise ValueError(f"performer_features must be a whole number from 1 to 1024, got {features!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"performer_seed must be a whole number ≥ 0 (or None: the run's seed), got {seed!r}")
+        if self.attention == "performer":
+            if self.family != "llama":
+                raise ValueError("Performer replaces the self-attention of every layer here, which the Lab does for a "
+                                 "decoder: family 'llama' only (in the Marian layout it would reach the encoder only)")
+            if self.sinks or self.positions in SCORE_BIASES:
+                term = "a learned sink" if self.sinks else f"{self.positions} positions (a bias on the scores)"
+                raise ValueError(f"Performer estimates exp(q·k) with random features; it cannot carry {term}")
+        if self.attention == "differential" and self.sinks:
+            raise ValueError("differential attention subtracts two softmaxes; a learned sink in them has no form here")
+        if self.attention in ("gated", "differential"):
+            model_config(self)     # the core's own check of the term (core.config.ModelConfig.variant_problem)
 
 
 # The Lab's default run: what the Lab tab trains when its fields are left as they open (ui/services/lab/configs.py
@@ -211,11 +244,23 @@ def model_config(lab: LabConfig) -> ModelConfig:
     return replace(cfg, positional=positional, score_bias=SCORE_BIASES.get(lab.positions, "none"),
                    norm_placement=lab.norm or cfg.norm_placement,
                    final_norm=(lab.norm or cfg.norm_placement) == "pre", scale_attention=lab.scale,
-                   dropout=lab.dropout, attention_sinks=lab.sinks)
+                   dropout=lab.dropout, attention_sinks=lab.sinks, attn_output_gate=lab.attention == "gated",
+                   differential_attention=lab.attention == "differential")
+
+
+def lab_approx(lab: LabConfig) -> Approx | None:
+    """The approximation every pass of a run goes through (training, evaluation, its maps): FAVOR+ on every layer
+    with fixed features (the same ω at every step: one seed per layer from performer_seed, else the run's seed),
+    or None for exact attention."""
+    if lab.attention != "performer":
+        return None
+    seed = lab.seed if lab.performer_seed is None else lab.performer_seed
+    return Approx("performer", features=lab.performer_features, seed=seed)
 
 
 def build_model(lab: LabConfig) -> Transformer:
-    """A freshly initialised model: N(0, 0.02) weights (embeddings N(0, d^-½)), zero biases, unit norm gains.
+    """A freshly initialised model: N(0, 0.02) weights (embeddings N(0, d^-½)), zero biases, unit norm gains;
+    differential attention's λ vectors N(0, 0.1²), as the paper's (at zero, exp(λ_q·λ_k) would have no gradient).
     attention_only: each MLP keeps its place (the checkpoint stays a standard Llama one, d_ff 1) but its output
     weights are zero and frozen, so it adds exactly 0 to the residual stream."""
     torch.manual_seed(lab.seed)
@@ -227,6 +272,8 @@ def build_model(lab: LabConfig) -> Transformer:
             torch.nn.init.normal_(p, std=0.02)
         elif "norm" in name and name.endswith("weight"):
             torch.nn.init.ones_(p)
+        elif name.rsplit(".", 1)[-1].startswith("lambda_"):
+            torch.nn.init.normal_(p, std=0.1)
         else:
             torch.nn.init.zeros_(p)
     if lab.attention_only:
@@ -275,19 +322,35 @@ def make_batch(pairs: list[tuple[str, str]], seq2seq: bool) -> Batch:
 
 
 def loss_of(model: Transformer, batch: Batch, lab: LabConfig) -> Tensor:
-    logits = model(**batch.inputs, causal_mask=lab.causal_mask).logits
+    logits = model(**batch.inputs, causal_mask=lab.causal_mask, approx=lab_approx(lab)).logits
     return F.cross_entropy(logits.flatten(0, 1).float(), batch.labels.flatten(), ignore_index=-100)
 
 
-def exact_match(model: Transformer, pairs: list[tuple[str, str]], seq2seq: bool) -> float:
-    """Free-running greedy generation with the KV cache: the share of held-out targets reproduced exactly."""
+def greedy(model: Transformer, prompts: Tensor, new_tokens: int, mask: Tensor | None = None,
+           approx: Approx | None = None) -> Tensor:
+    """Prompts [B, T] (left-padded, mask [B, T]) and `new_tokens` greedy tokens: with the KV cache
+    (model.generate), or under `approx` by whole passes without it, since the approximation is a switch of the whole
+    pass (decoder only)."""
+    if approx is None:
+        return model.generate(prompts, new_tokens, attention_mask=mask)
+    ids, mask = prompts, torch.ones_like(prompts) if mask is None else mask
+    for _ in range(new_tokens):
+        logits = model(ids, attention_mask=mask, approx=approx).logits[:, -1]            # [B, vocab]
+        ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+    return ids
+
+
+def exact_match(model: Transformer, pairs: list[tuple[str, str]], seq2seq: bool, approx: Approx | None = None) -> float:
+    """Free-running greedy generation (with the KV cache; under `approx`, by whole passes): the share of held-out
+    targets reproduced exactly."""
     longest = max(len(t) for _, t in pairs) + 1
     if seq2seq:
         src, mask = pad([encode(s) + [EOS] for s, _ in pairs])
         out = model.generate(src, longest, attention_mask=mask)[:, 1:]
     else:
         prompts, mask = pad([[BOS] + encode(s) + [SEP] for s, _ in pairs], left=True)
-        out = model.generate(prompts, longest, attention_mask=mask)[:, prompts.shape[1]:]
+        out = greedy(model, prompts, longest, mask, approx)[:, prompts.shape[1]:]
     return sum(decode(row.tolist()) == t for row, (_, t) in zip(out, pairs)) / len(pairs)
 
 
@@ -355,7 +418,7 @@ def train(lab: LabConfig, stop: Callable[[], bool] | None = None) -> Iterator[tu
                                   lr=lab.lr, betas=(0.9, 0.98), eps=1e-9)
     run.initial_entropy = attention_entropy(model, held_batch, lab)
     if 0 in lab.snapshot_steps:  # the untrained model's attention
-        run.snapshots[0] = lab_attention(model, lab.family, held[0][0], held[0][1])
+        run.snapshots[0] = lab_attention(model, lab.family, held[0][0], held[0][1], approx=lab_approx(lab))
     started, tokens = time.perf_counter(), 0
     for step in range(lab.steps):
         if (stop is not None and stop()) or (lab.time_budget and time.perf_counter() - started > lab.time_budget):
@@ -382,7 +445,7 @@ def train(lab: LabConfig, stop: Callable[[], bool] | None = None) -> Iterator[tu
             evaluate(run, progress, held, held_batch)
         if step + 1 in lab.snapshot_steps:
             model.eval()
-            run.snapshots[step + 1] = lab_attention(model, lab.family, held[0][0], held[0][1])
+            run.snapshots[step + 1] = lab_attention(model, lab.family, held[0][0], held[0][1], approx=lab_approx(lab))
         run.history.append(progress)
         yield run, progress
     if run.stopped and not run.history:  # stopped before its first step: the caller still gets the run
@@ -401,22 +464,28 @@ def evaluate(run: Run, progress: Progress, held, held_batch: Batch) -> None:
     model.eval()
     with torch.inference_mode():
         progress.held_loss = loss_of(model, held_batch, run.lab).item()
-        progress.exact_match = exact_match(model, held, run.lab.family == "marian")
+        progress.exact_match = exact_match(model, held, run.lab.family == "marian", lab_approx(run.lab))
 
 
 def attention_entropy(model: Transformer, batch: Batch, lab: LabConfig) -> list[float]:
-    """Mean entropy (nats) of the decoder's self-attention rows per layer, on real query rows."""
+    """Mean entropy (nats) of the decoder's self-attention rows per layer, on real query rows; none ([]) for
+    differential attention, whose map is a signed difference of two distributions, not one."""
+    if lab.attention == "differential":
+        return []
     was_training = model.training
     model.eval()
     with torch.inference_mode():
-        out = model(**batch.inputs, causal_mask=lab.causal_mask, capture_attention=True)
+        out = model(**batch.inputs, causal_mask=lab.causal_mask, capture_attention=True, approx=lab_approx(lab))
     model.train(was_training)
     rows = (batch.labels != -100) if lab.family == "marian" else batch.inputs["attention_mask"].bool()
     return [row_entropy(p).mean(1)[rows].mean().item() for p in out.attentions]
 
 
-def lab_attention(model: Transformer, family: str, source: str, target: str | None = None) -> LabAttention:
-    """The attention of a lab model on one source and its target (the model's own greedy answer by default)."""
+def lab_attention(model: Transformer, family: str, source: str, target: str | None = None,
+                  approx: Approx | None = None) -> LabAttention:
+    """The attention of a lab model on one source and its target (the model's own greedy answer by default);
+    approx: the run's own approximation (lab_approx), whose maps are then the ones shown. A differential run's maps
+    are its difference maps (core.model.Attention.attend_differential), which may be negative."""
     unknown = sorted(set(source + (target or "")) - set(CHARS))
     if unknown:
         raise ValueError(f"characters outside the lab's vocabulary: {''.join(unknown)!r}; it has {''.join(CHARS)!r}")
@@ -432,9 +501,9 @@ def lab_attention(model: Transformer, family: str, source: str, target: str | No
                 target = decode(model.generate(src, 40)[0, 1:].tolist())
             else:
                 prompt = torch.tensor([[BOS] + encode(source) + [SEP]])
-                target = decode(model.generate(prompt, 40)[0, prompt.shape[1]:].tolist())
+                target = decode(greedy(model, prompt, 40, approx=approx)[0, prompt.shape[1]:].tolist())
         batch = make_batch([(source, target)], seq2seq)
-        out = model(**batch.inputs, capture_attention=True)
+        out = model(**batch.inputs, capture_attention=True, approx=approx)
     stack = lambda maps: torch.stack([m[0] for m in maps]) if maps else None  # noqa: E731
     if seq2seq:
         return LabAttention(list(source) + ["<eos>"], ["<bos>"] + list(target), stack(out.attentions),
@@ -466,6 +535,9 @@ def hf_config(lab: LabConfig) -> dict:
     if lab.sinks:   # gpt-oss has the term, but no family table here reads it
         raise ValueError("a run with learned sinks is measured where it trains (core.lab.sinks), not saved as a "
                          "checkpoint: no family here loads its sink logits")
+    if lab.attention in ("gated", "differential"):
+        raise ValueError(f"a run with {lab.attention} attention is measured where it trains (core.lab.variants), not "
+                         "saved as a checkpoint: no family here loads its weights")
     cfg = model_config(lab)
     common = dict(vocab_size=cfg.vocab_size, max_position_embeddings=cfg.max_positions, pad_token_id=PAD,
                   bos_token_id=BOS, eos_token_id=EOS, tie_word_embeddings=True)
@@ -585,6 +657,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="Marian layout: token embeddings enter unscaled, not times sqrt(d_model)")
     parser.add_argument("--attention-only", action="store_true",
                         help="decoder only: blocks without MLPs (their output weights zero and frozen)")
+    parser.add_argument("--attention", default="softmax", choices=list(ATTENTIONS),
+                        help="exact softmax, Performer's FAVOR+ (decoder only), gated or differential attention")
+    parser.add_argument("--features", type=int, default=64, help="performer: random features per head")
     parser.add_argument("--lengths", type=int, nargs=2, default=(8, 12), metavar=("SHORTEST", "LONGEST"),
                         help="source lengths in characters (1–20)")
     parser.add_argument("--eval-every", type=int, default=100)
@@ -595,7 +670,8 @@ def main(argv: list[str] | None = None) -> int:
                     positions="none" if args.no_positions else args.positions, norm=args.norm,
                     causal_mask=not args.no_causal_mask, scale=not args.no_scale,
                     embed_scale=not args.no_embed_scale, eval_every=args.eval_every,
-                    attention_only=args.attention_only, lengths=tuple(args.lengths))
+                    attention_only=args.attention_only, lengths=tuple(args.lengths), attention=args.attention,
+                    performer_features=args.features)
     try:
         lab.check()
     except ValueError as err:
