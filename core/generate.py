@@ -17,7 +17,7 @@ from torch import Tensor
 
 from .attention import padding_or_none
 from .kv_cache import KVCache, RollingKVCache
-from .observe import RowRecorder
+from .attention import RowRecorder
 
 
 @dataclass

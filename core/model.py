@@ -4,7 +4,7 @@ Every family is this one model with a different ModelConfig; core/families/ hold
 tables and config-field tables. The embeddings and the LM head are in core/layers.py, masks in core/attention.py. Parameters keep the checkpoint's layout
 (nn.Linear's [out, in]), with q/k/v fused into one matrix and gate/up into another (rows concatenated).
 
-One forward pass can also show its attention to an observer (core/observe.py), record internals by stable
+One forward pass can also show its attention to an observer (core/attention.py), record internals by stable
 names, remove chosen heads and return the logit lens (core/probe.py, which also splits weights by head), and
 let gradients reach the token embeddings. Generating reads and writes a KV cache (core/kv_cache.py).
 """
@@ -25,7 +25,7 @@ from .attention import (attention, attention_rows, causal_mask, padding_or_none,
 from .config import ModelConfig, encoder_config
 from .kv_cache import KVCache
 from .layers import Embeddings, FeedForward, LMHead, Norm, ScoreBias, rope_cos_sin, rope_inv_freq, rotate
-from .observe import AttentionRecorder, Kind, Observer
+from .attention import AttentionRecorder, Kind, Observer
 from .probe import HeadWeights, LogitLens, Patch, Probe, read_logit_lens, split_by_head
 
 

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from .logits import by_blocks
 from .config import ModelConfig
-from .observe import Kind
+from .attention import Kind
 
 # What a forward pass can record (TransformerLens's names, without "hook_"). [B, T, d] unless noted.
 # The parts of the embeddings, once per pass (records[name][0]), whatever layers a Probe keeps:

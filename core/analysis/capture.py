@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ..attention import padding_or_none
 from ..config import check_index
-from ..observe import Kind, Observer
+from ..attention import Kind, Observer
 
 
 def pool_last(x: Tensor, size: int) -> Tensor:

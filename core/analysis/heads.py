@@ -18,7 +18,7 @@ from ..attention import row_entropy
 from ..corpus.jobs import one_text
 from ..corpus.stats import NONNEGATIVE, SHARE, spearman
 from ..corpus.texts import induction_probe
-from ..observe import Kind, Observer
+from ..attention import Kind, Observer
 from ..probe import Probe
 from .. import logits as blocks
 

@@ -23,7 +23,7 @@ from ..corpus.jobs import (BATCH_TOKENS, Done, Each, Job, Progress, Stop, check_
 from ..corpus.stats import Over
 from ..generate import rolling_cache, rolling_decode_step
 from ..layers import rotate
-from ..observe import Kind, Observer
+from ..attention import Kind, Observer
 from .heads import SINK_EPSILON as EPSILON, first_token_mass, sink_heads   # noqa: F401 - the one sink-head rule
 
 LOSS_BLOCK = 256       # positions whose vocabulary logits are held at once (Gemma's vocabulary is 262,144 wide)

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..plane import joint_plane
 from ..attention import position_mask
-from ..observe import Kind, Observer
+from ..attention import Kind, Observer
 from ..probe import Probe
 from .jobs import BATCH_TOKENS, Job, Progress, Stop, check_texts, length_batches, pad_id, padded
 

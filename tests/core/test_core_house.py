@@ -4,7 +4,7 @@
     core.analysis                               what is built on the pass and its records (over.py: each over a corpus)
     core.corpus                                 texts and the job machinery (Job, Over, checks, batching, saving)
     core.model, core.probe, core.generate, core.loading, core.logits, core.plane, core.store, core.families
-    core.attention, core.approx, core.layers, core.config, core.observe, core.kv_cache, core.machine.growth, core.machine.allocator
+    core.attention, core.approx, core.layers, core.config, core.kv_cache, core.machine.growth, core.machine.allocator
 
 A module imports only its own layer or those below it, never one above, and no two packages import each other
 (core.corpus ↔ core.analysis is gone). core (its __init__: load_model) sits with the model's layer. scripts/ and
@@ -29,7 +29,7 @@ LAYERS = [
     ("core.corpus",),
     ("core", "core.model", "core.probe", "core.generate", "core.loading", "core.logits", "core.plane", "core.store",
      "core.families"),
-    ("core.attention", "core.approx", "core.layers", "core.config", "core.observe", "core.kv_cache", "core.machine.growth",
+    ("core.attention", "core.approx", "core.layers", "core.config", "core.kv_cache", "core.machine.growth",
      "core.machine.allocator"),
 ]
 

@@ -9,7 +9,7 @@ from core import load_model
 from core.attention import attention
 from core.generate import decode_step
 from core.layers import rope_cos_sin, rotate
-from core.observe import Observer
+from core.attention import Observer
 from tests import tiny
 
 FAMILIES = {
