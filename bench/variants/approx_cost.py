@@ -86,7 +86,7 @@ from common import PeakMemory, median, timed  # noqa: E402
 from core.approx import (Approx, approximate, bigbird_blocks_pattern, favor_features, head_errors,  # noqa: E402
                          seed_for)
 from core.attention import attention, causal_mask, online_attention  # noqa: E402
-from core.machine.growth import Growth, growth, memory_growth  # noqa: E402
+from core.machine.growth import MEMORY_FLOOR, Growth, growth, memory_growth  # noqa: E402
 
 CAUSAL = ("eager", "sdpa", "online", "topk", "bigbird", "performer", "sdpa_kv", "lowrank_kv")
 BIDIRECTIONAL = ("sdpa_bi", "linformer")
@@ -606,7 +606,8 @@ def table(data: dict) -> str:
     shown = ("eager", "online", "topk", "bigbird", "performer", "lowrank_kv")
     lines += by_length(rows, shown, ratio_cell)
     lines += ["", f"What one call added to the peak memory (MiB; {data['peak_measure']}), each in a fresh process after "
-                  f"a warm-up, median (range) of {data['peak_repeats']}; under 1 MiB is within the kernel's slack.", ""]
+                  f"a warm-up, median (range) of {data['peak_repeats']}; under {MEMORY_FLOOR / 2 ** 20:g} MiB is within the "
+                  "kernel's slack.", ""]
     lines += by_length(rows, CAUSAL, lambda r, m: spread(r["methods"][m]["peaks"], 1 / ms))
     fitted = data["fits"]["methods"]
     lines += ["", f"Fitted exponents (core.machine.growth, log-log least squares on the medians, over the lengths from "

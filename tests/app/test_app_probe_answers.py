@@ -90,8 +90,8 @@ def test_nan_and_infinity_in_any_number_field_are_answered_in_words(space, tmp_p
     for name, args in calls(space["llama"], str(text)):
         if name in NOT_FROM_A_FRESH_SESSION:
             continue
-        args = [files.setdefault(a["path"], uploaded(space["url"], a["path"])) if isinstance(a, dict) else a
-                for a in args]
+        args = [files.setdefault(a["path"], uploaded(space["url"], a["path"])) if isinstance(a, dict) and "path" in a
+                else a for a in args]    # a file to upload; another dict is a JSON argument (the approximation's budget)
         for i, value in enumerate(args):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
