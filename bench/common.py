@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import gc
 import json
+import math
 import os
 import platform
 import re
@@ -83,6 +84,19 @@ def timed(fn, device: str) -> tuple[float, object]:
 
 def median(values) -> float:
     return statistics.median(values)
+
+
+def figure(x: float) -> str:
+    """Three significant figures, thousands separated, no exponent."""
+    if x == 0 or abs(x) >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.{max(0, 2 - math.floor(math.log10(abs(x))))}f}"
+
+
+def spread_figures(values, scale: float = 1.0) -> str:
+    """The median (range) of values × scale, each in three figures (figure); "–" for none."""
+    v = [x * scale for x in values]
+    return f"{figure(median(v))} ({figure(min(v))}–{figure(max(v))})" if v else "–"
 
 
 def spread(values, digits: int = 1) -> str:

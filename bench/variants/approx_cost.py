@@ -82,7 +82,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/, for common
 
-from common import PeakMemory, median, timed  # noqa: E402
+from common import PeakMemory, figure, median, spread_figures as spread, timed  # noqa: E402
 from core.approx import (Approx, approximate, bigbird_blocks_pattern, favor_features, head_errors,  # noqa: E402
                          seed_for)
 from core.attention import attention, causal_mask, online_attention  # noqa: E402
@@ -533,18 +533,6 @@ def crossovers(rows: list[dict]) -> list[dict]:
 
 
 # ---- the page ----
-
-def figure(x: float) -> str:
-    """Three significant figures, thousands separated, no exponent."""
-    if x == 0 or abs(x) >= 100:
-        return f"{x:,.0f}"
-    return f"{x:.{max(0, 2 - math.floor(math.log10(abs(x))))}f}"
-
-
-def spread(values, scale: float = 1.0) -> str:
-    v = [x * scale for x in values]
-    return f"{figure(median(v))} ({figure(min(v))}–{figure(max(v))})" if v else "–"
-
 
 def by_length(rows: list[dict], methods, cell) -> list[str]:
     lines = ["| tokens n | " + " | ".join(methods) + " |", "|---:|" + "---:|" * len(methods)]

@@ -50,7 +50,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/, for common
 
-from common import PeakMemory, median  # noqa: E402
+from common import PeakMemory, figure, median, spread_figures as spread  # noqa: E402
 from core.attention import attention, online_attention  # noqa: E402
 from core.machine.growth import MEMORY_FLOOR, Growth, growth, memory_growth  # noqa: E402
 
@@ -138,18 +138,6 @@ def measure_model(name: str, tokens: int, repeats: int, threads: int) -> dict:
             kernel.append(time.perf_counter() - started)
     return {"seconds": seconds, "attention_seconds": kernel, "layers": cfg.n_layers, "heads": cfg.n_heads,
             "kv_heads": cfg.n_kv_heads, "d_head": cfg.head_dim}
-
-
-def figure(x: float) -> str:
-    """Three significant figures, thousands separated, no exponent."""
-    if x == 0 or abs(x) >= 100:
-        return f"{x:,.0f}"
-    return f"{x:.{max(0, 2 - math.floor(math.log10(abs(x))))}f}"
-
-
-def spread(values, scale: float = 1.0) -> str:
-    v = [x * scale for x in values]
-    return f"{figure(median(v))} ({figure(min(v))}–{figure(max(v))})"
 
 
 def layer_runs(args) -> dict:
